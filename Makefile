@@ -1,0 +1,96 @@
+# The one entry point for people and CI. `make help` lists the targets.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
+
+# ---- set-up ---------------------------------------------------------------------------------------
+.PHONY: install system-deps
+install: $(STAMP) ## create .venv (when missing) and install the package with its test extras
+
+$(STAMP): pyproject.toml hack/system-deps.sh
+	@bash hack/system-deps.sh
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	@touch $@
+
+system-deps: ## install the Debian packages the sandbox and the test bed use (bubblewrap, ...)
+	@bash hack/system-deps.sh
+
+# ---- the main job ---------------------------------------------------------------------------------
+.PHONY: demo
+demo: install ## show the win on a workload (the scheduler simulation until the embedded mode lands)
+	$(BIN)/tangram demo
+
+# ---- tests ----------------------------------------------------------------------------------------
+.PHONY: test test-unit test-e2e
+test: install ## run every test: unit, integration, and e2e on the local test bed (or KUBECONFIG)
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+test-unit: install ## the fast tiers only (unit and integration)
+	$(BIN)/python -m pytest -q tests/unit tests/integration
+
+test-e2e: install ## the e2e tier only
+	$(BIN)/python -m pytest -q tests/e2e
+
+# ---- generated files and static checks -------------------------------------------------------------
+.PHONY: crds verify lint typecheck
+crds: install ## regenerate crds/ from the pydantic models in arl_tangram/api
+	$(BIN)/tangram crds --out crds
+
+verify: install ## CRDs have no drift; ruff, mypy and the import layering are clean
+	$(BIN)/tangram crds --out crds --check
+	$(BIN)/ruff check operator tests
+	$(BIN)/ruff format --check operator tests
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+lint: install
+	$(BIN)/ruff check --fix operator tests
+	$(BIN)/ruff format operator tests
+
+# ---- benchmarks -------------------------------------------------------------------------------------
+.PHONY: bench bench-exec bench-sim bench-sched
+bench: bench-exec bench-sim bench-sched ## every benchmark, numbers side by side
+
+bench-exec: install
+	$(BIN)/tangram bench exec
+
+bench-sim: install
+	for w in ai-coding reward-gpu deepsearch mixed; do $(BIN)/tangram bench sim --workload $$w; done
+
+bench-sched: install
+	$(BIN)/tangram bench sched
+
+# ---- images and clusters ------------------------------------------------------------------------------
+.PHONY: images cluster-up cluster-down kind-up kind-down deploy-kind e2e-kind
+images: ## build the container images (needs a Docker engine)
+	bash hack/images.sh
+
+cluster-up: install ## start the local test bed (control plane built from source + simulated nodes)
+	bash hack/cluster-up.sh
+
+cluster-down: ## stop the local test bed: only the processes it started
+	bash hack/cluster-down.sh
+
+kind-up: ## create a kind cluster (needs Docker)
+	bash hack/kind.sh up
+
+kind-down: ## delete the kind cluster
+	bash hack/kind.sh down
+
+deploy-kind: images ## load the images into kind and deploy the operator
+	bash hack/kind.sh deploy
+
+e2e-kind: install ## run tests/e2e against the kind cluster
+	bash hack/kind.sh e2e

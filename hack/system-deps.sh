@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the project uses, only when one is missing, so that a second run is
+# instant. Needs root (as on CI); without it, prints what to install and carries on.
+set -euo pipefail
+need=()
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+if [ ${#need[@]} -eq 0 ]; then exit 0; fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "system-deps: missing ${need[*]}; install them as root (apt-get install ${need[*]})" >&2
+  exit 0
+fi
+echo "system-deps: installing ${need[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

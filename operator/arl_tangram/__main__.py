@@ -1,0 +1,3 @@
+from arl_tangram.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Custom resource models (pure: no kopf, kubernetes or aiohttp). Source of the CRD schemas."""

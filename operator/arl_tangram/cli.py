@@ -1,0 +1,68 @@
+"""The ``tangram`` command.
+
+A thin dispatcher: each subcommand lives in the module that owns the capability and is imported only
+when used, so that ``tangram bench sim`` never pays for aiohttp and the sandbox agent never imports
+pulp. Each target is ``module:function`` taking the remaining argv and returning an exit status.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+# name -> (target, one-line help). "bench" has subcommands of its own.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "crds": ("arl_tangram.api.crdgen:main", "write (or --check) the CRDs generated from the API models"),
+    "sandbox-agent": (
+        "arl_tangram.sandbox.cli:main",
+        "run the sandbox agent (HTTP server running actions)",
+    ),
+    "demo": ("arl_tangram.sim.demo:main", "show the win of action-level scheduling on a workload"),
+}
+BENCH: dict[str, tuple[str, str]] = {
+    "exec": ("arl_tangram.sandbox.bench:main", "code execution: native API vs /run_code vs fresh process"),
+    "sim": ("arl_tangram.sim.bench:main_sim", "simulated workloads under each scheduler policy"),
+    "sched": ("arl_tangram.sim.bench:main_sched", "scheduler decision latency, paper vs tangram"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: tangram COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<15} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += [f"  bench {name:<9} {help_}" for name, (_, help_) in BENCH.items()]
+    lines += ["", "Run `tangram COMMAND --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def _load(target: str) -> Callable[[list[str]], int]:
+    module_name, func_name = target.split(":")
+    module = importlib.import_module(module_name)
+    func: Callable[[list[str]], int] = getattr(module, func_name)
+    return func
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``tangram`` console script."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0 if args else 2
+    if args[0] == "--version":
+        from arl_tangram import __version__
+
+        print(__version__)
+        return 0
+    name, rest = args[0], args[1:]
+    if name == "bench":
+        if not rest or rest[0] not in BENCH:
+            print(f"tangram bench: choose one of {', '.join(BENCH)}", file=sys.stderr)
+            return 2
+        target = BENCH[rest[0]][0]
+        rest = rest[1:]
+    elif name in COMMANDS:
+        target = COMMANDS[name][0]
+    else:
+        print(f"tangram: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    return int(_load(target)(rest) or 0)

@@ -1,0 +1,1 @@
+"""Actions, resource vectors, the action queue and the scheduler policies (pure, no I/O)."""

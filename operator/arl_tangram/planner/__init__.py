@@ -1,0 +1,1 @@
+"""Periodic capacity planning: how many sandbox hosts and reward replicas, and where (pure)."""

@@ -1,0 +1,1 @@
+"""Deterministic discrete-event simulator driving the real scheduler, managers and planner (pure)."""
