@@ -365,8 +365,11 @@ class CapacityPlanner:
         active = sum(units(i) for i in starting + ready)
         count = len(starting) + len(ready)
         removed = 0
-        # Starting instances hold no work: cancelling them is free. Newest first.
+        # Starting instances hold no work: cancelling them is free. Newest first. One that somehow
+        # reports work is left alone (it is never removed busy; it can be drained once ready).
         for inst in sorted(starting, key=lambda i: (-i.started_at, i.name)):
+            if inst.running_actions or inst.pinned_sessions:
+                continue
             size = units(inst)
             if active - size < target or count - 1 < sizing.floor_instances:
                 continue

@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Literal
 
@@ -80,15 +81,20 @@ def make_solver(name: SolverName, time_limit_s: float, cbc_path: str | None = No
         # PULP_CBC_CMD is the binary bundled with pulp; COIN_CMD runs another one at a given path.
         cbc_class = pulp.COIN_CMD if cbc_path else pulp.PULP_CBC_CMD
         kwargs = {"path": cbc_path} if cbc_path else {}
-        return cbc_class(
-            msg=False,
-            timeLimit=time_limit_s,
-            timeMode="elapsed",
-            gapRel=0.0,
-            gapAbs=0.5,
-            threads=1,
-            **kwargs,
-        )
+        with warnings.catch_warnings():
+            # pulp 3.3 announces that its bundled CBC goes away in 4.0; it is still the one we ship with.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            # No `threads` option: CBC 2.10's threaded mode (even `-threads 1`) now and then leaves its
+            # worker "waiting to start" for 10 s when the time limit strikes at once, blowing the limit.
+            # Left unset, CBC runs serially and keeps to it.
+            return cbc_class(
+                msg=False,
+                timeLimit=time_limit_s,
+                timeMode="elapsed",
+                gapRel=0.0,
+                gapAbs=0.5,
+                **kwargs,
+            )
     raise InvalidSpec("solver", f"unknown solver {name!r}; use auto, highs or cbc")
 
 
@@ -109,6 +115,13 @@ class MilpOutcome:
     message: str
 
 
+def _variable(prob: pulp.LpProblem, name: str, low: float, up: float, cat: str) -> pulp.LpVariable:
+    # pulp 3.3 deprecates free-standing LpVariable for prob.add_variable; older pulp only has the former.
+    if hasattr(prob, "add_variable"):
+        return prob.add_variable(name, low, up, cat=cat)
+    return pulp.LpVariable(name, low, up, cat=cat)
+
+
 def build_model(problem: PlacementProblem) -> tuple[pulp.LpProblem, dict[PlacementKey, pulp.LpVariable]]:
     """The placement MILP: integer counts per (pool, node, shape), a binary per unopened node.
 
@@ -127,14 +140,14 @@ def build_model(problem: PlacementProblem) -> tuple[pulp.LpProblem, dict[Placeme
             bound = min(bound, node.free_memory_bytes // shape.memory_bytes)
         if shape.gpus:
             bound = min(bound, node.free_gpus // shape.gpus)
-        x[(req.pool, node.name, shape.units)] = pulp.LpVariable(f"x{idx}", 0, bound, cat="Integer")
+        x[(req.pool, node.name, shape.units)] = _variable(prob, f"x{idx}", 0, bound, "Integer")
 
     opened: dict[str, pulp.LpVariable] = {}
     for j, node in enumerate(problem.nodes):
         on_node = [var for (_, n, _), var in x.items() if n == node.name]
         if not on_node or node.opened:
             continue
-        y = pulp.LpVariable(f"y{j}", cat="Binary")
+        y = _variable(prob, f"y{j}", 0, 1, "Binary")
         opened[node.name] = y
         big = sum(int(var.upBound) for var in on_node)
         prob += pulp.lpSum(on_node) <= big * y, f"open_{j}"
@@ -146,8 +159,8 @@ def build_model(problem: PlacementProblem) -> tuple[pulp.LpProblem, dict[Placeme
         if not mine:
             short_terms.append(req.units if req.max_count else 0)
             continue
-        shortfall = pulp.LpVariable(f"short{k}", 0, req.units)
-        overshoot = pulp.LpVariable(f"over{k}", 0, max(0, req.max_units - req.units))
+        shortfall = _variable(prob, f"short{k}", 0, req.units, "Continuous")
+        overshoot = _variable(prob, f"over{k}", 0, max(0, req.max_units - req.units), "Continuous")
         placed = pulp.lpSum(units * var for (_, _, units), var in mine.items())
         prob += placed - req.units == overshoot - shortfall, f"balance_{k}"
         prob += pulp.lpSum(mine.values()) <= req.max_count, f"count_{k}"

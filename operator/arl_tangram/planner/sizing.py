@@ -132,6 +132,14 @@ def size_pool(
     floor_units = policy.min_instances * unit
     warm_units = policy.warm_instances * unit
     target = min(ceiling, max(floor_units, need + warm_units))
+    if need + warm_units > ceiling:
+        reasons.append(
+            Reason(
+                "MaxInstances",
+                f"{need + warm_units} units wanted, but max_instances={policy.max_instances} caps the pool "
+                f"at {ceiling}",
+            )
+        )
     if target > need and (policy.min_instances or policy.warm_instances):
         reasons.append(
             Reason(
