@@ -23,7 +23,7 @@ caller's clock):
 - :class:`ScalingPolicy` (max_instances, min_instances, warm_instances, max_starting,
   idle_timeout_s, scale_to_zero, cold_start_s, cold_start_budget_s, act_target_s, target_utilisation).
 - :class:`InstanceSnapshot` (name, pool, node, phase, cpu_millicores, memory_bytes, gpus,
-  running_actions, pinned_sessions, started_at, last_active_at): a sandbox host or a reward replica
+  running_actions, pinned_sessions, started_at): a sandbox host or a reward replica
   that exists; ``phase`` is one of :data:`InstancePhase` (starting, ready, draining, failed).
 - :class:`PoolDemand` (pool, queued_actions, queued_units, running_actions, running_units,
   arrival_rate_per_s, mean_action_s, mean_units_per_action, act_recent_s, last_active_at).

@@ -425,7 +425,8 @@ class CapacityPlanner:
                 "greedy", None, "", "not-run", greedy_cost, greedy_cost, 0.0, limit, "no node can take any"
             )
         solver = make_solver(self.config.solver, limit, self.config.cbc_path)
-        outcome = solve_placement(problem, solver)
+        # HiGHS starts from the greedy packing, so whatever it holds when time runs out is no worse.
+        outcome = solve_placement(problem, solver, start=greedy)
         if outcome.sol_status == "optimal" and outcome.placement is not None:
             cost = placement_cost(problem, outcome.placement).total
             if cost <= greedy_cost:
@@ -442,13 +443,14 @@ class CapacityPlanner:
         limit: float,
     ) -> tuple[Placement, PlacementReport]:
         why = outcome.message or f"solver stopped without proof of optimality ({outcome.sol_status})"
-        # Ties go to the earlier entry: the last good plan (stable decisions), then the incumbent.
+        # Ties go to the earlier entry: the last good plan (stable decisions), then greedy (an
+        # incumbent that only ties greedy is usually the greedy start handed to the solver).
         candidates: list[tuple[PlacementMethod, Placement]] = []
         if self._last_good is not None and check_placement(problem, self._last_good).feasible:
             candidates.append(("reused", self._last_good))
+        candidates.append(("greedy", greedy))
         if outcome.placement is not None:
             candidates.append(("milp-incumbent", outcome.placement))
-        candidates.append(("greedy", greedy))
         scored = [
             (placement_cost(problem, p).total, i, method, p) for i, (method, p) in enumerate(candidates)
         ]

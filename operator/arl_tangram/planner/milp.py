@@ -62,6 +62,25 @@ def _silence_highs_banner() -> None:
         _banner_done = True
 
 
+class _HiGHSWithStart(pulp.HiGHS):  # type: ignore[misc]
+    """pulp's in-process HiGHS, handed the variables' initial values (when all are set) as a start;
+    pulp's own class ignores them (only its command-line variant takes a start)."""
+
+    def callSolver(self, lp: pulp.LpProblem) -> None:
+        variables = lp.variables()
+        if variables and all(var.varValue is not None for var in variables):
+            import highspy
+
+            values = [0.0] * len(variables)
+            for var in variables:
+                values[var.index] = float(var.varValue)
+            solution = highspy.HighsSolution()
+            solution.col_value = values
+            solution.value_valid = True
+            lp.solverModel.setSolution(solution)
+        super().callSolver(lp)
+
+
 def highs_available() -> bool:
     """Whether pulp can reach HiGHS through highspy in this environment."""
     return bool(pulp.HiGHS(msg=False).available())
@@ -76,7 +95,7 @@ def make_solver(name: SolverName, time_limit_s: float, cbc_path: str | None = No
         name = "highs" if highs_available() else "cbc"
     if name == "highs":
         _silence_highs_banner()
-        return pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=0.0, gapAbs=0.5, threads=1)
+        return _HiGHSWithStart(msg=False, timeLimit=time_limit_s, gapRel=0.0, gapAbs=0.5, threads=1)
     if name == "cbc":
         # PULP_CBC_CMD is the binary bundled with pulp; COIN_CMD runs another one at a given path.
         cbc_class = pulp.COIN_CMD if cbc_path else pulp.PULP_CBC_CMD
@@ -87,6 +106,9 @@ def make_solver(name: SolverName, time_limit_s: float, cbc_path: str | None = No
             # No `threads` option: CBC 2.10's threaded mode (even `-threads 1`) now and then leaves its
             # worker "waiting to start" for 10 s when the time limit strikes at once, blowing the limit.
             # Left unset, CBC runs serially and keeps to it.
+            # No warmStart either: pulp fixes it when the solver is built, and a warm start over
+            # variables without initial values made this CBC return all zeros as "Optimal Solution
+            # Found". CBC is the fallback solver; only HiGHS gets the greedy start.
             return cbc_class(
                 msg=False,
                 timeLimit=time_limit_s,
@@ -122,7 +144,18 @@ def _variable(prob: pulp.LpProblem, name: str, low: float, up: float, cat: str) 
     return pulp.LpVariable(name, low, up, cat=cat)
 
 
-def build_model(problem: PlacementProblem) -> tuple[pulp.LpProblem, dict[PlacementKey, pulp.LpVariable]]:
+@dataclass
+class PlacementModel:
+    """The pulp model of a placement problem, with handles on its variables."""
+
+    prob: pulp.LpProblem
+    x: dict[PlacementKey, pulp.LpVariable]
+    opened: dict[str, pulp.LpVariable]
+    shortfall: dict[str, pulp.LpVariable]
+    overshoot: dict[str, pulp.LpVariable]
+
+
+def build_model(problem: PlacementProblem) -> PlacementModel:
     """The placement MILP: integer counts per (pool, node, shape), a binary per unopened node.
 
     minimise  w_short*shortfall + w_over*overshoot + w_open*opened + w_inst*instances
@@ -152,12 +185,13 @@ def build_model(problem: PlacementProblem) -> tuple[pulp.LpProblem, dict[Placeme
         big = sum(int(var.upBound) for var in on_node)
         prob += pulp.lpSum(on_node) <= big * y, f"open_{j}"
 
-    short_terms = []
-    over_terms = []
+    fixed_short = 0
+    shortfalls: dict[str, pulp.LpVariable] = {}
+    overshoots: dict[str, pulp.LpVariable] = {}
     for k, req in enumerate(problem.requests):
         mine = {key: var for key, var in x.items() if key[0] == req.pool}
         if not mine:
-            short_terms.append(req.units if req.max_count else 0)
+            fixed_short += req.units if req.max_count else 0
             continue
         shortfall = _variable(prob, f"short{k}", 0, req.units, "Continuous")
         overshoot = _variable(prob, f"over{k}", 0, max(0, req.max_units - req.units), "Continuous")
@@ -165,37 +199,59 @@ def build_model(problem: PlacementProblem) -> tuple[pulp.LpProblem, dict[Placeme
         prob += placed - req.units == overshoot - shortfall, f"balance_{k}"
         prob += pulp.lpSum(mine.values()) <= req.max_count, f"count_{k}"
         prob += placed <= req.max_units, f"units_{k}"
-        short_terms.append(shortfall)
-        over_terms.append(overshoot)
+        shortfalls[req.pool] = shortfall
+        overshoots[req.pool] = overshoot
 
     for j, node in enumerate(problem.nodes):
         here = {key: var for key, var in x.items() if key[1] == node.name}
         if not here:
             continue
         shapes = {key: problem.request(key[0]).shape(key[2]) for key in here}
-        prob += (
-            pulp.lpSum(shapes[k].cpu_millicores * v for k, v in here.items()) <= node.free_cpu_millicores,
-            (f"cpu_{j}"),
-        )
-        prob += (
-            pulp.lpSum(shapes[k].memory_bytes * v for k, v in here.items()) <= node.free_memory_bytes,
-            (f"mem_{j}"),
-        )
-        prob += pulp.lpSum(shapes[k].gpus * v for k, v in here.items()) <= node.free_gpus, f"gpu_{j}"
+        cpu = pulp.lpSum(shapes[k].cpu_millicores * v for k, v in here.items())
+        mem = pulp.lpSum(shapes[k].memory_bytes * v for k, v in here.items())
+        gpus = pulp.lpSum(shapes[k].gpus * v for k, v in here.items())
+        prob += cpu <= node.free_cpu_millicores, f"cpu_{j}"
+        prob += mem <= node.free_memory_bytes, f"mem_{j}"
+        prob += gpus <= node.free_gpus, f"gpu_{j}"
 
     prob += (
-        w_short * pulp.lpSum(short_terms)
-        + w_over * pulp.lpSum(over_terms)
+        w_short * (pulp.lpSum(shortfalls.values()) + fixed_short)
+        + w_over * pulp.lpSum(overshoots.values())
         + w_open * pulp.lpSum(opened.values())
         + w_instance * pulp.lpSum(x.values())
     )
-    return prob, x
+    return PlacementModel(prob, x, opened, shortfalls, overshoots)
 
 
-def solve_placement(problem: PlacementProblem, solver: pulp.LpSolver) -> MilpOutcome:
-    """Solve the placement MILP once. Solver errors come back as ``sol_status == "error"``."""
+def set_start(model: PlacementModel, problem: PlacementProblem, start: Placement) -> bool:
+    """Give every variable its value in ``start`` (a feasible placement, e.g. the greedy one), so that
+    a solver stopped by its time limit holds a solution at least that good. False when the start
+    does not fit the model (then nothing is set)."""
+    if not check_placement(problem, start).feasible or any(key not in model.x for key, _ in start.items()):
+        return False
+    for key, var in model.x.items():
+        var.setInitialValue(start.counts.get(key, 0))
+    used = start.nodes_used()
+    for name, y in model.opened.items():
+        y.setInitialValue(1 if name in used else 0)
+    for req in problem.requests:
+        if req.pool in model.shortfall:
+            placed = start.units_of(req.pool)
+            model.shortfall[req.pool].setInitialValue(max(0, req.units - placed))
+            model.overshoot[req.pool].setInitialValue(max(0, placed - req.units))
+    return True
+
+
+def solve_placement(
+    problem: PlacementProblem, solver: pulp.LpSolver, start: Placement | None = None
+) -> MilpOutcome:
+    """Solve the placement MILP once, from ``start`` when given (see :func:`set_start`).
+    Solver errors come back as ``sol_status == "error"``."""
     label = solver_label(solver)
-    prob, x = build_model(problem)
+    model = build_model(problem)
+    prob, x = model.prob, model.x
+    if start is not None:
+        set_start(model, problem, start)
     started = time.perf_counter()
     try:
         prob.solve(solver)

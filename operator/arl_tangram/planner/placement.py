@@ -280,8 +280,8 @@ def place_greedy(problem: PlacementProblem) -> Placement:
     """Best-fit greedy packing: the fallback when the MILP fails or runs out of time.
 
     Pools go largest request first; each new instance takes the largest shape that does not exceed
-    the remaining need (else the smallest larger one) on the fullest node that fits it, preferring
-    nodes already in use. Deterministic for a given problem.
+    the remaining need (else the smallest larger one), on the fullest node in use that fits it, else
+    on the roomiest unused node. Deterministic for a given problem.
     """
     free = {n.name: [n.free_cpu_millicores, n.free_memory_bytes, n.free_gpus] for n in problem.nodes}
     nodes = {n.name: n for n in problem.nodes}
@@ -326,14 +326,12 @@ def _greedy_choice(
                 continue
             if shape.cpu_millicores > room[0] or shape.memory_bytes > room[1] or shape.gpus > room[2]:
                 continue
-            # Best fit: an open node first, then the least room left over (GPUs matter most).
-            key = (
-                name not in opened,
-                room[2] - shape.gpus,
-                room[0] - shape.cpu_millicores,
-                room[1] - shape.memory_bytes,
-                name,
-            )
+            # An open node first, best fit among them (least room left over, GPUs first); when a node
+            # must be opened, the roomiest one, so that later instances need fewer new nodes.
+            left = (room[2] - shape.gpus, room[0] - shape.cpu_millicores, room[1] - shape.memory_bytes)
+            is_new = name not in opened
+            sign = -1 if is_new else 1
+            key = (is_new, sign * left[0], sign * left[1], sign * left[2], name)
             if best is None or key < best[0]:
                 best = (key, name)
         if best is not None:

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from arl_tangram.planner.placement import InstanceShape
-from arl_tangram.planner.plan import Reason
+from arl_tangram.planner.plan import Reason, ReasonCode
 from arl_tangram.planner.snapshot import PoolDemand, PoolSpec, SandboxPoolSpec
 
 
@@ -99,12 +99,14 @@ def size_pool(
     if act is not None and act_target is not None and act > act_target:
         may_shrink = False
         message = f"recent ACT {act:.3g} s above target {act_target:.3g} s: no scale-down"
+        code: ReasonCode = "DrainBlocked"
         if demand.queued_actions > 0 and active_units > 0:
             grown = math.ceil(active_units * min(act / act_target, max_growth) - 1e-9)
             if grown > need:
                 need = grown
+                code = "ScaleUp"
                 message += f"; growing toward {grown} units"
-        reasons.append(Reason("ScaleUp", message))
+        reasons.append(Reason(code, message))
 
     idle_expired = demand.is_idle and idle_for_s >= policy.idle_timeout_s
     if policy.scale_to_zero and idle_expired:

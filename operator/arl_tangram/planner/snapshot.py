@@ -235,8 +235,9 @@ class InstanceSnapshot:
     """One instance that exists now: a sandbox host of a pool, or a replica of a reward service.
 
     ``cpu_millicores``/``memory_bytes``/``gpus`` are what it requests on its node (it may predate a
-    change of the pool's size). ``started_at`` orders instances by age (larger is newer);
-    ``last_active_at`` is the last time it ran an action (None: never).
+    change of the pool's size). ``started_at`` orders instances by age (larger is newer).
+    ``running_actions`` and ``pinned_sessions`` are what holds it: an instance with either is never
+    removed before it is drained.
     """
 
     name: str
@@ -249,7 +250,6 @@ class InstanceSnapshot:
     running_actions: int = 0
     pinned_sessions: int = 0
     started_at: float = 0.0
-    last_active_at: float | None = None
 
     def __post_init__(self) -> None:
         _require(

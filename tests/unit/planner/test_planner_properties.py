@@ -70,12 +70,13 @@ def placement_problems(draw: st.DrawFn) -> PlacementProblem:
 
 
 @PROPS
-@given(problem=placement_problems(), solver=st.sampled_from(["highs", "cbc"]))
-def test_milp_placement_equals_or_beats_greedy(problem: PlacementProblem, solver: str) -> None:
+@given(problem=placement_problems(), solver=st.sampled_from(["highs", "cbc"]), started=st.booleans())
+def test_milp_placement_equals_or_beats_greedy(problem: PlacementProblem, solver: str, started: bool) -> None:
     greedy = place_greedy(problem)
     assert check_placement(problem, greedy).feasible
     event("trivial" if problem.is_trivial else "something to place")
-    outcome = solve_placement(problem, make_solver(solver, 20))  # type: ignore[arg-type]
+    # Started from greedy or not, the proven optimum must be as good: a start must never mislead.
+    outcome = solve_placement(problem, make_solver(solver, 20), start=greedy if started else None)  # type: ignore[arg-type]
     assert outcome.sol_status == "optimal", outcome
     assert outcome.placement is not None
     assert check_placement(problem, outcome.placement).feasible
