@@ -24,6 +24,7 @@ BENCH: dict[str, tuple[str, str]] = {
     "exec": ("arl_tangram.sandbox.bench:main", "code execution: native API vs /run_code vs fresh process"),
     "sim": ("arl_tangram.sim.bench:main_sim", "simulated workloads under each scheduler policy"),
     "sched": ("arl_tangram.sim.bench:main_sched", "scheduler decision latency, paper vs tangram"),
+    "plan": ("arl_tangram.planner.bench:main", "capacity planner: MILP (HiGHS, CBC) vs greedy placement"),
 }
 
 
