@@ -13,7 +13,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Final, Literal, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
@@ -94,6 +103,19 @@ class TangramModel(BaseModel):
             if not rule.check(self):
                 raise field_error(rule.field or "", rule.message)
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_empty_collections(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        # Kubernetes' omitempty: a list or map field left at its empty default is not written, so the
+        # stored form equals what the API server's defaulting produces (the schema has no [] defaults).
+        data = handler(self)
+        if not isinstance(data, dict):
+            return data
+        for name, field in type(self).model_fields.items():
+            key = field.alias if info.by_alias and field.alias else name
+            if field.default_factory in (list, dict) and data.get(key, None) in ([], {}):
+                del data[key]
+        return data
 
     def to_dict(self) -> dict[str, Any]:
         """The object as Kubernetes would store it: camelCase keys, unset optional fields left out."""
