@@ -254,7 +254,8 @@ class ActionPoolSpec(TangramModel):
             field="dedicated",
         ),
         CelRule(
-            rule="!has(self.limits) || !has(self.template.resources) || "
+            # isQuantity guards keep a malformed quantity to its own (pattern) error.
+            rule="!isQuantity(self.limits.memory) || !isQuantity(self.template.resources.memory) || "
             "quantity(self.limits.memory).compareTo(quantity(self.template.resources.memory)) <= 0",
             message="limits.memory must not exceed template.resources.memory",
             check=lambda s: _quantity_le(s.limits.memory, s.template.resources.memory),

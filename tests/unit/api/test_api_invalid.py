@@ -40,6 +40,8 @@ class Bad:
     message: str
     # Whether the OpenAPI schema alone refuses it; False for CEL rules and checks only the models make.
     schema: bool = True
+    # Whether the API server refuses it (OpenAPI, list uniqueness or CEL); False for model-only checks.
+    server: bool = True
 
 
 def put(path: str, value: Any) -> Callable[[dict[str, Any]], Any]:
@@ -289,6 +291,7 @@ BAD: list[Bad] = [
         "spec.template.resources.cpu",
         "must be greater than zero",
         schema=False,
+        server=False,
     ),
     # Other malformed values.
     Bad(
@@ -344,6 +347,7 @@ BAD: list[Bad] = [
         "apiVersion",
         "tangram.arl.dev/v1alpha1",
         schema=False,
+        server=False,
     ),
     # ActionBatch shape and size.
     Bad("no actions", BATCH, put("spec.actions", []), "spec.actions", "at least 1 item"),
@@ -390,6 +394,7 @@ BAD: list[Bad] = [
         "spec.actions",
         "split the actions into several ActionBatches",
         schema=False,
+        server=False,
     ),
 ]
 
