@@ -32,19 +32,21 @@ _DECIMAL = {
     "P": Decimal("1e15"),
     "E": Decimal("1e18"),
 }
-_SPLIT_RE = re.compile(r"^([0-9.]+)(.*)$")
+# Splits a quantity that already matched QUANTITY_PATTERN into its number and its suffix.
+_SPLIT_RE = re.compile(r"^(?P<number>[0-9.]+)(?P<suffix>.*)$")
 
 EXAMPLES = "e.g. 4Gi, 512Mi, 2, 500m"
 
 
 def parse_quantity(text: str) -> Decimal:
     """The value of a quantity in base units (bytes, cores). Raises ValueError naming the problem."""
-    if not isinstance(text, str) or not _QUANTITY_RE.match(text):
+    parts = _SPLIT_RE.match(text) if isinstance(text, str) and _QUANTITY_RE.match(text) else None
+    if parts is None:
         raise ValueError(f"{text!r} is not a valid quantity ({EXAMPLES})")
-    number, suffix = _SPLIT_RE.match(text).groups()  # type: ignore[union-attr]
+    suffix = parts["suffix"]
     try:
-        value = Decimal(number)
-    except InvalidOperation as exc:  # the pattern admits "5." which Decimal accepts; belt and braces
+        value = Decimal(parts["number"])
+    except InvalidOperation as exc:  # unreachable after the pattern; kept so no input escapes as a crash
         raise ValueError(f"{text!r} is not a valid quantity ({EXAMPLES})") from exc
     if suffix in _BINARY:
         return value * _BINARY[suffix]
