@@ -263,7 +263,9 @@ def check(out: Path, files: dict[str, str]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     """Entry point of ``tangram crds``."""
-    parser = argparse.ArgumentParser(prog="tangram crds", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="tangram crds", description="Write the CRDs generated from the API models, or --check them."
+    )
     parser.add_argument("--out", type=Path, default=Path("crds"), help="output directory (default: crds)")
     parser.add_argument(
         "--check", action="store_true", help="write nothing; exit 1 with a diff when the files differ"
