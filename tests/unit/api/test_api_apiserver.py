@@ -26,6 +26,7 @@ from arl_tangram.api import load
 SOURCE = Path(__file__).resolve().parent / "apiserver"
 BINARY = ROOT / ".cache" / "crdvalidate"
 OFFLINE_HINTS = ("GOPROXY=off", "module lookup disabled", "cannot find module", "missing go.sum entry")
+TOOLCHAIN_HINTS = ("requires go >=", "toolchain")
 
 
 @cache
@@ -45,6 +46,8 @@ def _binary() -> Path | str:
         timeout=900,
     )
     if result.returncode != 0:
+        if any(hint in result.stderr for hint in TOOLCHAIN_HINTS):
+            return f"the local Go is older than apiserver/go.mod needs: {result.stderr.strip()[:200]}"
         if any(hint in result.stderr for hint in OFFLINE_HINTS):
             return (
                 "the k8s.io Go modules are not in the local module cache (the test bed's build fetches them)"
