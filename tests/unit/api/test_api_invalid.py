@@ -1,0 +1,538 @@
+"""Invalid objects are refused with a message that names the field, by the models and by the schema.
+
+Every row starts from a valid sample and breaks one thing. The models must raise InvalidSpec naming the
+field; rows the OpenAPI part of the schema can catch are also checked against the generated CRD schema
+(with a JSON Schema validator), and every CEL rule of every model has at least one row, so the intent of
+each server-side rule is tested here too.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+import pytest
+from api_testkit import crd_schema, delete_path, json_schema, sample, set_path
+
+import arl_tangram.api.actionbatch as actionbatch_module
+import arl_tangram.api.actionpool as actionpool_module
+import arl_tangram.api.meta as meta_module
+import arl_tangram.api.rewardmodelservice as rms_module
+from arl_tangram.api import MAX_ACTIONS, load, validate_targets
+from arl_tangram.api.meta import TangramModel
+from arl_tangram.errors import InvalidSpec
+
+POOL, RMS, BATCH = "ActionPool", "RewardModelService", "ActionBatch"
+
+
+@dataclass(frozen=True)
+class Bad:
+    """One invalid object: how to break the sample, which field is named, what the message says."""
+
+    name: str
+    kind: str
+    breaks: Callable[[dict[str, Any]], Any]
+    field: str
+    message: str
+    # Whether the OpenAPI schema alone refuses it; False for CEL rules and checks only the models make.
+    schema: bool = True
+    # Whether the API server refuses it (OpenAPI, list uniqueness or CEL); False for model-only checks.
+    server: bool = True
+
+
+def put(path: str, value: Any) -> Callable[[dict[str, Any]], Any]:
+    return lambda obj: set_path(obj, path, copy.deepcopy(value))
+
+
+def drop(path: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda obj: delete_path(obj, path)
+
+
+def actions(n: int) -> Callable[[dict[str, Any]], Any]:
+    def breaks(obj: dict[str, Any]) -> None:
+        template = obj["spec"]["actions"][0]
+        obj["spec"]["actions"] = [{**copy.deepcopy(template), "id": f"a{i}"} for i in range(n)]
+
+    return breaks
+
+
+def big_payloads(obj: dict[str, Any]) -> None:
+    for i, action in enumerate(obj["spec"]["actions"]):
+        action["payload"] = {"language": "python", "code": "x" * 200_000, "n": i}
+
+
+def dedicated_with_shared(obj: dict[str, Any]) -> None:
+    obj["spec"]["mode"] = "shared"
+    obj["spec"]["dedicated"] = {"maxSessions": 4}
+
+
+BAD: list[Bad] = [
+    # Negative counts.
+    Bad(
+        "negative minHosts",
+        POOL,
+        put("spec.scaling.minHosts", -1),
+        "spec.scaling.minHosts",
+        "greater than or equal to 0",
+    ),
+    Bad(
+        "negative maxReplicas",
+        RMS,
+        put("spec.scaling.maxReplicas", -2),
+        "spec.scaling.maxReplicas",
+        "greater than or equal to 1",
+    ),
+    Bad(
+        "negative timeout",
+        POOL,
+        put("spec.limits.timeoutSeconds", -5),
+        "spec.limits.timeoutSeconds",
+        "greater than or equal to 1",
+    ),
+    Bad("negative replicas", POOL, put("spec.replicas", -1), "spec.replicas", "greater than or equal to 0"),
+    Bad(
+        "zero units",
+        BATCH,
+        put("spec.actions[2].units.min", 0),
+        "spec.actions[2].units.min",
+        "greater than or equal to 1",
+    ),
+    Bad(
+        "negative retries",
+        BATCH,
+        put("spec.retryPolicy.maxRetries", -1),
+        "spec.retryPolicy.maxRetries",
+        "greater than or equal to 0",
+    ),
+    # min > max and other cross-field rules (CEL on the server).
+    Bad(
+        "minHosts > maxHosts",
+        POOL,
+        put("spec.scaling.minHosts", 20),
+        "spec.scaling.minHosts",
+        "minHosts must not exceed maxHosts",
+        schema=False,
+    ),
+    Bad(
+        "warmHosts > maxHosts",
+        POOL,
+        put("spec.scaling.warmHosts", 17),
+        "spec.scaling.warmHosts",
+        "warmHosts must not exceed maxHosts",
+        schema=False,
+    ),
+    Bad(
+        "minReplicas > maxReplicas",
+        RMS,
+        put("spec.scaling.minReplicas", 3),
+        "spec.scaling.minReplicas",
+        "minReplicas must not exceed maxReplicas",
+        schema=False,
+    ),
+    Bad(
+        "units min > max",
+        BATCH,
+        put("spec.actions[2].units", {"min": 8, "max": 2}),
+        "spec.actions[2].units.min",
+        "min must not exceed max",
+        schema=False,
+    ),
+    Bad(
+        "output over budget",
+        BATCH,
+        put("spec.results", {"budgetBytes": 4096, "outputBytesPerAction": 8192}),
+        "spec.results.outputBytesPerAction",
+        "outputBytesPerAction must not exceed budgetBytes",
+        schema=False,
+    ),
+    Bad(
+        "action memory over host memory",
+        POOL,
+        put("spec.limits.memory", "64Gi"),
+        "spec.limits.memory",
+        "limits.memory must not exceed template.resources.memory",
+        schema=False,
+    ),
+    Bad(
+        "dedicated settings in shared mode",
+        POOL,
+        dedicated_with_shared,
+        "spec.dedicated",
+        "dedicated settings apply only with mode: dedicated",
+        schema=False,
+    ),
+    Bad(
+        "MIG slice with 2 GPUs",
+        RMS,
+        put("spec.gpu.count", [1, 2]),
+        "spec.gpu.count",
+        "count must be [1] when migProfile is set",
+        schema=False,
+    ),
+    Bad(
+        "MIG slice with NVLink required",
+        RMS,
+        put("spec.gpu.nvlink", "Required"),
+        "spec.gpu.nvlink",
+        "nvlink cannot be Required with migProfile",
+        schema=False,
+    ),
+    Bad(
+        "vllm without image",
+        RMS,
+        put("spec.server.runtime", "vllm"),
+        "spec.server.image",
+        "image is required when runtime is vllm or sglang",
+        schema=False,
+    ),
+    Bad(
+        "session on a reward action",
+        BATCH,
+        put("spec.actions[3].sessionId", "traj-7"),
+        "spec.actions[3].sessionId",
+        "sessionId applies only to code and test actions",
+        schema=False,
+    ),
+    Bad(
+        "pool name too long",
+        POOL,
+        put("metadata.name", "p" * 64),
+        "metadata.name",
+        "at most 63 characters",
+        schema=False,
+    ),
+    Bad(
+        "service name too long",
+        RMS,
+        put("metadata.name", "r" * 64),
+        "metadata.name",
+        "at most 63 characters",
+        schema=False,
+    ),
+    # Unknown enum values.
+    Bad(
+        "unknown language",
+        POOL,
+        put("spec.languages", ["python", "cobol"]),
+        "spec.languages[1]",
+        "'python', 'bash'",
+    ),
+    Bad(
+        "unknown runtime",
+        RMS,
+        put("spec.server.runtime", "triton"),
+        "spec.server.runtime",
+        "'builtin', 'vllm' or 'sglang'",
+    ),
+    Bad("unknown mode", POOL, put("spec.mode", "exclusive"), "spec.mode", "'shared' or 'dedicated'"),
+    Bad(
+        "unknown action type",
+        BATCH,
+        put("spec.actions[0].type", "sql"),
+        "spec.actions[0].type",
+        "'code', 'test', 'reward' or 'http'",
+    ),
+    Bad(
+        "unknown network setting",
+        POOL,
+        put("spec.isolation.network", "Open"),
+        "spec.isolation.network",
+        "'Disabled' or 'Enabled'",
+    ),
+    Bad("GPU count not a power of two", RMS, put("spec.gpu.count", [3]), "spec.gpu.count[0]", "1, 2, 4 or 8"),
+    # Images.
+    Bad("empty image", POOL, put("spec.template.image", ""), "spec.template.image", "at least 1 character"),
+    Bad(
+        "image with a space",
+        POOL,
+        put("spec.template.image", "python 3.12"),
+        "spec.template.image",
+        "should match pattern",
+    ),
+    Bad("missing image", POOL, drop("spec.template.image"), "spec.template.image", "Field required"),
+    Bad("empty server image", RMS, put("spec.server.image", ""), "spec.server.image", "at least 1 character"),
+    # Quantities.
+    Bad(
+        "malformed host memory",
+        POOL,
+        put("spec.template.resources.memory", "4Gx"),
+        "spec.template.resources.memory",
+        "'4Gx' is not a valid quantity",
+    ),
+    Bad(
+        "malformed action memory",
+        POOL,
+        put("spec.limits.memory", "4Gx"),
+        "spec.limits.memory",
+        "'4Gx' is not a valid quantity",
+    ),
+    Bad(
+        "malformed GPU memory",
+        RMS,
+        put("spec.gpu.memory", "lots"),
+        "spec.gpu.memory",
+        "'lots' is not a valid quantity",
+    ),
+    Bad(
+        "negative cpu",
+        POOL,
+        put("spec.template.resources.cpu", "-4"),
+        "spec.template.resources.cpu",
+        "not a valid quantity",
+    ),
+    Bad(
+        "zero cpu",
+        POOL,
+        put("spec.template.resources.cpu", "0"),
+        "spec.template.resources.cpu",
+        "must be greater than zero",
+        schema=False,
+        server=False,
+    ),
+    # Other malformed values.
+    Bad(
+        "malformed MIG profile",
+        RMS,
+        put("spec.gpu.migProfile", "10g.80gb"),
+        "spec.gpu.migProfile",
+        "should match pattern",
+    ),
+    Bad(
+        "weights over plain http",
+        RMS,
+        put("spec.model.uri", "http://example.com/model"),
+        "spec.model.uri",
+        "should match pattern",
+    ),
+    Bad("missing model", RMS, drop("spec.model"), "spec.model", "Field required"),
+    Bad(
+        "duplicate language",
+        POOL,
+        put("spec.languages", ["python", "python"]),
+        "spec.languages",
+        "duplicate language 'python'",
+        schema=False,
+    ),
+    Bad(
+        "duplicate GPU count",
+        RMS,
+        put("spec.gpu.count", [1, 1]),
+        "spec.gpu.count",
+        "duplicate GPU count 1",
+        schema=False,
+    ),
+    Bad(
+        "duplicate env var",
+        POOL,
+        put("spec.template.env", [{"name": "A"}, {"name": "A"}]),
+        "spec.template.env",
+        "duplicate environment variable 'A'",
+        schema=False,
+    ),
+    Bad(
+        "unknown field",
+        POOL,
+        put("spec.scaling.maxHost", 3),
+        "spec.scaling.maxHost",
+        "Extra inputs are not permitted",
+    ),
+    Bad(
+        "wrong apiVersion",
+        POOL,
+        put("apiVersion", "tangram.arl.dev/v1"),
+        "apiVersion",
+        "tangram.arl.dev/v1alpha1",
+        schema=False,
+        server=False,
+    ),
+    # ActionBatch shape and size.
+    Bad("no actions", BATCH, put("spec.actions", []), "spec.actions", "at least 1 item"),
+    Bad(
+        "over the maximum of actions",
+        BATCH,
+        actions(MAX_ACTIONS + 1),
+        "spec.actions",
+        f"at most {MAX_ACTIONS} items",
+    ),
+    Bad(
+        "duplicate action ids",
+        BATCH,
+        put("spec.actions[1].id", "traj-7.turn-1"),
+        "spec.actions[1].id",
+        "duplicate action id 'traj-7.turn-1' (first at index 0)",
+        schema=False,
+    ),
+    Bad(
+        "action id with a space",
+        BATCH,
+        put("spec.actions[0].id", "turn 1"),
+        "spec.actions[0].id",
+        "should match pattern",
+    ),
+    Bad(
+        "target that is no name",
+        BATCH,
+        put("spec.actions[0].target", "Python_Sandboxes"),
+        "spec.actions[0].target",
+        "should match pattern",
+    ),
+    Bad(
+        "action without payload",
+        BATCH,
+        drop("spec.actions[0].payload"),
+        "spec.actions[0].payload",
+        "Field required",
+    ),
+    Bad(
+        "spec over the size budget",
+        BATCH,
+        big_payloads,
+        "spec.actions",
+        "split the actions into several ActionBatches",
+        schema=False,
+        server=False,
+    ),
+]
+
+
+def _broken(bad: Bad) -> dict[str, Any]:
+    obj = sample(bad.kind)
+    bad.breaks(obj)
+    return obj
+
+
+def _schema_errors(kind: str, obj: dict[str, Any]) -> list[str]:
+    validator = jsonschema.Draft7Validator(json_schema(crd_schema(kind)))
+    return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)]
+
+
+@pytest.mark.parametrize("kind", [POOL, RMS, BATCH])
+def test_samples_are_valid_to_both(kind: str) -> None:
+    obj = sample(kind)
+    load(obj)
+    assert _schema_errors(kind, obj) == []
+
+
+@pytest.mark.parametrize("bad", BAD, ids=[b.name for b in BAD])
+def test_models_refuse_and_name_the_field(bad: Bad) -> None:
+    with pytest.raises(InvalidSpec) as err:
+        load(_broken(bad))
+    assert err.value.field == bad.field, str(err.value)
+    assert bad.message in err.value.message, str(err.value)
+    assert str(err.value).startswith(f"{bad.field}: ")
+
+
+@pytest.mark.parametrize("bad", [b for b in BAD if b.schema], ids=[b.name for b in BAD if b.schema])
+def test_schema_refuses_too(bad: Bad) -> None:
+    errors = _schema_errors(bad.kind, _broken(bad))
+    assert errors, f"the CRD schema accepts {bad.name}"
+
+
+def _all_rules() -> list[tuple[str, str]]:
+    rules = []
+    for module in (meta_module, actionpool_module, rms_module, actionbatch_module):
+        for value in vars(module).values():
+            if (
+                isinstance(value, type)
+                and issubclass(value, TangramModel)
+                and value.__module__ == module.__name__
+            ):
+                rules += [(value.__name__, rule.message) for rule in value.cel_rules]
+    return rules
+
+
+def test_every_cel_rule_has_an_invalid_row() -> None:
+    rules = _all_rules()
+    assert len(rules) >= 10
+    untested = [
+        (model, message)
+        for model, message in rules
+        if not any(message in b.message or b.message in message for b in BAD)
+    ]
+    assert untested == []
+
+
+def test_every_cel_rule_is_in_the_crds() -> None:
+    text = "".join(p.read_text() for p in (crd_schema.__globals__["CRDS"]).glob("*.yaml"))
+    for _, message in _all_rules():
+        assert message in text
+
+
+def test_several_errors_are_all_reported() -> None:
+    obj = sample(POOL)
+    obj["spec"]["scaling"]["minHosts"] = -1
+    obj["spec"]["template"]["image"] = ""
+    with pytest.raises(InvalidSpec) as err:
+        load(obj)
+    assert "and 1 more" in err.value.message
+    named = {
+        err.value.field,
+        *(f for f in ("spec.scaling.minHosts", "spec.template.image") if f in err.value.message),
+    }
+    assert named == {"spec.scaling.minHosts", "spec.template.image"}
+
+
+def test_unknown_kind_is_named() -> None:
+    with pytest.raises(InvalidSpec) as err:
+        load({"apiVersion": "tangram.arl.dev/v1alpha1", "kind": "ActionPoool", "spec": {}})
+    assert err.value.field == "kind" and "ActionPoool" in err.value.message
+
+
+# Unknown targets: only the controller knows which pools and services exist.
+POOLS = ["python-sandboxes"]
+SERVICES = ["skywork-reward-small"]
+
+
+def test_known_targets_pass() -> None:
+    batch = load(sample(BATCH))
+    assert isinstance(batch, actionbatch_module.ActionBatch)
+    validate_targets(batch, pools=POOLS, services=SERVICES)
+    validate_targets(batch.spec, pools=set(POOLS), services=set(SERVICES))
+
+
+def test_unknown_target_pool_is_named() -> None:
+    obj = sample(BATCH)
+    obj["spec"]["actions"][1]["target"] = "rust-sandboxes"
+    batch = load(obj)
+    assert isinstance(batch, actionbatch_module.ActionBatch)
+    with pytest.raises(InvalidSpec) as err:
+        validate_targets(batch, pools=POOLS, services=SERVICES)
+    assert err.value.field == "spec.actions[1].target"
+    assert "ActionPool 'rust-sandboxes'" in err.value.message and "python-sandboxes" in err.value.message
+
+
+def test_reward_action_must_target_a_service_not_a_pool() -> None:
+    obj = sample(BATCH)
+    obj["spec"]["actions"][3]["target"] = "python-sandboxes"
+    batch = load(obj)
+    assert isinstance(batch, actionbatch_module.ActionBatch)
+    with pytest.raises(InvalidSpec) as err:
+        validate_targets(batch, pools=POOLS, services=SERVICES)
+    assert err.value.field == "spec.actions[3].target"
+    assert "RewardModelService 'python-sandboxes'" in err.value.message
+
+
+def test_no_pools_at_all_is_said_plainly() -> None:
+    batch = load(sample(BATCH))
+    assert isinstance(batch, actionbatch_module.ActionBatch)
+    with pytest.raises(InvalidSpec, match=r"known: none"):
+        validate_targets(batch, pools=[], services=SERVICES)
+
+
+def test_the_maximum_batch_fits_the_etcd_limit() -> None:
+    """MAX_ACTIONS actions with room-filling payloads plus a full result budget stay under 1.5 MiB."""
+    obj = sample(BATCH)
+    actions(MAX_ACTIONS)(obj)
+    per_action = actionbatch_module.MAX_SPEC_BYTES // MAX_ACTIONS - 400
+    for action in obj["spec"]["actions"]:
+        action["payload"] = {"language": "python", "code": "x" * per_action}
+    batch = load(obj)
+    spec_bytes = len(json.dumps(batch.to_dict()["spec"]))
+    assert spec_bytes <= actionbatch_module.MAX_SPEC_BYTES
+    # Results at their maximum budget plus the fixed fields of every result (~200 bytes each).
+    total = spec_bytes + actionbatch_module.MAX_RESULT_BUDGET_BYTES + 200 * MAX_ACTIONS
+    assert total < 1.25 * 2**20
