@@ -52,6 +52,15 @@ class Scheduler(ABC):
         self.pools[grant.action.pool].release(grant, now)
         self._on_release(grant)
 
+    def adopt(self, grant: Grant) -> None:
+        """Take over an action already running on units placed outside this scheduler (after a
+        restart, or a benchmark building a busy pool); it is released by ``complete`` as usual."""
+        self.running[id(grant)] = grant
+        self._on_adopt(grant)
+
+    def _on_adopt(self, grant: Grant) -> None:  # noqa: B027 - an optional hook, empty by default
+        """Hook for policies keeping incremental state."""
+
     def _on_release(self, grant: Grant) -> None:  # noqa: B027 - an optional hook, empty by default
         """Hook for policies keeping incremental state."""
 

@@ -71,6 +71,9 @@ class TangramPolicy(Scheduler):
             pool_vt[action.tenant] = max(pool_vt.get(action.tenant, 0.0), floor)
         super().submit(action, now)
 
+    def _on_adopt(self, grant: Grant) -> None:
+        self._running_by_pool.setdefault(grant.action.pool, {})[id(grant)] = (grant.est_end, grant.units)
+
     def _on_release(self, grant: Grant) -> None:
         self._running_by_pool.get(grant.action.pool, {}).pop(id(grant), None)
 
@@ -108,9 +111,14 @@ class TangramPolicy(Scheduler):
     def _duration_for(self, mgr: PoolManager) -> Duration:
         if self.restore_aware and isinstance(mgr, RestoreAware):
             aware = mgr
+            memo: dict[tuple[str | None, float, int], float] = {}  # the cache cannot change mid-decision
 
             def with_restore(action: Action, k: int) -> float:
-                return action.model.duration(k) + aware.restore_estimate(action, k)
+                key = (action.service, action.service_gb, k)
+                restore = memo.get(key)
+                if restore is None:
+                    restore = memo[key] = aware.restore_estimate(action, k)
+                return action.model.duration(k) + restore
 
             return with_restore
         return model_duration
@@ -194,7 +202,7 @@ class TangramPolicy(Scheduler):
             return self._commit(mgr, [(a, a.min_units) for a in cands], now, prefix, duration)
         total, units, scratch, binding = arranged
         keep = len(cands)
-        if binding and blocked and self.max_evict > 0:
+        if binding and self.max_evict > 0:
             for action in order:  # the rest of the bounded waiting window
                 if len(blocked) >= self.wait_window:
                     break
