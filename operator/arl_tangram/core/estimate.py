@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from arl_tangram.core.action import Action, Duration, model_duration
 
@@ -40,31 +40,44 @@ def list_schedule(
     depth: int,
     duration: Duration = model_duration,
     total_units: int | None = None,
+    branch: Callable[[Action], Sequence[int]] | None = None,
 ) -> float:
     """Summed completion time (from now) of ``waiting`` when started in order at their minimum
     units as units free up. With ``depth`` d > 1 the first waiting action tries every feasible
-    allocation (and recursively the next d - 2 ones) and the best is kept, as the paper's ``depth``."""
+    allocation (and recursively the next d - 2 ones) and the best is kept, as the paper's ``depth``.
+    ``branch`` narrows the allocations tried (default: the whole feasible set)."""
     heap = list(heap)
     heapq.heapify(heap)
     cap = sum(u for _, u in heap) if total_units is None else total_units
-    return _ls(heap, list(waiting), 0, now, depth, duration, cap)
+    return _ls(heap, list(waiting), 0, now, depth, duration, cap, branch or _all_units)
+
+
+def _all_units(action: Action) -> Sequence[int]:
+    return action.feasible
 
 
 def _ls(
-    heap: UnitHeap, waiting: list[Action], i: int, now: float, depth: int, duration: Duration, cap: int
+    heap: UnitHeap,
+    waiting: list[Action],
+    i: int,
+    now: float,
+    depth: int,
+    duration: Duration,
+    cap: int,
+    branch: Callable[[Action], Sequence[int]],
 ) -> float:
     if depth > 1 and i < len(waiting):
         action = waiting[i]
         best = math.inf
-        for k in action.feasible:
+        for k in branch(action):
             if k > cap:
                 break
-            branch = list(heap)
+            trial = list(heap)
             d = duration(action, k)
-            start = _place(branch, k, d)
+            start = _place(trial, k, d)
             if start is None:
                 continue
-            cost = start - now + d + _ls(branch, waiting, i + 1, now, depth - 1, duration, cap)
+            cost = start - now + d + _ls(trial, waiting, i + 1, now, depth - 1, duration, cap, branch)
             best = min(best, cost)
         return best
     total = 0.0

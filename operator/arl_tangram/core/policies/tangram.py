@@ -11,7 +11,8 @@ What differs from ``paper`` and why it is no worse:
   short of its maximum; when none is, no eviction can lower the objective and the search is
   skipped (exact). Otherwise t goes up to ``max_evict`` and the waiting actions are estimated on a
   bounded window (``wait_window``) instead of the whole queue.
-- Candidates: at most ``window`` per decision (the rest wait for the next event).
+- Candidates: at most ``window`` per decision (the rest wait for the next event). In the estimate
+  the first waiting action tries a ladder of allocations (minimum, powers of two, maximum).
 - Order: FCFS within each (priority class, tenant) lane; lanes are merged by effective class (an
   action waiting longer than ``aging_s`` counts as class 0, so no class starves) and then by the
   tenant's virtual time (weighted fair share: a tenant's virtual time grows by units/weight on
@@ -42,7 +43,7 @@ class TangramPolicy(Scheduler):
         pools: Mapping[str, PoolManager],
         *,
         window: int = 256,
-        wait_window: int = 16,
+        wait_window: int = 8,
         max_evict: int = 4,
         depth: int = 2,
         aging_s: float = 60.0,
@@ -237,5 +238,15 @@ class TangramPolicy(Scheduler):
         left = mgr.free_units() - used
         if left > 0:
             heap.append((now, left))
-        cost = list_schedule(heap, waiting, now, self.depth, duration, total_units=mgr.total_units())
+        cost = list_schedule(
+            heap, waiting, now, self.depth, duration, total_units=mgr.total_units(), branch=_ladder
+        )
         return cost if math.isfinite(cost) else 1e18
+
+
+def _ladder(action: Action) -> list[int]:
+    """The allocations the first waiting action tries in the estimate: its minimum, powers of two
+    and its maximum (a handful instead of every count; durations are smooth in m)."""
+    feas = action.feasible
+    out = [k for k in feas if k == feas[0] or k == feas[-1] or k & (k - 1) == 0]
+    return out
