@@ -171,18 +171,31 @@ class BuddyOperator:
 
 
 def _pick_block(
-    nodes: Sequence[GpuNode], busy: dict[str, set[int]], k: int, prefer: tuple[str, int] | None
+    nodes: Sequence[GpuNode],
+    busy: dict[str, set[int]],
+    k: int,
+    prefer: tuple[str, int] | None,
+    need_gb: float = 0.0,
 ) -> tuple[GpuNode, int] | None:
     """Buddy choice of an aligned free block of size k: a block where the service is resident
-    first, else inside the smallest maximal free chunk (keeps big chunks whole); ties by node order."""
-    best: tuple[tuple[int, int, int, int], GpuNode, int] | None = None
+    first, then one where it fits without evicting another cached service, then inside the
+    smallest maximal free chunk (keeps big chunks whole); ties by node order."""
+    best: tuple[tuple[int, int, int, int, int], GpuNode, int] | None = None
     for n_idx, node in enumerate(nodes):
         for start, size in node.free_blocks(busy[node.name]):
             if size < k:
                 continue
             for sub in range(start, start + size, k):
                 res = 0 if prefer is not None and node.resident(prefer, sub) else 1
-                score = (res, size, n_idx, sub)
+                evicts = 0
+                if res and need_gb > 0:
+                    evicts = int(
+                        any(
+                            node.memory_gb - sum(node.cache[g].values()) < need_gb
+                            for g in node.members(sub, k)
+                        )
+                    )
+                score = (res, evicts, size, n_idx, sub)
                 if best is None or score < best[0]:
                     best = (score, node, sub)
     return None if best is None else (best[1], best[2])
@@ -303,7 +316,7 @@ class GpuManager:
             return None
         busy = {n.name: n.busy for n in self.nodes}
         key = None if action.service is None else (action.service, units)
-        picked = _pick_block(self.nodes, busy, units, key)
+        picked = _pick_block(self.nodes, busy, units, key, self.per_gpu_gb(action, units))
         if picked is None:
             return None
         node, start = picked
