@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from arl_tangram.sim import bench
+from arl_tangram.sim import bench, demo
 
 SIM_KEYS = {
     "act_mean_s",
@@ -57,3 +58,13 @@ def test_bench_sched_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
         (p, q, u) for p in ("paper", "tangram") for q in (100, 1000, 10000) for u in (64, 1280)
     }
     assert all({"decision_us_p50", "decision_us_p99"} <= set(c) for c in cases)
+
+
+def test_demo_prints_the_comparison_and_writes_a_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    png = tmp_path / "act.png"
+    assert demo.main(["--scale", "0.02", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "ai-coding" in out and "reward-gpu" in out and "static/tangram" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
