@@ -81,6 +81,7 @@ class GpuNode:
     busy: set[int] = field(default_factory=set)
     slices: list[MigSlice] = field(default_factory=list)
     cache: dict[int, OrderedDict[CacheKey, float]] = field(default_factory=dict)
+    draining: bool = False  # finishes what runs on it, takes nothing new (the planner scales down)
 
     def __post_init__(self) -> None:
         if self.gpus not in LEVELS:
@@ -114,6 +115,8 @@ class GpuNode:
         """Maximal free allocatable aligned blocks as (start, size)."""
         busy = self.busy if busy is None else busy
         out: list[tuple[int, int]] = []
+        if self.draining:
+            return out
 
         def walk(start: int, size: int) -> None:
             if self.block_free(start, size, busy) and self.allocatable(start, size):
@@ -369,3 +372,16 @@ class GpuManager:
 
     def next_wakeup(self, now: float) -> float | None:
         return None
+
+    def add_node(self, node: GpuNode) -> None:
+        """Add a GPU node (the planner scaled up)."""
+        if any(n.name == node.name for n in self.nodes):
+            raise InvalidSpec("gpuNode", f"node {node.name} already exists")
+        self.nodes.append(node)
+
+    def remove_node(self, name: str) -> None:
+        """Remove a node with nothing running on it; refuses otherwise (drain first)."""
+        node = next(n for n in self.nodes if n.name == name)
+        if node.busy or any(s.busy for s in node.slices):
+            raise ValueError(f"GPU node {name} still runs actions")
+        self.nodes.remove(node)

@@ -22,19 +22,34 @@ from arl_tangram.core.action import Action, Amdahl, Fixed, feasible_range
 from arl_tangram.core.policies.registry import POLICIES
 from arl_tangram.core.pool import Grant
 from arl_tangram.core.scheduler import Scheduler
-from arl_tangram.errors import TangramError
+from arl_tangram.errors import InvalidSpec, TangramError
 from arl_tangram.managers.cpu import CpuManager, SandboxHost
 from arl_tangram.sim.engine import Simulation, percentile
 from arl_tangram.sim.metrics import Summary, gpu_act, summarise
+from arl_tangram.sim.planning import SimPlanner
 from arl_tangram.sim.workload import Workload, builtin, generate, load, with_overrides
 
 DEFAULT_POLICIES = "static,fcfs-min,paper,tangram"
 
 
 # ---- bench sim -----------------------------------------------------------------------------------------
-def _run(wl: Workload, policy: str, label: str, quiet: bool) -> Summary:
+def _run(wl: Workload, policy: str, label: str, quiet: bool, planner: bool = False) -> Summary:
     trajectories = generate(wl)
     total = sum(len(t.steps) for t in trajectories)
+    if planner:
+        if wl.planner is None:
+            raise InvalidSpec("planner", f"workload {wl.name} has no planner section")
+        hook = SimPlanner(wl.planner)
+        with tqdm(
+            total=total, desc=label, unit="act", file=sys.stderr, disable=True if quiet else None, leave=False
+        ) as bar:
+            result = Simulation(
+                wl, policy, trajectories=trajectories, planner=hook, progress=bar.update
+            ).run()
+        # With a planner the capacity itself is elastic: charge what was provisioned, busy or not.
+        result.cpu_core_seconds = hook.unit_seconds["cpu"]
+        result.gpu_seconds = hook.unit_seconds["gpu"]
+        return summarise(result)
     with tqdm(
         total=total, desc=label, unit="act", file=sys.stderr, disable=True if quiet else None, leave=False
     ) as bar:
@@ -90,9 +105,10 @@ def _workload(args: argparse.Namespace) -> Workload:
 
 
 def run_sim(
-    wl: Workload, policies: list[str], quiet: bool = False, gpu_search: bool = True
+    wl: Workload, policies: list[str], quiet: bool = False, gpu_search: bool = True, planner: bool = False
 ) -> dict[str, Summary]:
-    """Every policy on the workload, plus the GPU search for GPU workloads."""
+    """Every policy on the workload, plus the GPU search for GPU workloads, plus ``tangram`` with
+    the capacity planner when ``planner``."""
     out: dict[str, Summary] = {}
     for name in policies:
         out[name] = _run(wl, name, name, quiet)
@@ -108,6 +124,8 @@ def run_sim(
             else:
                 found = gpus_for_act(wl, name, target, quiet)
             out[name] = Summary(**{**asdict(out[name]), "gpus_for_static_act": found})
+    if planner:
+        out["tangram+planner"] = _run(wl, "tangram", "tangram+planner", quiet, planner=True)
     return out
 
 
@@ -169,6 +187,12 @@ def main_sim(argv: list[str]) -> int:
         "--scale", type=float, help="fraction of trajectories (or of the horizon) for quick looks"
     )
     ap.add_argument("--no-gpu-search", action="store_true", help="skip the GPU-count search")
+    ap.add_argument(
+        "--planner",
+        action="store_true",
+        help="also run tangram with the capacity planner scaling hosts and GPU nodes (row tangram+planner; "
+        "its resource-seconds are the capacity provisioned)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     args = ap.parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -179,7 +203,11 @@ def main_sim(argv: list[str]) -> int:
     try:
         wl = _workload(args)
         res = run_sim(
-            wl, policies, quiet=args.json and not sys.stderr.isatty(), gpu_search=not args.no_gpu_search
+            wl,
+            policies,
+            quiet=args.json and not sys.stderr.isatty(),
+            gpu_search=not args.no_gpu_search,
+            planner=args.planner,
         )
     except TangramError as exc:
         print(f"tangram bench sim: {exc}", file=sys.stderr)

@@ -33,7 +33,17 @@ class PlannerHook(Protocol):
 
     period_s: float
 
-    def tick(self, sim: Simulation, now: float) -> None: ...
+    def attach(self, sim: Simulation) -> None:
+        """Called once before the run: set up the initial instances."""
+        ...
+
+    def tick(self, sim: Simulation, now: float) -> None:
+        """One planning round at ``now``: read the simulation's demand, apply the plan."""
+        ...
+
+    def finish(self, sim: Simulation, end: float) -> None:
+        """Called once after the run: close the accounting at ``end``."""
+        ...
 
 
 @dataclass
@@ -160,6 +170,7 @@ class Simulation:
         self.wl = workload
         self.static_gpus = 0
         self._shared: dict[str, _SharedNode] = {}
+        self.arrivals: dict[str, int] = {}
         self.policy_name = policy
         self.trajectories = generate(workload) if trajectories is None else trajectories
         self.planner = planner
@@ -246,6 +257,10 @@ class Simulation:
         return StaticPolicy(pools, nodes, replicas, cfg)
 
     # ---- events -------------------------------------------------------------------------------------
+    def at(self, t: float, callback: Callable[[float], None]) -> None:
+        """Run ``callback(t)`` at simulated time t (a hook for the planner's instances starting)."""
+        self._push(t, "call", callback)
+
     def _push(self, t: float, kind: str, payload: Any) -> None:
         heapq.heappush(self._events, (t, next(self._seq), kind, payload))
 
@@ -254,6 +269,7 @@ class Simulation:
         for st in self._state.values():
             self._push(st.traj.start, "start", st)
         if self.planner is not None:
+            self.planner.attach(self)
             self._push(0.0, "plan", None)
         now = 0.0
         while self._events:
@@ -265,6 +281,8 @@ class Simulation:
                 self._start(grant, now)
             self._arm_wakeup(now)
         makespan = max((r.end for r in self._records), default=0.0)
+        if self.planner is not None:
+            self.planner.finish(self, makespan)
         if isinstance(self.scheduler, StaticPolicy):
             self.gpu_s += self.static_gpus * makespan
         samples = self.scheduler.stats.samples_us
@@ -281,6 +299,11 @@ class Simulation:
             samples,
             self.static_gpus if isinstance(self.scheduler, StaticPolicy) else self.wl.cluster.total_gpus,
         )
+
+    @property
+    def records(self) -> list[ActionRecord]:
+        """Completed actions so far."""
+        return self._records
 
     def _busy(self) -> bool:
         return any(kind != "plan" for _, _, kind, _ in self._events) or self.scheduler.queued() > 0
@@ -308,6 +331,8 @@ class Simulation:
         elif kind == "wake":
             if now >= self._wake_at - 1e-12:
                 self._wake_at = math.inf
+        elif kind == "call":
+            payload(now)
         elif kind == "plan" and self.planner is not None and self._busy():
             self.planner.tick(self, now)
             self._push(now + self.planner.period_s, "plan", None)
@@ -331,6 +356,7 @@ class Simulation:
         step = st.traj.steps[st.step]
         if st.first_arrival < 0:
             st.first_arrival = now
+        self.arrivals[step.pool] = self.arrivals.get(step.pool, 0) + 1
         action = Action(
             f"{st.traj.id}/{st.step}/{next(self._act_ids)}",
             st.traj.id,

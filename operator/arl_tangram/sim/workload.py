@@ -183,6 +183,24 @@ Source = CodingSource | RewardSource | SearchSource
 
 
 @dataclass(frozen=True)
+class PlannerSpec:
+    """How the capacity planner scales the pools when a run uses it (``bench sim --planner``)."""
+
+    period_s: float
+    host_cores: int
+    host_cold_start_s: float
+    gpu_cold_start_s: float
+    min_hosts: int
+    warm_hosts: int
+    min_gpu_nodes: int
+    warm_gpu_nodes: int
+    max_starting: int
+    idle_timeout_s: float
+    time_limit_s: float
+    solver: str
+
+
+@dataclass(frozen=True)
 class Workload:
     name: str
     seed: int
@@ -190,6 +208,7 @@ class Workload:
     static: StaticSpec
     sources: tuple[Source, ...]
     description: str = ""
+    planner: PlannerSpec | None = None
 
     @property
     def has_gpu(self) -> bool:
@@ -356,6 +375,27 @@ def _source(d: dict[str, Any], i: int) -> Source:
     raise InvalidSpec(f"{w}.kind", f"must be coding, reward or search, got {kind!r}")
 
 
+def _planner(d: dict[str, Any]) -> PlannerSpec:
+    w = "planner"
+    spec = PlannerSpec(
+        period_s=_num(d, "period_s", w, 1e-3, 10.0),
+        host_cores=_int(d, "host_cores", w, 1, 64),
+        host_cold_start_s=_num(d, "host_cold_start_s", w, 0.0, 10.0),
+        gpu_cold_start_s=_num(d, "gpu_cold_start_s", w, 0.0, 60.0),
+        min_hosts=_int(d, "min_hosts", w, 1, 1),
+        warm_hosts=_int(d, "warm_hosts", w, 0, 1),
+        min_gpu_nodes=_int(d, "min_gpu_nodes", w, 1, 1),
+        warm_gpu_nodes=_int(d, "warm_gpu_nodes", w, 0, 0),
+        max_starting=_int(d, "max_starting", w, 1, 4),
+        idle_timeout_s=_num(d, "idle_timeout_s", w, 0.0, 60.0),
+        time_limit_s=_num(d, "time_limit_s", w, 0.0, 1.0),
+        solver=str(d.get("solver", "greedy")),
+    )
+    if spec.solver not in ("auto", "highs", "cbc", "greedy"):
+        raise InvalidSpec("planner.solver", f"must be auto, highs, cbc or greedy, got {spec.solver!r}")
+    return spec
+
+
 def parse(doc: Any, origin: str = "<workload>") -> Workload:
     """Validate a parsed YAML document into a Workload."""
     if not isinstance(doc, dict):
@@ -370,6 +410,7 @@ def parse(doc: Any, origin: str = "<workload>") -> Workload:
         static=_static(_dict(doc, "static", "workload")),
         sources=tuple(_source(s if isinstance(s, dict) else {}, i) for i, s in enumerate(sources)),
         description=str(doc.get("description", "")),
+        planner=_planner(_dict(doc, "planner", "workload")),
     )
     api_names = {a.name for a in wl.cluster.apis}
     for i, s in enumerate(wl.sources):

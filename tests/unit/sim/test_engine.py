@@ -9,6 +9,7 @@ import yaml
 
 from arl_tangram.sim.engine import Simulation
 from arl_tangram.sim.metrics import summarise
+from arl_tangram.sim.planning import SimPlanner
 from arl_tangram.sim.workload import Workload, builtin, generate, parse, with_overrides
 
 
@@ -68,3 +69,16 @@ def test_mixed_runs_both_pools_side_by_side() -> None:
     wl = with_overrides(builtin("mixed"), scale=0.03)
     res = Simulation(wl, "tangram").run()
     assert {r.pool for r in res.records} == {"cpu", "gpu"}
+
+
+def test_planner_scales_hosts_with_demand_and_every_action_completes() -> None:
+    wl = with_overrides(builtin("ai-coding"), scale=0.1)
+    assert wl.planner is not None
+    hook = SimPlanner(wl.planner)
+    res = Simulation(wl, "tangram", planner=hook).run()
+    assert len(res.records) == sum(len(t.steps) for t in generate(wl))
+    assert sum(len(p.adds) for p in hook.rounds) > 0
+    assert sum(len(p.drains) + len(p.removals) for p in hook.rounds) > 0  # it also scales down
+    full = wl.cluster.cpu_hosts * wl.cluster.cores_per_host * res.makespan_s
+    assert 0 < hook.unit_seconds["cpu"] < full
+    assert not hook.instances or all(i.pool == "cpu" for i in hook.instances.values())
