@@ -203,3 +203,27 @@ def test_submit_rejects_unknown_pools_and_impossible_actions() -> None:
         sched.submit(Action("a", "t", "gpu", (1,), Fixed(1.0)), 0.0)
     with pytest.raises(CapacityExceeded):
         sched.submit(Action("b", "t", "cpu", (8,), Fixed(1.0)), 0.0)
+
+
+def test_gpu_tangram_waits_for_a_warm_chunk_rather_than_restoring_a_big_model() -> None:
+    gpu = GpuManager([GpuNode("n0", 8)])
+    curve = ((4, 0.8),)
+
+    def req(i: int) -> Action:
+        return Action(
+            f"r{i}", f"t{i}", "gpu", (4,), EfficiencyCurve(2.0, curve), service="big", service_gb=140.0
+        )
+
+    sched = TangramPolicy({"gpu": gpu})
+    sched.submit(req(0), 0.0)
+    (first,) = sched.schedule(0.0)
+    assert first.restore_s == pytest.approx(7.0)
+    sched.complete(first, 7.7)  # now resident on its chunk
+    sched.submit(req(1), 8.0)
+    (warm,) = sched.schedule(8.0)
+    assert warm.restore_s == 0.0
+    sched.submit(req(2), 8.1)
+    assert sched.schedule(8.1) == []  # the other chunk is cold: 7 s restore vs a warm one free in 0.6 s
+    sched.complete(warm, 8.6)
+    (again,) = sched.schedule(8.6)
+    assert again.restore_s == 0.0 and again.unit_ids == warm.unit_ids

@@ -6,7 +6,8 @@ What differs from ``paper`` and why it is no worse:
   duration is convex and non-increasing over a contiguous feasible range, marginal-gain greedy is
   exactly DPArrange's optimum at O(free log n). Non-elastic candidates simply take their minimum.
   GPU partitions keep the exact DP (few candidates) with the restore time of a non-resident service
-  added to the duration, which the paper's DP ignores.
+  added to the duration, which the paper's DP ignores; and an action whose service would be
+  restored on a cold chunk waits instead when a warm chunk frees sooner (admission stays a prefix).
 - Eviction: evicting frees units that are only worth something if some admitted elastic action is
   short of its maximum; when none is, no eviction can lower the objective and the search is
   skipped (exact). Otherwise t goes up to ``max_evict`` and the waiting actions are estimated on a
@@ -218,7 +219,38 @@ class TangramPolicy(Scheduler):
                 if obj >= best:
                     break
                 best, units, scratch, keep = obj, trial[1], trial[2], len(cands) - t
-        return self._commit(mgr, list(zip(cands[:keep], units, strict=True)), now, scratch, duration)
+        plan = list(zip(cands[:keep], units, strict=True))
+        if self.restore_aware and isinstance(mgr, RestoreAware):
+            plan = self._defer_cold_starts(mgr, plan, now)
+        return self._commit(mgr, plan, now, scratch, duration)
+
+    def _defer_cold_starts(
+        self, mgr: RestoreAware, plan: list[tuple[Action, int]], now: float
+    ) -> list[tuple[Action, int]]:
+        """Cut the plan before the first action whose service would be restored on a cold chunk
+        although a chunk where it is resident frees sooner than the restore takes. Waiting for it
+        is faster, and restoring would evict other services' weights. Cutting (not skipping) keeps
+        admission a FCFS prefix."""
+        if not plan:
+            return plan
+        pool = plan[0][0].pool
+        free_at: dict[str, tuple[float, int]] = {}
+        for g in self.running.values():
+            svc = g.action.service
+            if svc is not None and g.action.pool == pool:
+                best = free_at.get(svc)
+                if best is None or g.est_end < best[0]:
+                    free_at[svc] = (g.est_end, g.units)
+        for i, (action, k) in enumerate(plan):
+            if action.service is None or action.service not in free_at:
+                continue
+            restore = mgr.restore_estimate(action, k)
+            if restore <= 0:
+                continue
+            t_free, k_warm = free_at[action.service]
+            if max(0.0, t_free - now) + action.model.duration(k_warm) < restore + action.model.duration(k):
+                return plan[:i]
+        return plan
 
     def _waiting_cost(
         self,
