@@ -196,12 +196,13 @@ class TangramPolicy(Scheduler):
             break
         if not cands:
             return []
-        if not any(a.elastic for a in cands):
-            return self._commit(mgr, [(a, a.min_units) for a in cands], now, prefix)
         duration = self._duration_for(mgr)
+        if not any(a.elastic for a in cands):
+            return self._commit(mgr, self._defer(mgr, [(a, a.min_units) for a in cands], now), now, prefix)
         arranged = self._arrange(mgr, cands, duration)
         if arranged is None:
-            return self._commit(mgr, [(a, a.min_units) for a in cands], now, prefix, duration)
+            plan = self._defer(mgr, [(a, a.min_units) for a in cands], now)
+            return self._commit(mgr, plan, now, prefix, duration)
         total, units, scratch, binding = arranged
         keep = len(cands)
         if binding and self.max_evict > 0:
@@ -219,10 +220,15 @@ class TangramPolicy(Scheduler):
                 if obj >= best:
                     break
                 best, units, scratch, keep = obj, trial[1], trial[2], len(cands) - t
-        plan = list(zip(cands[:keep], units, strict=True))
-        if self.restore_aware and isinstance(mgr, RestoreAware):
-            plan = self._defer_cold_starts(mgr, plan, now)
+        plan = self._defer(mgr, list(zip(cands[:keep], units, strict=True)), now)
         return self._commit(mgr, plan, now, scratch, duration)
+
+    def _defer(
+        self, mgr: PoolManager, plan: list[tuple[Action, int]], now: float
+    ) -> list[tuple[Action, int]]:
+        if self.restore_aware and isinstance(mgr, RestoreAware):
+            return self._defer_cold_starts(mgr, plan, now)
+        return plan
 
     def _defer_cold_starts(
         self, mgr: RestoreAware, plan: list[tuple[Action, int]], now: float
