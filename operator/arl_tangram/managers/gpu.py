@@ -82,6 +82,7 @@ class GpuNode:
     slices: list[MigSlice] = field(default_factory=list)
     cache: dict[int, OrderedDict[CacheKey, float]] = field(default_factory=dict)
     draining: bool = False  # finishes what runs on it, takes nothing new (the planner scales down)
+    last_use: dict[CacheKey, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.gpus not in LEVELS:
@@ -127,6 +128,19 @@ class GpuNode:
 
         walk(0, self.gpus)
         return out
+
+    def eviction_recency(self, start: int, size: int, need_gb: float) -> int:
+        """-1 when a service needing ``need_gb`` per GPU fits on the block without eviction, else the
+        most recent use among the cached services LRU eviction would remove (lower is better)."""
+        worst = -1
+        for g in self.members(start, size):
+            free = self.memory_gb - sum(self.cache[g].values())
+            for key, gb in self.cache[g].items():  # least recently used first
+                if free >= need_gb - 1e-9:
+                    break
+                free += gb
+                worst = max(worst, self.last_use.get(key, 0))
+        return worst
 
     def resident(self, key: tuple[str, int], start: int) -> bool:
         service, tp = key
@@ -181,7 +195,8 @@ def _pick_block(
     need_gb: float = 0.0,
 ) -> tuple[GpuNode, int] | None:
     """Buddy choice of an aligned free block of size k: a block where the service is resident
-    first, then one where it fits without evicting another cached service, then inside the
+    first; else the block whose LRU eviction removes the least recently used services (none at all
+    is best), so that a cold start does not push out a service in use elsewhere; then inside the
     smallest maximal free chunk (keeps big chunks whole); ties by node order."""
     best: tuple[tuple[int, int, int, int, int], GpuNode, int] | None = None
     for n_idx, node in enumerate(nodes):
@@ -190,14 +205,7 @@ def _pick_block(
                 continue
             for sub in range(start, start + size, k):
                 res = 0 if prefer is not None and node.resident(prefer, sub) else 1
-                evicts = 0
-                if res and need_gb > 0:
-                    evicts = int(
-                        any(
-                            node.memory_gb - sum(node.cache[g].values()) < need_gb
-                            for g in node.members(sub, k)
-                        )
-                    )
+                evicts = node.eviction_recency(sub, k, need_gb) if res and need_gb > 0 else -1
                 score = (res, evicts, size, n_idx, sub)
                 if best is None or score < best[0]:
                     best = (score, node, sub)
@@ -328,6 +336,7 @@ class GpuManager:
         restore = 0.0
         if key is not None:
             ck: CacheKey = (key[0], key[1], node.name, start)
+            node.last_use[ck] = self._clock
             if node.resident(key, start):
                 for g in members:
                     node.cache[g].move_to_end(ck)
@@ -354,6 +363,7 @@ class GpuManager:
         _, tp, _, start = victim
         for g in node.members(start, tp):
             node.cache[g].pop(victim, None)
+        node.last_use.pop(victim, None)
 
     def release(self, grant: Grant, now: float) -> None:
         node = next(n for n in self.nodes if n.name == grant.host)
