@@ -35,6 +35,8 @@ class Scheduler(ABC):
         self.queue = ActionQueue()
         self.running: dict[int, Grant] = {}
         self.stats = DecisionStats()
+        # Protocol isinstance checks are slow: decide once which pools need the clock.
+        self._clocked: list[Clocked] = [m for m in self.pools.values() if isinstance(m, Clocked)]
 
     def submit(self, action: Action, now: float) -> None:
         """An action arrived; it waits until ``schedule`` admits it."""
@@ -67,9 +69,8 @@ class Scheduler(ABC):
     def schedule(self, now: float) -> list[Grant]:
         """Decide which waiting actions start now and with how many units; returns their grants."""
         t0 = time.process_time_ns()
-        for mgr in self.pools.values():
-            if isinstance(mgr, Clocked):
-                mgr.advance(now)
+        for mgr in self._clocked:
+            mgr.advance(now)
         grants = self._decide(now)
         for g in grants:
             self.running[id(g)] = g

@@ -82,7 +82,6 @@ class GpuNode:
     slices: list[MigSlice] = field(default_factory=list)
     cache: dict[int, OrderedDict[CacheKey, float]] = field(default_factory=dict)
     draining: bool = False  # finishes what runs on it, takes nothing new (the planner scales down)
-    last_use: dict[CacheKey, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.gpus not in LEVELS:
@@ -100,6 +99,15 @@ class GpuNode:
             MigSlice(g, i, p) for g, profiles in sorted(self.mig.items()) for i, p in enumerate(profiles)
         ]
         self.cache = {g: OrderedDict() for g in range(self.gpus)}
+        # Every aligned block's GPU bitmask and whether it may be handed out whole (computed once).
+        self._mig_mask = sum(1 << g for g in self.mig)
+        self._blocks: dict[tuple[int, int], tuple[int, bool]] = {}
+        size = self.gpus
+        while size >= 1:
+            for start in range(0, self.gpus, size):
+                mask = sum(1 << g for g in self.members(start, size))
+                self._blocks[(start, size)] = (mask, self.allocatable(start, size))
+            size //= 2
 
     def members(self, start: int, size: int) -> list[int]:
         """Physical GPU ids of the aligned block at ``start`` positions of ``size``."""
@@ -113,34 +121,31 @@ class GpuNode:
         return not any(g in busy or g in self.mig for g in self.members(start, size))
 
     def free_blocks(self, busy: set[int] | None = None) -> list[tuple[int, int]]:
-        """Maximal free allocatable aligned blocks as (start, size)."""
+        """Maximal free allocatable aligned blocks as (start, size), in buddy-tree order."""
         busy = self.busy if busy is None else busy
-        out: list[tuple[int, int]] = []
         if self.draining:
-            return out
-
-        def walk(start: int, size: int) -> None:
-            if self.block_free(start, size, busy) and self.allocatable(start, size):
+            return []
+        taken = self._mig_mask
+        for g in busy:
+            taken |= 1 << g
+        out: list[tuple[int, int]] = []
+        stack = [(0, self.gpus)]
+        while stack:
+            start, size = stack.pop()
+            mask, allocatable = self._blocks[(start, size)]
+            if not mask & taken and allocatable:
                 out.append((start, size))
             elif size > 1:
-                walk(start, size // 2)
-                walk(start + size // 2, size // 2)
-
-        walk(0, self.gpus)
+                half = size // 2
+                stack.append((start + half, half))
+                stack.append((start, half))
         return out
 
-    def eviction_recency(self, start: int, size: int, need_gb: float) -> int:
-        """-1 when a service needing ``need_gb`` per GPU fits on the block without eviction, else the
-        most recent use among the cached services LRU eviction would remove (lower is better)."""
-        worst = -1
-        for g in self.members(start, size):
-            free = self.memory_gb - sum(self.cache[g].values())
-            for key, gb in self.cache[g].items():  # least recently used first
-                if free >= need_gb - 1e-9:
-                    break
-                free += gb
-                worst = max(worst, self.last_use.get(key, 0))
-        return worst
+    def must_evict(self, start: int, size: int, need_gb: float) -> bool:
+        """True when a service needing ``need_gb`` per GPU does not fit on the block's free memory."""
+        return any(
+            self.memory_gb - sum(self.cache[g].values()) < need_gb - 1e-9 for g in self.members(start, size)
+        )
 
     def resident(self, key: tuple[str, int], start: int) -> bool:
         service, tp = key
@@ -195,8 +200,7 @@ def _pick_block(
     need_gb: float = 0.0,
 ) -> tuple[GpuNode, int] | None:
     """Buddy choice of an aligned free block of size k: a block where the service is resident
-    first; else the block whose LRU eviction removes the least recently used services (none at all
-    is best), so that a cold start does not push out a service in use elsewhere; then inside the
+    first, then one where it fits without evicting another cached service, then inside the
     smallest maximal free chunk (keeps big chunks whole); ties by node order."""
     best: tuple[tuple[int, int, int, int, int], GpuNode, int] | None = None
     for n_idx, node in enumerate(nodes):
@@ -205,7 +209,7 @@ def _pick_block(
                 continue
             for sub in range(start, start + size, k):
                 res = 0 if prefer is not None and node.resident(prefer, sub) else 1
-                evicts = node.eviction_recency(sub, k, need_gb) if res and need_gb > 0 else -1
+                evicts = int(res == 1 and need_gb > 0 and node.must_evict(sub, k, need_gb))
                 score = (res, evicts, size, n_idx, sub)
                 if best is None or score < best[0]:
                     best = (score, node, sub)
@@ -270,7 +274,6 @@ class GpuManager:
         self._pool = pool
         self.restore_gbps = restore_gbps
         self.memory_headroom = memory_headroom
-        self._clock = 0
 
     @property
     def pool(self) -> str:
@@ -315,7 +318,6 @@ class GpuManager:
         return action.service_gb / self.restore_gbps
 
     def place(self, action: Action, units: int, now: float, plan: Scratch | None = None) -> Grant | None:
-        self._clock += 1
         if action.mig_profile is not None:
             for node in self.nodes:
                 for s in node.slices:
@@ -336,7 +338,6 @@ class GpuManager:
         restore = 0.0
         if key is not None:
             ck: CacheKey = (key[0], key[1], node.name, start)
-            node.last_use[ck] = self._clock
             if node.resident(key, start):
                 for g in members:
                     node.cache[g].move_to_end(ck)
@@ -363,7 +364,6 @@ class GpuManager:
         _, tp, _, start = victim
         for g in node.members(start, tp):
             node.cache[g].pop(victim, None)
-        node.last_use.pop(victim, None)
 
     def release(self, grant: Grant, now: float) -> None:
         node = next(n for n in self.nodes if n.name == grant.host)

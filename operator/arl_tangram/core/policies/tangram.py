@@ -61,6 +61,7 @@ class TangramPolicy(Scheduler):
         self.restore_aware = restore_aware
         self.vtime: dict[str, dict[str, float]] = {}
         self._running_by_pool: dict[str, dict[int, tuple[float, int]]] = {}
+        self._aware: dict[str, bool] = {}
 
     # ---- bookkeeping ------------------------------------------------------------------------
     def submit(self, action: Action, now: float) -> None:
@@ -110,8 +111,14 @@ class TangramPolicy(Scheduler):
         return cls, vt.get(action.tenant, 0.0), action.seq
 
     # ---- decision --------------------------------------------------------------------------------
+    def _restore_aware(self, mgr: PoolManager) -> bool:
+        known = self._aware.get(mgr.pool)
+        if known is None:
+            known = self._aware[mgr.pool] = self.restore_aware and isinstance(mgr, RestoreAware)
+        return known
+
     def _duration_for(self, mgr: PoolManager) -> Duration:
-        if self.restore_aware and isinstance(mgr, RestoreAware):
+        if self._restore_aware(mgr) and isinstance(mgr, RestoreAware):
             aware = mgr
             memo: dict[tuple[str | None, float, int], float] = {}  # the cache cannot change mid-decision
 
