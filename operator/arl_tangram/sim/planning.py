@@ -11,10 +11,11 @@ Provisioned capacity is accounted in unit-seconds (cores or GPUs, starting ones 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from arl_tangram.managers.cpu import SandboxHost
 from arl_tangram.managers.gpu import GpuNode
-from arl_tangram.planner import CapacityPlanner, PlannerConfig, ScalingPlan
+from arl_tangram.planner import CapacityPlanner, PlannerConfig, PlannerSolver, ScalingPlan
 from arl_tangram.planner.snapshot import (
     ClusterSnapshot,
     InstancePhase,
@@ -50,7 +51,9 @@ class SimPlanner:
     def __init__(self, spec: PlannerSpec) -> None:
         self.spec = spec
         self.period_s = spec.period_s
-        self.planner = CapacityPlanner(PlannerConfig(solver=spec.solver, time_limit_s=spec.time_limit_s))  # type: ignore[arg-type]
+        self.planner = CapacityPlanner(
+            PlannerConfig(solver=cast(PlannerSolver, spec.solver), time_limit_s=spec.time_limit_s)
+        )
         self.instances: dict[str, _Instance] = {}
         self.unit_seconds = {"cpu": 0.0, "gpu": 0.0}
         self.rounds: list[ScalingPlan] = []
