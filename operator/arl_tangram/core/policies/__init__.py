@@ -1,0 +1,1 @@
+"""The scheduler policies: ``static``, ``fcfs-min``, ``paper`` and ``tangram``."""

@@ -1,0 +1,297 @@
+"""``tangram``: our scheduler. Same objective as the paper's, a fraction of its cost, plus priority
+classes and weighted fair share between tenants.
+
+What differs from ``paper`` and why it is no worse:
+- Allocation: where a partition's state is a plain count (CPU cores on a host, API slots) and every
+  duration is convex and non-increasing over a contiguous feasible range, marginal-gain greedy is
+  exactly DPArrange's optimum at O(free log n). Non-elastic candidates simply take their minimum.
+  GPU partitions keep the exact DP (few candidates) with the restore time of a non-resident service
+  added to the duration, which the paper's DP ignores; and an action whose service would be
+  restored on a cold chunk waits instead when a warm chunk frees sooner (admission stays a prefix).
+- Eviction: evicting frees units that are only worth something if some admitted elastic action is
+  short of its maximum; when none is, no eviction can lower the objective and the search is
+  skipped (exact). Otherwise t goes up to ``max_evict`` and the waiting actions are estimated on a
+  bounded window (``wait_window``) instead of the whole queue.
+- Candidates: at most ``window`` per decision (the rest wait for the next event). In the estimate
+  the first waiting action tries a ladder of allocations (minimum, powers of two, maximum).
+- Order: FCFS within each (priority class, tenant) lane; lanes are merged by effective class (an
+  action waiting longer than ``aging_s`` counts as class 0, so no class starves) and then by the
+  tenant's virtual time (weighted fair share: a tenant's virtual time grows by units/weight on
+  each admission, and a tenant that comes back from idle starts at the backlogged minimum).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterator, Mapping, Sequence
+
+from arl_tangram.core.action import Action, Duration, model_duration
+from arl_tangram.core.dparrange import dp_arrange, greedy_arrange, is_contiguous
+from arl_tangram.core.estimate import UnitHeap, list_schedule
+from arl_tangram.core.pool import Grant, PoolManager, RestoreAware, Scratch
+from arl_tangram.core.queue import Lane
+from arl_tangram.core.scheduler import Scheduler
+
+
+class TangramPolicy(Scheduler):
+    """Our policy (see the module docstring)."""
+
+    name = "tangram"
+
+    def __init__(
+        self,
+        pools: Mapping[str, PoolManager],
+        *,
+        window: int = 256,
+        wait_window: int = 8,
+        max_evict: int = 4,
+        depth: int = 2,
+        aging_s: float = 60.0,
+        tenant_weights: Mapping[str, float] | None = None,
+        restore_aware: bool = True,
+    ) -> None:
+        super().__init__(pools)
+        self.window = window
+        self.wait_window = wait_window
+        self.max_evict = max_evict
+        self.depth = depth
+        self.aging_s = aging_s
+        self.weights = dict(tenant_weights or {})
+        self.restore_aware = restore_aware
+        self.vtime: dict[str, dict[str, float]] = {}
+        self._running_by_pool: dict[str, dict[int, tuple[float, int]]] = {}
+        self._aware: dict[str, bool] = {}
+
+    # ---- bookkeeping ------------------------------------------------------------------------
+    def submit(self, action: Action, now: float) -> None:
+        pool_vt = self.vtime.setdefault(action.pool, {})
+        lanes = self.queue.lanes(action.pool)
+        backlogged = {t for (_, t) in lanes}
+        if action.tenant not in backlogged:
+            # Coming back from idle: no credit for the time away (else it would starve the others).
+            floor = min((pool_vt.get(t, 0.0) for t in backlogged), default=pool_vt.get(action.tenant, 0.0))
+            pool_vt[action.tenant] = max(pool_vt.get(action.tenant, 0.0), floor)
+        super().submit(action, now)
+
+    def _on_adopt(self, grant: Grant) -> None:
+        self._running_by_pool.setdefault(grant.action.pool, {})[id(grant)] = (grant.est_end, grant.units)
+
+    def _on_release(self, grant: Grant) -> None:
+        self._running_by_pool.get(grant.action.pool, {}).pop(id(grant), None)
+
+    def _weight(self, tenant: str) -> float:
+        return self.weights.get(tenant, 1.0)
+
+    # ---- order -----------------------------------------------------------------------------------
+    def _order(self, pool: str, now: float) -> Iterator[Action]:
+        """Waiting actions in admission order: lanes merged by class (with aging) and fair share."""
+        lanes = self.queue.lanes(pool)
+        if len(lanes) == 1:
+            yield from next(iter(lanes.values()))
+            return
+        vt = dict(self.vtime.get(pool, {}))
+        iters: dict[Lane, Iterator[Action]] = {key: iter(lane) for key, lane in lanes.items()}
+        heads: dict[Lane, Action] = {key: lane[0] for key, lane in lanes.items()}
+        for key in heads:
+            next(iters[key])
+        while heads:
+            key = min(heads, key=lambda k: self._rank(heads[k], vt, now))
+            action = heads[key]
+            yield action
+            vt[action.tenant] = vt.get(action.tenant, 0.0) + action.min_units / self._weight(action.tenant)
+            nxt = next(iters[key], None)
+            if nxt is None:
+                del heads[key]
+            else:
+                heads[key] = nxt
+
+    def _rank(self, action: Action, vt: dict[str, float], now: float) -> tuple[int, float, int]:
+        cls = 0 if now - action.arrival >= self.aging_s else action.priority
+        return cls, vt.get(action.tenant, 0.0), action.seq
+
+    # ---- decision --------------------------------------------------------------------------------
+    def _restore_aware(self, mgr: PoolManager) -> bool:
+        known = self._aware.get(mgr.pool)
+        if known is None:
+            known = self._aware[mgr.pool] = self.restore_aware and isinstance(mgr, RestoreAware)
+        return known
+
+    def _duration_for(self, mgr: PoolManager) -> Duration:
+        if self._restore_aware(mgr) and isinstance(mgr, RestoreAware):
+            aware = mgr
+            memo: dict[tuple[str | None, float, int], float] = {}  # the cache cannot change mid-decision
+
+            def with_restore(action: Action, k: int) -> float:
+                key = (action.service, action.service_gb, k)
+                restore = memo.get(key)
+                if restore is None:
+                    restore = memo[key] = aware.restore_estimate(action, k)
+                return action.model.duration(k) + restore
+
+            return with_restore
+        return model_duration
+
+    def _arrange(
+        self, mgr: PoolManager, admitted: Sequence[Action], duration: Duration
+    ) -> tuple[float, list[int], Scratch, bool] | None:
+        """Units per admitted action, summed duration, the scratch, and whether any elastic action
+        was left short of its maximum (capacity binding)."""
+        scratch = mgr.scratch()
+        for a in admitted:
+            if not scratch.try_take(a, a.min_units):
+                return None
+        units_of: dict[int, int] = {}
+        total = 0.0
+        binding = False
+        for part in scratch.partitions(admitted):
+            elastic = [a for a in part.actions if a.elastic]
+            greedy = part.countable and all(is_contiguous(a.feasible) and a.model.convex for a in elastic)
+            if greedy:
+                fixed = [a for a in part.actions if not a.elastic]
+                for a in fixed:
+                    units_of[id(a)] = a.min_units
+                    total += duration(a, a.min_units)
+                free = part.free_units - sum(a.min_units for a in fixed)
+                res = greedy_arrange(elastic, free, duration) if elastic else (0.0, [])
+                chosen = elastic
+            else:
+                res = dp_arrange(part.actions, part.operator, duration=duration)
+                chosen = list(part.actions)
+            if res is None:
+                return None
+            total += res[0]
+            for a, k in zip(chosen, res[1], strict=True):
+                units_of[id(a)] = k
+                if a.elastic and k < a.feasible[-1]:
+                    binding = True
+        return total, [units_of[id(a)] for a in admitted], scratch, binding
+
+    def _running_heap(self, mgr: PoolManager, need: int, now: float) -> UnitHeap:
+        """The earliest-freeing running grants holding at least ``need`` units (a bounded view)."""
+        entries = list(self._running_by_pool.get(mgr.pool, {}).values())
+        heapq.heapify(entries)
+        out: UnitHeap = []
+        got = 0
+        while entries and got < need:
+            t, u = heapq.heappop(entries)
+            out.append((max(t, now), u))
+            got += u
+        return out
+
+    def _decide(self, now: float) -> list[Grant]:
+        grants: list[Grant] = []
+        for pool in self.queue.pools():
+            grants += self._decide_pool(self.pools[pool], pool, now)
+        running = self._running_by_pool
+        for g in grants:
+            running.setdefault(g.action.pool, {})[id(g)] = (g.est_end, g.units)
+            vt = self.vtime.setdefault(g.action.pool, {})
+            vt[g.action.tenant] = vt.get(g.action.tenant, 0.0) + g.units / self._weight(g.action.tenant)
+        return grants
+
+    def _decide_pool(self, mgr: PoolManager, pool: str, now: float) -> list[Grant]:
+        order = self._order(pool, now)
+        prefix = mgr.scratch()
+        cands: list[Action] = []
+        blocked: list[Action] = []
+        for action in order:
+            if len(cands) < self.window and prefix.try_take(action, action.min_units):
+                cands.append(action)
+                continue
+            blocked.append(action)
+            break
+        if not cands:
+            return []
+        duration = self._duration_for(mgr)
+        if not any(a.elastic for a in cands):
+            return self._commit(mgr, self._defer(mgr, [(a, a.min_units) for a in cands], now), now, prefix)
+        arranged = self._arrange(mgr, cands, duration)
+        if arranged is None:
+            plan = self._defer(mgr, [(a, a.min_units) for a in cands], now)
+            return self._commit(mgr, plan, now, prefix, duration)
+        total, units, scratch, binding = arranged
+        keep = len(cands)
+        if binding and self.max_evict > 0:
+            for action in order:  # the rest of the bounded waiting window
+                if len(blocked) >= self.wait_window:
+                    break
+                blocked.append(action)
+            best = total + self._waiting_cost(mgr, cands, units, blocked, now, duration)
+            for t in range(1, min(self.max_evict, len(cands) - 1) + 1):
+                trial = self._arrange(mgr, cands[:-t], duration)
+                if trial is None:
+                    break
+                waiting = cands[-t:] + blocked
+                obj = trial[0] + self._waiting_cost(mgr, cands[:-t], trial[1], waiting, now, duration)
+                if obj >= best:
+                    break
+                best, units, scratch, keep = obj, trial[1], trial[2], len(cands) - t
+        plan = self._defer(mgr, list(zip(cands[:keep], units, strict=True)), now)
+        return self._commit(mgr, plan, now, scratch, duration)
+
+    def _defer(
+        self, mgr: PoolManager, plan: list[tuple[Action, int]], now: float
+    ) -> list[tuple[Action, int]]:
+        if self.restore_aware and isinstance(mgr, RestoreAware):
+            return self._defer_cold_starts(mgr, plan, now)
+        return plan
+
+    def _defer_cold_starts(
+        self, mgr: RestoreAware, plan: list[tuple[Action, int]], now: float
+    ) -> list[tuple[Action, int]]:
+        """Cut the plan before the first action whose service would be restored on a cold chunk
+        although a chunk where it is resident frees sooner than the restore takes. Waiting for it
+        is faster, and restoring would evict other services' weights. Cutting (not skipping) keeps
+        admission a FCFS prefix."""
+        if not plan:
+            return plan
+        pool = plan[0][0].pool
+        free_at: dict[str, tuple[float, int]] = {}
+        for g in self.running.values():
+            svc = g.action.service
+            if svc is not None and g.action.pool == pool:
+                best = free_at.get(svc)
+                if best is None or g.est_end < best[0]:
+                    free_at[svc] = (g.est_end, g.units)
+        for i, (action, k) in enumerate(plan):
+            if action.service is None or action.service not in free_at:
+                continue
+            restore = mgr.restore_estimate(action, k)
+            if restore <= 0:
+                continue
+            t_free, k_warm = free_at[action.service]
+            if max(0.0, t_free - now) + action.model.duration(k_warm) < restore + action.model.duration(k):
+                return plan[:i]
+        return plan
+
+    def _waiting_cost(
+        self,
+        mgr: PoolManager,
+        admitted: Sequence[Action],
+        units: Sequence[int],
+        waiting: Sequence[Action],
+        now: float,
+        duration: Duration,
+    ) -> float:
+        need = sum(a.min_units for a in waiting) + max((a.feasible[-1] for a in waiting), default=0)
+        heap = self._running_heap(mgr, need, now)
+        used = 0
+        for a, k in zip(admitted, units, strict=True):
+            heap.append((now + duration(a, k), k))
+            used += k
+        left = mgr.free_units() - used
+        if left > 0:
+            heap.append((now, left))
+        cost = list_schedule(
+            heap, waiting, now, self.depth, duration, total_units=mgr.total_units(), branch=_ladder
+        )
+        return cost if math.isfinite(cost) else 1e18
+
+
+def _ladder(action: Action) -> list[int]:
+    """The allocations the first waiting action tries in the estimate: its minimum, powers of two
+    and its maximum (a handful instead of every count; durations are smooth in m)."""
+    feas = action.feasible
+    out = [k for k in feas if k == feas[0] or k == feas[-1] or k & (k - 1) == 0]
+    return out

@@ -1,0 +1,114 @@
+"""What the scheduler needs from a resource manager: grants, scratch fitting and the DP operator.
+
+The scheduler is written against these protocols only, so that the same policies drive CPU cores,
+GPU chunks and API quotas, in the operator and in the simulator alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from arl_tangram.core.action import Action
+
+S = TypeVar("S", bound=Hashable)
+
+
+@dataclass(eq=False)
+class Grant:
+    """Units of a pool given to one action: where (``host``), which units (``units_ids``: core ids or
+    GPU indices or a MIG instance), and ``restore_s``, the time to make a GPU service resident first."""
+
+    action: Action
+    units: int
+    start: float
+    host: str
+    unit_ids: tuple[int, ...] = ()
+    restore_s: float = 0.0
+    est_end: float = 0.0
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class DPOperator(Protocol[S]):
+    """The paper's per-manager DP primitives over a hashable state of free capacity.
+
+    ``start`` is the free state now; ``prev(state, k)`` the state left after an action takes k units
+    (the paper writes it backwards, ``Prev(j, k) = j - k``), or None when it cannot; ``is_valid``
+    whether a state is a real one; ``end`` whether a final state is acceptable.
+    """
+
+    def start(self) -> S: ...
+
+    def prev(self, state: S, k: int) -> S | None: ...
+
+    def is_valid(self, state: S) -> bool: ...
+
+    def end(self, state: S) -> bool: ...
+
+
+@dataclass
+class Partition:
+    """Candidates that compete for the same capacity (one sandbox host, one GPU pool) and its operator."""
+
+    operator: DPOperator[Any]
+    actions: list[Action]
+    free_units: int
+    countable: bool = False  # the state is a plain count of units: any split of free_units is valid
+
+
+class Scratch(Protocol):
+    """A throw-away copy of free capacity to test what fits (the candidate prefix), cheap to make."""
+
+    def try_take(self, action: Action, units: int) -> bool:
+        """Take ``units`` for ``action`` if it fits and is placeable; report whether it did."""
+        ...
+
+    def partitions(self, actions: Sequence[Action]) -> list[Partition]:
+        """Split actions (already taken here at their minimum) into independent DP problems whose
+        start states are the capacity before those actions were taken."""
+        ...
+
+
+@runtime_checkable
+class RestoreAware(Protocol):
+    """A pool that can say how long making an action's service resident would take (GPUs)."""
+
+    def restore_estimate(self, action: Action, k: int) -> float: ...
+
+
+@runtime_checkable
+class Clocked(Protocol):
+    """A pool whose free capacity depends on the time (token buckets): told the time first."""
+
+    def advance(self, now: float) -> None: ...
+
+
+class PoolManager(Protocol):
+    """Capacity state and placement for one pool."""
+
+    @property
+    def pool(self) -> str: ...
+
+    def total_units(self) -> int: ...
+
+    def free_units(self) -> int: ...
+
+    def scratch(self) -> Scratch: ...
+
+    def place(self, action: Action, units: int, now: float, plan: Scratch | None = None) -> Grant | None:
+        """Commit ``units`` to ``action`` (exclusive), or None if it cannot be placed now. ``plan`` is
+        the scratch the decision was made on, so that placement follows it (e.g. the chosen host)."""
+        ...
+
+    def release(self, grant: Grant, now: float) -> None:
+        """Return a grant's units."""
+        ...
+
+    def can_ever_fit(self, action: Action) -> bool:
+        """False when the action asks for more than the pool could ever hold."""
+        ...
+
+    def next_wakeup(self, now: float) -> float | None:
+        """When capacity appears without a completion (a token bucket refilling), else None."""
+        ...

@@ -1,0 +1,219 @@
+"""CPU manager (allocate-on-execution): exclusive cores per action on shared sandbox hosts.
+
+A trajectory is pinned to one host at its first action: a host with cores for that action and memory
+for the whole trajectory, chosen by load balance (most free cores). Each action then gets an exact,
+exclusive core set on that host, NUMA-local when one NUMA node can hold it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from arl_tangram.core.action import Action
+from arl_tangram.core.pool import Grant, Partition, Scratch
+from arl_tangram.errors import InvalidSpec
+from arl_tangram.managers.count_op import CountOperator
+
+
+@dataclass
+class SandboxHost:
+    """One sandbox host: cores grouped by NUMA node, memory for pinned trajectories."""
+
+    name: str
+    numa: list[list[int]]
+    memory_gib: float
+    free: list[set[int]] = field(default_factory=list)
+    pinned: dict[str, float] = field(default_factory=dict)
+    draining: bool = False
+
+    def __post_init__(self) -> None:
+        ids = [c for node in self.numa for c in node]
+        if len(ids) != len(set(ids)) or not ids:
+            raise InvalidSpec(f"host[{self.name}].numa", "core ids must be unique and non-empty")
+        if not self.free:
+            self.free = [set(node) for node in self.numa]
+
+    @property
+    def cores(self) -> int:
+        return sum(len(n) for n in self.numa)
+
+    @property
+    def free_cores(self) -> int:
+        return sum(len(s) for s in self.free)
+
+    @property
+    def memory_free(self) -> float:
+        return self.memory_gib - sum(self.pinned.values())
+
+    @classmethod
+    def uniform(cls, name: str, cores: int, numa_nodes: int, memory_gib: float) -> SandboxHost:
+        """A host whose ``cores`` are split evenly over ``numa_nodes``."""
+        if cores < 1 or numa_nodes < 1 or cores % numa_nodes:
+            raise InvalidSpec(
+                f"host[{name}]", f"{cores} cores do not split evenly over {numa_nodes} NUMA nodes"
+            )
+        per = cores // numa_nodes
+        return cls(name, [list(range(i * per, (i + 1) * per)) for i in range(numa_nodes)], memory_gib)
+
+    def take_cores(self, k: int) -> tuple[int, ...]:
+        """Exact core set of size k: the fullest NUMA node that still holds all k (best fit keeps
+        large NUMA-local sets available), else the fewest NUMA nodes, largest first."""
+        if k > self.free_cores:
+            raise ValueError(f"host {self.name}: {k} cores asked, {self.free_cores} free")
+        fitting = [i for i, s in enumerate(self.free) if len(s) >= k]
+        if fitting:
+            i = min(fitting, key=lambda j: (len(self.free[j]), j))
+            chosen = sorted(self.free[i])[:k]
+            self.free[i] -= set(chosen)
+            return tuple(chosen)
+        chosen_all: list[int] = []
+        for i in sorted(range(len(self.free)), key=lambda j: (-len(self.free[j]), j)):
+            need = k - len(chosen_all)
+            if need <= 0:
+                break
+            part = sorted(self.free[i])[:need]
+            self.free[i] -= set(part)
+            chosen_all += part
+        return tuple(sorted(chosen_all))
+
+    def give_back(self, cores: Sequence[int]) -> None:
+        for c in cores:
+            for i, node in enumerate(self.numa):
+                if c in node:
+                    if c in self.free[i]:
+                        raise ValueError(f"host {self.name}: core {c} released twice")
+                    self.free[i].add(c)
+                    break
+            else:
+                raise ValueError(f"host {self.name}: core {c} is not on this host")
+
+
+class _CpuScratch:
+    def __init__(self, mgr: CpuManager) -> None:
+        self._mgr = mgr
+        self.free = {h.name: h.free_cores for h in mgr.hosts.values()}
+        self.mem = {h.name: h.memory_free for h in mgr.hosts.values()}
+        # A draining host finishes its pinned trajectories but takes no new ones.
+        self.open = [h.name for h in mgr.hosts.values() if not h.draining]
+        self.pins: dict[str, str] = {}
+        self.host_of: dict[int, str] = {}
+
+    def _host_for(self, action: Action, units: int) -> str | None:
+        pinned = self._mgr.pins.get(action.trajectory) or self.pins.get(action.trajectory)
+        if pinned is not None:
+            return pinned if self.free.get(pinned, -1) >= units else None
+        best: str | None = None
+        for name in self.open:
+            free = self.free[name]
+            fits = free >= units and self.mem[name] >= action.memory_gib - 1e-9
+            if fits and (best is None or free > self.free[best]):
+                best = name
+        return best
+
+    def try_take(self, action: Action, units: int) -> bool:
+        host = self._host_for(action, units)
+        if host is None:
+            return False
+        if action.trajectory not in self._mgr.pins and action.trajectory not in self.pins:
+            self.pins[action.trajectory] = host
+            self.mem[host] -= action.memory_gib
+        self.free[host] -= units
+        self.host_of[id(action)] = host
+        return True
+
+    def partitions(self, actions: Sequence[Action]) -> list[Partition]:
+        by_host: dict[str, list[Action]] = {}
+        for a in actions:
+            by_host.setdefault(self.host_of[id(a)], []).append(a)
+        parts: list[Partition] = []
+        for host, acts in by_host.items():
+            # Capacity before these actions were taken in this scratch = their units back on top.
+            free = self.free[host] + sum(a.min_units for a in acts)
+            parts.append(Partition(CountOperator(free), acts, free, countable=True))
+        return parts
+
+
+class CpuManager:
+    """Cores of every sandbox host in one pool."""
+
+    def __init__(self, hosts: Sequence[SandboxHost], pool: str = "cpu") -> None:
+        self.hosts = {h.name: h for h in hosts}
+        if len(self.hosts) != len(hosts):
+            raise InvalidSpec("hosts", "host names must be unique")
+        self._pool = pool
+        self.pins: dict[str, str] = {}
+
+    @property
+    def pool(self) -> str:
+        return self._pool
+
+    def total_units(self) -> int:
+        return sum(h.cores for h in self.hosts.values() if not h.draining)
+
+    def free_units(self) -> int:
+        return sum(h.free_cores for h in self.hosts.values() if not h.draining)
+
+    def max_host_cores(self) -> int:
+        return max((h.cores for h in self.hosts.values() if not h.draining), default=0)
+
+    def scratch(self) -> _CpuScratch:
+        return _CpuScratch(self)
+
+    def can_ever_fit(self, action: Action) -> bool:
+        pinned = self.pins.get(action.trajectory)
+        if pinned is not None:
+            return self.hosts[pinned].cores >= action.min_units
+        return any(
+            h.cores >= action.min_units and h.memory_gib >= action.memory_gib for h in self.hosts.values()
+        )
+
+    def place(self, action: Action, units: int, now: float, plan: Scratch | None = None) -> Grant | None:
+        host_name: str | None = None
+        if isinstance(plan, _CpuScratch):
+            planned = plan.host_of.get(id(action))
+            if planned is not None and self._fits(planned, action, units):
+                host_name = planned
+        if host_name is None:
+            scratch = self.scratch()
+            if not scratch.try_take(action, units):
+                return None
+            host_name = scratch.host_of[id(action)]
+        host = self.hosts[host_name]
+        if action.trajectory not in self.pins:
+            self.pins[action.trajectory] = host.name
+            host.pinned[action.trajectory] = action.memory_gib
+        cores = host.take_cores(units)
+        return Grant(action, units, now, host.name, cores)
+
+    def _fits(self, host_name: str, action: Action, units: int) -> bool:
+        host = self.hosts[host_name]
+        pinned = self.pins.get(action.trajectory)
+        if pinned is not None:
+            return pinned == host_name and host.free_cores >= units
+        return not host.draining and host.free_cores >= units and host.memory_free >= action.memory_gib - 1e-9
+
+    def release(self, grant: Grant, now: float) -> None:
+        self.hosts[grant.host].give_back(grant.unit_ids)
+
+    def end_trajectory(self, trajectory: str) -> None:
+        """Unpin a finished trajectory and free its memory on its host."""
+        host = self.pins.pop(trajectory, None)
+        if host is not None:
+            self.hosts[host].pinned.pop(trajectory, None)
+
+    def next_wakeup(self, now: float) -> float | None:
+        return None
+
+    def add_host(self, host: SandboxHost) -> None:
+        """Add capacity (the planner scaled up)."""
+        if host.name in self.hosts:
+            raise InvalidSpec("host", f"host {host.name} already exists")
+        self.hosts[host.name] = host
+
+    def remove_host(self, name: str) -> None:
+        """Remove an idle host with nothing pinned; refuses otherwise (drain first)."""
+        host = self.hosts[name]
+        if host.free_cores != host.cores or host.pinned:
+            raise ValueError(f"host {name} still has running actions or pinned sessions")
+        del self.hosts[name]

@@ -1,0 +1,248 @@
+"""The capacity planner in the simulator: periodic rounds that scale sandbox hosts and GPU nodes.
+
+The planner (``arl_tangram.planner``) sees the workload's machines as nodes, the CPU pool as a
+sandbox pool of ``host_cores``-core hosts and the GPU pool as one reward service whose replica is a
+whole GPU node (the GPU manager then caches every service on it). Each round takes a snapshot of
+instances and demand, and the plan is applied as the runtime would: new instances become usable
+after a cold start, drained ones stop taking work, and only drained or starting ones are removed.
+Provisioned capacity is accounted in unit-seconds (cores or GPUs, starting ones included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import cast
+
+from arl_tangram.managers.cpu import SandboxHost
+from arl_tangram.managers.gpu import GpuNode
+from arl_tangram.planner import CapacityPlanner, PlannerConfig, PlannerSolver, ScalingPlan
+from arl_tangram.planner.snapshot import (
+    ClusterSnapshot,
+    InstancePhase,
+    InstanceSnapshot,
+    NodeSnapshot,
+    PoolDemand,
+    RewardServiceSpec,
+    SandboxPoolSpec,
+    ScalingPolicy,
+)
+from arl_tangram.sim.engine import Simulation
+from arl_tangram.sim.workload import PlannerSpec
+
+GIB = 1024**3
+
+
+@dataclass
+class _Instance:
+    name: str
+    pool: str
+    node: str
+    units: int
+    phase: InstancePhase
+    started_at: float
+    cpu_millicores: int
+    memory_bytes: int
+    gpus: int
+
+
+class SimPlanner:
+    """Drives a :class:`CapacityPlanner` from inside a :class:`Simulation` (a ``PlannerHook``)."""
+
+    def __init__(self, spec: PlannerSpec) -> None:
+        self.spec = spec
+        self.period_s = spec.period_s
+        self.planner = CapacityPlanner(
+            PlannerConfig(solver=cast(PlannerSolver, spec.solver), time_limit_s=spec.time_limit_s)
+        )
+        self.instances: dict[str, _Instance] = {}
+        self.unit_seconds = {"cpu": 0.0, "gpu": 0.0}
+        self.rounds: list[ScalingPlan] = []
+        self._last = 0.0
+        self._seen_records = 0
+        self._seen_arrivals: dict[str, int] = {}
+        self._n = 0
+
+    # ---- set-up --------------------------------------------------------------------------------------
+    def attach(self, sim: Simulation) -> None:
+        c = sim.wl.cluster
+        self._nodes: list[NodeSnapshot] = []
+        for i in range(c.cpu_hosts):
+            self._nodes.append(
+                NodeSnapshot(f"cpu-node-{i}", c.cores_per_host * 1000, int(c.memory_gib_per_host * GIB))
+            )
+        for i in range(c.gpu_nodes):
+            self._nodes.append(
+                NodeSnapshot(f"gpu-node-{i}", 64_000, 512 * GIB, c.gpus_per_node, int(c.gpu_memory_gb * 1e9))
+            )
+        self._pools: list[SandboxPoolSpec] = []
+        self._services: list[RewardServiceSpec] = []
+        s = self.spec
+        if sim.cpu is not None:
+            per_node = max(1, c.cores_per_host // s.host_cores)
+            self.host_memory = int(c.memory_gib_per_host * GIB * s.host_cores / c.cores_per_host)
+            policy = ScalingPolicy(
+                max_instances=per_node * c.cpu_hosts,
+                min_instances=s.min_hosts,
+                warm_instances=s.warm_hosts,
+                max_starting=s.max_starting,
+                idle_timeout_s=s.idle_timeout_s,
+                cold_start_s=s.host_cold_start_s,
+            )
+            self._pools.append(SandboxPoolSpec("cpu", s.host_cores, self.host_memory, policy))
+            for name in list(sim.cpu.hosts):
+                del sim.cpu.hosts[name]
+        if sim.gpu is not None:
+            policy = ScalingPolicy(
+                max_instances=c.gpu_nodes,
+                min_instances=s.min_gpu_nodes,
+                warm_instances=s.warm_gpu_nodes,
+                max_starting=s.max_starting,
+                idle_timeout_s=s.idle_timeout_s,
+                cold_start_s=s.gpu_cold_start_s,
+            )
+            self._services.append(
+                RewardServiceSpec("gpu", (c.gpus_per_node,), int(c.gpu_memory_gb * 1e9), policy)
+            )
+            sim.gpu.nodes.clear()
+        # Start at the floor, ready at once (a warm cluster before the rollout begins).
+        plan = self.planner.plan(self._snapshot(sim, 0.0))
+        for add in plan.adds:
+            self._add(
+                sim, add.pool, add.node, add.units, add.cpu_millicores, add.memory_bytes, add.gpus, 0.0, 0.0
+            )
+
+    # ---- rounds --------------------------------------------------------------------------------------
+    def tick(self, sim: Simulation, now: float) -> None:
+        self._account(now)
+        plan = self.planner.plan(self._snapshot(sim, now))
+        self.rounds.append(plan)
+        for r in plan.removals:
+            self._remove(sim, r.name)
+        for d in plan.drains:
+            self._set_draining(sim, d.name, True)
+        for u in plan.undrains:
+            self._set_draining(sim, u.name, False)
+        for a in plan.adds:
+            cold = self.spec.host_cold_start_s if a.pool == "cpu" else self.spec.gpu_cold_start_s
+            self._add(sim, a.pool, a.node, a.units, a.cpu_millicores, a.memory_bytes, a.gpus, now, cold)
+
+    def finish(self, sim: Simulation, end: float) -> None:
+        self._account(end)
+
+    def _account(self, now: float) -> None:
+        dt = max(0.0, now - self._last)
+        for inst in self.instances.values():
+            self.unit_seconds[inst.pool] += inst.units * dt
+        self._last = max(self._last, now)
+
+    # ---- applying a plan -----------------------------------------------------------------------------
+    def _add(
+        self,
+        sim: Simulation,
+        pool: str,
+        node: str,
+        units: int,
+        cpu: int,
+        mem: int,
+        gpus: int,
+        now: float,
+        cold: float,
+    ) -> None:
+        self._n += 1
+        name = f"{pool}-inst-{self._n}"
+        inst = _Instance(name, pool, node, units, "starting", now, cpu, mem, gpus)
+        self.instances[name] = inst
+
+        def ready(_: float) -> None:
+            if self.instances.get(name) is not inst or inst.phase != "starting":
+                return  # removed (or drained) while it was starting
+            inst.phase = "ready"
+            if pool == "cpu" and sim.cpu is not None:
+                sim.cpu.add_host(SandboxHost.uniform(name, units, 2 if units % 2 == 0 else 1, mem / GIB))
+            elif sim.gpu is not None:
+                c = sim.wl.cluster
+                sim.gpu.add_node(GpuNode(name, units, c.gpu_memory_gb))
+
+        if cold <= 0:
+            ready(now)
+        else:
+            sim.at(now + cold, ready)
+
+    def _remove(self, sim: Simulation, name: str) -> None:
+        inst = self.instances.pop(name, None)
+        if inst is None or inst.phase == "starting":
+            return
+        if inst.pool == "cpu" and sim.cpu is not None:
+            sim.cpu.remove_host(name)
+        elif sim.gpu is not None:
+            sim.gpu.remove_node(name)
+
+    def _set_draining(self, sim: Simulation, name: str, draining: bool) -> None:
+        inst = self.instances.get(name)
+        if inst is None or inst.phase == "starting":
+            return
+        inst.phase = "draining" if draining else "ready"
+        if inst.pool == "cpu" and sim.cpu is not None:
+            sim.cpu.hosts[name].draining = draining
+        elif sim.gpu is not None:
+            next(n for n in sim.gpu.nodes if n.name == name).draining = draining
+
+    # ---- the snapshot --------------------------------------------------------------------------------
+    def _snapshot(self, sim: Simulation, now: float) -> ClusterSnapshot:
+        instances = []
+        for inst in self.instances.values():
+            running, pinned = 0, 0
+            if inst.phase != "starting":
+                if inst.pool == "cpu" and sim.cpu is not None:
+                    host = sim.cpu.hosts[inst.name]
+                    running = sum(1 for g in sim.scheduler.running.values() if g.host == inst.name)
+                    pinned = len(host.pinned)
+                elif sim.gpu is not None:
+                    running = sum(1 for g in sim.scheduler.running.values() if g.host == inst.name)
+            instances.append(
+                InstanceSnapshot(
+                    inst.name,
+                    inst.pool,
+                    inst.node,
+                    inst.phase,
+                    inst.cpu_millicores,
+                    inst.memory_bytes,
+                    inst.gpus,
+                    running,
+                    pinned,
+                    inst.started_at,
+                )
+            )
+        period = max(now - self._last, self.period_s)
+        recent = sim.records[self._seen_records :]
+        self._seen_records = len(sim.records)
+        demand = []
+        for pool in [p.name for p in self._pools] + [s.name for s in self._services]:
+            queued = list(sim.scheduler.queue.fcfs(pool))
+            running_g = [g for g in sim.scheduler.running.values() if g.action.pool == pool]
+            done = [r for r in recent if r.pool == pool]
+            arrived = sim.arrivals.get(pool, 0) - self._seen_arrivals.get(pool, 0)
+            self._seen_arrivals[pool] = sim.arrivals.get(pool, 0)
+            demand.append(
+                PoolDemand(
+                    pool,
+                    queued_actions=len(queued),
+                    queued_units=sum(a.min_units for a in queued),
+                    running_actions=len(running_g),
+                    running_units=sum(g.units for g in running_g),
+                    arrival_rate_per_s=arrived / period,
+                    mean_action_s=sum(r.exec_s for r in done) / len(done) if done else 0.0,
+                    mean_units_per_action=max(1.0, sum(g.units for g in running_g) / len(running_g))
+                    if running_g
+                    else 1.0,
+                    act_recent_s=sum(r.act for r in done) / len(done) if done else None,
+                )
+            )
+        return ClusterSnapshot(
+            now,
+            tuple(self._nodes),
+            tuple(self._pools),
+            tuple(self._services),
+            tuple(instances),
+            tuple(demand),
+        )

@@ -1,0 +1,229 @@
+"""Scheduler policies on real managers: invariants under random event sequences (hypothesis), and
+the behaviours users notice (elastic DoP, fair share, priorities, GPU residency)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from arl_tangram.core.action import Action, Amdahl, EfficiencyCurve, Fixed, feasible_range
+from arl_tangram.core.policies.paper import FcfsMinPolicy, PaperPolicy
+from arl_tangram.core.policies.registry import POLICIES
+from arl_tangram.core.policies.tangram import TangramPolicy
+from arl_tangram.core.pool import Grant
+from arl_tangram.core.scheduler import Scheduler
+from arl_tangram.errors import CapacityExceeded, InvalidSpec
+from arl_tangram.managers.cpu import CpuManager, SandboxHost
+from arl_tangram.managers.gpu import GpuManager, GpuNode
+
+POOLED = ["fcfs-min", "paper", "tangram"]
+
+
+def cpu_pool(hosts: int = 2, cores: int = 8, memory: float = 64.0) -> CpuManager:
+    numa = 2 if cores % 2 == 0 else 1
+    return CpuManager([SandboxHost.uniform(f"h{i}", cores, numa, memory) for i in range(hosts)])
+
+
+def make(policy: str, mgr: CpuManager) -> Scheduler:
+    return POLICIES[policy]({"cpu": mgr})
+
+
+def random_action(rng: random.Random, i: int, tenants: int, classes: int) -> Action:
+    traj = f"t{rng.randrange(12)}"
+    if rng.random() < 0.4:
+        lo = rng.randint(1, 3)
+        feas = feasible_range(lo, lo + rng.randint(0, 8))
+        model: Amdahl | Fixed = Amdahl(rng.uniform(0.5, 10.0), rng.uniform(0.5, 0.99))
+    else:
+        feas, model = (rng.randint(1, 2),), Fixed(rng.uniform(0.1, 2.0))
+    return Action(
+        f"a{i}",
+        traj,
+        "cpu",
+        feas,
+        model,
+        memory_gib=2.0,
+        tenant=f"n{rng.randrange(tenants)}",
+        priority=rng.randrange(classes),
+    )
+
+
+def check_invariants(sched: Scheduler, mgr: CpuManager, admitted: list[Grant], lane_fifo: bool) -> None:
+    seen: dict[str, set[int]] = {}
+    for g in sched.running.values():
+        assert g.units in g.action.feasible
+        assert len(g.unit_ids) == g.units
+        cores = seen.setdefault(g.host, set())
+        assert not cores & set(g.unit_ids), "a core granted twice"
+        cores |= set(g.unit_ids)
+        assert mgr.pins[g.action.trajectory] == g.host, "an action ran off its trajectory's host"
+    for name, host in mgr.hosts.items():
+        assert host.free_cores + len(seen.get(name, set())) == host.cores, "cores leaked or over-allocated"
+        assert sum(host.pinned.values()) <= host.memory_gib + 1e-9
+    waiting = list(sched.queue.fcfs("cpu"))
+    for g in admitted:
+        a = g.action
+        for w in waiting:
+            same = (w.priority, w.tenant) == (a.priority, a.tenant) if lane_fifo else True
+            assert not (same and w.seq < a.seq), f"FCFS violated: {a.id} admitted before earlier {w.id}"
+
+
+@pytest.mark.parametrize("policy", POOLED)
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_random_events_never_overallocate_and_keep_fcfs(policy: str, seed: int) -> None:
+    rng = random.Random(seed)
+    mgr = cpu_pool()
+    sched = make(policy, mgr)
+    tangram = policy == "tangram"
+    now, i = 0.0, 0
+    busy_traj: set[str] = set()
+    for _ in range(60):
+        now += rng.uniform(0.0, 0.5)
+        if sched.running and rng.random() < 0.45:
+            g = rng.choice(list(sched.running.values()))
+            sched.complete(g, now)
+            busy_traj.discard(g.action.trajectory)
+        else:
+            a = random_action(rng, i, tenants=3 if tangram else 1, classes=2 if tangram else 1)
+            i += 1
+            sched.submit(a, now)
+        admitted = sched.schedule(now)
+        check_invariants(sched, mgr, admitted, lane_fifo=tangram)
+
+
+def test_fcfs_min_gives_minimum_and_paper_gives_elastic_units() -> None:
+    test = Action("t", "tr", "cpu", feasible_range(1, 8), Amdahl(10.0, 0.95))
+    for cls, expected in ((FcfsMinPolicy, 1), (PaperPolicy, 8)):
+        sched = cls({"cpu": cpu_pool(1, 8)})
+        sched.submit(Action("t", "tr", "cpu", test.feasible, test.model), 0.0)
+        (g,) = sched.schedule(0.0)
+        assert g.units == expected
+
+
+def test_tangram_matches_paper_allocation_on_a_contended_host() -> None:
+    mk = lambda i, p: Action(f"a{i}", f"tr{i}", "cpu", feasible_range(1, 16), Amdahl(5.0 + i, p))  # noqa: E731
+    results = []
+    for cls in (PaperPolicy, TangramPolicy):
+        sched = cls({"cpu": cpu_pool(1, 16)})
+        for i, p in enumerate((0.99, 0.9, 0.6)):
+            sched.submit(mk(i, p), 0.0)
+        results.append(sorted((g.action.id, g.units) for g in sched.schedule(0.0)))
+    assert results[0] == results[1]
+    assert sum(u for _, u in results[1]) == 16
+
+
+def test_trajectory_is_pinned_where_its_memory_fits_and_load_is_lowest() -> None:
+    mgr = CpuManager([SandboxHost.uniform("small", 8, 1, 1.0), SandboxHost.uniform("big", 4, 1, 64.0)])
+    sched = TangramPolicy({"cpu": mgr})
+    sched.submit(Action("a", "tr", "cpu", (1,), Fixed(1.0), memory_gib=2.0), 0.0)
+    (g,) = sched.schedule(0.0)
+    assert g.host == "big"  # "small" has more free cores but not the trajectory's memory
+    sched.complete(g, 1.0)
+    sched.submit(Action("b", "tr", "cpu", (1,), Fixed(1.0), memory_gib=2.0), 1.0)
+    (g2,) = sched.schedule(1.0)
+    assert g2.host == "big"
+
+
+def test_tenant_flood_does_not_starve_another_tenant() -> None:
+    mgr = cpu_pool(1, 4)
+    sched = TangramPolicy({"cpu": mgr})
+    for i in range(200):
+        sched.submit(Action(f"A{i}", f"A{i % 7}", "cpu", (1,), Fixed(1.0), tenant="A"), 0.0)
+    for i in range(5):
+        sched.submit(Action(f"B{i}", f"B{i}", "cpu", (1,), Fixed(1.0), tenant="B"), 0.001)
+    order: list[str] = []
+    now = 0.0
+    order += [g.action.tenant for g in sched.schedule(now)]
+    while sched.queue.waiting("cpu") > 180:
+        now += 1.0
+        g = next(iter(sched.running.values()))
+        sched.complete(g, now)
+        order += [x.action.tenant for x in sched.schedule(now)]
+    # Equal weights: B's five actions all start within the first dozen admissions, not after 200 A's.
+    assert order[:12].count("B") == 5
+
+
+def test_weights_share_the_pool_in_proportion() -> None:
+    mgr = cpu_pool(1, 2)
+    sched = TangramPolicy({"cpu": mgr}, tenant_weights={"A": 3.0, "B": 1.0})
+    for i in range(100):
+        sched.submit(Action(f"A{i}", "ta", "cpu", (1,), Fixed(1.0), tenant="A"), 0.0)
+        sched.submit(Action(f"B{i}", "tb", "cpu", (1,), Fixed(1.0), tenant="B"), 0.0)
+    order = [g.action.tenant for g in sched.schedule(0.0)]
+    now = 0.0
+    while len(order) < 80:
+        now += 1.0
+        sched.complete(next(iter(sched.running.values())), now)
+        order += [g.action.tenant for g in sched.schedule(now)]
+    assert 50 <= order[:80].count("A") <= 70
+
+
+def test_priority_class_first_and_aging_prevents_starvation() -> None:
+    mgr = cpu_pool(1, 1)
+    sched = TangramPolicy({"cpu": mgr}, aging_s=10.0)
+    sched.submit(Action("low", "tl", "cpu", (1,), Fixed(1.0), priority=1), 0.0)
+    sched.submit(Action("hi0", "th", "cpu", (1,), Fixed(1.0), priority=0), 0.0)
+    (g,) = sched.schedule(0.0)
+    assert g.action.id == "hi0"
+    now, started = 0.0, ""
+    i = 1
+    while not started:
+        now += 1.0
+        sched.submit(Action(f"hi{i}", "th", "cpu", (1,), Fixed(1.0), priority=0), now)
+        i += 1
+        sched.complete(next(iter(sched.running.values())), now)
+        started = ",".join(x.action.id for x in sched.schedule(now) if x.action.id == "low")
+    assert 10.0 <= now <= 12.0  # admitted once it had waited aging_s, despite the flood of class 0
+
+
+def test_gpu_tangram_prefers_the_resident_tp_size() -> None:
+    gpu = GpuManager([GpuNode("n0", 8)])
+    curve = ((1, 1.0), (2, 0.9), (4, 0.8), (8, 0.7))
+    sched = TangramPolicy({"gpu": gpu})
+    first = Action("r0", "x", "gpu", (1, 2, 4, 8), EfficiencyCurve(1.0, curve), service="rm", service_gb=60.0)
+    sched.submit(first, 0.0)
+    (g,) = sched.schedule(0.0)
+    assert g.restore_s > 0
+    sched.complete(g, 5.0)
+    sched.submit(
+        Action("r1", "y", "gpu", (1, 2, 4, 8), EfficiencyCurve(1.0, curve), service="rm", service_gb=60.0),
+        5.0,
+    )
+    (g2,) = sched.schedule(5.0)
+    assert g2.units == g.units and g2.restore_s == 0.0
+
+
+def test_submit_rejects_unknown_pools_and_impossible_actions() -> None:
+    sched = TangramPolicy({"cpu": cpu_pool(1, 4)})
+    with pytest.raises(InvalidSpec, match="no pool named 'gpu'"):
+        sched.submit(Action("a", "t", "gpu", (1,), Fixed(1.0)), 0.0)
+    with pytest.raises(CapacityExceeded):
+        sched.submit(Action("b", "t", "cpu", (8,), Fixed(1.0)), 0.0)
+
+
+def test_gpu_tangram_waits_for_a_warm_chunk_rather_than_restoring_a_big_model() -> None:
+    gpu = GpuManager([GpuNode("n0", 8)])
+    curve = ((4, 0.8),)
+
+    def req(i: int) -> Action:
+        return Action(
+            f"r{i}", f"t{i}", "gpu", (4,), EfficiencyCurve(2.0, curve), service="big", service_gb=140.0
+        )
+
+    sched = TangramPolicy({"gpu": gpu})
+    sched.submit(req(0), 0.0)
+    (first,) = sched.schedule(0.0)
+    assert first.restore_s == pytest.approx(7.0)
+    sched.complete(first, 7.7)  # now resident on its chunk
+    sched.submit(req(1), 8.0)
+    (warm,) = sched.schedule(8.0)
+    assert warm.restore_s == 0.0
+    sched.submit(req(2), 8.1)
+    assert sched.schedule(8.1) == []  # the other chunk is cold: 7 s restore vs a warm one free in 0.6 s
+    sched.complete(warm, 8.6)
+    (again,) = sched.schedule(8.6)
+    assert again.restore_s == 0.0 and again.unit_ids == warm.unit_ids

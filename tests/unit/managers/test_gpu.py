@@ -1,0 +1,130 @@
+"""GPU manager: buddy chunks (no leaks), NVLink-aware chunks, MIG slices, residency and LRU eviction."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from arl_tangram.core.action import Action, EfficiencyCurve
+from arl_tangram.core.pool import Grant
+from arl_tangram.errors import InvalidSpec
+from arl_tangram.managers.gpu import GpuManager, GpuNode, chunk_counts
+
+CURVE = ((1, 1.0), (2, 0.9), (4, 0.8), (8, 0.7))
+
+
+def req(i: int, service: str = "rm", gb: float = 10.0, mig: str | None = None) -> Action:
+    feas = (1,) if mig else (1, 2, 4, 8)
+    return Action(
+        f"r{i}",
+        f"t{i}",
+        "gpu",
+        feas,
+        EfficiencyCurve(1.0, CURVE),
+        service=service,
+        service_gb=gb,
+        mig_profile=mig,
+    )
+
+
+def aligned(g: Grant, node: GpuNode) -> bool:
+    pos = sorted(node.order.index(x) for x in g.unit_ids)
+    return pos[0] % g.units == 0 and pos == list(range(pos[0], pos[0] + g.units))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 100_000))
+def test_random_alloc_free_never_overlaps_and_leaks_nothing(seed: int) -> None:
+    rng = random.Random(seed)
+    mgr = GpuManager([GpuNode("n0", 8), GpuNode("n1", 8)])
+    initial = chunk_counts(mgr.nodes, {n.name: n.busy for n in mgr.nodes})
+    held: list[Grant] = []
+    for i in range(80):
+        if held and rng.random() < 0.5:
+            g = held.pop(rng.randrange(len(held)))
+            mgr.release(g, float(i))
+        else:
+            k = rng.choice((1, 2, 4, 8))
+            g_new = mgr.place(req(i, service=f"s{rng.randrange(4)}"), k, float(i))
+            if g_new is not None:
+                node = next(n for n in mgr.nodes if n.name == g_new.host)
+                assert aligned(g_new, node)
+                held.append(g_new)
+        busy = [(g.host, x) for g in held for x in g.unit_ids]
+        assert len(busy) == len(set(busy)), "a GPU runs two actions"
+        assert mgr.free_units() == 16 - len(busy)
+    for g in held:
+        mgr.release(g, 100.0)
+    assert chunk_counts(mgr.nodes, {n.name: n.busy for n in mgr.nodes}) == initial
+
+
+def test_buddy_takes_the_smallest_free_chunk() -> None:
+    mgr = GpuManager([GpuNode("n0", 8)])
+    g1 = mgr.place(req(1), 1, 0.0)
+    g2 = mgr.place(req(2), 1, 0.0)
+    assert g1 is not None and g2 is not None
+    assert {g1.unit_ids[0], g2.unit_ids[0]} == {0, 1}  # the split 2-chunk is used up first
+    g4 = mgr.place(req(3), 4, 0.0)
+    assert g4 is not None and g4.unit_ids == (4, 5, 6, 7)
+
+
+def test_pcie_pairs_give_only_nvlinked_pairs() -> None:
+    # GPUs 0-4, 1-5, 2-6, 3-7 linked in pairs only: chunks of 2 must be those pairs, none of 4.
+    nv = [[a % 4 == b % 4 for b in range(8)] for a in range(8)]
+    node = GpuNode("n0", 8, nvlink=nv)
+    mgr = GpuManager([node])
+    g = mgr.place(req(1), 2, 0.0)
+    assert g is not None and g.unit_ids[0] % 4 == g.unit_ids[1] % 4
+    assert mgr.place(req(2), 4, 0.0) is None
+    assert chunk_counts([node], {"n0": node.busy}) == (0, 3, 0, 0)
+
+
+def test_all_to_all_matrix_is_treated_as_nvswitch() -> None:
+    full = [[True] * 8 for _ in range(8)]
+    assert GpuNode("n", 8, nvlink=full).nvlink is None
+
+
+def test_mig_slices_are_sub_gpu_units_with_profiles() -> None:
+    node = GpuNode("n0", 8, mig={7: ["3g.40gb", "3g.40gb", "1g.10gb"]})
+    mgr = GpuManager([node])
+    a = mgr.place(req(1, mig="3g.40gb"), 1, 0.0)
+    b = mgr.place(req(2, mig="3g.40gb"), 1, 0.0)
+    assert a is not None and b is not None and a.extra["mig"] != b.extra["mig"]
+    assert mgr.place(req(3, mig="3g.40gb"), 1, 0.0) is None
+    assert mgr.place(req(4), 8, 0.0) is None  # GPU 7 is in MIG mode: no whole 8-chunk
+    g4 = mgr.place(req(5), 4, 0.0)
+    assert g4 is not None and 7 not in g4.unit_ids
+    mgr.release(a, 1.0)
+    assert mgr.place(req(6, mig="3g.40gb"), 1, 1.0) is not None
+
+
+def test_resident_chunk_is_preferred_and_lru_evicts_to_fit() -> None:
+    mgr = GpuManager([GpuNode("n0", 2, memory_gb=80.0)], memory_headroom=1.0)
+    a = mgr.place(req(1, "a", gb=50.0), 1, 0.0)
+    assert a is not None and a.restore_s == pytest.approx(50.0 / 20.0)
+    mgr.release(a, 1.0)
+    b = mgr.place(req(2, "b", gb=50.0), 1, 1.0)
+    assert b is not None and b.unit_ids != a.unit_ids  # a's GPU is kept; buddy picks the other
+    mgr.release(b, 2.0)
+    again = mgr.place(req(3, "a", gb=50.0), 1, 2.0)
+    assert again is not None and again.unit_ids == a.unit_ids and again.restore_s == 0.0
+    held = mgr.place(req(4, "b", gb=50.0), 1, 2.0)
+    assert held is not None and held.restore_s == 0.0
+    mgr.release(again, 3.0)
+    mgr.release(held, 3.0)
+    c = mgr.place(req(5, "c", gb=50.0), 1, 3.0)  # evicts the least recently used of a, b
+    assert c is not None and c.restore_s > 0
+    node = mgr.nodes[0]
+    assert all(sum(cache.values()) <= node.memory_gb for cache in node.cache.values())
+    assert mgr.restore_estimate(req(6, "b", gb=50.0), 1) == 0.0  # b was used last, still resident
+    assert mgr.restore_estimate(req(7, "a", gb=50.0), 1) > 0.0
+
+
+def test_invalid_nodes_are_rejected() -> None:
+    with pytest.raises(InvalidSpec, match="gpus"):
+        GpuNode("n", 6)
+    with pytest.raises(InvalidSpec, match="nvlink"):
+        GpuNode("n", 2, nvlink=[[True]])

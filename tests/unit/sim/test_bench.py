@@ -1,0 +1,70 @@
+"""The benchmark commands print the JSON shapes the issue fixes (tiny sizes: numbers not asserted)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from arl_tangram.sim import bench, demo
+
+SIM_KEYS = {
+    "act_mean_s",
+    "act_p50_s",
+    "act_p99_s",
+    "queue_mean_s",
+    "exec_mean_s",
+    "overhead_mean_s",
+    "makespan_s",
+    "resource_seconds",
+    "lost_trajectories",
+    "gpus_for_static_act",
+    "decision_us_mean",
+    "decision_us_p99",
+}
+
+
+def test_bench_sim_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        bench.main_sim(
+            ["--workload", "reward-gpu", "--scale", "0.03", "--json", "--policies", "static,tangram"]
+        )
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert out["workload"] == "reward-gpu"
+    assert set(out["policies"]) == {"static", "tangram"}
+    for numbers in out["policies"].values():
+        assert set(numbers) == SIM_KEYS
+    assert out["policies"]["static"]["gpus_for_static_act"] == 40
+
+
+def test_bench_sim_table_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        bench.main_sim(["--workload", "ai-coding", "--scale", "0.02", "--policies", "fcfs-min,tangram"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "tangram" in out and "ACT x tangram" in out
+    assert bench.main_sim(["--policies", "nope"]) == 2
+    assert bench.main_sim(["--workload", "nope"]) == 2
+    assert "unknown workload" in capsys.readouterr().err
+
+
+def test_bench_sched_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main_sched(["--json", "--budget-s", "0.01", "--decisions", "3"]) == 0
+    cases = json.loads(capsys.readouterr().out)["cases"]
+    assert {(c["policy"], c["queued"], c["units"]) for c in cases} == {
+        (p, q, u) for p in ("paper", "tangram") for q in (100, 1000, 10000) for u in (64, 1280)
+    }
+    assert all({"decision_us_p50", "decision_us_p99"} <= set(c) for c in cases)
+
+
+def test_demo_prints_the_comparison_and_writes_a_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    png = tmp_path / "act.png"
+    assert demo.main(["--scale", "0.02", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "ai-coding" in out and "reward-gpu" in out and "static/tangram" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

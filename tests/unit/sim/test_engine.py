@@ -1,0 +1,84 @@
+"""The simulator on shortened built-in workloads: deterministic, complete, and the behaviours the
+benchmarks rely on (elastic DoP beats fixed DoP; traffic control loses no trajectory)."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import yaml
+
+from arl_tangram.sim.engine import Simulation
+from arl_tangram.sim.metrics import summarise
+from arl_tangram.sim.planning import SimPlanner
+from arl_tangram.sim.workload import Workload, builtin, generate, parse, with_overrides
+
+
+def test_runs_are_deterministic_and_complete_every_action() -> None:
+    wl = with_overrides(builtin("ai-coding"), scale=0.03)
+    steps = sum(len(t.steps) for t in generate(wl))
+    a = Simulation(wl, "tangram").run()
+    b = Simulation(wl, "tangram").run()
+    assert len(a.records) == steps
+    assert [(r.start, r.end) for r in a.records] == [(r.start, r.end) for r in b.records]
+
+
+def test_ai_coding_tangram_beats_static_and_fcfs_min() -> None:
+    wl = with_overrides(builtin("ai-coding"), scale=0.05)
+    act = {p: summarise(Simulation(wl, p).run()).act_mean_s for p in ("static", "fcfs-min", "tangram")}
+    assert act["tangram"] < act["fcfs-min"] and act["tangram"] < act["static"]
+
+
+def test_static_waits_for_pods_started_at_a_finite_rate() -> None:
+    wl = with_overrides(builtin("ai-coding"), scale=0.1)
+    res = Simulation(wl, "static").run()
+    first_waits = [r.queue for r in res.records if r.queue > 0]
+    assert first_waits, "no action waited for its pod"
+
+
+def _small_deepsearch() -> Workload:
+    """deepsearch at 1/8 size with limits cut by the same factor, so the load per limit is kept."""
+    doc = yaml.safe_load(
+        resources.files("arl_tangram.sim").joinpath("workloads", "deepsearch.yaml").read_text()
+    )
+    doc["sources"][0]["trajectories"] = 256
+    for api in doc["cluster"]["apis"]:
+        api["concurrency"] //= 8
+        api["rate_per_s"] /= 8
+        api["burst"] /= 8
+    return parse(doc)
+
+
+def test_deepsearch_traffic_control_loses_nothing_where_static_does() -> None:
+    wl = _small_deepsearch()
+    static = Simulation(wl, "static").run()
+    pooled = Simulation(wl, "tangram").run()
+    assert static.lost_trajectories > 0 and static.api_failures > 0
+    assert pooled.lost_trajectories == 0 and pooled.api_failures == 0 and pooled.api_violations == 0
+    assert len(pooled.records) == sum(len(t.steps) for t in generate(wl))
+
+
+def test_reward_gpu_pooled_uses_fewer_gpu_seconds_than_static() -> None:
+    wl = with_overrides(builtin("reward-gpu"), scale=0.1)
+    static = Simulation(wl, "static").run()
+    pooled = Simulation(wl, "tangram").run()
+    assert len(static.records) == len(pooled.records)
+    assert pooled.gpu_seconds < static.gpu_seconds
+
+
+def test_mixed_runs_both_pools_side_by_side() -> None:
+    wl = with_overrides(builtin("mixed"), scale=0.03)
+    res = Simulation(wl, "tangram").run()
+    assert {r.pool for r in res.records} == {"cpu", "gpu"}
+
+
+def test_planner_scales_hosts_with_demand_and_every_action_completes() -> None:
+    wl = with_overrides(builtin("ai-coding"), scale=0.1)
+    assert wl.planner is not None
+    hook = SimPlanner(wl.planner)
+    res = Simulation(wl, "tangram", planner=hook).run()
+    assert len(res.records) == sum(len(t.steps) for t in generate(wl))
+    assert sum(len(p.adds) for p in hook.rounds) > 0
+    assert sum(len(p.drains) + len(p.removals) for p in hook.rounds) > 0  # it also scales down
+    full = wl.cluster.cpu_hosts * wl.cluster.cores_per_host * res.makespan_s
+    assert 0 < hook.unit_seconds["cpu"] < full
+    assert not hook.instances or all(i.pool == "cpu" for i in hook.instances.values())

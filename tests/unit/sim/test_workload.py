@@ -1,0 +1,88 @@
+"""Workload files: the built-ins load, bad files get errors naming the field, generation is seeded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from arl_tangram.errors import InvalidSpec
+from arl_tangram.sim.workload import BUILTIN, builtin, generate, load, parse, with_overrides
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_builtins_load(name: str) -> None:
+    wl = builtin(name)
+    assert wl.name == name and wl.sources
+
+
+def test_ai_coding_matches_the_issue() -> None:
+    wl = builtin("ai-coding")
+    src = wl.sources[0]
+    assert wl.cluster.cpu_hosts == 5 and wl.cluster.cores_per_host == 256
+    trajs = generate(with_overrides(wl, scale=0.05))
+    assert len(trajs) == 64
+    for t in trajs:
+        assert 10 <= len(t.steps) <= 40
+        assert t.steps[-1].kind == "test"
+        assert all(s.kind == "test" for i, s in enumerate(t.steps) if (i + 1) % 5 == 0)
+        assert all(s.feasible == tuple(range(1, 33)) for s in t.steps if s.kind == "test")
+    assert src.memory_gib == 2
+
+
+def test_generation_is_deterministic_and_seeded() -> None:
+    wl = with_overrides(builtin("deepsearch"), scale=0.02)
+    a, b = generate(wl), generate(wl)
+    assert [(t.id, t.start, [s.true.duration(1) for s in t.steps]) for t in a] == [
+        (t.id, t.start, [s.true.duration(1) for s in t.steps]) for t in b
+    ]
+    import dataclasses
+
+    c = generate(dataclasses.replace(wl, seed=wl.seed + 1))
+    assert [s.true.duration(1) for s in c[0].steps] != [s.true.duration(1) for s in a[0].steps]
+
+
+def test_reward_services_get_their_minimum_gpus_by_memory() -> None:
+    trajs = generate(with_overrides(builtin("reward-gpu"), scale=0.2))
+    by_service = {t.steps[0].service: t.steps[0].feasible for t in trajs}
+    assert by_service["rm-7b"] == (1, 2, 4, 8)
+    assert by_service["rm-70b"] == (4, 8)  # 140 GB of weights with headroom needs 4 x 80 GB
+
+
+def test_workload_file_round_trip(tmp_path: Path) -> None:
+    text = (Path(__file__).parents[3] / "operator/arl_tangram/sim/workloads/deepsearch.yaml").read_text()
+    f = tmp_path / "w.yaml"
+    f.write_text(text)
+    assert load(f).name == "deepsearch"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda d: d.pop("sources"), "sources"),
+        (lambda d: d["sources"][0].update(kind="nope"), "sources[0].kind"),
+        (lambda d: d["sources"][0].update(trajectories=-1), "sources[0].trajectories"),
+        (lambda d: d["sources"][0]["think"].update(median_s="fast"), "sources[0].think.median_s"),
+        (lambda d: d["sources"][0].update(apis=["nope"]), "sources[0].apis"),
+        (lambda d: d["cluster"]["apis"][0].update(concurrency=0), "cluster.apis[0].concurrency"),
+    ],
+)
+def test_bad_files_name_the_field(mutate: object, field: str) -> None:
+    doc = yaml.safe_load(
+        (Path(__file__).parents[3] / "operator/arl_tangram/sim/workloads/deepsearch.yaml").read_text()
+    )
+    mutate(doc)  # type: ignore[operator]
+    with pytest.raises(InvalidSpec) as err:
+        parse(doc)
+    assert err.value.field == field
+
+
+def test_unreadable_and_unknown_workloads(tmp_path: Path) -> None:
+    with pytest.raises(InvalidSpec, match="cannot read"):
+        load(tmp_path / "missing.yaml")
+    (tmp_path / "bad.yaml").write_text("a: [")
+    with pytest.raises(InvalidSpec, match="not valid YAML"):
+        load(tmp_path / "bad.yaml")
+    with pytest.raises(InvalidSpec, match="unknown workload"):
+        builtin("nope")
