@@ -161,6 +161,25 @@ def _set_pdeathsig() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
 
 
+_SANDBOX_OWN = {"proc", "dev", "tmp", "run", "sys", "lost+found"}  # made fresh for each sandbox
+
+
+def _host_binds(directory: str, opened: set[str]) -> list[str]:
+    """bwrap arguments mirroring `directory` read-only, opening up (as tmpfs) the directories in `opened`."""
+    out: list[str] = []
+    for entry in sorted(os.listdir(directory)):
+        path = os.path.join(directory, entry)
+        if directory == "/" and entry in _SANDBOX_OWN:
+            continue
+        if os.path.islink(path):
+            out += ["--symlink", os.readlink(path), path]
+        elif path in opened:
+            out += ["--dir", path, *_host_binds(path, opened)]
+        elif os.path.isdir(path) or os.path.isfile(path):
+            out += ["--ro-bind-try", path, path]
+    return out
+
+
 # ---- probes ----------------------------------------------------------------------------------------------
 
 
@@ -554,7 +573,9 @@ class PodWorker(threading.Thread):
         try:
             cdir = self.dir / c.name
             cdir.mkdir(parents=True, exist_ok=True)
-            argv = self._wrap(c, [expand(a, env) for a in self._argv(c)])
+            argv = [expand(a, env) for a in self._argv(c)]
+            self._check_executable(c, argv[0], env)
+            argv = self._wrap(c, argv)
             logf = open(cdir / f"{c.restart_count}.log", "ab")  # noqa: SIM115 (owned by the child)
             try:
                 c.proc = subprocess.Popen(
@@ -596,6 +617,18 @@ class PodWorker(threading.Thread):
                 c.probes[kind].arm(c.started_at)
         log.info("pod %s/%s container %s: started pid %d", self.ns, self.pod_name, c.name, c.proc.pid)
 
+    def _check_executable(self, c: Container, program: str, env: dict[str, str]) -> None:
+        """Fails like containerd when the entrypoint cannot be found (bwrap would exit 1 instead)."""
+        mounts = [str(m["mountPath"]) for m in c.spec.get("volumeMounts") or []]
+        if "/" in program:
+            if any(program.startswith(m.rstrip("/") + "/") for m in mounts):
+                return  # inside a volume: only the sandbox can tell
+            if os.access(program, os.X_OK) and not os.path.isdir(program):
+                return
+            raise StartError(f'exec: "{program}": stat {program}: no such file or directory')
+        if shutil.which(program, path=env.get("PATH", "")) is None:
+            raise StartError(f'exec: "{program}": executable file not found in $PATH')
+
     def _argv(self, c: Container) -> list[str]:
         command = list(c.spec.get("command") or [])
         args = list(c.spec.get("args") or [])
@@ -633,16 +666,21 @@ class PodWorker(threading.Thread):
             return argv
         b = [self.runner.bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
         b += ["--hostname", self.pod["spec"].get("hostname") or self.pod_name]
-        # The root is bwrap's own tmpfs; the host's top-level directories are bound read-only into it,
-        # so any mount path outside them can be created.
-        for entry in sorted(os.listdir("/")):
-            path = "/" + entry
-            if entry in ("proc", "dev", "tmp", "run", "sys", "lost+found"):
+        # The root is bwrap's own tmpfs with the host's directories bound read-only into it. A mount
+        # point that does not exist on the host (/etc/settings) needs a writable parent: such parents
+        # become tmpfs directories holding read-only binds of the host's entries.
+        opened: set[str] = set()
+        for m in mounts:
+            target = os.path.realpath(m["mountPath"])
+            if os.path.lexists(target) or target.split("/")[1] in _SANDBOX_OWN:
                 continue
-            if os.path.islink(path):
-                b += ["--symlink", os.readlink(path), path]
-            elif os.path.isdir(path):
-                b += ["--ro-bind", path, path]
+            parent = os.path.dirname(target)
+            while not os.path.isdir(parent):
+                parent = os.path.dirname(parent)
+            while parent != "/":
+                opened.add(parent)
+                parent = os.path.dirname(parent)
+        b += _host_binds("/", opened)
         b += ["--ro-bind", "/sys", "/sys", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run"]
         tmp = self.dir / "tmp"
         tmp.mkdir(exist_ok=True)
