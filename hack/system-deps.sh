@@ -4,6 +4,10 @@
 set -euo pipefail
 need=()
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+# The local test bed (hack/cluster-up.sh): certificates, readiness checks, process bookkeeping.
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
+command -v curl >/dev/null 2>&1 || need+=(curl)
+command -v ps >/dev/null 2>&1 || need+=(procps)
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" -ne 0 ]; then
   echo "system-deps: missing ${need[*]}; install them as root (apt-get install ${need[*]})" >&2
