@@ -268,10 +268,12 @@ class Container:
         }
         if self.container_id:
             out["containerID"] = self.container_id
-        if not self.init and self.spec.get("resources"):
-            out["resources"] = self.spec["resources"]
-            if self.spec["resources"].get("requests"):
-                out["allocatedResources"] = self.spec["resources"]["requests"]
+        resources = self.spec.get("resources")
+        if not self.init and resources:
+            # Nothing to actuate (no cgroups): an in-place resize takes effect at once.
+            out["resources"] = resources
+            if resources.get("requests"):
+                out["allocatedResources"] = resources["requests"]
         return out
 
 
@@ -315,6 +317,11 @@ class PodWorker(threading.Thread):
 
     def update(self, pod: Json) -> None:
         self.pod = pod
+        # Resources are the only container field that may change (in-place resize).
+        specs = {c["name"]: c for c in pod["spec"]["containers"]}
+        for c in self.containers:
+            if c.name in specs:
+                c.spec = {**c.spec, "resources": specs[c.name].get("resources") or {}}
         self.changed.set()
 
     def deleted(self) -> None:
@@ -970,6 +977,7 @@ class PodWorker(threading.Thread):
             "podIP": self.ip or None,
             "podIPs": [{"ip": self.ip}] if self.ip else None,
             "startTime": self.start_time,
+            "observedGeneration": self.pod["metadata"].get("generation"),
             "containerStatuses": sorted((c.status() for c in self.containers), key=lambda s: s["name"]),
             "message": self.message or None,
         }

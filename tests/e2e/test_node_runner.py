@@ -156,3 +156,23 @@ def test_a_container_whose_program_is_missing_reports_a_start_error(cluster: Clu
     # What containerd reports when the entrypoint cannot be executed.
     assert (terminated["exitCode"], terminated["reason"]) == (128, "StartError")
     assert "/no/such/program" in terminated["message"]
+
+
+def test_in_place_resize_is_reported_in_the_container_status(cluster: Cluster, namespace: str) -> None:
+    resources = {"requests": {"cpu": "1", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "64Mi"}}
+    main = shell_container("sleep 3600", resources=resources)
+    cluster.core.create_namespaced_pod(namespace, pod_manifest("elastic", [main]))
+    wait_for_pod(cluster, namespace, "elastic", pod_phase("Running"), "Running")
+    patch = (
+        '{"spec":{"containers":[{"name":"main","resources":{"requests":{"cpu":"2"},"limits":{"cpu":"2"}}}]}}'
+    )
+    cluster.kubectl("patch", "pod", "elastic", "-n", namespace, "--subresource", "resize", "--patch", patch)
+    resized = wait_for_pod(
+        cluster,
+        namespace,
+        "elastic",
+        lambda p: (_status(p).get("resources") or {}).get("requests", {}).get("cpu") == "2",
+        "reporting 2 CPUs",
+    )
+    assert _status(resized)["resources"]["limits"]["cpu"] == "2"
+    assert _status(resized)["restartCount"] == 0
