@@ -10,6 +10,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/testbed/lib.sh"
 keep_logs=0
 [ "${1:-}" = "--keep-logs" ] && keep_logs=1
 
+# cluster-up holds the lock already when it calls cluster-down (stale state, failed start).
+[ -n "${TESTBED_LOCKED:-}" ] || lock_state_dir
+
 if [ ! -e "$TESTBED_MARK" ]; then
   log "nothing to stop in $CLUSTER_DIR"
   exit 0

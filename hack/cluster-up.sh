@@ -14,6 +14,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/testbed/lib.sh"
 
 kubeconfig="$CLUSTER_DIR/kubeconfig"
+lock_state_dir
 timeout_s="${TESTBED_START_TIMEOUT:-180}"
 PYTHON="${PYTHON:-$testbed_root/.venv/bin/python}"
 [ -x "$PYTHON" ] || PYTHON="$(command -v python3)"
@@ -36,7 +37,7 @@ if [ -e "$TESTBED_MARK" ]; then
     exit 0
   fi
   log "stale state in $CLUSTER_DIR: tearing it down first"
-  bash "$testbed_root/hack/cluster-down.sh" >&2
+  TESTBED_LOCKED=1 bash "$testbed_root/hack/cluster-down.sh" >&2
 fi
 
 t0=$SECONDS
@@ -63,9 +64,9 @@ logs="$CLUSTER_DIR/logs"
 
 # ---- ports and addresses ------------------------------------------------------------------------
 # Free ports picked by the kernel, so that several test beds (worktrees, CI jobs) run side by side.
-read -r etcd_port etcd_peer_port api_port kcm_port sched_port < <("$PYTHON" - <<'EOF'
+read -r etcd_port etcd_peer_port api_port kcm_port sched_port kubelet_port < <("$PYTHON" - <<'EOF'
 import socket
-socks = [socket.socket() for _ in range(5)]
+socks = [socket.socket() for _ in range(6)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in socks))
@@ -98,6 +99,9 @@ openssl req -x509 -new -key "$pki/ca.key" -subj "/CN=tangram-testbed-ca" -days 3
 client='basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth'
 sign apiserver "/CN=kube-apiserver" "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
 sign admin "/O=system:masters/CN=tangram-testbed-admin" "$client"
+# The node runner's kubelet API (container logs) and the API server's client certificate for it.
+sign kubelet "/O=system:nodes/CN=system:node:testbed" "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost"
+sign apiserver-kubelet-client "/CN=kube-apiserver-kubelet-client" "$client"
 sign controller-manager "/CN=system:kube-controller-manager" "$client"
 sign scheduler "/CN=system:kube-scheduler" "$client"
 # The key the API server signs service-account tokens with and the controller manager issues them by.
@@ -138,7 +142,8 @@ t_pki=$((SECONDS - t1))
 start() { # NAME ORDER CMD...
   local name="$1" order="$2"
   shift 2
-  setsid "$@" >"$logs/$name.log" 2>&1 </dev/null &
+  # 9>&-: the components must not inherit (and so hold) the state directory's lock.
+  setsid "$@" >"$logs/$name.log" 2>&1 </dev/null 9>&- &
   record_pid "$order-$name" "$!"
   log "started $name (pid $!, log $logs/$name.log)"
 }
@@ -146,7 +151,7 @@ start() { # NAME ORDER CMD...
 failed() { # NAME MESSAGE
   log "$2; last lines of $logs/$1.log:"
   tail -n 30 "$logs/$1.log" >&2 || true
-  bash "$testbed_root/hack/cluster-down.sh" --keep-logs >&2 || true
+  TESTBED_LOCKED=1 bash "$testbed_root/hack/cluster-down.sh" --keep-logs >&2 || true
   exit 1
 }
 
@@ -182,6 +187,8 @@ start kube-apiserver 2 "$bin/kube-apiserver" \
   --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
   --service-cluster-ip-range 10.96.0.0/16 \
   --authorization-mode RBAC \
+  --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
+  --kubelet-certificate-authority "$pki/ca.crt" --kubelet-preferred-address-types InternalIP \
   --allow-privileged=true --profiling=false --v=1
 wait_for kube-apiserver 2 "/readyz" curl -fsS --cacert "$pki/ca.crt" "https://127.0.0.1:$api_port/readyz"
 mv "$kubeconfig.tmp" "$kubeconfig"
@@ -207,7 +214,8 @@ start kube-scheduler 4 "$bin/kube-scheduler" \
 start node-runner 5 "$PYTHON" "$testbed_root/hack/testbed/node_runner.py" \
   --kubeconfig "$kubeconfig" --nodes "${TESTBED_NODES:-$testbed_root/hack/testbed/nodes.yaml}" \
   --state-dir "$CLUSTER_DIR/pods" --pod-cidr "$pod_cidr" \
-  --api-host 127.0.0.1 --api-port "$api_port" --ca-file "$pki/ca.crt"
+  --api-host 127.0.0.1 --api-port "$api_port" --ca-file "$pki/ca.crt" \
+  --kubelet-port "$kubelet_port" --tls-cert "$pki/kubelet.crt" --tls-key "$pki/kubelet.key"
 
 k() { kubectl --kubeconfig "$kubeconfig" "$@"; }
 wait_for kube-controller-manager 3 "healthz" curl -fsSk "https://127.0.0.1:$kcm_port/healthz"

@@ -45,3 +45,13 @@ recorded_alive() {
 group_members() {
   ps -eo pgid=,pid=,stat= | awk -v g="$1" '$1 == g && $3 !~ /^Z/ {print $2}'
 }
+
+# One cluster-up or cluster-down at a time per state directory (two test sessions starting the same
+# test bed would otherwise both build it). The lock file is outside the directory, which comes and goes.
+lock_state_dir() {
+  exec 9>"${TMPDIR:-/tmp}/tangram-testbed-$(echo "$CLUSTER_DIR" | md5sum | cut -c1-16).lock"
+  if ! flock -n 9; then
+    log "waiting for another cluster-up/cluster-down on $CLUSTER_DIR"
+    flock 9
+  fi
+}

@@ -30,6 +30,7 @@ import argparse
 import base64
 import ctypes
 import hashlib
+import http.server
 import ipaddress
 import json
 import logging
@@ -44,6 +45,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -1045,6 +1047,7 @@ class NodeRunner:
             ]
         )
         self.stopping = threading.Event()
+        self.kubelet_port = int(args.kubelet_port or 0)
         self.workers: dict[str, PodWorker] = {}
         self.lock = threading.Lock()
 
@@ -1102,7 +1105,7 @@ class NodeRunner:
                 {"type": "InternalIP", "address": self.host_ip},
                 {"type": "Hostname", "address": spec["name"]},
             ],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.kubelet_port}},
             "nodeInfo": {
                 "architecture": "amd64",
                 "operatingSystem": "linux",
@@ -1250,6 +1253,110 @@ class NodeRunner:
             w.join(timeout=10)
 
 
+# ---- the kubelet API: what `kubectl logs` reaches through the API server ------------------------------
+
+
+class KubeletApi(http.server.BaseHTTPRequestHandler):
+    """GET /containerLogs/{namespace}/{pod}/{container} (follow, previous, tailLines, limitBytes) and
+    /healthz. Only the API server can call it: TLS with a client certificate from the cluster's CA."""
+
+    runner: NodeRunner
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("kubelet API: " + format, *args)
+
+    def _reply(self, code: int, text: str) -> None:
+        body = text.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        query = urllib.parse.parse_qs(url.query)
+        parts = url.path.strip("/").split("/")
+        if parts == ["healthz"]:
+            self._reply(200, "ok")
+            return
+        if len(parts) != 4 or parts[0] != "containerLogs":
+            self._reply(404, f"the test bed's node runner serves container logs only, not {url.path}")
+            return
+        _, ns, pod, container = parts
+        with self.runner.lock:
+            worker = next((w for w in self.runner.workers.values() if (w.ns, w.pod_name) == (ns, pod)), None)
+        c = None
+        if worker is not None:
+            c = next((x for x in worker.init_containers + worker.containers if x.name == container), None)
+        if worker is None or c is None:
+            self._reply(404, f"container {container} of pod {ns}/{pod} is not running on this node")
+            return
+        previous = query.get("previous", ["false"])[0] == "true"
+        index = c.restart_count - 1 if previous else c.restart_count
+        if "running" not in c.state and "waiting" in c.state and not previous:
+            index = c.restart_count - 1  # crash-looping: the last run's output, as kubectl shows it
+        path = worker.dir / c.name / f"{index}.log"
+        if index < 0 or not path.exists():
+            self._reply(400, f'previous terminated container "{container}" in pod "{pod}" not found')
+            return
+        data = path.read_bytes()
+        tail = query.get("tailLines", [""])[0]
+        if tail.isdigit():
+            data = b"".join(data.splitlines(keepends=True)[-int(tail) :]) if int(tail) else b""
+        limit = query.get("limitBytes", [""])[0]
+        if limit.isdigit():
+            data = data[: int(limit)]
+        follow = query.get("follow", ["false"])[0] == "true" and not previous
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        if not follow:
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        sent = path.stat().st_size
+        self._chunk(data)
+        run = c.container_id
+        # Follow until this run of the container ends (or the client goes away).
+        while c.container_id == run and c.proc is not None and not self.runner.stopping.is_set():
+            size = path.stat().st_size
+            if size > sent:
+                with open(path, "rb") as f:
+                    f.seek(sent)
+                    self._chunk(f.read(size - sent))
+                sent = size
+            else:
+                time.sleep(0.2)
+        with open(path, "rb") as f:
+            f.seek(sent)
+            self._chunk(f.read())
+        self._chunk(b"", final=True)
+
+    def _chunk(self, data: bytes, final: bool = False) -> None:
+        if not data and not final:
+            return  # an empty chunk ends the response
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+
+def serve_kubelet_api(runner: NodeRunner, cert: str, key: str, client_ca: str) -> None:
+    """Serves the kubelet API on 127.0.0.1:--kubelet-port in a thread."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    ctx.load_verify_locations(client_ca)
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    handler = type("Handler", (KubeletApi,), {"runner": runner})
+    server = http.server.ThreadingHTTPServer((runner.host_ip, runner.kubelet_port), handler)
+    server.daemon_threads = True
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, name="kubelet-api", daemon=True).start()
+    log.info("kubelet API on https://%s:%d", runner.host_ip, runner.kubelet_port)
+
+
 class _suppress_api:
     def __enter__(self) -> None:
         return None
@@ -1267,7 +1374,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pod-cidr", required=True, help="loopback CIDR the pod IPs come from, e.g. 127.3.4.0/24")
     p.add_argument("--api-host", default="127.0.0.1")
     p.add_argument("--api-port", type=int, required=True)
-    p.add_argument("--ca-file", default="")
+    p.add_argument("--ca-file", default="", help="CA of the API server's client certificate (kubelet API)")
+    p.add_argument("--kubelet-port", type=int, default=0, help="serve the kubelet API (container logs) here")
+    p.add_argument("--tls-cert", default="", help="serving certificate of the kubelet API")
+    p.add_argument("--tls-key", default="")
     p.add_argument(
         "--entrypoints", default="", help="YAML: image name -> {command, args} for pods without one"
     )
@@ -1283,6 +1393,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if runner.kubelet_port:
+        serve_kubelet_api(runner, args.tls_cert, args.tls_key, args.ca_file)
     runner.register_nodes()
     (runner.state_dir / ".registered").write_text("")
     threading.Thread(target=runner.heartbeat, name="heartbeat", daemon=True).start()

@@ -176,3 +176,12 @@ def test_in_place_resize_is_reported_in_the_container_status(cluster: Cluster, n
     )
     assert _status(resized)["resources"]["limits"]["cpu"] == "2"
     assert _status(resized)["restartCount"] == 0
+
+
+def test_kubectl_logs_shows_what_the_container_printed(cluster: Cluster, namespace: str) -> None:
+    main = shell_container("echo first line; echo to stderr >&2; echo last line")
+    cluster.core.create_namespaced_pod(namespace, pod_manifest("talker", [main], restartPolicy="Never"))
+    wait_for_pod(cluster, namespace, "talker", pod_phase("Succeeded"), "Succeeded")
+    logs = cluster.kubectl("logs", "talker", "-n", namespace).stdout.splitlines()
+    assert logs == ["first line", "to stderr", "last line"]
+    assert cluster.kubectl("logs", "talker", "-n", namespace, "--tail=1").stdout.splitlines() == ["last line"]
