@@ -6,8 +6,9 @@
 # only prints the path.
 #
 # Environment: CLUSTER_DIR (state directory, default .cluster), TESTBED_NODES (node list, default
-# hack/testbed/nodes.yaml), PYTHON (interpreter with the kubernetes client, default .venv/bin/python),
-# ETCD (etcd binary), KUBE_BIN_DIR / TESTBED_CACHE (see hack/testbed/build.sh),
+# hack/testbed/nodes.yaml), TESTBED_ENTRYPOINTS (image -> command for pods without one, default
+# hack/testbed/entrypoints.yaml), PYTHON (interpreter with the kubernetes client, default
+# .venv/bin/python), ETCD (etcd binary), KUBE_BIN_DIR / TESTBED_CACHE (see hack/testbed/build.sh),
 # TESTBED_START_TIMEOUT (seconds to wait for each component, default 180).
 set -euo pipefail
 # shellcheck source=hack/testbed/lib.sh
@@ -214,6 +215,7 @@ start kube-scheduler 4 "$bin/kube-scheduler" \
 start node-runner 5 "$PYTHON" "$testbed_root/hack/testbed/node_runner.py" \
   --kubeconfig "$kubeconfig" --nodes "${TESTBED_NODES:-$testbed_root/hack/testbed/nodes.yaml}" \
   --state-dir "$CLUSTER_DIR/pods" --pod-cidr "$pod_cidr" \
+  --entrypoints "${TESTBED_ENTRYPOINTS:-$testbed_root/hack/testbed/entrypoints.yaml}" \
   --api-host 127.0.0.1 --api-port "$api_port" --ca-file "$pki/ca.crt" \
   --kubelet-port "$kubelet_port" --tls-cert "$pki/kubelet.crt" --tls-key "$pki/kubelet.key"
 
