@@ -1,3 +1,5 @@
+# mypy: disable-error-code="no-untyped-call,attr-defined"
+# The kubernetes client's stubs type request bodies as models; these tests pass plain dicts (valid JSON).
 """Fixtures of the e2e tier: a session cluster, the CRDs from crds/, a namespace per test, dumps on failure.
 
 The cluster is the local test bed (hack/cluster-up.sh: a control plane built from source, simulated

@@ -1,3 +1,5 @@
+# mypy: disable-error-code="arg-type,no-untyped-call"
+# The kubernetes client's stubs type request bodies as models; these tests pass plain dicts (valid JSON).
 """hack/cluster-up.sh and hack/cluster-down.sh on a second test bed of their own (a separate
 CLUSTER_DIR): up is idempotent, down stops every process up started (pods included) and its state."""
 

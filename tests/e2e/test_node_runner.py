@@ -1,3 +1,5 @@
+# mypy: disable-error-code="arg-type"
+# The kubernetes client's stubs type request bodies as models; these tests pass plain dicts (valid JSON).
 """What a kubelet does for a pod, checked through the API only (so the same tests hold on kind):
 exit codes, restart policies, graceful deletion, init containers, ConfigMaps, in-cluster credentials."""
 

@@ -1,3 +1,5 @@
+# mypy: disable-error-code="arg-type,attr-defined,union-attr,index"
+# The kubernetes client's stubs type request bodies as models; these tests pass plain dicts (valid JSON).
 """Smoke tests of the cluster itself: the API server, the controller manager, the garbage collector,
 CEL validation, and (on the local test bed) pods that are real processes reachable at their pod IPs."""
 

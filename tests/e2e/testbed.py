@@ -1,3 +1,6 @@
+# mypy: disable-error-code="no-untyped-call,attr-defined,no-any-return"
+# The kubernetes client's stubs type request bodies as models and know nothing of _preload_content;
+# this file passes plain dicts in the API's JSON shape and reads raw responses.
 """What the e2e tests use to reach a cluster: the session's Cluster, waits built on watches, dumps.
 
 Every wait lists first, then watches from the listed resourceVersion until the predicate holds or the
