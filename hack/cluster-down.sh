@@ -56,6 +56,18 @@ if [ -d "$CLUSTER_DIR/pods" ]; then
   done < <(find "$CLUSTER_DIR/pods" -name '*.pid' -type f)
 fi
 
+# Pod addresses a runner that died left on lo (only those inside this test bed's pod CIDR).
+if [ -f "$CLUSTER_DIR/env" ]; then
+  pod_cidr="$(sed -n 's/^POD_CIDR=//p' "$CLUSTER_DIR/env")"
+  device="$(sed -n 's/^ADDRESS_DEVICE=//p' "$CLUSTER_DIR/env")"
+  if [ -n "$device" ] && [ -n "$pod_cidr" ]; then
+    prefix="${pod_cidr%.0/24}."
+    for addr in $(ip -o -4 addr show dev "$device" | awk '{print $4}'); do
+      case "$addr" in "$prefix"*/32) ip addr del "$addr" dev "$device" && log "removed pod address $addr" ;; esac
+    done
+  fi
+fi
+
 if [ "$keep_logs" = 1 ]; then
   find "$CLUSTER_DIR" -mindepth 1 -maxdepth 1 ! -name logs ! -name .tangram-testbed -exec rm -rf {} +
   log "stopped; logs kept in $CLUSTER_DIR/logs"

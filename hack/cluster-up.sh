@@ -73,13 +73,28 @@ for s in socks:
 print(" ".join(str(s.getsockname()[1]) for s in socks))
 EOF
 )
-# Pod IPs come from a /24 of the loopback network chosen per test bed (127.A.B.0/24, never 127.0.0.x
-# where the control plane listens), so that pods of two test beds never share an address.
-pod_cidr="$("$PYTHON" -c "import random; print(f'127.{random.randint(1, 254)}.{random.randint(0, 255)}.0/24')")"
+# Pod IPs: a /24 chosen per test bed, so that pods of two test beds never share an address. Where
+# this user may add addresses to lo (root, CAP_NET_ADMIN), from 198.18.0.0/15 (reserved for network
+# tests): each pod's address is added to lo while the pod lives, and EndpointSlices accept it.
+# Elsewhere from 127.0.0.0/8 (127.A.B.0/24, never 127.0.0.x where the control plane listens): pods
+# work the same, but EndpointSlices refuse loopback addresses, so Services get no endpoints.
+address_device=""
+if command -v ip >/dev/null 2>&1 && ip addr add 198.19.255.254/32 dev lo 2>/dev/null; then
+  ip addr del 198.19.255.254/32 dev lo
+  address_device=lo
+  in_use="$(ip -o -4 addr show dev lo | awk '{print $4}')"
+  for _ in $(seq 1 50); do
+    pod_cidr="$("$PYTHON" -c "import random; print(f'198.{random.randint(18, 19)}.{random.randint(0, 254)}.0/24')")"
+    grep -q "^${pod_cidr%.0/24}\." <<<"$in_use" || break
+  done
+else
+  pod_cidr="$("$PYTHON" -c "import random; print(f'127.{random.randint(1, 254)}.{random.randint(0, 255)}.0/24')")"
+fi
 cat >"$CLUSTER_DIR/env" <<EOF
 APISERVER_PORT=$api_port
 ETCD_PORT=$etcd_port
 POD_CIDR=$pod_cidr
+ADDRESS_DEVICE=$address_device
 KUBE_BIN_DIR=$bin
 EOF
 
@@ -214,7 +229,7 @@ start kube-scheduler 4 "$bin/kube-scheduler" \
   --leader-elect=false --profiling=false --v=1
 start node-runner 5 "$PYTHON" "$testbed_root/hack/testbed/node_runner.py" \
   --kubeconfig "$kubeconfig" --nodes "${TESTBED_NODES:-$testbed_root/hack/testbed/nodes.yaml}" \
-  --state-dir "$CLUSTER_DIR/pods" --pod-cidr "$pod_cidr" \
+  --state-dir "$CLUSTER_DIR/pods" --pod-cidr "$pod_cidr" --address-device "$address_device" \
   --entrypoints "${TESTBED_ENTRYPOINTS:-$testbed_root/hack/testbed/entrypoints.yaml}" \
   --api-host 127.0.0.1 --api-port "$api_port" --ca-file "$pki/ca.crt" \
   --kubelet-port "$kubelet_port" --tls-cert "$pki/kubelet.crt" --tls-key "$pki/kubelet.key"

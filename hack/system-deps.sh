@@ -8,6 +8,7 @@ command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v ps >/dev/null 2>&1 || need+=(procps)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" -ne 0 ]; then
   echo "system-deps: missing ${need[*]}; install them as root (apt-get install ${need[*]})" >&2

@@ -7,9 +7,11 @@ Registers the nodes listed in a YAML file (capacity, labels), keeps them Ready t
 (a Lease renewed every 10 s in kube-node-lease, the node status refreshed every minute), and runs the
 pods bound to them as local processes:
 
-- each pod gets its own loopback address (from --pod-cidr, a 127.A.B.0/24) reported as status.podIP;
-  containers share the host's network namespace, so a server must bind its pod IP (downward API
-  status.podIP), as with hostNetwork pods sharing one node;
+- each pod gets its own local address reported as status.podIP: from --pod-cidr, added to `lo` while
+  the pod holds it (--address-device lo; a 198.18.X.0/24 by default, as EndpointSlices refuse
+  loopback addresses), or a 127.A.B.0/24 address where adding addresses is not allowed; containers
+  share the host's network namespace, so a server must bind its pod IP (downward API status.podIP),
+  as with hostNetwork pods sharing one node;
 - command/args/env with kubelet's $(VAR) expansion, env from the downward API (fieldRef,
   resourceFieldRef), ConfigMaps and Secrets (valueFrom and envFrom);
 - emptyDir, configMap, secret, downwardAPI, hostPath and projected volumes (the service-account token
@@ -131,34 +133,54 @@ def quantity(value: str | int | float) -> float:
 
 
 class IpPool:
-    """Pod IPs from a CIDR, handed out round-robin so a released address is reused as late as possible."""
+    """Pod IPs from a CIDR, handed out round-robin so a released address is reused as late as possible.
 
-    def __init__(self, cidr: str) -> None:
+    With `device` set, each address is added to that interface (`lo`) while a pod holds it, so that a
+    pod can bind it although it is no loopback address (EndpointSlices refuse 127.0.0.0/8).
+    """
+
+    def __init__(self, cidr: str, device: str | None = None) -> None:
         net = ipaddress.ip_network(cidr)
         self._hosts = [str(h) for h in net.hosts()]
         self._used: dict[str, str] = {}
         self._next = 0
         self._lock = threading.Lock()
+        self._device = device
 
     def allocate(self, uid: str, wanted: str | None = None) -> str:
         with self._lock:
             if uid in self._used:
                 return self._used[uid]
-            if wanted in self._hosts and wanted not in self._used.values():
-                self._used[uid] = wanted
-                return wanted
             taken = set(self._used.values())
-            for k in range(len(self._hosts)):
-                ip = self._hosts[(self._next + k) % len(self._hosts)]
-                if ip not in taken:
-                    self._next = (self._next + k + 1) % len(self._hosts)
-                    self._used[uid] = ip
-                    return ip
-            raise RuntimeError(f"pod CIDR exhausted ({len(self._hosts)} addresses in use)")
+            if wanted in self._hosts and wanted not in taken:
+                ip = wanted
+            else:
+                for k in range(len(self._hosts)):
+                    ip = self._hosts[(self._next + k) % len(self._hosts)]
+                    if ip not in taken:
+                        self._next = (self._next + k + 1) % len(self._hosts)
+                        break
+                else:
+                    raise RuntimeError(f"pod CIDR exhausted ({len(self._hosts)} addresses in use)")
+            self._ip("add", ip)
+            self._used[uid] = ip
+            return ip
 
     def release(self, uid: str) -> None:
         with self._lock:
-            self._used.pop(uid, None)
+            ip = self._used.pop(uid, None)
+            if ip is not None:
+                self._ip("del", ip)
+
+    def _ip(self, verb: str, ip: str) -> None:
+        if self._device is None:
+            return
+        done = subprocess.run(
+            ["ip", "addr", verb, f"{ip}/32", "dev", self._device], capture_output=True, text=True, check=False
+        )
+        # "File exists"/"Cannot assign": the address is already (or no longer) there, as wanted.
+        if done.returncode != 0 and not re.search(r"File exists|Cannot assign", done.stderr):
+            raise RuntimeError(f"ip addr {verb} {ip}/32 dev {self._device}: {done.stderr.strip()}")
 
 
 def _set_pdeathsig() -> None:
@@ -1032,7 +1054,7 @@ class NodeRunner:
         self.node_names = {n["name"] for n in self.nodes}
         self.state_dir = Path(args.state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.ip_pool = IpPool(args.pod_cidr)
+        self.ip_pool = IpPool(args.pod_cidr, args.address_device or None)
         self.host_ip = "127.0.0.1"
         self.api_host = args.api_host
         self.api_port = args.api_port
@@ -1377,6 +1399,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", required=True, help="YAML file: nodes: [{name, labels, capacity, taints}]")
     p.add_argument("--state-dir", required=True, help="per-pod directories (logs, volumes, PIDs)")
     p.add_argument("--pod-cidr", required=True, help="loopback CIDR the pod IPs come from, e.g. 127.3.4.0/24")
+    p.add_argument("--address-device", default="", help="add each pod IP to this interface (lo) while in use")
     p.add_argument("--api-host", default="127.0.0.1")
     p.add_argument("--api-port", type=int, required=True)
     p.add_argument("--ca-file", default="", help="CA of the API server's client certificate (kubelet API)")

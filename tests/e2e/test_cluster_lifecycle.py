@@ -38,6 +38,14 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
+def _local_addresses() -> str:
+    """The addresses on lo (pod IPs live there while their pods run), or "" without iproute2."""
+    done = subprocess.run(
+        ["ip", "-o", "-4", "addr", "show", "dev", "lo"], capture_output=True, text=True, check=False
+    )
+    return done.stdout
+
+
 def _run(script: Path, cluster_dir: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CLUSTER_DIR": str(cluster_dir)}
     env.pop("KUBECONFIG", None)
@@ -51,6 +59,7 @@ def test_cluster_down_leaves_no_process_behind(tmp_path: Path) -> None:
         pytest.skip("runs only where the local test bed is in use")
     cluster_dir = tmp_path / "second-testbed"
     pids: dict[str, str] = {}
+    pod_prefix = "-no-pod-prefix-"
     up = _run(CLUSTER_UP, cluster_dir)
     try:
         assert up.returncode == 0, up.stderr
@@ -85,6 +94,11 @@ def test_cluster_down_leaves_no_process_behind(tmp_path: Path) -> None:
         )
         api.close()
         pids = {f.name: f.read_text().split()[0] for f in (cluster_dir / "pids").iterdir()}
+        env = dict(
+            line.split("=", 1) for line in (cluster_dir / "env").read_text().splitlines() if "=" in line
+        )
+        pod_prefix = env["POD_CIDR"].removesuffix("0/24")
+        assert pod_prefix in _local_addresses(), "the running pod's address should be on lo"
         assert set(pids) == {
             "1-etcd",
             "2-kube-apiserver",
@@ -104,5 +118,6 @@ def test_cluster_down_leaves_no_process_behind(tmp_path: Path) -> None:
         alive = stat.exists() and stat.read_text().rsplit(") ", 1)[1].split()[0] != "Z"
         assert not alive, f"{name} (pid {pid}) survived cluster-down"
     assert not cluster_dir.exists()
+    assert pod_prefix not in _local_addresses(), "cluster-down should remove the pods' addresses"
     # Nothing left to stop: a second cluster-down is a no-op.
     assert _run(CLUSTER_DOWN, cluster_dir).returncode == 0

@@ -5,18 +5,18 @@ exit codes, restart policies, graceful deletion, init containers, ConfigMaps, in
 
 from __future__ import annotations
 
-import socket
-
-import pytest
+from kubernetes import client
 from testbed import (
     IMAGE,
     Cluster,
     Json,
+    echo_answers,
     echo_container,
     pod_manifest,
     pod_phase,
     pod_ready,
     shell_container,
+    wait_for,
     wait_for_gone,
     wait_for_pod,
 )
@@ -82,8 +82,7 @@ def test_deletion_kills_a_process_that_ignores_sigterm_after_the_grace_period(
         cluster.core.list_namespaced_pod, "stubborn", namespace=namespace, description="pod stubborn"
     )
     if cluster.is_local_testbed:
-        with pytest.raises(OSError), socket.create_connection((ready["status"]["podIP"], 8080), timeout=2):
-            pass
+        assert not echo_answers(ready["status"]["podIP"])
 
 
 def test_init_containers_run_first_and_share_volumes(cluster: Cluster, namespace: str) -> None:
@@ -187,3 +186,42 @@ def test_kubectl_logs_shows_what_the_container_printed(cluster: Cluster, namespa
     logs = cluster.kubectl("logs", "talker", "-n", namespace).stdout.splitlines()
     assert logs == ["first line", "to stderr", "last line"]
     assert cluster.kubectl("logs", "talker", "-n", namespace, "--tail=1").stdout.splitlines() == ["last line"]
+
+
+def test_a_failing_liveness_probe_restarts_the_container(cluster: Cluster, namespace: str) -> None:
+    # Healthy for its first moments only: the probe then fails and the container is restarted.
+    main = shell_container(
+        "touch /tmp/healthy; sleep 2; rm /tmp/healthy; sleep 3600",
+        livenessProbe={
+            "exec": {"command": ["test", "-e", "/tmp/healthy"]},
+            "periodSeconds": 1,
+            "failureThreshold": 2,
+        },
+    )
+    pod = pod_manifest("liveness", [main], terminationGracePeriodSeconds=1)
+    cluster.core.create_namespaced_pod(namespace, pod)
+    seen = wait_for_pod(
+        cluster, namespace, "liveness", lambda p: _restarts(p) >= 1, "restarted by its liveness probe"
+    )
+    assert seen["status"]["phase"] == "Running"
+
+
+def test_ready_pods_appear_in_their_services_endpoint_slices(cluster: Cluster, namespace: str) -> None:
+    cluster.core.create_namespaced_pod(namespace, pod_manifest("backend", [echo_container()]))
+    service = {
+        "metadata": {"name": "backend"},
+        "spec": {"selector": {"app": "backend"}, "ports": [{"port": 80, "targetPort": "http"}]},
+    }
+    cluster.core.create_namespaced_service(namespace, service)
+    pod = wait_for_pod(cluster, namespace, "backend", pod_ready, "Ready")
+    discovery = client.DiscoveryV1Api(cluster.api)
+    endpoints = wait_for(
+        discovery.list_namespaced_endpoint_slice,
+        lambda s: any((e.get("conditions") or {}).get("ready") for e in s.get("endpoints") or []),
+        namespace=namespace,
+        label_selector="kubernetes.io/service-name=backend",
+        description="a ready endpoint for service backend",
+    )
+    assert [e["addresses"] for e in endpoints["endpoints"]] == [[pod["status"]["podIP"]]]
+    assert endpoints["endpoints"][0]["targetRef"]["name"] == "backend"
+    assert endpoints["ports"][0]["port"] == 8080

@@ -328,3 +328,12 @@ def http_get_json(url: str, timeout: float = 5.0) -> Json:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(url, timeout=timeout) as resp:
         return dict(json.loads(resp.read()))
+
+
+def echo_answers(ip: str) -> bool:
+    """Whether an ECHO_SERVER answers at ip:8080 (a bare connect is not enough: once a pod's address is
+    released, some networks accept any connection to it)."""
+    try:
+        return "env" in http_get_json(f"http://{ip}:8080/", timeout=3)
+    except (OSError, ValueError):
+        return False
