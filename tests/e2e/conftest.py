@@ -183,7 +183,9 @@ def cluster() -> Iterator[Cluster]:
         yield c
     finally:
         api.close()
-        if started and os.environ.get("TANGRAM_E2E_KEEP_CLUSTER") != "1":
+        # Under pytest-xdist every worker has its own session: none may stop a test bed the others use.
+        keep = os.environ.get("TANGRAM_E2E_KEEP_CLUSTER") == "1" or "PYTEST_XDIST_WORKER" in os.environ
+        if started and not keep:
             subprocess.run(
                 ["bash", str(CLUSTER_DOWN)],
                 env={**os.environ, "CLUSTER_DIR": str(_cluster_dir())},
