@@ -9,7 +9,8 @@
 # hack/testbed/nodes.yaml), TESTBED_ENTRYPOINTS (image -> command for pods without one, default
 # hack/testbed/entrypoints.yaml), PYTHON (interpreter with the kubernetes client, default
 # .venv/bin/python), ETCD (etcd binary), KUBE_BIN_DIR / TESTBED_CACHE (see hack/testbed/build.sh),
-# TESTBED_START_TIMEOUT (seconds to wait for each component, default 180).
+# TESTBED_START_TIMEOUT (seconds to wait for each component, default 180), TESTBED_POD_ADDRESSES
+# (auto, or loopback to give pods 127.x addresses and leave lo's addresses alone).
 set -euo pipefail
 # shellcheck source=hack/testbed/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/testbed/lib.sh"
@@ -78,8 +79,10 @@ EOF
 # tests): each pod's address is added to lo while the pod lives, and EndpointSlices accept it.
 # Elsewhere from 127.0.0.0/8 (127.A.B.0/24, never 127.0.0.x where the control plane listens): pods
 # work the same, but EndpointSlices refuse loopback addresses, so Services get no endpoints.
+# TESTBED_POD_ADDRESSES=loopback keeps the host's interfaces untouched.
 address_device=""
-if command -v ip >/dev/null 2>&1 && ip addr add 198.19.255.254/32 dev lo 2>/dev/null; then
+if [ "${TESTBED_POD_ADDRESSES:-auto}" != loopback ] && command -v ip >/dev/null 2>&1 &&
+  ip addr add 198.19.255.254/32 dev lo 2>/dev/null; then
   ip addr del 198.19.255.254/32 dev lo
   address_device=lo
   in_use="$(ip -o -4 addr show dev lo | awk '{print $4}')"

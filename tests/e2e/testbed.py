@@ -75,6 +75,15 @@ class Cluster:
     def is_local_testbed(self) -> bool:
         return self.local_dir is not None
 
+    @property
+    def pod_ips_are_loopback(self) -> bool:
+        """A local test bed that could not add pod addresses to lo (no CAP_NET_ADMIN) gives pods
+        127.x addresses, which EndpointSlices refuse: its Services get no endpoints."""
+        if self.local_dir is None:
+            return False
+        env = (self.local_dir / "env").read_text()
+        return "ADDRESS_DEVICE=lo" not in env.splitlines()
+
     def kubectl(
         self, *args: str, stdin: str | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
