@@ -230,6 +230,8 @@ start kube-scheduler 4 "$bin/kube-scheduler" \
   --authorization-kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" \
   --bind-address 127.0.0.1 --secure-port "$sched_port" \
   --leader-elect=false --profiling=false --v=1
+# The nodes report the control plane's own release as their kubelet version.
+export TESTBED_KUBE_VERSION="$("$bin/kube-apiserver" --version | awk '{print $2}')"
 start node-runner 5 "$PYTHON" "$testbed_root/hack/testbed/node_runner.py" \
   --kubeconfig "$kubeconfig" --nodes "${TESTBED_NODES:-$testbed_root/hack/testbed/nodes.yaml}" \
   --state-dir "$CLUSTER_DIR/pods" --pod-cidr "$pod_cidr" --address-device "$address_device" \
