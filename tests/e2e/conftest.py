@@ -63,11 +63,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     if not any(E2E_DIR in Path(str(item.fspath)).parents for item in session.items):
         return
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line("e2e: making sure the test bed's control plane is built (minutes on a first run)")
     log = Path(os.environ.get("TANGRAM_E2E_ARTIFACTS") or REPO / "artifacts" / "e2e") / "testbed-build.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(
+            f"e2e: making sure the test bed's control plane is built (minutes on a first run; {log})"
+        )
     with open(log, "w") as out:
         done = subprocess.run(["bash", str(BUILD)], stdout=subprocess.DEVNULL, stderr=out, check=False)
     if done.returncode != 0:
