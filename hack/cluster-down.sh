@@ -32,6 +32,11 @@ stop_group() {
   done
 }
 
+# The real node (opt-in) first, while the API server can still tell its kubelet to stop the pods.
+if [ -d "$CLUSTER_DIR/real-node" ]; then
+  bash "$testbed_root/hack/testbed/real-node.sh" down || log "real node: teardown reported errors"
+fi
+
 # Reverse start order: the node runner first (it stops its pods), the API server before etcd.
 if [ -d "$CLUSTER_DIR/pids" ]; then
   while read -r f; do

@@ -10,7 +10,8 @@
 # hack/testbed/entrypoints.yaml), PYTHON (interpreter with the kubernetes client, default
 # .venv/bin/python), ETCD (etcd binary), KUBE_BIN_DIR / TESTBED_CACHE (see hack/testbed/build.sh),
 # TESTBED_START_TIMEOUT (seconds to wait for each component, default 180), TESTBED_POD_ADDRESSES
-# (auto, or loopback to give pods 127.x addresses and leave lo's addresses alone).
+# (auto, or loopback to give pods 127.x addresses and leave lo's addresses alone), TESTBED_REAL_NODE
+# (1: add one real kubelet + containerd node, see hack/testbed/real-node.sh).
 set -euo pipefail
 # shellcheck source=hack/testbed/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/testbed/lib.sh"
@@ -247,5 +248,8 @@ wait_for kube-scheduler 4 "healthz" curl -fsSk "https://127.0.0.1:$sched_port/he
 wait_for node-runner 5 "registered nodes" test -e "$CLUSTER_DIR/pods/.registered"
 wait_for node-runner 5 "Ready nodes" k wait --for=condition=Ready node -l tangram.arl.dev/testbed=true --timeout=5s
 wait_for kube-controller-manager 3 "default ServiceAccount" k get serviceaccount default -n default
+if [ "${TESTBED_REAL_NODE:-0}" = 1 ]; then
+  PYTHON="$PYTHON" bash "$testbed_root/hack/testbed/real-node.sh" up || failed kubelet "the real node did not start"
+fi
 log "up in $((SECONDS - t0)) s (binaries ${t_build} s, certificates ${t_pki} s, etcd+apiserver ${t_api} s); kubeconfig:"
 echo "$kubeconfig"

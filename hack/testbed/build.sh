@@ -4,6 +4,8 @@
 # every later run (any worktree, any CLUSTER_DIR) reuses them in well under a second.
 #
 # Prints the directory holding the three binaries on stdout; progress goes to stderr.
+# `build.sh kubelet` builds (once) the kubelet of the same release into the same directory instead:
+# only the real node (real-node.sh, opt-in) needs it.
 # Environment: KUBE_BIN_DIR (use prebuilt binaries from there and build nothing),
 #              TESTBED_CACHE (cache root; default ${XDG_CACHE_HOME:-$HOME/.cache}/arl-tangram/kube),
 #              GO (the go command), TESTBED_BUILD_JOBS (go build -p; default 2: the CI machines are small).
@@ -12,6 +14,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mod="$here/kube"
 components=(kube-apiserver kube-controller-manager kube-scheduler)
+[ "${1:-}" = kubelet ] && components=(kubelet)
 
 have_all() {
   local dir="$1" c
@@ -47,7 +50,7 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
 done
 
-echo "build: compiling ${components[*]} $version into $out (first time only; several minutes on 2 cores)" >&2
+echo "build: compiling ${components[*]} $version into $out (first time only; minutes on 2 cores)" >&2
 mkdir -p "$cache_root"
 tmp="$(mktemp -d "$cache_root/.build-$version.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
@@ -58,12 +61,8 @@ for c in "${components[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
 # checksums are verified against the sum database either way.
 (cd "$mod" && CGO_ENABLED=0 "$GO" build -mod=mod -trimpath -p "${TESTBED_BUILD_JOBS:-2}" \
   -ldflags "$ldflags" -o "$tmp/" "${pkgs[@]}")
-# Publish atomically: a concurrent build (another worktree) either sees a complete directory or none.
-rm -rf "$out.partial"
-mv "$tmp" "$out.partial" && trap - EXIT
-if ! mv -T "$out.partial" "$out" 2>/dev/null; then
-  rm -rf "$out.partial"
-  have_all "$out" || { echo "build: could not publish $out" >&2; exit 1; }
-fi
+# Publish each binary with a rename: a concurrent run (another worktree) sees a whole file or none.
+mkdir -p "$out"
+for c in "${components[@]}"; do mv -f "$tmp/$c" "$out/$c"; done
 echo "build: done in $((SECONDS - start)) s" >&2
 echo "$out"

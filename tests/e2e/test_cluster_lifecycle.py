@@ -49,6 +49,7 @@ def _local_addresses() -> str:
 def _run(script: Path, cluster_dir: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CLUSTER_DIR": str(cluster_dir)}
     env.pop("KUBECONFIG", None)
+    env.pop("TESTBED_REAL_NODE", None)  # the second test bed is the standard one
     return subprocess.run(
         ["bash", str(script)], env=env, capture_output=True, text=True, timeout=600, check=False
     )

@@ -22,7 +22,9 @@ def _gpu_pod(name: str, resource: str, count: int) -> dict[str, object]:
 def test_nodes_advertise_gpus_mig_slices_and_topology(cluster: Cluster) -> None:
     nodes = {
         n.metadata.name: n
-        for n in cluster.core.list_node(label_selector="tangram.arl.dev/testbed=true").items
+        for n in cluster.core.list_node(
+            label_selector="tangram.arl.dev/testbed=true,!tangram.arl.dev/real-node"
+        ).items
     }
     assert {"tb-cpu-0", "tb-cpu-1", "tb-gpu-0", "tb-mig-0"} <= set(nodes)
     assert nodes["tb-gpu-0"].status.allocatable["nvidia.com/gpu"] == "8"
