@@ -2,7 +2,8 @@
 // release. k8s.io/kubernetes replaces its k8s.io/* staging modules with local directories, which a
 // module that depends on it cannot see, so every one of them is pinned here to the v0.x release that
 // matches the kubernetes release (v1.N.P <-> v0.N.P). hack/testbed/build.sh reads the version from
-// the require line below; change the version everywhere in this file at once, then `go mod tidy`.
+// the k8s.io/kubernetes requirement below; change the version everywhere in this file at once, then
+// `go mod tidy`. The kubelet is built only for the opt-in real node (real-node.sh).
 module arl.dev/tangram/testbed/kube
 
 go 1.26.0
