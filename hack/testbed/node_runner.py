@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import ctypes
 import hashlib
 import http.server
@@ -754,7 +755,7 @@ class PodWorker(threading.Thread):
         try:
             proc.wait(timeout=max(grace, 0.0))
         except subprocess.TimeoutExpired:
-            with _suppress_lookup():
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
 
@@ -763,7 +764,7 @@ class PodWorker(threading.Thread):
             c for c in self.init_containers + self.containers if c.proc is not None and c.proc.poll() is None
         ]
         for c in running:
-            with _suppress_lookup():
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(c.proc.pid, signal.SIGTERM)  # type: ignore[union-attr]
         deadline = time.monotonic() + grace
         for c in running:
@@ -771,7 +772,7 @@ class PodWorker(threading.Thread):
             try:
                 c.proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
             except subprocess.TimeoutExpired:
-                with _suppress_lookup():
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(c.proc.pid, signal.SIGKILL)
                 c.proc.wait()
         for c in self.init_containers + self.containers:
@@ -1032,14 +1033,6 @@ class PodWorker(threading.Thread):
             log.warning("pod %s/%s: status update failed: %s", self.ns, self.pod_name, exc.reason)
 
 
-class _suppress_lookup:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: object, exc: object, tb: object) -> bool:
-        return kind is ProcessLookupError
-
-
 # ---- the node ------------------------------------------------------------------------------------------
 
 
@@ -1206,7 +1199,7 @@ class NodeRunner:
             except ApiException as exc:
                 if exc.status == 404:
                     log.warning("a node was deleted: registering the nodes again")
-                    with _suppress_api():
+                    with contextlib.suppress(ApiException):
                         self.register_nodes()
                 else:
                     log.warning("heartbeat failed: %s", exc.reason)
@@ -1382,14 +1375,6 @@ def serve_kubelet_api(runner: NodeRunner, cert: str, key: str, client_ca: str) -
     server.socket = ctx.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, name="kubelet-api", daemon=True).start()
     log.info("kubelet API on https://%s:%d", runner.host_ip, runner.kubelet_port)
-
-
-class _suppress_api:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: object, exc: object, tb: object) -> bool:
-        return kind is ApiException
 
 
 def main(argv: list[str] | None = None) -> int:
