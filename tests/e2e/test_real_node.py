@@ -39,6 +39,8 @@ def test_a_real_kubelet_runs_an_image_and_its_pod_answers_at_its_ip(cluster: Clu
     with opener.open(f"http://{ready['status']['podIP']}:8080/", timeout=5) as resp:
         assert resp.read().decode() == "hello from real-echo\n"
     assert ready["status"]["containerStatuses"][0]["containerID"].startswith("containerd://")
+    # kubectl logs goes API server -> kubelet (TLS both ways, certificates from the test bed's CA).
+    assert "listening on :8080" in cluster.kubectl("logs", "real-echo", "-n", namespace).stdout
     cluster.core.delete_namespaced_pod("real-echo", namespace)
     wait_for_gone(
         cluster.core.list_namespaced_pod, "real-echo", namespace=namespace, description="pod real-echo"

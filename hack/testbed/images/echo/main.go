@@ -12,5 +12,9 @@ func main() {
 		h, _ := os.Hostname()
 		fmt.Fprintf(w, "hello from %s\n", h)
 	})
-	http.ListenAndServe(":8080", nil)
+	fmt.Println("listening on :8080")
+	if err := http.ListenAndServe(":8080", nil); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 }
