@@ -4,6 +4,17 @@
 set -euo pipefail
 need=()
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+# The local test bed (hack/cluster-up.sh): certificates, readiness checks, process bookkeeping.
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
+command -v curl >/dev/null 2>&1 || need+=(curl)
+command -v ps >/dev/null 2>&1 || need+=(procps)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+# The opt-in real node (TESTBED_REAL_NODE=1, hack/testbed/real-node.sh): containerd, runc, CNI plugins.
+if [ "${TESTBED_REAL_NODE:-0}" = 1 ]; then
+  command -v containerd >/dev/null 2>&1 || need+=(containerd)
+  command -v runc >/dev/null 2>&1 || need+=(runc)
+  [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
+fi
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" -ne 0 ]; then
   echo "system-deps: missing ${need[*]}; install them as root (apt-get install ${need[*]})" >&2

@@ -1,0 +1,229 @@
+# mypy: disable-error-code="no-untyped-call,attr-defined"
+# The kubernetes client's stubs type request bodies as models; these tests pass plain dicts (valid JSON).
+"""Fixtures of the e2e tier: a session cluster, the CRDs from crds/, a namespace per test, dumps on failure.
+
+The cluster is the local test bed (hack/cluster-up.sh: a control plane built from source, simulated
+nodes, pods as local processes), started here when needed and stopped at the end if this session
+started it. With KUBECONFIG set, the suite runs against that cluster instead (kind: `make e2e-kind`),
+but only if its context looks like a test cluster (TANGRAM_E2E_ALLOW_ANY_CLUSTER=1 lifts the guard).
+
+Environment: TANGRAM_E2E_SKIP=1 skips the tier (the only way it is skipped: a test bed that cannot be
+built or started fails every e2e test with the reason); TANGRAM_E2E_KEEP_CLUSTER=1 leaves a test bed
+this session started running; CLUSTER_DIR moves the test bed's state; TANGRAM_E2E_ARTIFACTS is where
+failed tests leave their dumps (default artifacts/e2e).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+from testbed import (
+    BUILD,
+    CLUSTER_DOWN,
+    CLUSTER_UP,
+    REPO,
+    TEST_CONTEXT,
+    Cluster,
+    condition,
+    dump_cluster_state,
+    kubectl_binary,
+    wait_for,
+)
+
+E2E_DIR = Path(__file__).resolve().parent
+START_TIMEOUT_S = 3600  # a first run builds the control plane (minutes on 2 cores); later runs take seconds
+_build_error: str | None = None
+
+
+def _skip_requested() -> bool:
+    return os.environ.get("TANGRAM_E2E_SKIP", "") not in ("", "0")
+
+
+def _cluster_dir() -> Path:
+    return Path(os.environ.get("CLUSTER_DIR") or REPO / ".cluster").resolve()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if E2E_DIR in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Builds the control plane (first run only) before any test starts, outside the per-test timeout."""
+    global _build_error
+    if _skip_requested() or os.environ.get("KUBECONFIG") or session.config.option.collectonly:
+        return
+    if not any(E2E_DIR in Path(str(item.fspath)).parents for item in session.items):
+        return
+    log = Path(os.environ.get("TANGRAM_E2E_ARTIFACTS") or REPO / "artifacts" / "e2e") / "testbed-build.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(
+            f"e2e: making sure the test bed's control plane is built (minutes on a first run; {log})"
+        )
+    with open(log, "w") as out:
+        done = subprocess.run(["bash", str(BUILD)], stdout=subprocess.DEVNULL, stderr=out, check=False)
+    if done.returncode != 0:
+        _build_error = f"building the test bed failed (exit {done.returncode}):\n{log.read_text()[-3000:]}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
+
+
+def _failed(request: pytest.FixtureRequest) -> bool:
+    return any(getattr(getattr(request.node, f"rep_{w}", None), "failed", False) for w in ("setup", "call"))
+
+
+def _artifacts_dir(request: pytest.FixtureRequest) -> Path:
+    root = Path(os.environ.get("TANGRAM_E2E_ARTIFACTS") or REPO / "artifacts" / "e2e")
+    return root / re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid)
+
+
+def _guard(context: str, cluster_name: str) -> None:
+    if os.environ.get("TANGRAM_E2E_ALLOW_ANY_CLUSTER") == "1":
+        return
+    if not (TEST_CONTEXT.match(context) or TEST_CONTEXT.match(cluster_name)):
+        pytest.fail(
+            f"KUBECONFIG's current context {context!r} (cluster {cluster_name!r}) does not look like a test "
+            "cluster (kind-*, k3d-*, minikube, tangram-testbed, ...): the e2e suite creates and deletes "
+            "namespaces and CRDs. Unset KUBECONFIG to use the local test bed, or set "
+            "TANGRAM_E2E_ALLOW_ANY_CLUSTER=1 if this cluster is really meant for it.",
+            pytrace=False,
+        )
+
+
+def _apply_crds(cluster: Cluster) -> None:
+    """Applies crds/*.yaml (tolerating an empty directory) and waits until each CRD is Established."""
+    files = sorted((REPO / "crds").glob("*.yaml"))
+    if not files:
+        return
+    for f in files:
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(f))
+    applied = cluster.kubectl(
+        "get", "-o", "name", *[arg for f in files for arg in ("-f", str(f))]
+    ).stdout.split()
+    for ref in applied:
+        name = ref.split("/", 1)[1]
+        crd = wait_for(
+            cluster.apiext.list_custom_resource_definition,
+            lambda o: condition(o, "Established") == "True",
+            field_selector=f"metadata.name={name}",
+            description=f"CRD {name} Established",
+        )
+        cluster.crds.append(f"{crd['spec']['names']['plural']}.{crd['spec']['group']}")
+
+
+def _local_testbed() -> tuple[Path, bool]:
+    """Starts the local test bed (or finds it up); returns its kubeconfig and whether we started it."""
+    if _build_error:
+        pytest.fail(_build_error + "\n(TANGRAM_E2E_SKIP=1 skips the e2e tier on purpose)", pytrace=False)
+    cdir = _cluster_dir()
+    kubeconfig = cdir / "kubeconfig"
+    was_up = False
+    if kubeconfig.exists():
+        probe = subprocess.run(
+            [kubectl_binary(), "--kubeconfig", str(kubeconfig), "get", "--raw", "/readyz"],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+        was_up = probe.returncode == 0
+    env = {**os.environ, "CLUSTER_DIR": str(cdir)}
+    try:
+        done = subprocess.run(
+            ["bash", str(CLUSTER_UP)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the local test bed did not start within {START_TIMEOUT_S} s", pytrace=False)
+    if done.returncode != 0:
+        pytest.fail(
+            f"the local test bed did not start (hack/cluster-up.sh exit {done.returncode}); its output:\n"
+            f"{done.stderr[-4000:]}\nLogs: {cdir / 'logs'}. "
+            "TANGRAM_E2E_SKIP=1 skips the e2e tier on purpose.",
+            pytrace=False,
+        )
+    return Path(done.stdout.strip().splitlines()[-1]), not was_up
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """The session's cluster, with the CRDs from crds/ applied."""
+    if _skip_requested():
+        pytest.skip("TANGRAM_E2E_SKIP is set: e2e tier skipped on request")
+    started = False
+    if os.environ.get("KUBECONFIG"):
+        _, current = config.list_kube_config_contexts()
+        _guard(current["name"], current["context"].get("cluster", ""))
+        api = config.new_client_from_config(context=current["name"])
+        c = Cluster(api=api, context=current["name"], kubeconfig_env=os.environ["KUBECONFIG"])
+    else:
+        kubeconfig, started = _local_testbed()
+        api = config.new_client_from_config(config_file=str(kubeconfig))
+        c = Cluster(
+            api=api, context="tangram-testbed", kubeconfig_env=str(kubeconfig), local_dir=_cluster_dir()
+        )
+    try:
+        _apply_crds(c)
+        yield c
+    finally:
+        api.close()
+        # Under pytest-xdist every worker has its own session: none may stop a test bed the others use.
+        keep = os.environ.get("TANGRAM_E2E_KEEP_CLUSTER") == "1" or "PYTEST_XDIST_WORKER" in os.environ
+        if started and not keep:
+            subprocess.run(
+                ["bash", str(CLUSTER_DOWN)],
+                env={**os.environ, "CLUSTER_DIR": str(_cluster_dir())},
+                capture_output=True,
+                timeout=120,
+                check=False,
+            )
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace for one test (its default ServiceAccount exists); deleted afterwards, and
+    dumped with the cluster's state and logs to the artifacts directory when the test failed."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"e2e-{slug}-{secrets.token_hex(3)}"
+    cluster.core.create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"tangram.arl.dev/e2e": "true"}))
+    )
+    wait_for(
+        cluster.core.list_namespaced_service_account,
+        lambda _sa: True,
+        namespace=name,
+        field_selector="metadata.name=default",
+        description=f"default ServiceAccount in {name}",
+    )
+    try:
+        yield name
+    finally:
+        if _failed(request):
+            dump_cluster_state(cluster, _artifacts_dir(request), name)
+        cluster.core.delete_namespace(name, propagation_policy="Background")
+
+
+@pytest.fixture(autouse=True)
+def _dump_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Cluster state for failed tests that use the cluster but no namespace fixture."""
+    yield
+    if "cluster" in request.fixturenames and "namespace" not in request.fixturenames and _failed(request):
+        dump_cluster_state(request.getfixturevalue("cluster"), _artifacts_dir(request), None)

@@ -1,0 +1,225 @@
+# mypy: disable-error-code="arg-type,attr-defined,union-attr,index"
+# The kubernetes client's stubs type request bodies as models; these tests pass plain dicts (valid JSON).
+"""Smoke tests of the cluster itself: the API server, the controller manager, the garbage collector,
+CEL validation, and (on the local test bed) pods that are real processes reachable at their pod IPs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes.client.rest import ApiException
+from testbed import (
+    IMAGE,
+    REPO,
+    Cluster,
+    Json,
+    condition,
+    echo_answers,
+    echo_container,
+    http_get_json,
+    pod_manifest,
+    pod_ready,
+    wait_for,
+    wait_for_gone,
+    wait_for_pod,
+)
+
+local_only = "pod IPs are reachable from the test process only on the local test bed"
+
+
+def test_readyz_answers_ok(cluster: Cluster) -> None:
+    assert cluster.kubectl("get", "--raw", "/readyz").stdout.strip() == "ok"
+
+
+def test_pods_serve_http_at_their_own_pod_ips(cluster: Cluster, namespace: str) -> None:
+    if not cluster.is_local_testbed:
+        pytest.skip(local_only)
+    env = [
+        {"name": "GREETING", "value": "hello-$(POD_NAME)"},
+        {"name": "ESCAPED", "value": "$$(POD_NAME)"},
+        {"name": "UNDEFINED", "value": "$(NO_SUCH_VAR)"},
+    ]
+    names = ["echo-a", "echo-b"]
+    for name in names:
+        pod = pod_manifest(name, [echo_container(env=env, args=["$(GREETING)", "$(POD_NAMESPACE)"])])
+        # Both on one node: they must still get distinct addresses and both serve on port 8080.
+        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "tb-cpu-0"}
+        cluster.core.create_namespaced_pod(namespace, pod)
+    ips = []
+    for name in names:
+        pod = wait_for_pod(cluster, namespace, name, pod_ready, "Ready")
+        ip = pod["status"]["podIP"]
+        ips.append(ip)
+        seen = http_get_json(f"http://{ip}:8080/")
+        assert seen["env"]["POD_IP"] == ip
+        assert seen["env"]["POD_NAME"] == name
+        assert seen["env"]["POD_NAMESPACE"] == namespace
+        assert seen["env"]["GREETING"] == f"hello-{name}"
+        assert seen["env"]["ESCAPED"] == "$(POD_NAME)"
+        assert seen["env"]["UNDEFINED"] == "$(NO_SUCH_VAR)"
+        assert seen["argv"] == [f"hello-{name}", namespace]
+        status = pod["status"]["containerStatuses"][0]
+        assert status["ready"] and status["restartCount"] == 0 and "running" in status["state"]
+        assert pod["status"]["phase"] == "Running"
+    assert len(set(ips)) == 2
+
+
+def test_deployment_produces_its_pods(cluster: Cluster, namespace: str) -> None:
+    labels = {"app": "sleepers"}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "sleepers"},
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [{"name": "sleep", "image": IMAGE, "command": ["sleep", "3600"]}],
+                },
+            },
+        },
+    }
+    cluster.apps.create_namespaced_deployment(namespace, deployment)
+    wait_for(
+        cluster.apps.list_namespaced_deployment,
+        lambda d: (d.get("status") or {}).get("readyReplicas") == 3,
+        namespace=namespace,
+        field_selector="metadata.name=sleepers",
+        description="deployment sleepers with 3 ready replicas",
+    )
+    pods = cluster.core.list_namespaced_pod(namespace, label_selector="app=sleepers").items
+    assert len(pods) == 3
+    assert {p.metadata.owner_references[0].kind for p in pods} == {"ReplicaSet"}
+    assert all(p.status.phase == "Running" for p in pods)
+    assert len({p.status.pod_ip for p in pods}) == 3
+
+
+def test_deleting_an_owner_deletes_its_children(cluster: Cluster, namespace: str) -> None:
+    labels = {"app": "owned"}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "owned"},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"terminationGracePeriodSeconds": 5, "containers": [echo_container()]},
+            },
+        },
+    }
+    cluster.apps.create_namespaced_deployment(namespace, deployment)
+    wait_for(
+        cluster.apps.list_namespaced_deployment,
+        lambda d: (d.get("status") or {}).get("readyReplicas") == 2,
+        namespace=namespace,
+        field_selector="metadata.name=owned",
+        description="deployment owned with 2 ready replicas",
+    )
+    pods = cluster.core.list_namespaced_pod(namespace, label_selector="app=owned").items
+    replica_sets = cluster.apps.list_namespaced_replica_set(namespace, label_selector="app=owned").items
+    assert len(pods) == 2 and len(replica_sets) == 1
+    # Background propagation: the API server deletes the Deployment at once and the garbage collector
+    # deletes the ReplicaSet, then the pods.
+    cluster.apps.delete_namespaced_deployment("owned", namespace, propagation_policy="Background")
+    wait_for_gone(
+        cluster.apps.list_namespaced_replica_set,
+        replica_sets[0].metadata.name,
+        namespace=namespace,
+        description="the deployment's ReplicaSet",
+    )
+    for pod in pods:
+        wait_for_gone(
+            cluster.core.list_namespaced_pod, pod.metadata.name, namespace=namespace, description="pod"
+        )
+    if cluster.is_local_testbed:
+        # The node runner killed the servers: nothing listens at the old pod IPs any more.
+        for pod in pods:
+            assert not echo_answers(pod.status.pod_ip)
+
+
+CEL_CRD: Json = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "ranges.e2e.tangram.arl.dev"},
+    "spec": {
+        "group": "e2e.tangram.arl.dev",
+        "names": {"plural": "ranges", "singular": "range", "kind": "Range", "listKind": "RangeList"},
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "properties": {"min": {"type": "integer"}, "max": {"type": "integer"}},
+                                "x-kubernetes-validations": [
+                                    {"rule": "self.min <= self.max", "message": "min must not exceed max"}
+                                ],
+                            }
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def _create_range(cluster: Cluster, namespace: str, name: str, lo: int, hi: int) -> None:
+    body = {"apiVersion": "e2e.tangram.arl.dev/v1", "kind": "Range", "metadata": {"name": name}}
+    body["spec"] = {"min": lo, "max": hi}
+    cluster.custom.create_namespaced_custom_object("e2e.tangram.arl.dev", "v1", namespace, "ranges", body)
+
+
+def test_api_server_refuses_a_custom_resource_that_breaks_a_cel_rule(
+    cluster: Cluster, namespace: str
+) -> None:
+    name = CEL_CRD["metadata"]["name"]
+    try:
+        cluster.apiext.create_custom_resource_definition(CEL_CRD)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    try:
+        wait_for(
+            cluster.apiext.list_custom_resource_definition,
+            lambda o: condition(o, "Established") == "True",
+            field_selector=f"metadata.name={name}",
+            description=f"CRD {name} Established",
+        )
+        _create_range(cluster, namespace, "fine", 1, 2)
+        with pytest.raises(ApiException) as refused:
+            _create_range(cluster, namespace, "inverted", 3, 2)
+        assert refused.value.status == 422
+        assert "min must not exceed max" in str(refused.value.body)
+    finally:
+        cluster.apiext.delete_custom_resource_definition(name)
+
+
+def test_actionpool_crd_refuses_min_hosts_above_max_hosts(cluster: Cluster, namespace: str) -> None:
+    """The project's own CEL rule, on the CRD applied from crds/ (present once the API lands)."""
+    sample_path = REPO / "manifests" / "samples" / "actionpool-python.yaml"
+    if "actionpools.tangram.arl.dev" not in cluster.crds or not sample_path.exists():
+        pytest.skip("crds/ has no ActionPool CRD (or manifests/samples no ActionPool sample) yet")
+    sample = yaml.safe_load(Path(sample_path).read_text())
+    group, version = sample["apiVersion"].split("/")
+    sample["metadata"] = {"name": "valid"}
+    cluster.custom.create_namespaced_custom_object(group, version, namespace, "actionpools", sample)
+    sample["metadata"] = {"name": "inverted"}
+    sample["spec"]["scaling"].update(minHosts=5, maxHosts=2, warmHosts=1)
+    with pytest.raises(ApiException) as refused:
+        cluster.custom.create_namespaced_custom_object(group, version, namespace, "actionpools", sample)
+    assert refused.value.status == 422
+    assert "minHosts must not exceed maxHosts" in str(refused.value.body)
