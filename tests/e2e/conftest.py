@@ -111,7 +111,9 @@ def _apply_crds(cluster: Cluster) -> None:
     if not files:
         return
     for f in files:
-        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(f))
+        # Client-side apply, as the README tells users to install: a later `kubectl apply` (or its
+        # --dry-run=client) then finds the last-applied annotation it needs for its three-way merge.
+        cluster.kubectl("apply", "-f", str(f))
     applied = cluster.kubectl(
         "get", "-o", "name", *[arg for f in files for arg in ("-f", str(f))]
     ).stdout.split()
