@@ -1,0 +1,130 @@
+"""The agent's side of one fork server: start it, send it frames, route its answers to futures."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+from typing import Any
+
+from arl_tangram.errors import InfrastructureError
+from arl_tangram.sandbox import wire
+
+log = logging.getLogger(__name__)
+_ids = itertools.count(1)
+
+
+def next_id() -> int:
+    """A process-wide unique action id (also the marker in the action's environment)."""
+    return next(_ids)
+
+
+class ForkServerClient:
+    """One fork server process and the asyncio plumbing to talk to it."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.hello: asyncio.Future[dict[str, Any]] | None = None
+        self.in_flight = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> dict[str, Any]:
+        """Start the process; returns its hello (pid and isolation report)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        for s in (ours, theirs):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "arl_tangram.sandbox.forkserver",
+                str(theirs.fileno()),
+                json.dumps(self.config),
+            ],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        )
+        theirs.close()
+        self.reader, self.writer = await asyncio.open_unix_connection(sock=ours, limit=1 << 20)
+        self.hello = asyncio.get_running_loop().create_future()
+        self._task = asyncio.create_task(self._read_loop())
+        return await asyncio.wait_for(self.hello, timeout=60)
+
+    async def _read_loop(self) -> None:
+        assert self.reader is not None
+        buf = bytearray()
+        try:
+            while True:
+                chunk = await self.reader.read(1 << 20)
+                if not chunk:
+                    break
+                buf += chunk
+                for msg in wire.decode_frames(buf):
+                    if msg.get("op") == "hello":
+                        if self.hello is not None and not self.hello.done():
+                            self.hello.set_result(msg)
+                        continue
+                    fut = self.pending.pop(msg.get("id", -1), None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg)
+        finally:
+            err = InfrastructureError("the fork server exited")
+            if self.hello is not None and not self.hello.done():
+                self.hello.set_exception(err)
+            for fut in self.pending.values():
+                if not fut.done():
+                    fut.set_exception(err)
+            self.pending.clear()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the process is still running."""
+        return self.proc is not None and self.proc.poll() is None
+
+    async def call(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Send ``msg`` (which carries an ``id``) and wait for the answer with that id."""
+        if self.writer is None or not self.alive:
+            raise InfrastructureError("the fork server is not running")
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.pending[msg["id"]] = fut
+        self.in_flight += 1
+        try:
+            self.writer.write(wire.encode(msg))
+            return await fut
+        finally:
+            self.in_flight -= 1
+            self.pending.pop(msg["id"], None)
+
+    def send(self, msg: dict[str, Any]) -> None:
+        """Fire and forget (``kill``)."""
+        if self.writer is not None and not self.writer.is_closing():
+            self.writer.write(wire.encode(msg))
+
+    async def close(self) -> None:
+        """Stop the process: closing the socket ends its loop; its children die with it."""
+        if self.writer is not None:
+            self.writer.close()
+            with contextlib.suppress(Exception):
+                await self.writer.wait_closed()
+        if self.proc is not None:
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self.proc.wait), timeout=5)
+            except TimeoutError:
+                self.proc.kill()
+                await asyncio.to_thread(self.proc.wait)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
