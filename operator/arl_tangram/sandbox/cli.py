@@ -109,7 +109,9 @@ async def serve(config: AgentConfig) -> None:
 def main(argv: list[str]) -> int:
     """Entry point of ``tangram sandbox-agent``."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         config = config_from_args(args)
     except InvalidSpec as exc:

@@ -158,10 +158,7 @@ class Executor:
     # ---- life cycle -------------------------------------------------------------------------------
     async def start(self) -> list[str]:
         """Create the workdir root, start the fork servers; returns the isolation warnings."""
-        os.makedirs(self.root, mode=0o711, exist_ok=True)
-        # Others may traverse (to reach their own 0700 workdir) but not list the root.
-        os.chmod(self.root, 0o711)
-        self.root = os.path.realpath(self.root)
+        self.root = _prepare_root(self.root)
         if self.run_as_root:
             base = self.config.uid_base
             self._uids = deque(range(base, base + self.config.max_concurrent))
@@ -281,7 +278,7 @@ class Executor:
             return await self._run_fresh(spec, want, timeout, limits)
 
     async def _run_fresh(
-        self, spec: ActionSpec, want: int | frozenset[int], timeout: float, limits: dict[str, int]
+        self, spec: ActionSpec, want: int | frozenset[int], timeout_s: float, limits: dict[str, int]
     ) -> ActionResult:
         uid = self._uids.popleft() if self.run_as_root else None
         self._seq += 1
@@ -293,7 +290,7 @@ class Executor:
                     workfiles.write_file(workdir, f"files[{path!r}]", path, data, uid)
             cores = await self.cores.acquire(want)
             try:
-                msg = self._message(spec, uid, workdir, cores, timeout, limits)
+                msg = self._message(spec, uid, workdir, cores, timeout_s, limits)
                 reply = await self._pick_server().call(msg)
             finally:
                 self.cores.release(cores)
@@ -303,21 +300,21 @@ class Executor:
                 self._uids.append(uid)
             if self._janitor is not None:
                 self._janitor.remove(workdir)
-        return self._result(reply, cores, files, None, timeout)
+        return self._result(reply, cores, files, None, timeout_s)
 
     async def _run_in_session(
         self,
         spec: ActionSpec,
         session: Session,
         want: int | frozenset[int],
-        timeout: float,
+        timeout_s: float,
         limits: dict[str, int],
     ) -> ActionResult:
         for path, data in spec.files.items():
             workfiles.write_file(session.workdir, f"files[{path!r}]", path, data, session.uid)
         cores = await self.cores.acquire(want)
         try:
-            msg = self._message(spec, session.uid, session.workdir, cores, timeout, limits)
+            msg = self._message(spec, session.uid, session.workdir, cores, timeout_s, limits)
             if session.persistent and spec.runtime == "python":
                 msg["op"] = "interp_run"
                 msg["sid"] = session.id
@@ -333,7 +330,7 @@ class Executor:
         if msg["op"] == "interp_run":
             session.interpreter_rss_kb = reply.get("max_rss_kb")
         files = self._fetch(session.workdir, spec.fetch_files)
-        return self._result(reply, cores, files, session.id, timeout)
+        return self._result(reply, cores, files, session.id, timeout_s)
 
     def _message(
         self,
@@ -341,7 +338,7 @@ class Executor:
         uid: int | None,
         workdir: str,
         cores: list[int],
-        timeout: float,
+        timeout_s: float,
         limits: dict[str, int],
     ) -> dict[str, Any]:
         return {
@@ -354,7 +351,7 @@ class Executor:
             "workdir": workdir,
             "cores": cores,
             "env": self._env(workdir, cores),
-            "timeout": timeout,
+            "timeout": timeout_s,
             "limits": limits,
             "cap": self.config.limits.output_bytes,
         }
@@ -371,7 +368,7 @@ class Executor:
         cores: list[int],
         files: dict[str, bytes | None],
         session_id: str | None,
-        timeout: float,
+        timeout_s: float,
     ) -> ActionResult:
         message = ""
         if "sandbox_error" in reply:
@@ -383,7 +380,7 @@ class Executor:
             message = reply.get("stderr", b"").decode("utf-8", "replace").strip()
         elif reply.get("timed_out"):
             outcome = "timeout"
-            message = f"killed after the {timeout:g} s wall-clock limit"
+            message = f"killed after the {timeout_s:g} s wall-clock limit"
         elif reply.get("memory_error"):
             outcome = "memory_limit_exceeded"
             message = "the program ran out of its memory limit"
@@ -422,7 +419,9 @@ class Executor:
             raise InvalidSpec("ttl_s", f"{ttl} s is outside (0, 604800] s")
         memory = self.config.limits.memory_mb if memory_mb is None else memory_mb
         if not 16 <= memory <= self.config.limits.max_memory_mb:
-            raise InvalidSpec("memory_mb", f"{memory} MB is outside [16, {self.config.limits.max_memory_mb}] MB")
+            raise InvalidSpec(
+                "memory_mb", f"{memory} MB is outside [16, {self.config.limits.max_memory_mb}] MB"
+            )
         if self.run_as_root and not self._session_uids:
             raise CapacityExceeded("no session uid left")
         uid = self._session_uids.popleft() if self.run_as_root else None
@@ -470,6 +469,13 @@ class Executor:
                     log.info("session %s expired after %.0f s idle", sid, session.ttl_s)
                     with contextlib.suppress(Exception):
                         await self.close_session(sid)
+
+
+def _prepare_root(root: str) -> str:
+    os.makedirs(root, mode=0o711, exist_ok=True)
+    # Others may traverse (to reach their own 0700 workdir) but not list the root.
+    os.chmod(root, 0o711)
+    return os.path.realpath(root)
 
 
 def _runtime_paths() -> list[str]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
+import marshal
 import os
 import socket
 import subprocess
@@ -44,17 +44,19 @@ class ForkServerClient:
         for s in (ours, theirs):
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        self.proc = subprocess.Popen(
+        # Once per fork server at start-up: a blocking spawn is fine here.
+        self.proc = subprocess.Popen(  # noqa: ASYNC220
             [
                 sys.executable,
                 "-m",
                 "arl_tangram.sandbox.forkserver",
                 str(theirs.fileno()),
-                json.dumps(self.config),
+                marshal.dumps(self.config).hex(),
             ],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+            stdout=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"},
         )
         theirs.close()
         self.reader, self.writer = await asyncio.open_unix_connection(sock=ours, limit=1 << 20)

@@ -20,9 +20,7 @@ What each primitive buys:
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
-from dataclasses import asdict, dataclass
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
@@ -40,7 +38,9 @@ PR_SET_NO_NEW_PRIVS = 38
 # World-writable places a non-root action could otherwise leave files in (or read others' from).
 SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock")
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+# The symbols of the running process (libc included); ctypes.util.find_library would pull in
+# subprocess and friends, several megabytes every fork then has to copy.
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _check(result: int, what: str) -> None:
@@ -73,27 +73,73 @@ def mount(source: str, target: str, fstype: str | None, flags: int, data: str | 
     )
 
 
+SYS_CLOSE_RANGE = 436  # the same number on x86_64 and aarch64
+
+
+def close_from(lowfd: int) -> None:
+    """Close every descriptor >= ``lowfd`` in one ``close_range(2)`` (``os.closerange`` may loop)."""
+    if _libc.syscall(ctypes.c_long(SYS_CLOSE_RANGE), ctypes.c_uint(lowfd), ctypes.c_uint(0xFFFFFFFF), 0) != 0:
+        import resource
+
+        os.closerange(lowfd, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+
+
+def malloc_trim() -> None:
+    """Give freed heap back to the system (less for each fork to copy)."""
+    trim = getattr(_libc, "malloc_trim", None)  # glibc only
+    if trim is not None:
+        trim(0)
+
+
+def replace_environ(env: dict[str, str]) -> None:
+    """Make ``env`` the whole environment, both libc's and ``os.environ``, in a few calls.
+
+    ``os.environ.clear()`` unsets variables one by one through the mapping protocol, which costs a
+    quarter of a millisecond per action.
+    """
+    _libc.clearenv()
+    for key, value in env.items():
+        os.putenv(key, value)
+    data = os.environ._data  # type: ignore[attr-defined]
+    data.clear()
+    for key, value in env.items():
+        data[key.encode()] = value.encode()
+
+
 def prctl(option: int, arg: int) -> None:
     """``prctl(2)`` with one argument."""
     _check(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), 0, 0, 0), "prctl")
 
 
-@dataclass
 class Isolation:
     """What the fork server managed to set up; reported to the agent and logged at start-up."""
 
-    per_action_uid: bool = False
-    pid_namespace: bool = False
-    network_namespace: bool = False
-    private_tmp: bool = False
-    network_allowed: bool = False
-    notes: tuple[str, ...] = ()
+    def __init__(
+        self,
+        per_action_uid: bool = False,
+        pid_namespace: bool = False,
+        network_namespace: bool = False,
+        private_tmp: bool = False,
+        network_allowed: bool = False,
+        notes: tuple[str, ...] = (),
+    ) -> None:
+        self.per_action_uid = per_action_uid
+        self.pid_namespace = pid_namespace
+        self.network_namespace = network_namespace
+        self.private_tmp = private_tmp
+        self.network_allowed = network_allowed
+        self.notes = notes
 
     def as_dict(self) -> dict[str, object]:
         """Plain dict (for the wire and for /v1/health)."""
-        out = asdict(self)
-        out["notes"] = list(self.notes)
-        return out
+        return {
+            "per_action_uid": self.per_action_uid,
+            "pid_namespace": self.pid_namespace,
+            "network_namespace": self.network_namespace,
+            "private_tmp": self.private_tmp,
+            "network_allowed": self.network_allowed,
+            "notes": list(self.notes),
+        }
 
     def warnings(self) -> list[str]:
         """Human lines for what is weaker than intended, each naming the fallback in use."""

@@ -60,7 +60,10 @@ class Metrics:
             registry=self.registry,
         )
         self.rejected = Counter(
-            "tangram_sandbox_rejected_requests", "Requests refused, by reason", ["reason"], registry=self.registry
+            "tangram_sandbox_rejected_requests",
+            "Requests refused, by reason",
+            ["reason"],
+            registry=self.registry,
         )
         self.cores_busy = Gauge("tangram_sandbox_cores_busy", "Cores held by actions", registry=self.registry)
         self.cores_total = Gauge("tangram_sandbox_cores", "Cores this agent manages", registry=self.registry)
@@ -86,7 +89,8 @@ async def _parse(request: web.Request, model: type[BaseModel]) -> Any:
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
-        raise BadRequest(413, f"request body exceeds the limit of {exc.max_size} bytes") from exc
+        limit = request.app[EXECUTOR].config.max_body_bytes
+        raise BadRequest(413, f"request body exceeds the limit of {limit} bytes") from exc
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -130,10 +134,13 @@ async def _errors(
     metrics = request.app[METRICS]
     run_code = request.path == "/run_code"
     config = request.app[EXECUTOR].config
-    if config.token and request.path not in OPEN_PATHS:
-        if request.headers.get("Authorization") != f"Bearer {config.token}":
-            metrics.rejected.labels("unauthorized").inc()
-            return _error_response(401, "missing or wrong bearer token")
+    if (
+        config.token
+        and request.path not in OPEN_PATHS
+        and request.headers.get("Authorization") != f"Bearer {config.token}"
+    ):
+        metrics.rejected.labels("unauthorized").inc()
+        return _error_response(401, "missing or wrong bearer token")
     status, message, extra = 0, "", {}
     try:
         return await handler(request)
@@ -197,7 +204,9 @@ async def execute(request: web.Request) -> web.Response:
             "session_id": result.session_id,
             "interpreter_restarted": result.interpreter_restarted,
             "message": result.message,
-            "files": {k: base64.b64encode(v).decode() if v is not None else None for k, v in result.files.items()},
+            "files": {
+                k: base64.b64encode(v).decode() if v is not None else None for k, v in result.files.items()
+            },
         }
     )
 
@@ -292,7 +301,8 @@ async def put_file(request: web.Request) -> web.Response:
     try:
         data = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
-        raise BadRequest(413, f"request body exceeds the limit of {exc.max_size} bytes") from exc
+        limit = request.app[EXECUTOR].config.max_body_bytes
+        raise BadRequest(413, f"request body exceeds the limit of {limit} bytes") from exc
     if len(data) > executor.config.max_file_bytes:
         raise BadRequest(413, f"file exceeds the limit of {executor.config.max_file_bytes} bytes")
     workfiles.write_file(session.workdir, "path", path, data, session.uid)

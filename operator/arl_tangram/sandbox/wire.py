@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import marshal
 import struct
-from typing import Any
+
+# Avoid importing typing at run time: the fork server imports this module, and every megabyte the fork
+# server holds makes each fork and each child's exit slower.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 HEADER = struct.Struct("<I")
 MAX_FRAME = 256 * 1024 * 1024
