@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preload", default=",".join(DEFAULT_PRELOAD), help="modules the fork server pre-imports")
     p.add_argument("--forkservers", type=int, default=0, help="fork servers (default: one per core, max 4)")
     p.add_argument("--uid-base", type=int, default=40000, help="first uid given to actions (as root)")
+    p.add_argument("--max-concurrent", type=int, default=256, help="actions running at once (uids kept)")
     p.add_argument("--max-sessions", type=int, default=1024)
     p.add_argument("--session-ttl", type=float, default=1800.0, help="idle seconds before a session closes")
     p.add_argument("--timeout", type=float, default=10.0, help="default wall-clock limit per action (s)")
@@ -65,6 +66,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         preload=tuple(m.strip() for m in args.preload.split(",") if m.strip()),
         forkservers=args.forkservers,
         uid_base=args.uid_base,
+        max_concurrent=args.max_concurrent,
         max_sessions=args.max_sessions,
         session_ttl_s=args.session_ttl,
         max_body_bytes=int(args.max_body_mb * (1 << 20)),
