@@ -281,6 +281,7 @@ class Executor:
         self, spec: ActionSpec, want: int | frozenset[int], timeout_s: float, limits: dict[str, int]
     ) -> ActionResult:
         uid = self._uids.popleft() if self.run_as_root else None
+        reply: dict[str, Any] | None = None
         self._seq += 1
         workdir = os.path.join(self.root, f"a{self._seq}")
         try:
@@ -291,6 +292,7 @@ class Executor:
             cores = await self.cores.acquire(want)
             try:
                 msg = self._message(spec, uid, workdir, cores, timeout_s, limits)
+                msg["remove_workdir"] = not spec.fetch_files
                 reply = await self._pick_server().call(msg)
             finally:
                 self.cores.release(cores)
@@ -298,7 +300,7 @@ class Executor:
         finally:
             if uid is not None:
                 self._uids.append(uid)
-            if self._janitor is not None:
+            if self._janitor is not None and not (reply or {}).get("workdir_removed"):
                 self._janitor.remove(workdir)
         return self._result(reply, cores, files, None, timeout_s)
 

@@ -108,6 +108,7 @@ class Call:
         "pid",
         "pidfd",
         "pipes",
+        "remove_workdir",
         "signal",
         "started",
         "timed_out",
@@ -150,6 +151,7 @@ class Call:
         self.max_rss_kb: int | None = None
         self.ended_at: float | None = None
         self.done = False
+        self.remove_workdir: str | None = None
 
 
 class Interp:
@@ -182,6 +184,7 @@ class ForkServer:
         self.iso = isolation.Isolation()
         self.own_pidns = -1
         self.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        self.outq: list[bytes] = []
 
     # ---- start-up ---------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -206,6 +209,7 @@ class ForkServer:
         gc.freeze()
         isolation.malloc_trim()
         self.send({"op": "hello", "pid": os.getpid(), "isolation": self.iso.as_dict()})
+        self.flush()
 
     # ---- the loop ---------------------------------------------------------------------------------
     def serve(self) -> None:
@@ -227,10 +231,19 @@ class ForkServer:
                 elif fd in self.sel.data:
                     self._on_pipe(fd, kind, owner)
             self._fire_timers()
+            self.flush()
 
     def send(self, message: dict[str, Any]) -> None:
-        """Send one frame to the agent (blocking: the agent always reads)."""
-        view = memoryview(wire.encode(message))
+        """Queue one frame for the agent; ``flush`` writes all of a loop iteration's frames at once
+        (one system call and one wake-up of the agent instead of one per action)."""
+        self.outq.append(wire.encode(message))
+
+    def flush(self) -> None:
+        """Write the queued frames (blocking: the agent always reads)."""
+        if not self.outq:
+            return
+        view = memoryview(b"".join(self.outq))
+        self.outq.clear()
         os.set_blocking(self.sock, True)
         try:
             while view:
@@ -307,6 +320,8 @@ class ForkServer:
             pgid_fallback=not self.iso.pid_namespace,
             memory_limited=bool(msg.get("limits", {}).get("as")),
         )
+        if msg.get("remove_workdir"):
+            call.remove_workdir = msg["workdir"]
         self._track(call, r_out, r_err)
 
     def _track(self, call: Call, r_out: int, r_err: int, watch_pid: bool = True) -> None:
@@ -568,7 +583,18 @@ class ForkServer:
             "memory_error": memory_error,
             "setup_error": call.exit_code == SETUP_FAILED and call.interp is None,
             "interp_restarted": call.interp_restarted,
+            "workdir_removed": False,
         }
+        if call.remove_workdir is not None:
+            # The common case (nothing left behind) costs one rmdir here; anything else goes to the
+            # agent's janitor thread so that this loop never walks a tree an action filled.
+            try:
+                os.rmdir(call.remove_workdir)
+                reply["workdir_removed"] = True
+            except FileNotFoundError:
+                reply["workdir_removed"] = True
+            except OSError:
+                pass
         self.send(reply)
 
 
