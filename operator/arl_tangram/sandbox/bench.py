@@ -173,7 +173,8 @@ def fresh_process() -> Call:
 
 
 async def run_bench(url: str, peer: str | None, requests: int, concurrency: tuple[int, ...]) -> list[Case]:
-    """Every case, method by method (the same payloads and concurrencies for each)."""
+    """Every case. The methods take turns within each (payload, concurrency) cell, so that a burst of
+    load from elsewhere on a shared machine hits all of them alike rather than one method's block."""
     cases: list[Case] = []
     connector = aiohttp.TCPConnector(limit=max(concurrency), force_close=False)
     timeout = aiohttp.ClientTimeout(total=120)
@@ -186,11 +187,14 @@ async def run_bench(url: str, peer: str | None, requests: int, concurrency: tupl
         if peer:
             methods.append(("peer", http_run_code(session, peer.rstrip("/"))))
         for method, call in methods:
-            # Warm the connections and the path once, outside the measurement.
-            await measure(call, method, "print", min(4, max(concurrency)), min(8, requests))
-            for payload in PAYLOADS:
-                for c in concurrency:
+            # Warm connections, fork servers and caches once, outside the measurement.
+            await measure(call, method, "print", max(concurrency), max(concurrency))
+        for payload in PAYLOADS:
+            for c in concurrency:
+                for method, call in methods:
                     cases.append(await measure(call, method, payload, c, requests))
+    order = {name: i for i, (name, _) in enumerate(methods)}
+    cases.sort(key=lambda c: (order[c.method], c.payload != "print", c.concurrency))
     return cases
 
 

@@ -35,6 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir-root", help="where workdirs live (default: a fresh dir on /dev/shm)")
     p.add_argument("--runtimes", default=",".join(RUNTIMES), help="offered runtimes (default %(default)s)")
     p.add_argument("--network-allowed", action="store_true", help="let actions use the network")
+    p.add_argument(
+        "--no-pid-namespace",
+        action="store_true",
+        help="clean up leftover processes by uid/process group instead of a PID namespace per action",
+    )
     p.add_argument("--preload", default=",".join(DEFAULT_PRELOAD), help="modules the fork server pre-imports")
     p.add_argument("--forkservers", type=int, default=0, help="fork servers (default: one per core, max 4)")
     p.add_argument("--uid-base", type=int, default=40000, help="first uid given to actions (as root)")
@@ -63,6 +68,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         port=port,
         runtimes=tuple(r.strip() for r in args.runtimes.split(",") if r.strip()),
         network_allowed=args.network_allowed,
+        no_pid_namespace=args.no_pid_namespace,
         preload=tuple(m.strip() for m in args.preload.split(",") if m.strip()),
         forkservers=args.forkservers,
         uid_base=args.uid_base,

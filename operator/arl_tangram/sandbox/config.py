@@ -67,6 +67,7 @@ class AgentConfig:
     workdir_root: str = field(default_factory=default_workdir_root)
     runtimes: tuple[str, ...] = RUNTIMES
     network_allowed: bool = False
+    no_pid_namespace: bool = False  # e.g. under gVisor/Kata, or to compare the fallback clean-up
     preload: tuple[str, ...] = DEFAULT_PRELOAD
     forkservers: int = 0  # 0: one per core, at most 4
     uid_base: int = 40000

@@ -166,6 +166,7 @@ class Executor:
             self._session_uids = deque(range(start, start + self.config.max_sessions))
         fs_config = {
             "network_allowed": self.config.network_allowed,
+            "no_pid_namespace": self.config.no_pid_namespace,
             "preload": list(self.config.preload),
             "writable": [self.root],
             "readable": _runtime_paths(),

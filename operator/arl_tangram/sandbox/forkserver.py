@@ -112,6 +112,7 @@ class Call:
         "signal",
         "started",
         "timed_out",
+        "uid",
     )
 
     def __init__(
@@ -152,6 +153,7 @@ class Call:
         self.ended_at: float | None = None
         self.done = False
         self.remove_workdir: str | None = None
+        self.uid: int | None = None
 
 
 class Interp:
@@ -185,6 +187,7 @@ class ForkServer:
         self.own_pidns = -1
         self.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         self.outq: list[bytes] = []
+        self.interp_uids: dict[str, int | None] = {}
 
     # ---- start-up ---------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -193,9 +196,15 @@ class ForkServer:
             bool(self.config.get("network_allowed")),
             list(self.config.get("writable", [])),
             list(self.config.get("readable", [])),
+            pid_namespace=not self.config.get("no_pid_namespace"),
         )
         if self.iso.pid_namespace:
             self.own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        else:
+            # Without namespaces, orphaned action processes come to us (not to the host's init, which
+            # may reap late), so that a clean-up can wait until they are really gone.
+            with _suppress(OSError):
+                isolation.prctl(isolation.PR_SET_CHILD_SUBREAPER, 1)
         failed = []
         for name in self.config.get("preload", []):
             try:
@@ -300,8 +309,7 @@ class ForkServer:
 
     def _start_run(self, msg: dict[str, Any]) -> None:
         stdin_fd = self._stdin_fd(msg.get("stdin"))
-        r_out, w_out = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        r_err, w_err = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        r_out, w_out, r_err, w_err = _output_pipes()
         started = time.monotonic()
         pid = self._fork_isolated()
         if pid == 0:
@@ -322,6 +330,7 @@ class ForkServer:
         )
         if msg.get("remove_workdir"):
             call.remove_workdir = msg["workdir"]
+        call.uid = msg.get("uid")
         self._track(call, r_out, r_err)
 
     def _track(self, call: Call, r_out: int, r_err: int, watch_pid: bool = True) -> None:
@@ -341,8 +350,7 @@ class ForkServer:
             restarted = interp is not None
             interp = self._spawn_interp(msg)
         stdin_fd = self._stdin_fd(msg.get("stdin"))
-        r_out, w_out = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        r_err, w_err = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        r_out, w_out, r_err, w_err = _output_pipes()
         payload = marshal.dumps({"code": msg["code"]})
         started = time.monotonic()
         try:
@@ -387,6 +395,7 @@ class ForkServer:
         child.close()
         parent.setblocking(False)
         interp = Interp(sid=msg["sid"], pid=pid, pidfd=os.pidfd_open(pid), ctrl=parent)
+        self.interp_uids[interp.sid] = msg.get("uid")
         self.interps[interp.sid] = interp
         self.sel.register(interp.pidfd, ("pidfd", interp))
         self.sel.register(parent.fileno(), ("ctrl", interp))
@@ -404,6 +413,13 @@ class ForkServer:
                 os.waitpid(interp.pid, 0)
             self._interp_gone(interp, None)
         self.interps.pop(sid, None)
+        uid = self.interp_uids.pop(sid, None)
+        if not self.iso.pid_namespace and uid is not None:
+            # What the interpreter started, now that no namespace takes it down.
+            _kill_uid(uid, self._tracked_pids())
+
+    def _tracked_pids(self) -> set[int]:
+        return {c.pid for c in self.calls.values()} | {i.pid for i in self.interps.values() if i.alive}
 
     # ---- events -----------------------------------------------------------------------------------
     def _on_pipe(self, fd: int, kind: str, call: Call) -> None:
@@ -459,7 +475,7 @@ class ForkServer:
             call.cpu_s = rusage.ru_utime + rusage.ru_stime
             call.max_rss_kb = rusage.ru_maxrss
         if call.pgid_fallback:
-            _sweep_without_pidns(call.pid, call.id)
+            _sweep_without_pidns(call.pid, call.id, call.uid, self._tracked_pids())
         if call.open_pipes:
             heapq.heappush(self.timers, (call.ended_at + EOF_GRACE_S, call.id))
         self._maybe_finish(call)
@@ -598,6 +614,16 @@ class ForkServer:
         self.send(reply)
 
 
+def _output_pipes() -> tuple[int, int, int, int]:
+    """stdout and stderr pipes: our read ends non-blocking, the action's write ends blocking (a
+    non-blocking stdout makes a program that writes fast lose output or fail with EAGAIN)."""
+    r_out, w_out = os.pipe2(os.O_CLOEXEC)
+    r_err, w_err = os.pipe2(os.O_CLOEXEC)
+    os.set_blocking(r_out, False)
+    os.set_blocking(r_err, False)
+    return r_out, w_out, r_err, w_err
+
+
 def _rss_kb(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/status", "rb") as fh:
@@ -609,10 +635,14 @@ def _rss_kb(pid: int) -> int | None:
     return None
 
 
-def _sweep_without_pidns(pgid: int, call_id: int) -> None:
-    """Fallback clean-up when PID namespaces are unavailable: the group, then the env marker."""
+def _sweep_without_pidns(pgid: int, call_id: int, uid: int | None, keep: set[int]) -> None:
+    """Clean-up when there is no PID namespace: the process group, then every process of the action's
+    own uid (as root; nothing can leave a uid), else the env marker (can be evaded; a warning says so)."""
     with _suppress(OSError):
         os.killpg(pgid, signal.SIGKILL)
+    if uid is not None:
+        _kill_uid(uid, keep)
+        return
     marker = f"TANGRAM_ACTION_ID={call_id}".encode()
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -623,6 +653,66 @@ def _sweep_without_pidns(pgid: int, call_id: int) -> None:
                     os.kill(int(name), signal.SIGKILL)
         except OSError:
             continue
+
+
+def _uid_processes(uid: int, me: int) -> list[int]:
+    """PIDs (other than ``me``) whose real uid is ``uid``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid == uid:
+                found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+def _reap_orphans(keep: set[int]) -> None:
+    """Reap the exited children we do not track: orphans of actions, ours as the child subreaper."""
+    me = str(os.getpid())
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in keep:
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1].decode() == me:
+            with _suppress(ChildProcessError):
+                os.waitpid(int(name), os.WNOHANG)
+
+
+def _kill_uid(uid: int, keep: set[int] = frozenset()) -> None:  # type: ignore[assignment]
+    """SIGKILL every process of ``uid`` from a helper running as that uid: kill(-1) reaches exactly
+    the processes it may signal, which for a non-root uid are that uid's own (never the caller).
+    Killed orphans become our children (we are their subreaper): reaping them while the helper
+    repeats lets it see the uid empty. ``keep``: tracked children, reaped through their pidfds."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            # Repeat until no process of the uid is left: a fork bomb may create children while the
+            # kernel walks, and a killed process stays listed until its parent has reaped it.
+            # (kill(-1) itself cannot tell: it succeeds whenever any other process exists.)
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline:
+                os.kill(-1, signal.SIGKILL)
+                if not _uid_processes(uid, os.getpid()):
+                    break
+                time.sleep(0.001)
+        except BaseException:
+            pass
+        os._exit(0)
+    keep = {*keep, pid}
+    while os.waitpid(pid, os.WNOHANG)[0] == 0:
+        _reap_orphans(keep)
+        time.sleep(0.0005)
+    _reap_orphans(keep)
 
 
 # ---- the child side ---------------------------------------------------------------------------------

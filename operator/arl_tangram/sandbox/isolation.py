@@ -34,6 +34,7 @@ MS_REC = 16384
 MS_PRIVATE = 1 << 18
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_CHILD_SUBREAPER = 36
 
 # World-writable places a non-root action could otherwise leave files in (or read others' from).
 SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock")
@@ -149,10 +150,16 @@ class Isolation:
                 "not root: actions run as the agent's own uid; sessions are not isolated from each other "
                 "by file permissions (run the agent as root, it drops to a uid per action)"
             )
-        if not self.pid_namespace:
+        if not self.pid_namespace and self.per_action_uid:
             lines.append(
-                "no PID namespace: a timed-out action is killed by process group plus a /proc scan for "
-                "its env marker; a child that clears its environment and leaves the group can survive"
+                "no PID namespace: an action's leftover processes are killed by process group and then "
+                "by uid (every process of the action's own uid), one extra fork per action"
+            )
+        elif not self.pid_namespace:
+            lines.append(
+                "no PID namespace and not root: leftover processes are killed by process group plus a "
+                "/proc scan for the action's env marker; a child that clears its environment and leaves "
+                "the group can survive"
             )
         if not self.network_allowed and not self.network_namespace:
             lines.append("no network namespace: actions CAN reach the network (no fallback can block it)")
@@ -216,7 +223,9 @@ def _under(path: str, top: str) -> bool:
     return path == top or path.startswith(top.rstrip("/") + "/")
 
 
-def enter_private_namespaces(network_allowed: bool, writable: list[str], readable: list[str]) -> Isolation:
+def enter_private_namespaces(
+    network_allowed: bool, writable: list[str], readable: list[str], pid_namespace: bool = True
+) -> Isolation:
     """Move the calling process into its own network and mount namespaces, as far as permitted.
 
     In the mount namespace, world-writable directories and directories others cannot traverse are
@@ -256,6 +265,6 @@ def enter_private_namespaces(network_allowed: bool, writable: list[str], readabl
         iso.private_tmp = True
     except OSError as exc:
         notes.append(f"private mount namespace failed ({exc.strerror}); /tmp stays shared")
-    iso.pid_namespace = probe_pid_namespace()
+    iso.pid_namespace = pid_namespace and probe_pid_namespace()
     iso.notes = tuple(notes)
     return iso

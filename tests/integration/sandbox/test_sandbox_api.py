@@ -236,3 +236,14 @@ def test_bad_requests_get_clear_errors(agent: Agent) -> None:
     assert resp.status_code == 413
     assert resp.json()["status"] == "SandboxError"
     assert agent.healthy()
+
+
+def test_output_below_the_cap_arrives_whole(agent: Agent) -> None:
+    code = (
+        "import sys\nfor i in range(300):\n    sys.stdout.write(str(i % 10) * 3000)\nprint(file=sys.stderr)"
+    )
+    body = agent.execute(code)
+    assert body["status"] == "ok"
+    assert body["stdout_truncated"] is False
+    assert len(str(body["stdout"])) == 900_000
+    assert body["stderr"] == "\n"
