@@ -20,6 +20,24 @@ log = logging.getLogger(__name__)
 _ids = itertools.count(1)
 
 
+def forkserver_environment() -> dict[str, str]:
+    """The fork server's whole environment: a few harmless variables.
+
+    Not the agent's: every action is a fork of the fork server, and /proc/self/environ shows the
+    environment the process was *started* with, whatever the action's own was replaced by. Tokens,
+    kubeconfig paths or credentials in the agent's environment must never be in that block.
+    """
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONIOENCODING": "utf-8",
+    }
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
+
+
 def next_id() -> int:
     """A process-wide unique action id (also the marker in the action's environment)."""
     return next(_ids)
@@ -57,7 +75,7 @@ class ForkServerClient:
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"},
+            env=forkserver_environment(),
         )
         theirs.close()
         self.reader, self.writer = await asyncio.open_unix_connection(sock=ours, limit=1 << 20)

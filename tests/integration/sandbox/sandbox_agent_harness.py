@@ -20,6 +20,7 @@ import requests
 
 MAX_CONCURRENT = 32
 MAX_SESSIONS = 32
+SECRET = "agent-secret-7f3a"
 
 
 @dataclass
@@ -83,6 +84,8 @@ def start_agent(root: Path, *extra: str) -> Agent:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A secret in the agent's environment, which no action may ever see.
+        env={**os.environ, "TANGRAM_AGENT_TOKEN_PROBE": SECRET},
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()

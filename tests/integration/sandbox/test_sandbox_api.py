@@ -6,7 +6,7 @@ import base64
 import os
 
 import requests
-from sandbox_agent_harness import Agent, agent, processes_of, wait_until
+from sandbox_agent_harness import SECRET, Agent, agent, processes_of, wait_until
 
 __all__ = ["agent"]
 
@@ -125,12 +125,30 @@ def test_foreign_core_grant_is_rejected(agent: Agent) -> None:
     assert resp.json()["field"] == "cores"
 
 
-def test_environment_is_scrubbed(agent: Agent) -> None:
-    os.environ["TANGRAM_TEST_SECRET"] = "s3cret"  # not in the agent's env anyway; the action sees neither
-    out = str(agent.execute("import os; print(sorted(os.environ))")["stdout"])
+STACK_SCAN = """
+import ctypes, os
+print(sorted(os.environ))
+stack = b''
+for line in open('/proc/self/maps'):
+    if '[stack]' in line:
+        lo, hi = (int(x, 16) for x in line.split()[0].split('-'))
+        stack = ctypes.string_at(lo, hi - lo)
+print('stack', len(stack), PROBE in stack)
+"""
+
+
+def test_environment_is_scrubbed_even_in_memory(agent: Agent) -> None:
+    # /proc/self/environ (unreadable after the uid change anyway) and the process's own stack hold the
+    # environment its first ancestor started with: that is the fork server's, never the agent's.
+    code = f"PROBE = {SECRET.encode()!r}\n" + STACK_SCAN
+    body = agent.execute(code)
+    assert body["status"] == "ok", body["stderr"]
+    out = str(body["stdout"])
     assert "TANGRAM_DOP" in out
-    assert "TANGRAM_TEST_SECRET" not in out
+    assert "TANGRAM_AGENT_TOKEN_PROBE" not in out
     assert "KUBECONFIG" not in out
+    assert out.splitlines()[-1].startswith("stack ")
+    assert out.splitlines()[-1].endswith(" False")
 
 
 def test_sessions_keep_state_and_files_and_are_isolated(agent: Agent) -> None:
