@@ -152,6 +152,7 @@ class Executor:
         self._janitor: Janitor | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._seq = 0
+        self._restart_lock = asyncio.Lock()
         self.run_as_root = os.geteuid() == 0
         self.counts: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
 
@@ -198,7 +199,24 @@ class Executor:
         return bool(self.servers) and all(s.alive for s in self.servers)
 
     def _pick_server(self) -> ForkServerClient:
-        return min(self.servers, key=lambda s: s.in_flight)
+        alive = [s for s in self.servers if s.alive]
+        if not alive:
+            raise NotReady("no fork server is running; restarting them", delay=1.0)
+        return min(alive, key=lambda s: s.in_flight)
+
+    async def _replace_dead_servers(self) -> None:
+        """Start a new fork server for each one that died (the agent keeps serving)."""
+        for i, server in enumerate(self.servers):
+            if server.alive:
+                continue
+            log.warning("fork server %d exited; starting a new one", i)
+            fresh = ForkServerClient(server.config)
+            self.servers[i] = fresh
+            await server.close()
+            await fresh.start()
+            for session in self.sessions.values():
+                if session.server is server:
+                    session.server = fresh
 
     # ---- actions ----------------------------------------------------------------------------------
     def _check_runtime(self, runtime: str) -> None:
@@ -260,6 +278,9 @@ class Executor:
     async def run(self, spec: ActionSpec) -> ActionResult:
         """Run one action to completion (or timeout) and describe what happened."""
         self._check_runtime(spec.runtime)
+        if not all(s.alive for s in self.servers):
+            async with self._restart_lock:
+                await self._replace_dead_servers()
         if spec.runtime == "pytest":
             spec.files = {**spec.files, PYTEST_FILE: spec.code.encode()}
         session = None

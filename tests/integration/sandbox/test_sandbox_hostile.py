@@ -240,3 +240,41 @@ def test_a_mixed_series_of_hostile_actions_leaks_nothing(agent: Agent) -> None:
     )
     # Output buffers of up to 8 MB passed through; the agent must not keep them.
     assert rss_kb(agent.proc.pid) - rss_before < 64 * 1024
+
+
+def test_a_lost_fork_server_is_replaced(agent: Agent) -> None:
+    children = [
+        int(p)
+        for p in os.listdir("/proc")
+        if p.isdigit() and _parent_of(int(p)) == agent.proc.pid and "forkserver" in _cmdline(int(p))
+    ]
+    assert children, "the agent runs its fork servers as child processes"
+    os.kill(children[0], 9)
+    wait_until(lambda: _state(children[0]) in ("Z", ""), what="the fork server to be gone")
+    results = [agent.execute("print(6*7)")["stdout"] for _ in range(4)]
+    assert results == ["42\n"] * 4
+    assert agent.healthy()
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return int(fh.read().rsplit(b")", 1)[1].split()[1])
+    except OSError:
+        return -1
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0].decode()
+    except OSError:
+        return ""
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
