@@ -76,6 +76,9 @@ class ForkServerClient:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             env=forkserver_environment(),
+            # Not in the agent's process group: a Ctrl-C at the agent's terminal is the agent's to
+            # handle; the fork server ends when the agent closes the socket.
+            start_new_session=True,
         )
         theirs.close()
         self.reader, self.writer = await asyncio.open_unix_connection(sock=ours, limit=1 << 20)

@@ -723,8 +723,8 @@ def _child_main(
     try:
         atexit._clear()
         os.setsid()
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
+        # The fork server never changes signal dispositions, so they are the interpreter's own, as
+        # `python -c` has them; exec'd runtimes get SIGPIPE/SIGXFSZ/SIGINT back to default below.
         os.dup2(stdin_fd, 0)
         os.dup2(out_fd, 1)
         os.dup2(err_fd, 2)
@@ -782,7 +782,8 @@ def _child_main(
     argv = msg.get("argv")
     if argv:
         try:
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
+                signal.signal(sig, signal.SIG_DFL)
             os.execve(argv[0], argv, os.environ)
         except BaseException as exc:
             with _suppress(Exception):
