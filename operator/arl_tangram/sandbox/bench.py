@@ -74,8 +74,19 @@ def _free_port() -> int:
 def start_agent(extra: list[str]) -> tuple[subprocess.Popen[str], str]:
     """Start ``tangram sandbox-agent`` on a free loopback port; returns it and its URL once ready."""
     port = _free_port()
+    # Its own uid range, so that it never shares action uids with another agent on this host.
+    uid_base = ["--uid-base", str(200000 + (os.getpid() % 1000) * 1500)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "arl_tangram", "sandbox-agent", "--listen", f"127.0.0.1:{port}", *extra],
+        [
+            sys.executable,
+            "-m",
+            "arl_tangram",
+            "sandbox-agent",
+            "--listen",
+            f"127.0.0.1:{port}",
+            *uid_base,
+            *extra,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

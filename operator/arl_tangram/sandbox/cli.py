@@ -42,7 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--preload", default=",".join(DEFAULT_PRELOAD), help="modules the fork server pre-imports")
     p.add_argument("--forkservers", type=int, default=0, help="fork servers (default: one per core, max 4)")
-    p.add_argument("--uid-base", type=int, default=40000, help="first uid given to actions (as root)")
+    p.add_argument(
+        "--uid-base",
+        type=int,
+        default=40000,
+        help="first uid given to actions (as root); agents sharing a host need disjoint ranges "
+        "of max-concurrent + max-sessions uids",
+    )
     p.add_argument("--max-concurrent", type=int, default=256, help="actions running at once (uids kept)")
     p.add_argument("--max-sessions", type=int, default=1024)
     p.add_argument("--session-ttl", type=float, default=1800.0, help="idle seconds before a session closes")
