@@ -777,19 +777,24 @@ def _child_main(
         with _suppress(Exception):
             os.write(2, f"tangram: sandbox set-up failed: {exc.__class__.__name__}: {exc}\n".encode())
         os._exit(SETUP_FAILED)
-    if ctrl_fd is not None:
-        _interpreter_loop()
-    argv = msg.get("argv")
-    if argv:
-        try:
-            for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
-                signal.signal(sig, signal.SIG_DFL)
-            os.execve(argv[0], argv, os.environ)
-        except BaseException as exc:
-            with _suppress(Exception):
-                os.write(2, f"tangram: cannot execute {argv[0]}: {exc}\n".encode())
-            os._exit(SETUP_FAILED)
-    _run_python_and_exit(msg["code"])
+    try:
+        if ctrl_fd is not None:
+            _interpreter_loop()
+        argv = msg.get("argv")
+        if argv:
+            try:
+                for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
+                    signal.signal(sig, signal.SIG_DFL)
+                os.execve(argv[0], argv, os.environ)
+            except BaseException as exc:
+                with _suppress(Exception):
+                    os.write(2, f"tangram: cannot execute {argv[0]}: {exc}\n".encode())
+                os._exit(SETUP_FAILED)
+        _run_python_and_exit(msg["code"])
+    finally:
+        # Whatever happens (say, user code closed the interpreter's control socket and the reply
+        # raised), the child must never return into the fork server's loop below its caller.
+        os._exit(1)
 
 
 _RLIMITS = {

@@ -278,3 +278,17 @@ def _cmdline(pid: int) -> str:
             return fh.read().decode(errors="replace")
     except OSError:
         return ""
+
+
+def test_an_interpreter_that_breaks_its_control_socket_just_ends(agent: Agent) -> None:
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    try:
+        body = agent.execute("import os\nos.close(3)\nprint('closed')", session_id=sid, timeout_s=5)
+        assert body["stdout"] == "closed\n"
+        again = agent.execute("print('next')", session_id=sid)
+        assert again["stdout"] == "next\n"
+        assert again["interpreter_restarted"] is True
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+    assert agent.healthy()
+    wait_until(lambda: processes_of(agent.uids) == [], what="the broken interpreter to be gone")
