@@ -313,11 +313,14 @@ class Executor:
                     workfiles.write_file(workdir, f"files[{path!r}]", path, data, uid)
             cores = await self.cores.acquire(want)
             try:
+                server = self._pick_server()
                 msg = self._message(spec, uid, workdir, cores, timeout_s, limits)
-                msg["remove_workdir"] = not spec.fetch_files
-                reply = await self._pick_server().call(msg)
-            finally:
+            except BaseException:
                 self.cores.release(cores)
+                raise
+            msg["remove_workdir"] = not spec.fetch_files
+            # From here the call frees the cores, exactly once: as soon as the answer arrives.
+            reply = await server.call(msg, on_reply=lambda: self.cores.release(cores))
             files = self._fetch(workdir, spec.fetch_files)
         finally:
             if uid is not None:

@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from arl_tangram.errors import InfrastructureError
@@ -52,6 +53,7 @@ class ForkServerClient:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
         self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.on_reply: dict[int, Callable[[], None]] = {}
         self.hello: asyncio.Future[dict[str, Any]] | None = None
         self.in_flight = 0
         self._task: asyncio.Task[None] | None = None
@@ -100,6 +102,9 @@ class ForkServerClient:
                         if self.hello is not None and not self.hello.done():
                             self.hello.set_result(msg)
                         continue
+                    callback = self.on_reply.pop(msg.get("id", -1), None)
+                    if callback is not None:
+                        callback()
                     fut = self.pending.pop(msg.get("id", -1), None)
                     if fut is not None and not fut.done():
                         fut.set_result(msg)
@@ -117,19 +122,30 @@ class ForkServerClient:
         """Whether the process is still running."""
         return self.proc is not None and self.proc.poll() is None
 
-    async def call(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Send ``msg`` (which carries an ``id``) and wait for the answer with that id."""
-        if self.writer is None or not self.alive:
-            raise InfrastructureError("the fork server is not running")
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self.pending[msg["id"]] = fut
+    async def call(self, msg: dict[str, Any], on_reply: Callable[[], None] | None = None) -> dict[str, Any]:
+        """Send ``msg`` (which carries an ``id``) and wait for the answer with that id.
+
+        ``on_reply`` runs exactly once: the moment the answer is read (before the waiting task
+        resumes), or when the call fails. The executor frees the action's cores there, so that the
+        next action is dispatched in the same loop iteration instead of a few iterations later.
+        """
+        call_id = msg["id"]
+        if on_reply is not None:
+            self.on_reply[call_id] = on_reply
         self.in_flight += 1
         try:
+            if self.writer is None or not self.alive:
+                raise InfrastructureError("the fork server is not running")
+            fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+            self.pending[call_id] = fut
             self._queue(wire.encode(msg))
             return await fut
         finally:
             self.in_flight -= 1
-            self.pending.pop(msg["id"], None)
+            self.pending.pop(call_id, None)
+            callback = self.on_reply.pop(call_id, None)
+            if callback is not None:
+                callback()
 
     def _queue(self, frame: bytes) -> None:
         # Frames queued in one loop iteration go out in one write: one system call and one wake-up
