@@ -295,6 +295,22 @@ class ForkServer:
         os.lseek(fd, 0, os.SEEK_SET)
         return fd
 
+    def _apply_env(self, msg: dict[str, Any]) -> None:
+        """Make the fork server's own environment the action's, so the child inherits it as is.
+
+        Actions differ in a handful of variables, so this is a few ``putenv`` calls here instead of
+        rebuilding the whole environment in every child (whose every write is a copy-on-write fault).
+        Nothing of ours lives in this environment: the fork server started with a minimal one.
+        """
+        env = dict(msg.get("env", {}))
+        env["TANGRAM_ACTION_ID"] = str(msg.get("id"))
+        current = os.environ
+        for key in [k for k in current if k not in env]:
+            del current[key]
+        for key, value in env.items():
+            if current.get(key) != value:
+                current[key] = value
+
     def _fork_isolated(self) -> int:
         """Fork a child that is PID 1 of a new PID namespace (when available)."""
         if not self.iso.pid_namespace:
@@ -311,6 +327,7 @@ class ForkServer:
         stdin_fd = self._stdin_fd(msg.get("stdin"))
         r_out, w_out, r_err, w_err = _output_pipes()
         started = time.monotonic()
+        self._apply_env(msg)
         pid = self._fork_isolated()
         if pid == 0:
             _child_main(msg, stdin_fd, w_out, w_err, None)
@@ -387,6 +404,7 @@ class ForkServer:
         import socket
 
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._apply_env(msg)
         pid = self._fork_isolated()
         if pid == 0:
             parent.close()
@@ -764,9 +782,7 @@ def _child_main(
                 res = _RLIMITS[name]
                 resource.setrlimit(res, (value, value if name != "cpu" else value + 1))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        env = dict(msg.get("env", {}))
-        env["TANGRAM_ACTION_ID"] = str(msg.get("id"))
-        isolation.replace_environ(env)
+        # The environment was made the action's in the fork server, just before the fork.
         for rel, content in (msg.get("files") or {}).items():
             parent = os.path.dirname(rel)
             if parent:

@@ -92,21 +92,6 @@ def malloc_trim() -> None:
         trim(0)
 
 
-def replace_environ(env: dict[str, str]) -> None:
-    """Make ``env`` the whole environment, both libc's and ``os.environ``, in a few calls.
-
-    ``os.environ.clear()`` unsets variables one by one through the mapping protocol, which costs a
-    quarter of a millisecond per action.
-    """
-    _libc.clearenv()
-    for key, value in env.items():
-        os.putenv(key, value)
-    data = os.environ._data  # type: ignore[attr-defined]
-    data.clear()
-    for key, value in env.items():
-        data[key.encode()] = value.encode()
-
-
 def prctl(option: int, arg: int) -> None:
     """``prctl(2)`` with one argument."""
     _check(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), 0, 0, 0), "prctl")
