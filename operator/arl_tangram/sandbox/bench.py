@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -62,6 +63,49 @@ class Case:
 
 
 Call = Callable[[str, str], Awaitable[bool]]
+CpuProbe = Callable[[], float]
+
+
+def _tree_cpu_s(root: int) -> float:
+    """CPU seconds used by ``root`` and every process below it, reaped children included."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    stats: dict[int, list[bytes]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(name)] = int(fields[1])
+        stats[int(name)] = fields
+    members = {root}
+    changed = True
+    while changed:
+        changed = False
+        for pid, ppid in parents.items():
+            if ppid in members and pid not in members:
+                members.add(pid)
+                changed = True
+    for pid in members:
+        row = stats.get(pid)
+        if row:
+            total += sum(int(f) for f in row[11:15]) / tick
+    return total
+
+
+def agent_cpu(proc: subprocess.Popen[str]) -> CpuProbe:
+    """CPU seconds of the agent, its fork servers and every action they ran."""
+    return lambda: _tree_cpu_s(proc.pid)
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's reaped children (the fresh processes)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _free_port() -> int:
@@ -110,8 +154,17 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[index]
 
 
-async def measure(call: Call, method: str, payload: str, concurrency: int, requests: int) -> Case:
-    """Run ``requests`` calls with ``concurrency`` in flight; latency of each, throughput of all."""
+async def measure(
+    call: Call,
+    method: str,
+    payload: str,
+    concurrency: int,
+    requests: int,
+    cpu: CpuProbe | None = None,
+    cpu_ms: dict[tuple[str, str, int], float] | None = None,
+) -> Case:
+    """Run ``requests`` calls with ``concurrency`` in flight; latency of each, throughput of all.
+    With ``cpu``, also the server-side CPU milliseconds per call, into ``cpu_ms``."""
     code, expected = PAYLOADS[payload]
     latencies: list[float] = []
     errors = 0
@@ -129,9 +182,12 @@ async def measure(call: Call, method: str, payload: str, concurrency: int, reque
             latencies.append(time.perf_counter() - t0)
             errors += 0 if ok else 1
 
+    cpu0 = cpu() if cpu else 0.0
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     elapsed = time.perf_counter() - start
+    if cpu is not None and cpu_ms is not None:
+        cpu_ms[(method, payload, concurrency)] = (cpu() - cpu0) * 1000 / max(1, len(latencies))
     latencies.sort()
     return Case(
         method=method,
@@ -183,39 +239,54 @@ def fresh_process() -> Call:
     return call
 
 
-async def run_bench(url: str, peer: str | None, requests: int, concurrency: tuple[int, ...]) -> list[Case]:
+async def run_bench(
+    url: str,
+    peer: str | None,
+    requests: int,
+    concurrency: tuple[int, ...],
+    agent: CpuProbe | None = None,
+    cpu_ms: dict[tuple[str, str, int], float] | None = None,
+) -> list[Case]:
     """Every case. The methods take turns within each (payload, concurrency) cell, so that a burst of
-    load from elsewhere on a shared machine hits all of them alike rather than one method's block."""
+    load from elsewhere on a shared machine hits all of them alike rather than one method's block.
+    ``cpu_ms`` receives the server-side CPU per call (the agent's process tree; the fresh processes),
+    which, unlike throughput, other load on the machine hardly moves."""
     cases: list[Case] = []
     connector = aiohttp.TCPConnector(limit=max(concurrency), force_close=False)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        methods: list[tuple[str, Call]] = [
-            ("native", http_native(session, url)),
-            ("run_code", http_run_code(session, url)),
-            ("fresh-process", fresh_process()),
+        methods: list[tuple[str, Call, CpuProbe | None]] = [
+            ("native", http_native(session, url), agent),
+            ("run_code", http_run_code(session, url), agent),
+            ("fresh-process", fresh_process(), children_cpu),
         ]
         if peer:
-            methods.append(("peer", http_run_code(session, peer.rstrip("/"))))
-        for method, call in methods:
+            methods.append(("peer", http_run_code(session, peer.rstrip("/")), None))
+        for method, call, _ in methods:
             # Warm connections, fork servers and caches once, outside the measurement.
             await measure(call, method, "print", max(concurrency), max(concurrency))
         for payload in PAYLOADS:
             for c in concurrency:
-                for method, call in methods:
-                    cases.append(await measure(call, method, payload, c, requests))
-    order = {name: i for i, (name, _) in enumerate(methods)}
+                for method, call, cpu in methods:
+                    cases.append(await measure(call, method, payload, c, requests, cpu, cpu_ms))
+    order = {name: i for i, (name, _, _) in enumerate(methods)}
     cases.sort(key=lambda c: (order[c.method], c.payload != "print", c.concurrency))
     return cases
 
 
-def render(cases: list[Case]) -> str:
-    """The human table, then ratios against the fresh process and the target lines."""
-    lines = [f"{'method':<14}{'payload':<9}{'conc':>5}{'rps':>10}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}"]
+def render(cases: list[Case], cpu_ms: dict[tuple[str, str, int], float] | None = None) -> str:
+    """The human table (with server-side CPU per call where measured), then ratios against the
+    fresh process and the target lines."""
+    cpu_ms = cpu_ms or {}
+    lines = [
+        f"{'method':<14}{'payload':<9}{'conc':>5}{'rps':>10}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}"
+        f"{'cpu ms/call':>13}"
+    ]
     for c in cases:
+        cpu = cpu_ms.get((c.method, c.payload, c.concurrency))
         lines.append(
             f"{c.method:<14}{c.payload:<9}{c.concurrency:>5}{c.rps:>10.1f}{c.p50_ms:>10.2f}{c.p99_ms:>10.2f}"
-            f"{c.errors:>8}"
+            f"{c.errors:>8}{'' if cpu is None else f'{cpu:.2f}':>13}"
         )
     index = {(c.method, c.payload, c.concurrency): c for c in cases}
     lines.append("")
@@ -238,6 +309,18 @@ def render(cases: list[Case]) -> str:
         lines.append(
             f"target run_code rps at c=16 >= 5x fresh-process: {ratio:.1f}x "
             f"({rc16.rps:.0f} vs {fp16.rps:.0f} rps) -> {'met' if ratio >= 5 else 'NOT met'}"
+        )
+    cpu_ratios = [
+        fresh / mine
+        for (method, payload, conc), mine in (cpu_ms or {}).items()
+        if method == "run_code"
+        and mine > 0
+        and (fresh := (cpu_ms or {}).get(("fresh-process", payload, conc))) is not None
+    ]
+    if cpu_ratios:
+        lines.append(
+            "server-side CPU per call, fresh-process / run_code (load elsewhere hardly moves it): "
+            f"median {statistics.median(cpu_ratios):.1f}x"
         )
     n1 = index.get(("native", "print", 1))
     r1 = index.get(("run_code", "print", 1))
@@ -273,7 +356,8 @@ def main(argv: list[str]) -> int:
         p.error("--concurrency takes integers like 1,4,16,64")
     proc, url = start_agent(args.agent_arg)
     try:
-        cases = asyncio.run(run_bench(url, args.peer, args.requests, concurrency))
+        cpu_ms: dict[tuple[str, str, int], float] = {}
+        cases = asyncio.run(run_bench(url, args.peer, args.requests, concurrency, agent_cpu(proc), cpu_ms))
     finally:
         proc.terminate()
         try:
@@ -285,7 +369,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"cases": [asdict(c) for c in cases]}))
     else:
         print(f"tangram bench exec: {args.requests} requests per case, {os.cpu_count()} CPUs, agent at {url}")
-        print(render(cases))
+        print(render(cases, cpu_ms))
         errors = sum(c.errors for c in cases)
         median_rps = statistics.median(c.rps for c in cases)
         print(f"total errors: {errors}; median rps over all cases: {median_rps:.0f}")
