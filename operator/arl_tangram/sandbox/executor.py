@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,6 +174,8 @@ class Executor:
             "readable": _runtime_paths(),
         }
         self.servers = [ForkServerClient(fs_config) for _ in range(self.config.forkserver_count)]
+        for server in self.servers:
+            server.group = self.servers
         hellos = await asyncio.gather(*(s.start() for s in self.servers))
         self.isolation = hellos[0]["isolation"]
         self._janitor = Janitor()
@@ -211,6 +214,7 @@ class Executor:
                 continue
             log.warning("fork server %d exited; starting a new one", i)
             fresh = ForkServerClient(server.config)
+            fresh.group = self.servers
             self.servers[i] = fresh
             await server.close()
             await fresh.start()
@@ -292,7 +296,7 @@ class Executor:
         memory_mb = spec.memory_mb if spec.memory_mb is not None else (session.memory_mb if session else None)
         timeout, limits = self._limits(spec, memory_mb)
         # Validate the grant before queueing for it.
-        self.cores._check(want)
+        self.cores.check(want)
         async with self._slots:
             if session is not None:
                 async with session.lock:
@@ -311,16 +315,13 @@ class Executor:
                 workfiles.make_workdir(workdir, uid)
                 for path, data in spec.files.items():
                     workfiles.write_file(workdir, f"files[{path!r}]", path, data, uid)
-            cores = await self.cores.acquire(want)
-            try:
-                server = self._pick_server()
+
+            def build(cores: list[int]) -> tuple[ForkServerClient, dict[str, Any]]:
                 msg = self._message(spec, uid, workdir, cores, timeout_s, limits)
-            except BaseException:
-                self.cores.release(cores)
-                raise
-            msg["remove_workdir"] = not spec.fetch_files
-            # From here the call frees the cores, exactly once: as soon as the answer arrives.
-            reply = await server.call(msg, on_reply=lambda: self.cores.release(cores))
+                msg["remove_workdir"] = not spec.fetch_files
+                return self._pick_server(), msg
+
+            cores, reply = await self._dispatch(want, build)
             files = self._fetch(workdir, spec.fetch_files)
         finally:
             if uid is not None:
@@ -339,25 +340,67 @@ class Executor:
     ) -> ActionResult:
         for path, data in spec.files.items():
             workfiles.write_file(session.workdir, f"files[{path!r}]", path, data, session.uid)
-        cores = await self.cores.acquire(want)
-        try:
+        interp = session.persistent and spec.runtime == "python"
+
+        def build(cores: list[int]) -> tuple[ForkServerClient, dict[str, Any]]:
             msg = self._message(spec, session.uid, session.workdir, cores, timeout_s, limits)
-            if session.persistent and spec.runtime == "python":
+            if interp:
                 msg["op"] = "interp_run"
                 msg["sid"] = session.id
                 # A long-lived interpreter must not die of accumulated CPU seconds.
                 msg["limits"] = {k: v for k, v in limits.items() if k != "cpu"}
-            reply = await session.server.call(msg)
-        finally:
-            self.cores.release(cores)
+            return session.server, msg
+
+        cores, reply = await self._dispatch(want, build)
         session.actions += 1
         session.last_used = time.monotonic()
         rss = reply.get("max_rss_kb") or 0
         session.peak_rss_kb = max(session.peak_rss_kb, rss)
-        if msg["op"] == "interp_run":
+        if interp:
             session.interpreter_rss_kb = reply.get("max_rss_kb")
         files = self._fetch(session.workdir, spec.fetch_files)
         return self._result(reply, cores, files, session.id, timeout_s)
+
+    async def _dispatch(
+        self,
+        want: int | frozenset[int],
+        build: Callable[[list[int]], tuple[ForkServerClient, dict[str, Any]]],
+    ) -> tuple[list[int], dict[str, Any]]:
+        """Get cores, send the action, wait for its answer; returns (cores, reply).
+
+        The message is built and sent inside the core grant, which runs synchronously in the
+        ``release`` of the previous holder; and the cores are released inside the answer callback.
+        So a finished action hands its cores to the next one without a detour through the event
+        loop (measured: a quarter more throughput on two cores than acquire/await/release).
+        """
+        done: asyncio.Future[tuple[list[int], dict[str, Any]]] = asyncio.get_running_loop().create_future()
+
+        def grant(cores: list[int]) -> None:
+            try:
+                server, msg = build(cores)
+            except BaseException as exc:
+                self.cores.release(cores)
+                if not done.done():
+                    done.set_exception(exc)
+                return
+
+            def answer(reply: dict[str, Any] | BaseException) -> None:
+                self.cores.release(cores)
+                if done.done():
+                    return
+                if isinstance(reply, BaseException):
+                    done.set_exception(reply)
+                else:
+                    done.set_result((cores, reply))
+
+            server.submit(msg, answer)
+
+        cancel = self.cores.request(want, grant)
+        try:
+            return await done
+        except asyncio.CancelledError:
+            cancel()  # still waiting: withdrawn; already running: the answer frees the cores
+            raise
 
     def _message(
         self,

@@ -12,13 +12,14 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 from arl_tangram.errors import InfrastructureError
 from arl_tangram.sandbox import wire
 
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
+Answer: TypeAlias = Callable[[dict[str, Any] | BaseException], None]
 
 
 def forkserver_environment() -> dict[str, str]:
@@ -52,8 +53,11 @@ class ForkServerClient:
         self.proc: subprocess.Popen[bytes] | None = None
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
-        self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self.on_reply: dict[int, Callable[[], None]] = {}
+        # id -> what to call with the answer (or with the exception when the fork server is lost)
+        self.waiting: dict[int, Answer] = {}
+        # Every client of one executor: frames queued while answers are processed go out at the end
+        # of that chunk, to whichever fork server they are for.
+        self.group: list[ForkServerClient] = [self]
         self.hello: asyncio.Future[dict[str, Any]] | None = None
         self.in_flight = 0
         self._task: asyncio.Task[None] | None = None
@@ -102,50 +106,50 @@ class ForkServerClient:
                         if self.hello is not None and not self.hello.done():
                             self.hello.set_result(msg)
                         continue
-                    callback = self.on_reply.pop(msg.get("id", -1), None)
-                    if callback is not None:
-                        callback()
-                    fut = self.pending.pop(msg.get("id", -1), None)
-                    if fut is not None and not fut.done():
-                        fut.set_result(msg)
+                    answer = self.waiting.pop(msg.get("id", -1), None)
+                    if answer is not None:
+                        self.in_flight -= 1
+                        answer(msg)
+                for client in self.group:
+                    client._flush()
         finally:
             err = InfrastructureError("the fork server exited")
             if self.hello is not None and not self.hello.done():
                 self.hello.set_exception(err)
-            for fut in self.pending.values():
-                if not fut.done():
-                    fut.set_exception(err)
-            self.pending.clear()
+            waiting, self.waiting = self.waiting, {}
+            self.in_flight = 0
+            for answer in waiting.values():
+                answer(err)
 
     @property
     def alive(self) -> bool:
         """Whether the process is still running."""
         return self.proc is not None and self.proc.poll() is None
 
-    async def call(self, msg: dict[str, Any], on_reply: Callable[[], None] | None = None) -> dict[str, Any]:
-        """Send ``msg`` (which carries an ``id``) and wait for the answer with that id.
-
-        ``on_reply`` runs exactly once: the moment the answer is read (before the waiting task
-        resumes), or when the call fails. The executor frees the action's cores there, so that the
-        next action is dispatched in the same loop iteration instead of a few iterations later.
-        """
-        call_id = msg["id"]
-        if on_reply is not None:
-            self.on_reply[call_id] = on_reply
+    def submit(self, msg: dict[str, Any], answer: Answer) -> None:
+        """Send ``msg`` (which carries an ``id``); ``answer`` is called exactly once, synchronously,
+        with the reply dict, or with an ``InfrastructureError`` if the fork server is lost."""
+        if self.writer is None or not self.alive:
+            answer(InfrastructureError("the fork server is not running"))
+            return
+        self.waiting[msg["id"]] = answer
         self.in_flight += 1
-        try:
-            if self.writer is None or not self.alive:
-                raise InfrastructureError("the fork server is not running")
-            fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-            self.pending[call_id] = fut
-            self._queue(wire.encode(msg))
-            return await fut
-        finally:
-            self.in_flight -= 1
-            self.pending.pop(call_id, None)
-            callback = self.on_reply.pop(call_id, None)
-            if callback is not None:
-                callback()
+        self._queue(wire.encode(msg))
+
+    async def call(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """``submit`` and wait for the reply."""
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+
+        def answer(reply: dict[str, Any] | BaseException) -> None:
+            if fut.done():
+                return
+            if isinstance(reply, BaseException):
+                fut.set_exception(reply)
+            else:
+                fut.set_result(reply)
+
+        self.submit(msg, answer)
+        return await fut
 
     def _queue(self, frame: bytes) -> None:
         # Frames queued in one loop iteration go out in one write: one system call and one wake-up

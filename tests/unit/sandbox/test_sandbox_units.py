@@ -179,3 +179,19 @@ def test_hidden_ancestors_are_covered_once(tmp_path: Path) -> None:
     covers = isolation._covers([], [str(private / "py" / "lib")])
     assert str(private) in covers or any(str(private).startswith(c + "/") for c in covers)
     assert all(not any(c != d and c.startswith(d + "/") for d in covers) for c in covers)
+
+
+def test_grants_run_inside_the_release_that_frees_the_cores() -> None:
+    alloc = CoreAllocator([0, 1])
+    granted: list[list[int]] = []
+    alloc.request(2, granted.append)
+    assert granted == [[0, 1]]
+    alloc.request(1, granted.append)
+    withdraw = alloc.request(1, granted.append)
+    withdraw()  # a withdrawn request is skipped, never granted
+    alloc.request(frozenset({1}), granted.append)
+    assert len(granted) == 1
+    alloc.release([0, 1])
+    # In arrival order, synchronously, without an event loop turn.
+    assert granted == [[0, 1], [0], [1]]
+    assert alloc.busy == 2
