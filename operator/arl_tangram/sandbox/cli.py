@@ -41,7 +41,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="clean up leftover processes by uid/process group instead of a PID namespace per action",
     )
     p.add_argument("--preload", default=",".join(DEFAULT_PRELOAD), help="modules the fork server pre-imports")
-    p.add_argument("--forkservers", type=int, default=0, help="fork servers (default: one per core, max 4)")
     p.add_argument(
         "--uid-base",
         type=int,
@@ -76,7 +75,6 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         network_allowed=args.network_allowed,
         no_pid_namespace=args.no_pid_namespace,
         preload=tuple(m.strip() for m in args.preload.split(",") if m.strip()),
-        forkservers=args.forkservers,
         uid_base=args.uid_base,
         max_concurrent=args.max_concurrent,
         max_sessions=args.max_sessions,

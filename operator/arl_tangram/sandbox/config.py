@@ -69,7 +69,6 @@ class AgentConfig:
     network_allowed: bool = False
     no_pid_namespace: bool = False  # e.g. under gVisor/Kata, or to compare the fallback clean-up
     preload: tuple[str, ...] = DEFAULT_PRELOAD
-    forkservers: int = 0  # 0: one per core, at most 4
     uid_base: int = 40000
     max_concurrent: int = 256
     max_sessions: int = 1024
@@ -94,8 +93,3 @@ class AgentConfig:
             raise InvalidSpec("timeout", "the default timeout must be positive and at most the maximum")
         if self.limits.memory_mb > self.limits.max_memory_mb:
             raise InvalidSpec("memory-mb", "the default memory limit exceeds the maximum")
-
-    @property
-    def forkserver_count(self) -> int:
-        """How many fork servers to run (forking is the serial part of the hot path)."""
-        return self.forkservers or max(1, min(4, len(self.cores)))

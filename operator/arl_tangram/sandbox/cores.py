@@ -1,50 +1,26 @@
 """Exclusive cores per action on one sandbox host.
 
 The operator's scheduler normally sends the grant with the request (``cores: [2, 3]``); the agent then
-only checks that the cores are its own and waits, should the previous holder not have released them
-yet. A request without a grant (``/run_code`` from a trainer) asks for a number of cores and gets the
-first free ones, first come first served.
+only checks that the cores are its own. A request without a grant (``/run_code`` from a trainer)
+asks for a number of cores and gets the first free ones. The fork server owns the pool and starts
+queued actions in arrival order as cores come free: it is the one that knows the moment an action's
+last process is gone (see ``forkserver._drain``).
+
+Pure and tiny on purpose: the fork server imports it, and every module it imports is paid again by
+each fork.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections import deque
-from collections.abc import Callable
-
 from arl_tangram.errors import CapacityExceeded, InvalidSpec
 
-Grant = Callable[[list[int]], None]
 
-
-class _Waiter:
-    __slots__ = ("grant", "live", "want")
-
-    def __init__(self, want: int | frozenset[int], grant: Grant) -> None:
-        self.want = want
-        self.grant = grant
-        self.live = True
-
-    def cancel(self) -> None:
-        self.live = False
-
-
-def _nothing() -> None:
-    return None
-
-
-class CoreAllocator:
-    """Hands out disjoint core sets; waiters are served in arrival order.
-
-    ``request`` is the hot path: its ``grant`` callback runs synchronously, either at once or inside
-    the ``release`` that frees the cores, so the next action is dispatched the moment the previous
-    one answers (no event-loop iterations in between, during which the cores would sit idle).
-    """
+class CorePool:
+    """Disjoint core sets out of a host's cores."""
 
     def __init__(self, cores: list[int]) -> None:
-        self.cores = list(cores)
+        self.cores = sorted(cores)
         self.free: set[int] = set(cores)
-        self._waiters: deque[_Waiter] = deque()
 
     @property
     def busy(self) -> int:
@@ -65,61 +41,19 @@ class CoreAllocator:
             if foreign:
                 raise InvalidSpec("cores", f"cores {sorted(foreign)} do not belong to this host {self.cores}")
 
-    def _take(self, want: int | frozenset[int]) -> list[int] | None:
+    def take(self, want: int | list[int] | frozenset[int]) -> list[int] | None:
+        """``want`` cores (a count, or exactly these) if free now, else ``None``."""
         if isinstance(want, int):
             if len(self.free) < want:
                 return None
             got = sorted(self.free)[:want]
         else:
-            if not want <= self.free:
+            if not self.free.issuperset(want):
                 return None
             got = sorted(want)
         self.free.difference_update(got)
         return got
 
-    def request(self, want: int | frozenset[int], grant: Grant) -> Callable[[], None]:
-        """Call ``grant(cores)`` now, or later from ``release``; returns a cancel function (which
-        only withdraws a request still waiting: cores already granted are the grantee's to free)."""
-        self.check(want)
-        if not self._waiters:
-            got = self._take(want)
-            if got is not None:
-                grant(got)
-                return _nothing
-        waiter = _Waiter(want, grant)
-        self._waiters.append(waiter)
-        return waiter.cancel
-
-    async def acquire(self, want: int | frozenset[int]) -> list[int]:
-        """Wait for, and take, ``want`` cores (a count, or exactly this set)."""
-        fut: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-
-        def grant(got: list[int]) -> None:
-            if fut.done():
-                self.release(got)
-            else:
-                fut.set_result(got)
-
-        cancel = self.request(want, grant)
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            cancel()
-            if fut.done() and not fut.cancelled():
-                self.release(fut.result())
-            raise
-
     def release(self, cores: list[int]) -> None:
-        """Give cores back and grant whoever can now run."""
+        """Give cores back."""
         self.free.update(cores)
-        while self._waiters:
-            waiter = self._waiters[0]
-            if not waiter.live:
-                self._waiters.popleft()
-                continue
-            got = self._take(waiter.want)
-            if got is None:
-                break
-            self._waiters.popleft()
-            waiter.live = False
-            waiter.grant(got)

@@ -329,7 +329,7 @@ async def health(request: web.Request) -> web.Response:
             "status": "ok" if ok else "degraded",
             "isolation": executor.isolation,
             "runtimes": list(executor.config.runtimes),
-            "cores": {"total": len(executor.cores.cores), "busy": executor.cores.busy},
+            "cores": {"total": len(executor.cores.cores), "busy": executor.cores_busy},
             "sessions": len(executor.sessions),
             "outcomes": executor.counts,
         },
@@ -346,7 +346,7 @@ async def metrics(request: web.Request) -> web.Response:
     """``GET /metrics``."""
     m = request.app[METRICS]
     executor = request.app[EXECUTOR]
-    m.cores_busy.set(executor.cores.busy)
+    m.cores_busy.set(executor.cores_busy)
     m.cores_total.set(len(executor.cores.cores))
     m.sessions.set(len(executor.sessions))
     return web.Response(body=generate_latest(m.registry), content_type="text/plain", charset="utf-8")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import requests
 from sandbox_agent_harness import SECRET, Agent, agent, processes_of, wait_until
@@ -265,3 +266,42 @@ def test_output_below_the_cap_arrives_whole(agent: Agent) -> None:
     assert body["stdout_truncated"] is False
     assert len(str(body["stdout"])) == 900_000
     assert body["stderr"] == "\n"
+
+
+def _running_actions(uids: range) -> dict[int, set[int]]:
+    """uid -> cores allowed, for every live action process right now."""
+    seen: dict[int, set[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as fh:
+                status = dict(line.split(":", 1) for line in fh if ":" in line)
+        except OSError:
+            continue
+        uid = int(status["Uid"].split()[0])
+        if uid not in uids or status["State"].strip().startswith("Z"):
+            continue
+        cores: set[int] = set()
+        for part in status["Cpus_allowed_list"].strip().split(","):
+            lo, _, hi = part.partition("-")
+            cores.update(range(int(lo), int(hi or lo) + 1))
+        seen.setdefault(uid, set()).update(cores)
+    return seen
+
+
+def test_concurrent_actions_never_share_a_core(agent: Agent) -> None:
+    host_cores = set(os.sched_getaffinity(0))
+    busy = "import time\nend = time.time() + 0.3\nwhile time.time() < end:\n    pass\nprint('done')"
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        futures = [pool.submit(agent.execute, busy, ncores=1) for _ in range(8)]
+        samples = 0
+        while not all(f.done() for f in futures):
+            running = _running_actions(agent.uids)
+            cores = [c for cs in running.values() for c in cs]
+            assert len(cores) == len(set(cores)), f"two actions share a core: {running}"
+            assert set(cores) <= host_cores
+            samples += 1
+        results = [f.result() for f in futures]
+    assert samples > 0
+    assert all(r["stdout"] == "done\n" and len(r["cores"]) == 1 for r in results)  # type: ignore[arg-type]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from arl_tangram.errors import CapacityExceeded, InvalidSpec
 from arl_tangram.sandbox import isolation, wire, workfiles
 from arl_tangram.sandbox.cli import build_parser, config_from_args, parse_listen
 from arl_tangram.sandbox.config import parse_cores
-from arl_tangram.sandbox.cores import CoreAllocator
+from arl_tangram.sandbox.cores import CorePool
 from arl_tangram.sandbox.executor import ActionResult
 from arl_tangram.sandbox.server import sandboxfusion_response
 
@@ -61,46 +60,31 @@ def test_reading_never_follows_links_out(tmp_path: Path) -> None:
     assert (tmp_path / "secret").read_text() == "s"
 
 
-# ---- cores -------------------------------------------------------------------------------------------
-async def test_cores_are_exclusive_and_served_in_order() -> None:
-    alloc = CoreAllocator([0, 1, 2, 3])
-    a = await alloc.acquire(2)
-    b = await alloc.acquire(frozenset({2}))
-    assert set(a).isdisjoint(b)
-    waiter_big = asyncio.create_task(alloc.acquire(3))
-    waiter_small = asyncio.create_task(alloc.acquire(1))
-    await asyncio.sleep(0)
-    assert not waiter_big.done()
-    assert not waiter_small.done()  # first come, first served: no overtaking
-    alloc.release(a)
-    alloc.release(b)
-    got_big = await waiter_big
-    got_small = await waiter_small
-    assert len(got_big) == 3
-    assert set(got_big).isdisjoint(got_small)
-    assert alloc.busy == 4
+# ---- cores ----------------------------------------------------------------------------------------------
+def test_cores_are_exclusive() -> None:
+    pool = CorePool([0, 1, 2, 3])
+    a = pool.take(2)
+    b = pool.take(frozenset({2}))
+    assert a == [0, 1]
+    assert b == [2]
+    assert pool.take(2) is None  # only core 3 is free
+    assert pool.take([1]) is None  # held
+    assert pool.take([3]) == [3]
+    assert pool.busy == 4
+    pool.release([0, 1])
+    assert pool.take(2) == [0, 1]
 
 
-async def test_bad_grants_are_clear_errors() -> None:
-    alloc = CoreAllocator([0, 1])
+def test_bad_grants_are_clear_errors() -> None:
+    pool = CorePool([0, 1])
     with pytest.raises(InvalidSpec, match="do not belong"):
-        await alloc.acquire(frozenset({7}))
+        pool.check(frozenset({7}))
     with pytest.raises(CapacityExceeded):
-        await alloc.acquire(3)
+        pool.check(3)
     with pytest.raises(InvalidSpec):
-        await alloc.acquire(0)
-
-
-async def test_a_cancelled_waiter_takes_nothing() -> None:
-    alloc = CoreAllocator([0])
-    held = await alloc.acquire(1)
-    waiter = asyncio.create_task(alloc.acquire(1))
-    await asyncio.sleep(0)
-    waiter.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await waiter
-    alloc.release(held)
-    assert alloc.busy == 0
+        pool.check(0)
+    with pytest.raises(InvalidSpec):
+        pool.check(frozenset())
 
 
 # ---- settings ----------------------------------------------------------------------------------------
@@ -179,19 +163,3 @@ def test_hidden_ancestors_are_covered_once(tmp_path: Path) -> None:
     covers = isolation._covers([], [str(private / "py" / "lib")])
     assert str(private) in covers or any(str(private).startswith(c + "/") for c in covers)
     assert all(not any(c != d and c.startswith(d + "/") for d in covers) for c in covers)
-
-
-def test_grants_run_inside_the_release_that_frees_the_cores() -> None:
-    alloc = CoreAllocator([0, 1])
-    granted: list[list[int]] = []
-    alloc.request(2, granted.append)
-    assert granted == [[0, 1]]
-    alloc.request(1, granted.append)
-    withdraw = alloc.request(1, granted.append)
-    withdraw()  # a withdrawn request is skipped, never granted
-    alloc.request(frozenset({1}), granted.append)
-    assert len(granted) == 1
-    alloc.release([0, 1])
-    # In arrival order, synchronously, without an event loop turn.
-    assert granted == [[0, 1], [0], [1]]
-    assert alloc.busy == 2
