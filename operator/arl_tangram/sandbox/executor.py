@@ -1,8 +1,9 @@
-"""Runs actions: picks cores, a uid and a workdir, hands the action to a fork server, shapes the result.
+"""Runs actions: validates the core request, picks a uid and a workdir, hands the action to the fork
+server (which queues it until its cores are free), and shapes the result.
 
-This is the agent's engine, shared by the native API and ``/run_code``. It owns the fork servers, the
-core allocator, the pool of per-action uids, the sessions and a single janitor thread that deletes
-finished workdirs off the request path.
+This is the agent's engine, shared by the native API and ``/run_code``. It owns the fork server (and
+restarts it if it dies), the pool of per-action uids, the sessions and a single janitor thread that
+deletes what actions left in their workdirs, off the request path.
 """
 
 from __future__ import annotations
