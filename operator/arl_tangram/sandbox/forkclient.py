@@ -163,10 +163,6 @@ class ForkServerClient:
             self.writer.write(b"".join(self._outq))
         self._outq.clear()
 
-    def send(self, msg: dict[str, Any]) -> None:
-        """Fire and forget (``kill``)."""
-        self._queue(wire.encode(msg))
-
     async def close(self) -> None:
         """Stop the process: closing the socket ends its loop; its children die with it."""
         if self.writer is not None:

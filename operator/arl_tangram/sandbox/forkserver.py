@@ -5,12 +5,12 @@ end of a socketpair. It pre-imports the configured modules once (so an action pa
 for interpreter start-up and imports), enters its own network and mount namespaces, and then serves
 frames (see ``wire``) from the agent:
 
-- ``run``: fork a child into a fresh PID namespace; the child sets up its cores, uid, workdir, rlimits
-  and environment and then either runs Python code in-process or ``execve``s a command (bash,
-  pytest). Output is read from pipes by this process, capped, and returned with the exit status.
+- ``run``: queue the action until the cores it wants are free (this process owns the host's cores),
+  then fork a child into a fresh PID namespace; the child sets up its cores, uid, workdir and
+  rlimits and then either runs Python code in-process or ``execve``s a command (bash, pytest).
+  Output is read from pipes by this process, capped, and returned with the exit status.
 - ``interp_run`` / ``interp_stop``: a session's persistent interpreter (a forked child that keeps its
   globals between calls, like a notebook kernel); each call gets fresh pipes passed over a socket.
-- ``kill``: end a running action now.
 
 Nothing here imports aiohttp or the agent: the fork server must stay small, because every action
 pays for copying its page tables.
@@ -283,10 +283,6 @@ class ForkServer:
                 elif op == "interp_stop":
                     self._stop_interp(msg["sid"])
                     self.send({"id": msg["id"], "stopped": True})
-                elif op == "kill":
-                    call = self.calls.get(msg["target"])
-                    if call is not None:
-                        self._kill(call)
             except Exception as exc:  # report, never die: the agent awaits an answer for this id
                 self.send({"id": msg.get("id"), "sandbox_error": f"{exc.__class__.__name__}: {exc}"})
         self._drain()
