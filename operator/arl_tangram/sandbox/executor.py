@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arl_tangram.errors import CapacityExceeded, InvalidSpec, NotReady
-from arl_tangram.sandbox import workfiles
+from arl_tangram.sandbox import isolation, workfiles
 from arl_tangram.sandbox.config import AgentConfig
 from arl_tangram.sandbox.cores import CorePool
 from arl_tangram.sandbox.forkclient import ForkServerClient, next_id
@@ -156,7 +156,8 @@ class Executor:
         self._reaper: asyncio.Task[None] | None = None
         self._seq = 0
         self._restart_lock = asyncio.Lock()
-        self.run_as_root = os.geteuid() == 0
+        # A uid per action and per session, when this process may switch uids.
+        self.run_as_root = isolation.can_switch_uid()
         self.counts: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
 
     # ---- life cycle -------------------------------------------------------------------------------

@@ -687,22 +687,38 @@ def _rss_kb(pid: int) -> int | None:
 
 def _sweep_without_pidns(pgid: int, call_id: int, uid: int | None, keep: set[int]) -> None:
     """Clean-up when there is no PID namespace: the process group, then every process of the action's
-    own uid (as root; nothing can leave a uid), else the env marker (can be evaded; a warning says so)."""
+    own uid (as root; nothing can leave a uid). Without uids: processes carrying the action's env
+    marker (what it exec'd), and our orphans (we are the child subreaper) that carry no marker of
+    another action (Python-level forks show the environment block they were started with, ours).
+    The last may end another running action's daemon early; a start-up warning names this mode."""
     with _suppress(OSError):
         os.killpg(pgid, signal.SIGKILL)
     if uid is not None:
         _kill_uid(uid, keep)
         return
+    me = os.getpid()
     marker = f"TANGRAM_ACTION_ID={call_id}".encode()
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as fh:
-                if marker in fh.read().split(b"\0"):
+    for _ in range(50):  # orphans of killed orphans come to us in turn
+        found = False
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) in keep:
+                continue
+            try:
+                with open(f"/proc/{name}/environ", "rb") as fh:
+                    env = fh.read().split(b"\0")
+                with open(f"/proc/{name}/stat", "rb") as fh:
+                    fields = fh.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            ours = int(fields[1]) == me and fields[0] != b"Z"
+            others = any(e.startswith(b"TANGRAM_ACTION_ID=") and e != marker for e in env)
+            if marker in env or (ours and not others):
+                with _suppress(OSError):
                     os.kill(int(name), signal.SIGKILL)
-        except OSError:
-            continue
+                found = True
+        _reap_orphans(keep)
+        if not found:
+            return
 
 
 def _uid_processes(uid: int, me: int) -> list[int]:

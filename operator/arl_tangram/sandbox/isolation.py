@@ -92,6 +92,29 @@ def malloc_trim() -> None:
         trim(0)
 
 
+CAP_CHOWN = 0
+CAP_KILL = 5
+CAP_SETGID = 6
+CAP_SETUID = 7
+
+
+def effective_capabilities() -> int:
+    """The calling process's effective capability mask (``CapEff`` in /proc/self/status)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    return 0
+
+
+def can_switch_uid() -> bool:
+    """Whether actions can be given uids of their own: root *with* the capabilities to do so (a
+    container may run as root with them dropped)."""
+    caps = effective_capabilities()
+    needed = (CAP_CHOWN, CAP_KILL, CAP_SETGID, CAP_SETUID)
+    return os.geteuid() == 0 and all(caps >> cap & 1 for cap in needed)
+
+
 def prctl(option: int, arg: int) -> None:
     """``prctl(2)`` with one argument."""
     _check(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), 0, 0, 0), "prctl")
@@ -131,9 +154,15 @@ class Isolation:
         """Human lines for what is weaker than intended, each naming the fallback in use."""
         lines = list(self.notes)
         if not self.per_action_uid:
+            who = (
+                "ROOT (root without CAP_SETUID/SETGID/CHOWN/KILL)"
+                if os.geteuid() == 0
+                else "the agent's own uid"
+            )
             lines.append(
-                "not root: actions run as the agent's own uid; sessions are not isolated from each other "
-                "by file permissions (run the agent as root, it drops to a uid per action)"
+                f"no uid per action: actions run as {who}; sessions are not isolated from each other by "
+                "file permissions (run the agent as root with those capabilities: it drops each action "
+                "to a uid of its own)"
             )
         if not self.pid_namespace and self.per_action_uid:
             lines.append(
@@ -219,7 +248,7 @@ def enter_private_namespaces(
     cover, the latter read-only: actions then reach the runtime even when it lives under a private
     home directory, and see nothing else there.
     """
-    iso = Isolation(network_allowed=network_allowed, per_action_uid=os.geteuid() == 0)
+    iso = Isolation(network_allowed=network_allowed, per_action_uid=can_switch_uid())
     notes: list[str] = []
     if not network_allowed:
         try:

@@ -57,12 +57,13 @@ def _free_port() -> int:
         return port
 
 
-def start_agent(root: Path, *extra: str) -> Agent:
-    """Start ``tangram sandbox-agent`` and wait for its ready line (deadline 60 s)."""
+def start_agent(root: Path, *extra: str, prefix: tuple[str, ...] = ()) -> Agent:
+    """Start ``tangram sandbox-agent`` (under ``prefix``, e.g. capsh) and wait for its ready line."""
     port = _free_port()
     uid_base = 100000 + (os.getpid() % 400) * 200
     proc = subprocess.Popen(
         [
+            *prefix,
             sys.executable,
             "-m",
             "arl_tangram",
