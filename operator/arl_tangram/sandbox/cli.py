@@ -34,7 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cores", help="cores this agent hands out, e.g. 0-7 (default: all it may use)")
     p.add_argument("--workdir-root", help="where workdirs live (default: a fresh dir on /dev/shm)")
     p.add_argument("--runtimes", default=",".join(RUNTIMES), help="offered runtimes (default %(default)s)")
-    p.add_argument("--network-allowed", action="store_true", help="let actions use the network")
+    p.add_argument(
+        "--network-allowed",
+        action="store_true",
+        help="let actions use the network (they can then reach the agent too: set a token)",
+    )
     p.add_argument(
         "--no-pid-namespace",
         action="store_true",
@@ -60,7 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fsize-mb", type=int, default=64, help="largest file an action may write")
     p.add_argument("--output-bytes", type=int, default=1 << 20, help="cap on stdout and on stderr")
     p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body")
-    p.add_argument("--token", default=os.environ.get("TANGRAM_AGENT_TOKEN"), help="require this bearer token")
+    p.add_argument(
+        "--token",
+        default=os.environ.get("TANGRAM_AGENT_TOKEN"),
+        help="require this bearer token (prefer the env var TANGRAM_AGENT_TOKEN: argv is visible in /proc)",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 

@@ -57,7 +57,9 @@ def _free_port() -> int:
         return port
 
 
-def start_agent(root: Path, *extra: str, prefix: tuple[str, ...] = ()) -> Agent:
+def start_agent(
+    root: Path, *extra: str, prefix: tuple[str, ...] = (), env: dict[str, str] | None = None
+) -> Agent:
     """Start ``tangram sandbox-agent`` (under ``prefix``, e.g. capsh) and wait for its ready line."""
     port = _free_port()
     uid_base = 100000 + (os.getpid() % 400) * 200
@@ -86,7 +88,7 @@ def start_agent(root: Path, *extra: str, prefix: tuple[str, ...] = ()) -> Agent:
         stderr=subprocess.PIPE,
         text=True,
         # A secret in the agent's environment, which no action may ever see.
-        env={**os.environ, "TANGRAM_AGENT_TOKEN_PROBE": SECRET},
+        env={**os.environ, "TANGRAM_AGENT_TOKEN_PROBE": SECRET, **(env or {})},
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()
