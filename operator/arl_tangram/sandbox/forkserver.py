@@ -751,7 +751,7 @@ def _reap_orphans(keep: set[int]) -> None:
                 os.waitpid(int(name), os.WNOHANG)
 
 
-def _kill_uid(uid: int, keep: set[int] = frozenset()) -> None:  # type: ignore[assignment]
+def _kill_uid(uid: int, keep: set[int]) -> None:
     """SIGKILL every process of ``uid`` from a helper running as that uid: kill(-1) reaches exactly
     the processes it may signal, which for a non-root uid are that uid's own (never the caller).
     Killed orphans become our children (we are their subreaper): reaping them while the helper

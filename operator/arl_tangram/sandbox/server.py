@@ -35,7 +35,6 @@ from arl_tangram.sandbox.models import ExecuteRequest, RunCodeRequest, SessionRe
 
 log = logging.getLogger(__name__)
 EXECUTOR: web.AppKey[Executor] = web.AppKey("executor", Executor)
-METRICS: web.AppKey[Metrics] = web.AppKey("metrics", object)  # type: ignore[arg-type]
 OPEN_PATHS = ("/v1/health", "/healthz", "/metrics", "/v1/ping")
 # SandboxFusion's language names that map onto our runtimes.
 LANGUAGES = {"python": "python", "python3": "python", "bash": "bash", "sh": "bash", "pytest": "pytest"}
@@ -73,6 +72,9 @@ class Metrics:
         """Count one finished action."""
         self.actions.labels(api, runtime, result.outcome).inc()
         self.seconds.labels(runtime).observe(result.wall_s)
+
+
+METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
 
 
 class BadRequest(Exception):
