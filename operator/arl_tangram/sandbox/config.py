@@ -12,7 +12,7 @@ RUNTIMES = ("python", "bash", "pytest")
 # Modules the fork server imports once so that actions find them loaded. Kept small on purpose: every
 # megabyte the fork server holds is paid again by each fork and each child's exit (measured here:
 # about 0.1 ms per MB per action). Pools that need numpy or pandas name them with --preload.
-DEFAULT_PRELOAD = ("math", "itertools", "functools", "collections", "heapq", "bisect", "string")
+DEFAULT_PRELOAD = ("math", "itertools", "functools", "collections", "heapq", "bisect", "string", "json")
 
 
 def parse_cores(text: str) -> list[int]:
