@@ -338,6 +338,17 @@ class ForkServer:
             if current.get(key) != value:
                 current[key] = value
 
+    def _make_workdir(self, msg: dict[str, Any]) -> None:
+        # Here rather than in the child: a few system calls in this process, instead of the child's
+        # copy-on-write faults on every Python object the same work touches there.
+        uid = msg.get("uid")
+        try:
+            os.mkdir(msg["workdir"], 0o700)
+            if uid is not None:
+                os.chown(msg["workdir"], uid, uid)
+        except FileExistsError:
+            pass
+
     def _fork_isolated(self) -> int:
         """Fork a child that is PID 1 of a new PID namespace (when available)."""
         if not self.iso.pid_namespace:
@@ -351,11 +362,22 @@ class ForkServer:
                 isolation.setns(self.own_pidns, isolation.CLONE_NEWPID)
 
     def _start_run(self, msg: dict[str, Any]) -> None:
-        stdin_fd = self._stdin_fd(msg.get("stdin"))
-        r_out, w_out, r_err, w_err = _output_pipes()
-        started = time.monotonic()
+        self._make_workdir(msg)
         self._apply_env(msg)
-        pid = self._fork_isolated()
+        opened: list[int] = []
+        try:
+            stdin_fd = self._stdin_fd(msg.get("stdin"))
+            if stdin_fd != self.devnull:
+                opened.append(stdin_fd)
+            r_out, w_out, r_err, w_err = _output_pipes()
+            opened += [r_out, w_out, r_err, w_err]
+            started = time.monotonic()
+            pid = self._fork_isolated()
+        except BaseException:
+            # Out of descriptors or processes: report it (the caller does), leak nothing.
+            for fd in opened:
+                os.close(fd)
+            raise
         if pid == 0:
             _child_main(msg, stdin_fd, w_out, w_err, None)
         os.close(w_out)
@@ -399,7 +421,9 @@ class ForkServer:
         payload = marshal.dumps({"code": msg["code"]})
         started = time.monotonic()
         try:
-            interp.ctrl.setblocking(True)
+            # Bounded: an interpreter whose code stopped reading its control socket must not be able
+            # to stall this loop (the call then runs into its timeout, which kills the interpreter).
+            interp.ctrl.settimeout(2.0)
             import socket
 
             socket.send_fds(interp.ctrl, [struct.pack("<I", len(payload))], [stdin_fd, w_out, w_err])
@@ -432,9 +456,15 @@ class ForkServer:
     def _spawn_interp(self, msg: dict[str, Any]) -> Interp:
         import socket
 
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._make_workdir(msg)
         self._apply_env(msg)
-        pid = self._fork_isolated()
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            pid = self._fork_isolated()
+        except BaseException:
+            parent.close()
+            child.close()
+            raise
         if pid == 0:
             parent.close()
             _child_main(msg, self.devnull, self.devnull, self.devnull, child.fileno())
@@ -668,7 +698,12 @@ def _output_pipes() -> tuple[int, int, int, int]:
     """stdout and stderr pipes: our read ends non-blocking, the action's write ends blocking (a
     non-blocking stdout makes a program that writes fast lose output or fail with EAGAIN)."""
     r_out, w_out = os.pipe2(os.O_CLOEXEC)
-    r_err, w_err = os.pipe2(os.O_CLOEXEC)
+    try:
+        r_err, w_err = os.pipe2(os.O_CLOEXEC)
+    except OSError:
+        os.close(r_out)
+        os.close(w_out)
+        raise
     os.set_blocking(r_out, False)
     os.set_blocking(r_err, False)
     return r_out, w_out, r_err, w_err
@@ -807,13 +842,7 @@ def _child_main(
             isolation.prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
         workdir = msg["workdir"]
         uid = msg.get("uid")
-        try:
-            os.mkdir(workdir, 0o700)
-            if uid is not None:
-                os.chown(workdir, uid, uid)
-        except FileExistsError:
-            pass
-        os.chdir(workdir)
+        os.chdir(workdir)  # created by the fork server before the fork
         os.umask(0o022)
         if uid is not None:
             os.setgroups([])
