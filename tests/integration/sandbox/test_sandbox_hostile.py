@@ -292,3 +292,27 @@ def test_an_interpreter_that_breaks_its_control_socket_just_ends(agent: Agent) -
         requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
     assert agent.healthy()
     wait_until(lambda: processes_of(agent.uids) == [], what="the broken interpreter to be gone")
+
+
+def test_an_interpreter_that_hijacks_its_control_socket_is_timed_out(agent: Agent) -> None:
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    try:
+        # Keep the control socket open elsewhere and put a silent socket in its place: the
+        # interpreter's answer goes nowhere, so the call can only end at its deadline.
+        hijack = (
+            "import os, socket\n"
+            "keep = os.dup(3)\n"
+            "a, b = socket.socketpair()\n"
+            "os.dup2(a.fileno(), 3)\n"
+            "print('hijacked')"
+        )
+        body = agent.execute(hijack, session_id=sid, timeout_s=1)
+        assert body["status"] == "timeout"
+        assert body["stdout"] == "hijacked\n"
+        assert agent.execute("print('still serving')")["stdout"] == "still serving\n"
+        again = agent.execute("print('fresh')", session_id=sid)
+        assert again["stdout"] == "fresh\n"
+        assert again["interpreter_restarted"] is True
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+    wait_until(lambda: processes_of(agent.uids) == [], what="the interpreter to be gone")
