@@ -48,6 +48,7 @@ READ_CHUNK = 65536
 EOF_GRACE_S = 0.5  # after the action's process is gone, how long to wait for its pipes to close
 _MEMORY_MARKERS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc", b"out of memory")
 _CTRL_FD = 3  # the persistent interpreter's control socket, after the child's fd clean-up
+_MAX_FD = 1 << 30  # closerange's upper bound: everything
 
 
 class _suppress:  # contextlib.suppress without importing contextlib
@@ -829,17 +830,15 @@ def _child_main(
         os.dup2(stdin_fd, 0)
         os.dup2(out_fd, 1)
         os.dup2(err_fd, 2)
+        # os.closerange is one close_range(2) here; everything above 2 (3 for an interpreter) goes.
         if ctrl_fd is not None:
             os.dup2(ctrl_fd, _CTRL_FD)
-            isolation.close_from(_CTRL_FD + 1)
+            os.closerange(_CTRL_FD + 1, _MAX_FD)
         else:
-            isolation.close_from(3)
+            os.closerange(3, _MAX_FD)
         cores = msg.get("cores")
         if cores:
             os.sched_setaffinity(0, cores)
-        # The PID namespace's init must not outlive the fork server (say, if the agent is killed -9).
-        with _suppress(OSError):
-            isolation.prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
         workdir = msg["workdir"]
         uid = msg.get("uid")
         os.chdir(workdir)  # created by the fork server before the fork
@@ -848,9 +847,11 @@ def _child_main(
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
-            # Credentials changed: the death signal was cleared, set it again.
-            with _suppress(OSError):
-                isolation.prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
+        # The PID namespace's init must not outlive the fork server (say, if the agent is killed -9).
+        # Set after the uid change, which would clear it. (Should the fork server die in the few
+        # microseconds before, the action still ends at its CPU-time limit.)
+        with _suppress(OSError):
+            isolation.prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
         with _suppress(OSError):
             isolation.prctl(isolation.PR_SET_NO_NEW_PRIVS, 1)
         limits = msg.get("limits", {})

@@ -74,17 +74,6 @@ def mount(source: str, target: str, fstype: str | None, flags: int, data: str | 
     )
 
 
-SYS_CLOSE_RANGE = 436  # the same number on x86_64 and aarch64
-
-
-def close_from(lowfd: int) -> None:
-    """Close every descriptor >= ``lowfd`` in one ``close_range(2)`` (``os.closerange`` may loop)."""
-    if _libc.syscall(ctypes.c_long(SYS_CLOSE_RANGE), ctypes.c_uint(lowfd), ctypes.c_uint(0xFFFFFFFF), 0) != 0:
-        import resource
-
-        os.closerange(lowfd, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-
-
 def malloc_trim() -> None:
     """Give freed heap back to the system (less for each fork to copy)."""
     trim = getattr(_libc, "malloc_trim", None)  # glibc only
