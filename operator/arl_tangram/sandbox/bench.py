@@ -1,0 +1,376 @@
+"""``tangram bench exec``: the agent's native API and ``/run_code`` vs a fresh interpreter per call.
+
+One run measures, side by side, throughput and p50/p99 latency at concurrency 1, 4, 16 and 64 of two
+payloads (``print(1+1)`` and a function with eight asserts) through:
+- ``native``: the agent's ``POST /v1/execute``;
+- ``run_code``: the agent's SandboxFusion-compatible ``POST /run_code``;
+- ``fresh-process``: ``python3 -c CODE`` started per call (what a per-call interpreter costs);
+- ``peer``: any SandboxFusion-compatible server given with ``--peer URL``.
+
+The bench starts its own agent as a local process. The human table ends with the ratios the targets
+are about; ``--json`` prints ``{"cases": [...]}`` and nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import aiohttp
+
+PAYLOADS = {
+    "print": ("print(1+1)", "2\n"),
+    "asserts": (
+        "def check(x):\n"
+        "    assert x == 2\n"
+        "    assert x + 1 == 3\n"
+        "    assert x * 2 == 4\n"
+        "    assert x ** 2 == 4\n"
+        "    assert str(x) == '2'\n"
+        "    assert [x] * 2 == [2, 2]\n"
+        "    assert {x: 1}[2] == 1\n"
+        "    assert sum(range(x + 1)) == 3\n"
+        "    return 'ok'\n"
+        "print(check(2))\n",
+        "ok\n",
+    ),
+}
+CONCURRENCY = (1, 4, 16, 64)
+
+
+@dataclass
+class Case:
+    """One measured cell of the table (the ``--json`` shape)."""
+
+    method: str
+    payload: str
+    concurrency: int
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+
+Call = Callable[[str, str], Awaitable[bool]]
+CpuProbe = Callable[[], float]
+
+
+def _tree_cpu_s(root: int) -> float:
+    """CPU seconds used by ``root`` and every process below it, reaped children included."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    stats: dict[int, list[bytes]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(name)] = int(fields[1])
+        stats[int(name)] = fields
+    members = {root}
+    changed = True
+    while changed:
+        changed = False
+        for pid, ppid in parents.items():
+            if ppid in members and pid not in members:
+                members.add(pid)
+                changed = True
+    for pid in members:
+        row = stats.get(pid)
+        if row:
+            total += sum(int(f) for f in row[11:15]) / tick
+    return total
+
+
+def agent_cpu(proc: subprocess.Popen[str]) -> CpuProbe:
+    """CPU seconds of the agent, its fork servers and every action they ran."""
+    return lambda: _tree_cpu_s(proc.pid)
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's reaped children (the fresh processes)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def start_agent(extra: list[str]) -> tuple[subprocess.Popen[str], str]:
+    """Start ``tangram sandbox-agent`` on a free loopback port; returns it and its URL once ready."""
+    port = _free_port()
+    # Its own uid range, so that it never shares action uids with another agent on this host.
+    uid_base = ["--uid-base", str(200000 + (os.getpid() % 1000) * 1500)]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "arl_tangram",
+            "sandbox-agent",
+            "--listen",
+            f"127.0.0.1:{port}",
+            *uid_base,
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if "ready on" in line:
+            return proc, f"http://127.0.0.1:{port}"
+    proc.kill()
+    raise RuntimeError("the sandbox agent did not start (run `tangram sandbox-agent` to see why)")
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+async def measure(
+    call: Call,
+    method: str,
+    payload: str,
+    concurrency: int,
+    requests: int,
+    cpu: CpuProbe | None = None,
+    cpu_ms: dict[tuple[str, str, int], float] | None = None,
+) -> Case:
+    """Run ``requests`` calls with ``concurrency`` in flight; latency of each, throughput of all.
+    With ``cpu``, also the server-side CPU milliseconds per call, into ``cpu_ms``."""
+    code, expected = PAYLOADS[payload]
+    latencies: list[float] = []
+    errors = 0
+    remaining = requests
+
+    async def worker() -> None:
+        nonlocal remaining, errors
+        while remaining > 0:
+            remaining -= 1
+            t0 = time.perf_counter()
+            try:
+                ok = await call(code, expected)
+            except Exception:
+                ok = False
+            latencies.append(time.perf_counter() - t0)
+            errors += 0 if ok else 1
+
+    cpu0 = cpu() if cpu else 0.0
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - start
+    if cpu is not None and cpu_ms is not None:
+        cpu_ms[(method, payload, concurrency)] = (cpu() - cpu0) * 1000 / max(1, len(latencies))
+    latencies.sort()
+    return Case(
+        method=method,
+        payload=payload,
+        concurrency=concurrency,
+        rps=round(len(latencies) / elapsed, 1),
+        p50_ms=round(_percentile(latencies, 0.50) * 1000, 2),
+        p99_ms=round(_percentile(latencies, 0.99) * 1000, 2),
+        errors=errors,
+    )
+
+
+def http_native(session: aiohttp.ClientSession, url: str) -> Call:
+    """A call through ``/v1/execute``."""
+
+    async def call(code: str, expected: str) -> bool:
+        async with session.post(f"{url}/v1/execute", json={"runtime": "python", "code": code}) as resp:
+            body: dict[str, Any] = await resp.json()
+            return resp.status == 200 and body["status"] == "ok" and body["stdout"] == expected
+
+    return call
+
+
+def http_run_code(session: aiohttp.ClientSession, url: str) -> Call:
+    """A call through a SandboxFusion-compatible ``/run_code`` (ours or the peer's)."""
+
+    async def call(code: str, expected: str) -> bool:
+        async with session.post(f"{url}/run_code", json={"code": code, "language": "python"}) as resp:
+            body: dict[str, Any] = await resp.json()
+            return (
+                resp.status == 200
+                and body["status"] == "Success"
+                and body["run_result"]["stdout"] == expected
+            )
+
+    return call
+
+
+def fresh_process() -> Call:
+    """A call that starts ``python3 -c CODE`` (the interpreter the bench itself runs on)."""
+
+    async def call(code: str, expected: str) -> bool:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, _ = await proc.communicate()
+        return proc.returncode == 0 and out.decode() == expected
+
+    return call
+
+
+async def run_bench(
+    url: str,
+    peer: str | None,
+    requests: int,
+    concurrency: tuple[int, ...],
+    agent: CpuProbe | None = None,
+    cpu_ms: dict[tuple[str, str, int], float] | None = None,
+) -> list[Case]:
+    """Every case. The methods take turns within each (payload, concurrency) cell, so that a burst of
+    load from elsewhere on a shared machine hits all of them alike rather than one method's block.
+    ``cpu_ms`` receives the server-side CPU per call (the agent's process tree; the fresh processes),
+    which, unlike throughput, other load on the machine hardly moves."""
+    cases: list[Case] = []
+    connector = aiohttp.TCPConnector(limit=max(concurrency), force_close=False)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        methods: list[tuple[str, Call, CpuProbe | None]] = [
+            ("native", http_native(session, url), agent),
+            ("run_code", http_run_code(session, url), agent),
+            ("fresh-process", fresh_process(), children_cpu),
+        ]
+        if peer:
+            methods.append(("peer", http_run_code(session, peer.rstrip("/")), None))
+        for method, call, _ in methods:
+            # Warm connections, fork servers and caches once, outside the measurement.
+            await measure(call, method, "print", max(concurrency), max(concurrency))
+        for payload in PAYLOADS:
+            for c in concurrency:
+                for method, call, cpu in methods:
+                    cases.append(await measure(call, method, payload, c, requests, cpu, cpu_ms))
+    order = {name: i for i, (name, _, _) in enumerate(methods)}
+    cases.sort(key=lambda c: (order[c.method], c.payload != "print", c.concurrency))
+    return cases
+
+
+def render(cases: list[Case], cpu_ms: dict[tuple[str, str, int], float] | None = None) -> str:
+    """The human table (with server-side CPU per call where measured), then ratios against the
+    fresh process and the target lines."""
+    cpu_ms = cpu_ms or {}
+    lines = [
+        f"{'method':<14}{'payload':<9}{'conc':>5}{'rps':>10}{'p50 ms':>10}{'p99 ms':>10}{'errors':>8}"
+        f"{'cpu ms/call':>13}"
+    ]
+    for c in cases:
+        cpu = cpu_ms.get((c.method, c.payload, c.concurrency))
+        lines.append(
+            f"{c.method:<14}{c.payload:<9}{c.concurrency:>5}{c.rps:>10.1f}{c.p50_ms:>10.2f}{c.p99_ms:>10.2f}"
+            f"{c.errors:>8}{'' if cpu is None else f'{cpu:.2f}':>13}"
+        )
+    index = {(c.method, c.payload, c.concurrency): c for c in cases}
+    lines.append("")
+    lines.append("ratios (rps / fresh-process rps, same payload and concurrency):")
+    for payload in PAYLOADS:
+        for conc in sorted({c.concurrency for c in cases}):
+            base = index.get(("fresh-process", payload, conc))
+            if base is None or base.rps <= 0:
+                continue
+            parts = []
+            for method in ("native", "run_code", "peer"):
+                mine = index.get((method, payload, conc))
+                if mine is not None:
+                    parts.append(f"{method} {mine.rps / base.rps:.1f}x")
+            lines.append(f"  {payload:<8} c={conc:<3} " + ", ".join(parts))
+    rc16 = index.get(("run_code", "print", 16))
+    fp16 = index.get(("fresh-process", "print", 16))
+    if rc16 and fp16 and fp16.rps > 0:
+        ratio = rc16.rps / fp16.rps
+        lines.append(
+            f"target run_code rps at c=16 >= 5x fresh-process: {ratio:.1f}x "
+            f"({rc16.rps:.0f} vs {fp16.rps:.0f} rps) -> {'met' if ratio >= 5 else 'NOT met'}"
+        )
+    cpu_ratios = [
+        fresh / mine
+        for (method, payload, conc), mine in (cpu_ms or {}).items()
+        if method == "run_code"
+        and mine > 0
+        and (fresh := (cpu_ms or {}).get(("fresh-process", payload, conc))) is not None
+    ]
+    if cpu_ratios:
+        lines.append(
+            "server-side CPU per call, fresh-process / run_code (load elsewhere hardly moves it): "
+            f"median {statistics.median(cpu_ratios):.1f}x"
+        )
+    n1 = index.get(("native", "print", 1))
+    r1 = index.get(("run_code", "print", 1))
+    for name, case in (("native", n1), ("run_code", r1)):
+        if case:
+            verdict = "met" if case.p50_ms < 5 else "NOT met"
+            lines.append(
+                f"target p50 at c=1 for print(1+1) < 5 ms ({name}): {case.p50_ms:.2f} ms -> {verdict}"
+            )
+    best = max((c.rps for c in cases if c.method == "run_code"), default=0.0)
+    lines.append(f"best run_code rps: {best:.0f} (aim: >= 700, 10x SandboxFusion's ~70 here)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``tangram bench exec``."""
+    p = argparse.ArgumentParser(prog="tangram bench exec", description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", action="store_true", help='print {"cases": [...]} only')
+    p.add_argument("--peer", help="base URL of a SandboxFusion-compatible server to compare with")
+    p.add_argument("--requests", type=int, default=200, help="requests per case (default %(default)s)")
+    p.add_argument(
+        "--concurrency",
+        default=",".join(map(str, CONCURRENCY)),
+        help="comma-separated concurrency levels (default %(default)s)",
+    )
+    p.add_argument("--agent-arg", action="append", default=[], help="extra option for the agent")
+    args = p.parse_args(argv)
+    if args.requests < 1:
+        p.error("--requests must be at least 1")
+    try:
+        concurrency = tuple(int(c) for c in args.concurrency.split(","))
+    except ValueError:
+        p.error("--concurrency takes integers like 1,4,16,64")
+    proc, url = start_agent(args.agent_arg)
+    try:
+        cpu_ms: dict[tuple[str, str, int], float] = {}
+        cases = asyncio.run(run_bench(url, args.peer, args.requests, concurrency, agent_cpu(proc), cpu_ms))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if args.json:
+        print(json.dumps({"cases": [asdict(c) for c in cases]}))
+    else:
+        print(f"tangram bench exec: {args.requests} requests per case, {os.cpu_count()} CPUs, agent at {url}")
+        print(render(cases, cpu_ms))
+        errors = sum(c.errors for c in cases)
+        median_rps = statistics.median(c.rps for c in cases)
+        print(f"total errors: {errors}; median rps over all cases: {median_rps:.0f}")
+    return 0

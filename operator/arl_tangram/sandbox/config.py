@@ -1,0 +1,95 @@
+"""The agent's settings, loaded once at start-up, and the per-action limits derived from them."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+from arl_tangram.errors import InvalidSpec
+
+RUNTIMES = ("python", "bash", "pytest")
+# Modules the fork server imports once so that actions find them loaded. Kept small on purpose: every
+# megabyte the fork server holds is paid again by each fork and each child's exit (measured here:
+# about 0.1 ms per MB per action). Pools that need numpy or pandas name them with --preload.
+DEFAULT_PRELOAD = ("math", "itertools", "functools", "collections", "heapq", "bisect", "string", "json")
+
+
+def parse_cores(text: str) -> list[int]:
+    """``"0-3,6"`` -> ``[0, 1, 2, 3, 6]``; a clear error for anything else."""
+    cores: set[int] = set()
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                cores.update(range(int(lo), int(hi) + 1))
+            else:
+                cores.add(int(part))
+    except ValueError as exc:
+        raise InvalidSpec("cores", f"{text!r} is not a core list like '0-3,6'") from exc
+    if not cores or min(cores) < 0:
+        raise InvalidSpec("cores", f"{text!r} names no usable core")
+    return sorted(cores)
+
+
+def default_workdir_root() -> str:
+    """A memory-backed directory when there is one: creating a workdir on a journalled disk costs ms."""
+    base = (
+        "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    )
+    return os.path.join(base, f"tangram-sandbox-{os.getpid()}")
+
+
+@dataclass
+class Limits:
+    """Per-action limits: the defaults of a pool, and the ceilings a request may not exceed."""
+
+    timeout_s: float = 10.0
+    max_timeout_s: float = 300.0
+    memory_mb: int = 1024
+    max_memory_mb: int = 8192
+    nproc: int = 128
+    nofile: int = 256
+    fsize_mb: int = 64
+    output_bytes: int = 1 << 20
+
+
+@dataclass
+class AgentConfig:
+    """Everything ``tangram sandbox-agent`` can be told."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    cores: list[int] = field(default_factory=lambda: sorted(os.sched_getaffinity(0)))
+    workdir_root: str = field(default_factory=default_workdir_root)
+    runtimes: tuple[str, ...] = RUNTIMES
+    network_allowed: bool = False
+    no_pid_namespace: bool = False  # e.g. under gVisor/Kata, or to compare the fallback clean-up
+    preload: tuple[str, ...] = DEFAULT_PRELOAD
+    uid_base: int = 40000
+    max_concurrent: int = 256
+    max_sessions: int = 1024
+    session_ttl_s: float = 1800.0
+    max_body_bytes: int = 16 << 20
+    max_file_bytes: int = 8 << 20
+    token: str | None = None
+    limits: Limits = field(default_factory=Limits)
+
+    def validate(self) -> None:
+        """Fail fast, naming the option, on settings that cannot work."""
+        unknown = set(self.runtimes) - set(RUNTIMES)
+        if unknown:
+            raise InvalidSpec("runtimes", f"unknown runtime(s) {sorted(unknown)}; known: {list(RUNTIMES)}")
+        online = os.sched_getaffinity(0)
+        missing = set(self.cores) - online
+        if missing:
+            raise InvalidSpec("cores", f"cores {sorted(missing)} are not available to this process")
+        if not 1 <= self.port <= 65535 and self.port != 0:
+            raise InvalidSpec("listen", f"port {self.port} out of range")
+        if self.limits.timeout_s <= 0 or self.limits.timeout_s > self.limits.max_timeout_s:
+            raise InvalidSpec("timeout", "the default timeout must be positive and at most the maximum")
+        if self.limits.memory_mb > self.limits.max_memory_mb:
+            raise InvalidSpec("memory-mb", "the default memory limit exceeds the maximum")

@@ -1,0 +1,541 @@
+"""Runs actions: validates the core request, picks a uid and a workdir, hands the action to the fork
+server (which queues it until its cores are free), and shapes the result.
+
+This is the agent's engine, shared by the native API and ``/run_code``. It owns the fork server (and
+restarts it if it dies), the pool of per-action uids, the sessions and a single janitor thread that
+deletes what actions left in their workdirs, off the request path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import queue
+import secrets
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from arl_tangram.errors import CapacityExceeded, InvalidSpec, NotReady
+from arl_tangram.sandbox import isolation, workfiles
+from arl_tangram.sandbox.config import AgentConfig
+from arl_tangram.sandbox.cores import CorePool
+from arl_tangram.sandbox.forkclient import ForkServerClient, next_id
+
+log = logging.getLogger(__name__)
+
+# Linux refuses a single exec argument longer than this (MAX_ARG_STRLEN).
+MAX_ARG_BYTES = 131072 - 1
+PYTEST_FILE = "test_solution.py"
+
+
+@dataclass
+class ActionSpec:
+    """One action as the agent understands it, whichever API it came through."""
+
+    runtime: str
+    code: str
+    stdin: str | None = None
+    timeout_s: float | None = None
+    memory_mb: int | None = None
+    cores: list[int] | None = None
+    ncores: int = 1
+    session_id: str | None = None
+    files: dict[str, bytes] = field(default_factory=dict)
+    fetch_files: list[str] = field(default_factory=list)
+    args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ActionResult:
+    """What happened; ``outcome`` is one of ``OUTCOMES``."""
+
+    outcome: str
+    exit_code: int | None
+    signal: int | None
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    wall_s: float
+    cpu_s: float | None
+    max_rss_kb: int | None
+    cores: list[int]
+    files: dict[str, bytes | None] = field(default_factory=dict)
+    session_id: str | None = None
+    interpreter_restarted: bool = False
+    message: str = ""
+
+
+OUTCOMES = ("ok", "failed", "timeout", "memory_limit_exceeded", "sandbox_error")
+
+
+@dataclass
+class Session:
+    """One trajectory's state on this host."""
+
+    id: str
+    uid: int | None
+    workdir: str
+    persistent: bool
+    ttl_s: float
+    memory_mb: int
+    server: ForkServerClient
+    created: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.monotonic)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    actions: int = 0
+    interpreter_rss_kb: int | None = None
+    peak_rss_kb: int = 0
+    closed: bool = False
+
+    def describe(self) -> dict[str, Any]:
+        """JSON view (memory accounted per session: interpreter RSS and the peak of any action)."""
+        return {
+            "session_id": self.id,
+            "persistent": self.persistent,
+            "ttl_s": self.ttl_s,
+            "memory_mb": self.memory_mb,
+            "actions": self.actions,
+            "created": self.created,
+            "idle_s": round(time.monotonic() - self.last_used, 3),
+            "memory": {
+                "interpreter_rss_kb": self.interpreter_rss_kb,
+                "peak_rss_kb": self.peak_rss_kb,
+                "workdir_bytes": workfiles.tree_size(self.workdir),
+            },
+        }
+
+
+class Janitor:
+    """One long-lived thread deleting finished workdirs, so that no request waits on ``rmtree``."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="tangram-janitor", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            path = self._queue.get()
+            if path is None:
+                return
+            workfiles.remove_tree(path)
+
+    def remove(self, path: str) -> None:
+        """Queue ``path`` for deletion."""
+        self._queue.put(path)
+
+    def stop(self) -> None:
+        """Finish what is queued, then stop."""
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+
+
+class Executor:
+    """The engine behind every API of the agent."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        # Validation and reporting only: the fork server owns the pool (see cores.py).
+        self.cores = CorePool(config.cores)
+        self.cores_busy = 0
+        self.servers: list[ForkServerClient] = []
+        self.sessions: dict[str, Session] = {}
+        self.isolation: dict[str, Any] = {}
+        self.root = config.workdir_root
+        self._uids: deque[int] = deque()
+        self._session_uids: deque[int] = deque()
+        self._slots = asyncio.Semaphore(config.max_concurrent)
+        self._janitor: Janitor | None = None
+        self._reaper: asyncio.Task[None] | None = None
+        self._seq = 0
+        self._restart_lock = asyncio.Lock()
+        # A uid per action and per session, when this process may switch uids.
+        self.run_as_root = isolation.can_switch_uid()
+        self.counts: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
+
+    # ---- life cycle -------------------------------------------------------------------------------
+    async def start(self) -> list[str]:
+        """Create the workdir root, start the fork servers; returns the isolation warnings."""
+        self.root = _prepare_root(self.root)
+        if self.run_as_root:
+            base = self.config.uid_base
+            self._uids = deque(range(base, base + self.config.max_concurrent))
+            start = base + self.config.max_concurrent
+            self._session_uids = deque(range(start, start + self.config.max_sessions))
+        fs_config = {
+            "network_allowed": self.config.network_allowed,
+            "no_pid_namespace": self.config.no_pid_namespace,
+            "preload": list(self.config.preload),
+            "writable": [self.root],
+            "cores": self.config.cores,
+            "readable": _runtime_paths(),
+        }
+        # One fork server owns all the cores, so that it alone decides when an action may start.
+        # It forks about a thousand actions a second here; a host with many more cores than that
+        # keeps busy would split its cores among several (not needed on the pools we run).
+        self.servers = [ForkServerClient(fs_config)]
+        for server in self.servers:
+            server.group = self.servers
+        hellos = await asyncio.gather(*(s.start() for s in self.servers))
+        self.isolation = hellos[0]["isolation"]
+        self._janitor = Janitor()
+        self._reaper = asyncio.create_task(self._expire_sessions())
+        return _isolation_warnings(self.isolation)
+
+    async def close(self) -> None:
+        """Close every session, stop the fork servers (their actions die with them), clean up."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        for sid in list(self.sessions):
+            with contextlib.suppress(Exception):
+                await self.close_session(sid)
+        await asyncio.gather(*(s.close() for s in self.servers), return_exceptions=True)
+        if self._janitor is not None:
+            self._janitor.stop()
+        workfiles.remove_tree(self.root)
+
+    @property
+    def healthy(self) -> bool:
+        """Every fork server is running."""
+        return bool(self.servers) and all(s.alive for s in self.servers)
+
+    def _pick_server(self) -> ForkServerClient:
+        alive = [s for s in self.servers if s.alive]
+        if not alive:
+            raise NotReady("no fork server is running; restarting them", delay=1.0)
+        return min(alive, key=lambda s: s.in_flight)
+
+    async def _replace_dead_servers(self) -> None:
+        """Start a new fork server for each one that died (the agent keeps serving)."""
+        for i, server in enumerate(self.servers):
+            if server.alive:
+                continue
+            log.warning("fork server %d exited; starting a new one", i)
+            fresh = ForkServerClient(server.config)
+            fresh.group = self.servers
+            self.servers[i] = fresh
+            await server.close()
+            await fresh.start()
+            for session in self.sessions.values():
+                if session.server is server:
+                    session.server = fresh
+
+    # ---- actions ----------------------------------------------------------------------------------
+    def _check_runtime(self, runtime: str) -> None:
+        if runtime not in self.config.runtimes:
+            raise InvalidSpec(
+                "runtime", f"unknown runtime {runtime!r}; this pool offers {', '.join(self.config.runtimes)}"
+            )
+
+    def _limits(self, spec: ActionSpec, memory_mb: int | None) -> tuple[float, dict[str, int]]:
+        lim = self.config.limits
+        timeout = lim.timeout_s if spec.timeout_s is None else spec.timeout_s
+        if not 0 < timeout <= lim.max_timeout_s:
+            raise InvalidSpec("timeout", f"{timeout} s is outside (0, {lim.max_timeout_s}] s")
+        memory = memory_mb if memory_mb is not None else lim.memory_mb
+        if not 16 <= memory <= lim.max_memory_mb:
+            raise InvalidSpec("memory_mb", f"{memory} MB is outside [16, {lim.max_memory_mb}] MB")
+        return timeout, {
+            "cpu": int(timeout) + 1,
+            "as": memory << 20,
+            "nproc": lim.nproc,
+            "nofile": lim.nofile,
+            "fsize": lim.fsize_mb << 20,
+        }
+
+    def _argv(self, spec: ActionSpec, dop: int) -> list[str] | None:
+        if spec.runtime == "python":
+            return None
+        if spec.runtime == "bash":
+            if len(spec.code.encode()) > MAX_ARG_BYTES:
+                raise InvalidSpec("code", f"bash code is limited to {MAX_ARG_BYTES} bytes")
+            return ["/bin/bash", "-c", spec.code]
+        return [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            str(dop if dop > 1 else 0),
+            PYTEST_FILE,
+            *spec.args,
+        ]
+
+    def _env(self, workdir: str, dop: int) -> dict[str, str]:
+        bindir = os.path.dirname(sys.executable)
+        return {
+            "PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": workdir,
+            "TMPDIR": workdir,
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "MPLBACKEND": "Agg",
+            "TANGRAM_DOP": str(dop),
+            "TANGRAM_CORES": "",  # filled in by the fork server, which picks the cores
+            "OMP_NUM_THREADS": str(dop),
+        }
+
+    async def run(self, spec: ActionSpec) -> ActionResult:
+        """Run one action to completion (or timeout) and describe what happened."""
+        self._check_runtime(spec.runtime)
+        if not all(s.alive for s in self.servers):
+            async with self._restart_lock:
+                await self._replace_dead_servers()
+        if spec.runtime == "pytest":
+            spec.files = {**spec.files, PYTEST_FILE: spec.code.encode()}
+        session = None
+        if spec.session_id is not None:
+            session = self.sessions.get(spec.session_id)
+            if session is None or session.closed:
+                raise InvalidSpec("session_id", f"no open session {spec.session_id!r} on this host")
+        want: int | frozenset[int] = frozenset(spec.cores) if spec.cores else spec.ncores
+        memory_mb = spec.memory_mb if spec.memory_mb is not None else (session.memory_mb if session else None)
+        timeout, limits = self._limits(spec, memory_mb)
+        # Validate the grant before queueing for it.
+        self.cores.check(want)
+        async with self._slots:
+            if session is not None:
+                async with session.lock:
+                    return await self._run_in_session(spec, session, want, timeout, limits)
+            return await self._run_fresh(spec, want, timeout, limits)
+
+    async def _run_fresh(
+        self, spec: ActionSpec, want: int | frozenset[int], timeout_s: float, limits: dict[str, int]
+    ) -> ActionResult:
+        uid = self._uids.popleft() if self.run_as_root else None
+        reply: dict[str, Any] | None = None
+        self._seq += 1
+        workdir = os.path.join(self.root, f"a{self._seq}")
+        try:
+            if spec.files:
+                workfiles.make_workdir(workdir, uid)
+                for path, data in spec.files.items():
+                    workfiles.write_file(workdir, f"files[{path!r}]", path, data, uid)
+
+            msg = self._message(spec, uid, workdir, want, timeout_s, limits)
+            msg["remove_workdir"] = not spec.fetch_files
+            cores, reply = await self._dispatch(self._pick_server(), msg)
+            files = self._fetch(workdir, spec.fetch_files)
+        finally:
+            if uid is not None:
+                self._uids.append(uid)
+            if self._janitor is not None and not (reply or {}).get("workdir_removed"):
+                self._janitor.remove(workdir)
+        return self._result(reply, cores, files, None, timeout_s)
+
+    async def _run_in_session(
+        self,
+        spec: ActionSpec,
+        session: Session,
+        want: int | frozenset[int],
+        timeout_s: float,
+        limits: dict[str, int],
+    ) -> ActionResult:
+        for path, data in spec.files.items():
+            workfiles.write_file(session.workdir, f"files[{path!r}]", path, data, session.uid)
+        interp = session.persistent and spec.runtime == "python"
+
+        msg = self._message(spec, session.uid, session.workdir, want, timeout_s, limits)
+        if interp:
+            msg["op"] = "interp_run"
+            msg["sid"] = session.id
+            # A long-lived interpreter must not die of accumulated CPU seconds.
+            msg["limits"] = {k: v for k, v in limits.items() if k != "cpu"}
+        cores, reply = await self._dispatch(session.server, msg)
+        session.actions += 1
+        session.last_used = time.monotonic()
+        rss = reply.get("max_rss_kb") or 0
+        session.peak_rss_kb = max(session.peak_rss_kb, rss)
+        if interp:
+            session.interpreter_rss_kb = reply.get("max_rss_kb")
+        files = self._fetch(session.workdir, spec.fetch_files)
+        return self._result(reply, cores, files, session.id, timeout_s)
+
+    async def _dispatch(
+        self, server: ForkServerClient, msg: dict[str, Any]
+    ) -> tuple[list[int], dict[str, Any]]:
+        """Send the action and wait for its answer; returns (the cores it ran on, the reply).
+
+        The fork server queues the action until its cores are free and frees them when the action's
+        last process is gone: no round trip to the agent between two actions on a core.
+        """
+        reply = await server.call(msg)
+        if "busy_cores" in reply:
+            self.cores_busy = int(reply["busy_cores"])
+        return list(reply.get("cores") or []), reply
+
+    def _message(
+        self,
+        spec: ActionSpec,
+        uid: int | None,
+        workdir: str,
+        want: int | frozenset[int],
+        timeout_s: float,
+        limits: dict[str, int],
+    ) -> dict[str, Any]:
+        dop = want if isinstance(want, int) else len(want)
+        return {
+            "op": "run",
+            "id": next_id(),
+            "code": spec.code,
+            "argv": self._argv(spec, dop),
+            "stdin": spec.stdin.encode() if spec.stdin else None,
+            "uid": uid,
+            "workdir": workdir,
+            "want": want if isinstance(want, int) else sorted(want),
+            "env": self._env(workdir, dop),
+            "timeout": timeout_s,
+            "limits": limits,
+            "cap": self.config.limits.output_bytes,
+        }
+
+    def _fetch(self, workdir: str, paths: list[str]) -> dict[str, bytes | None]:
+        return {
+            path: workfiles.read_file(workdir, f"fetch_files[{path!r}]", path, self.config.max_file_bytes)
+            for path in paths
+        }
+
+    def _result(
+        self,
+        reply: dict[str, Any],
+        cores: list[int],
+        files: dict[str, bytes | None],
+        session_id: str | None,
+        timeout_s: float,
+    ) -> ActionResult:
+        message = ""
+        if "sandbox_error" in reply:
+            outcome = "sandbox_error"
+            message = reply["sandbox_error"]
+            reply = {}
+        elif reply.get("setup_error"):
+            outcome = "sandbox_error"
+            message = reply.get("stderr", b"").decode("utf-8", "replace").strip()
+        elif reply.get("timed_out"):
+            outcome = "timeout"
+            message = f"killed after the {timeout_s:g} s wall-clock limit"
+        elif reply.get("memory_error"):
+            outcome = "memory_limit_exceeded"
+            message = "the program ran out of its memory limit"
+        elif reply.get("exit_code") == 0:
+            outcome = "ok"
+        else:
+            outcome = "failed"
+        self.counts[outcome] += 1
+        return ActionResult(
+            outcome=outcome,
+            exit_code=reply.get("exit_code"),
+            signal=reply.get("signal"),
+            stdout=reply.get("stdout", b"").decode("utf-8", "replace"),
+            stderr=reply.get("stderr", b"").decode("utf-8", "replace"),
+            stdout_truncated=bool(reply.get("stdout_truncated")),
+            stderr_truncated=bool(reply.get("stderr_truncated")),
+            wall_s=float(reply.get("wall_s", 0.0)),
+            cpu_s=reply.get("cpu_s"),
+            max_rss_kb=reply.get("max_rss_kb"),
+            cores=cores,
+            files=files,
+            session_id=session_id,
+            interpreter_restarted=bool(reply.get("interp_restarted")),
+            message=message,
+        )
+
+    # ---- sessions ---------------------------------------------------------------------------------
+    async def create_session(
+        self, persistent: bool = False, ttl_s: float | None = None, memory_mb: int | None = None
+    ) -> Session:
+        """A new session with its own private workdir (and uid, when running as root)."""
+        if len(self.sessions) >= self.config.max_sessions:
+            raise NotReady(f"this host already holds {len(self.sessions)} sessions", delay=5.0)
+        ttl = self.config.session_ttl_s if ttl_s is None else ttl_s
+        if not 0 < ttl <= 7 * 24 * 3600:
+            raise InvalidSpec("ttl_s", f"{ttl} s is outside (0, 604800] s")
+        memory = self.config.limits.memory_mb if memory_mb is None else memory_mb
+        if not 16 <= memory <= self.config.limits.max_memory_mb:
+            raise InvalidSpec(
+                "memory_mb", f"{memory} MB is outside [16, {self.config.limits.max_memory_mb}] MB"
+            )
+        if self.run_as_root and not self._session_uids:
+            raise CapacityExceeded("no session uid left")
+        uid = self._session_uids.popleft() if self.run_as_root else None
+        sid = secrets.token_hex(8)
+        workdir = os.path.join(self.root, f"s-{sid}")
+        workfiles.make_workdir(workdir, uid)
+        session = Session(
+            id=sid,
+            uid=uid,
+            workdir=workdir,
+            persistent=persistent,
+            ttl_s=ttl,
+            memory_mb=memory,
+            server=self._pick_server(),
+        )
+        self.sessions[sid] = session
+        return session
+
+    def get_session(self, sid: str) -> Session:
+        """The open session ``sid`` or ``InvalidSpec``."""
+        session = self.sessions.get(sid)
+        if session is None:
+            raise InvalidSpec("session_id", f"no open session {sid!r} on this host")
+        return session
+
+    async def close_session(self, sid: str) -> None:
+        """Stop its interpreter, delete its workdir, recycle its uid."""
+        session = self.sessions.pop(sid, None)
+        if session is None:
+            raise InvalidSpec("session_id", f"no open session {sid!r} on this host")
+        session.closed = True
+        async with session.lock:
+            if session.persistent and session.server.alive:
+                await session.server.call({"op": "interp_stop", "id": next_id(), "sid": sid})
+        workfiles.remove_tree(session.workdir)
+        if session.uid is not None:
+            self._session_uids.append(session.uid)
+
+    async def _expire_sessions(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            for sid, session in list(self.sessions.items()):
+                if not session.lock.locked() and now - session.last_used > session.ttl_s:
+                    log.info("session %s expired after %.0f s idle", sid, session.ttl_s)
+                    with contextlib.suppress(Exception):
+                        await self.close_session(sid)
+
+
+def _prepare_root(root: str) -> str:
+    os.makedirs(root, mode=0o711, exist_ok=True)
+    # Others may traverse (to reach their own 0700 workdir) but not list the root.
+    os.chmod(root, 0o711)
+    return os.path.realpath(root)
+
+
+def _runtime_paths() -> list[str]:
+    """Where the Python that actions run lives: the installation, the venv, this package."""
+    import site
+
+    import arl_tangram
+
+    paths = {sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    paths.update(site.getsitepackages())
+    paths.add(os.path.dirname(os.path.dirname(os.path.abspath(arl_tangram.__file__))))
+    return sorted(paths)
+
+
+def _isolation_warnings(iso: dict[str, Any]) -> list[str]:
+    from arl_tangram.sandbox.isolation import Isolation
+
+    known = {k: v for k, v in iso.items() if k != "notes"}
+    return Isolation(**known, notes=tuple(iso.get("notes", []))).warnings()

@@ -1,0 +1,1016 @@
+"""The warm fork server: a single-threaded process that forks one child per action.
+
+The agent starts it with ``python -m arl_tangram.sandbox.forkserver FD CONFIG`` where FD is one
+end of a socketpair. It pre-imports the configured modules once (so an action pays for ``fork``, not
+for interpreter start-up and imports), enters its own network and mount namespaces, and then serves
+frames (see ``wire``) from the agent:
+
+- ``run``: queue the action until the cores it wants are free (this process owns the host's cores),
+  then fork a child into a fresh PID namespace; the child sets up its cores, uid, workdir and
+  rlimits and then either runs Python code in-process or ``execve``s a command (bash, pytest).
+  Output is read from pipes by this process, capped, and returned with the exit status.
+- ``interp_run`` / ``interp_stop``: a session's persistent interpreter (a forked child that keeps its
+  globals between calls, like a notebook kernel); each call gets fresh pipes passed over a socket.
+
+Nothing here imports aiohttp or the agent: the fork server must stay small, because every action
+pays for copying its page tables.
+"""
+
+from __future__ import annotations
+
+# Lean imports on purpose: every megabyte this process holds is copied (page tables) by each fork and
+# torn down by each child's exit. No typing, dataclasses, json, selectors, contextlib or traceback;
+# socket only where a session interpreter needs descriptor passing.
+import atexit
+import gc
+import heapq
+import marshal
+import os
+import resource
+import select
+import signal
+import struct
+import sys
+import time
+import types
+from collections import deque
+
+from arl_tangram.sandbox import isolation, wire
+from arl_tangram.sandbox.cores import CorePool
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import socket
+    from typing import Any, NoReturn
+
+SETUP_FAILED = 249  # exit status of a child whose sandbox could not be set up (reported as an error)
+READ_CHUNK = 65536
+EOF_GRACE_S = 0.5  # after the action's process is gone, how long to wait for its pipes to close
+_MEMORY_MARKERS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc", b"out of memory")
+_CTRL_FD = 3  # the persistent interpreter's control socket, after the child's fd clean-up
+_MAX_FD = 1 << 30  # closerange's upper bound: everything
+
+
+class _suppress:  # contextlib.suppress without importing contextlib
+    __slots__ = ("kinds",)
+
+    def __init__(self, *kinds: type[BaseException]) -> None:
+        self.kinds = kinds
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, value: object, tb: object) -> bool:
+        return kind is not None and issubclass(kind, self.kinds)
+
+
+class _Poller:
+    """The part of ``selectors`` we need, on ``epoll`` directly."""
+
+    __slots__ = ("data", "epoll")
+
+    def __init__(self) -> None:
+        self.epoll = select.epoll()
+        self.data: dict[int, tuple[str, Any]] = {}
+
+    def register(self, fd: int, data: tuple[str, Any]) -> None:
+        self.epoll.register(fd, select.EPOLLIN)
+        self.data[fd] = data
+
+    def unregister(self, fd: int) -> None:
+        if self.data.pop(fd, None) is not None:
+            self.epoll.unregister(fd)
+
+    def select(self, timeout: float | None) -> list[tuple[int, tuple[str, Any]]]:
+        events = self.epoll.poll(-1 if timeout is None else timeout)
+        return [(fd, self.data[fd]) for fd, _ in events if fd in self.data]
+
+
+class Call:
+    """One action in flight: its process (or the session interpreter serving it) and its output."""
+
+    __slots__ = (
+        "cap",
+        "cores",
+        "cpu_s",
+        "deadline",
+        "done",
+        "ended_at",
+        "err",
+        "err_truncated",
+        "exit_code",
+        "exited",
+        "id",
+        "interp",
+        "interp_restarted",
+        "max_rss_kb",
+        "memory_limited",
+        "open_pipes",
+        "out",
+        "out_truncated",
+        "pgid_fallback",
+        "pid",
+        "pidfd",
+        "pipes",
+        "remove_workdir",
+        "signal",
+        "started",
+        "timed_out",
+        "uid",
+    )
+
+    def __init__(
+        self,
+        id: int,
+        pid: int,
+        pidfd: int,
+        cap: int,
+        deadline: float,
+        started: float,
+        pgid_fallback: bool,
+        memory_limited: bool,
+        interp: Interp | None = None,
+        interp_restarted: bool = False,
+    ) -> None:
+        self.id = id
+        self.pid = pid
+        self.pidfd = pidfd
+        self.cap = cap
+        self.deadline = deadline
+        self.started = started
+        self.pgid_fallback = pgid_fallback
+        self.memory_limited = memory_limited
+        self.interp = interp
+        self.interp_restarted = interp_restarted
+        self.out = bytearray()
+        self.err = bytearray()
+        self.out_truncated = False
+        self.err_truncated = False
+        self.open_pipes = 2
+        self.pipes: list[int] = []
+        self.exited = False
+        self.exit_code: int | None = None
+        self.signal: int | None = None
+        self.timed_out = False
+        self.cpu_s: float | None = None
+        self.max_rss_kb: int | None = None
+        self.ended_at: float | None = None
+        self.done = False
+        self.remove_workdir: str | None = None
+        self.cores: list[int] = []
+        self.uid: int | None = None
+
+
+class Interp:
+    """A session's persistent interpreter."""
+
+    __slots__ = ("alive", "call", "ctrl", "pid", "pidfd", "rbuf", "sid")
+
+    def __init__(self, sid: str, pid: int, pidfd: int, ctrl: socket.socket) -> None:
+        self.sid = sid
+        self.pid = pid
+        self.pidfd = pidfd
+        self.ctrl = ctrl
+        self.rbuf = bytearray()
+        self.call: Call | None = None
+        self.alive = True
+
+
+class ForkServer:
+    """The fork server's state and event loop (see the module docstring)."""
+
+    def __init__(self, sock: int, config: dict[str, Any]) -> None:
+        self.sock = sock
+        self.config = config
+        self.sel = _Poller()
+        self.rbuf = bytearray()
+        self.calls: dict[int, Call] = {}
+        self.fd_owner: dict[int, tuple[str, Call]] = {}
+        self.timers: list[tuple[float, int]] = []
+        self.interps: dict[str, Interp] = {}
+        self.iso = isolation.Isolation()
+        self.own_pidns = -1
+        self.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        self.outq: list[bytes] = []
+        self.pool = CorePool(list(config.get("cores", [])))
+        self.queue: deque[dict[str, Any]] = deque()
+        self.interp_uids: dict[str, int | None] = {}
+
+    # ---- start-up ---------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Enter namespaces and pre-import the configured modules; say hello to the agent."""
+        self.iso = isolation.enter_private_namespaces(
+            bool(self.config.get("network_allowed")),
+            list(self.config.get("writable", [])),
+            list(self.config.get("readable", [])),
+            pid_namespace=not self.config.get("no_pid_namespace"),
+        )
+        if self.iso.pid_namespace:
+            self.own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        else:
+            # Without namespaces, orphaned action processes come to us (not to the host's init, which
+            # may reap late), so that a clean-up can wait until they are really gone.
+            with _suppress(OSError):
+                isolation.prctl(isolation.PR_SET_CHILD_SUBREAPER, 1)
+        failed = []
+        for name in self.config.get("preload", []):
+            try:
+                __import__(name)
+            except Exception as exc:  # a missing optional module must not stop the agent
+                failed.append(f"{name} ({exc.__class__.__name__}: {exc})")
+        if failed:
+            self.iso.notes = (*self.iso.notes, "preload failed: " + ", ".join(failed))
+        # Keep the children's copy-on-write pages shared: the collector would otherwise touch them all.
+        gc.collect()
+        gc.freeze()
+        isolation.malloc_trim()
+        self.send({"op": "hello", "pid": os.getpid(), "isolation": self.iso.as_dict()})
+        self.flush()
+
+    # ---- the loop ---------------------------------------------------------------------------------
+    def serve(self) -> None:
+        """Serve until the agent closes its end of the socket."""
+        os.set_blocking(self.sock, False)
+        self.sel.register(self.sock, ("agent", None))
+        while True:
+            timeout = None
+            if self.timers:
+                timeout = max(0.0, self.timers[0][0] - time.monotonic())
+            for fd, (kind, owner) in self.sel.select(timeout):
+                if kind == "agent":
+                    if not self._on_agent():
+                        return
+                elif kind == "pidfd":
+                    self._on_exit(owner)
+                elif kind == "ctrl":
+                    self._on_ctrl(owner)
+                elif fd in self.sel.data:
+                    self._on_pipe(fd, kind, owner)
+            self._fire_timers()
+            self._drain()  # cores freed by this turn's exits go to the next actions now
+            self.flush()
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Queue one frame for the agent; ``flush`` writes all of a loop iteration's frames at once
+        (one system call and one wake-up of the agent instead of one per action)."""
+        self.outq.append(wire.encode(message))
+
+    def flush(self) -> None:
+        """Write the queued frames (blocking: the agent always reads)."""
+        if not self.outq:
+            return
+        view = memoryview(b"".join(self.outq))
+        self.outq.clear()
+        os.set_blocking(self.sock, True)
+        try:
+            while view:
+                view = view[os.write(self.sock, view) :]
+        finally:
+            os.set_blocking(self.sock, False)
+
+    def _on_agent(self) -> bool:
+        try:
+            chunk = os.read(self.sock, 1 << 20)
+        except BlockingIOError:
+            return True
+        if not chunk:
+            return False
+        self.rbuf += chunk
+        for msg in wire.decode_frames(self.rbuf):
+            op = msg.get("op")
+            try:
+                if op in ("run", "interp_run"):
+                    self.queue.append(msg)
+                elif op == "interp_stop":
+                    self._stop_interp(msg["sid"])
+                    self.send({"id": msg["id"], "stopped": True})
+            except Exception as exc:  # report, never die: the agent awaits an answer for this id
+                self.send({"id": msg.get("id"), "sandbox_error": f"{exc.__class__.__name__}: {exc}"})
+        self._drain()
+        return True
+
+    # ---- cores ------------------------------------------------------------------------------------
+    def _drain(self) -> None:
+        """Start queued actions, in arrival order, while their cores are free.
+
+        The fork server owns the cores: an action's cores are free again the moment its process
+        is reaped, and the next action is forked in the same loop turn, with no round trip to the
+        agent in between (which on two cores cost a third of the throughput).
+        """
+        while self.queue:
+            msg = self.queue[0]
+            cores = self.pool.take(msg["want"])
+            if cores is None:
+                return
+            self.queue.popleft()
+            msg["cores"] = cores
+            msg["env"]["TANGRAM_CORES"] = ",".join(map(str, cores))
+            try:
+                if msg["op"] == "run":
+                    self._start_run(msg)
+                else:
+                    self._start_interp_run(msg)
+            except Exception as exc:
+                self.pool.release(cores)
+                self.send({"id": msg.get("id"), "sandbox_error": f"{exc.__class__.__name__}: {exc}"})
+
+    # ---- starting actions -------------------------------------------------------------------------
+    def _stdin_fd(self, data: bytes | None) -> int:
+        if not data:
+            return self.devnull
+        fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+        return fd
+
+    def _apply_env(self, msg: dict[str, Any]) -> None:
+        """Make the fork server's own environment the action's, so the child inherits it as is.
+
+        Actions differ in a handful of variables, so this is a few ``putenv`` calls here instead of
+        rebuilding the whole environment in every child (whose every write is a copy-on-write fault).
+        Nothing of ours lives in this environment: the fork server started with a minimal one.
+        """
+        env = dict(msg.get("env", {}))
+        env["TANGRAM_ACTION_ID"] = str(msg.get("id"))
+        current = os.environ
+        for key in [k for k in current if k not in env]:
+            del current[key]
+        for key, value in env.items():
+            if current.get(key) != value:
+                current[key] = value
+
+    def _make_workdir(self, msg: dict[str, Any]) -> None:
+        # Here rather than in the child: a few system calls in this process, instead of the child's
+        # copy-on-write faults on every Python object the same work touches there.
+        uid = msg.get("uid")
+        try:
+            os.mkdir(msg["workdir"], 0o700)
+            if uid is not None:
+                os.chown(msg["workdir"], uid, uid)
+        except FileExistsError:
+            pass
+
+    def _fork_isolated(self) -> int:
+        """Fork a child that is PID 1 of a new PID namespace (when available)."""
+        if not self.iso.pid_namespace:
+            return os.fork()
+        isolation.unshare(isolation.CLONE_NEWPID)
+        try:
+            return os.fork()
+        finally:
+            if os.getpid() != 1:
+                # Back to our own namespace for the next unshare (only one child may be its init).
+                isolation.setns(self.own_pidns, isolation.CLONE_NEWPID)
+
+    def _start_run(self, msg: dict[str, Any]) -> None:
+        self._make_workdir(msg)
+        self._apply_env(msg)
+        opened: list[int] = []
+        try:
+            stdin_fd = self._stdin_fd(msg.get("stdin"))
+            if stdin_fd != self.devnull:
+                opened.append(stdin_fd)
+            r_out, w_out, r_err, w_err = _output_pipes()
+            opened += [r_out, w_out, r_err, w_err]
+            started = time.monotonic()
+            pid = self._fork_isolated()
+        except BaseException:
+            # Out of descriptors or processes: report it (the caller does), leak nothing.
+            for fd in opened:
+                os.close(fd)
+            raise
+        if pid == 0:
+            _child_main(msg, stdin_fd, w_out, w_err, None)
+        os.close(w_out)
+        os.close(w_err)
+        if stdin_fd != self.devnull:
+            os.close(stdin_fd)
+        call = Call(
+            id=msg["id"],
+            pid=pid,
+            pidfd=os.pidfd_open(pid),
+            cap=int(msg["cap"]),
+            deadline=started + float(msg["timeout"]),
+            started=started,
+            pgid_fallback=not self.iso.pid_namespace,
+            memory_limited=bool(msg.get("limits", {}).get("as")),
+        )
+        call.cores = msg["cores"]
+        if msg.get("remove_workdir"):
+            call.remove_workdir = msg["workdir"]
+        call.uid = msg.get("uid")
+        self._track(call, r_out, r_err)
+
+    def _track(self, call: Call, r_out: int, r_err: int, watch_pid: bool = True) -> None:
+        self.calls[call.id] = call
+        call.pipes = [r_out, r_err]
+        self.sel.register(r_out, ("out", call))
+        self.sel.register(r_err, ("err", call))
+        if watch_pid:
+            self.sel.register(call.pidfd, ("pidfd", call))
+        heapq.heappush(self.timers, (call.deadline, call.id))
+
+    def _start_interp_run(self, msg: dict[str, Any]) -> None:
+        sid = msg["sid"]
+        interp = self.interps.get(sid)
+        restarted = False
+        if interp is None or not interp.alive:
+            restarted = interp is not None
+            interp = self._spawn_interp(msg)
+        stdin_fd = self._stdin_fd(msg.get("stdin"))
+        r_out, w_out, r_err, w_err = _output_pipes()
+        payload = marshal.dumps({"code": msg["code"]})
+        started = time.monotonic()
+        try:
+            # Bounded: an interpreter whose code stopped reading its control socket must not be able
+            # to stall this loop (the call then runs into its timeout, which kills the interpreter).
+            interp.ctrl.settimeout(2.0)
+            import socket
+
+            socket.send_fds(interp.ctrl, [struct.pack("<I", len(payload))], [stdin_fd, w_out, w_err])
+            interp.ctrl.sendall(payload)
+        except OSError:
+            # A dead interpreter: its exit is reported through the pidfd like any other exit.
+            pass
+        finally:
+            interp.ctrl.setblocking(False)
+            os.close(w_out)
+            os.close(w_err)
+            if stdin_fd != self.devnull:
+                os.close(stdin_fd)
+        call = Call(
+            id=msg["id"],
+            pid=interp.pid,
+            pidfd=interp.pidfd,
+            cap=int(msg["cap"]),
+            deadline=started + float(msg["timeout"]),
+            started=started,
+            pgid_fallback=not self.iso.pid_namespace,
+            memory_limited=bool(msg.get("limits", {}).get("as")),
+            interp=interp,
+            interp_restarted=restarted,
+        )
+        call.cores = msg["cores"]
+        interp.call = call
+        self._track(call, r_out, r_err, watch_pid=False)
+
+    def _spawn_interp(self, msg: dict[str, Any]) -> Interp:
+        import socket
+
+        self._make_workdir(msg)
+        self._apply_env(msg)
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            pid = self._fork_isolated()
+        except BaseException:
+            parent.close()
+            child.close()
+            raise
+        if pid == 0:
+            parent.close()
+            _child_main(msg, self.devnull, self.devnull, self.devnull, child.fileno())
+        parent.set_inheritable(False)
+        child.close()
+        parent.setblocking(False)
+        interp = Interp(sid=msg["sid"], pid=pid, pidfd=os.pidfd_open(pid), ctrl=parent)
+        self.interp_uids[interp.sid] = msg.get("uid")
+        self.interps[interp.sid] = interp
+        self.sel.register(interp.pidfd, ("pidfd", interp))
+        self.sel.register(parent.fileno(), ("ctrl", interp))
+        return interp
+
+    def _stop_interp(self, sid: str) -> None:
+        interp = self.interps.get(sid)
+        if interp is None:
+            return
+        if interp.alive:
+            with _suppress(OSError):
+                signal.pidfd_send_signal(interp.pidfd, signal.SIGKILL)
+            # Reaping now keeps the promise that a closed session leaves no process behind.
+            with _suppress(ChildProcessError):
+                os.waitpid(interp.pid, 0)
+            self._interp_gone(interp, None)
+        self.interps.pop(sid, None)
+        uid = self.interp_uids.pop(sid, None)
+        if not self.iso.pid_namespace and uid is not None:
+            # What the interpreter started, now that no namespace takes it down.
+            _kill_uid(uid, self._tracked_pids())
+
+    def _tracked_pids(self) -> set[int]:
+        return {c.pid for c in self.calls.values()} | {i.pid for i in self.interps.values() if i.alive}
+
+    # ---- events -----------------------------------------------------------------------------------
+    def _on_pipe(self, fd: int, kind: str, call: Call) -> None:
+        try:
+            data = os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close_pipe(fd, call)
+            return
+        buf = call.out if kind == "out" else call.err
+        room = call.cap - len(buf)
+        if room >= len(data):
+            buf += data
+        else:
+            # Keep reading (and dropping) so the program is not blocked on a full pipe.
+            if room > 0:
+                buf += data[:room]
+            if kind == "out":
+                call.out_truncated = True
+            else:
+                call.err_truncated = True
+
+    def _close_pipe(self, fd: int, call: Call) -> None:
+        self.sel.unregister(fd)
+        os.close(fd)
+        call.pipes.remove(fd)
+        call.open_pipes -= 1
+        self._maybe_finish(call)
+
+    def _on_exit(self, owner: Call | Interp) -> None:
+        if isinstance(owner, Interp):
+            if not owner.alive:
+                return
+            reaped, status, rusage = self._reap(owner.pid)
+            if reaped:
+                self._interp_gone(owner, status)
+            return
+        call = owner
+        if call.exited:
+            return
+        reaped, status, rusage = self._reap(call.pid)
+        if not reaped:
+            return  # a stale event for a reused descriptor number
+        self.sel.unregister(call.pidfd)
+        os.close(call.pidfd)
+        call.exited = True
+        call.ended_at = time.monotonic()
+        self._set_status(call, status)
+        if rusage is not None:
+            call.cpu_s = rusage.ru_utime + rusage.ru_stime
+            call.max_rss_kb = rusage.ru_maxrss
+        if call.pgid_fallback:
+            _sweep_without_pidns(call.pid, call.id, call.uid, self._tracked_pids())
+        if call.open_pipes:
+            heapq.heappush(self.timers, (call.ended_at + EOF_GRACE_S, call.id))
+        self._maybe_finish(call)
+
+    def _reap(self, pid: int) -> tuple[bool, int | None, Any]:
+        """(reaped, status, rusage); never blocks: the pidfd said it exited, or it was reaped."""
+        try:
+            got, status, rusage = os.wait4(pid, os.WNOHANG)
+        except ChildProcessError:
+            return True, None, None
+        if got == 0:
+            return False, None, None
+        return True, status, rusage
+
+    def _set_status(self, call: Call, status: int | None) -> None:
+        if status is None:
+            return
+        if os.WIFSIGNALED(status):
+            call.signal = os.WTERMSIG(status)
+            call.exit_code = -call.signal
+        else:
+            call.exit_code = os.waitstatus_to_exitcode(status)
+
+    def _interp_gone(self, interp: Interp, status: int | None) -> None:
+        if not interp.alive:
+            return
+        interp.alive = False
+        self.sel.unregister(interp.pidfd)
+        self.sel.unregister(interp.ctrl.fileno())
+        os.close(interp.pidfd)
+        interp.ctrl.close()
+        call = interp.call
+        if call is not None and not call.exited:
+            call.exited = True
+            call.ended_at = time.monotonic()
+            self._set_status(call, status)
+            if call.open_pipes:
+                heapq.heappush(self.timers, (call.ended_at + EOF_GRACE_S, call.id))
+            self._maybe_finish(call)
+
+    def _on_ctrl(self, interp: Interp) -> None:
+        try:
+            chunk = interp.ctrl.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            return  # the pidfd reports the death
+        interp.rbuf += chunk
+        try:
+            replies = wire.decode_frames(interp.rbuf)
+        except Exception:
+            replies = [{"exit_code": 1, "corrupt": True}]
+        for reply in replies:
+            call = interp.call
+            if call is None or call.exited:
+                continue
+            if reply.get("corrupt"):
+                self._kill(call)
+                continue
+            call.exited = True
+            call.ended_at = time.monotonic()
+            call.exit_code = int(reply.get("exit_code", 1))
+            call.max_rss_kb = _rss_kb(interp.pid)
+            if call.open_pipes:
+                heapq.heappush(self.timers, (call.ended_at + EOF_GRACE_S, call.id))
+            self._maybe_finish(call)
+
+    def _fire_timers(self) -> None:
+        now = time.monotonic()
+        while self.timers and self.timers[0][0] <= now:
+            _, call_id = heapq.heappop(self.timers)
+            call = self.calls.get(call_id)
+            if call is None or call.done:
+                continue
+            if not call.exited:
+                if now >= call.deadline:
+                    call.timed_out = True
+                    self._kill(call)
+            elif call.ended_at is not None and now >= call.ended_at + EOF_GRACE_S:
+                # Something outside the action's namespace still holds its pipes: stop waiting.
+                self._finish(call)
+
+    def _kill(self, call: Call) -> None:
+        with _suppress(OSError):
+            signal.pidfd_send_signal(call.pidfd, signal.SIGKILL)
+        if call.pgid_fallback:
+            with _suppress(OSError):
+                os.killpg(call.pid, signal.SIGKILL)
+
+    def _maybe_finish(self, call: Call) -> None:
+        if call.exited and call.open_pipes == 0 and not call.done:
+            self._finish(call)
+
+    def _finish(self, call: Call) -> None:
+        call.done = True
+        self.pool.release(call.cores)
+        for fd in call.pipes:
+            self.sel.unregister(fd)
+            os.close(fd)
+        call.pipes = []
+        self.calls.pop(call.id, None)
+        if call.interp is not None and call.interp.call is call:
+            call.interp.call = None
+        tail = bytes(call.err[-4096:])
+        memory_error = call.memory_limited and call.exit_code not in (0, None) and not call.timed_out
+        memory_error = memory_error and any(m in tail for m in _MEMORY_MARKERS)
+        end = call.ended_at if call.ended_at is not None else time.monotonic()
+        reply = {
+            "id": call.id,
+            "exit_code": call.exit_code,
+            "signal": call.signal,
+            "timed_out": call.timed_out,
+            "stdout": bytes(call.out),
+            "stderr": bytes(call.err),
+            "stdout_truncated": call.out_truncated,
+            "stderr_truncated": call.err_truncated,
+            "wall_s": end - call.started,
+            "cpu_s": call.cpu_s,
+            "max_rss_kb": call.max_rss_kb,
+            "memory_error": memory_error,
+            "setup_error": call.exit_code == SETUP_FAILED and call.interp is None,
+            "interp_restarted": call.interp_restarted,
+            "workdir_removed": False,
+            "cores": call.cores,
+            "busy_cores": self.pool.busy,
+        }
+        if call.remove_workdir is not None:
+            # The common case (nothing left behind) costs one rmdir here; anything else goes to the
+            # agent's janitor thread so that this loop never walks a tree an action filled.
+            try:
+                os.rmdir(call.remove_workdir)
+                reply["workdir_removed"] = True
+            except FileNotFoundError:
+                reply["workdir_removed"] = True
+            except OSError:
+                pass
+        self.send(reply)
+
+
+def _output_pipes() -> tuple[int, int, int, int]:
+    """stdout and stderr pipes: our read ends non-blocking, the action's write ends blocking (a
+    non-blocking stdout makes a program that writes fast lose output or fail with EAGAIN)."""
+    r_out, w_out = os.pipe2(os.O_CLOEXEC)
+    try:
+        r_err, w_err = os.pipe2(os.O_CLOEXEC)
+    except OSError:
+        os.close(r_out)
+        os.close(w_out)
+        raise
+    os.set_blocking(r_out, False)
+    os.set_blocking(r_err, False)
+    return r_out, w_out, r_err, w_err
+
+
+def _rss_kb(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _sweep_without_pidns(pgid: int, call_id: int, uid: int | None, keep: set[int]) -> None:
+    """Clean-up when there is no PID namespace: the process group, then every process of the action's
+    own uid (as root; nothing can leave a uid). Without uids: processes carrying the action's env
+    marker (what it exec'd), and our orphans (we are the child subreaper) that carry no marker of
+    another action (Python-level forks show the environment block they were started with, ours).
+    The last may end another running action's daemon early; a start-up warning names this mode."""
+    with _suppress(OSError):
+        os.killpg(pgid, signal.SIGKILL)
+    if uid is not None:
+        _kill_uid(uid, keep)
+        return
+    me = os.getpid()
+    marker = f"TANGRAM_ACTION_ID={call_id}".encode()
+    for _ in range(50):  # orphans of killed orphans come to us in turn
+        found = False
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) in keep:
+                continue
+            try:
+                with open(f"/proc/{name}/environ", "rb") as fh:
+                    env = fh.read().split(b"\0")
+                with open(f"/proc/{name}/stat", "rb") as fh:
+                    fields = fh.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            ours = int(fields[1]) == me and fields[0] != b"Z"
+            others = any(e.startswith(b"TANGRAM_ACTION_ID=") and e != marker for e in env)
+            if marker in env or (ours and not others):
+                with _suppress(OSError):
+                    os.kill(int(name), signal.SIGKILL)
+                found = True
+        _reap_orphans(keep)
+        if not found:
+            return
+
+
+def _uid_processes(uid: int, me: int) -> list[int]:
+    """PIDs (other than ``me``) whose real uid is ``uid``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid == uid:
+                found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+def _reap_orphans(keep: set[int]) -> None:
+    """Reap the exited children we do not track: orphans of actions, ours as the child subreaper."""
+    me = str(os.getpid())
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in keep:
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1].decode() == me:
+            with _suppress(ChildProcessError):
+                os.waitpid(int(name), os.WNOHANG)
+
+
+def _kill_uid(uid: int, keep: set[int]) -> None:
+    """SIGKILL every process of ``uid`` from a helper running as that uid: kill(-1) reaches exactly
+    the processes it may signal, which for a non-root uid are that uid's own (never the caller).
+    Killed orphans become our children (we are their subreaper): reaping them while the helper
+    repeats lets it see the uid empty. ``keep``: tracked children, reaped through their pidfds."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            # Repeat until no process of the uid is left: a fork bomb may create children while the
+            # kernel walks, and a killed process stays listed until its parent has reaped it.
+            # (kill(-1) itself cannot tell: it succeeds whenever any other process exists.)
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline:
+                os.kill(-1, signal.SIGKILL)
+                if not _uid_processes(uid, os.getpid()):
+                    break
+                time.sleep(0.001)
+        except BaseException:
+            pass
+        os._exit(0)
+    keep = {*keep, pid}
+    while os.waitpid(pid, os.WNOHANG)[0] == 0:
+        _reap_orphans(keep)
+        time.sleep(0.0005)
+    _reap_orphans(keep)
+
+
+# ---- the child side ---------------------------------------------------------------------------------
+def _child_main(
+    msg: dict[str, Any], stdin_fd: int, out_fd: int, err_fd: int, ctrl_fd: int | None
+) -> NoReturn:
+    """Set up the sandbox in the freshly forked child, then run the action. Never returns."""
+    try:
+        atexit._clear()
+        os.setsid()
+        # The fork server never changes signal dispositions, so they are the interpreter's own, as
+        # `python -c` has them; exec'd runtimes get SIGPIPE/SIGXFSZ/SIGINT back to default below.
+        os.dup2(stdin_fd, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        # os.closerange is one close_range(2) here; everything above 2 (3 for an interpreter) goes.
+        if ctrl_fd is not None:
+            os.dup2(ctrl_fd, _CTRL_FD)
+            os.closerange(_CTRL_FD + 1, _MAX_FD)
+        else:
+            os.closerange(3, _MAX_FD)
+        cores = msg.get("cores")
+        if cores:
+            os.sched_setaffinity(0, cores)
+        workdir = msg["workdir"]
+        uid = msg.get("uid")
+        os.chdir(workdir)  # created by the fork server before the fork
+        os.umask(0o022)
+        if uid is not None:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+        # The PID namespace's init must not outlive the fork server (say, if the agent is killed -9).
+        # Set after the uid change, which would clear it. (Should the fork server die in the few
+        # microseconds before, the action still ends at its CPU-time limit.)
+        with _suppress(OSError):
+            isolation.prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
+        with _suppress(OSError):
+            isolation.prctl(isolation.PR_SET_NO_NEW_PRIVS, 1)
+        limits = msg.get("limits", {})
+        for name, value in limits.items():
+            if value:
+                res = _RLIMITS[name]
+                resource.setrlimit(res, (value, value if name != "cpu" else value + 1))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        # The environment was made the action's in the fork server, just before the fork.
+        for rel, content in (msg.get("files") or {}).items():
+            parent = os.path.dirname(rel)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            with open(rel, "wb") as fh:
+                fh.write(content)
+    except BaseException as exc:
+        with _suppress(Exception):
+            os.write(2, f"tangram: sandbox set-up failed: {exc.__class__.__name__}: {exc}\n".encode())
+        os._exit(SETUP_FAILED)
+    try:
+        if ctrl_fd is not None:
+            _interpreter_loop()
+        argv = msg.get("argv")
+        if argv:
+            try:
+                for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
+                    signal.signal(sig, signal.SIG_DFL)
+                os.execve(argv[0], argv, os.environ)
+            except BaseException as exc:
+                with _suppress(Exception):
+                    os.write(2, f"tangram: cannot execute {argv[0]}: {exc}\n".encode())
+                os._exit(SETUP_FAILED)
+        _run_python_and_exit(msg["code"])
+    finally:
+        # Whatever happens (say, user code closed the interpreter's control socket and the reply
+        # raised), the child must never return into the fork server's loop below its caller.
+        os._exit(1)
+
+
+_RLIMITS = {
+    "cpu": resource.RLIMIT_CPU,
+    "as": resource.RLIMIT_AS,
+    "nproc": resource.RLIMIT_NPROC,
+    "fsize": resource.RLIMIT_FSIZE,
+    "nofile": resource.RLIMIT_NOFILE,
+}
+
+
+def _fresh_main_module() -> dict[str, Any]:
+    import builtins
+
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main
+    sys.argv = ["-c"]
+    if sys.path:
+        sys.path[0] = ""
+    return main.__dict__
+
+
+def _fresh_std_streams() -> None:
+    # The fork server's own streams already sit on descriptors 0, 1 and 2 (now the action's), with
+    # empty buffers (it never uses them) and UTF-8 (PYTHONIOENCODING): re-point the names only, as
+    # building new text streams costs a quarter of a millisecond.
+    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
+
+
+def _exit_code_of(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    with _suppress(Exception):
+        print(code, file=sys.stderr)
+    return 1
+
+
+def _run_code(source: str, namespace: dict[str, Any]) -> int:
+    """Run ``source`` like ``python -c`` would, in ``namespace``; returns the exit status."""
+    try:
+        exec(compile(source, "<string>", "exec"), namespace)
+        return 0
+    except SystemExit as exc:
+        return _exit_code_of(exc)
+    except BaseException as exc:
+        # Skip our own frame, as the interpreter's own traceback would.
+        tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+        # The interpreter's own C traceback printer: no traceback module to import in the child.
+        with _suppress(BaseException):
+            sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        return 1
+
+
+def _flush_std_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with _suppress(Exception):
+            stream.flush()
+
+
+def _run_python_and_exit(source: str) -> NoReturn:
+    namespace = _fresh_main_module()
+    _fresh_std_streams()
+    if "numpy" in sys.modules:
+        # numpy's global generator is not reseeded at fork, unlike the random module's.
+        with _suppress(Exception):
+            sys.modules["numpy"].random.seed()
+    code = _run_code(source, namespace)
+    threading = sys.modules.get("threading")
+    if threading is not None:  # only code that imported it can have started threads
+        with _suppress(BaseException):
+            threading._shutdown()  # wait for non-daemon threads, as python -c does
+    with _suppress(BaseException):
+        atexit._run_exitfuncs()
+    _flush_std_streams()
+    os._exit(code)
+
+
+def _interpreter_loop() -> NoReturn:
+    """A session's persistent interpreter: run each call's code in the same globals."""
+    namespace = _fresh_main_module()
+    _fresh_std_streams()
+    import socket
+
+    ctrl = socket.socket(fileno=_CTRL_FD)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    while True:
+        try:
+            header, fds, _, _ = socket.recv_fds(ctrl, 4, 3)
+        except OSError:
+            os._exit(0)
+        if len(header) < 4:
+            os._exit(0)
+        (length,) = struct.unpack("<I", header)
+        payload = bytearray()
+        while len(payload) < length:
+            chunk = ctrl.recv(length - len(payload))
+            if not chunk:
+                os._exit(0)
+            payload += chunk
+        request = marshal.loads(bytes(payload))
+        for target, fd in zip((0, 1, 2), fds, strict=False):
+            os.dup2(fd, target)
+            os.close(fd)
+        code = _run_code(request["code"], namespace)
+        _flush_std_streams()
+        for target in (0, 1, 2):
+            os.dup2(devnull, target)
+        ctrl.sendall(wire.encode({"exit_code": code}))
+
+
+def main(argv: list[str]) -> int:
+    """Entry point: ``python -m arl_tangram.sandbox.forkserver FD CONFIG`` (marshal, hex)."""
+    config = marshal.loads(bytes.fromhex(argv[1]))
+    server = ForkServer(int(argv[0]), config)
+    server.prepare()
+    server.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

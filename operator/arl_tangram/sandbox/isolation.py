@@ -1,0 +1,273 @@
+"""Linux primitives the sandbox isolates actions with, and a probe of which of them work here.
+
+Python 3.11 has no ``os.unshare``/``os.setns`` and no ``mount``, so these go through libc with ctypes.
+Everything here is usable only from the fork server (a plain process without threads): namespaces
+change the calling process.
+
+What each primitive buys:
+- a PID namespace per action: when the action's first process exits (or is killed on timeout) the
+  kernel kills every process left in the namespace, daemonised grandchildren included, and the
+  parent's ``waitpid`` returns only once they are all gone. No cgroup is needed.
+- one network namespace for the fork server (no interfaces but a down loopback): actions cannot open
+  a connection anywhere, the agent's own port included. Created once, not per action, because
+  tearing a network namespace down is slow in the kernel.
+- one mount namespace for the fork server: the world-writable directories (``/tmp``, ``/dev/shm``...)
+  are covered by an empty read-only tmpfs so an action can write only into its workdir.
+- a uid per running action (and per session): non-root, cannot read another workdir, cannot signal
+  the agent, and ``RLIMIT_NPROC`` (counted per uid) bounds each action's fork bomb separately.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_CHILD_SUBREAPER = 36
+
+# World-writable places a non-root action could otherwise leave files in (or read others' from).
+SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock")
+
+# The symbols of the running process (libc included); ctypes.util.find_library would pull in
+# subprocess and friends, several megabytes every fork then has to copy.
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def unshare(flags: int) -> None:
+    """``unshare(2)`` for the calling process."""
+    _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
+
+
+def setns(fd: int, nstype: int) -> None:
+    """``setns(2)``: join (for PID: make the children join) the namespace behind ``fd``."""
+    _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
+
+
+def mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    """``mount(2)``."""
+    _check(
+        _libc.mount(
+            source.encode(),
+            target.encode(),
+            fstype.encode() if fstype else None,
+            ctypes.c_ulong(flags),
+            data.encode() if data else None,
+        ),
+        f"mount {target}",
+    )
+
+
+def malloc_trim() -> None:
+    """Give freed heap back to the system (less for each fork to copy)."""
+    trim = getattr(_libc, "malloc_trim", None)  # glibc only
+    if trim is not None:
+        trim(0)
+
+
+CAP_CHOWN = 0
+CAP_KILL = 5
+CAP_SETGID = 6
+CAP_SETUID = 7
+
+
+def effective_capabilities() -> int:
+    """The calling process's effective capability mask (``CapEff`` in /proc/self/status)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    return 0
+
+
+def can_switch_uid() -> bool:
+    """Whether actions can be given uids of their own: root *with* the capabilities to do so (a
+    container may run as root with them dropped)."""
+    caps = effective_capabilities()
+    needed = (CAP_CHOWN, CAP_KILL, CAP_SETGID, CAP_SETUID)
+    return os.geteuid() == 0 and all(caps >> cap & 1 for cap in needed)
+
+
+def prctl(option: int, arg: int) -> None:
+    """``prctl(2)`` with one argument."""
+    _check(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg), 0, 0, 0), "prctl")
+
+
+class Isolation:
+    """What the fork server managed to set up; reported to the agent and logged at start-up."""
+
+    def __init__(
+        self,
+        per_action_uid: bool = False,
+        pid_namespace: bool = False,
+        network_namespace: bool = False,
+        private_tmp: bool = False,
+        network_allowed: bool = False,
+        notes: tuple[str, ...] = (),
+    ) -> None:
+        self.per_action_uid = per_action_uid
+        self.pid_namespace = pid_namespace
+        self.network_namespace = network_namespace
+        self.private_tmp = private_tmp
+        self.network_allowed = network_allowed
+        self.notes = notes
+
+    def as_dict(self) -> dict[str, object]:
+        """Plain dict (for the wire and for /v1/health)."""
+        return {
+            "per_action_uid": self.per_action_uid,
+            "pid_namespace": self.pid_namespace,
+            "network_namespace": self.network_namespace,
+            "private_tmp": self.private_tmp,
+            "network_allowed": self.network_allowed,
+            "notes": list(self.notes),
+        }
+
+    def warnings(self) -> list[str]:
+        """Human lines for what is weaker than intended, each naming the fallback in use."""
+        lines = list(self.notes)
+        if not self.per_action_uid:
+            who = (
+                "ROOT (root without CAP_SETUID/SETGID/CHOWN/KILL)"
+                if os.geteuid() == 0
+                else "the agent's own uid"
+            )
+            lines.append(
+                f"no uid per action: actions run as {who}; sessions are not isolated from each other by "
+                "file permissions (run the agent as root with those capabilities: it drops each action "
+                "to a uid of its own)"
+            )
+        if not self.pid_namespace and self.per_action_uid:
+            lines.append(
+                "no PID namespace: an action's leftover processes are killed by process group and then "
+                "by uid (every process of the action's own uid), one extra fork per action"
+            )
+        elif not self.pid_namespace:
+            lines.append(
+                "no PID namespace and not root: leftover processes are killed by process group plus a "
+                "/proc scan for the action's env marker; a child that clears its environment and leaves "
+                "the group can survive"
+            )
+        if not self.network_allowed and not self.network_namespace:
+            lines.append("no network namespace: actions CAN reach the network (no fallback can block it)")
+        if not self.private_tmp:
+            lines.append("no private mount namespace: actions can write to /tmp and /dev/shm")
+        return lines
+
+
+def probe_pid_namespace() -> bool:
+    """Whether a PID namespace can be created here (tried in a throwaway child)."""
+    try:
+        own = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        unshare(CLONE_NEWPID)
+    except OSError:
+        os.close(own)
+        return False
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if os.getpid() == 1 else 1)
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status) == 0
+    finally:
+        setns(own, CLONE_NEWPID)
+        os.close(own)
+
+
+def _hidden_ancestor(path: str) -> str | None:
+    """The topmost ancestor of ``path`` that other users cannot traverse (say, a 0700 /root)."""
+    parts = os.path.realpath(path).strip("/").split("/")
+    current = ""
+    for part in parts[:-1]:
+        current += "/" + part
+        try:
+            if not os.stat(current).st_mode & 0o001:
+                return current
+        except OSError:
+            return None
+    return None
+
+
+def _covers(writable: list[str], readable: list[str]) -> list[str]:
+    """Directories to cover with an empty tmpfs: shared writable ones, and hidden ancestors."""
+    points = set()
+    for shared in SHARED_WRITABLE_DIRS:
+        if os.path.isdir(shared) and not os.path.islink(shared) and os.stat(shared).st_mode & 0o002:
+            points.add(shared)
+    for path in writable + readable:
+        hidden = _hidden_ancestor(path)
+        if hidden is not None:
+            points.add(hidden)
+    # Only the outermost: a bind mount under an outer cover carries what lies below it.
+    ordered = sorted(points, key=len)
+    return [p for i, p in enumerate(ordered) if not any(_under(p, q) for q in ordered[:i])]
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def enter_private_namespaces(
+    network_allowed: bool, writable: list[str], readable: list[str], pid_namespace: bool = True
+) -> Isolation:
+    """Move the calling process into its own network and mount namespaces, as far as permitted.
+
+    In the mount namespace, world-writable directories and directories others cannot traverse are
+    covered by an empty read-only tmpfs. ``writable`` (the workdir root) and ``readable`` (the Python
+    installation the actions run) are bind-mounted back at their own paths when they lie under a
+    cover, the latter read-only: actions then reach the runtime even when it lives under a private
+    home directory, and see nothing else there.
+    """
+    iso = Isolation(network_allowed=network_allowed, per_action_uid=can_switch_uid())
+    notes: list[str] = []
+    if not network_allowed:
+        try:
+            unshare(CLONE_NEWNET)
+            iso.network_namespace = True
+        except OSError as exc:
+            notes.append(f"unshare(CLONE_NEWNET) failed ({exc.strerror})")
+    writable = [os.path.realpath(p) for p in writable]
+    readable = [os.path.realpath(p) for p in readable if os.path.exists(p)]
+    try:
+        covers = _covers(writable, readable)
+        unshare(CLONE_NEWNS)
+        mount("none", "/", None, MS_REC | MS_PRIVATE)
+        # Handles taken inside the new namespace (a bind source must belong to it), before covering.
+        handles = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in writable + readable}
+        for cover in covers:
+            mount("tangram", cover, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+            for path, fd in handles.items():
+                if not _under(path, cover):
+                    continue
+                os.makedirs(path, exist_ok=True)
+                mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+                if path not in writable:
+                    mount("none", path, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+            mount("tangram", cover, "tmpfs", MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        for fd in handles.values():
+            os.close(fd)
+        iso.private_tmp = True
+    except OSError as exc:
+        notes.append(f"private mount namespace failed ({exc.strerror}); /tmp stays shared")
+    iso.pid_namespace = pid_namespace and probe_pid_namespace()
+    iso.notes = tuple(notes)
+    return iso

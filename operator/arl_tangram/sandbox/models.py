@@ -1,0 +1,54 @@
+"""Request bodies of the agent's HTTP APIs, validated with pydantic (types are not coerced loosely).
+
+``RunCodeRequest`` mirrors SandboxFusion's ``POST /run_code`` field for field so that existing trainers
+switch by changing a URL; the native ``ExecuteRequest`` adds what the operator needs (core grants,
+sessions, counts of cores).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RunCodeRequest(BaseModel):
+    """SandboxFusion's ``/run_code`` request."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    compile_timeout: float = Field(10, description="compile timeout (no compiled languages here)")
+    run_timeout: float = Field(10, gt=0, description="wall-clock limit of the run, seconds")
+    memory_limit_MB: int = Field(-1, description="address-space limit in MB; -1: the pool's default")
+    code: str
+    stdin: str | None = None
+    language: str
+    files: dict[str, str | None] = Field(default_factory=dict, description="path -> base64 content")
+    fetch_files: list[str] = Field(default_factory=list)
+    args: list[str] = Field(default_factory=list, description="extra pytest arguments")
+
+
+class ExecuteRequest(BaseModel):
+    """The native ``POST /v1/execute`` request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    runtime: str = "python"
+    code: str
+    stdin: str | None = None
+    timeout_s: float | None = Field(None, gt=0)
+    memory_mb: int | None = Field(None, ge=16)
+    cores: list[int] | None = Field(None, description="the exact cores granted by the scheduler")
+    ncores: int = Field(1, ge=1, description="when no grant is given: how many cores to take")
+    session_id: str | None = None
+    files: dict[str, str] = Field(default_factory=dict, description="path -> base64 content")
+    fetch_files: list[str] = Field(default_factory=list)
+    args: list[str] = Field(default_factory=list)
+
+
+class SessionRequest(BaseModel):
+    """``POST /v1/sessions``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    persistent: bool = Field(False, description="keep a Python interpreter whose globals survive calls")
+    ttl_s: float | None = Field(None, gt=0)
+    memory_mb: int | None = Field(None, ge=16)

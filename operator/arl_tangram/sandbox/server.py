@@ -1,0 +1,385 @@
+"""The agent's HTTP face: the native API, SandboxFusion's ``/run_code``, health and metrics.
+
+Routes
+- ``POST /v1/execute``: run one action (optionally in a session, optionally on granted cores).
+- ``POST /v1/sessions``, ``GET|DELETE /v1/sessions/{id}``: sessions (one per trajectory).
+- ``PUT|GET /v1/sessions/{id}/files/{path}``: upload / download a file of a session's workdir.
+- ``POST /run_code``: SandboxFusion-compatible; ``GET /v1/ping`` answers ``pong`` as SandboxFusion does.
+- ``GET /v1/health`` (also ``/healthz``): the fork servers run; isolation in force; cores and sessions.
+- ``GET /metrics``: Prometheus text format.
+
+Every bad request gets a JSON body naming the problem: 400 for malformed JSON or an invalid value,
+422 for a wrong shape or type, 413 for a body over the limit, 503 (with Retry-After) when the host is
+full for now. Nothing the caller sends can make the handler answer 500 on purpose.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from pydantic import BaseModel, ValidationError
+
+from arl_tangram.errors import CapacityExceeded, InfrastructureError, InvalidSpec, NotReady
+from arl_tangram.sandbox import workfiles
+from arl_tangram.sandbox.config import AgentConfig
+from arl_tangram.sandbox.executor import ActionResult, ActionSpec, Executor
+from arl_tangram.sandbox.models import ExecuteRequest, RunCodeRequest, SessionRequest
+
+log = logging.getLogger(__name__)
+EXECUTOR: web.AppKey[Executor] = web.AppKey("executor", Executor)
+OPEN_PATHS = ("/v1/health", "/healthz", "/metrics", "/v1/ping")
+# SandboxFusion's language names that map onto our runtimes.
+LANGUAGES = {"python": "python", "python3": "python", "bash": "bash", "sh": "bash", "pytest": "pytest"}
+
+
+class Metrics:
+    """The agent's Prometheus metrics, in a registry of its own (several agents may share a process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.actions = Counter(
+            "tangram_sandbox_actions",
+            "Actions run, by API, runtime and outcome",
+            ["api", "runtime", "outcome"],
+            registry=self.registry,
+        )
+        self.seconds = Histogram(
+            "tangram_sandbox_action_seconds",
+            "Wall-clock time of actions inside the sandbox",
+            ["runtime"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=self.registry,
+        )
+        self.rejected = Counter(
+            "tangram_sandbox_rejected_requests",
+            "Requests refused, by reason",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.cores_busy = Gauge("tangram_sandbox_cores_busy", "Cores held by actions", registry=self.registry)
+        self.cores_total = Gauge("tangram_sandbox_cores", "Cores this agent manages", registry=self.registry)
+        self.sessions = Gauge("tangram_sandbox_sessions", "Open sessions", registry=self.registry)
+
+    def record(self, api: str, runtime: str, result: ActionResult) -> None:
+        """Count one finished action."""
+        self.actions.labels(api, runtime, result.outcome).inc()
+        self.seconds.labels(runtime).observe(result.wall_s)
+
+
+METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
+
+
+class BadRequest(Exception):
+    """A request we refuse, with its HTTP status and a message naming the problem."""
+
+    def __init__(self, status: int, message: str, detail: Any = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.detail = detail
+
+
+async def _parse(request: web.Request, model: type[BaseModel]) -> Any:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        limit = request.app[EXECUTOR].config.max_body_bytes
+        raise BadRequest(413, f"request body exceeds the limit of {limit} bytes") from exc
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(400, f"malformed JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BadRequest(422, f"the body must be a JSON object, not {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        detail = [
+            {"loc": list(err["loc"]), "msg": err["msg"], "type": err["type"]}
+            for err in exc.errors(include_url=False, include_input=False)
+        ]
+        summary = "; ".join(f"{'.'.join(map(str, d['loc']))}: {d['msg']}" for d in detail)
+        raise BadRequest(422, f"invalid request: {summary}", detail) from exc
+
+
+def _decode_files(field: str, files: dict[str, str | None]) -> dict[str, bytes]:
+    out = {}
+    for path, content in files.items():
+        workfiles.split_relpath(f"{field}[{path!r}]", path)
+        try:
+            out[path] = base64.b64decode(content or "", validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidSpec(f"{field}[{path!r}]", f"not valid base64: {exc}") from exc
+    return out
+
+
+def _error_response(status: int, message: str, extra: dict[str, Any] | None = None) -> web.Response:
+    body: dict[str, Any] = {"error": message}
+    if extra:
+        body.update(extra)
+    return web.json_response(body, status=status)
+
+
+@web.middleware
+async def _errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Turn the error taxonomy into clear JSON answers, in the shape of the API that was called."""
+    metrics = request.app[METRICS]
+    run_code = request.path == "/run_code"
+    config = request.app[EXECUTOR].config
+    if (
+        config.token
+        and request.path not in OPEN_PATHS
+        and request.headers.get("Authorization") != f"Bearer {config.token}"
+    ):
+        metrics.rejected.labels("unauthorized").inc()
+        return _error_response(401, "missing or wrong bearer token")
+    status, message, extra = 0, "", {}
+    try:
+        return await handler(request)
+    except BadRequest as exc:
+        status, message = exc.status, exc.message
+        if exc.detail is not None:
+            extra["detail"] = exc.detail
+    except InvalidSpec as exc:
+        status, message = 400, str(exc)
+        extra["field"] = exc.field
+    except CapacityExceeded as exc:
+        status, message = 422, str(exc)
+    except NotReady as exc:
+        metrics.rejected.labels("not_ready").inc()
+        resp = _error_response(503, str(exc))
+        resp.headers["Retry-After"] = str(int(exc.delay))
+        return resp
+    except InfrastructureError as exc:
+        status, message = 503, f"sandbox infrastructure failed: {exc}"
+    metrics.rejected.labels(str(status)).inc()
+    if run_code:
+        extra.update({"status": "SandboxError", "message": message})
+    return _error_response(status, message, extra)
+
+
+# ---- handlers ------------------------------------------------------------------------------------------
+async def execute(request: web.Request) -> web.Response:
+    """``POST /v1/execute``."""
+    body: ExecuteRequest = await _parse(request, ExecuteRequest)
+    executor = request.app[EXECUTOR]
+    spec = ActionSpec(
+        runtime=body.runtime,
+        code=body.code,
+        stdin=body.stdin,
+        timeout_s=body.timeout_s,
+        memory_mb=body.memory_mb,
+        cores=body.cores,
+        ncores=body.ncores,
+        session_id=body.session_id,
+        files=_decode_files("files", dict(body.files)),
+        fetch_files=body.fetch_files,
+        args=body.args,
+    )
+    for path in spec.fetch_files:
+        workfiles.split_relpath(f"fetch_files[{path!r}]", path)
+    result = await executor.run(spec)
+    request.app[METRICS].record("native", body.runtime, result)
+    return web.json_response(
+        {
+            "status": result.outcome,
+            "exit_code": result.exit_code,
+            "signal": result.signal,
+            "stdout": result.stdout,
+            "stderr": result.stderr,
+            "stdout_truncated": result.stdout_truncated,
+            "stderr_truncated": result.stderr_truncated,
+            "wall_s": result.wall_s,
+            "cpu_s": result.cpu_s,
+            "max_rss_kb": result.max_rss_kb,
+            "cores": result.cores,
+            "session_id": result.session_id,
+            "interpreter_restarted": result.interpreter_restarted,
+            "message": result.message,
+            "files": {
+                k: base64.b64encode(v).decode() if v is not None else None for k, v in result.files.items()
+            },
+        }
+    )
+
+
+async def run_code(request: web.Request) -> web.Response:
+    """``POST /run_code`` with SandboxFusion's request and response shapes (plus extra fields)."""
+    body: RunCodeRequest = await _parse(request, RunCodeRequest)
+    executor = request.app[EXECUTOR]
+    runtime = LANGUAGES.get(body.language)
+    if runtime is None or runtime not in executor.config.runtimes:
+        offered = sorted(k for k, v in LANGUAGES.items() if v in executor.config.runtimes)
+        raise InvalidSpec("language", f"unsupported language {body.language!r}; this pool offers {offered}")
+    for path in body.fetch_files:
+        workfiles.split_relpath(f"fetch_files[{path!r}]", path)
+    spec = ActionSpec(
+        runtime=runtime,
+        code=body.code,
+        stdin=body.stdin,
+        timeout_s=body.run_timeout,
+        memory_mb=body.memory_limit_MB if body.memory_limit_MB > 0 else None,
+        files=_decode_files("files", body.files),
+        fetch_files=body.fetch_files,
+        args=body.args,
+    )
+    result = await executor.run(spec)
+    request.app[METRICS].record("run_code", runtime, result)
+    return web.json_response(sandboxfusion_response(result))
+
+
+def sandboxfusion_response(result: ActionResult) -> dict[str, Any]:
+    """SandboxFusion's response for ``result``.
+
+    Its fields and values are kept exactly (``status``: Success | Failed | SandboxError; run status
+    Finished | Error | TimeLimitExceeded, a non-zero exit being Finished with Failed overall). What
+    its users lack is added as new keys, which clients that know only the original ignore:
+    ``run_result.memory_limit_exceeded``, ``stdout_truncated``, ``stderr_truncated``, ``signal``,
+    ``max_rss_kb``, and a top-level ``outcome`` (ok | failed | timeout | memory_limit_exceeded |
+    sandbox_error).
+    """
+    if result.outcome == "sandbox_error":
+        run_status, status = "Error", "SandboxError"
+    elif result.outcome == "timeout":
+        run_status, status = "TimeLimitExceeded", "Failed"
+    else:
+        run_status = "Finished"
+        status = "Success" if result.exit_code == 0 else "Failed"
+    return {
+        "status": status,
+        "message": result.message if status == "SandboxError" else "",
+        "compile_result": None,
+        "run_result": {
+            "status": run_status,
+            "execution_time": round(result.wall_s, 6),
+            "return_code": None if result.outcome == "timeout" else result.exit_code,
+            "stdout": result.stdout,
+            "stderr": result.stderr,
+            "memory_limit_exceeded": result.outcome == "memory_limit_exceeded",
+            "stdout_truncated": result.stdout_truncated,
+            "stderr_truncated": result.stderr_truncated,
+            "signal": result.signal,
+            "max_rss_kb": result.max_rss_kb,
+        },
+        "executor_pod_name": os.environ.get("MY_POD_NAME") or os.environ.get("POD_NAME"),
+        "files": {k: base64.b64encode(v).decode() for k, v in result.files.items() if v is not None},
+        "outcome": result.outcome,
+    }
+
+
+async def create_session(request: web.Request) -> web.Response:
+    """``POST /v1/sessions``."""
+    body: SessionRequest = await _parse(request, SessionRequest)
+    session = await request.app[EXECUTOR].create_session(body.persistent, body.ttl_s, body.memory_mb)
+    return web.json_response(session.describe(), status=201)
+
+
+async def get_session(request: web.Request) -> web.Response:
+    """``GET /v1/sessions/{id}``: its state and the memory it accounts for."""
+    return web.json_response(request.app[EXECUTOR].get_session(request.match_info["sid"]).describe())
+
+
+async def close_session(request: web.Request) -> web.Response:
+    """``DELETE /v1/sessions/{id}``."""
+    await request.app[EXECUTOR].close_session(request.match_info["sid"])
+    return web.json_response({"closed": request.match_info["sid"]})
+
+
+async def put_file(request: web.Request) -> web.Response:
+    """``PUT /v1/sessions/{id}/files/{path}``: the body is the file's content."""
+    executor = request.app[EXECUTOR]
+    session = executor.get_session(request.match_info["sid"])
+    path = request.match_info["path"]
+    try:
+        data = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        limit = request.app[EXECUTOR].config.max_body_bytes
+        raise BadRequest(413, f"request body exceeds the limit of {limit} bytes") from exc
+    if len(data) > executor.config.max_file_bytes:
+        raise BadRequest(413, f"file exceeds the limit of {executor.config.max_file_bytes} bytes")
+    workfiles.write_file(session.workdir, "path", path, data, session.uid)
+    return web.json_response({"path": path, "bytes": len(data)}, status=201)
+
+
+async def get_file(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/sessions/{id}/files/{path}``."""
+    executor = request.app[EXECUTOR]
+    session = executor.get_session(request.match_info["sid"])
+    path = request.match_info["path"]
+    data = workfiles.read_file(session.workdir, "path", path, executor.config.max_file_bytes)
+    if data is None:
+        return _error_response(404, f"no regular file {path!r} in the session's workdir")
+    return web.Response(body=data, content_type="application/octet-stream")
+
+
+async def health(request: web.Request) -> web.Response:
+    """``GET /v1/health``: 200 when every fork server runs, else 503."""
+    executor = request.app[EXECUTOR]
+    ok = executor.healthy
+    return web.json_response(
+        {
+            "status": "ok" if ok else "degraded",
+            "isolation": executor.isolation,
+            "runtimes": list(executor.config.runtimes),
+            "cores": {"total": len(executor.cores.cores), "busy": executor.cores_busy},
+            "sessions": len(executor.sessions),
+            "outcomes": executor.counts,
+        },
+        status=200 if ok else 503,
+    )
+
+
+async def ping(request: web.Request) -> web.Response:
+    """``GET /v1/ping`` as in SandboxFusion."""
+    return web.Response(text="pong")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """``GET /metrics``."""
+    m = request.app[METRICS]
+    executor = request.app[EXECUTOR]
+    m.cores_busy.set(executor.cores_busy)
+    m.cores_total.set(len(executor.cores.cores))
+    m.sessions.set(len(executor.sessions))
+    return web.Response(body=generate_latest(m.registry), content_type="text/plain", charset="utf-8")
+
+
+def build_app(config: AgentConfig, warnings_out: list[str] | None = None) -> web.Application:
+    """The aiohttp application; the executor starts and stops with it."""
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[_errors])
+    executor = Executor(config)
+    app[EXECUTOR] = executor
+    app[METRICS] = Metrics()
+
+    async def lifecycle(app: web.Application) -> Any:
+        warnings = await executor.start()
+        for line in warnings:
+            log.warning("sandbox isolation: %s", line)
+        if warnings_out is not None:
+            warnings_out.extend(warnings)
+        yield
+        await executor.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_post("/v1/execute", execute)
+    app.router.add_post("/run_code", run_code)
+    app.router.add_post("/v1/sessions", create_session)
+    app.router.add_get("/v1/sessions/{sid}", get_session)
+    app.router.add_delete("/v1/sessions/{sid}", close_session)
+    app.router.add_put("/v1/sessions/{sid}/files/{path:.+}", put_file)
+    app.router.add_get("/v1/sessions/{sid}/files/{path:.+}", get_file)
+    app.router.add_get("/v1/health", health)
+    app.router.add_get("/healthz", health)
+    app.router.add_get("/v1/ping", ping)
+    app.router.add_get("/metrics", metrics)
+    return app

@@ -1,0 +1,133 @@
+"""Reading and writing files inside a workdir on behalf of the caller, without following links out.
+
+The agent runs as root and the workdir belongs to untrusted code, which may plant a symlink such as
+``out.txt -> /etc/shadow``. Every path is therefore walked one component at a time with ``O_NOFOLLOW``
+relative to the workdir's descriptor, and ``..`` or absolute paths are refused up front.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+
+from arl_tangram.errors import InvalidSpec
+
+MAX_PATH_PARTS = 32
+
+
+def split_relpath(field: str, path: str) -> list[str]:
+    """The components of a workdir-relative path; ``InvalidSpec`` names the field when it escapes."""
+    if not isinstance(path, str) or not path:
+        raise InvalidSpec(field, "must be a non-empty relative path")
+    if "\0" in path:
+        raise InvalidSpec(field, "must not contain NUL bytes")
+    parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]
+    if path.startswith("/"):
+        raise InvalidSpec(field, f"{path!r} is absolute; paths are relative to the workdir")
+    if any(p == ".." for p in parts):
+        raise InvalidSpec(field, f"{path!r} leaves the workdir ('..')")
+    if not parts or len(parts) > MAX_PATH_PARTS:
+        raise InvalidSpec(field, f"{path!r} is not a usable file path")
+    return parts
+
+
+def _open_parent(root: str, parts: list[str], create: bool, uid: int | None) -> int:
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            if create:
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    if uid is not None:
+                        os.chown(part, uid, uid, dir_fd=fd, follow_symlinks=False)
+                except FileExistsError:
+                    pass
+            nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_file(root: str, field: str, path: str, max_bytes: int) -> bytes | None:
+    """The content of ``root/path``; ``None`` when it is missing, a link, or not a regular file."""
+    parts = split_relpath(field, path)
+    try:
+        dirfd = _open_parent(root, parts, create=False, uid=None)
+    except OSError:
+        return None
+    try:
+        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
+    except OSError:
+        return None
+    finally:
+        os.close(dirfd)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        if info.st_size > max_bytes:
+            raise InvalidSpec(field, f"{path!r} is {info.st_size} bytes, over the limit of {max_bytes}")
+        chunks = []
+        remaining = max_bytes + 1
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        return b"".join(chunks)[:max_bytes]
+    finally:
+        os.close(fd)
+
+
+def write_file(root: str, field: str, path: str, data: bytes, uid: int | None) -> None:
+    """Write ``data`` to ``root/path`` (parents created), owned by ``uid`` when given."""
+    parts = split_relpath(field, path)
+    dirfd = _open_parent(root, parts, create=True, uid=uid)
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(parts[-1], flags, 0o644, dir_fd=dirfd)
+        except OSError as exc:
+            raise InvalidSpec(field, f"cannot write {path!r}: {exc.strerror}") from exc
+        try:
+            if uid is not None:
+                os.fchown(fd, uid, uid)
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dirfd)
+
+
+def make_workdir(path: str, uid: int | None) -> None:
+    """Create a private workdir (0700, owned by ``uid``)."""
+    os.mkdir(path, 0o700)
+    if uid is not None:
+        os.chown(path, uid, uid)
+
+
+def remove_tree(path: str) -> None:
+    """Remove a workdir, whatever its untrusted owner left in it (modes, links are not followed)."""
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def tree_size(path: str) -> int:
+    """Bytes used by the regular files under ``path`` (links not followed)."""
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            try:
+                info = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode):
+                total += info.st_size
+    return total

@@ -1,0 +1,156 @@
+"""A real sandbox agent process on loopback for the integration tests, and leak probes.
+
+Each agent gets its own uid range (derived from the test process id) so that the leak checks count
+only this agent's action processes, even when other agents run on the machine at the same time.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+
+MAX_CONCURRENT = 32
+MAX_SESSIONS = 32
+SECRET = "agent-secret-7f3a"
+
+
+@dataclass
+class Agent:
+    """A running agent: its URL, process, workdir root and uid range."""
+
+    url: str
+    proc: subprocess.Popen[str]
+    root: Path
+    uid_base: int
+    port: int
+
+    @property
+    def uids(self) -> range:
+        return range(self.uid_base, self.uid_base + MAX_CONCURRENT + MAX_SESSIONS)
+
+    def post(self, path: str, body: object, timeout: float = 60) -> requests.Response:
+        return requests.post(self.url + path, json=body, timeout=timeout)
+
+    def execute(self, code: str, **fields: object) -> dict[str, object]:
+        resp = self.post("/v1/execute", {"code": code, **fields})
+        assert resp.status_code == 200, resp.text
+        body: dict[str, object] = resp.json()
+        return body
+
+    def healthy(self) -> bool:
+        return requests.get(self.url + "/v1/health", timeout=10).status_code == 200
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def start_agent(
+    root: Path, *extra: str, prefix: tuple[str, ...] = (), env: dict[str, str] | None = None
+) -> Agent:
+    """Start ``tangram sandbox-agent`` (under ``prefix``, e.g. capsh) and wait for its ready line."""
+    port = _free_port()
+    uid_base = 100000 + (os.getpid() % 400) * 200
+    proc = subprocess.Popen(
+        [
+            *prefix,
+            sys.executable,
+            "-m",
+            "arl_tangram",
+            "sandbox-agent",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--workdir-root",
+            str(root),
+            "--uid-base",
+            str(uid_base),
+            "--max-concurrent",
+            str(MAX_CONCURRENT),
+            "--max-sessions",
+            str(MAX_SESSIONS),
+            "--log-level",
+            "WARNING",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # A secret in the agent's environment, which no action may ever see.
+        env={**os.environ, "TANGRAM_AGENT_TOKEN_PROBE": SECRET, **(env or {})},
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if "ready on" not in line:
+        proc.kill()
+        _, err = proc.communicate(timeout=30)
+        raise AssertionError(f"agent did not start: {line!r} {err}")
+    return Agent(f"http://127.0.0.1:{port}", proc, root, uid_base, port)
+
+
+def stop_agent(agent: Agent) -> None:
+    """SIGTERM and wait; the agent removes its workdir root on the way out."""
+    agent.proc.terminate()
+    try:
+        agent.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        agent.proc.kill()
+        agent.proc.wait()
+
+
+def processes_of(uids: range) -> list[int]:
+    """PIDs of live processes whose real uid is in ``uids`` (zombies included: they are leaks too)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as fh:
+                for line in fh:
+                    if line.startswith("Uid:"):
+                        if int(line.split()[1]) in uids:
+                            found.append(int(name))
+                        break
+        except OSError:
+            continue
+    return found
+
+
+def wait_until(predicate: object, deadline_s: float = 20.0, what: str = "condition") -> None:
+    """Poll ``predicate`` until true or fail after the deadline (no fixed sleeps as synchronisation)."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    """One agent for the module (real process, real HTTP on loopback)."""
+    root = tmp_path_factory.mktemp("sandbox") / "work"
+    running = start_agent(root, "--session-ttl", "600")
+    yield running
+    stop_agent(running)
+    assert not root.exists(), "the agent must remove its workdir root on shutdown"
+    assert processes_of(running.uids) == []

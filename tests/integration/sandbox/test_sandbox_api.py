@@ -1,0 +1,307 @@
+"""The agent's APIs end to end: a real agent process, real HTTP on loopback, real forked actions."""
+
+from __future__ import annotations
+
+import base64
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+from sandbox_agent_harness import SECRET, Agent, agent, processes_of, wait_until
+
+__all__ = ["agent"]
+
+
+def test_run_code_success_has_sandboxfusion_shape(agent: Agent) -> None:
+    resp = agent.post("/run_code", {"code": "print(1+1)", "language": "python"})
+    assert resp.status_code == 200
+    body = resp.json()
+    assert set(body) >= {"status", "message", "compile_result", "run_result", "executor_pod_name", "files"}
+    assert body["status"] == "Success"
+    assert body["compile_result"] is None
+    run = body["run_result"]
+    assert set(run) >= {"status", "execution_time", "return_code", "stdout", "stderr"}
+    assert run["status"] == "Finished"
+    assert run["return_code"] == 0
+    assert run["stdout"] == "2\n"
+    assert run["memory_limit_exceeded"] is False
+
+
+def test_run_code_nonzero_exit_is_failed_but_finished(agent: Agent) -> None:
+    body = agent.post(
+        "/run_code", {"code": "import sys; print('x', file=sys.stderr); sys.exit(3)", "language": "python"}
+    ).json()
+    assert body["status"] == "Failed"
+    assert body["run_result"]["status"] == "Finished"
+    assert body["run_result"]["return_code"] == 3
+    assert body["run_result"]["stderr"] == "x\n"
+
+
+def test_run_code_timeout(agent: Agent) -> None:
+    body = agent.post(
+        "/run_code", {"code": "while True: pass", "language": "python", "run_timeout": 0.5}
+    ).json()
+    assert body["status"] == "Failed"
+    assert body["run_result"]["status"] == "TimeLimitExceeded"
+    assert body["outcome"] == "timeout"
+
+
+def test_run_code_memory_limit_is_reported_explicitly(agent: Agent) -> None:
+    body = agent.post(
+        "/run_code", {"code": "x = bytearray(2 * 1024**3)", "language": "python", "memory_limit_MB": 128}
+    ).json()
+    assert body["status"] == "Failed"
+    assert body["run_result"]["status"] == "Finished"
+    assert body["run_result"]["memory_limit_exceeded"] is True
+    assert body["outcome"] == "memory_limit_exceeded"
+
+
+def test_run_code_files_stdin_and_fetch(agent: Agent) -> None:
+    code = (
+        "import sys\n"
+        "data = open('in/data.txt').read()\n"
+        "open('out.txt', 'w').write(data.upper() + sys.stdin.read())"
+    )
+    body = agent.post(
+        "/run_code",
+        {
+            "code": code,
+            "language": "python",
+            "stdin": "!",
+            "files": {"in/data.txt": base64.b64encode(b"hello").decode()},
+            "fetch_files": ["out.txt", "missing.txt"],
+        },
+    ).json()
+    assert body["status"] == "Success", body
+    assert base64.b64decode(body["files"]["out.txt"]) == b"HELLO!"
+    assert "missing.txt" not in body["files"]
+
+
+def test_run_code_bash_and_unknown_language(agent: Agent) -> None:
+    body = agent.post("/run_code", {"code": "echo $((6*7))", "language": "bash"}).json()
+    assert body["run_result"]["stdout"] == "42\n"
+    resp = agent.post("/run_code", {"code": "x", "language": "cobol"})
+    assert resp.status_code == 400
+    assert "cobol" in resp.json()["message"]
+    assert resp.json()["status"] == "SandboxError"
+
+
+def test_pytest_runtime_gets_its_dop_from_the_core_grant(agent: Agent) -> None:
+    code = (
+        "import os\n"
+        "def test_dop():\n"
+        "    assert os.environ['TANGRAM_DOP'] == '2'\n"
+        "    assert len(os.sched_getaffinity(0)) == 2\n"
+        "    assert os.environ['PYTEST_XDIST_WORKER_COUNT'] == '2'\n"
+        "def test_other():\n"
+        "    assert 1 + 1 == 2\n"
+    )
+    ncores = min(2, len(os.sched_getaffinity(0)))
+    body = agent.execute(code, runtime="pytest", ncores=ncores, timeout_s=60)
+    if ncores == 2:
+        assert body["status"] == "ok", body["stdout"]
+        assert "2 passed" in str(body["stdout"])
+    body = agent.execute("def test_fails():\n    assert 1 == 2\n", runtime="pytest", timeout_s=60)
+    assert body["status"] == "failed"
+    assert "1 failed" in str(body["stdout"])
+
+
+def test_native_execute_reports_cores_uid_and_fresh_workdir(agent: Agent) -> None:
+    code = "import os; print(os.getuid(), sorted(os.sched_getaffinity(0)), os.listdir('.'), os.getcwd())"
+    first = agent.execute(code, cores=[0])
+    second = agent.execute(code, cores=[0])
+    assert first["status"] == "ok"
+    assert first["cores"] == [0]
+    uid, cores = str(first["stdout"]).split(" [")[0], str(first["stdout"]).split("] ")[0]
+    assert int(uid) in agent.uids  # non-root, from this agent's range
+    assert cores.endswith("[0") or "[0" in str(first["stdout"])
+    # A fresh workdir per action: a different directory, empty at start.
+    assert "[] " in str(first["stdout"])
+    assert str(first["stdout"]).split()[-1] != str(second["stdout"]).split()[-1]
+
+
+def test_foreign_core_grant_is_rejected(agent: Agent) -> None:
+    resp = agent.post("/v1/execute", {"code": "print(1)", "cores": [4096]})
+    assert resp.status_code == 400
+    assert resp.json()["field"] == "cores"
+
+
+STACK_SCAN = """
+import ctypes, os
+print(sorted(os.environ))
+stack = b''
+for line in open('/proc/self/maps'):
+    if '[stack]' in line:
+        lo, hi = (int(x, 16) for x in line.split()[0].split('-'))
+        stack = ctypes.string_at(lo, hi - lo)
+print('stack', len(stack), PROBE in stack)
+"""
+
+
+def test_environment_is_scrubbed_even_in_memory(agent: Agent) -> None:
+    # /proc/self/environ (unreadable after the uid change anyway) and the process's own stack hold the
+    # environment its first ancestor started with: that is the fork server's, never the agent's.
+    code = f"PROBE = {SECRET.encode()!r}\n" + STACK_SCAN
+    body = agent.execute(code)
+    assert body["status"] == "ok", body["stderr"]
+    out = str(body["stdout"])
+    assert "TANGRAM_DOP" in out
+    assert "TANGRAM_AGENT_TOKEN_PROBE" not in out
+    assert "KUBECONFIG" not in out
+    assert out.splitlines()[-1].startswith("stack ")
+    assert out.splitlines()[-1].endswith(" False")
+
+
+def test_sessions_keep_state_and_files_and_are_isolated(agent: Agent) -> None:
+    a = agent.post("/v1/sessions", {"persistent": True}).json()
+    b = agent.post("/v1/sessions", {}).json()
+    sid_a, sid_b = a["session_id"], b["session_id"]
+    try:
+        assert (
+            agent.execute("x = 41\nopen('secret.txt', 'w').write('a-only')", session_id=sid_a)["status"]
+            == "ok"
+        )
+        again = agent.execute("x += 1\nimport os\nprint(x, os.getcwd())", session_id=sid_a)
+        value, workdir_a = str(again["stdout"]).split()
+        assert value == "42"
+        # Upload / download through the native file API.
+        put = requests.put(f"{agent.url}/v1/sessions/{sid_b}/files/dir/in.txt", data=b"payload", timeout=10)
+        assert put.status_code == 201
+        assert agent.execute("print(open('dir/in.txt').read())", session_id=sid_b)["stdout"] == "payload\n"
+        got = requests.get(f"{agent.url}/v1/sessions/{sid_a}/files/secret.txt", timeout=10)
+        assert got.content == b"a-only"
+        # Session b cannot read session a's files.
+        probe = agent.execute(
+            f"try:\n    print(open({workdir_a + '/secret.txt'!r}).read())\n"
+            "except OSError as e:\n    print(type(e).__name__)",
+            session_id=sid_b,
+        )
+        assert probe["stdout"] == "PermissionError\n"
+        state = requests.get(f"{agent.url}/v1/sessions/{sid_a}", timeout=10).json()
+        assert state["actions"] == 2
+        assert state["memory"]["interpreter_rss_kb"] > 0
+        assert state["memory"]["workdir_bytes"] == len("a-only")
+        # A timeout kills the interpreter; the next call gets a fresh one and says so.
+        assert agent.execute("while True: pass", session_id=sid_a, timeout_s=0.5)["status"] == "timeout"
+        after = agent.execute("print('x' in globals())", session_id=sid_a)
+        assert after["stdout"] == "False\n"
+        assert after["interpreter_restarted"] is True
+    finally:
+        for sid in (sid_a, sid_b):
+            assert requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10).status_code == 200
+    assert requests.get(f"{agent.url}/v1/sessions/{sid_a}", timeout=10).status_code == 400
+    wait_until(lambda: processes_of(agent.uids) == [], what="session processes to end")
+    assert sorted(os.listdir(agent.root)) == [] or all(not n.startswith("s-") for n in os.listdir(agent.root))
+
+
+def test_file_api_refuses_escapes(agent: Agent) -> None:
+    sid = agent.post("/v1/sessions", {}).json()["session_id"]
+    try:
+        agent.execute("import os; os.symlink('/etc/passwd', 'link')", session_id=sid)
+        got = requests.get(f"{agent.url}/v1/sessions/{sid}/files/link", timeout=10)
+        assert got.status_code == 404  # a symlink is never followed out of the workdir
+        bad = requests.get(f"{agent.url}/v1/sessions/{sid}/files/..%2F..%2Fetc%2Fpasswd", timeout=10)
+        assert bad.status_code in (400, 404)
+        resp = agent.post("/v1/execute", {"code": "1", "files": {"../x": ""}})
+        assert resp.status_code == 400
+        assert "leaves the workdir" in resp.json()["error"]
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+
+
+def test_session_ttl_expires(tmp_path_factory: object) -> None:
+    from sandbox_agent_harness import start_agent, stop_agent
+
+    root = tmp_path_factory.mktemp("ttl") / "work"  # type: ignore[attr-defined]
+    short = start_agent(root)
+    try:
+        sid = short.post("/v1/sessions", {"ttl_s": 0.2}).json()["session_id"]
+        wait_until(
+            lambda: requests.get(f"{short.url}/v1/sessions/{sid}", timeout=10).status_code == 400,
+            what="the session to expire",
+        )
+    finally:
+        stop_agent(short)
+
+
+def test_health_and_metrics(agent: Agent) -> None:
+    health = requests.get(agent.url + "/v1/health", timeout=10).json()
+    assert health["status"] == "ok"
+    assert health["isolation"]["pid_namespace"] is True
+    assert health["isolation"]["network_namespace"] is True
+    agent.execute("print(1)")
+    text = requests.get(agent.url + "/metrics", timeout=10).text
+    assert 'tangram_sandbox_actions_total{api="native",outcome="ok",runtime="python"}' in text
+    assert "tangram_sandbox_cores " in text
+    assert requests.get(agent.url + "/v1/ping", timeout=10).text == "pong"
+
+
+def test_bad_requests_get_clear_errors(agent: Agent) -> None:
+    resp = requests.post(agent.url + "/run_code", data=b'{"code": ', timeout=10)
+    assert resp.status_code == 400
+    assert "malformed JSON" in resp.json()["message"]
+    resp = agent.post("/run_code", {"code": 123, "language": "python"})
+    assert resp.status_code == 422
+    assert resp.json()["detail"][0]["loc"] == ["code"]
+    resp = agent.post("/v1/execute", {"code": "1", "timeout_s": "soon"})
+    assert resp.status_code == 422
+    resp = agent.post("/v1/execute", [1, 2])
+    assert resp.status_code == 422
+    resp = agent.post("/v1/execute", {"code": "1", "runtime": "fortran"})
+    assert resp.status_code == 400
+    assert "fortran" in resp.json()["error"]
+    big = b'{"code": "' + b"x" * (64 << 20) + b'"}'
+    resp = requests.post(agent.url + "/run_code", data=big, timeout=60)
+    assert resp.status_code == 413
+    assert resp.json()["status"] == "SandboxError"
+    assert agent.healthy()
+
+
+def test_output_below_the_cap_arrives_whole(agent: Agent) -> None:
+    code = (
+        "import sys\nfor i in range(300):\n    sys.stdout.write(str(i % 10) * 3000)\nprint(file=sys.stderr)"
+    )
+    body = agent.execute(code)
+    assert body["status"] == "ok"
+    assert body["stdout_truncated"] is False
+    assert len(str(body["stdout"])) == 900_000
+    assert body["stderr"] == "\n"
+
+
+def _running_actions(uids: range) -> dict[int, set[int]]:
+    """uid -> cores allowed, for every live action process right now."""
+    seen: dict[int, set[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as fh:
+                status = dict(line.split(":", 1) for line in fh if ":" in line)
+        except OSError:
+            continue
+        uid = int(status["Uid"].split()[0])
+        if uid not in uids or status["State"].strip().startswith("Z"):
+            continue
+        cores: set[int] = set()
+        for part in status["Cpus_allowed_list"].strip().split(","):
+            lo, _, hi = part.partition("-")
+            cores.update(range(int(lo), int(hi or lo) + 1))
+        seen.setdefault(uid, set()).update(cores)
+    return seen
+
+
+def test_concurrent_actions_never_share_a_core(agent: Agent) -> None:
+    host_cores = set(os.sched_getaffinity(0))
+    busy = "import time\nend = time.time() + 0.3\nwhile time.time() < end:\n    pass\nprint('done')"
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        futures = [pool.submit(agent.execute, busy, ncores=1) for _ in range(8)]
+        samples = 0
+        while not all(f.done() for f in futures):
+            running = _running_actions(agent.uids)
+            cores = [c for cs in running.values() for c in cs]
+            assert len(cores) == len(set(cores)), f"two actions share a core: {running}"
+            assert set(cores) <= host_cores
+            samples += 1
+        results = [f.result() for f in futures]
+    assert samples > 0
+    assert all(r["stdout"] == "done\n" and len(r["cores"]) == 1 for r in results)  # type: ignore[arg-type]

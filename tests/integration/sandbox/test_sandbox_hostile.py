@@ -1,0 +1,318 @@
+"""Hostile code and bad input: each gets a clear result, the agent keeps serving, nothing leaks.
+
+Real actions in a real agent (as root here, so with a uid per action, a PID namespace per action, a
+network namespace and a private /tmp). After each case no process of the agent's action uids may be
+left, which is checked right after the response: the PID namespace is torn down before the agent
+reaps the action.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+from sandbox_agent_harness import Agent, agent, processes_of, rss_kb, wait_until
+
+__all__ = ["agent"]
+
+FORK_BOMB = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+MEMORY_BOMB = "chunks = []\nwhile True:\n    chunks.append(bytearray(16 * 1024 * 1024))\n"
+DAEMON = (
+    "import os, time\n"
+    "if os.fork() == 0:\n"
+    "    os.setsid()\n"
+    "    if os.fork() == 0:\n"
+    "        time.sleep(60)\n"
+    "    os._exit(0)\n"
+    "print('parent done')\n"
+)
+FLOOD = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(100):\n    sys.stdout.write(chunk)\n"
+ESCAPE_WRITES = (
+    "import os\n"
+    "for path in ['/tmp/tangram-escape', '/etc/tangram-escape', '../tangram-escape',\n"
+    "             '/dev/shm/tangram-escape', os.path.expanduser('~root/tangram-escape')]:\n"
+    "    try:\n"
+    "        open(path, 'w').write('x')\n"
+    "        print('WROTE', path)\n"
+    "    except OSError as e:\n"
+    "        print('refused', type(e).__name__)\n"
+)
+FD_EXHAUSTION = "fds = []\nwhile True:\n    fds.append(open('/dev/null'))\n"
+
+
+def _sockets(port: int) -> str:
+    return (
+        "import socket\n"
+        f"for addr in [('127.0.0.1', {port}), ('1.1.1.1', 53), ('10.0.0.1', 80)]:\n"
+        "    try:\n"
+        "        socket.create_connection(addr, timeout=1)\n"
+        "        print('CONNECTED', addr)\n"
+        "    except OSError as e:\n"
+        "        print('refused', e.errno)\n"
+    )
+
+
+def _kill_parent(agent_pid: int) -> str:
+    # Signal 0 checks the permission exactly as SIGKILL would, without harming anything if it is
+    # (wrongly) granted; the agent itself gets a real SIGKILL.
+    return (
+        "import os, signal\n"
+        "mine = os.getuid()\n"
+        "for name in os.listdir('/proc'):\n"
+        "    if name.isdigit() and int(name) != os.getpid():\n"
+        "        try:\n"
+        "            if os.stat('/proc/' + name).st_uid != mine:\n"
+        "                os.kill(int(name), 0)\n"
+        "                print('COULD KILL', name)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "try:\n"
+        f"    os.kill({agent_pid}, signal.SIGKILL)\n"
+        "    print('KILLED the agent')\n"
+        "except OSError as e:\n"
+        "    print('refused', type(e).__name__)\n"
+        "try:\n"
+        "    os.kill(-1, signal.SIGKILL)  # all it may signal: its own namespace only\n"
+        "except OSError:\n"
+        "    pass\n"
+        "print('survived')\n"
+    )
+
+
+def _no_leftovers(agent: Agent) -> None:
+    assert processes_of(agent.uids) == []
+    assert agent.healthy()
+
+
+def test_fork_bomb_is_contained(agent: Agent) -> None:
+    body = agent.execute(FORK_BOMB, timeout_s=1)
+    assert body["status"] == "timeout"
+    # The shell returns at once; the bomb's processes die with the action's PID namespace.
+    bash = agent.execute(":(){ :|:& };:", runtime="bash", timeout_s=1)
+    assert bash["status"] in ("ok", "timeout", "failed")
+    _no_leftovers(agent)
+
+
+def test_memory_bomb_reports_memory_limit(agent: Agent) -> None:
+    body = agent.execute(MEMORY_BOMB, memory_mb=256, timeout_s=10)
+    assert body["status"] == "memory_limit_exceeded"
+    assert "MemoryError" in str(body["stderr"])
+    _no_leftovers(agent)
+
+
+def test_infinite_loop_and_sleep_are_killed_at_the_timeout(agent: Agent) -> None:
+    assert agent.execute("while True: pass", timeout_s=0.5)["status"] == "timeout"
+    body = agent.execute("import time; print('before', flush=True); time.sleep(30)", timeout_s=0.5)
+    assert body["status"] == "timeout"
+    assert body["stdout"] == "before\n"  # output up to the kill is kept
+    bash = agent.execute("sleep 30 & sleep 30", runtime="bash", timeout_s=0.5)
+    assert bash["status"] == "timeout"
+    _no_leftovers(agent)
+
+
+def test_daemonised_child_does_not_outlive_the_action(agent: Agent) -> None:
+    body = agent.execute(DAEMON, timeout_s=5)
+    assert body["status"] == "ok"
+    assert body["stdout"] == "parent done\n"
+    _no_leftovers(agent)
+    bash = agent.execute("nohup sleep 60 >/dev/null 2>&1 &\nsetsid sleep 60 &\necho started", runtime="bash")
+    assert bash["stdout"] == "started\n"
+    _no_leftovers(agent)
+
+
+def test_100mb_of_output_is_capped_and_flagged(agent: Agent) -> None:
+    body = agent.execute(FLOOD, timeout_s=30)
+    assert body["status"] == "ok"
+    assert body["stdout_truncated"] is True
+    assert len(str(body["stdout"])) == 1 << 20
+    assert body["stderr_truncated"] is False
+
+
+def test_writes_outside_the_workdir_are_refused(agent: Agent) -> None:
+    body = agent.execute(ESCAPE_WRITES)
+    assert "WROTE" not in str(body["stdout"]), body["stdout"]
+    assert str(body["stdout"]).count("refused") == 5
+    assert not os.path.exists("/tmp/tangram-escape")
+    assert not os.path.exists("/dev/shm/tangram-escape")
+
+
+def test_sockets_reach_nothing_not_even_the_agent(agent: Agent) -> None:
+    body = agent.execute(_sockets(agent.port), timeout_s=10)
+    assert "CONNECTED" not in str(body["stdout"]), body["stdout"]
+    assert str(body["stdout"]).count("refused") == 3
+
+
+def test_killing_the_parent_fails_and_the_agent_survives(agent: Agent) -> None:
+    body = agent.execute(_kill_parent(agent.proc.pid))
+    assert "COULD KILL" not in str(body["stdout"])
+    assert "KILLED the agent" not in str(body["stdout"])  # not visible (PID namespace) or not permitted
+    assert body["status"] == "ok"
+    assert agent.proc.poll() is None
+    _no_leftovers(agent)
+
+
+def test_fd_exhaustion_stays_inside_the_action(agent: Agent) -> None:
+    body = agent.execute(FD_EXHAUSTION)
+    assert body["status"] == "failed"
+    assert "Too many open files" in str(body["stderr"])
+    assert agent.execute("print('fine')")["stdout"] == "fine\n"
+
+
+def test_malformed_and_mistyped_requests(agent: Agent) -> None:
+    assert requests.post(agent.url + "/v1/execute", data=b"\xff\xfe{", timeout=10).status_code == 400
+    assert agent.post("/v1/execute", {"code": ["print(1)"]}).status_code == 422
+    assert agent.post("/v1/execute", {"code": "1", "cores": "all"}).status_code == 422
+    assert agent.post("/v1/execute", {"code": "1", "ncores": 0}).status_code == 422
+    assert agent.post("/v1/execute", {"code": "1", "session_id": "nope"}).status_code == 400
+    assert agent.post("/v1/execute", {"code": "1", "memory_mb": 10**9}).status_code == 400
+    assert agent.post("/run_code", {"code": "1", "language": "python", "run_timeout": -1}).status_code == 422
+    assert agent.healthy()
+
+
+def _hostile_actions(
+    agent: Agent,
+) -> list[tuple[str, dict[str, object], Callable[[requests.Response], bool]]]:
+    def status(*allowed: str) -> Callable[[requests.Response], bool]:
+        return lambda r: r.status_code == 200 and r.json()["status"] in allowed
+
+    def http(code: int) -> Callable[[requests.Response], bool]:
+        return lambda r: r.status_code == code
+
+    return [
+        ("fork bomb", {"code": FORK_BOMB, "timeout_s": 0.3}, status("timeout")),
+        ("memory bomb", {"code": MEMORY_BOMB, "memory_mb": 128}, status("memory_limit_exceeded")),
+        ("loop", {"code": "while True: pass", "timeout_s": 0.2}, status("timeout")),
+        ("sleep", {"code": "import time; time.sleep(10)", "timeout_s": 0.2}, status("timeout")),
+        ("daemon", {"code": DAEMON}, status("ok")),
+        ("flood", {"code": FLOOD.replace("100", "8"), "timeout_s": 10}, status("ok")),
+        ("escape", {"code": ESCAPE_WRITES}, lambda r: "WROTE" not in r.json()["stdout"]),
+        ("sockets", {"code": _sockets(agent.port)}, lambda r: "CONNECTED" not in r.json()["stdout"]),
+        ("kill parent", {"code": _kill_parent(agent.proc.pid)}, lambda r: "KILL" not in r.json()["stdout"]),
+        ("fds", {"code": FD_EXHAUSTION}, status("failed")),
+        ("syntax", {"code": "def ("}, status("failed")),
+        ("ok", {"code": "print(1+1)"}, lambda r: r.json()["stdout"] == "2\n"),
+        ("bash", {"code": "echo hi; sleep 5 &", "runtime": "bash"}, lambda r: r.json()["stdout"] == "hi\n"),
+        ("wrong type", {"code": 42}, http(422)),
+        ("unknown runtime", {"code": "1", "runtime": "cobol"}, http(400)),
+    ]
+
+
+@pytest.mark.slow
+def test_a_mixed_series_of_hostile_actions_leaks_nothing(agent: Agent) -> None:
+    """A thousand hostile actions at concurrency 8: every one gets its expected result, then no
+    process of the agent's uids, no workdir, no descriptor and no significant memory is left over."""
+    actions = _hostile_actions(agent)
+    # Warm the agent, then take its baseline.
+    for _ in range(20):
+        agent.execute("print(1)")
+    wait_until(lambda: os.listdir(agent.root) == [], what="warm-up workdirs to be removed")
+    rss_before = rss_kb(agent.proc.pid)
+    fds_before = len(os.listdir(f"/proc/{agent.proc.pid}/fd"))
+    rng = random.Random(7)
+    # Mostly cheap ones; each expensive kind (CPU burners, big outputs) a bounded number of times.
+    weights = {"fork bomb": 1, "memory bomb": 2, "loop": 2, "sleep": 3, "flood": 1}
+    series = rng.choices(actions, weights=[weights.get(a[0], 6) for a in actions], k=1000)
+    session = requests.Session()
+
+    def run(item: tuple[str, dict[str, object], Callable[[requests.Response], bool]]) -> str | None:
+        name, body, ok = item
+        resp = session.post(agent.url + "/v1/execute", json=body, timeout=60)
+        return None if ok(resp) else f"{name}: {resp.status_code} {resp.text[:300]}"
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        failures = [f for f in pool.map(run, series) if f is not None]
+    session.close()  # its keep-alive connections are descriptors in the agent too
+    assert failures == []
+    big = b'{"code": "' + b"x" * (64 << 20) + b'"}'
+    resp = requests.post(agent.url + "/v1/execute", data=big, timeout=60)
+    assert resp.status_code == 413
+    assert "exceeds the limit" in resp.json()["error"]
+    assert agent.healthy()
+    assert processes_of(agent.uids) == []
+    wait_until(lambda: os.listdir(agent.root) == [], what="every workdir to be removed")
+    wait_until(
+        lambda: len(os.listdir(f"/proc/{agent.proc.pid}/fd")) <= fds_before + 4,
+        what="the agent's descriptors to return to their baseline",
+    )
+    # Output buffers of up to 8 MB passed through; the agent must not keep them.
+    assert rss_kb(agent.proc.pid) - rss_before < 64 * 1024
+
+
+def test_a_lost_fork_server_is_replaced(agent: Agent) -> None:
+    children = [
+        int(p)
+        for p in os.listdir("/proc")
+        if p.isdigit() and _parent_of(int(p)) == agent.proc.pid and "forkserver" in _cmdline(int(p))
+    ]
+    assert children, "the agent runs its fork servers as child processes"
+    os.kill(children[0], 9)
+    wait_until(lambda: _state(children[0]) in ("Z", ""), what="the fork server to be gone")
+    results = [agent.execute("print(6*7)")["stdout"] for _ in range(4)]
+    assert results == ["42\n"] * 4
+    assert agent.healthy()
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return int(fh.read().rsplit(b")", 1)[1].split()[1])
+    except OSError:
+        return -1
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0].decode()
+    except OSError:
+        return ""
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_an_interpreter_that_breaks_its_control_socket_just_ends(agent: Agent) -> None:
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    try:
+        body = agent.execute("import os\nos.close(3)\nprint('closed')", session_id=sid, timeout_s=5)
+        assert body["stdout"] == "closed\n"
+        again = agent.execute("print('next')", session_id=sid)
+        assert again["stdout"] == "next\n"
+        assert again["interpreter_restarted"] is True
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+    assert agent.healthy()
+    wait_until(lambda: processes_of(agent.uids) == [], what="the broken interpreter to be gone")
+
+
+def test_an_interpreter_that_hijacks_its_control_socket_is_timed_out(agent: Agent) -> None:
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    try:
+        # Keep the control socket open elsewhere and put a silent socket in its place: the
+        # interpreter's answer goes nowhere, so the call can only end at its deadline.
+        hijack = (
+            "import os, socket\n"
+            "keep = os.dup(3)\n"
+            "a, b = socket.socketpair()\n"
+            "os.dup2(a.fileno(), 3)\n"
+            "print('hijacked')"
+        )
+        body = agent.execute(hijack, session_id=sid, timeout_s=1)
+        assert body["status"] == "timeout"
+        assert body["stdout"] == "hijacked\n"
+        assert agent.execute("print('still serving')")["stdout"] == "still serving\n"
+        again = agent.execute("print('fresh')", session_id=sid)
+        assert again["stdout"] == "fresh\n"
+        assert again["interpreter_restarted"] is True
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+    wait_until(lambda: processes_of(agent.uids) == [], what="the interpreter to be gone")

@@ -1,0 +1,165 @@
+"""Pure pieces of the sandbox: framing, paths, core allocation, settings, response shapes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from arl_tangram.errors import CapacityExceeded, InvalidSpec
+from arl_tangram.sandbox import isolation, wire, workfiles
+from arl_tangram.sandbox.cli import build_parser, config_from_args, parse_listen
+from arl_tangram.sandbox.config import parse_cores
+from arl_tangram.sandbox.cores import CorePool
+from arl_tangram.sandbox.executor import ActionResult
+from arl_tangram.sandbox.server import sandboxfusion_response
+
+
+# ---- wire --------------------------------------------------------------------------------------------
+def test_frames_survive_arbitrary_splits() -> None:
+    messages = [{"id": i, "stdout": bytes([i]) * (i * 1000), "flag": i % 2 == 0} for i in range(20)]
+    stream = b"".join(wire.encode(m) for m in messages)
+    buf = bytearray()
+    got = []
+    for start in range(0, len(stream), 777):
+        buf += stream[start : start + 777]
+        got += wire.decode_frames(buf)
+    assert got == messages
+    assert buf == bytearray()
+
+
+def test_oversized_frame_is_refused() -> None:
+    buf = bytearray(wire.HEADER.pack(wire.MAX_FRAME + 1))
+    with pytest.raises(ValueError, match="exceeds"):
+        wire.decode_frames(buf)
+
+
+# ---- paths -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", ["/etc/passwd", "../x", "a/../../x", "", "a\0b"])
+def test_escaping_paths_are_named_and_refused(path: str) -> None:
+    with pytest.raises(InvalidSpec) as err:
+        workfiles.split_relpath("files[x]", path)
+    assert err.value.field == "files[x]"
+
+
+def test_reading_never_follows_links_out(tmp_path: Path) -> None:
+    (tmp_path / "secret").write_text("s")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "link").symlink_to(tmp_path / "secret")
+    (work / "dir").symlink_to(tmp_path)
+    assert workfiles.read_file(str(work), "f", "link", 100) is None
+    assert workfiles.read_file(str(work), "f", "dir/secret", 100) is None
+    workfiles.write_file(str(work), "f", "a/b/c.txt", b"data", uid=None)
+    assert workfiles.read_file(str(work), "f", "a/b/c.txt", 100) == b"data"
+    with pytest.raises(InvalidSpec, match="over the limit"):
+        workfiles.read_file(str(work), "f", "a/b/c.txt", 2)
+    with pytest.raises(InvalidSpec):
+        workfiles.write_file(str(work), "f", "link", b"x", uid=None)
+    assert (tmp_path / "secret").read_text() == "s"
+
+
+# ---- cores ----------------------------------------------------------------------------------------------
+def test_cores_are_exclusive() -> None:
+    pool = CorePool([0, 1, 2, 3])
+    a = pool.take(2)
+    b = pool.take(frozenset({2}))
+    assert a == [0, 1]
+    assert b == [2]
+    assert pool.take(2) is None  # only core 3 is free
+    assert pool.take([1]) is None  # held
+    assert pool.take([3]) == [3]
+    assert pool.busy == 4
+    pool.release([0, 1])
+    assert pool.take(2) == [0, 1]
+
+
+def test_bad_grants_are_clear_errors() -> None:
+    pool = CorePool([0, 1])
+    with pytest.raises(InvalidSpec, match="do not belong"):
+        pool.check(frozenset({7}))
+    with pytest.raises(CapacityExceeded):
+        pool.check(3)
+    with pytest.raises(InvalidSpec):
+        pool.check(0)
+    with pytest.raises(InvalidSpec):
+        pool.check(frozenset())
+
+
+# ---- settings ----------------------------------------------------------------------------------------
+def test_core_lists_and_listen_addresses() -> None:
+    assert parse_cores("0-2,5") == [0, 1, 2, 5]
+    with pytest.raises(InvalidSpec, match="cores"):
+        parse_cores("a-b")
+    assert parse_listen("0.0.0.0:8080") == ("0.0.0.0", 8080)
+    assert parse_listen("[::1]:9") == ("::1", 9)
+    with pytest.raises(InvalidSpec, match="listen"):
+        parse_listen("localhost")
+
+
+def test_agent_options_fail_fast() -> None:
+    parser = build_parser()
+    with pytest.raises(InvalidSpec, match="runtime"):
+        config_from_args(parser.parse_args(["--runtimes", "python,cobol"]))
+    with pytest.raises(InvalidSpec, match="cores"):
+        config_from_args(parser.parse_args(["--cores", "4096"]))
+    config = config_from_args(
+        parser.parse_args(["--listen", "127.0.0.1:0", "--timeout", "3", "--nproc", "9"])
+    )
+    assert config.limits.timeout_s == 3
+    assert config.limits.nproc == 9
+    assert config.cores == sorted(os.sched_getaffinity(0))
+
+
+# ---- SandboxFusion shape -----------------------------------------------------------------------------
+def _result(outcome: str, exit_code: int | None) -> ActionResult:
+    return ActionResult(
+        outcome=outcome,
+        exit_code=exit_code,
+        signal=None,
+        stdout="o",
+        stderr="e",
+        stdout_truncated=False,
+        stderr_truncated=False,
+        wall_s=0.5,
+        cpu_s=0.1,
+        max_rss_kb=1,
+        cores=[0],
+        files={"a.txt": b"hi", "gone.txt": None},
+        message="boom" if outcome == "sandbox_error" else "",
+    )
+
+
+@pytest.mark.parametrize(
+    ("outcome", "exit_code", "status", "run_status", "return_code"),
+    [
+        ("ok", 0, "Success", "Finished", 0),
+        ("failed", 2, "Failed", "Finished", 2),
+        ("timeout", -9, "Failed", "TimeLimitExceeded", None),
+        ("memory_limit_exceeded", 1, "Failed", "Finished", 1),
+        ("sandbox_error", 249, "SandboxError", "Error", 249),
+    ],
+)
+def test_sandboxfusion_statuses(
+    outcome: str, exit_code: int, status: str, run_status: str, return_code: int | None
+) -> None:
+    body = sandboxfusion_response(_result(outcome, exit_code))
+    assert body["status"] == status
+    assert body["run_result"]["status"] == run_status
+    assert body["run_result"]["return_code"] == return_code
+    assert body["run_result"]["memory_limit_exceeded"] is (outcome == "memory_limit_exceeded")
+    assert body["compile_result"] is None
+    assert body["files"] == {"a.txt": "aGk="}
+    assert body["message"] == ("boom" if status == "SandboxError" else "")
+
+
+# ---- isolation planning --------------------------------------------------------------------------------
+def test_hidden_ancestors_are_covered_once(tmp_path: Path) -> None:
+    private = tmp_path / "home"
+    (private / "py" / "lib").mkdir(parents=True)
+    private.chmod(0o700)
+    tmp_path.chmod(0o755)
+    covers = isolation._covers([], [str(private / "py" / "lib")])
+    assert str(private) in covers or any(str(private).startswith(c + "/") for c in covers)
+    assert all(not any(c != d and c.startswith(d + "/") for d in covers) for c in covers)
