@@ -58,15 +58,14 @@ def _run(wl: Workload, policy: str, label: str, quiet: bool, planner: bool = Fal
 
 
 def _gpu_candidates(wl: Workload) -> list[int]:
-    per = wl.cluster.gpus_per_node
-    small = [g for g in (1, 2, 4) if g < per]
-    return small + [per * n for n in range(1, wl.cluster.gpu_nodes + 1)]
+    """Every GPU count up to the workload's: the last node may be partly in the pool."""
+    return list(range(1, wl.cluster.total_gpus + 1))
 
 
 def gpus_for_act(wl: Workload, policy: str, target: float, quiet: bool) -> int | None:
-    """Fewest GPUs (1, 2, 4, then whole nodes up to the workload's) at which ``policy``'s mean GPU
-    ACT is no worse than ``target``; binary search, ACT being non-increasing in GPUs. None if even
-    all of the workload's GPUs do not reach it."""
+    """Fewest GPUs (any count up to the workload's; whole nodes, the last one partly in the pool)
+    at which ``policy``'s mean GPU ACT is no worse than ``target``; binary search, ACT being taken
+    as non-increasing in GPUs. None if even all of the workload's GPUs do not reach it."""
     cands = _gpu_candidates(wl)
     memo: dict[int, float] = {}
 

@@ -24,7 +24,7 @@ from arl_tangram.errors import InvalidSpec
 from arl_tangram.managers.cpu import CpuManager, SandboxHost
 from arl_tangram.managers.gpu import GpuManager, GpuNode
 from arl_tangram.managers.quota import ApiQuota, QuotaManager
-from arl_tangram.sim.workload import RewardSource, SearchSource, Trajectory, Workload, generate
+from arl_tangram.sim.workload import ClusterSpec, RewardSource, SearchSource, Trajectory, Workload, generate
 
 
 class PlannerHook(Protocol):
@@ -194,7 +194,14 @@ class Simulation:
                 nvlink = [[a // 2 == b // 2 for b in range(c.gpus_per_node)] for a in range(c.gpus_per_node)]
             self.gpu = GpuManager(
                 [
-                    GpuNode(f"gpu-{i}", c.gpus_per_node, c.gpu_memory_gb, nvlink, dict(c.mig))
+                    GpuNode(
+                        f"gpu-{i}",
+                        c.gpus_per_node,
+                        c.gpu_memory_gb,
+                        nvlink,
+                        dict(c.mig),
+                        reserved=_reserved(c, i),
+                    )
                     for i in range(c.gpu_nodes)
                 ],
                 restore_gbps=c.restore_gbps,
@@ -471,6 +478,13 @@ class Simulation:
                 self.scheduler.delete_pod(tr.id, tr.memory_gib)
         elif self.cpu is not None:
             self.cpu.end_trajectory(tr.id)
+
+
+def _reserved(c: ClusterSpec, i: int) -> set[int]:
+    """GPUs of node i outside the pool: the top ones of the last node when it is only partly in."""
+    if i != c.gpu_nodes - 1 or not c.last_node_gpus:
+        return set()
+    return set(range(c.last_node_gpus, c.gpus_per_node))
 
 
 def _hash_gauss(key: str) -> float:
