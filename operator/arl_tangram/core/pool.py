@@ -121,6 +121,23 @@ class ResidencyPlanner(Protocol):
 
 
 @runtime_checkable
+class Pinning(Protocol):
+    """A pool whose actions are tied to one host once their session started there (sandboxes)."""
+
+    def pinned_host(self, action: Action) -> str | None:
+        """The host the action's session is pinned to, or None while it is not pinned."""
+        ...
+
+    def hosts_open(self) -> int:
+        """Hosts taking work (not draining)."""
+        ...
+
+    def session_hosts(self, action: Action) -> list[str]:
+        """Open hosts with memory left for the session of an unpinned action."""
+        ...
+
+
+@runtime_checkable
 class Clocked(Protocol):
     """A pool whose free capacity depends on the time (token buckets): told the time first."""
 

@@ -196,6 +196,22 @@ class CpuManager:
     def release(self, grant: Grant, now: float) -> None:
         self.hosts[grant.host].give_back(grant.unit_ids)
 
+    def pinned_host(self, action: Action) -> str | None:
+        """The host the action's trajectory is pinned to (None before its first action)."""
+        return self.pins.get(action.trajectory)
+
+    def hosts_open(self) -> int:
+        """Hosts that are not draining."""
+        return sum(1 for h in self.hosts.values() if not h.draining)
+
+    def session_hosts(self, action: Action) -> list[str]:
+        """Open hosts with memory left for the trajectory of an unpinned action."""
+        return [
+            h.name
+            for h in self.hosts.values()
+            if not h.draining and h.memory_free >= action.memory_gib - 1e-9
+        ]
+
     def end_trajectory(self, trajectory: str) -> None:
         """Unpin a finished trajectory and free its memory on its host."""
         host = self.pins.pop(trajectory, None)

@@ -282,6 +282,9 @@ class PoolDemand:
     - ``act_recent_s``: recent mean action completion time (None: unknown).
     - ``last_active_at``: last time any action of the pool was queued or running (None: the planner
       tracks idleness itself from the snapshots it sees).
+    - ``session_memory_bytes`` (sandbox pools): memory the live sessions hold for their whole life,
+      pinned or not yet; a session can only start on a host with room for it, so hosts for that
+      much memory are needed whatever the cores say.
     """
 
     pool: str
@@ -294,10 +297,17 @@ class PoolDemand:
     mean_units_per_action: float = 1.0
     act_recent_s: float | None = None
     last_active_at: float | None = None
+    session_memory_bytes: int = 0
 
     def __post_init__(self) -> None:
         where = f"demand[{self.pool}]"
-        for attr in ("queued_actions", "queued_units", "running_actions", "running_units"):
+        for attr in (
+            "queued_actions",
+            "queued_units",
+            "running_actions",
+            "running_units",
+            "session_memory_bytes",
+        ):
             _non_negative_int(getattr(self, attr), f"{where}.{attr}")
         for fattr in ("arrival_rate_per_s", "mean_action_s", "mean_units_per_action"):
             _finite_non_negative(getattr(self, fattr), f"{where}.{fattr}")

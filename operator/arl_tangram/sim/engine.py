@@ -171,6 +171,8 @@ class Simulation:
         self.static_gpus = 0
         self._shared: dict[str, _SharedNode] = {}
         self.arrivals: dict[str, int] = {}
+        # Actions that arrived, per pool, for a planner to read and clear (None: nobody reads).
+        self.arrival_log: dict[str, list[Action]] | None = None
         self.policy_name = policy
         self.trajectories = generate(workload) if trajectories is None else trajectories
         self.planner = planner
@@ -307,6 +309,10 @@ class Simulation:
             self.static_gpus if isinstance(self.scheduler, StaticPolicy) else self.wl.cluster.total_gpus,
         )
 
+    def trajectory_states(self) -> list[_TrajState]:
+        """Every trajectory's progress (a planner reads which sessions are live)."""
+        return list(self._state.values())
+
     @property
     def records(self) -> list[ActionRecord]:
         """Completed actions so far."""
@@ -377,6 +383,8 @@ class Simulation:
             tenant=st.traj.tenant,
         )
         self.scheduler.submit(action, now)
+        if self.arrival_log is not None:
+            self.arrival_log.setdefault(step.pool, []).append(action)
 
     def _start(self, grant: Grant, now: float) -> None:
         action = grant.action

@@ -201,6 +201,8 @@ class PlannerSpec:
     idle_timeout_s: float
     time_limit_s: float
     solver: str
+    target_utilisation: float = 0.8
+    target_efficiency: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -398,7 +400,12 @@ def _planner(d: dict[str, Any]) -> PlannerSpec:
         idle_timeout_s=_num(d, "idle_timeout_s", w, 0.0, 60.0),
         time_limit_s=_num(d, "time_limit_s", w, 0.0, 1.0),
         solver=str(d.get("solver", "greedy")),
+        target_utilisation=_num(d, "target_utilisation", w, 1e-3, 0.8),
+        target_efficiency=_num(d, "target_efficiency", w, 1e-3, 0.5),
     )
+    for name in ("target_utilisation", "target_efficiency"):
+        if getattr(spec, name) > 1.0:
+            raise InvalidSpec(f"planner.{name}", f"must be in (0, 1], got {getattr(spec, name)}")
     if spec.solver not in ("auto", "highs", "cbc", "greedy"):
         raise InvalidSpec("planner.solver", f"must be auto, highs, cbc or greedy, got {spec.solver!r}")
     return spec

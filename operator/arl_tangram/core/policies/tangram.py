@@ -32,6 +32,7 @@ from arl_tangram.core.dparrange import dp_arrange, greedy_arrange, is_contiguous
 from arl_tangram.core.estimate import UnitHeap, list_schedule
 from arl_tangram.core.pool import (
     Grant,
+    Pinning,
     PlacementOption,
     PoolManager,
     ResidencyPlanner,
@@ -73,6 +74,7 @@ class TangramPolicy(Scheduler):
         self._running_by_pool: dict[str, dict[int, tuple[float, int]]] = {}
         self._aware: dict[str, bool] = {}
         self._resident: dict[str, bool] = {}
+        self._pins: dict[str, bool] = {}
         # Per service: (last arrival, smoothed gap between arrivals): how hot its cached copies are.
         self._svc_arrivals: dict[str, tuple[float, float]] = {}
         self._svc_waiting: dict[str, int] = {}  # waiting actions per service
@@ -138,6 +140,12 @@ class TangramPolicy(Scheduler):
         if known is None:
             known = self._aware[mgr.pool] = self.restore_aware and isinstance(mgr, RestoreAware)
         return known
+
+    def _pinning(self, mgr: PoolManager) -> Pinning | None:
+        known = self._pins.get(mgr.pool)
+        if known is None:
+            known = self._pins[mgr.pool] = isinstance(mgr, Pinning)
+        return cast(Pinning, mgr) if known else None
 
     def _duration_for(self, mgr: PoolManager) -> Duration:
         if self._restore_aware(mgr) and isinstance(mgr, RestoreAware):
@@ -225,12 +233,35 @@ class TangramPolicy(Scheduler):
         prefix = mgr.scratch()
         cands: list[Action] = []
         blocked: list[Action] = []
+        pinning = self._pinning(mgr)
+        full: set[str] = set()  # hosts whose FCFS head cannot start: their later actions wait too
+        unpinned_waits = False  # an unpinned action cannot start: later unpinned ones wait too
         for action in order:
-            if len(cands) < self.window and prefix.try_take(action, action.min_units):
+            if len(cands) >= self.window:
+                blocked.append(action)
+                break
+            host = None if pinning is None else pinning.pinned_host(action)
+            if host is not None and host in full:
+                continue
+            if host is None and unpinned_waits:
+                continue
+            if prefix.try_take(action, action.min_units):
                 cands.append(action)
                 continue
-            blocked.append(action)
-            break
+            if not blocked:
+                blocked.append(action)
+            if pinning is None:
+                break
+            # A pinned action waits for cores of its own host only, and an unpinned one for cores
+            # of a host with memory for its session: actions pinned elsewhere do not compete with
+            # it, so FCFS holds per host and the scan goes on.
+            if host is None:
+                unpinned_waits = True
+                full.update(pinning.session_hosts(action))
+            else:
+                full.add(host)
+            if unpinned_waits and len(full) >= pinning.hosts_open():
+                break
         if not cands:
             return []
         duration = self._duration_for(mgr)
