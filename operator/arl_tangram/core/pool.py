@@ -136,6 +136,10 @@ class Pinning(Protocol):
         """Open hosts with memory left for the session of an unpinned action."""
         ...
 
+    def hold(self, scratch: Scratch, host: str) -> None:
+        """In ``scratch``, pin no new session to ``host`` (an earlier action waits for its cores)."""
+        ...
+
 
 @runtime_checkable
 class Clocked(Protocol):

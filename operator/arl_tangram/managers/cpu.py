@@ -98,6 +98,7 @@ class _CpuScratch:
         self.open = [h.name for h in mgr.hosts.values() if not h.draining]
         self.pins: dict[str, str] = {}
         self.host_of: dict[int, str] = {}
+        self.held: set[str] = set()  # hosts that take no new session in this scratch
 
     def _host_for(self, action: Action, units: int) -> str | None:
         pinned = self._mgr.pins.get(action.trajectory) or self.pins.get(action.trajectory)
@@ -105,6 +106,8 @@ class _CpuScratch:
             return pinned if self.free.get(pinned, -1) >= units else None
         best: str | None = None
         for name in self.open:
+            if name in self.held:
+                continue
             free = self.free[name]
             fits = free >= units and self.mem[name] >= action.memory_gib - 1e-9
             if fits and (best is None or free > self.free[best]):
@@ -211,6 +214,11 @@ class CpuManager:
             for h in self.hosts.values()
             if not h.draining and h.memory_free >= action.memory_gib - 1e-9
         ]
+
+    def hold(self, scratch: Scratch, host: str) -> None:
+        """In ``scratch``, pin no new trajectory to ``host`` (its queue head waits for cores)."""
+        if isinstance(scratch, _CpuScratch):
+            scratch.held.add(host)
 
     def end_trajectory(self, trajectory: str) -> None:
         """Unpin a finished trajectory and free its memory on its host."""

@@ -51,7 +51,15 @@ def random_action(rng: random.Random, i: int, tenants: int, classes: int) -> Act
     )
 
 
-def check_invariants(sched: Scheduler, mgr: CpuManager, admitted: list[Grant], lane_fifo: bool) -> None:
+def check_invariants(
+    sched: Scheduler,
+    mgr: CpuManager,
+    admitted: list[Grant],
+    lane_fifo: bool,
+    before: tuple[dict[str, str], dict[str, float]] | None = None,
+) -> None:
+    """``before`` (pins and free memory per host before the decision) makes FCFS per host: an
+    earlier action may wait while a later one starts on a host it could not use (``tangram``)."""
     seen: dict[str, set[int]] = {}
     for g in sched.running.values():
         assert g.units in g.action.feasible
@@ -68,6 +76,14 @@ def check_invariants(sched: Scheduler, mgr: CpuManager, admitted: list[Grant], l
         a = g.action
         for w in waiting:
             same = (w.priority, w.tenant) == (a.priority, a.tenant) if lane_fifo else True
+            if same and before is not None:
+                pins, mem = before
+                host = pins.get(w.trajectory)
+                if host is not None:
+                    same = host == g.host  # pinned elsewhere: it never competes for g's cores
+                else:
+                    # Unpinned: it waits for a host with room for its session, and blocks those.
+                    same = a.trajectory not in pins or mem[g.host] >= w.memory_gib
             assert not (same and w.seq < a.seq), f"FCFS violated: {a.id} admitted before earlier {w.id}"
 
 
@@ -91,8 +107,9 @@ def test_random_events_never_overallocate_and_keep_fcfs(policy: str, seed: int) 
             a = random_action(rng, i, tenants=3 if tangram else 1, classes=2 if tangram else 1)
             i += 1
             sched.submit(a, now)
+        before = (dict(mgr.pins), {h.name: h.memory_free for h in mgr.hosts.values()})
         admitted = sched.schedule(now)
-        check_invariants(sched, mgr, admitted, lane_fifo=tangram)
+        check_invariants(sched, mgr, admitted, lane_fifo=tangram, before=before if tangram else None)
 
 
 def test_fcfs_min_gives_minimum_and_paper_gives_elastic_units() -> None:

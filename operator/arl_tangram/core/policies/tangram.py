@@ -75,6 +75,7 @@ class TangramPolicy(Scheduler):
         self._aware: dict[str, bool] = {}
         self._resident: dict[str, bool] = {}
         self._pins: dict[str, bool] = {}
+        self._held: set[str] = set()  # this decision's hosts closed to new sessions
         # Per service: (last arrival, smoothed gap between arrivals): how hot its cached copies are.
         self._svc_arrivals: dict[str, tuple[float, float]] = {}
         self._svc_waiting: dict[str, int] = {}  # waiting actions per service
@@ -168,6 +169,10 @@ class TangramPolicy(Scheduler):
         """Units per admitted action, summed duration, the scratch, and whether any elastic action
         was left short of its maximum (capacity binding)."""
         scratch = mgr.scratch()
+        pinning = self._pinning(mgr)
+        if pinning is not None:
+            for host in self._held:
+                pinning.hold(scratch, host)
         for a in admitted:
             if not scratch.try_take(a, a.min_units):
                 return None
@@ -230,6 +235,7 @@ class TangramPolicy(Scheduler):
         if resident:
             return self._decide_residency(mgr, pool, now)
         order = self._order(pool, now)
+        self._held = set()
         prefix = mgr.scratch()
         cands: list[Action] = []
         blocked: list[Action] = []
@@ -260,6 +266,10 @@ class TangramPolicy(Scheduler):
                 full.update(pinning.session_hosts(action))
             else:
                 full.add(host)
+            # New sessions do not jump the queue of a host whose head waits for cores.
+            for h in full - self._held:
+                pinning.hold(prefix, h)
+            self._held |= full
             if unpinned_waits and len(full) >= pinning.hosts_open():
                 break
         if not cands:
