@@ -82,3 +82,27 @@ def test_planner_scales_hosts_with_demand_and_every_action_completes() -> None:
     full = wl.cluster.cpu_hosts * wl.cluster.cores_per_host * res.makespan_s
     assert 0 < hook.unit_seconds["cpu"] < full
     assert not hook.instances or all(i.pool == "cpu" for i in hook.instances.values())
+
+
+def test_a_partial_last_node_offers_only_its_gpus() -> None:
+    wl = with_overrides(builtin("reward-gpu"), gpus=12, scale=0.02)
+    sim = Simulation(wl, "tangram")
+    assert sim.gpu is not None and sim.gpu.total_units() == 12
+    res = sim.run()
+    assert res.gpus == 12
+    assert len(res.records) == sum(len(t.steps) for t in generate(wl))
+
+
+def test_planner_sizes_hosts_for_the_sessions_memory_before_their_first_action() -> None:
+    wl = with_overrides(builtin("ai-coding"), scale=0.25)  # 320 sessions of 2 GiB
+    assert wl.planner is not None
+    hook = SimPlanner(wl.planner)
+    sim = Simulation(wl, "tangram", planner=hook)
+    hook.attach(sim)
+    sim_snapshot = hook._snapshot(sim, 0.0)
+    (cpu,) = [d for d in sim_snapshot.demand if d.pool == "cpu"]
+    assert cpu.session_memory_bytes == 320 * 2 * 1024**3
+    assert cpu.queued_actions == 0 and cpu.arrival_rate_per_s == 0.0  # nothing has arrived yet
+    plan = hook.planner.plan(sim_snapshot)
+    # 640 GiB of sessions on hosts of 64 of a node's 256 cores (256 GiB): 3 hosts, 192 cores.
+    assert plan.pool("cpu").need_units == 192
