@@ -5,15 +5,17 @@ What differs from ``paper`` and why it is no worse:
 - Allocation: where a partition's state is a plain count (CPU cores on a host, API slots) and every
   duration is convex and non-increasing over a contiguous feasible range, marginal-gain greedy is
   exactly DPArrange's optimum at O(free log n). Non-elastic candidates simply take their minimum.
-  GPU partitions keep the exact DP (few candidates) with the restore time of a non-resident service
-  added to the duration, which the paper's DP ignores; and an action whose service would be
-  restored on a cold chunk waits instead when a warm chunk frees sooner (admission stays a prefix).
+- GPU pools are planned with residency in view (``_decide_residency``): each action takes the TP
+  size and block with the earliest expected completion, counting restores, the eviction of hot
+  services and the backlog behind it, or waits for a busy block that holds its service.
 - Eviction: evicting frees units that are only worth something if some admitted elastic action is
   short of its maximum; when none is, no eviction can lower the objective and the search is
   skipped (exact). Otherwise t goes up to ``max_evict`` and the waiting actions are estimated on a
   bounded window (``wait_window``) instead of the whole queue.
 - Candidates: at most ``window`` per decision (the rest wait for the next event). In the estimate
   the first waiting action tries a ladder of allocations (minimum, powers of two, maximum).
+- FCFS per sandbox host: an action waiting for cores of its pinned host does not hold back actions
+  pinned elsewhere.
 - Order: FCFS within each (priority class, tenant) lane; lanes are merged by effective class (an
   action waiting longer than ``aging_s`` counts as class 0, so no class starves) and then by the
   tenant's virtual time (weighted fair share: a tenant's virtual time grows by units/weight on
