@@ -64,6 +64,7 @@ class SimPlanner:
         self._rate: dict[str, float] = {}
         self._work: dict[str, tuple[float, float]] = {}
         self._n = 0
+        self.sessions_per_host = 0
 
     # ---- set-up --------------------------------------------------------------------------------------
     def attach(self, sim: Simulation) -> None:
@@ -92,7 +93,14 @@ class SimPlanner:
                 cold_start_s=s.host_cold_start_s,
                 target_utilisation=s.target_utilisation,
             )
-            self._pools.append(SandboxPoolSpec("cpu", s.host_cores, self.host_memory, policy))
+            self.sessions_per_host = int(s.host_cores * s.sessions_per_core)
+            if s.sessions_per_core > 0:
+                self.sessions_per_host = max(1, self.sessions_per_host)
+            self._pools.append(
+                SandboxPoolSpec(
+                    "cpu", s.host_cores, self.host_memory, policy, sessions_per_host=self.sessions_per_host
+                )
+            )
             for name in list(sim.cpu.hosts):
                 del sim.cpu.hosts[name]
         if sim.gpu is not None:
@@ -164,7 +172,9 @@ class SimPlanner:
                 return  # removed (or drained) while it was starting
             inst.phase = "ready"
             if pool == "cpu" and sim.cpu is not None:
-                sim.cpu.add_host(SandboxHost.uniform(name, units, 2 if units % 2 == 0 else 1, mem / GIB))
+                host = SandboxHost.uniform(name, units, 2 if units % 2 == 0 else 1, mem / GIB)
+                host.max_sessions = self.sessions_per_host
+                sim.cpu.add_host(host)
             elif sim.gpu is not None:
                 c = sim.wl.cluster
                 sim.gpu.add_node(GpuNode(name, units, c.gpu_memory_gb))
@@ -219,14 +229,16 @@ class SimPlanner:
             work += d * k
         return dur / len(arrived), work / len(arrived)
 
-    def _session_memory(self, sim: Simulation, now: float) -> int:
-        """Bytes of host memory the live CPU sessions (trajectories started, not ended) hold."""
-        total = 0.0
+    def _sessions(self, sim: Simulation, now: float) -> tuple[int, int]:
+        """Bytes of host memory the live CPU sessions (trajectories started, not ended) hold, and
+        how many they are."""
+        total, count = 0.0, 0
         for st in sim.trajectory_states():
             tr = st.traj
             if tr.memory_gib > 0 and tr.start <= now and not st.done and tr.steps[0].pool == "cpu":
                 total += tr.memory_gib
-        return int(total * GIB)
+                count += 1
+        return int(total * GIB), count
 
     # ---- the snapshot round ------------------------------------------------------------------------------
     def _snapshot(self, sim: Simulation, now: float) -> ClusterSnapshot:
@@ -259,7 +271,7 @@ class SimPlanner:
         self._seen_records = len(sim.records)
         demand = []
         log = sim.arrival_log if sim.arrival_log is not None else {}
-        sessions = self._session_memory(sim, now)
+        sessions, live = self._sessions(sim, now)
         for pool in [p.name for p in self._pools] + [s.name for s in self._services]:
             queued = list(sim.scheduler.queue.fcfs(pool))
             running_g = [g for g in sim.scheduler.running.values() if g.action.pool == pool]
@@ -291,6 +303,7 @@ class SimPlanner:
                     mean_units_per_action=max(1.0, mean_work / mean_dur) if mean_dur > 0 else 1.0,
                     act_recent_s=sum(r.act for r in done) / len(done) if done else None,
                     session_memory_bytes=sessions if pool == "cpu" else 0,
+                    sessions=live if pool == "cpu" else 0,
                 )
             )
         return ClusterSnapshot(

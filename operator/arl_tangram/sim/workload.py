@@ -203,6 +203,7 @@ class PlannerSpec:
     solver: str
     target_utilisation: float = 0.8
     target_efficiency: float = 0.5
+    sessions_per_core: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -402,6 +403,7 @@ def _planner(d: dict[str, Any]) -> PlannerSpec:
         solver=str(d.get("solver", "greedy")),
         target_utilisation=_num(d, "target_utilisation", w, 1e-3, 0.8),
         target_efficiency=_num(d, "target_efficiency", w, 1e-3, 0.5),
+        sessions_per_core=_num(d, "sessions_per_core", w, 0.0, 0.0),
     )
     for name in ("target_utilisation", "target_efficiency"):
         if getattr(spec, name) > 1.0:

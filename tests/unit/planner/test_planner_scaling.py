@@ -337,7 +337,13 @@ def test_sessions_memory_sizes_a_sandbox_pool_with_no_action_yet() -> None:
     plan = CapacityPlanner().plan(snapshot(0, [cpu_node("a"), cpu_node("b")], [pool], demand=[demand]))
     assert plan.pool("code").need_units == 56
     assert len(plan.adds) == 7
-    assert any("memory" in r.message for r in plan.pool("code").reasons)
+    assert any("live sessions need 56 units" in r.message for r in plan.pool("code").reasons)
+    # Hosts that take 4 sessions each: 30 sessions need 8 hosts, more than their memory (3 GiB).
+    capped = sandbox_pool(host_cores=8, host_memory_gib=16)
+    capped = type(capped)(capped.name, 8, capped.host_memory_bytes, capped.scaling, sessions_per_host=4)
+    demand = PoolDemand("code", session_memory_bytes=3 * 2**30, sessions=30)
+    plan = CapacityPlanner().plan(snapshot(0, [cpu_node("a"), cpu_node("b")], [capped], demand=[demand]))
+    assert plan.pool("code").need_units == 64
     # A reward service has no sessions: the field does not size it.
     rm = reward_service("rm", max_instances=4)
     plan = CapacityPlanner().plan(
