@@ -336,8 +336,12 @@ class GpuPlan(_GpuScratch):
         """Victim order: the coldest service first, then least recently used."""
         return self.heat.get(ck[0], 0.0), position
 
-    def _penalty(self, node: GpuNode, victims: Sequence[CacheKey]) -> float:
-        return sum(self.heat.get(ck[0], 0.0) * self.restore_s_of(ck, node) for ck in victims)
+    def _penalty(self, node: GpuNode, victims: Sequence[CacheKey], service: str | None) -> float:
+        # A copy of the service being restored costs nothing to evict: its requests will have the
+        # new copy (only its TP size changes).
+        return sum(
+            self.heat.get(ck[0], 0.0) * self.restore_s_of(ck, node) for ck in victims if ck[0] != service
+        )
 
     def options(self, action: Action) -> list[PlacementOption]:
         now = self.now
@@ -364,7 +368,7 @@ class GpuPlan(_GpuScratch):
                             score = (0.0, 0, size, n_idx, sub)
                         else:
                             victims = _victims(node, node.members(sub, k), need, self.rank)
-                            pen = self._penalty(node, victims)
+                            pen = self._penalty(node, victims, svc)
                             opt = PlacementOption(k, now, restore, pen, (node.name, sub))
                             score = (restore + pen, int(bool(victims)), size, n_idx, sub)
                         if best is None or score < best[0]:

@@ -188,3 +188,16 @@ def test_plan_evicts_the_coldest_service_where_lru_would_evict_a_hot_one() -> No
     mgr.release(g, 4.0)
     assert mgr.restore_estimate(req(6, "hot", gb=40.0), 1) == 0.0
     assert mgr.restore_estimate(req(7, "cold", gb=40.0), 1) > 0
+
+
+def test_evicting_another_tp_size_of_the_same_service_costs_nothing() -> None:
+    mgr = GpuManager([GpuNode("n0", 2, memory_gb=80.0)], memory_headroom=1.0)
+    g = mgr.place(req(1, "judge", gb=60.0), 2, 0.0)  # TP-2 copy: 30 GB on each GPU
+    assert g is not None
+    mgr.release(g, 1.0)
+    plan = mgr.residency_plan(1.0, {"judge": 1.0}, {})
+    tp1 = [o for o in plan.options(req(2, "judge", gb=60.0)) if o.units == 1]
+    # A TP-1 copy (60 GB) evicts the TP-2 copy: the judge stays resident, only its TP changes.
+    assert tp1 and tp1[0].restore_s == pytest.approx(3.0) and tp1[0].penalty_s == 0.0
+    other = [o for o in plan.options(req(3, "other", gb=60.0)) if o.units == 1]
+    assert other and other[0].penalty_s == pytest.approx(3.0)  # another service's copy is hot
