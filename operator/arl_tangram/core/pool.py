@@ -6,7 +6,7 @@ GPU chunks and API quotas, in the operator and in the simulator alike.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -75,6 +75,70 @@ class RestoreAware(Protocol):
     """A pool that can say how long making an action's service resident would take (GPUs)."""
 
     def restore_estimate(self, action: Action, k: int) -> float: ...
+
+
+@dataclass(frozen=True)
+class PlacementOption:
+    """One way to run an action in a pool whose units cache state (GPU services): ``units`` on the
+    block ``ref``, usable at ``ready_at`` (now for a free block, a running action's expected end
+    for a busy block that already holds the service), after ``restore_s`` of loading the service,
+    evicting cached services whose expected cost to their own future requests is ``penalty_s``."""
+
+    units: int
+    ready_at: float
+    restore_s: float
+    penalty_s: float
+    ref: tuple[str, int]
+
+
+class ResidencyPlan(Scratch, Protocol):
+    """A decision's view of a residency-aware pool: its options per action, and what was taken."""
+
+    def options(self, action: Action) -> list[PlacementOption]:
+        """Every usable (block size, block) for ``action``: the best free block per feasible size
+        and the earliest busy block per size that holds the service resident."""
+        ...
+
+    def has_free(self) -> bool:
+        """Whether any unit is still free in this view (else nothing more can start now)."""
+        ...
+
+    def take(self, action: Action, option: PlacementOption, end: float) -> None:
+        """Book ``option`` for ``action`` until ``end`` (a free block now, or a busy one later)."""
+        ...
+
+
+@runtime_checkable
+class ResidencyPlanner(Protocol):
+    """A pool that plans placements with service residency in view (the GPU manager)."""
+
+    def residency_plan(
+        self, now: float, heat: Mapping[str, float], busy_until: Mapping[tuple[str, int], float]
+    ) -> ResidencyPlan:
+        """A throw-away view for one decision. ``heat`` weighs a cached service's eviction (0: no
+        demand expected, 1: in use); ``busy_until`` is each busy unit's (host, id) expected release."""
+        ...
+
+
+@runtime_checkable
+class Pinning(Protocol):
+    """A pool whose actions are tied to one host once their session started there (sandboxes)."""
+
+    def pinned_host(self, action: Action) -> str | None:
+        """The host the action's session is pinned to, or None while it is not pinned."""
+        ...
+
+    def hosts_open(self) -> int:
+        """Hosts taking work (not draining)."""
+        ...
+
+    def session_hosts(self, action: Action) -> list[str]:
+        """Open hosts with memory left for the session of an unpinned action."""
+        ...
+
+    def hold(self, scratch: Scratch, host: str) -> None:
+        """In ``scratch``, pin no new session to ``host`` (an earlier action waits for its cores)."""
+        ...
 
 
 @runtime_checkable

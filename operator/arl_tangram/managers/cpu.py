@@ -26,6 +26,7 @@ class SandboxHost:
     free: list[set[int]] = field(default_factory=list)
     pinned: dict[str, float] = field(default_factory=dict)
     draining: bool = False
+    max_sessions: int = 0  # trajectories pinned here at most (0: as many as the memory holds)
 
     def __post_init__(self) -> None:
         ids = [c for node in self.numa for c in node]
@@ -45,6 +46,14 @@ class SandboxHost:
     @property
     def memory_free(self) -> float:
         return self.memory_gib - sum(self.pinned.values())
+
+    def takes_session(self, memory_gib: float, pinned: int | None = None) -> bool:
+        """Whether a new trajectory of ``memory_gib`` may be pinned here (``pinned``: the count
+        of trajectories pinned so far, when a scratch has pinned more than the host knows)."""
+        count = len(self.pinned) if pinned is None else pinned
+        if self.max_sessions and count >= self.max_sessions:
+            return False
+        return not self.draining and self.memory_free >= memory_gib - 1e-9
 
     @classmethod
     def uniform(cls, name: str, cores: int, numa_nodes: int, memory_gib: float) -> SandboxHost:
@@ -94,10 +103,12 @@ class _CpuScratch:
         self._mgr = mgr
         self.free = {h.name: h.free_cores for h in mgr.hosts.values()}
         self.mem = {h.name: h.memory_free for h in mgr.hosts.values()}
+        self.sessions = {h.name: len(h.pinned) for h in mgr.hosts.values()}
         # A draining host finishes its pinned trajectories but takes no new ones.
         self.open = [h.name for h in mgr.hosts.values() if not h.draining]
         self.pins: dict[str, str] = {}
         self.host_of: dict[int, str] = {}
+        self.held: set[str] = set()  # hosts that take no new session in this scratch
 
     def _host_for(self, action: Action, units: int) -> str | None:
         pinned = self._mgr.pins.get(action.trajectory) or self.pins.get(action.trajectory)
@@ -105,8 +116,15 @@ class _CpuScratch:
             return pinned if self.free.get(pinned, -1) >= units else None
         best: str | None = None
         for name in self.open:
+            if name in self.held:
+                continue
             free = self.free[name]
-            fits = free >= units and self.mem[name] >= action.memory_gib - 1e-9
+            cap = self._mgr.hosts[name].max_sessions
+            fits = (
+                free >= units
+                and self.mem[name] >= action.memory_gib - 1e-9
+                and not (cap and self.sessions[name] >= cap)
+            )
             if fits and (best is None or free > self.free[best]):
                 best = name
         return best
@@ -118,6 +136,7 @@ class _CpuScratch:
         if action.trajectory not in self._mgr.pins and action.trajectory not in self.pins:
             self.pins[action.trajectory] = host
             self.mem[host] -= action.memory_gib
+            self.sessions[host] += 1
         self.free[host] -= units
         self.host_of[id(action)] = host
         return True
@@ -191,10 +210,27 @@ class CpuManager:
         pinned = self.pins.get(action.trajectory)
         if pinned is not None:
             return pinned == host_name and host.free_cores >= units
-        return not host.draining and host.free_cores >= units and host.memory_free >= action.memory_gib - 1e-9
+        return host.free_cores >= units and host.takes_session(action.memory_gib)
 
     def release(self, grant: Grant, now: float) -> None:
         self.hosts[grant.host].give_back(grant.unit_ids)
+
+    def pinned_host(self, action: Action) -> str | None:
+        """The host the action's trajectory is pinned to (None before its first action)."""
+        return self.pins.get(action.trajectory)
+
+    def hosts_open(self) -> int:
+        """Hosts that are not draining."""
+        return sum(1 for h in self.hosts.values() if not h.draining)
+
+    def session_hosts(self, action: Action) -> list[str]:
+        """Open hosts with memory left for the trajectory of an unpinned action."""
+        return [h.name for h in self.hosts.values() if h.takes_session(action.memory_gib)]
+
+    def hold(self, scratch: Scratch, host: str) -> None:
+        """In ``scratch``, pin no new trajectory to ``host`` (its queue head waits for cores)."""
+        if isinstance(scratch, _CpuScratch):
+            scratch.held.add(host)
 
     def end_trajectory(self, trajectory: str) -> None:
         """Unpin a finished trajectory and free its memory on its host."""

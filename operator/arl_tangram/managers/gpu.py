@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from arl_tangram.core.action import Action
-from arl_tangram.core.pool import Grant, Partition, Scratch
+from arl_tangram.core.pool import Grant, Partition, PlacementOption, Scratch
 from arl_tangram.errors import InvalidSpec
 from arl_tangram.managers.count_op import CountOperator
 
@@ -82,6 +82,7 @@ class GpuNode:
     slices: list[MigSlice] = field(default_factory=list)
     cache: dict[int, OrderedDict[CacheKey, float]] = field(default_factory=dict)
     draining: bool = False  # finishes what runs on it, takes nothing new (the planner scales down)
+    reserved: set[int] = field(default_factory=set)  # GPUs of the node outside this pool
 
     def __post_init__(self) -> None:
         if self.gpus not in LEVELS:
@@ -94,13 +95,16 @@ class GpuNode:
         for g in self.mig:
             if not 0 <= g < self.gpus:
                 raise InvalidSpec(f"gpuNode[{self.name}].mig", f"no GPU {g}")
+        for g in self.reserved:
+            if not 0 <= g < self.gpus or g in self.mig:
+                raise InvalidSpec(f"gpuNode[{self.name}].reserved", f"GPU {g} is not a whole GPU of the node")
         self.order = nvlink_order(self.gpus, self.nvlink)
         self.slices = [
             MigSlice(g, i, p) for g, profiles in sorted(self.mig.items()) for i, p in enumerate(profiles)
         ]
         self.cache = {g: OrderedDict() for g in range(self.gpus)}
         # Every aligned block's GPU bitmask and whether it may be handed out whole (computed once).
-        self._mig_mask = sum(1 << g for g in self.mig)
+        self._mig_mask = sum(1 << g for g in self.mig) | sum(1 << g for g in self.reserved)
         self._blocks: dict[tuple[int, int], tuple[int, bool]] = {}
         size = self.gpus
         while size >= 1:
@@ -115,10 +119,16 @@ class GpuNode:
 
     def allocatable(self, start: int, size: int) -> bool:
         members = self.members(start, size)
-        return not any(g in self.mig for g in members) and _clique(members, self.nvlink)
+        out = self.mig.keys() | self.reserved
+        return not any(g in out for g in members) and _clique(members, self.nvlink)
 
     def block_free(self, start: int, size: int, busy: set[int]) -> bool:
-        return not any(g in busy or g in self.mig for g in self.members(start, size))
+        return not any(g in busy or g in self.mig or g in self.reserved for g in self.members(start, size))
+
+    @property
+    def pool_gpus(self) -> int:
+        """Whole GPUs of this node in the pool (not MIG, not reserved)."""
+        return self.gpus - len(self.mig) - len(self.reserved)
 
     def free_blocks(self, busy: set[int] | None = None) -> list[tuple[int, int]]:
         """Maximal free allocatable aligned blocks as (start, size), in buddy-tree order."""
@@ -256,6 +266,155 @@ class _GpuScratch:
         return parts
 
 
+VictimRank = Callable[[CacheKey, int], tuple[float, int]]
+
+
+def _lru_rank(ck: CacheKey, position: int) -> tuple[float, int]:
+    """The paper's order: least recently used first."""
+    return 0.0, position
+
+
+def _victims(node: GpuNode, members: Sequence[int], need_gb: float, rank: VictimRank) -> list[CacheKey]:
+    """Cached services to evict, in order, so that ``need_gb`` fits on every GPU of ``members``;
+    on each GPU short of memory the entries are taken by ``rank`` (of the entry and its LRU
+    position). Evicting an entry frees it on every GPU of its block."""
+    free = {g: node.memory_gb - sum(node.cache[g].values()) for g in members}
+    gone: set[CacheKey] = set()
+    out: list[CacheKey] = []
+    for g in members:
+        if free[g] >= need_gb - 1e-9:
+            continue
+        entries = sorted((rank(ck, i), i, ck) for i, ck in enumerate(node.cache[g]) if ck not in gone)
+        for _, _, ck in entries:
+            if free[g] >= need_gb - 1e-9:
+                break
+            gone.add(ck)
+            out.append(ck)
+            for h in node.members(ck[3], ck[1]):
+                if h in free:
+                    free[h] += node.cache[h].get(ck, 0.0)
+    return out
+
+
+class GpuPlan(_GpuScratch):
+    """A decision's residency-aware view of the GPUs (``tangram``): for each action the best free
+    block per TP size (resident first, then the least costly restore, counting what it evicts)
+    and the earliest busy block per TP size that already holds the service. Evicting a cached
+    service costs its restore time weighted by its ``heat`` (expected demand, 0..1); victims are
+    taken coldest first, then least recently used."""
+
+    def __init__(
+        self,
+        mgr: GpuManager,
+        now: float,
+        heat: Mapping[str, float],
+        busy_until: Mapping[tuple[str, int], float],
+    ) -> None:
+        super().__init__(mgr)
+        self.now = now
+        self.heat = heat
+        self.until = dict(busy_until)
+        self.choice: dict[int, tuple[str, int, int]] = {}
+        self._nodes = {n.name: n for n in mgr.nodes}
+        # Resident copies per (service, tp): (node, block start), on free and busy blocks alike.
+        self.copies: dict[tuple[str, int], list[tuple[str, int]]] = {}
+        for node in mgr.nodes:
+            if node.draining:
+                continue
+            for g, cache in node.cache.items():
+                for ck in cache:
+                    svc, tp, _, start = ck
+                    if node.members(start, tp)[0] == g and node.resident((svc, tp), start):
+                        self.copies.setdefault((svc, tp), []).append((node.name, start))
+
+    def restore_s_of(self, ck: CacheKey, node: GpuNode) -> float:
+        """Seconds to restore the cached entry ``ck`` again (its whole weights over the bandwidth)."""
+        per_gpu = node.cache[node.members(ck[3], ck[1])[0]].get(ck, 0.0)
+        return per_gpu * ck[1] / self._mgr.memory_headroom / self._mgr.restore_gbps
+
+    def rank(self, ck: CacheKey, position: int) -> tuple[float, int]:
+        """Victim order: the coldest service first, then least recently used."""
+        return self.heat.get(ck[0], 0.0), position
+
+    def _penalty(self, node: GpuNode, victims: Sequence[CacheKey], service: str | None) -> float:
+        # A copy of the service being restored costs nothing to evict: its requests will have the
+        # new copy (only its TP size changes).
+        return sum(
+            self.heat.get(ck[0], 0.0) * self.restore_s_of(ck, node) for ck in victims if ck[0] != service
+        )
+
+    def options(self, action: Action) -> list[PlacementOption]:
+        now = self.now
+        if action.mig_profile is not None:
+            if self.mig_free.get(action.mig_profile, 0) < 1 or 1 not in action.feasible:
+                return []
+            return [PlacementOption(1, now, 0.0, 0.0, ("", -1))]
+        mgr = self._mgr
+        svc = action.service
+        out: list[PlacementOption] = []
+        for k in action.feasible:
+            if k not in LEVELS or not mgr.fits_memory(action, k):
+                continue
+            need = mgr.per_gpu_gb(action, k)
+            restore = 0.0 if svc is None else action.service_gb / mgr.restore_gbps
+            best: tuple[tuple[float, int, int, int, int], PlacementOption] | None = None
+            for n_idx, node in enumerate(mgr.nodes):
+                for start, size in node.free_blocks(self.busy[node.name]):
+                    if size < k:
+                        continue
+                    for sub in range(start, start + size, k):
+                        if svc is not None and node.resident((svc, k), sub):
+                            opt = PlacementOption(k, now, 0.0, 0.0, (node.name, sub))
+                            score = (0.0, 0, size, n_idx, sub)
+                        else:
+                            victims = _victims(node, node.members(sub, k), need, self.rank)
+                            pen = self._penalty(node, victims, svc)
+                            opt = PlacementOption(k, now, restore, pen, (node.name, sub))
+                            score = (restore + pen, int(bool(victims)), size, n_idx, sub)
+                        if best is None or score < best[0]:
+                            best = (score, opt)
+            if best is not None:
+                out.append(best[1])
+            if svc is None:
+                continue
+            warm: PlacementOption | None = None
+            for name, start in self.copies.get((svc, k), ()):
+                node = self._nodes[name]
+                members = node.members(start, k)
+                busy = self.busy[name]
+                if all(g not in busy for g in members):
+                    continue  # a free resident block: offered above
+                ready = max(self.until.get((name, g), now) for g in members)
+                if warm is None or ready < warm.ready_at:
+                    # Busy now, whatever the estimate says (a running action may overrun it).
+                    warm = PlacementOption(k, max(ready, now + 1e-6), 0.0, 0.0, (name, start))
+            if warm is not None:
+                out.append(warm)
+        return out
+
+    def has_free(self) -> bool:
+        if any(v > 0 for v in self.mig_free.values()):
+            return True
+        return any(len(self.busy[n.name]) < n.pool_gpus for n in self._mgr.nodes if not n.draining)
+
+    def take(self, action: Action, option: PlacementOption, end: float) -> None:
+        if action.mig_profile is not None:
+            self.mig_free[action.mig_profile] -= 1
+            return
+        name, start = option.ref
+        node = self._nodes[name]
+        members = node.members(start, option.units)
+        busy = self.busy[name]
+        if option.ready_at <= self.now and not any(g in busy for g in members):
+            busy |= set(members)
+            self.choice[id(action)] = (name, start, option.units)
+            if option.restore_s > 0 and action.service is not None:
+                # Resident once restored: later actions of the service may wait for this block.
+                self.copies.setdefault((action.service, option.units), []).append((name, start))
+        for g in members:
+            self.until[(name, g)] = end
+
+
 class GpuManager:
     """GPUs of every node in the reward pool, with the service cache of each GPU."""
 
@@ -280,10 +439,10 @@ class GpuManager:
         return self._pool
 
     def total_units(self) -> int:
-        return sum(n.gpus - len(n.mig) for n in self.nodes) + sum(len(n.slices) for n in self.nodes)
+        return sum(n.pool_gpus for n in self.nodes) + sum(len(n.slices) for n in self.nodes)
 
     def free_units(self) -> int:
-        whole = sum(n.gpus - len(n.mig) - len(n.busy) for n in self.nodes)
+        whole = sum(n.pool_gpus - len(n.busy) for n in self.nodes)
         return whole + sum(1 for n in self.nodes for s in n.slices if not s.busy)
 
     def per_gpu_gb(self, action: Action, k: int) -> float:
@@ -305,6 +464,12 @@ class GpuManager:
             and _pick_block(self.nodes, empty, k, None) is not None
             for k in action.feasible
         )
+
+    def residency_plan(
+        self, now: float, heat: Mapping[str, float], busy_until: Mapping[tuple[str, int], float]
+    ) -> GpuPlan:
+        """A residency-aware view for one decision (see ``GpuPlan``)."""
+        return GpuPlan(self, now, heat, busy_until)
 
     def restore_estimate(self, action: Action, k: int) -> float:
         """Seconds to make the service resident on a free chunk of size k (0 when one holds it)."""
@@ -329,7 +494,17 @@ class GpuManager:
             return None
         busy = {n.name: n.busy for n in self.nodes}
         key = None if action.service is None else (action.service, units)
-        picked = _pick_block(self.nodes, busy, units, key, self.per_gpu_gb(action, units))
+        rank: VictimRank = _lru_rank
+        picked: tuple[GpuNode, int] | None = None
+        if isinstance(plan, GpuPlan):
+            rank = plan.rank
+            chosen = plan.choice.get(id(action))
+            if chosen is not None and chosen[2] == units:
+                node = next(n for n in self.nodes if n.name == chosen[0])
+                if node.block_free(chosen[1], units, node.busy) and not node.draining:
+                    picked = (node, chosen[1])
+        if picked is None:
+            picked = _pick_block(self.nodes, busy, units, key, self.per_gpu_gb(action, units))
         if picked is None:
             return None
         node, start = picked
@@ -343,10 +518,8 @@ class GpuManager:
                     node.cache[g].move_to_end(ck)
             else:
                 need = self.per_gpu_gb(action, units)
-                for g in members:
-                    while node.memory_gb - sum(node.cache[g].values()) < need - 1e-9 and node.cache[g]:
-                        victim = next(iter(node.cache[g]))  # least recently used
-                        self._evict(node, victim)
+                for victim in _victims(node, members, need, rank):
+                    self._evict(node, victim)
                 for g in members:
                     node.cache[g][ck] = need
                 restore = action.service_gb / self.restore_gbps

@@ -1,9 +1,12 @@
 """How much capacity one pool should have: demand in, target units out (pure arithmetic).
 
-The need is the larger of two estimates, both in the pool's units (cores or GPUs):
+The need is the largest of these estimates, all in the pool's units (cores or GPUs):
 - the work present now: units held by running actions plus units the queued actions need;
 - the steady state by Little's law: arrival rate x mean execution time x mean units per action,
-  divided by the target utilisation.
+  divided by the target utilisation;
+- for sandbox pools, hosts enough to hold the live sessions' memory (a session is pinned to a host
+  with room for its memory, so without it the session cannot start at all), and, when hosts cap
+  their sessions (``sessions_per_host``), hosts enough for that many sessions.
 While the recent ACT is above the pool's target and work is queued, the need grows to the active
 capacity times (ACT / target), bounded by ``max_growth``. The target then adds the warm instances and
 takes the floor of ``min_instances``, unless the pool scales to zero after its idle timeout.
@@ -83,13 +86,23 @@ def size_pool(
             / policy.target_utilisation
             - 1e-9
         )
-    need = max(present, steady)
+    memory = 0
+    if isinstance(pool, SandboxPoolSpec) and demand.session_memory_bytes > 0 and pool.host_memory_bytes > 0:
+        # Sessions are pinned where their memory fits: too few hosts and they cannot start at all.
+        memory = math.ceil(demand.session_memory_bytes / pool.host_memory_bytes - 1e-9) * pool.host_cores
+    if isinstance(pool, SandboxPoolSpec) and pool.sessions_per_host > 0 and demand.sessions > 0:
+        # Hosts cap their sessions (each keeps cores for its sessions' parallel actions).
+        hosts = math.ceil(demand.sessions / pool.sessions_per_host)
+        memory = max(memory, hosts * pool.host_cores)
+    need = max(present, steady, memory)
     if need > 0:
         reasons.append(
             Reason(
                 "ScaleUp" if need > active_units else "Steady",
                 f"{demand.queued_actions} actions queued ({demand.queued_units} units), "
-                f"{demand.running_units} units busy, {demand.arrival_rate_per_s:.3g} arrivals/s: "
+                f"{demand.running_units} units busy, {demand.arrival_rate_per_s:.3g} arrivals/s"
+                + (f", live sessions need {memory} units of hosts" if memory else "")
+                + ": "
                 f"need {need} units, {active_units} active",
             )
         )

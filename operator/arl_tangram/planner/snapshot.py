@@ -171,9 +171,11 @@ class SandboxPoolSpec:
     host_memory_bytes: int
     scaling: ScalingPolicy
     node_selector: Mapping[str, str] = field(default_factory=dict, hash=False)
+    sessions_per_host: int = 0  # sessions one host takes at most (0: as many as its memory holds)
 
     def __post_init__(self) -> None:
         _require(isinstance(self.name, str) and self.name != "", "pool.name", "must be a non-empty string")
+        _non_negative_int(self.sessions_per_host, f"pools[{self.name}].sessions_per_host")
         _require(
             isinstance(self.host_cores, int) and self.host_cores >= 1,
             f"pools[{self.name}].host_cores",
@@ -282,6 +284,11 @@ class PoolDemand:
     - ``act_recent_s``: recent mean action completion time (None: unknown).
     - ``last_active_at``: last time any action of the pool was queued or running (None: the planner
       tracks idleness itself from the snapshots it sees).
+    - ``session_memory_bytes`` (sandbox pools): memory the live sessions hold for their whole life,
+      pinned or not yet; a session can only start on a host with room for it, so hosts for that
+      much memory are needed whatever the cores say.
+    - ``sessions`` (sandbox pools): live sessions, for pools whose hosts cap their sessions
+      (``SandboxPoolSpec.sessions_per_host``).
     """
 
     pool: str
@@ -294,10 +301,19 @@ class PoolDemand:
     mean_units_per_action: float = 1.0
     act_recent_s: float | None = None
     last_active_at: float | None = None
+    session_memory_bytes: int = 0
+    sessions: int = 0
 
     def __post_init__(self) -> None:
         where = f"demand[{self.pool}]"
-        for attr in ("queued_actions", "queued_units", "running_actions", "running_units"):
+        for attr in (
+            "queued_actions",
+            "queued_units",
+            "running_actions",
+            "running_units",
+            "session_memory_bytes",
+            "sessions",
+        ):
             _non_negative_int(getattr(self, attr), f"{where}.{attr}")
         for fattr in ("arrival_rate_per_s", "mean_action_s", "mean_units_per_action"):
             _finite_non_negative(getattr(self, fattr), f"{where}.{fattr}")

@@ -15,6 +15,7 @@ import random
 import sys
 import time
 from dataclasses import asdict
+from typing import Any
 
 from tqdm import tqdm
 
@@ -58,15 +59,14 @@ def _run(wl: Workload, policy: str, label: str, quiet: bool, planner: bool = Fal
 
 
 def _gpu_candidates(wl: Workload) -> list[int]:
-    per = wl.cluster.gpus_per_node
-    small = [g for g in (1, 2, 4) if g < per]
-    return small + [per * n for n in range(1, wl.cluster.gpu_nodes + 1)]
+    """Every GPU count up to the workload's: the last node may be partly in the pool."""
+    return list(range(1, wl.cluster.total_gpus + 1))
 
 
 def gpus_for_act(wl: Workload, policy: str, target: float, quiet: bool) -> int | None:
-    """Fewest GPUs (1, 2, 4, then whole nodes up to the workload's) at which ``policy``'s mean GPU
-    ACT is no worse than ``target``; binary search, ACT being non-increasing in GPUs. None if even
-    all of the workload's GPUs do not reach it."""
+    """Fewest GPUs (any count up to the workload's; whole nodes, the last one partly in the pool)
+    at which ``policy``'s mean GPU ACT is no worse than ``target``; binary search, ACT being taken
+    as non-increasing in GPUs. None if even all of the workload's GPUs do not reach it."""
     cands = _gpu_candidates(wl)
     memo: dict[int, float] = {}
 
@@ -91,6 +91,30 @@ def gpus_for_act(wl: Workload, policy: str, target: float, quiet: bool) -> int |
         else:
             lo = mid + 1
     return cands[lo]
+
+
+def with_planner(wl: Workload, settings: list[str]) -> Workload:
+    """The workload with ``KEY=VALUE`` overrides of its planner section (numbers or the solver)."""
+    import dataclasses
+
+    if not settings:
+        return wl
+    if wl.planner is None:
+        raise InvalidSpec("--planner-set", f"workload {wl.name} has no planner section")
+    fields = {f.name: f for f in dataclasses.fields(wl.planner)}
+    changes: dict[str, Any] = {}
+    for item in settings:
+        key, sep, value = item.partition("=")
+        if not sep or key not in fields:
+            raise InvalidSpec(
+                "--planner-set", f"{item!r}: expected KEY=VALUE with KEY one of {', '.join(fields)}"
+            )
+        kind = type(getattr(wl.planner, key))
+        try:
+            changes[key] = kind(value)
+        except ValueError as exc:
+            raise InvalidSpec(f"--planner-set {key}", f"{value!r} is not a {kind.__name__}") from exc
+    return dataclasses.replace(wl, planner=dataclasses.replace(wl.planner, **changes))
 
 
 def _workload(args: argparse.Namespace) -> Workload:
@@ -193,6 +217,13 @@ def main_sim(argv: list[str]) -> int:
         help="also run tangram with the capacity planner scaling hosts and GPU nodes (row tangram+planner; "
         "its resource-seconds are the capacity provisioned)",
     )
+    ap.add_argument(
+        "--planner-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field of the workload's planner section (repeatable), e.g. host_cores=256",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     args = ap.parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -201,7 +232,7 @@ def main_sim(argv: list[str]) -> int:
         print(f"tangram bench sim: unknown policies {unknown}; known: {', '.join(POLICIES)}", file=sys.stderr)
         return 2
     try:
-        wl = _workload(args)
+        wl = with_planner(_workload(args), args.planner_set)
         res = run_sim(
             wl,
             policies,

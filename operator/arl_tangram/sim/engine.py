@@ -24,7 +24,7 @@ from arl_tangram.errors import InvalidSpec
 from arl_tangram.managers.cpu import CpuManager, SandboxHost
 from arl_tangram.managers.gpu import GpuManager, GpuNode
 from arl_tangram.managers.quota import ApiQuota, QuotaManager
-from arl_tangram.sim.workload import RewardSource, SearchSource, Trajectory, Workload, generate
+from arl_tangram.sim.workload import ClusterSpec, RewardSource, SearchSource, Trajectory, Workload, generate
 
 
 class PlannerHook(Protocol):
@@ -171,6 +171,8 @@ class Simulation:
         self.static_gpus = 0
         self._shared: dict[str, _SharedNode] = {}
         self.arrivals: dict[str, int] = {}
+        # Actions that arrived, per pool, for a planner to read and clear (None: nobody reads).
+        self.arrival_log: dict[str, list[Action]] | None = None
         self.policy_name = policy
         self.trajectories = generate(workload) if trajectories is None else trajectories
         self.planner = planner
@@ -194,7 +196,14 @@ class Simulation:
                 nvlink = [[a // 2 == b // 2 for b in range(c.gpus_per_node)] for a in range(c.gpus_per_node)]
             self.gpu = GpuManager(
                 [
-                    GpuNode(f"gpu-{i}", c.gpus_per_node, c.gpu_memory_gb, nvlink, dict(c.mig))
+                    GpuNode(
+                        f"gpu-{i}",
+                        c.gpus_per_node,
+                        c.gpu_memory_gb,
+                        nvlink,
+                        dict(c.mig),
+                        reserved=_reserved(c, i),
+                    )
                     for i in range(c.gpu_nodes)
                 ],
                 restore_gbps=c.restore_gbps,
@@ -300,6 +309,10 @@ class Simulation:
             self.static_gpus if isinstance(self.scheduler, StaticPolicy) else self.wl.cluster.total_gpus,
         )
 
+    def trajectory_states(self) -> list[_TrajState]:
+        """Every trajectory's progress (a planner reads which sessions are live)."""
+        return list(self._state.values())
+
     @property
     def records(self) -> list[ActionRecord]:
         """Completed actions so far."""
@@ -370,6 +383,8 @@ class Simulation:
             tenant=st.traj.tenant,
         )
         self.scheduler.submit(action, now)
+        if self.arrival_log is not None:
+            self.arrival_log.setdefault(step.pool, []).append(action)
 
     def _start(self, grant: Grant, now: float) -> None:
         action = grant.action
@@ -471,6 +486,13 @@ class Simulation:
                 self.scheduler.delete_pod(tr.id, tr.memory_gib)
         elif self.cpu is not None:
             self.cpu.end_trajectory(tr.id)
+
+
+def _reserved(c: ClusterSpec, i: int) -> set[int]:
+    """GPUs of node i outside the pool: the top ones of the last node when it is only partly in."""
+    if i != c.gpu_nodes - 1 or not c.last_node_gpus:
+        return set()
+    return set(range(c.last_node_gpus, c.gpus_per_node))
 
 
 def _hash_gauss(key: str) -> float:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import cast
 
+from arl_tangram.core.action import Action
 from arl_tangram.managers.cpu import SandboxHost
 from arl_tangram.managers.gpu import GpuNode
 from arl_tangram.planner import CapacityPlanner, PlannerConfig, PlannerSolver, ScalingPlan
@@ -60,7 +61,10 @@ class SimPlanner:
         self._last = 0.0
         self._seen_records = 0
         self._seen_arrivals: dict[str, int] = {}
+        self._rate: dict[str, float] = {}
+        self._work: dict[str, tuple[float, float]] = {}
         self._n = 0
+        self.sessions_per_host = 0
 
     # ---- set-up --------------------------------------------------------------------------------------
     def attach(self, sim: Simulation) -> None:
@@ -87,8 +91,16 @@ class SimPlanner:
                 max_starting=s.max_starting,
                 idle_timeout_s=s.idle_timeout_s,
                 cold_start_s=s.host_cold_start_s,
+                target_utilisation=s.target_utilisation,
             )
-            self._pools.append(SandboxPoolSpec("cpu", s.host_cores, self.host_memory, policy))
+            self.sessions_per_host = int(s.host_cores * s.sessions_per_core)
+            if s.sessions_per_core > 0:
+                self.sessions_per_host = max(1, self.sessions_per_host)
+            self._pools.append(
+                SandboxPoolSpec(
+                    "cpu", s.host_cores, self.host_memory, policy, sessions_per_host=self.sessions_per_host
+                )
+            )
             for name in list(sim.cpu.hosts):
                 del sim.cpu.hosts[name]
         if sim.gpu is not None:
@@ -99,11 +111,13 @@ class SimPlanner:
                 max_starting=s.max_starting,
                 idle_timeout_s=s.idle_timeout_s,
                 cold_start_s=s.gpu_cold_start_s,
+                target_utilisation=s.target_utilisation,
             )
             self._services.append(
                 RewardServiceSpec("gpu", (c.gpus_per_node,), int(c.gpu_memory_gb * 1e9), policy)
             )
             sim.gpu.nodes.clear()
+        sim.arrival_log = {}
         # Start at the floor, ready at once (a warm cluster before the rollout begins).
         plan = self.planner.plan(self._snapshot(sim, 0.0))
         for add in plan.adds:
@@ -158,7 +172,9 @@ class SimPlanner:
                 return  # removed (or drained) while it was starting
             inst.phase = "ready"
             if pool == "cpu" and sim.cpu is not None:
-                sim.cpu.add_host(SandboxHost.uniform(name, units, 2 if units % 2 == 0 else 1, mem / GIB))
+                host = SandboxHost.uniform(name, units, 2 if units % 2 == 0 else 1, mem / GIB)
+                host.max_sessions = self.sessions_per_host
+                sim.cpu.add_host(host)
             elif sim.gpu is not None:
                 c = sim.wl.cluster
                 sim.gpu.add_node(GpuNode(name, units, c.gpu_memory_gb))
@@ -187,7 +203,44 @@ class SimPlanner:
         elif sim.gpu is not None:
             next(n for n in sim.gpu.nodes if n.name == name).draining = draining
 
-    # ---- the snapshot --------------------------------------------------------------------------------
+    # ---- demand estimates --------------------------------------------------------------------------
+    def desired_units(self, action: Action) -> int:
+        """The DoP the scheduler would give ``action`` with room to spare: its largest feasible
+        count whose parallel efficiency (one-unit work over work at k) is still at least
+        ``target_efficiency``; its minimum when it is not elastic."""
+        if not action.elastic:
+            return action.min_units
+        one = action.model.duration(action.min_units) * action.min_units
+        best = action.min_units
+        for k in action.feasible:
+            if one / (action.model.duration(k) * k) >= self.spec.target_efficiency - 1e-12:
+                best = k
+        return best
+
+    def _desired(self, arrived: list[Action]) -> tuple[float, float]:
+        """Mean duration and mean unit-seconds of ``arrived`` at their desired DoP (0, 0: none)."""
+        if not arrived:
+            return 0.0, 0.0
+        dur = work = 0.0
+        for a in arrived:
+            k = self.desired_units(a)
+            d = a.model.duration(k)
+            dur += d
+            work += d * k
+        return dur / len(arrived), work / len(arrived)
+
+    def _sessions(self, sim: Simulation, now: float) -> tuple[int, int]:
+        """Bytes of host memory the live CPU sessions (trajectories started, not ended) hold, and
+        how many they are."""
+        total, count = 0.0, 0
+        for st in sim.trajectory_states():
+            tr = st.traj
+            if tr.memory_gib > 0 and tr.start <= now and not st.done and tr.steps[0].pool == "cpu":
+                total += tr.memory_gib
+                count += 1
+        return int(total * GIB), count
+
+    # ---- the snapshot round ------------------------------------------------------------------------------
     def _snapshot(self, sim: Simulation, now: float) -> ClusterSnapshot:
         instances = []
         for inst in self.instances.values():
@@ -217,12 +270,27 @@ class SimPlanner:
         recent = sim.records[self._seen_records :]
         self._seen_records = len(sim.records)
         demand = []
+        log = sim.arrival_log if sim.arrival_log is not None else {}
+        sessions, live = self._sessions(sim, now)
         for pool in [p.name for p in self._pools] + [s.name for s in self._services]:
             queued = list(sim.scheduler.queue.fcfs(pool))
             running_g = [g for g in sim.scheduler.running.values() if g.action.pool == pool]
             done = [r for r in recent if r.pool == pool]
-            arrived = sim.arrivals.get(pool, 0) - self._seen_arrivals.get(pool, 0)
+            arrived = log.pop(pool, [])
             self._seen_arrivals[pool] = sim.arrivals.get(pool, 0)
+            # The steady-state term sizes for the parallelism the scheduler would give each action
+            # with room to spare (its largest DoP still at target_efficiency), so that elastic
+            # actions keep their speed; sizing by the units they got would chase its own tail.
+            dur, work = self._desired(arrived)
+            rate = len(arrived) / period
+            # Smooth the rate (a quiet period does not erase a busy one at once) but follow a
+            # rise at once: capacity late costs ACT, capacity early only unit-seconds.
+            smooth = self._rate.get(pool, 0.0)
+            smooth = max(rate, 0.5 * smooth + 0.5 * rate)
+            self._rate[pool] = smooth
+            if dur > 0:
+                self._work[pool] = (dur, work)
+            mean_dur, mean_work = self._work.get(pool, (0.0, 0.0))
             demand.append(
                 PoolDemand(
                     pool,
@@ -230,12 +298,12 @@ class SimPlanner:
                     queued_units=sum(a.min_units for a in queued),
                     running_actions=len(running_g),
                     running_units=sum(g.units for g in running_g),
-                    arrival_rate_per_s=arrived / period,
-                    mean_action_s=sum(r.exec_s for r in done) / len(done) if done else 0.0,
-                    mean_units_per_action=max(1.0, sum(g.units for g in running_g) / len(running_g))
-                    if running_g
-                    else 1.0,
+                    arrival_rate_per_s=smooth,
+                    mean_action_s=mean_dur,
+                    mean_units_per_action=max(1.0, mean_work / mean_dur) if mean_dur > 0 else 1.0,
                     act_recent_s=sum(r.act for r in done) / len(done) if done else None,
+                    session_memory_bytes=sessions if pool == "cpu" else 0,
+                    sessions=live if pool == "cpu" else 0,
                 )
             )
         return ClusterSnapshot(

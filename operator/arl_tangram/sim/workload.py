@@ -102,9 +102,12 @@ class ClusterSpec:
     memory_headroom: float
     apis: tuple[ApiSpec, ...]
     dispatch_overhead_s: float
+    last_node_gpus: int = 0  # GPUs of the last node in the pool (0: all); the rest serve others
 
     @property
     def total_gpus(self) -> int:
+        if self.gpu_nodes and self.last_node_gpus:
+            return (self.gpu_nodes - 1) * self.gpus_per_node + self.last_node_gpus
         return self.gpu_nodes * self.gpus_per_node
 
 
@@ -198,6 +201,9 @@ class PlannerSpec:
     idle_timeout_s: float
     time_limit_s: float
     solver: str
+    target_utilisation: float = 0.8
+    target_efficiency: float = 0.5
+    sessions_per_core: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -239,6 +245,10 @@ def _cluster(d: dict[str, Any]) -> ClusterSpec:
     if not isinstance(mig_raw, dict):
         raise InvalidSpec("cluster.gpu_nodes.mig", "must map a GPU index to a list of MIG profiles")
     mig = {int(k): [str(p) for p in v] for k, v in mig_raw.items()}
+    per = _int(gpu, "gpus", f"{w}.gpu_nodes", 1, 8)
+    last = _int(gpu, "last_node_gpus", f"{w}.gpu_nodes", 0, 0)
+    if last > per:
+        raise InvalidSpec(f"{w}.gpu_nodes.last_node_gpus", f"must be at most gpus ({per}), got {last}")
     return ClusterSpec(
         cpu_hosts=_int(cpu, "count", f"{w}.cpu_hosts", 0, 0),
         cores_per_host=_int(cpu, "cores", f"{w}.cpu_hosts", 1, 1),
@@ -253,6 +263,7 @@ def _cluster(d: dict[str, Any]) -> ClusterSpec:
         memory_headroom=_num(gpu, "memory_headroom", f"{w}.gpu_nodes", 1.0, 1.2),
         apis=tuple(apis),
         dispatch_overhead_s=_num(d, "dispatch_overhead_s", w, 0.0, 0.0),
+        last_node_gpus=0 if last == per else last,
     )
 
 
@@ -390,7 +401,13 @@ def _planner(d: dict[str, Any]) -> PlannerSpec:
         idle_timeout_s=_num(d, "idle_timeout_s", w, 0.0, 60.0),
         time_limit_s=_num(d, "time_limit_s", w, 0.0, 1.0),
         solver=str(d.get("solver", "greedy")),
+        target_utilisation=_num(d, "target_utilisation", w, 1e-3, 0.8),
+        target_efficiency=_num(d, "target_efficiency", w, 1e-3, 0.5),
+        sessions_per_core=_num(d, "sessions_per_core", w, 0.0, 0.0),
     )
+    for name in ("target_utilisation", "target_efficiency"):
+        if getattr(spec, name) > 1.0:
+            raise InvalidSpec(f"planner.{name}", f"must be in (0, 1], got {getattr(spec, name)}")
     if spec.solver not in ("auto", "highs", "cbc", "greedy"):
         raise InvalidSpec("planner.solver", f"must be auto, highs, cbc or greedy, got {spec.solver!r}")
     return spec
@@ -601,18 +618,19 @@ def generate(wl: Workload) -> list[Trajectory]:
 
 
 def with_overrides(wl: Workload, *, gpus: int | None = None, scale: float | None = None) -> Workload:
-    """The same workload with another GPU count (whole nodes first) or fewer trajectories."""
+    """The same workload with another GPU count (whole nodes, the last one partly in the pool when
+    the count is not a multiple of a node) or fewer trajectories."""
     import dataclasses
 
     cluster = wl.cluster
     if gpus is not None:
         per = cluster.gpus_per_node
-        if gpus % per and gpus not in (1, 2, 4):
-            raise InvalidSpec("gpus", f"{gpus} GPUs is neither whole {per}-GPU nodes nor 1, 2 or 4")
-        if gpus < per:
-            cluster = dataclasses.replace(cluster, gpu_nodes=1, gpus_per_node=gpus)
-        else:
-            cluster = dataclasses.replace(cluster, gpu_nodes=gpus // per)
+        if gpus < 1:
+            raise InvalidSpec("gpus", f"must be >= 1, got {gpus}")
+        # Whole nodes, the last one partly in the pool when the count is not a multiple.
+        nodes = -(-gpus // per)
+        last = gpus - (nodes - 1) * per
+        cluster = dataclasses.replace(cluster, gpu_nodes=nodes, last_node_gpus=0 if last == per else last)
     sources = wl.sources
     if scale is not None:
         if not 0 < scale <= 1:

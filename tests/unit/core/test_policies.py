@@ -51,7 +51,15 @@ def random_action(rng: random.Random, i: int, tenants: int, classes: int) -> Act
     )
 
 
-def check_invariants(sched: Scheduler, mgr: CpuManager, admitted: list[Grant], lane_fifo: bool) -> None:
+def check_invariants(
+    sched: Scheduler,
+    mgr: CpuManager,
+    admitted: list[Grant],
+    lane_fifo: bool,
+    before: tuple[dict[str, str], dict[str, float]] | None = None,
+) -> None:
+    """``before`` (pins and free memory per host before the decision) makes FCFS per host: an
+    earlier action may wait while a later one starts on a host it could not use (``tangram``)."""
     seen: dict[str, set[int]] = {}
     for g in sched.running.values():
         assert g.units in g.action.feasible
@@ -68,6 +76,14 @@ def check_invariants(sched: Scheduler, mgr: CpuManager, admitted: list[Grant], l
         a = g.action
         for w in waiting:
             same = (w.priority, w.tenant) == (a.priority, a.tenant) if lane_fifo else True
+            if same and before is not None:
+                pins, mem = before
+                host = pins.get(w.trajectory)
+                if host is not None:
+                    same = host == g.host  # pinned elsewhere: it never competes for g's cores
+                else:
+                    # Unpinned: it waits for a host with room for its session, and blocks those.
+                    same = a.trajectory not in pins or mem[g.host] >= w.memory_gib
             assert not (same and w.seq < a.seq), f"FCFS violated: {a.id} admitted before earlier {w.id}"
 
 
@@ -91,8 +107,9 @@ def test_random_events_never_overallocate_and_keep_fcfs(policy: str, seed: int) 
             a = random_action(rng, i, tenants=3 if tangram else 1, classes=2 if tangram else 1)
             i += 1
             sched.submit(a, now)
+        before = (dict(mgr.pins), {h.name: h.memory_free for h in mgr.hosts.values()})
         admitted = sched.schedule(now)
-        check_invariants(sched, mgr, admitted, lane_fifo=tangram)
+        check_invariants(sched, mgr, admitted, lane_fifo=tangram, before=before if tangram else None)
 
 
 def test_fcfs_min_gives_minimum_and_paper_gives_elastic_units() -> None:
@@ -227,3 +244,42 @@ def test_gpu_tangram_waits_for_a_warm_chunk_rather_than_restoring_a_big_model() 
     sched.complete(warm, 8.6)
     (again,) = sched.schedule(8.6)
     assert again.restore_s == 0.0 and again.unit_ids == warm.unit_ids
+
+
+def test_gpu_tangram_with_a_backlog_trades_a_fast_copy_for_throughput() -> None:
+    gpu = GpuManager([GpuNode("n0", 4)])
+    curve = ((1, 1.0), (2, 0.9), (4, 0.8))
+
+    def judge(i: int) -> Action:
+        return Action(
+            f"j{i}", f"t{i}", "gpu", (1, 2, 4), EfficiencyCurve(2.0, curve), service="judge", service_gb=20.0
+        )
+
+    sched = TangramPolicy({"gpu": gpu})
+    sched.submit(judge(0), 0.0)
+    (alone,) = sched.schedule(0.0)
+    assert alone.units == 4  # nobody waits: the fastest copy, all four GPUs
+    for i in range(1, 60):
+        sched.submit(judge(i), 0.1)
+    sched.complete(alone, 2.0)
+    admitted = sched.schedule(2.0)
+    # Sixty waiting: one GPU each serves them 1.6x faster in all (E(4) = 0.8) than the warm TP-4
+    # copy would, which is worth its restores.
+    assert [g.units for g in admitted] == [1, 1, 1, 1]
+
+
+def test_tangram_fcfs_is_per_pinned_host() -> None:
+    mgr = cpu_pool(2, 4)
+    sched = TangramPolicy({"cpu": mgr})
+    sched.submit(Action("a0", "ta", "cpu", (3,), Fixed(5.0), memory_gib=2.0), 0.0)
+    sched.submit(Action("b0", "tb", "cpu", (3,), Fixed(5.0), memory_gib=2.0), 0.0)
+    first = sched.schedule(0.0)
+    assert {g.action.id: g.host for g in first} == {"a0": "h0", "b0": "h1"}
+    sched.submit(Action("a1", "ta", "cpu", (4,), Fixed(1.0), memory_gib=2.0), 1.0)  # h0: 1 free
+    sched.submit(Action("b1", "tb", "cpu", (1,), Fixed(1.0), memory_gib=2.0), 1.0)
+    sched.submit(Action("c0", "tc", "cpu", (1,), Fixed(1.0), memory_gib=2.0), 1.0)  # a new session
+    started = {g.action.id: g.host for g in sched.schedule(1.0)}
+    # a1 waits for its own host; b1, pinned to h1, does not wait behind it; the new session does
+    # not take h0's free core ahead of a1 (and h1 is full now), so it waits too.
+    assert started == {"b1": "h1"}
+    assert [a.id for a in sched.queue.fcfs("cpu")] == ["a1", "c0"]

@@ -78,3 +78,18 @@ def test_bad_hosts_are_rejected_with_the_field() -> None:
         SandboxHost.uniform("x", 7, 2, 1.0)
     with pytest.raises(InvalidSpec, match="unique"):
         CpuManager([SandboxHost.uniform("x", 2, 1, 1.0), SandboxHost.uniform("x", 2, 1, 1.0)])
+
+
+def test_a_host_takes_no_session_beyond_its_cap() -> None:
+    host = SandboxHost.uniform("h0", 8, 1, 64.0)
+    host.max_sessions = 2
+    other = SandboxHost.uniform("h1", 2, 1, 64.0)
+    mgr = CpuManager([host, other])
+    grants = [
+        mgr.place(Action(f"a{i}", f"t{i}", "cpu", (1,), Fixed(1.0), memory_gib=1.0), 1, 0.0) for i in range(4)
+    ]
+    hosts = [g.host for g in grants if g is not None]
+    assert hosts.count("h0") == 2 and hosts.count("h1") == 2  # h0 had cores left, but its cap is 2
+    assert mgr.place(Action("a9", "t9", "cpu", (1,), Fixed(1.0), memory_gib=1.0), 1, 0.0) is None
+    # It waits for cores of h1 only: h0 takes no more sessions.
+    assert mgr.session_hosts(Action("x", "tx", "cpu", (1,), Fixed(1.0), memory_gib=1.0)) == ["h1"]

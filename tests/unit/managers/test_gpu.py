@@ -128,3 +128,76 @@ def test_invalid_nodes_are_rejected() -> None:
         GpuNode("n", 6)
     with pytest.raises(InvalidSpec, match="nvlink"):
         GpuNode("n", 2, nvlink=[[True]])
+
+
+def test_reserved_gpus_of_a_partial_node_are_never_handed_out() -> None:
+    node = GpuNode("n0", 8, reserved={6, 7})
+    mgr = GpuManager([node])
+    assert mgr.total_units() == 6 and mgr.free_units() == 6
+    assert sorted(s for _, s in node.free_blocks()) == [2, 4]  # a 4-chunk and a 2-chunk
+    assert mgr.place(req(1), 8, 0.0) is None
+    grants = [mgr.place(req(i), 1, 0.0) for i in range(6)]
+    assert all(g is not None for g in grants)
+    assert not {u for g in grants if g is not None for u in g.unit_ids} & {6, 7}
+    assert mgr.place(req(9), 1, 0.0) is None
+    with pytest.raises(InvalidSpec, match="reserved"):
+        GpuNode("bad", 4, reserved={4})
+
+
+def test_plan_offers_the_resident_block_free_and_a_busy_warm_copy_later() -> None:
+    mgr = GpuManager([GpuNode("n0", 8)], memory_headroom=1.0)
+    warm = mgr.place(req(1, "a", gb=40.0), 4, 0.0)
+    assert warm is not None
+    busy_until = {("n0", g): 5.0 for g in warm.unit_ids}
+    plan = mgr.residency_plan(1.0, {"a": 1.0}, busy_until)
+    opts = {(o.units, o.ready_at > 1.0): o for o in plan.options(req(2, "a", gb=40.0))}
+    later = opts[(4, True)]  # the warm copy, busy until 5 s, with no restore
+    assert later.ready_at == pytest.approx(5.0) and later.restore_s == 0.0
+    cold = opts[(4, False)]  # the other 4-chunk, free now, but a restore first
+    assert cold.restore_s == pytest.approx(2.0) and cold.ready_at == 1.0
+    assert (8, False) not in opts  # no free 8-chunk while half the node is busy
+    mgr.release(warm, 5.0)
+    plan = mgr.residency_plan(5.0, {"a": 1.0}, {})
+    best = min(plan.options(req(3, "a", gb=40.0)), key=lambda o: o.restore_s + o.ready_at)
+    assert best.units == 4 and best.restore_s == 0.0
+
+
+def test_plan_evicts_the_coldest_service_where_lru_would_evict_a_hot_one() -> None:
+    def loaded() -> GpuManager:
+        mgr = GpuManager([GpuNode("n0", 1, memory_gb=80.0)], memory_headroom=1.0)
+        for i, svc in enumerate(("hot", "cold")):
+            g = mgr.place(req(i, svc, gb=40.0), 1, float(i))
+            assert g is not None
+            mgr.release(g, float(i) + 0.5)
+        return mgr
+
+    # LRU (no plan, as the paper): "hot" was used first, so it goes.
+    mgr = loaded()
+    g = mgr.place(req(5, "new", gb=40.0), 1, 3.0)
+    assert g is not None and mgr.restore_estimate(req(6, "hot", gb=40.0), 1) > 0
+    # Demand-weighted (tangram's plan): "cold" goes, and the option's penalty says what it costs.
+    mgr = loaded()
+    plan = mgr.residency_plan(3.0, {"hot": 1.0, "cold": 0.1}, {})
+    (opt,) = plan.options(req(5, "new", gb=40.0))
+    assert opt.penalty_s == pytest.approx(0.1 * 2.0)
+    action = req(5, "new", gb=40.0)
+    (opt,) = plan.options(action)
+    plan.take(action, opt, 10.0)
+    g = mgr.place(action, 1, 3.0, plan)
+    assert g is not None
+    mgr.release(g, 4.0)
+    assert mgr.restore_estimate(req(6, "hot", gb=40.0), 1) == 0.0
+    assert mgr.restore_estimate(req(7, "cold", gb=40.0), 1) > 0
+
+
+def test_evicting_another_tp_size_of_the_same_service_costs_nothing() -> None:
+    mgr = GpuManager([GpuNode("n0", 2, memory_gb=80.0)], memory_headroom=1.0)
+    g = mgr.place(req(1, "judge", gb=60.0), 2, 0.0)  # TP-2 copy: 30 GB on each GPU
+    assert g is not None
+    mgr.release(g, 1.0)
+    plan = mgr.residency_plan(1.0, {"judge": 1.0}, {})
+    tp1 = [o for o in plan.options(req(2, "judge", gb=60.0)) if o.units == 1]
+    # A TP-1 copy (60 GB) evicts the TP-2 copy: the judge stays resident, only its TP changes.
+    assert tp1 and tp1[0].restore_s == pytest.approx(3.0) and tp1[0].penalty_s == 0.0
+    other = [o for o in plan.options(req(3, "other", gb=60.0)) if o.units == 1]
+    assert other and other[0].penalty_s == pytest.approx(3.0)  # another service's copy is hot

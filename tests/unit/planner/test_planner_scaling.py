@@ -328,3 +328,25 @@ def test_nothing_to_do_runs_no_solver() -> None:
     assert plan.is_empty
     assert plan.placement.method == "none" and plan.placement.sol_status == "not-run"
     assert plan.pool("code").reasons[0].code == "Steady"
+
+
+def test_sessions_memory_sizes_a_sandbox_pool_with_no_action_yet() -> None:
+    pool = sandbox_pool(host_cores=8, host_memory_gib=16)
+    # 100 GiB of live sessions on hosts of 16 GiB: 7 hosts, whatever the (empty) queue says.
+    demand = PoolDemand("code", session_memory_bytes=100 * 2**30)
+    plan = CapacityPlanner().plan(snapshot(0, [cpu_node("a"), cpu_node("b")], [pool], demand=[demand]))
+    assert plan.pool("code").need_units == 56
+    assert len(plan.adds) == 7
+    assert any("live sessions need 56 units" in r.message for r in plan.pool("code").reasons)
+    # Hosts that take 4 sessions each: 30 sessions need 8 hosts, more than their memory (3 GiB).
+    capped = sandbox_pool(host_cores=8, host_memory_gib=16)
+    capped = type(capped)(capped.name, 8, capped.host_memory_bytes, capped.scaling, sessions_per_host=4)
+    demand = PoolDemand("code", session_memory_bytes=3 * 2**30, sessions=30)
+    plan = CapacityPlanner().plan(snapshot(0, [cpu_node("a"), cpu_node("b")], [capped], demand=[demand]))
+    assert plan.pool("code").need_units == 64
+    # A reward service has no sessions: the field does not size it.
+    rm = reward_service("rm", max_instances=4)
+    plan = CapacityPlanner().plan(
+        snapshot(0, [gpu_node("g")], [], [rm], demand=[PoolDemand("rm", session_memory_bytes=2**40)])
+    )
+    assert plan.pool("rm").need_units == 0

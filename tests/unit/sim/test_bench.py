@@ -68,3 +68,13 @@ def test_demo_prints_the_comparison_and_writes_a_plot(
     out = capsys.readouterr().out
     assert "ai-coding" in out and "reward-gpu" in out and "static/tangram" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_planner_settings_override_the_workload_file() -> None:
+    wl = bench.with_planner(bench.builtin("ai-coding"), ["host_cores=128", "target_efficiency=0.3"])
+    assert wl.planner is not None
+    assert (wl.planner.host_cores, wl.planner.target_efficiency) == (128, 0.3)
+    with pytest.raises(bench.InvalidSpec, match="KEY=VALUE"):
+        bench.with_planner(wl, ["nope=1"])
+    with pytest.raises(bench.InvalidSpec, match="host_cores"):
+        bench.with_planner(wl, ["host_cores=many"])

@@ -3,6 +3,7 @@ benchmarks rely on (elastic DoP beats fixed DoP; traffic control loses no trajec
 
 from __future__ import annotations
 
+import dataclasses
 from importlib import resources
 
 import yaml
@@ -74,7 +75,8 @@ def test_mixed_runs_both_pools_side_by_side() -> None:
 def test_planner_scales_hosts_with_demand_and_every_action_completes() -> None:
     wl = with_overrides(builtin("ai-coding"), scale=0.1)
     assert wl.planner is not None
-    hook = SimPlanner(wl.planner)
+    # Small hosts packed by memory: the pool grows and shrinks in many steps.
+    hook = SimPlanner(dataclasses.replace(wl.planner, host_cores=64, sessions_per_core=0.0))
     res = Simulation(wl, "tangram", planner=hook).run()
     assert len(res.records) == sum(len(t.steps) for t in generate(wl))
     assert sum(len(p.adds) for p in hook.rounds) > 0
@@ -82,3 +84,37 @@ def test_planner_scales_hosts_with_demand_and_every_action_completes() -> None:
     full = wl.cluster.cpu_hosts * wl.cluster.cores_per_host * res.makespan_s
     assert 0 < hook.unit_seconds["cpu"] < full
     assert not hook.instances or all(i.pool == "cpu" for i in hook.instances.values())
+
+
+def test_a_partial_last_node_offers_only_its_gpus() -> None:
+    wl = with_overrides(builtin("reward-gpu"), gpus=12, scale=0.02)
+    sim = Simulation(wl, "tangram")
+    assert sim.gpu is not None and sim.gpu.total_units() == 12
+    res = sim.run()
+    assert res.gpus == 12
+    assert len(res.records) == sum(len(t.steps) for t in generate(wl))
+
+
+def test_planner_sizes_hosts_for_the_sessions_memory_before_their_first_action() -> None:
+    wl = with_overrides(builtin("ai-coding"), scale=0.25)  # 320 sessions of 2 GiB
+    assert wl.planner is not None
+    hook = SimPlanner(dataclasses.replace(wl.planner, host_cores=64, sessions_per_core=0.0))
+    sim = Simulation(wl, "tangram", planner=hook)
+    hook.attach(sim)
+    sim_snapshot = hook._snapshot(sim, 0.0)
+    (cpu,) = [d for d in sim_snapshot.demand if d.pool == "cpu"]
+    assert cpu.session_memory_bytes == 320 * 2 * 1024**3
+    assert cpu.queued_actions == 0 and cpu.arrival_rate_per_s == 0.0  # nothing has arrived yet
+    plan = hook.planner.plan(sim_snapshot)
+    # 640 GiB of sessions on hosts of 64 of a node's 256 cores (256 GiB): 3 hosts, 192 cores.
+    assert plan.pool("cpu").need_units == 192
+
+
+def test_a_session_cap_sizes_hosts_by_sessions_and_caps_each_host() -> None:
+    wl = with_overrides(builtin("ai-coding"), scale=0.25)  # 320 sessions
+    assert wl.planner is not None
+    hook = SimPlanner(dataclasses.replace(wl.planner, host_cores=64, sessions_per_core=1.0))
+    res = Simulation(wl, "tangram", planner=hook).run()
+    assert len(res.records) == sum(len(t.steps) for t in generate(wl))
+    # One session per core: 320 sessions need 5 hosts of 64 where their memory alone needs 3.
+    assert max(p.pool("cpu").need_units for p in hook.rounds) >= 320

@@ -86,3 +86,24 @@ def test_unreadable_and_unknown_workloads(tmp_path: Path) -> None:
         load(tmp_path / "bad.yaml")
     with pytest.raises(InvalidSpec, match="unknown workload"):
         builtin("nope")
+
+
+def test_gpu_override_takes_any_count_with_a_partial_last_node() -> None:
+    wl = builtin("reward-gpu")
+    twelve = with_overrides(wl, gpus=12).cluster
+    assert (twelve.gpu_nodes, twelve.last_node_gpus, twelve.total_gpus) == (2, 4, 12)
+    three = with_overrides(wl, gpus=3).cluster
+    assert (three.gpu_nodes, three.last_node_gpus, three.total_gpus) == (1, 3, 3)
+    whole = with_overrides(wl, gpus=16).cluster
+    assert (whole.gpu_nodes, whole.last_node_gpus, whole.total_gpus) == (2, 0, 16)
+    with pytest.raises(InvalidSpec, match="gpus"):
+        with_overrides(wl, gpus=0)
+
+
+def test_planner_targets_are_fractions() -> None:
+    doc = yaml.safe_load(
+        (Path(__file__).parents[3] / "operator/arl_tangram/sim/workloads/ai-coding.yaml").read_text()
+    )
+    doc["planner"]["target_efficiency"] = 1.5
+    with pytest.raises(InvalidSpec, match=r"planner\.target_efficiency"):
+        parse(doc)

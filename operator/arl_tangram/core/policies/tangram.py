@@ -5,15 +5,17 @@ What differs from ``paper`` and why it is no worse:
 - Allocation: where a partition's state is a plain count (CPU cores on a host, API slots) and every
   duration is convex and non-increasing over a contiguous feasible range, marginal-gain greedy is
   exactly DPArrange's optimum at O(free log n). Non-elastic candidates simply take their minimum.
-  GPU partitions keep the exact DP (few candidates) with the restore time of a non-resident service
-  added to the duration, which the paper's DP ignores; and an action whose service would be
-  restored on a cold chunk waits instead when a warm chunk frees sooner (admission stays a prefix).
+- GPU pools are planned with residency in view (``_decide_residency``): each action takes the TP
+  size and block with the earliest expected completion, counting restores, the eviction of hot
+  services and the backlog behind it, or waits for a busy block that holds its service.
 - Eviction: evicting frees units that are only worth something if some admitted elastic action is
   short of its maximum; when none is, no eviction can lower the objective and the search is
   skipped (exact). Otherwise t goes up to ``max_evict`` and the waiting actions are estimated on a
   bounded window (``wait_window``) instead of the whole queue.
 - Candidates: at most ``window`` per decision (the rest wait for the next event). In the estimate
   the first waiting action tries a ladder of allocations (minimum, powers of two, maximum).
+- FCFS per sandbox host: an action waiting for cores of its pinned host does not hold back actions
+  pinned elsewhere.
 - Order: FCFS within each (priority class, tenant) lane; lanes are merged by effective class (an
   action waiting longer than ``aging_s`` counts as class 0, so no class starves) and then by the
   tenant's virtual time (weighted fair share: a tenant's virtual time grows by units/weight on
@@ -25,11 +27,20 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from typing import cast
 
 from arl_tangram.core.action import Action, Duration, model_duration
 from arl_tangram.core.dparrange import dp_arrange, greedy_arrange, is_contiguous
 from arl_tangram.core.estimate import UnitHeap, list_schedule
-from arl_tangram.core.pool import Grant, PoolManager, RestoreAware, Scratch
+from arl_tangram.core.pool import (
+    Grant,
+    Pinning,
+    PlacementOption,
+    PoolManager,
+    ResidencyPlanner,
+    RestoreAware,
+    Scratch,
+)
 from arl_tangram.core.queue import Lane
 from arl_tangram.core.scheduler import Scheduler
 
@@ -50,6 +61,7 @@ class TangramPolicy(Scheduler):
         aging_s: float = 60.0,
         tenant_weights: Mapping[str, float] | None = None,
         restore_aware: bool = True,
+        first_gap_s: float = 10.0,
     ) -> None:
         super().__init__(pools)
         self.window = window
@@ -59,9 +71,16 @@ class TangramPolicy(Scheduler):
         self.aging_s = aging_s
         self.weights = dict(tenant_weights or {})
         self.restore_aware = restore_aware
+        self.first_gap_s = first_gap_s
         self.vtime: dict[str, dict[str, float]] = {}
         self._running_by_pool: dict[str, dict[int, tuple[float, int]]] = {}
         self._aware: dict[str, bool] = {}
+        self._resident: dict[str, bool] = {}
+        self._pins: dict[str, bool] = {}
+        self._held: set[str] = set()  # this decision's hosts closed to new sessions
+        # Per service: (last arrival, smoothed gap between arrivals): how hot its cached copies are.
+        self._svc_arrivals: dict[str, tuple[float, float]] = {}
+        self._svc_waiting: dict[str, int] = {}  # waiting actions per service
 
     # ---- bookkeeping ------------------------------------------------------------------------
     def submit(self, action: Action, now: float) -> None:
@@ -73,6 +92,14 @@ class TangramPolicy(Scheduler):
             floor = min((pool_vt.get(t, 0.0) for t in backlogged), default=pool_vt.get(action.tenant, 0.0))
             pool_vt[action.tenant] = max(pool_vt.get(action.tenant, 0.0), floor)
         super().submit(action, now)
+        if action.service is not None:
+            self._svc_waiting[action.service] = self._svc_waiting.get(action.service, 0) + 1
+            seen = self._svc_arrivals.get(action.service)
+            if seen is None:
+                self._svc_arrivals[action.service] = (now, self.first_gap_s)
+            else:
+                last, gap = seen
+                self._svc_arrivals[action.service] = (now, 0.8 * gap + 0.2 * (now - last))
 
     def _on_adopt(self, grant: Grant) -> None:
         self._running_by_pool.setdefault(grant.action.pool, {})[id(grant)] = (grant.est_end, grant.units)
@@ -117,6 +144,12 @@ class TangramPolicy(Scheduler):
             known = self._aware[mgr.pool] = self.restore_aware and isinstance(mgr, RestoreAware)
         return known
 
+    def _pinning(self, mgr: PoolManager) -> Pinning | None:
+        known = self._pins.get(mgr.pool)
+        if known is None:
+            known = self._pins[mgr.pool] = isinstance(mgr, Pinning)
+        return cast(Pinning, mgr) if known else None
+
     def _duration_for(self, mgr: PoolManager) -> Duration:
         if self._restore_aware(mgr) and isinstance(mgr, RestoreAware):
             aware = mgr
@@ -138,6 +171,10 @@ class TangramPolicy(Scheduler):
         """Units per admitted action, summed duration, the scratch, and whether any elastic action
         was left short of its maximum (capacity binding)."""
         scratch = mgr.scratch()
+        pinning = self._pinning(mgr)
+        if pinning is not None:
+            for host in self._held:
+                pinning.hold(scratch, host)
         for a in admitted:
             if not scratch.try_take(a, a.min_units):
                 return None
@@ -185,22 +222,58 @@ class TangramPolicy(Scheduler):
             grants += self._decide_pool(self.pools[pool], pool, now)
         running = self._running_by_pool
         for g in grants:
+            svc = g.action.service
+            if svc is not None:
+                self._svc_waiting[svc] -= 1
             running.setdefault(g.action.pool, {})[id(g)] = (g.est_end, g.units)
             vt = self.vtime.setdefault(g.action.pool, {})
             vt[g.action.tenant] = vt.get(g.action.tenant, 0.0) + g.units / self._weight(g.action.tenant)
         return grants
 
     def _decide_pool(self, mgr: PoolManager, pool: str, now: float) -> list[Grant]:
+        resident = self._resident.get(pool)
+        if resident is None:
+            resident = self._resident[pool] = self.restore_aware and isinstance(mgr, ResidencyPlanner)
+        if resident:
+            return self._decide_residency(mgr, pool, now)
         order = self._order(pool, now)
+        self._held = set()
         prefix = mgr.scratch()
         cands: list[Action] = []
         blocked: list[Action] = []
+        pinning = self._pinning(mgr)
+        full: set[str] = set()  # hosts whose FCFS head cannot start: their later actions wait too
+        unpinned_waits = False  # an unpinned action cannot start: later unpinned ones wait too
         for action in order:
-            if len(cands) < self.window and prefix.try_take(action, action.min_units):
+            if len(cands) >= self.window:
+                blocked.append(action)
+                break
+            host = None if pinning is None else pinning.pinned_host(action)
+            if host is not None and host in full:
+                continue
+            if host is None and unpinned_waits:
+                continue
+            if prefix.try_take(action, action.min_units):
                 cands.append(action)
                 continue
-            blocked.append(action)
-            break
+            if not blocked:
+                blocked.append(action)
+            if pinning is None:
+                break
+            # A pinned action waits for cores of its own host only, and an unpinned one for cores
+            # of a host with memory for its session: actions pinned elsewhere do not compete with
+            # it, so FCFS holds per host and the scan goes on.
+            if host is None:
+                unpinned_waits = True
+                full.update(pinning.session_hosts(action))
+            else:
+                full.add(host)
+            # New sessions do not jump the queue of a host whose head waits for cores.
+            for h in full - self._held:
+                pinning.hold(prefix, h)
+            self._held |= full
+            if unpinned_waits and len(full) >= pinning.hosts_open():
+                break
         if not cands:
             return []
         duration = self._duration_for(mgr)
@@ -229,6 +302,77 @@ class TangramPolicy(Scheduler):
                 best, units, scratch, keep = obj, trial[1], trial[2], len(cands) - t
         plan = self._defer(mgr, list(zip(cands[:keep], units, strict=True)), now)
         return self._commit(mgr, plan, now, scratch, duration)
+
+    def heat(self, pool: str, now: float) -> dict[str, float]:
+        """Expected demand of each service, 0..1: 1 while it runs or waits, else decaying with the
+        time since its last arrival over three smoothed gaps between its arrivals (a service whose
+        requests stopped cools within seconds; one arriving steadily stays near 1)."""
+        out = {
+            svc: math.exp(-(now - last) / max(3.0 * gap, 1e-6))
+            for svc, (last, gap) in self._svc_arrivals.items()
+        }
+        for g in self.running.values():
+            if g.action.pool == pool and g.action.service is not None:
+                out[g.action.service] = 1.0
+        return out
+
+    def _decide_residency(self, mgr: PoolManager, pool: str, now: float) -> list[Grant]:
+        """GPU pools: each action in admission order takes the option (TP size and block) with the
+        earliest expected completion, counting the restore of a cold service and the restores its
+        evictions will cost the evicted services' next requests. An action whose best option is a
+        busy block that already holds its service waits for it (booking it, so that the next
+        action of that service sees it later), but never longer in all than running now would
+        take (ski rental: at most twice the better choice). An action with no option at all (too
+        few free GPUs, its service nowhere resident) ends the admitted prefix, so a big action is
+        not starved by small ones behind it."""
+        busy_until: dict[tuple[str, int], float] = {}
+        for g in self.running.values():
+            if g.action.pool == pool:
+                for u in g.unit_ids:
+                    busy_until[(g.host, u)] = g.est_end
+        plan = cast(ResidencyPlanner, mgr).residency_plan(now, self.heat(pool, now), busy_until)
+        chosen: list[tuple[Action, int]] = []
+
+        waiting = self.queue.waiting(pool)
+        units = max(1, mgr.total_units())
+        per_unit = 1.0 / units
+        same = dict(self._svc_waiting)
+        behind = 0
+        same_behind = 0
+
+        def cost(action: Action, o: PlacementOption) -> float:
+            # Own completion, plus what the choice costs the actions waiting behind it: in list
+            # scheduling each starts later by the unit-seconds placed ahead of it over the pool's
+            # units (the paper's objective counts them the same way). A restore's unit-seconds
+            # are shared by the backlog of its service, which the restored copy will serve.
+            d = action.model.duration(o.units)
+            own = max(0.0, o.ready_at - now) + o.restore_s + d + o.penalty_s
+            work = o.units * (d + o.restore_s / (1 + same_behind))
+            return own + behind * work * per_unit
+
+        for n, action in enumerate(self._order(pool, now)):
+            if n >= self.window or not plan.has_free():
+                break
+            # Only a backlog beyond what the pool runs at once competes for these units.
+            behind = max(0, waiting - n - 1 - units)
+            if action.service is not None:
+                same[action.service] = same.get(action.service, 1) - 1
+                same_behind = same[action.service]
+            else:
+                same_behind = 0
+            opts = plan.options(action)
+            if not opts:
+                break
+            best = min(opts, key=lambda o: cost(action, o))
+            ready = [o for o in opts if o.ready_at <= now]
+            best_now = min(ready, key=lambda o: cost(action, o)) if ready else None
+            if best.ready_at > now and (best_now is None or now - action.arrival < cost(action, best_now)):
+                plan.take(action, best, best.ready_at + action.model.duration(best.units))
+                continue
+            assert best_now is not None
+            plan.take(action, best_now, now + best_now.restore_s + action.model.duration(best_now.units))
+            chosen.append((action, best_now.units))
+        return self._commit(mgr, chosen, now, plan)
 
     def _defer(
         self, mgr: PoolManager, plan: list[tuple[Action, int]], now: float
