@@ -316,3 +316,26 @@ def test_an_interpreter_that_hijacks_its_control_socket_is_timed_out(agent: Agen
     finally:
         requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
     wait_until(lambda: processes_of(agent.uids) == [], what="the interpreter to be gone")
+
+
+def test_planted_fifo_and_links_in_a_session_cannot_stall_or_crash_uploads(agent: Agent) -> None:
+    """An action plants a FIFO where the caller will upload next (and a link and a file where
+    directories are expected): the upload is refused with a clear error; the agent never blocks on
+    opening the FIFO for writing (which would stall every request) and never answers 500."""
+    sid = agent.post("/v1/sessions", {}).json()["session_id"]
+    try:
+        plant = "mkfifo test_solution.py pipe && ln -s / up && touch plain"
+        assert agent.execute(plant, runtime="bash", session_id=sid)["status"] == "ok"
+        for path in ("pipe", "up/x", "plain/x"):
+            resp = requests.put(f"{agent.url}/v1/sessions/{sid}/files/{path}", data=b"x", timeout=10)
+            assert resp.status_code == 400, (path, resp.status_code, resp.text)
+            assert path.split("/")[0] in resp.json()["error"]
+        # The pytest runtime writes its test file into the session's workdir: the FIFO is refused too.
+        resp = agent.post(
+            "/v1/execute", {"runtime": "pytest", "code": "def test_x(): pass", "session_id": sid}
+        )
+        assert resp.status_code == 400, resp.text
+        assert "test_solution.py" in resp.json()["error"]
+        assert agent.execute("print('still serving')")["stdout"] == "still serving\n"
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
