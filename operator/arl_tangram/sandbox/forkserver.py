@@ -419,7 +419,9 @@ class ForkServer:
             interp = self._spawn_interp(msg)
         stdin_fd = self._stdin_fd(msg.get("stdin"))
         r_out, w_out, r_err, w_err = _output_pipes()
-        payload = marshal.dumps({"code": msg["code"]})
+        # The interpreter was forked for an earlier call: it takes this call's cores and environment
+        # (TANGRAM_CORES, TANGRAM_DOP...) itself before running the code.
+        payload = marshal.dumps({"code": msg["code"], "cores": msg["cores"], "env": msg["env"]})
         started = time.monotonic()
         try:
             # Bounded: an interpreter whose code stopped reading its control socket must not be able
@@ -996,6 +998,9 @@ def _interpreter_loop() -> NoReturn:
         for target, fd in zip((0, 1, 2), fds, strict=False):
             os.dup2(fd, target)
             os.close(fd)
+        if request.get("cores"):
+            os.sched_setaffinity(0, request["cores"])
+        os.environ.update(request.get("env") or {})
         code = _run_code(request["code"], namespace)
         _flush_std_streams()
         for target in (0, 1, 2):

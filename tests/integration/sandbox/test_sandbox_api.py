@@ -6,6 +6,7 @@ import base64
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import requests
 from sandbox_agent_harness import SECRET, Agent, agent, processes_of, wait_until
 
@@ -305,3 +306,19 @@ def test_concurrent_actions_never_share_a_core(agent: Agent) -> None:
         results = [f.result() for f in futures]
     assert samples > 0
     assert all(r["stdout"] == "done\n" and len(r["cores"]) == 1 for r in results)  # type: ignore[arg-type]
+
+
+def test_a_persistent_interpreter_runs_each_call_on_that_calls_cores(agent: Agent) -> None:
+    """The interpreter is forked once, but each call is granted its own cores: it must run on them
+    (and see them in TANGRAM_CORES), not on the first call's, which may be another action's now."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores to grant different ones")
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    probe = "import os\nprint(sorted(os.sched_getaffinity(0)), os.environ['TANGRAM_CORES'])"
+    try:
+        for core in (0, 1, 0):
+            body = agent.execute(probe, session_id=sid, cores=[core])
+            assert body["cores"] == [core]
+            assert body["stdout"] == f"[{core}] {core}\n"
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
