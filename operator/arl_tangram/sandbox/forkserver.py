@@ -862,13 +862,8 @@ def _child_main(
                 res = _RLIMITS[name]
                 resource.setrlimit(res, (value, value if name != "cpu" else value + 1))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        # The environment was made the action's in the fork server, just before the fork.
-        for rel, content in (msg.get("files") or {}).items():
-            parent = os.path.dirname(rel)
-            if parent:
-                os.makedirs(parent, exist_ok=True)
-            with open(rel, "wb") as fh:
-                fh.write(content)
+        # The environment was made the action's in the fork server, just before the fork; the
+        # request's files were written by the agent before the action was sent.
     except BaseException as exc:
         with _suppress(Exception):
             os.write(2, f"tangram: sandbox set-up failed: {exc.__class__.__name__}: {exc}\n".encode())
