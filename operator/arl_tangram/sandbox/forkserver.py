@@ -164,10 +164,11 @@ class Call:
 class Interp:
     """A session's persistent interpreter."""
 
-    __slots__ = ("alive", "call", "ctrl", "pid", "pidfd", "rbuf", "sid")
+    __slots__ = ("alive", "call", "ctrl", "pid", "pidfd", "rbuf", "sid", "uid")
 
-    def __init__(self, sid: str, pid: int, pidfd: int, ctrl: socket.socket) -> None:
+    def __init__(self, sid: str, pid: int, pidfd: int, ctrl: socket.socket, uid: int | None) -> None:
         self.sid = sid
+        self.uid = uid
         self.pid = pid
         self.pidfd = pidfd
         self.ctrl = ctrl
@@ -194,7 +195,6 @@ class ForkServer:
         self.outq: list[bytes] = []
         self.pool = CorePool(list(config.get("cores", [])))
         self.queue: deque[dict[str, Any]] = deque()
-        self.interp_uids: dict[str, int | None] = {}
 
     # ---- start-up ---------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -474,15 +474,14 @@ class ForkServer:
         parent.set_inheritable(False)
         child.close()
         parent.setblocking(False)
-        interp = Interp(sid=msg["sid"], pid=pid, pidfd=os.pidfd_open(pid), ctrl=parent)
-        self.interp_uids[interp.sid] = msg.get("uid")
+        interp = Interp(sid=msg["sid"], pid=pid, pidfd=os.pidfd_open(pid), ctrl=parent, uid=msg.get("uid"))
         self.interps[interp.sid] = interp
         self.sel.register(interp.pidfd, ("pidfd", interp))
         self.sel.register(parent.fileno(), ("ctrl", interp))
         return interp
 
     def _stop_interp(self, sid: str) -> None:
-        interp = self.interps.get(sid)
+        interp = self.interps.pop(sid, None)
         if interp is None:
             return
         if interp.alive:
@@ -492,11 +491,9 @@ class ForkServer:
             with _suppress(ChildProcessError):
                 os.waitpid(interp.pid, 0)
             self._interp_gone(interp, None)
-        self.interps.pop(sid, None)
-        uid = self.interp_uids.pop(sid, None)
-        if not self.iso.pid_namespace and uid is not None:
+        if not self.iso.pid_namespace and interp.uid is not None:
             # What the interpreter started, now that no namespace takes it down.
-            _kill_uid(uid, self._tracked_pids())
+            _kill_uid(interp.uid, self._tracked_pids())
 
     def _tracked_pids(self) -> set[int]:
         return {c.pid for c in self.calls.values()} | {i.pid for i in self.interps.values() if i.alive}
