@@ -354,7 +354,7 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=generate_latest(m.registry), content_type="text/plain", charset="utf-8")
 
 
-def build_app(config: AgentConfig, warnings_out: list[str] | None = None) -> web.Application:
+def build_app(config: AgentConfig) -> web.Application:
     """The aiohttp application; the executor starts and stops with it."""
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[_errors])
     executor = Executor(config)
@@ -365,8 +365,6 @@ def build_app(config: AgentConfig, warnings_out: list[str] | None = None) -> web
         warnings = await executor.start()
         for line in warnings:
             log.warning("sandbox isolation: %s", line)
-        if warnings_out is not None:
-            warnings_out.extend(warnings)
         yield
         await executor.close()
 
