@@ -87,12 +87,16 @@ class BadRequest(Exception):
         self.detail = detail
 
 
-async def _parse(request: web.Request, model: type[BaseModel]) -> Any:
+async def _read_body(request: web.Request) -> bytes:
     try:
-        raw = await request.read()
+        return await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         limit = request.app[EXECUTOR].config.max_body_bytes
         raise BadRequest(413, f"request body exceeds the limit of {limit} bytes") from exc
+
+
+async def _parse(request: web.Request, model: type[BaseModel]) -> Any:
+    raw = await _read_body(request)
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -300,11 +304,7 @@ async def put_file(request: web.Request) -> web.Response:
     executor = request.app[EXECUTOR]
     session = executor.get_session(request.match_info["sid"])
     path = request.match_info["path"]
-    try:
-        data = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        limit = request.app[EXECUTOR].config.max_body_bytes
-        raise BadRequest(413, f"request body exceeds the limit of {limit} bytes") from exc
+    data = await _read_body(request)
     if len(data) > executor.config.max_file_bytes:
         raise BadRequest(413, f"file exceeds the limit of {executor.config.max_file_bytes} bytes")
     workfiles.write_file(session.workdir, "path", path, data, session.uid)
