@@ -114,15 +114,23 @@ async def _parse(request: web.Request, model: type[BaseModel]) -> Any:
         raise BadRequest(422, f"invalid request: {summary}", detail) from exc
 
 
-def _decode_files(field: str, files: dict[str, str | None]) -> dict[str, bytes]:
+def _decode_files(files: dict[str, str] | dict[str, str | None]) -> dict[str, bytes]:
+    """A request's ``files`` (path -> base64), checked before anything runs."""
     out = {}
     for path, content in files.items():
-        workfiles.split_relpath(f"{field}[{path!r}]", path)
+        workfiles.split_relpath(f"files[{path!r}]", path)
         try:
             out[path] = base64.b64decode(content or "", validate=True)
         except (binascii.Error, ValueError) as exc:
-            raise InvalidSpec(f"{field}[{path!r}]", f"not valid base64: {exc}") from exc
+            raise InvalidSpec(f"files[{path!r}]", f"not valid base64: {exc}") from exc
     return out
+
+
+def _checked_fetch_files(paths: list[str]) -> list[str]:
+    """A request's ``fetch_files``, refused before the action runs when a path leaves the workdir."""
+    for path in paths:
+        workfiles.split_relpath(f"fetch_files[{path!r}]", path)
+    return paths
 
 
 def _error_response(status: int, message: str, extra: dict[str, Any] | None = None) -> web.Response:
@@ -186,12 +194,10 @@ async def execute(request: web.Request) -> web.Response:
         cores=body.cores,
         ncores=body.ncores,
         session_id=body.session_id,
-        files=_decode_files("files", dict(body.files)),
-        fetch_files=body.fetch_files,
+        files=_decode_files(body.files),
+        fetch_files=_checked_fetch_files(body.fetch_files),
         args=body.args,
     )
-    for path in spec.fetch_files:
-        workfiles.split_relpath(f"fetch_files[{path!r}]", path)
     result = await executor.run(spec)
     request.app[METRICS].record("native", body.runtime, result)
     return web.json_response(
@@ -225,16 +231,14 @@ async def run_code(request: web.Request) -> web.Response:
     if runtime is None or runtime not in executor.config.runtimes:
         offered = sorted(k for k, v in LANGUAGES.items() if v in executor.config.runtimes)
         raise InvalidSpec("language", f"unsupported language {body.language!r}; this pool offers {offered}")
-    for path in body.fetch_files:
-        workfiles.split_relpath(f"fetch_files[{path!r}]", path)
     spec = ActionSpec(
         runtime=runtime,
         code=body.code,
         stdin=body.stdin,
         timeout_s=body.run_timeout,
         memory_mb=body.memory_limit_MB if body.memory_limit_MB > 0 else None,
-        files=_decode_files("files", body.files),
-        fetch_files=body.fetch_files,
+        files=_decode_files(body.files),
+        fetch_files=_checked_fetch_files(body.fetch_files),
         args=body.args,
     )
     result = await executor.run(spec)
