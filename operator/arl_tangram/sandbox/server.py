@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hmac
 import json
 import logging
 import os
@@ -140,6 +141,12 @@ def _error_response(status: int, message: str, extra: dict[str, Any] | None = No
     return web.json_response(body, status=status)
 
 
+def _authorized(request: web.Request, token: str) -> bool:
+    # Constant-time: with --network-allowed the actions themselves can reach this port and time us.
+    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+    return hmac.compare_digest(given, f"Bearer {token}".encode())
+
+
 @web.middleware
 async def _errors(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -148,11 +155,7 @@ async def _errors(
     metrics = request.app[METRICS]
     run_code = request.path == "/run_code"
     config = request.app[EXECUTOR].config
-    if (
-        config.token
-        and request.path not in OPEN_PATHS
-        and request.headers.get("Authorization") != f"Bearer {config.token}"
-    ):
+    if config.token and request.path not in OPEN_PATHS and not _authorized(request, config.token):
         metrics.rejected.labels("unauthorized").inc()
         return _error_response(401, "missing or wrong bearer token")
     status, message, extra = 0, "", {}
