@@ -432,6 +432,11 @@ class Executor:
             outcome = "ok"
         else:
             outcome = "failed"
+        if reply.get("interp_stopped") and not message:
+            message = (
+                "the call left threads or processes running, so the session's interpreter was stopped "
+                "(its variables are gone; the next call starts a fresh one)"
+            )
         self.counts[outcome] += 1
         return ActionResult(
             outcome=outcome,

@@ -103,6 +103,7 @@ class Call:
         "id",
         "interp",
         "interp_restarted",
+        "interp_stopped",
         "max_rss_kb",
         "memory_limited",
         "open_pipes",
@@ -142,6 +143,7 @@ class Call:
         self.memory_limited = memory_limited
         self.interp = interp
         self.interp_restarted = interp_restarted
+        self.interp_stopped = False
         self.out = bytearray()
         self.err = bytearray()
         self.out_truncated = False
@@ -618,6 +620,15 @@ class ForkServer:
             call.ended_at = time.monotonic()
             call.exit_code = int(reply.get("exit_code", 1))
             call.max_rss_kb = _rss_kb(interp.pid)
+            if _has_company(interp.pid):
+                # Threads or processes the call left behind would run on after its answer, past its
+                # timeout and without a CPU limit, on cores handed to the next actions: stop the
+                # interpreter (its PID namespace takes them down); the next call gets a fresh one.
+                call.interp_stopped = True
+                with _suppress(OSError):
+                    signal.pidfd_send_signal(interp.pidfd, signal.SIGKILL)
+                if call.pgid_fallback and interp.uid is not None:
+                    _kill_uid(interp.uid, self._tracked_pids())
             if call.open_pipes:
                 heapq.heappush(self.timers, (call.ended_at + EOF_GRACE_S, call.id))
             self._maybe_finish(call)
@@ -677,6 +688,7 @@ class ForkServer:
             "memory_error": memory_error,
             "setup_error": call.exit_code == SETUP_FAILED and call.interp is None,
             "interp_restarted": call.interp_restarted,
+            "interp_stopped": call.interp_stopped,
             "workdir_removed": False,
             "cores": call.cores,
             "busy_cores": self.pool.busy,
@@ -707,6 +719,37 @@ def _output_pipes() -> tuple[int, int, int, int]:
     os.set_blocking(r_out, False)
     os.set_blocking(r_err, False)
     return r_out, w_out, r_err, w_err
+
+
+def _has_company(pid: int) -> bool:
+    """Whether the single-threaded interpreter ``pid`` now has other threads, or children that are
+    more than unreaped zombies. A thread the call joined may still be leaving the kernel's list for a
+    few microseconds after ``join`` returned: what is left is looked at again for a few ms (only
+    then, so the common call pays two reads of /proc)."""
+    deadline = time.monotonic() + 0.005
+    while _company_now(pid):
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.0005)
+    return False
+
+
+def _company_now(pid: int) -> bool:
+    try:
+        if len(os.listdir(f"/proc/{pid}/task")) > 1:
+            return True
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as fh:
+            children = fh.read().split()
+    except OSError:
+        return False  # it is gone already: its exit is reported through the pidfd
+    for child in children:
+        try:
+            with open(b"/proc/%s/stat" % child, "rb") as fh:
+                if fh.read().rsplit(b")", 1)[1].split()[0] != b"Z":
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def _rss_kb(pid: int) -> int | None:

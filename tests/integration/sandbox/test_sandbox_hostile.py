@@ -339,3 +339,31 @@ def test_planted_fifo_and_links_in_a_session_cannot_stall_or_crash_uploads(agent
         assert agent.execute("print('still serving')")["stdout"] == "still serving\n"
     finally:
         requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+
+
+def test_a_persistent_call_cannot_leave_threads_or_processes_running(agent: Agent) -> None:
+    """A session's interpreter outlives each call by design; what a call starts in it must not: a
+    spinning thread and a forked child would run on past the call's timeout, with no CPU limit,
+    on cores handed to other actions. Threads that were joined do not count."""
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    try:
+        joined = (
+            "import threading\nt = threading.Thread(target=sum, args=([1, 2],))\nt.start()\nt.join()\nx = 1"
+        )
+        assert agent.execute(joined, session_id=sid)["status"] == "ok"
+        assert agent.execute("print(x)", session_id=sid)["stdout"] == "1\n"
+        for leftover in (
+            "import threading\nspin = lambda: [0 for _ in iter(int, 1)]\n"
+            "threading.Thread(target=spin, daemon=True).start()",
+            "import os\nif os.fork() == 0:\n    while True:\n        pass",
+        ):
+            body = agent.execute(f"y = 2\n{leftover}\nprint('started')", session_id=sid, timeout_s=5)
+            assert body["status"] == "ok"
+            assert body["stdout"] == "started\n"
+            assert "interpreter was stopped" in str(body["message"])
+            wait_until(lambda: processes_of(agent.uids) == [], what="the leftovers to be killed")
+            again = agent.execute("print('y' in globals())", session_id=sid)
+            assert again["interpreter_restarted"] is True
+            assert again["stdout"] == "False\n"
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
