@@ -484,12 +484,15 @@ class ForkServer:
 
     def _stop_interp(self, sid: str) -> None:
         interp = self.interps.pop(sid, None)
-        if interp is None:
-            return
+        if interp is not None:
+            self._kill_interp(interp)
+
+    def _kill_interp(self, interp: Interp) -> None:
+        """Kill the interpreter and all it started, and reap it now: a closed session leaves no
+        process behind, and a stopped interpreter is known dead before the session's next call."""
         if interp.alive:
             with _suppress(OSError):
                 signal.pidfd_send_signal(interp.pidfd, signal.SIGKILL)
-            # Reaping now keeps the promise that a closed session leaves no process behind.
             with _suppress(ChildProcessError):
                 os.waitpid(interp.pid, 0)
             self._interp_gone(interp, None)
@@ -625,10 +628,7 @@ class ForkServer:
                 # timeout and without a CPU limit, on cores handed to the next actions: stop the
                 # interpreter (its PID namespace takes them down); the next call gets a fresh one.
                 call.interp_stopped = True
-                with _suppress(OSError):
-                    signal.pidfd_send_signal(interp.pidfd, signal.SIGKILL)
-                if call.pgid_fallback and interp.uid is not None:
-                    _kill_uid(interp.uid, self._tracked_pids())
+                self._kill_interp(interp)
             if call.open_pipes:
                 heapq.heappush(self.timers, (call.ended_at + EOF_GRACE_S, call.id))
             self._maybe_finish(call)
