@@ -100,7 +100,9 @@ async def _parse(request: web.Request, model: type[BaseModel]) -> Any:
     raw = await _read_body(request)
     try:
         data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:
+        # ValueError: bad syntax or encoding, and also an integer past Python's digit limit;
+        # RecursionError: nesting deeper than the decoder goes.
         raise BadRequest(400, f"malformed JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise BadRequest(422, f"the body must be a JSON object, not {type(data).__name__}")

@@ -170,6 +170,12 @@ def test_malformed_and_mistyped_requests(agent: Agent) -> None:
     assert agent.post("/v1/execute", {"code": "1", "session_id": "nope"}).status_code == 400
     assert agent.post("/v1/execute", {"code": "1", "memory_mb": 10**9}).status_code == 400
     assert agent.post("/run_code", {"code": "1", "language": "python", "run_timeout": -1}).status_code == 422
+    # Valid JSON syntax that the decoder still refuses: an integer of 5000 digits, nesting 100000 deep.
+    for raw in (b'{"code": "1", "ncores": 1' + b"0" * 5000 + b"}", b"[" * 100000 + b"]" * 100000):
+        for path in ("/v1/execute", "/run_code"):
+            resp = requests.post(agent.url + path, data=raw, timeout=10)
+            assert resp.status_code == 400, (path, resp.status_code, resp.text[:200])
+            assert resp.json()["error"].startswith("malformed JSON")
     assert agent.healthy()
 
 
