@@ -170,6 +170,19 @@ def test_malformed_and_mistyped_requests(agent: Agent) -> None:
     assert agent.post("/v1/execute", {"code": "1", "session_id": "nope"}).status_code == 400
     assert agent.post("/v1/execute", {"code": "1", "memory_mb": 10**9}).status_code == 400
     assert agent.post("/run_code", {"code": "1", "language": "python", "run_timeout": -1}).status_code == 422
+    # Lone surrogates are valid JSON escapes but no text: refused naming the field, before anything
+    # tries to encode them.
+    lone = "\ud800"
+    for path, body in (
+        ("/v1/execute", {"code": "1", "stdin": lone}),
+        ("/v1/execute", {"code": lone, "runtime": "bash"}),
+        ("/v1/execute", {"code": "1", "fetch_files": [lone]}),
+        ("/v1/execute", {"code": "1", "files": {lone: ""}}),
+        ("/run_code", {"code": lone, "language": "pytest"}),
+    ):
+        resp = agent.post(path, body)
+        assert resp.status_code == 422, (body, resp.status_code, resp.text[:200])
+        assert "surrogate" in resp.json()["error"], resp.text
     # Valid JSON syntax that the decoder still refuses: an integer of 5000 digits, nesting 100000 deep.
     for raw in (b'{"code": "1", "ncores": 1' + b"0" * 5000 + b"}", b"[" * 100000 + b"]" * 100000):
         for path in ("/v1/execute", "/run_code"):
