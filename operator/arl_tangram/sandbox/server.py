@@ -15,6 +15,7 @@ full for now. Nothing the caller sends can make the handler answer 500 on purpos
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hmac
@@ -299,7 +300,10 @@ async def create_session(request: web.Request) -> web.Response:
 
 async def get_session(request: web.Request) -> web.Response:
     """``GET /v1/sessions/{id}``: its state and the memory it accounts for."""
-    return web.json_response(request.app[EXECUTOR].get_session(request.match_info["sid"]).describe())
+    session = request.app[EXECUTOR].get_session(request.match_info["sid"])
+    # Off the event loop: describing walks the workdir, which the session's code may have filled
+    # with a million files.
+    return web.json_response(await asyncio.to_thread(session.describe))
 
 
 async def close_session(request: web.Request) -> web.Response:
