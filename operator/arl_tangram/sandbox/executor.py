@@ -328,10 +328,10 @@ class Executor:
             cores, reply = await self._dispatch(self._pick_server(), msg)
             files = self._fetch(workdir, spec.fetch_files)
         finally:
+            if not (reply or {}).get("workdir_removed"):
+                self._discard_workdir(workdir, uid)
             if uid is not None:
                 self._uids.append(uid)
-            if self._janitor is not None and not (reply or {}).get("workdir_removed"):
-                self._janitor.remove(workdir)
         return self._result(reply, cores, files, None, timeout_s)
 
     async def _run_in_session(
@@ -456,6 +456,17 @@ class Executor:
             message=message,
         )
 
+    def _discard_workdir(self, workdir: str, uid: int | None) -> None:
+        """Hand a workdir to the janitor, first out of reach of ``uid``, which goes back to the pool
+        now: whoever gets it next must not walk into what the last holder left (workdir names are
+        guessable, and a tree of many files may keep the janitor busy for seconds)."""
+        if uid is not None:
+            workfiles.seal(workdir)
+        if self._janitor is not None:
+            self._janitor.remove(workdir)
+        else:
+            workfiles.remove_tree(workdir)
+
     # ---- sessions ---------------------------------------------------------------------------------
     async def create_session(
         self, persistent: bool = False, ttl_s: float | None = None, memory_mb: int | None = None
@@ -505,7 +516,7 @@ class Executor:
         async with session.lock:
             if session.persistent and session.server.alive:
                 await session.server.call({"op": "interp_stop", "id": next_id(), "sid": sid})
-        workfiles.remove_tree(session.workdir)
+        self._discard_workdir(session.workdir, session.uid)
         if session.uid is not None:
             self._session_uids.append(session.uid)
 

@@ -125,6 +125,20 @@ def make_workdir(path: str, uid: int | None) -> None:
         os.chown(path, uid, uid)
 
 
+def seal(path: str) -> None:
+    """Make a workdir root's own and private (0700): its former owner can no longer enter it, even
+    after having opened its mode. Gone already is fine."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        os.fchown(fd, 0, 0)
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+
+
 def remove_tree(path: str) -> None:
     """Remove a workdir, whatever its untrusted owner left in it (modes, links are not followed)."""
     shutil.rmtree(path, ignore_errors=True)

@@ -60,6 +60,19 @@ def test_reading_never_follows_links_out(tmp_path: Path) -> None:
     assert (tmp_path / "secret").read_text() == "s"
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a directory's owner needs root")
+def test_a_discarded_workdir_is_sealed_from_its_former_owner(tmp_path: Path) -> None:
+    """The uid goes back to the pool before the janitor has removed the tree: its next holder must
+    find the former workdir closed, even if the action had opened its mode."""
+    work = tmp_path / "a1"
+    workfiles.make_workdir(str(work), uid=40001)
+    os.chmod(work, 0o777)  # as the action itself may
+    workfiles.seal(str(work))
+    info = work.stat()
+    assert (info.st_uid, info.st_mode & 0o777) == (0, 0o700)
+    workfiles.seal(str(tmp_path / "gone"))  # already removed: nothing to do
+
+
 def test_writing_refuses_planted_fifos_links_and_files_without_blocking(tmp_path: Path) -> None:
     """What untrusted code may leave in a session's workdir where the caller uploads next. Opening
     the FIFO for writing used to block (forever: nobody reads it), here and on the agent's loop."""
