@@ -5,7 +5,7 @@ Routes
 - ``POST /v1/sessions``, ``GET|DELETE /v1/sessions/{id}``: sessions (one per trajectory).
 - ``PUT|GET /v1/sessions/{id}/files/{path}``: upload / download a file of a session's workdir.
 - ``POST /run_code``: SandboxFusion-compatible; ``GET /v1/ping`` answers ``pong`` as SandboxFusion does.
-- ``GET /v1/health`` (also ``/healthz``): the fork servers run; isolation in force; cores and sessions.
+- ``GET /v1/health`` (also ``/healthz``): the fork server runs; isolation in force; cores and sessions.
 - ``GET /metrics``: Prometheus text format.
 
 Every bad request gets a JSON body naming the problem: 400 for malformed JSON or an invalid value,
@@ -336,7 +336,7 @@ async def get_file(request: web.Request) -> web.StreamResponse:
 
 
 async def health(request: web.Request) -> web.Response:
-    """``GET /v1/health``: 200 when every fork server runs, else 503."""
+    """``GET /v1/health``: 200 when the fork server runs, else 503."""
     executor = request.app[EXECUTOR]
     ok = executor.healthy
     return web.json_response(

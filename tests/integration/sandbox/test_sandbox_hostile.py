@@ -262,6 +262,8 @@ def test_a_mixed_series_of_hostile_actions_leaks_nothing(agent: Agent) -> None:
 
 
 def test_a_lost_fork_server_is_replaced(agent: Agent) -> None:
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    assert agent.execute("x = 1", session_id=sid)["status"] == "ok"
     children = [
         int(p)
         for p in os.listdir("/proc")
@@ -273,6 +275,12 @@ def test_a_lost_fork_server_is_replaced(agent: Agent) -> None:
     results = [agent.execute("print(6*7)")["stdout"] for _ in range(4)]
     assert results == ["42\n"] * 4
     assert agent.healthy()
+    # The session's interpreter died with its fork server: the session says so rather than
+    # silently answering from a fresh one.
+    again = agent.execute("print('x' in globals())", session_id=sid)
+    assert (again["stdout"], again["interpreter_restarted"]) == ("False\n", True)
+    assert agent.execute("print('x' in globals())", session_id=sid)["interpreter_restarted"] is False
+    requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
 
 
 def _parent_of(pid: int) -> int:
