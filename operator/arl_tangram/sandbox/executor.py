@@ -296,6 +296,18 @@ class Executor:
             if session is None or session.closed:
                 raise InvalidSpec("session_id", f"no open session {spec.session_id!r} on this host")
         want: int | frozenset[int] = frozenset(spec.cores) if spec.cores else spec.ncores
+        if (
+            session is not None
+            and session.persistent
+            and spec.runtime == "python"
+            and spec.memory_mb not in (None, session.memory_mb)
+        ):
+            # The interpreter is limited once, when it starts; a call cannot change that.
+            raise InvalidSpec(
+                "memory_mb",
+                f"a persistent session's interpreter has the session's memory limit "
+                f"({session.memory_mb} MB); set memory_mb when creating the session",
+            )
         memory_mb = spec.memory_mb if spec.memory_mb is not None else (session.memory_mb if session else None)
         timeout, limits = self._limits(spec, memory_mb)
         # Validate the grant before queueing for it.

@@ -322,3 +322,20 @@ def test_a_persistent_interpreter_runs_each_call_on_that_calls_cores(agent: Agen
             assert body["stdout"] == f"[{core}] {core}\n"
     finally:
         requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+
+
+def test_a_persistent_interpreter_has_the_sessions_memory_limit(agent: Agent) -> None:
+    """The interpreter is limited once, when its first call starts it: a call may not give it
+    another limit (the first one used to set it for the whole session)."""
+    sid = agent.post("/v1/sessions", {"persistent": True, "memory_mb": 256}).json()["session_id"]
+    try:
+        resp = agent.post("/v1/execute", {"code": "1", "session_id": sid, "memory_mb": 4096})
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["field"] == "memory_mb"
+        probe = "import resource\nprint(resource.getrlimit(resource.RLIMIT_AS)[0] >> 20)"
+        assert agent.execute(probe, session_id=sid, memory_mb=256)["stdout"] == "256\n"
+        # Plain actions of the session run in their own process and may set their own limit.
+        bash = agent.execute("ulimit -v", runtime="bash", session_id=sid, memory_mb=512)
+        assert bash["stdout"] == f"{512 * 1024}\n"
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
