@@ -475,7 +475,10 @@ class Executor:
         now: whoever gets it next must not walk into what the last holder left (workdir names are
         guessable, and a tree of many files may keep the janitor busy for seconds)."""
         if uid is not None:
-            workfiles.seal(workdir)
+            try:
+                workfiles.seal(workdir)
+            except OSError as exc:  # never lose the uid over it: the janitor still removes the tree
+                log.warning("could not seal workdir %s from uid %d: %s", workdir, uid, exc)
         if self._janitor is not None:
             self._janitor.remove(workdir)
         else:
