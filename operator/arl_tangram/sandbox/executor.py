@@ -448,8 +448,8 @@ class Executor:
             outcome = "failed"
         if reply.get("interp_stopped") and not message:
             message = (
-                "the call left threads or processes running, so the session's interpreter was stopped "
-                "(its variables are gone; the next call starts a fresh one)"
+                "the call left processes running, so the session's interpreter was stopped (its "
+                "variables are gone; the next call starts a fresh one)"
             )
         self.counts[outcome] += 1
         return ActionResult(

@@ -166,7 +166,7 @@ class Call:
 class Interp:
     """A session's persistent interpreter."""
 
-    __slots__ = ("alive", "call", "ctrl", "pid", "pidfd", "rbuf", "sid", "uid")
+    __slots__ = ("alive", "call", "ctrl", "frozen", "pid", "pidfd", "rbuf", "sid", "uid")
 
     def __init__(self, sid: str, pid: int, pidfd: int, ctrl: socket.socket, uid: int | None) -> None:
         self.sid = sid
@@ -177,6 +177,7 @@ class Interp:
         self.rbuf = bytearray()
         self.call: Call | None = None
         self.alive = True
+        self.frozen = False  # stopped (SIGSTOP) between calls: it keeps threads of its own
 
 
 class ForkServer:
@@ -419,6 +420,8 @@ class ForkServer:
         if interp is None or not interp.alive:
             restarted = interp is not None
             interp = self._spawn_interp(msg)
+        elif interp.frozen:
+            self._thaw(interp, msg["cores"])
         stdin_fd = self._stdin_fd(msg.get("stdin"))
         r_out, w_out, r_err, w_err = _output_pipes()
         # The interpreter was forked for an earlier call: it takes this call's cores and environment
@@ -499,6 +502,29 @@ class ForkServer:
         if not self.iso.pid_namespace and interp.uid is not None:
             # What the interpreter started, now that no namespace takes it down.
             _kill_uid(interp.uid, self._tracked_pids())
+
+    def _freeze(self, interp: Interp) -> str | None:
+        """SIGSTOP the interpreter and wait until every thread has stopped (a thread may have
+        forked meanwhile: its company is looked at once more). ``"processes"`` when it must go."""
+        with _suppress(OSError):
+            signal.pidfd_send_signal(interp.pidfd, signal.SIGSTOP)
+        deadline = time.monotonic() + 0.05
+        while not _all_stopped(interp.pid):
+            if time.monotonic() >= deadline:
+                return "processes"
+            time.sleep(0.0002)
+        interp.frozen = True
+        return _company_now(interp.pid)
+
+    def _thaw(self, interp: Interp, cores: list[int]) -> None:
+        """Move every thread of a frozen interpreter to the call's cores, then let it run."""
+        with _suppress(OSError):
+            for tid in os.listdir(f"/proc/{interp.pid}/task"):
+                with _suppress(OSError):
+                    os.sched_setaffinity(int(tid), cores)
+        with _suppress(OSError):
+            signal.pidfd_send_signal(interp.pidfd, signal.SIGCONT)
+        interp.frozen = False
 
     def _tracked_pids(self) -> set[int]:
         return {c.pid for c in self.calls.values()} | {i.pid for i in self.interps.values() if i.alive}
@@ -623,10 +649,16 @@ class ForkServer:
             call.ended_at = time.monotonic()
             call.exit_code = int(reply.get("exit_code", 1))
             call.max_rss_kb = _rss_kb(interp.pid)
-            if _has_company(interp.pid):
-                # Threads or processes the call left behind would run on after its answer, past its
-                # timeout and without a CPU limit, on cores handed to the next actions: stop the
-                # interpreter (its PID namespace takes them down); the next call gets a fresh one.
+            # What the call left running in the interpreter would run on after its answer, past
+            # its timeout and without a CPU limit, on cores handed to the next actions.
+            company = _company(interp.pid)
+            if company == "threads":
+                # Threads (a BLAS pool, an executor) are part of the session's state: the whole
+                # interpreter is stopped until its next call, which moves them to its own cores.
+                company = self._freeze(interp)
+            if company == "processes":
+                # A process may have left its session: stop the interpreter (its PID namespace
+                # takes the rest down); the next call gets a fresh one.
                 call.interp_stopped = True
                 self._kill_interp(interp)
             if call.open_pipes:
@@ -721,35 +753,51 @@ def _output_pipes() -> tuple[int, int, int, int]:
     return r_out, w_out, r_err, w_err
 
 
-def _has_company(pid: int) -> bool:
-    """Whether the single-threaded interpreter ``pid`` now has other threads, or children that are
-    more than unreaped zombies. A thread the call joined may still be leaving the kernel's list for a
-    few microseconds after ``join`` returned: what is left is looked at again for a few ms (only
-    then, so the common call pays two reads of /proc)."""
+def _company(pid: int) -> str | None:
+    """What the interpreter ``pid`` runs beside its main thread once a call has answered:
+    ``"processes"`` (children that are more than unreaped zombies), ``"threads"``, or ``None``.
+    A thread the call joined may still be leaving the kernel's list for a few microseconds after
+    ``join`` returned: threads are looked at again for a few ms (only then, so the common call pays
+    two reads of /proc)."""
     deadline = time.monotonic() + 0.005
-    while _company_now(pid):
-        if time.monotonic() >= deadline:
-            return True
+    while True:
+        found = _company_now(pid)
+        if found != "threads" or time.monotonic() >= deadline:
+            return found
         time.sleep(0.0005)
-    return False
 
 
-def _company_now(pid: int) -> bool:
+def _company_now(pid: int) -> str | None:
     try:
-        if len(os.listdir(f"/proc/{pid}/task")) > 1:
-            return True
-        with open(f"/proc/{pid}/task/{pid}/children", "rb") as fh:
-            children = fh.read().split()
+        tasks = os.listdir(f"/proc/{pid}/task")
+        children: list[bytes] = []
+        for tid in tasks:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                children += fh.read().split()
     except OSError:
-        return False  # it is gone already: its exit is reported through the pidfd
+        return None  # it is gone already: its exit is reported through the pidfd
     for child in children:
-        try:
-            with open(b"/proc/%s/stat" % child, "rb") as fh:
-                if fh.read().rsplit(b")", 1)[1].split()[0] != b"Z":
-                    return True
-        except OSError:
-            continue
-    return False
+        if _state(b"/proc/%s/stat" % child) not in (b"Z", b""):
+            return "processes"
+    return "threads" if len(tasks) > 1 else None
+
+
+def _state(stat_path: bytes | str) -> bytes:
+    """The state letter in a /proc stat file (b"" when it is gone)."""
+    try:
+        with open(stat_path, "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return b""
+
+
+def _all_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (or already exiting)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    return all(_state(f"/proc/{pid}/task/{tid}/stat") in (b"T", b"t", b"Z", b"X", b"") for tid in tasks)
 
 
 def _rss_kb(pid: int) -> int | None:

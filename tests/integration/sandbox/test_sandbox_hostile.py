@@ -368,29 +368,56 @@ def test_planted_fifo_and_links_in_a_session_cannot_stall_or_crash_uploads(agent
         requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
 
 
-def test_a_persistent_call_cannot_leave_threads_or_processes_running(agent: Agent) -> None:
-    """A session's interpreter outlives each call by design; what a call starts in it must not: a
-    spinning thread and a forked child would run on past the call's timeout, with no CPU limit,
-    on cores handed to other actions. Threads that were joined do not count."""
+def test_a_persistent_call_cannot_leave_processes_running(agent: Agent) -> None:
+    """A session's interpreter outlives each call by design; a process a call starts in it must
+    not: it would run on past the call's timeout, with no CPU limit, on cores handed to other
+    actions. The interpreter is stopped (its PID namespace takes the process down)."""
     sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
     try:
-        joined = (
-            "import threading\nt = threading.Thread(target=sum, args=([1, 2],))\nt.start()\nt.join()\nx = 1"
-        )
-        assert agent.execute(joined, session_id=sid)["status"] == "ok"
-        assert agent.execute("print(x)", session_id=sid)["stdout"] == "1\n"
-        for leftover in (
-            "import threading\nspin = lambda: [0 for _ in iter(int, 1)]\n"
-            "threading.Thread(target=spin, daemon=True).start()",
-            "import os\nif os.fork() == 0:\n    while True:\n        pass",
-        ):
-            body = agent.execute(f"y = 2\n{leftover}\nprint('started')", session_id=sid, timeout_s=5)
-            assert body["status"] == "ok"
-            assert body["stdout"] == "started\n"
-            assert "interpreter was stopped" in str(body["message"])
-            wait_until(lambda: processes_of(agent.uids) == [], what="the leftovers to be killed")
-            again = agent.execute("print('y' in globals())", session_id=sid)
-            assert again["interpreter_restarted"] is True
-            assert again["stdout"] == "False\n"
+        leftover = "import os\nif os.fork() == 0:\n    while True:\n        pass"
+        body = agent.execute(f"y = 2\n{leftover}\nprint('started')", session_id=sid, timeout_s=5)
+        assert body["status"] == "ok"
+        assert body["stdout"] == "started\n"
+        assert "interpreter was stopped" in str(body["message"])
+        wait_until(lambda: processes_of(agent.uids) == [], what="the leftovers to be killed")
+        again = agent.execute("print('y' in globals())", session_id=sid)
+        assert again["interpreter_restarted"] is True
+        assert again["stdout"] == "False\n"
     finally:
         requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+
+
+def test_threads_a_persistent_call_leaves_run_only_during_calls_on_their_cores(agent: Agent) -> None:
+    """Threads are the interpreter's own state (a BLAS pool, an executor): the interpreter keeps
+    them, but is stopped between calls, and each call moves every thread to its own cores. A thread
+    the call joined leaves nothing to stop."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores to grant different ones")
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    try:
+        joined = "import threading\nt = threading.Thread(target=sum, args=([1, 2],))\nt.start()\nt.join()"
+        assert agent.execute(joined, session_id=sid)["status"] == "ok"
+        # Not stopped: it waits for its next call (once its reply is sent, it is about to).
+        wait_until(
+            lambda: [_state(pid) for pid in processes_of(agent.uids)] == ["S"], what="a waiting interpreter"
+        )
+        spin = (
+            "import threading\nticks = [0]\n"
+            "def spin():\n    while True:\n        ticks[0] += 1\n"
+            "threading.Thread(target=spin, daemon=True).start()\nprint('started')"
+        )
+        body = agent.execute(spin, session_id=sid, cores=[0])
+        assert (body["status"], body["stdout"], body["message"]) == ("ok", "started\n", "")
+        # Stopped between calls: the spinning thread cannot take a core from anyone.
+        assert [_state(pid) for pid in processes_of(agent.uids)] == ["T"]
+        probe = (
+            "import os\nprint(threading.active_count(), "
+            "{open(f'/proc/self/task/{t}/status').read().split('Cpus_allowed_list:')[1].split()[0] "
+            "for t in os.listdir('/proc/self/task')})"
+        )
+        again = agent.execute(probe, session_id=sid, cores=[1])
+        assert again["interpreter_restarted"] is False
+        assert again["stdout"] == "2 {'1'}\n"
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+    wait_until(lambda: processes_of(agent.uids) == [], what="the interpreter to be gone")
