@@ -514,7 +514,7 @@ class ForkServer:
                 return "processes"
             time.sleep(0.0002)
         interp.frozen = True
-        return _company_now(interp.pid)
+        return _company(interp.pid)
 
     def _thaw(self, interp: Interp, cores: list[int]) -> None:
         """Move every thread of a frozen interpreter to the call's cores, then let it run."""
@@ -756,18 +756,8 @@ def _output_pipes() -> tuple[int, int, int, int]:
 def _company(pid: int) -> str | None:
     """What the interpreter ``pid`` runs beside its main thread once a call has answered:
     ``"processes"`` (children that are more than unreaped zombies), ``"threads"``, or ``None``.
-    A thread the call joined may still be leaving the kernel's list for a few microseconds after
-    ``join`` returned: threads are looked at again for a few ms (only then, so the common call pays
-    two reads of /proc)."""
-    deadline = time.monotonic() + 0.005
-    while True:
-        found = _company_now(pid)
-        if found != "threads" or time.monotonic() >= deadline:
-            return found
-        time.sleep(0.0005)
-
-
-def _company_now(pid: int) -> str | None:
+    (A thread the call joined may still be leaving the kernel's list: it is frozen with the rest,
+    which costs nothing.)"""
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
         children: list[bytes] = []

@@ -389,18 +389,16 @@ def test_a_persistent_call_cannot_leave_processes_running(agent: Agent) -> None:
 
 def test_threads_a_persistent_call_leaves_run_only_during_calls_on_their_cores(agent: Agent) -> None:
     """Threads are the interpreter's own state (a BLAS pool, an executor): the interpreter keeps
-    them, but is stopped between calls, and each call moves every thread to its own cores. A thread
-    the call joined leaves nothing to stop."""
+    them, but is stopped between calls, and each call moves every thread to its own cores."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two cores to grant different ones")
     sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
     try:
-        joined = "import threading\nt = threading.Thread(target=sum, args=([1, 2],))\nt.start()\nt.join()"
-        assert agent.execute(joined, session_id=sid)["status"] == "ok"
-        # Not stopped: it waits for its next call (once its reply is sent, it is about to).
-        wait_until(
-            lambda: [_state(pid) for pid in processes_of(agent.uids)] == ["S"], what="a waiting interpreter"
+        joined = (
+            "import threading\nt = threading.Thread(target=sum, args=([1, 2],))\nt.start()\nt.join()\nx = 1"
         )
+        assert agent.execute(joined, session_id=sid)["status"] == "ok"
+        assert agent.execute("print(x)", session_id=sid)["stdout"] == "1\n"
         spin = (
             "import threading\nticks = [0]\n"
             "def spin():\n    while True:\n        ticks[0] += 1\n"
