@@ -73,7 +73,7 @@ class SandboxHostTemplate(TangramModel):
         max_length=MAX_IMAGE_LENGTH,
         pattern=r"^\S+$",
         description="Container image of the sandbox host (runs `tangram sandbox-agent`), "
-        "e.g. ghcr.io/arl-tangram/sandbox-python:0.1.0. In dedicated mode, the image used when an "
+        "e.g. arl-tangram-sandbox:0.1.0. In dedicated mode, the image used when an "
         "action does not name one.",
     )
     image_pull_policy: PullPolicy = Field(

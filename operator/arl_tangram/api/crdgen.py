@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,12 @@ def _condition_columns(type_: str) -> list[Column]:
 
 
 AGE = Column("Age", ".metadata.creationTimestamp", "date", "Time since creation.")
+# The /scale subresource of the kinds an HPA or KEDA may size: spec.replicas, status.replicas/selector.
+REPLICAS_SCALE = {
+    "specReplicasPath": ".spec.replicas",
+    "statusReplicasPath": ".status.replicas",
+    "labelSelectorPath": ".status.selector",
+}
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,6 @@ class Kind:
     short_names: tuple[str, ...]
     columns: tuple[Column, ...]
     scale: dict[str, str] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -107,11 +112,7 @@ KINDS: tuple[Kind, ...] = (
             Column("Image", ".spec.template.image", "string", "Sandbox host image.", priority=1),
             AGE,
         ),
-        scale={
-            "specReplicasPath": ".spec.replicas",
-            "statusReplicasPath": ".status.replicas",
-            "labelSelectorPath": ".status.selector",
-        },
+        scale=REPLICAS_SCALE,
     ),
     Kind(
         model=RewardModelService,
@@ -127,11 +128,7 @@ KINDS: tuple[Kind, ...] = (
             Column("Model", ".spec.model.name", "string", "Served model.", priority=1),
             AGE,
         ),
-        scale={
-            "specReplicasPath": ".spec.replicas",
-            "statusReplicasPath": ".status.replicas",
-            "labelSelectorPath": ".status.selector",
-        },
+        scale=REPLICAS_SCALE,
     ),
     Kind(
         model=ActionBatch,

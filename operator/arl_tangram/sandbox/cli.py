@@ -28,7 +28,8 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command's options."""
+    """The command's options; their defaults are ``AgentConfig``'s and ``Limits``'s own."""
+    d, lim = AgentConfig, Limits
     p = argparse.ArgumentParser(prog="tangram sandbox-agent", description=__doc__)
     p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT to serve on (default %(default)s)")
     p.add_argument("--cores", help="cores this agent hands out, e.g. 0-7 (default: all it may use)")
@@ -48,22 +49,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--uid-base",
         type=int,
-        default=40000,
+        default=d.uid_base,
         help="first uid given to actions (as root); agents sharing a host need disjoint ranges "
         "of max-concurrent + max-sessions uids",
     )
-    p.add_argument("--max-concurrent", type=int, default=256, help="actions running at once (uids kept)")
-    p.add_argument("--max-sessions", type=int, default=1024)
-    p.add_argument("--session-ttl", type=float, default=1800.0, help="idle seconds before a session closes")
-    p.add_argument("--timeout", type=float, default=10.0, help="default wall-clock limit per action (s)")
-    p.add_argument("--max-timeout", type=float, default=300.0)
-    p.add_argument("--memory-mb", type=int, default=1024, help="default address-space limit per action")
-    p.add_argument("--max-memory-mb", type=int, default=8192)
-    p.add_argument("--nproc", type=int, default=128, help="processes (and threads) per action")
-    p.add_argument("--nofile", type=int, default=256, help="open files per process")
-    p.add_argument("--fsize-mb", type=int, default=64, help="largest file an action may write")
-    p.add_argument("--output-bytes", type=int, default=1 << 20, help="cap on stdout and on stderr")
-    p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body")
+    p.add_argument(
+        "--max-concurrent", type=int, default=d.max_concurrent, help="actions running at once (uids kept)"
+    )
+    p.add_argument("--max-sessions", type=int, default=d.max_sessions)
+    p.add_argument(
+        "--session-ttl", type=float, default=d.session_ttl_s, help="idle seconds before a session closes"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=lim.timeout_s, help="default wall-clock limit per action (s)"
+    )
+    p.add_argument("--max-timeout", type=float, default=lim.max_timeout_s)
+    p.add_argument(
+        "--memory-mb", type=int, default=lim.memory_mb, help="default address-space limit per action"
+    )
+    p.add_argument("--max-memory-mb", type=int, default=lim.max_memory_mb)
+    p.add_argument("--nproc", type=int, default=lim.nproc, help="processes (and threads) per action")
+    p.add_argument("--nofile", type=int, default=lim.nofile, help="open files per process")
+    p.add_argument("--fsize-mb", type=int, default=lim.fsize_mb, help="largest file an action may write")
+    p.add_argument("--output-bytes", type=int, default=lim.output_bytes, help="cap on stdout and on stderr")
+    p.add_argument(
+        "--max-body-mb", type=float, default=d.max_body_bytes / (1 << 20), help="largest request body"
+    )
     p.add_argument(
         "--token",
         default=os.environ.get("TANGRAM_AGENT_TOKEN"),

@@ -85,7 +85,9 @@ class Session:
     persistent: bool
     ttl_s: float
     memory_mb: int
-    server: ForkServerClient
+    # The fork server its persistent interpreter lives in, once it has one: when that fork server
+    # is lost and replaced, so are the interpreter and its variables.
+    interp_server: ForkServerClient | None = None
     created: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -145,7 +147,7 @@ class Executor:
         # Validation and reporting only: the fork server owns the pool (see cores.py).
         self.cores = CorePool(config.cores)
         self.cores_busy = 0
-        self.servers: list[ForkServerClient] = []
+        self.server: ForkServerClient | None = None
         self.sessions: dict[str, Session] = {}
         self.isolation: dict[str, Any] = {}
         self.root = config.workdir_root
@@ -162,7 +164,7 @@ class Executor:
 
     # ---- life cycle -------------------------------------------------------------------------------
     async def start(self) -> list[str]:
-        """Create the workdir root, start the fork servers; returns the isolation warnings."""
+        """Create the workdir root, start the fork server; returns the isolation warnings."""
         self.root = _prepare_root(self.root)
         if self.run_as_root:
             base = self.config.uid_base
@@ -180,17 +182,15 @@ class Executor:
         # One fork server owns all the cores, so that it alone decides when an action may start.
         # It forks about a thousand actions a second here; a host with many more cores than that
         # keeps busy would split its cores among several (not needed on the pools we run).
-        self.servers = [ForkServerClient(fs_config)]
-        for server in self.servers:
-            server.group = self.servers
-        hellos = await asyncio.gather(*(s.start() for s in self.servers))
-        self.isolation = hellos[0]["isolation"]
+        self.server = ForkServerClient(fs_config)
+        hello = await self.server.start()
+        self.isolation = hello["isolation"]
         self._janitor = Janitor()
         self._reaper = asyncio.create_task(self._expire_sessions())
         return _isolation_warnings(self.isolation)
 
     async def close(self) -> None:
-        """Close every session, stop the fork servers (their actions die with them), clean up."""
+        """Close every session, stop the fork server (its actions die with it), clean up."""
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -198,36 +198,32 @@ class Executor:
         for sid in list(self.sessions):
             with contextlib.suppress(Exception):
                 await self.close_session(sid)
-        await asyncio.gather(*(s.close() for s in self.servers), return_exceptions=True)
+        if self.server is not None:
+            with contextlib.suppress(Exception):
+                await self.server.close()
         if self._janitor is not None:
             self._janitor.stop()
         workfiles.remove_tree(self.root)
 
     @property
     def healthy(self) -> bool:
-        """Every fork server is running."""
-        return bool(self.servers) and all(s.alive for s in self.servers)
+        """The fork server is running."""
+        return self.server is not None and self.server.alive
 
-    def _pick_server(self) -> ForkServerClient:
-        alive = [s for s in self.servers if s.alive]
-        if not alive:
-            raise NotReady("no fork server is running; restarting them", delay=1.0)
-        return min(alive, key=lambda s: s.in_flight)
+    def _live_server(self) -> ForkServerClient:
+        if self.server is None or not self.server.alive:
+            raise NotReady("the fork server is not running; restarting it", delay=1.0)
+        return self.server
 
-    async def _replace_dead_servers(self) -> None:
-        """Start a new fork server for each one that died (the agent keeps serving)."""
-        for i, server in enumerate(self.servers):
-            if server.alive:
-                continue
-            log.warning("fork server %d exited; starting a new one", i)
-            fresh = ForkServerClient(server.config)
-            fresh.group = self.servers
-            self.servers[i] = fresh
-            await server.close()
-            await fresh.start()
-            for session in self.sessions.values():
-                if session.server is server:
-                    session.server = fresh
+    async def _replace_dead_server(self) -> None:
+        """Start a new fork server if the last one died (the agent keeps serving)."""
+        old = self.server
+        if old is None or old.alive:
+            return
+        log.warning("the fork server exited; starting a new one")
+        self.server = ForkServerClient(old.config)
+        await old.close()
+        await self.server.start()
 
     # ---- actions ----------------------------------------------------------------------------------
     def _check_runtime(self, runtime: str) -> None:
@@ -289,9 +285,9 @@ class Executor:
     async def run(self, spec: ActionSpec) -> ActionResult:
         """Run one action to completion (or timeout) and describe what happened."""
         self._check_runtime(spec.runtime)
-        if not all(s.alive for s in self.servers):
+        if not self.healthy:
             async with self._restart_lock:
-                await self._replace_dead_servers()
+                await self._replace_dead_server()
         if spec.runtime == "pytest":
             spec.files = {**spec.files, PYTEST_FILE: spec.code.encode()}
         session = None
@@ -300,6 +296,18 @@ class Executor:
             if session is None or session.closed:
                 raise InvalidSpec("session_id", f"no open session {spec.session_id!r} on this host")
         want: int | frozenset[int] = frozenset(spec.cores) if spec.cores else spec.ncores
+        if (
+            session is not None
+            and session.persistent
+            and spec.runtime == "python"
+            and spec.memory_mb not in (None, session.memory_mb)
+        ):
+            # The interpreter is limited once, when it starts; a call cannot change that.
+            raise InvalidSpec(
+                "memory_mb",
+                f"a persistent session's interpreter has the session's memory limit "
+                f"({session.memory_mb} MB); set memory_mb when creating the session",
+            )
         memory_mb = spec.memory_mb if spec.memory_mb is not None else (session.memory_mb if session else None)
         timeout, limits = self._limits(spec, memory_mb)
         # Validate the grant before queueing for it.
@@ -325,13 +333,13 @@ class Executor:
 
             msg = self._message(spec, uid, workdir, want, timeout_s, limits)
             msg["remove_workdir"] = not spec.fetch_files
-            cores, reply = await self._dispatch(self._pick_server(), msg)
+            cores, reply = await self._dispatch(self._live_server(), msg)
             files = self._fetch(workdir, spec.fetch_files)
         finally:
+            if not (reply or {}).get("workdir_removed"):
+                self._discard_workdir(workdir, uid)
             if uid is not None:
                 self._uids.append(uid)
-            if self._janitor is not None and not (reply or {}).get("workdir_removed"):
-                self._janitor.remove(workdir)
         return self._result(reply, cores, files, None, timeout_s)
 
     async def _run_in_session(
@@ -352,7 +360,13 @@ class Executor:
             msg["sid"] = session.id
             # A long-lived interpreter must not die of accumulated CPU seconds.
             msg["limits"] = {k: v for k, v in limits.items() if k != "cpu"}
-        cores, reply = await self._dispatch(session.server, msg)
+        server = self._live_server()
+        cores, reply = await self._dispatch(server, msg)
+        if interp:
+            if session.interp_server not in (None, server):
+                # Its interpreter died with the fork server it lived in: this call ran in a new one.
+                reply["interp_restarted"] = True
+            session.interp_server = server
         session.actions += 1
         session.last_used = time.monotonic()
         rss = reply.get("max_rss_kb") or 0
@@ -432,6 +446,11 @@ class Executor:
             outcome = "ok"
         else:
             outcome = "failed"
+        if reply.get("interp_stopped") and not message:
+            message = (
+                "the call left processes running, so the session's interpreter was stopped (its "
+                "variables are gone; the next call starts a fresh one)"
+            )
         self.counts[outcome] += 1
         return ActionResult(
             outcome=outcome,
@@ -450,6 +469,20 @@ class Executor:
             interpreter_restarted=bool(reply.get("interp_restarted")),
             message=message,
         )
+
+    def _discard_workdir(self, workdir: str, uid: int | None) -> None:
+        """Hand a workdir to the janitor, first out of reach of ``uid``, which goes back to the pool
+        now: whoever gets it next must not walk into what the last holder left (workdir names are
+        guessable, and a tree of many files may keep the janitor busy for seconds)."""
+        if uid is not None:
+            try:
+                workfiles.seal(workdir)
+            except OSError as exc:  # never lose the uid over it: the janitor still removes the tree
+                log.warning("could not seal workdir %s from uid %d: %s", workdir, uid, exc)
+        if self._janitor is not None:
+            self._janitor.remove(workdir)
+        else:
+            workfiles.remove_tree(workdir)
 
     # ---- sessions ---------------------------------------------------------------------------------
     async def create_session(
@@ -479,7 +512,6 @@ class Executor:
             persistent=persistent,
             ttl_s=ttl,
             memory_mb=memory,
-            server=self._pick_server(),
         )
         self.sessions[sid] = session
         return session
@@ -498,9 +530,10 @@ class Executor:
             raise InvalidSpec("session_id", f"no open session {sid!r} on this host")
         session.closed = True
         async with session.lock:
-            if session.persistent and session.server.alive:
-                await session.server.call({"op": "interp_stop", "id": next_id(), "sid": sid})
-        workfiles.remove_tree(session.workdir)
+            server = session.interp_server
+            if server is not None and server.alive:
+                await server.call({"op": "interp_stop", "id": next_id(), "sid": sid})
+        self._discard_workdir(session.workdir, session.uid)
         if session.uid is not None:
             self._session_uids.append(session.uid)
 

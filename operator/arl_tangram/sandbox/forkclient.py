@@ -55,11 +55,7 @@ class ForkServerClient:
         self.writer: asyncio.StreamWriter | None = None
         # id -> what to call with the answer (or with the exception when the fork server is lost)
         self.waiting: dict[int, Answer] = {}
-        # Every client of one executor: frames queued while answers are processed go out at the end
-        # of that chunk, to whichever fork server they are for.
-        self.group: list[ForkServerClient] = [self]
         self.hello: asyncio.Future[dict[str, Any]] | None = None
-        self.in_flight = 0
         self._task: asyncio.Task[None] | None = None
         self._outq: list[bytes] = []
 
@@ -108,16 +104,15 @@ class ForkServerClient:
                         continue
                     answer = self.waiting.pop(msg.get("id", -1), None)
                     if answer is not None:
-                        self.in_flight -= 1
                         answer(msg)
-                for client in self.group:
-                    client._flush()
+                # Frames the answers queued (the callers' next actions) go out at the end of this
+                # chunk, not a loop turn later.
+                self._flush()
         finally:
             err = InfrastructureError("the fork server exited")
             if self.hello is not None and not self.hello.done():
                 self.hello.set_exception(err)
             waiting, self.waiting = self.waiting, {}
-            self.in_flight = 0
             for answer in waiting.values():
                 answer(err)
 
@@ -133,7 +128,6 @@ class ForkServerClient:
             answer(InfrastructureError("the fork server is not running"))
             return
         self.waiting[msg["id"]] = answer
-        self.in_flight += 1
         self._queue(wire.encode(msg))
 
     async def call(self, msg: dict[str, Any]) -> dict[str, Any]:

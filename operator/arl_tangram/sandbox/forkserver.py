@@ -103,6 +103,7 @@ class Call:
         "id",
         "interp",
         "interp_restarted",
+        "interp_stopped",
         "max_rss_kb",
         "memory_limited",
         "open_pipes",
@@ -142,6 +143,7 @@ class Call:
         self.memory_limited = memory_limited
         self.interp = interp
         self.interp_restarted = interp_restarted
+        self.interp_stopped = False
         self.out = bytearray()
         self.err = bytearray()
         self.out_truncated = False
@@ -164,16 +166,18 @@ class Call:
 class Interp:
     """A session's persistent interpreter."""
 
-    __slots__ = ("alive", "call", "ctrl", "pid", "pidfd", "rbuf", "sid")
+    __slots__ = ("alive", "call", "ctrl", "frozen", "pid", "pidfd", "rbuf", "sid", "uid")
 
-    def __init__(self, sid: str, pid: int, pidfd: int, ctrl: socket.socket) -> None:
+    def __init__(self, sid: str, pid: int, pidfd: int, ctrl: socket.socket, uid: int | None) -> None:
         self.sid = sid
+        self.uid = uid
         self.pid = pid
         self.pidfd = pidfd
         self.ctrl = ctrl
         self.rbuf = bytearray()
         self.call: Call | None = None
         self.alive = True
+        self.frozen = False  # stopped (SIGSTOP) between calls: it keeps threads of its own
 
 
 class ForkServer:
@@ -194,7 +198,6 @@ class ForkServer:
         self.outq: list[bytes] = []
         self.pool = CorePool(list(config.get("cores", [])))
         self.queue: deque[dict[str, Any]] = deque()
-        self.interp_uids: dict[str, int | None] = {}
 
     # ---- start-up ---------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -417,9 +420,13 @@ class ForkServer:
         if interp is None or not interp.alive:
             restarted = interp is not None
             interp = self._spawn_interp(msg)
+        elif interp.frozen:
+            self._thaw(interp, msg["cores"])
         stdin_fd = self._stdin_fd(msg.get("stdin"))
         r_out, w_out, r_err, w_err = _output_pipes()
-        payload = marshal.dumps({"code": msg["code"]})
+        # The interpreter was forked for an earlier call: it takes this call's cores and environment
+        # (TANGRAM_CORES, TANGRAM_DOP...) itself before running the code.
+        payload = marshal.dumps({"code": msg["code"], "cores": msg["cores"], "env": msg["env"]})
         started = time.monotonic()
         try:
             # Bounded: an interpreter whose code stopped reading its control socket must not be able
@@ -472,29 +479,52 @@ class ForkServer:
         parent.set_inheritable(False)
         child.close()
         parent.setblocking(False)
-        interp = Interp(sid=msg["sid"], pid=pid, pidfd=os.pidfd_open(pid), ctrl=parent)
-        self.interp_uids[interp.sid] = msg.get("uid")
+        interp = Interp(sid=msg["sid"], pid=pid, pidfd=os.pidfd_open(pid), ctrl=parent, uid=msg.get("uid"))
         self.interps[interp.sid] = interp
         self.sel.register(interp.pidfd, ("pidfd", interp))
         self.sel.register(parent.fileno(), ("ctrl", interp))
         return interp
 
     def _stop_interp(self, sid: str) -> None:
-        interp = self.interps.get(sid)
-        if interp is None:
-            return
+        interp = self.interps.pop(sid, None)
+        if interp is not None:
+            self._kill_interp(interp)
+
+    def _kill_interp(self, interp: Interp) -> None:
+        """Kill the interpreter and all it started, and reap it now: a closed session leaves no
+        process behind, and a stopped interpreter is known dead before the session's next call."""
         if interp.alive:
             with _suppress(OSError):
                 signal.pidfd_send_signal(interp.pidfd, signal.SIGKILL)
-            # Reaping now keeps the promise that a closed session leaves no process behind.
             with _suppress(ChildProcessError):
                 os.waitpid(interp.pid, 0)
             self._interp_gone(interp, None)
-        self.interps.pop(sid, None)
-        uid = self.interp_uids.pop(sid, None)
-        if not self.iso.pid_namespace and uid is not None:
+        if not self.iso.pid_namespace and interp.uid is not None:
             # What the interpreter started, now that no namespace takes it down.
-            _kill_uid(uid, self._tracked_pids())
+            _kill_uid(interp.uid, self._tracked_pids())
+
+    def _freeze(self, interp: Interp) -> str | None:
+        """SIGSTOP the interpreter and wait until every thread has stopped (a thread may have
+        forked meanwhile: its company is looked at once more). ``"processes"`` when it must go."""
+        with _suppress(OSError):
+            signal.pidfd_send_signal(interp.pidfd, signal.SIGSTOP)
+        deadline = time.monotonic() + 0.05
+        while not _all_stopped(interp.pid):
+            if time.monotonic() >= deadline:
+                return "processes"
+            time.sleep(0.0002)
+        interp.frozen = True
+        return _company(interp.pid)
+
+    def _thaw(self, interp: Interp, cores: list[int]) -> None:
+        """Move every thread of a frozen interpreter to the call's cores, then let it run."""
+        with _suppress(OSError):
+            for tid in os.listdir(f"/proc/{interp.pid}/task"):
+                with _suppress(OSError):
+                    os.sched_setaffinity(int(tid), cores)
+        with _suppress(OSError):
+            signal.pidfd_send_signal(interp.pidfd, signal.SIGCONT)
+        interp.frozen = False
 
     def _tracked_pids(self) -> set[int]:
         return {c.pid for c in self.calls.values()} | {i.pid for i in self.interps.values() if i.alive}
@@ -619,6 +649,18 @@ class ForkServer:
             call.ended_at = time.monotonic()
             call.exit_code = int(reply.get("exit_code", 1))
             call.max_rss_kb = _rss_kb(interp.pid)
+            # What the call left running in the interpreter would run on after its answer, past
+            # its timeout and without a CPU limit, on cores handed to the next actions.
+            company = _company(interp.pid)
+            if company == "threads":
+                # Threads (a BLAS pool, an executor) are part of the session's state: the whole
+                # interpreter is stopped until its next call, which moves them to its own cores.
+                company = self._freeze(interp)
+            if company == "processes":
+                # A process may have left its session: stop the interpreter (its PID namespace
+                # takes the rest down); the next call gets a fresh one.
+                call.interp_stopped = True
+                self._kill_interp(interp)
             if call.open_pipes:
                 heapq.heappush(self.timers, (call.ended_at + EOF_GRACE_S, call.id))
             self._maybe_finish(call)
@@ -678,6 +720,7 @@ class ForkServer:
             "memory_error": memory_error,
             "setup_error": call.exit_code == SETUP_FAILED and call.interp is None,
             "interp_restarted": call.interp_restarted,
+            "interp_stopped": call.interp_stopped,
             "workdir_removed": False,
             "cores": call.cores,
             "busy_cores": self.pool.busy,
@@ -708,6 +751,43 @@ def _output_pipes() -> tuple[int, int, int, int]:
     os.set_blocking(r_out, False)
     os.set_blocking(r_err, False)
     return r_out, w_out, r_err, w_err
+
+
+def _company(pid: int) -> str | None:
+    """What the interpreter ``pid`` runs beside its main thread once a call has answered:
+    ``"processes"`` (children that are more than unreaped zombies), ``"threads"``, or ``None``.
+    (A thread the call joined may still be leaving the kernel's list: it is frozen with the rest,
+    which costs nothing.)"""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        children: list[bytes] = []
+        for tid in tasks:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                children += fh.read().split()
+    except OSError:
+        return None  # it is gone already: its exit is reported through the pidfd
+    for child in children:
+        if _state(b"/proc/%s/stat" % child) not in (b"Z", b""):
+            return "processes"
+    return "threads" if len(tasks) > 1 else None
+
+
+def _state(stat_path: bytes | str) -> bytes:
+    """The state letter in a /proc stat file (b"" when it is gone)."""
+    try:
+        with open(stat_path, "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return b""
+
+
+def _all_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (or already exiting)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    return all(_state(f"/proc/{pid}/task/{tid}/stat") in (b"T", b"t", b"Z", b"X", b"") for tid in tasks)
 
 
 def _rss_kb(pid: int) -> int | None:
@@ -860,13 +940,8 @@ def _child_main(
                 res = _RLIMITS[name]
                 resource.setrlimit(res, (value, value if name != "cpu" else value + 1))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        # The environment was made the action's in the fork server, just before the fork.
-        for rel, content in (msg.get("files") or {}).items():
-            parent = os.path.dirname(rel)
-            if parent:
-                os.makedirs(parent, exist_ok=True)
-            with open(rel, "wb") as fh:
-                fh.write(content)
+        # The environment was made the action's in the fork server, just before the fork; the
+        # request's files were written by the agent before the action was sent.
     except BaseException as exc:
         with _suppress(Exception):
             os.write(2, f"tangram: sandbox set-up failed: {exc.__class__.__name__}: {exc}\n".encode())
@@ -996,6 +1071,9 @@ def _interpreter_loop() -> NoReturn:
         for target, fd in zip((0, 1, 2), fds, strict=False):
             os.dup2(fd, target)
             os.close(fd)
+        if request.get("cores"):
+            os.sched_setaffinity(0, request["cores"])
+        os.environ.update(request.get("env") or {})
         code = _run_code(request["code"], namespace)
         _flush_std_streams()
         for target in (0, 1, 2):

@@ -7,7 +7,22 @@ sessions, counts of cores).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+
+def _encodable(text: str) -> str:
+    # JSON may carry lone surrogates (``"\\ud800"``); they are no text and would fail later, when
+    # the program, its stdin or a path is encoded for the system.
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"contains a lone surrogate at position {exc.start}, which is not text") from exc
+    return text
+
+
+Text = Annotated[str, AfterValidator(_encodable)]
 
 
 class RunCodeRequest(BaseModel):
@@ -18,12 +33,12 @@ class RunCodeRequest(BaseModel):
     compile_timeout: float = Field(10, description="compile timeout (no compiled languages here)")
     run_timeout: float = Field(10, gt=0, description="wall-clock limit of the run, seconds")
     memory_limit_MB: int = Field(-1, description="address-space limit in MB; -1: the pool's default")
-    code: str
-    stdin: str | None = None
+    code: Text
+    stdin: Text | None = None
     language: str
-    files: dict[str, str | None] = Field(default_factory=dict, description="path -> base64 content")
-    fetch_files: list[str] = Field(default_factory=list)
-    args: list[str] = Field(default_factory=list, description="extra pytest arguments")
+    files: dict[Text, str | None] = Field(default_factory=dict, description="path -> base64 content")
+    fetch_files: list[Text] = Field(default_factory=list)
+    args: list[Text] = Field(default_factory=list, description="extra pytest arguments")
 
 
 class ExecuteRequest(BaseModel):
@@ -32,16 +47,16 @@ class ExecuteRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     runtime: str = "python"
-    code: str
-    stdin: str | None = None
+    code: Text
+    stdin: Text | None = None
     timeout_s: float | None = Field(None, gt=0)
     memory_mb: int | None = Field(None, ge=16)
     cores: list[int] | None = Field(None, description="the exact cores granted by the scheduler")
     ncores: int = Field(1, ge=1, description="when no grant is given: how many cores to take")
     session_id: str | None = None
-    files: dict[str, str] = Field(default_factory=dict, description="path -> base64 content")
-    fetch_files: list[str] = Field(default_factory=list)
-    args: list[str] = Field(default_factory=list)
+    files: dict[Text, str] = Field(default_factory=dict, description="path -> base64 content")
+    fetch_files: list[Text] = Field(default_factory=list)
+    args: list[Text] = Field(default_factory=list)
 
 
 class SessionRequest(BaseModel):

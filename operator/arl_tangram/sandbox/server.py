@@ -5,7 +5,7 @@ Routes
 - ``POST /v1/sessions``, ``GET|DELETE /v1/sessions/{id}``: sessions (one per trajectory).
 - ``PUT|GET /v1/sessions/{id}/files/{path}``: upload / download a file of a session's workdir.
 - ``POST /run_code``: SandboxFusion-compatible; ``GET /v1/ping`` answers ``pong`` as SandboxFusion does.
-- ``GET /v1/health`` (also ``/healthz``): the fork servers run; isolation in force; cores and sessions.
+- ``GET /v1/health`` (also ``/healthz``): the fork server runs; isolation in force; cores and sessions.
 - ``GET /metrics``: Prometheus text format.
 
 Every bad request gets a JSON body naming the problem: 400 for malformed JSON or an invalid value,
@@ -15,8 +15,10 @@ full for now. Nothing the caller sends can make the handler answer 500 on purpos
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import hmac
 import json
 import logging
 import os
@@ -87,15 +89,21 @@ class BadRequest(Exception):
         self.detail = detail
 
 
-async def _parse(request: web.Request, model: type[BaseModel]) -> Any:
+async def _read_body(request: web.Request) -> bytes:
     try:
-        raw = await request.read()
+        return await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         limit = request.app[EXECUTOR].config.max_body_bytes
         raise BadRequest(413, f"request body exceeds the limit of {limit} bytes") from exc
+
+
+async def _parse(request: web.Request, model: type[BaseModel]) -> Any:
+    raw = await _read_body(request)
     try:
         data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:
+        # ValueError: bad syntax or encoding, and also an integer past Python's digit limit;
+        # RecursionError: nesting deeper than the decoder goes.
         raise BadRequest(400, f"malformed JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise BadRequest(422, f"the body must be a JSON object, not {type(data).__name__}")
@@ -110,15 +118,23 @@ async def _parse(request: web.Request, model: type[BaseModel]) -> Any:
         raise BadRequest(422, f"invalid request: {summary}", detail) from exc
 
 
-def _decode_files(field: str, files: dict[str, str | None]) -> dict[str, bytes]:
+def _decode_files(files: dict[str, str] | dict[str, str | None]) -> dict[str, bytes]:
+    """A request's ``files`` (path -> base64), checked before anything runs."""
     out = {}
     for path, content in files.items():
-        workfiles.split_relpath(f"{field}[{path!r}]", path)
+        workfiles.split_relpath(f"files[{path!r}]", path)
         try:
             out[path] = base64.b64decode(content or "", validate=True)
         except (binascii.Error, ValueError) as exc:
-            raise InvalidSpec(f"{field}[{path!r}]", f"not valid base64: {exc}") from exc
+            raise InvalidSpec(f"files[{path!r}]", f"not valid base64: {exc}") from exc
     return out
+
+
+def _checked_fetch_files(paths: list[str]) -> list[str]:
+    """A request's ``fetch_files``, refused before the action runs when a path leaves the workdir."""
+    for path in paths:
+        workfiles.split_relpath(f"fetch_files[{path!r}]", path)
+    return paths
 
 
 def _error_response(status: int, message: str, extra: dict[str, Any] | None = None) -> web.Response:
@@ -126,6 +142,12 @@ def _error_response(status: int, message: str, extra: dict[str, Any] | None = No
     if extra:
         body.update(extra)
     return web.json_response(body, status=status)
+
+
+def _authorized(request: web.Request, token: str) -> bool:
+    # Constant-time: with --network-allowed the actions themselves can reach this port and time us.
+    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+    return hmac.compare_digest(given, f"Bearer {token}".encode())
 
 
 @web.middleware
@@ -136,11 +158,7 @@ async def _errors(
     metrics = request.app[METRICS]
     run_code = request.path == "/run_code"
     config = request.app[EXECUTOR].config
-    if (
-        config.token
-        and request.path not in OPEN_PATHS
-        and request.headers.get("Authorization") != f"Bearer {config.token}"
-    ):
+    if config.token and request.path not in OPEN_PATHS and not _authorized(request, config.token):
         metrics.rejected.labels("unauthorized").inc()
         return _error_response(401, "missing or wrong bearer token")
     status, message, extra = 0, "", {}
@@ -182,12 +200,10 @@ async def execute(request: web.Request) -> web.Response:
         cores=body.cores,
         ncores=body.ncores,
         session_id=body.session_id,
-        files=_decode_files("files", dict(body.files)),
-        fetch_files=body.fetch_files,
+        files=_decode_files(body.files),
+        fetch_files=_checked_fetch_files(body.fetch_files),
         args=body.args,
     )
-    for path in spec.fetch_files:
-        workfiles.split_relpath(f"fetch_files[{path!r}]", path)
     result = await executor.run(spec)
     request.app[METRICS].record("native", body.runtime, result)
     return web.json_response(
@@ -221,16 +237,14 @@ async def run_code(request: web.Request) -> web.Response:
     if runtime is None or runtime not in executor.config.runtimes:
         offered = sorted(k for k, v in LANGUAGES.items() if v in executor.config.runtimes)
         raise InvalidSpec("language", f"unsupported language {body.language!r}; this pool offers {offered}")
-    for path in body.fetch_files:
-        workfiles.split_relpath(f"fetch_files[{path!r}]", path)
     spec = ActionSpec(
         runtime=runtime,
         code=body.code,
         stdin=body.stdin,
         timeout_s=body.run_timeout,
         memory_mb=body.memory_limit_MB if body.memory_limit_MB > 0 else None,
-        files=_decode_files("files", body.files),
-        fetch_files=body.fetch_files,
+        files=_decode_files(body.files),
+        fetch_files=_checked_fetch_files(body.fetch_files),
         args=body.args,
     )
     result = await executor.run(spec)
@@ -286,7 +300,10 @@ async def create_session(request: web.Request) -> web.Response:
 
 async def get_session(request: web.Request) -> web.Response:
     """``GET /v1/sessions/{id}``: its state and the memory it accounts for."""
-    return web.json_response(request.app[EXECUTOR].get_session(request.match_info["sid"]).describe())
+    session = request.app[EXECUTOR].get_session(request.match_info["sid"])
+    # Off the event loop: describing walks the workdir, which the session's code may have filled
+    # with a million files.
+    return web.json_response(await asyncio.to_thread(session.describe))
 
 
 async def close_session(request: web.Request) -> web.Response:
@@ -300,11 +317,7 @@ async def put_file(request: web.Request) -> web.Response:
     executor = request.app[EXECUTOR]
     session = executor.get_session(request.match_info["sid"])
     path = request.match_info["path"]
-    try:
-        data = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        limit = request.app[EXECUTOR].config.max_body_bytes
-        raise BadRequest(413, f"request body exceeds the limit of {limit} bytes") from exc
+    data = await _read_body(request)
     if len(data) > executor.config.max_file_bytes:
         raise BadRequest(413, f"file exceeds the limit of {executor.config.max_file_bytes} bytes")
     workfiles.write_file(session.workdir, "path", path, data, session.uid)
@@ -323,7 +336,7 @@ async def get_file(request: web.Request) -> web.StreamResponse:
 
 
 async def health(request: web.Request) -> web.Response:
-    """``GET /v1/health``: 200 when every fork server runs, else 503."""
+    """``GET /v1/health``: 200 when the fork server runs, else 503."""
     executor = request.app[EXECUTOR]
     ok = executor.healthy
     return web.json_response(
@@ -354,7 +367,7 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=generate_latest(m.registry), content_type="text/plain", charset="utf-8")
 
 
-def build_app(config: AgentConfig, warnings_out: list[str] | None = None) -> web.Application:
+def build_app(config: AgentConfig) -> web.Application:
     """The aiohttp application; the executor starts and stops with it."""
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[_errors])
     executor = Executor(config)
@@ -365,8 +378,6 @@ def build_app(config: AgentConfig, warnings_out: list[str] | None = None) -> web
         warnings = await executor.start()
         for line in warnings:
             log.warning("sandbox isolation: %s", line)
-        if warnings_out is not None:
-            warnings_out.extend(warnings)
         yield
         await executor.close()
 

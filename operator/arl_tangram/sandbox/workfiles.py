@@ -87,14 +87,25 @@ def read_file(root: str, field: str, path: str, max_bytes: int) -> bytes | None:
 def write_file(root: str, field: str, path: str, data: bytes, uid: int | None) -> None:
     """Write ``data`` to ``root/path`` (parents created), owned by ``uid`` when given."""
     parts = split_relpath(field, path)
-    dirfd = _open_parent(root, parts, create=True, uid=uid)
     try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        dirfd = _open_parent(root, parts, create=True, uid=uid)
+    except OSError as exc:
+        # A link or a file where a directory should be, planted by the session's own code.
+        raise InvalidSpec(field, f"cannot write {path!r}: {exc.strerror}") from exc
+    try:
+        # O_NONBLOCK: opening a FIFO the action planted for writing would otherwise wait for a
+        # reader forever, on the agent's event loop. Without a reader it fails (ENXIO) instead.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
             fd = os.open(parts[-1], flags, 0o644, dir_fd=dirfd)
         except OSError as exc:
             raise InvalidSpec(field, f"cannot write {path!r}: {exc.strerror}") from exc
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise InvalidSpec(field, f"cannot write {path!r}: not a regular file")
+            # Truncate only once it is known to be a regular file (O_TRUNC on a FIFO or a device
+            # is not ours to decide).
+            os.ftruncate(fd, 0)
             if uid is not None:
                 os.fchown(fd, uid, uid)
             view = memoryview(data)
@@ -112,6 +123,20 @@ def make_workdir(path: str, uid: int | None) -> None:
     os.mkdir(path, 0o700)
     if uid is not None:
         os.chown(path, uid, uid)
+
+
+def seal(path: str) -> None:
+    """Make a workdir root's own and private (0700): its former owner can no longer enter it, even
+    after having opened its mode. Gone already is fine."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        os.fchown(fd, 0, 0)
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
 
 
 def remove_tree(path: str) -> None:

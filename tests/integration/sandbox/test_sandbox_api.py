@@ -6,6 +6,7 @@ import base64
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import requests
 from sandbox_agent_harness import SECRET, Agent, agent, processes_of, wait_until
 
@@ -305,3 +306,36 @@ def test_concurrent_actions_never_share_a_core(agent: Agent) -> None:
         results = [f.result() for f in futures]
     assert samples > 0
     assert all(r["stdout"] == "done\n" and len(r["cores"]) == 1 for r in results)  # type: ignore[arg-type]
+
+
+def test_a_persistent_interpreter_runs_each_call_on_that_calls_cores(agent: Agent) -> None:
+    """The interpreter is forked once, but each call is granted its own cores: it must run on them
+    (and see them in TANGRAM_CORES), not on the first call's, which may be another action's now."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores to grant different ones")
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    probe = "import os\nprint(sorted(os.sched_getaffinity(0)), os.environ['TANGRAM_CORES'])"
+    try:
+        for core in (0, 1, 0):
+            body = agent.execute(probe, session_id=sid, cores=[core])
+            assert body["cores"] == [core]
+            assert body["stdout"] == f"[{core}] {core}\n"
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+
+
+def test_a_persistent_interpreter_has_the_sessions_memory_limit(agent: Agent) -> None:
+    """The interpreter is limited once, when its first call starts it: a call may not give it
+    another limit (the first one used to set it for the whole session)."""
+    sid = agent.post("/v1/sessions", {"persistent": True, "memory_mb": 256}).json()["session_id"]
+    try:
+        resp = agent.post("/v1/execute", {"code": "1", "session_id": sid, "memory_mb": 4096})
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["field"] == "memory_mb"
+        probe = "import resource\nprint(resource.getrlimit(resource.RLIMIT_AS)[0] >> 20)"
+        assert agent.execute(probe, session_id=sid, memory_mb=256)["stdout"] == "256\n"
+        # Plain actions of the session run in their own process and may set their own limit.
+        bash = agent.execute("ulimit -v", runtime="bash", session_id=sid, memory_mb=512)
+        assert bash["stdout"] == f"{512 * 1024}\n"
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)

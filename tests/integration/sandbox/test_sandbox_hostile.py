@@ -170,6 +170,25 @@ def test_malformed_and_mistyped_requests(agent: Agent) -> None:
     assert agent.post("/v1/execute", {"code": "1", "session_id": "nope"}).status_code == 400
     assert agent.post("/v1/execute", {"code": "1", "memory_mb": 10**9}).status_code == 400
     assert agent.post("/run_code", {"code": "1", "language": "python", "run_timeout": -1}).status_code == 422
+    # Lone surrogates are valid JSON escapes but no text: refused naming the field, before anything
+    # tries to encode them.
+    lone = "\ud800"
+    for path, body in (
+        ("/v1/execute", {"code": "1", "stdin": lone}),
+        ("/v1/execute", {"code": lone, "runtime": "bash"}),
+        ("/v1/execute", {"code": "1", "fetch_files": [lone]}),
+        ("/v1/execute", {"code": "1", "files": {lone: ""}}),
+        ("/run_code", {"code": lone, "language": "pytest"}),
+    ):
+        resp = agent.post(path, body)
+        assert resp.status_code == 422, (body, resp.status_code, resp.text[:200])
+        assert "surrogate" in resp.json()["error"], resp.text
+    # Valid JSON syntax that the decoder still refuses: an integer of 5000 digits, nesting 100000 deep.
+    for raw in (b'{"code": "1", "ncores": 1' + b"0" * 5000 + b"}", b"[" * 100000 + b"]" * 100000):
+        for path in ("/v1/execute", "/run_code"):
+            resp = requests.post(agent.url + path, data=raw, timeout=10)
+            assert resp.status_code == 400, (path, resp.status_code, resp.text[:200])
+            assert resp.json()["error"].startswith("malformed JSON")
     assert agent.healthy()
 
 
@@ -243,6 +262,8 @@ def test_a_mixed_series_of_hostile_actions_leaks_nothing(agent: Agent) -> None:
 
 
 def test_a_lost_fork_server_is_replaced(agent: Agent) -> None:
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    assert agent.execute("x = 1", session_id=sid)["status"] == "ok"
     children = [
         int(p)
         for p in os.listdir("/proc")
@@ -254,6 +275,12 @@ def test_a_lost_fork_server_is_replaced(agent: Agent) -> None:
     results = [agent.execute("print(6*7)")["stdout"] for _ in range(4)]
     assert results == ["42\n"] * 4
     assert agent.healthy()
+    # The session's interpreter died with its fork server: the session says so rather than
+    # silently answering from a fresh one.
+    again = agent.execute("print('x' in globals())", session_id=sid)
+    assert (again["stdout"], again["interpreter_restarted"]) == ("False\n", True)
+    assert agent.execute("print('x' in globals())", session_id=sid)["interpreter_restarted"] is False
+    requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
 
 
 def _parent_of(pid: int) -> int:
@@ -313,6 +340,82 @@ def test_an_interpreter_that_hijacks_its_control_socket_is_timed_out(agent: Agen
         again = agent.execute("print('fresh')", session_id=sid)
         assert again["stdout"] == "fresh\n"
         assert again["interpreter_restarted"] is True
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+    wait_until(lambda: processes_of(agent.uids) == [], what="the interpreter to be gone")
+
+
+def test_planted_fifo_and_links_in_a_session_cannot_stall_or_crash_uploads(agent: Agent) -> None:
+    """An action plants a FIFO where the caller will upload next (and a link and a file where
+    directories are expected): the upload is refused with a clear error; the agent never blocks on
+    opening the FIFO for writing (which would stall every request) and never answers 500."""
+    sid = agent.post("/v1/sessions", {}).json()["session_id"]
+    try:
+        plant = "mkfifo test_solution.py pipe && ln -s / up && touch plain"
+        assert agent.execute(plant, runtime="bash", session_id=sid)["status"] == "ok"
+        for path in ("pipe", "up/x", "plain/x"):
+            resp = requests.put(f"{agent.url}/v1/sessions/{sid}/files/{path}", data=b"x", timeout=10)
+            assert resp.status_code == 400, (path, resp.status_code, resp.text)
+            assert path.split("/")[0] in resp.json()["error"]
+        # The pytest runtime writes its test file into the session's workdir: the FIFO is refused too.
+        resp = agent.post(
+            "/v1/execute", {"runtime": "pytest", "code": "def test_x(): pass", "session_id": sid}
+        )
+        assert resp.status_code == 400, resp.text
+        assert "test_solution.py" in resp.json()["error"]
+        assert agent.execute("print('still serving')")["stdout"] == "still serving\n"
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+
+
+def test_a_persistent_call_cannot_leave_processes_running(agent: Agent) -> None:
+    """A session's interpreter outlives each call by design; a process a call starts in it must
+    not: it would run on past the call's timeout, with no CPU limit, on cores handed to other
+    actions. The interpreter is stopped (its PID namespace takes the process down)."""
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    try:
+        leftover = "import os\nif os.fork() == 0:\n    while True:\n        pass"
+        body = agent.execute(f"y = 2\n{leftover}\nprint('started')", session_id=sid, timeout_s=5)
+        assert body["status"] == "ok"
+        assert body["stdout"] == "started\n"
+        assert "interpreter was stopped" in str(body["message"])
+        wait_until(lambda: processes_of(agent.uids) == [], what="the leftovers to be killed")
+        again = agent.execute("print('y' in globals())", session_id=sid)
+        assert again["interpreter_restarted"] is True
+        assert again["stdout"] == "False\n"
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+
+
+def test_threads_a_persistent_call_leaves_run_only_during_calls_on_their_cores(agent: Agent) -> None:
+    """Threads are the interpreter's own state (a BLAS pool, an executor): the interpreter keeps
+    them, but is stopped between calls, and each call moves every thread to its own cores."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores to grant different ones")
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    try:
+        joined = (
+            "import threading\nt = threading.Thread(target=sum, args=([1, 2],))\nt.start()\nt.join()\nx = 1"
+        )
+        assert agent.execute(joined, session_id=sid)["status"] == "ok"
+        assert agent.execute("print(x)", session_id=sid)["stdout"] == "1\n"
+        spin = (
+            "import threading\nticks = [0]\n"
+            "def spin():\n    while True:\n        ticks[0] += 1\n"
+            "threading.Thread(target=spin, daemon=True).start()\nprint('started')"
+        )
+        body = agent.execute(spin, session_id=sid, cores=[0])
+        assert (body["status"], body["stdout"], body["message"]) == ("ok", "started\n", "")
+        # Stopped between calls: the spinning thread cannot take a core from anyone.
+        assert [_state(pid) for pid in processes_of(agent.uids)] == ["T"]
+        probe = (
+            "import os\nprint(threading.active_count(), "
+            "{open(f'/proc/self/task/{t}/status').read().split('Cpus_allowed_list:')[1].split()[0] "
+            "for t in os.listdir('/proc/self/task')})"
+        )
+        again = agent.execute(probe, session_id=sid, cores=[1])
+        assert again["interpreter_restarted"] is False
+        assert again["stdout"] == "2 {'1'}\n"
     finally:
         requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
     wait_until(lambda: processes_of(agent.uids) == [], what="the interpreter to be gone")

@@ -15,6 +15,12 @@ def test_network_allowed_pool_with_a_token(tmp_path_factory: pytest.TempPathFact
         assert requests.get(agent.url + "/v1/health", timeout=10).json()["isolation"]["network_allowed"]
         refused = requests.post(agent.url + "/v1/execute", json={"code": "print(1)"}, timeout=10)
         assert refused.status_code == 401
+        # A wrong token of another length, and one that is not ASCII, are refused the same way.
+        for wrong in ("Bearer t0ke", "Bearer t\u00f6ken"):
+            resp = requests.post(
+                agent.url + "/v1/execute", json={"code": "1"}, headers={"Authorization": wrong}, timeout=10
+            )
+            assert resp.status_code == 401, wrong
         probe = (
             "import urllib.request, urllib.error\n"
             f"req = urllib.request.Request('{agent.url}/v1/execute', data=b'{{\"code\": \"1\"}}')\n"

@@ -60,6 +60,43 @@ def test_reading_never_follows_links_out(tmp_path: Path) -> None:
     assert (tmp_path / "secret").read_text() == "s"
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a directory's owner needs root")
+def test_a_discarded_workdir_is_sealed_from_its_former_owner(tmp_path: Path) -> None:
+    """The uid goes back to the pool before the janitor has removed the tree: its next holder must
+    find the former workdir closed, even if the action had opened its mode."""
+    work = tmp_path / "a1"
+    workfiles.make_workdir(str(work), uid=40001)
+    os.chmod(work, 0o777)  # as the action itself may
+    workfiles.seal(str(work))
+    info = work.stat()
+    assert (info.st_uid, info.st_mode & 0o777) == (0, 0o700)
+    workfiles.seal(str(tmp_path / "gone"))  # already removed: nothing to do
+
+
+def test_writing_refuses_planted_fifos_links_and_files_without_blocking(tmp_path: Path) -> None:
+    """What untrusted code may leave in a session's workdir where the caller uploads next. Opening
+    the FIFO for writing used to block (forever: nobody reads it), here and on the agent's loop."""
+    (tmp_path / "outside").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "dirlink").symlink_to(tmp_path / "outside")
+    (tmp_path / "plain").write_bytes(b"keep")
+    # With a reader first (the write would then go through, not hang, were it not refused), then
+    # without one.
+    reader = os.open(tmp_path / "fifo", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        with pytest.raises(InvalidSpec, match="cannot write"):
+            workfiles.write_file(str(tmp_path), "f", "fifo", b"x", uid=None)
+    finally:
+        os.close(reader)
+    for path in ("fifo", "dirlink/x", "plain/x"):
+        with pytest.raises(InvalidSpec, match="cannot write"):
+            workfiles.write_file(str(tmp_path), "f", path, b"x", uid=None)
+    assert list((tmp_path / "outside").iterdir()) == []
+    assert (tmp_path / "plain").read_bytes() == b"keep"
+    workfiles.write_file(str(tmp_path), "f", "plain", b"new", uid=None)
+    assert (tmp_path / "plain").read_bytes() == b"new"
+
+
 # ---- cores ----------------------------------------------------------------------------------------------
 def test_cores_are_exclusive() -> None:
     pool = CorePool([0, 1, 2, 3])
