@@ -5,7 +5,7 @@
 #
 # The node is tb-real-0, labelled tangram.arl.dev/real-node=true and tainted with it (NoSchedule), so
 # only pods that ask for it land there. There is no registry and no Docker engine: its images are
-# imported from OCI archives made by mkimage.py (the pause image, and docker.io/library/tb-echo:0.1,
+# imported from OCI archives made by mkimage.py (the pause image, and tangram.test/tb-echo:0.1,
 # an HTTP server on :8080 for tests); use imagePullPolicy: Never or IfNotPresent.
 # Needs root and Debian's containerd, runc and containernetworking-plugins (hack/system-deps.sh with
 # TESTBED_REAL_NODE=1). What this machine needed: cgroup v1 (failCgroupV1: false), no
@@ -46,8 +46,8 @@ up() {
   for img in pause echo; do
     (cd "$testbed_root/hack/testbed/images" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$D/images/$img" "./$img")
   done
-  "$PYTHON" "$testbed_root/hack/testbed/mkimage.py" "$D/images/pause" /pause registry.k8s.io/pause:3.10 "$D/images/pause.tar"
-  "$PYTHON" "$testbed_root/hack/testbed/mkimage.py" "$D/images/echo" /echo docker.io/library/tb-echo:0.1 "$D/images/echo.tar"
+  "$PYTHON" "$testbed_root/hack/testbed/mkimage.py" "$D/images/pause" /pause tangram.test/pause:3.10 "$D/images/pause.tar"
+  "$PYTHON" "$testbed_root/hack/testbed/mkimage.py" "$D/images/echo" /echo tangram.test/tb-echo:0.1 "$D/images/echo.tar"
 
   local subnet="10.88.$((RANDOM % 250)).0/24"
   cat >"$D/cni/10-testbed.conflist" <<EOF
@@ -64,7 +64,7 @@ state = "$D/containerd/state"
 [grpc]
   address = "$sock"
 [plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "registry.k8s.io/pause:3.10"
+  sandbox_image = "tangram.test/pause:3.10"
   # Root here lacks CAP_SYS_RESOURCE: never ask runc for an OOM score below containerd's own.
   restrict_oom_score_adj = true
   # Network namespaces under the state directory, so that down finds and unmounts them.

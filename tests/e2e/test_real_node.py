@@ -25,7 +25,7 @@ def test_a_real_kubelet_runs_an_image_and_its_pod_answers_at_its_ip(cluster: Clu
             "containers": [
                 {
                     "name": "echo",
-                    "image": "docker.io/library/tb-echo:0.1",
+                    "image": "tangram.test/tb-echo:0.1",
                     "imagePullPolicy": "Never",  # imported into containerd, never pulled
                     "ports": [{"containerPort": 8080}],
                     "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1},

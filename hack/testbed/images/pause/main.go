@@ -1,4 +1,4 @@
-// The pod sandbox process: waits for SIGTERM or SIGINT, like registry.k8s.io/pause.
+// The pod sandbox process: waits for SIGTERM or SIGINT, like the upstream pause image.
 package main
 
 import (
