@@ -29,7 +29,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import cast
 
-from arl_tangram.core.action import Action, Duration, model_duration
+from arl_tangram.core.action import Action
 from arl_tangram.core.dparrange import dp_arrange, greedy_arrange, is_contiguous
 from arl_tangram.core.estimate import UnitHeap, list_schedule
 from arl_tangram.core.pool import (
@@ -144,7 +144,7 @@ class TangramPolicy(Scheduler):
         return cast(Pinning, mgr) if known else None
 
     def _arrange(
-        self, mgr: PoolManager, admitted: Sequence[Action], duration: Duration
+        self, mgr: PoolManager, admitted: Sequence[Action]
     ) -> tuple[float, list[int], Scratch, bool] | None:
         """Units per admitted action, summed duration, the scratch, and whether any elastic action
         was left short of its maximum (capacity binding)."""
@@ -166,12 +166,12 @@ class TangramPolicy(Scheduler):
                 fixed = [a for a in part.actions if not a.elastic]
                 for a in fixed:
                     units_of[id(a)] = a.min_units
-                    total += duration(a, a.min_units)
+                    total += a.model.duration(a.min_units)
                 free = part.free_units - sum(a.min_units for a in fixed)
-                res = greedy_arrange(elastic, free, duration) if elastic else (0.0, [])
+                res = greedy_arrange(elastic, free) if elastic else (0.0, [])
                 chosen = elastic
             else:
-                res = dp_arrange(part.actions, part.operator, duration=duration)
+                res = dp_arrange(part.actions, part.operator)
                 chosen = list(part.actions)
             if res is None:
                 return None
@@ -254,12 +254,11 @@ class TangramPolicy(Scheduler):
                 break
         if not cands:
             return []
-        duration = model_duration
         if not any(a.elastic for a in cands):
             return self._commit(mgr, [(a, a.min_units) for a in cands], now, prefix)
-        arranged = self._arrange(mgr, cands, duration)
+        arranged = self._arrange(mgr, cands)
         if arranged is None:
-            return self._commit(mgr, [(a, a.min_units) for a in cands], now, prefix, duration)
+            return self._commit(mgr, [(a, a.min_units) for a in cands], now, prefix)
         total, units, scratch, binding = arranged
         keep = len(cands)
         if binding and self.max_evict > 0:
@@ -267,17 +266,17 @@ class TangramPolicy(Scheduler):
                 if len(blocked) >= self.wait_window:
                     break
                 blocked.append(action)
-            best = total + self._waiting_cost(mgr, cands, units, blocked, now, duration)
+            best = total + self._waiting_cost(mgr, cands, units, blocked, now)
             for t in range(1, min(self.max_evict, len(cands) - 1) + 1):
-                trial = self._arrange(mgr, cands[:-t], duration)
+                trial = self._arrange(mgr, cands[:-t])
                 if trial is None:
                     break
                 waiting = cands[-t:] + blocked
-                obj = trial[0] + self._waiting_cost(mgr, cands[:-t], trial[1], waiting, now, duration)
+                obj = trial[0] + self._waiting_cost(mgr, cands[:-t], trial[1], waiting, now)
                 if obj >= best:
                     break
                 best, units, scratch, keep = obj, trial[1], trial[2], len(cands) - t
-        return self._commit(mgr, list(zip(cands[:keep], units, strict=True)), now, scratch, duration)
+        return self._commit(mgr, list(zip(cands[:keep], units, strict=True)), now, scratch)
 
     def heat(self, pool: str, now: float) -> dict[str, float]:
         """Expected demand of each service, 0..1: 1 while it runs or waits, else decaying with the
@@ -357,20 +356,17 @@ class TangramPolicy(Scheduler):
         units: Sequence[int],
         waiting: Sequence[Action],
         now: float,
-        duration: Duration,
     ) -> float:
         need = sum(a.min_units for a in waiting) + max((a.feasible[-1] for a in waiting), default=0)
         heap = self._running_heap(mgr, need, now)
         used = 0
         for a, k in zip(admitted, units, strict=True):
-            heap.append((now + duration(a, k), k))
+            heap.append((now + a.model.duration(k), k))
             used += k
         left = mgr.free_units() - used
         if left > 0:
             heap.append((now, left))
-        cost = list_schedule(
-            heap, waiting, now, self.depth, duration, total_units=mgr.total_units(), branch=_ladder
-        )
+        cost = list_schedule(heap, waiting, now, self.depth, total_units=mgr.total_units(), branch=_ladder)
         return cost if math.isfinite(cost) else 1e18
 
 
