@@ -120,6 +120,7 @@ class SimPlanner:
         sim.arrival_log = {}
         # Start at the floor, ready at once (a warm cluster before the rollout begins).
         plan = self.planner.plan(self._snapshot(sim, 0.0))
+        self.rounds.append(plan)
         for add in plan.adds:
             self._add(
                 sim, add.pool, add.node, add.units, add.cpu_millicores, add.memory_bytes, add.gpus, 0.0, 0.0
