@@ -34,6 +34,8 @@ class SandboxHost:
             raise InvalidSpec(f"host[{self.name}].numa", "core ids must be unique and non-empty")
         if not self.free:
             self.free = [set(node) for node in self.numa]
+        # Each core's NUMA node, so that giving cores back (once per action) is O(cores given).
+        self._numa_of = {c: i for i, node in enumerate(self.numa) for c in node}
 
     @property
     def cores(self) -> int:
@@ -87,15 +89,14 @@ class SandboxHost:
         return tuple(sorted(chosen_all))
 
     def give_back(self, cores: Sequence[int]) -> None:
+        """Return cores to their NUMA nodes' free sets; a core given back twice is a bug."""
         for c in cores:
-            for i, node in enumerate(self.numa):
-                if c in node:
-                    if c in self.free[i]:
-                        raise ValueError(f"host {self.name}: core {c} released twice")
-                    self.free[i].add(c)
-                    break
-            else:
+            i = self._numa_of.get(c)
+            if i is None:
                 raise ValueError(f"host {self.name}: core {c} is not on this host")
+            if c in self.free[i]:
+                raise ValueError(f"host {self.name}: core {c} released twice")
+            self.free[i].add(c)
 
 
 class _CpuScratch:
