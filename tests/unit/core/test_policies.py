@@ -71,6 +71,7 @@ def check_invariants(
     for name, host in mgr.hosts.items():
         assert host.free_cores + len(seen.get(name, set())) == host.cores, "cores leaked or over-allocated"
         assert sum(host.pinned.values()) <= host.memory_gib + 1e-9
+        assert host.memory_free == pytest.approx(host.memory_gib - sum(host.pinned.values()))
     waiting = list(sched.queue.fcfs("cpu"))
     for g in admitted:
         a = g.action
