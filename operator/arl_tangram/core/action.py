@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -164,14 +163,6 @@ class Action:
 
     def __repr__(self) -> str:
         return f"Action({self.id!r}, pool={self.pool!r}, feasible={self.feasible[0]}..{self.feasible[-1]})"
-
-
-Duration = Callable[["Action", int], float]
-
-
-def model_duration(action: Action, k: int) -> float:
-    """The estimated duration the action's model gives for k units."""
-    return action.model.duration(k)
 
 
 def feasible_range(lo: int, hi: int) -> tuple[int, ...]:

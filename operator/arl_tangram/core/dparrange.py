@@ -13,16 +13,11 @@ import heapq
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from arl_tangram.core.action import Action, Duration, model_duration
+from arl_tangram.core.action import Action
 from arl_tangram.core.pool import DPOperator
 
 
-def dp_arrange(
-    actions: Sequence[Action],
-    op: DPOperator[Any],
-    max_units: int | None = None,
-    duration: Duration = model_duration,
-) -> tuple[float, list[int]] | None:
+def dp_arrange(actions: Sequence[Action], op: DPOperator[Any]) -> tuple[float, list[int]] | None:
     """Least summed estimated duration and the units per action, or None if no allocation is valid.
 
     ``dp[i][state]`` is the least summed duration of the first i actions ending in ``state``;
@@ -34,7 +29,7 @@ def dp_arrange(
     layer: dict[Hashable, float] = {start: 0.0}
     back: list[dict[Hashable, tuple[Hashable, int]]] = []
     for action in actions:
-        durations = [(k, duration(action, k)) for k in action.feasible if max_units is None or k <= max_units]
+        durations = [(k, action.model.duration(k)) for k in action.feasible]
         nxt: dict[Hashable, float] = {}
         choice: dict[Hashable, tuple[Hashable, int]] = {}
         for state, cost in layer.items():
@@ -69,9 +64,7 @@ def is_contiguous(feasible: Sequence[int]) -> bool:
     return feasible[-1] - feasible[0] + 1 == len(feasible)
 
 
-def greedy_arrange(
-    actions: Sequence[Action], free_units: int, duration: Duration = model_duration
-) -> tuple[float, list[int]] | None:
+def greedy_arrange(actions: Sequence[Action], free_units: int) -> tuple[float, list[int]] | None:
     """Marginal-gain allocation of ``free_units`` over actions with contiguous feasible ranges.
 
     Starts everyone at the minimum and repeatedly gives one unit to the action whose duration drops
@@ -84,7 +77,7 @@ def greedy_arrange(
     heap: list[tuple[float, int]] = []
     for i, a in enumerate(actions):
         if units[i] < a.feasible[-1]:
-            gain = duration(a, units[i]) - duration(a, units[i] + 1)
+            gain = a.model.duration(units[i]) - a.model.duration(units[i] + 1)
             if gain > 1e-12:
                 heap.append((-gain, i))
     heapq.heapify(heap)
@@ -94,7 +87,7 @@ def greedy_arrange(
         left -= 1
         a = actions[i]
         if units[i] < a.feasible[-1]:
-            gain = duration(a, units[i]) - duration(a, units[i] + 1)
+            gain = a.model.duration(units[i]) - a.model.duration(units[i] + 1)
             if gain > 1e-12:
                 heapq.heappush(heap, (-gain, i))
-    return sum(duration(a, u) for a, u in zip(actions, units, strict=True)), units
+    return sum(a.model.duration(u) for a, u in zip(actions, units, strict=True)), units

@@ -7,7 +7,7 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 
-from arl_tangram.core.action import Action, Duration, model_duration
+from arl_tangram.core.action import Action
 
 UnitHeap = list[tuple[float, int]]
 
@@ -38,7 +38,6 @@ def list_schedule(
     waiting: Sequence[Action],
     now: float,
     depth: int,
-    duration: Duration = model_duration,
     total_units: int | None = None,
     branch: Callable[[Action], Sequence[int]] | None = None,
 ) -> float:
@@ -49,7 +48,7 @@ def list_schedule(
     heap = list(heap)
     heapq.heapify(heap)
     cap = sum(u for _, u in heap) if total_units is None else total_units
-    return _ls(heap, list(waiting), 0, now, depth, duration, cap, branch or _all_units)
+    return _ls(heap, list(waiting), 0, now, depth, cap, branch or _all_units)
 
 
 def _all_units(action: Action) -> Sequence[int]:
@@ -62,7 +61,6 @@ def _ls(
     i: int,
     now: float,
     depth: int,
-    duration: Duration,
     cap: int,
     branch: Callable[[Action], Sequence[int]],
 ) -> float:
@@ -73,16 +71,16 @@ def _ls(
             if k > cap:
                 break
             trial = list(heap)
-            d = duration(action, k)
+            d = action.model.duration(k)
             start = _place(trial, k, d)
             if start is None:
                 continue
-            cost = start - now + d + _ls(trial, waiting, i + 1, now, depth - 1, duration, cap, branch)
+            cost = start - now + d + _ls(trial, waiting, i + 1, now, depth - 1, cap, branch)
             best = min(best, cost)
         return best
     total = 0.0
     for action in waiting[i:]:
-        d = duration(action, action.min_units)
+        d = action.model.duration(action.min_units)
         start = _place(heap, action.min_units, d)
         if start is None:
             return math.inf

@@ -70,13 +70,6 @@ class Scratch(Protocol):
         ...
 
 
-@runtime_checkable
-class RestoreAware(Protocol):
-    """A pool that can say how long making an action's service resident would take (GPUs)."""
-
-    def restore_estimate(self, action: Action, k: int) -> float: ...
-
-
 @dataclass(frozen=True)
 class PlacementOption:
     """One way to run an action in a pool whose units cache state (GPU services): ``units`` on the

@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from arl_tangram.core.action import Action, Duration, model_duration
+from arl_tangram.core.action import Action
 from arl_tangram.core.pool import Clocked, Grant, PoolManager, Scratch
 from arl_tangram.core.queue import ActionQueue
 from arl_tangram.errors import CapacityExceeded, InvalidSpec
@@ -95,7 +95,6 @@ class Scheduler(ABC):
         plan: Sequence[tuple[Action, int]],
         now: float,
         scratch: Scratch | None,
-        duration: Duration = model_duration,
     ) -> list[Grant]:
         """Place planned (action, units) in order; an action that cannot be placed as planned gets
         its minimum, and if even that fails admission stops there so FCFS order holds."""
@@ -106,7 +105,7 @@ class Scheduler(ABC):
                 grant = mgr.place(action, action.min_units, now, None)
             if grant is None:
                 break
-            grant.est_end = now + grant.restore_s + duration(action, grant.units)
+            grant.est_end = now + grant.restore_s + action.model.duration(grant.units)
             self.queue.remove(action)
             grants.append(grant)
         return grants

@@ -18,7 +18,8 @@ from arl_tangram.managers.count_op import CountOperator
 
 @dataclass
 class SandboxHost:
-    """One sandbox host: cores grouped by NUMA node, memory for pinned trajectories."""
+    """One sandbox host: cores grouped by NUMA node, memory for pinned trajectories (``pinned``:
+    trajectory to GiB; change it through ``pin`` and ``unpin``, which keep its total)."""
 
     name: str
     numa: list[list[int]]
@@ -34,6 +35,10 @@ class SandboxHost:
             raise InvalidSpec(f"host[{self.name}].numa", "core ids must be unique and non-empty")
         if not self.free:
             self.free = [set(node) for node in self.numa]
+        # Each core's NUMA node, so that giving cores back (once per action) is O(cores given).
+        self._numa_of = {c: i for i, node in enumerate(self.numa) for c in node}
+        # The pinned sessions' memory, kept as a total: every scratch reads it for every host.
+        self._pinned_gib = sum(self.pinned.values())
 
     @property
     def cores(self) -> int:
@@ -45,7 +50,18 @@ class SandboxHost:
 
     @property
     def memory_free(self) -> float:
-        return self.memory_gib - sum(self.pinned.values())
+        return self.memory_gib - self._pinned_gib
+
+    def pin(self, trajectory: str, memory_gib: float) -> None:
+        """Hold ``memory_gib`` here for the trajectory's session until ``unpin``."""
+        self._pinned_gib += memory_gib - self.pinned.get(trajectory, 0.0)
+        self.pinned[trajectory] = memory_gib
+
+    def unpin(self, trajectory: str) -> None:
+        """Release the trajectory's session memory (nothing when it is not pinned here)."""
+        self._pinned_gib -= self.pinned.pop(trajectory, 0.0)
+        if not self.pinned:
+            self._pinned_gib = 0.0  # no rounding left over from the additions
 
     def takes_session(self, memory_gib: float, pinned: int | None = None) -> bool:
         """Whether a new trajectory of ``memory_gib`` may be pinned here (``pinned``: the count
@@ -87,15 +103,14 @@ class SandboxHost:
         return tuple(sorted(chosen_all))
 
     def give_back(self, cores: Sequence[int]) -> None:
+        """Return cores to their NUMA nodes' free sets; a core given back twice is a bug."""
         for c in cores:
-            for i, node in enumerate(self.numa):
-                if c in node:
-                    if c in self.free[i]:
-                        raise ValueError(f"host {self.name}: core {c} released twice")
-                    self.free[i].add(c)
-                    break
-            else:
+            i = self._numa_of.get(c)
+            if i is None:
                 raise ValueError(f"host {self.name}: core {c} is not on this host")
+            if c in self.free[i]:
+                raise ValueError(f"host {self.name}: core {c} released twice")
+            self.free[i].add(c)
 
 
 class _CpuScratch:
@@ -201,7 +216,7 @@ class CpuManager:
         host = self.hosts[host_name]
         if action.trajectory not in self.pins:
             self.pins[action.trajectory] = host.name
-            host.pinned[action.trajectory] = action.memory_gib
+            host.pin(action.trajectory, action.memory_gib)
         cores = host.take_cores(units)
         return Grant(action, units, now, host.name, cores)
 
@@ -236,7 +251,7 @@ class CpuManager:
         """Unpin a finished trajectory and free its memory on its host."""
         host = self.pins.pop(trajectory, None)
         if host is not None:
-            self.hosts[host].pinned.pop(trajectory, None)
+            self.hosts[host].unpin(trajectory)
 
     def next_wakeup(self, now: float) -> float | None:
         return None

@@ -471,17 +471,6 @@ class GpuManager:
         """A residency-aware view for one decision (see ``GpuPlan``)."""
         return GpuPlan(self, now, heat, busy_until)
 
-    def restore_estimate(self, action: Action, k: int) -> float:
-        """Seconds to make the service resident on a free chunk of size k (0 when one holds it)."""
-        if action.service is None or action.mig_profile is not None:
-            return 0.0
-        key = (action.service, k)
-        for node in self.nodes:
-            for start, size in node.free_blocks():
-                if size >= k and any(node.resident(key, s) for s in range(start, start + size, k)):
-                    return 0.0
-        return action.service_gb / self.restore_gbps
-
     def place(self, action: Action, units: int, now: float, plan: Scratch | None = None) -> Grant | None:
         if action.mig_profile is not None:
             for node in self.nodes:

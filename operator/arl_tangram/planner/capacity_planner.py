@@ -410,12 +410,12 @@ class CapacityPlanner:
 
     def _place(self, problem: PlacementProblem) -> tuple[Placement, PlacementReport]:
         limit = self.config.time_limit_s
-        greedy = place_greedy(problem)
-        greedy_cost = placement_cost(problem, greedy).total
-        if problem.is_trivial:
+        if problem.is_trivial:  # most rounds of a steady cluster: no packing to compute
             return Placement(), PlacementReport(
                 "none", None, "", "not-run", 0.0, 0.0, 0.0, limit, "nothing to place"
             )
+        greedy = place_greedy(problem)
+        greedy_cost = placement_cost(problem, greedy).total
         if self.config.solver == "greedy":
             return greedy, PlacementReport(
                 "greedy", None, "", "not-run", greedy_cost, greedy_cost, 0.0, limit, "solver=greedy"

@@ -10,11 +10,11 @@ same busy pool at 100, 1,000 and 10,000 queued actions and 64 or 1,280 cores.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import sys
 import time
-from dataclasses import asdict
 from typing import Any
 
 from tqdm import tqdm
@@ -37,37 +37,27 @@ DEFAULT_POLICIES = "static,fcfs-min,paper,tangram"
 def _run(wl: Workload, policy: str, label: str, quiet: bool, planner: bool = False) -> Summary:
     trajectories = generate(wl)
     total = sum(len(t.steps) for t in trajectories)
+    hook: SimPlanner | None = None
     if planner:
         if wl.planner is None:
             raise InvalidSpec("planner", f"workload {wl.name} has no planner section")
         hook = SimPlanner(wl.planner)
-        with tqdm(
-            total=total, desc=label, unit="act", file=sys.stderr, disable=True if quiet else None, leave=False
-        ) as bar:
-            result = Simulation(
-                wl, policy, trajectories=trajectories, planner=hook, progress=bar.update
-            ).run()
-        # With a planner the capacity itself is elastic: charge what was provisioned, busy or not.
-        result.cpu_core_seconds = hook.unit_seconds["cpu"]
-        result.gpu_seconds = hook.unit_seconds["gpu"]
-        return summarise(result)
     with tqdm(
         total=total, desc=label, unit="act", file=sys.stderr, disable=True if quiet else None, leave=False
     ) as bar:
-        result = Simulation(wl, policy, trajectories=trajectories, progress=bar.update).run()
+        result = Simulation(wl, policy, trajectories=trajectories, planner=hook, progress=bar.update).run()
+    if hook is not None:
+        # With a planner the capacity itself is elastic: charge what was provisioned, busy or not.
+        result.cpu_core_seconds = hook.unit_seconds["cpu"]
+        result.gpu_seconds = hook.unit_seconds["gpu"]
     return summarise(result)
 
 
-def _gpu_candidates(wl: Workload) -> list[int]:
-    """Every GPU count up to the workload's: the last node may be partly in the pool."""
-    return list(range(1, wl.cluster.total_gpus + 1))
-
-
-def gpus_for_act(wl: Workload, policy: str, target: float, quiet: bool) -> int | None:
+def gpus_for_act(wl: Workload, policy: str, target: float) -> int | None:
     """Fewest GPUs (any count up to the workload's; whole nodes, the last one partly in the pool)
     at which ``policy``'s mean GPU ACT is no worse than ``target``; binary search, ACT being taken
     as non-increasing in GPUs. None if even all of the workload's GPUs do not reach it."""
-    cands = _gpu_candidates(wl)
+    cands = list(range(1, wl.cluster.total_gpus + 1))
     memo: dict[int, float] = {}
 
     def act_at(g: int) -> float:
@@ -95,8 +85,6 @@ def gpus_for_act(wl: Workload, policy: str, target: float, quiet: bool) -> int |
 
 def with_planner(wl: Workload, settings: list[str]) -> Workload:
     """The workload with ``KEY=VALUE`` overrides of its planner section (numbers or the solver)."""
-    import dataclasses
-
     if not settings:
         return wl
     if wl.planner is None:
@@ -120,8 +108,6 @@ def with_planner(wl: Workload, settings: list[str]) -> Workload:
 def _workload(args: argparse.Namespace) -> Workload:
     wl = load(args.workload_file) if args.workload_file else builtin(args.workload)
     if args.seed is not None:
-        import dataclasses
-
         wl = dataclasses.replace(wl, seed=args.seed)
     if args.scale is not None:
         wl = with_overrides(wl, scale=args.scale)
@@ -146,8 +132,8 @@ def run_sim(
             elif target is None:
                 found = None
             else:
-                found = gpus_for_act(wl, name, target, quiet)
-            out[name] = Summary(**{**asdict(out[name]), "gpus_for_static_act": found})
+                found = gpus_for_act(wl, name, target)
+            out[name] = dataclasses.replace(out[name], gpus_for_static_act=found)
     if planner:
         out["tangram+planner"] = _run(wl, "tangram", "tangram+planner", quiet, planner=True)
     return out

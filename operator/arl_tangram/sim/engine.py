@@ -170,7 +170,6 @@ class Simulation:
         self.wl = workload
         self.static_gpus = 0
         self._shared: dict[str, _SharedNode] = {}
-        self.arrivals: dict[str, int] = {}
         # Actions that arrived, per pool, for a planner to read and clear (None: nobody reads).
         self.arrival_log: dict[str, list[Action]] | None = None
         self.policy_name = policy
@@ -369,7 +368,6 @@ class Simulation:
         step = st.traj.steps[st.step]
         if st.first_arrival < 0:
             st.first_arrival = now
-        self.arrivals[step.pool] = self.arrivals.get(step.pool, 0) + 1
         action = Action(
             f"{st.traj.id}/{st.step}/{next(self._act_ids)}",
             st.traj.id,

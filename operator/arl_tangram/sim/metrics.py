@@ -42,8 +42,8 @@ def gpu_act(result: SimResult) -> float | None:
     return mean(acts) if acts else None
 
 
-def summarise(result: SimResult, gpus_for_static_act: int | None = None) -> Summary:
-    """The summary of one run."""
+def summarise(result: SimResult) -> Summary:
+    """The summary of one run (``gpus_for_static_act`` is the GPU search's, filled in by the bench)."""
     acts = [r.act for r in result.records]
     return Summary(
         act_mean_s=mean(acts),
@@ -55,7 +55,7 @@ def summarise(result: SimResult, gpus_for_static_act: int | None = None) -> Summ
         makespan_s=result.makespan_s,
         resource_seconds=result.cpu_core_seconds + result.gpu_seconds,
         lost_trajectories=result.lost_trajectories,
-        gpus_for_static_act=gpus_for_static_act,
+        gpus_for_static_act=None,
         decision_us_mean=mean(result.decisions_us),
         decision_us_p99=percentile(result.decisions_us, 99),
         actions=len(acts),

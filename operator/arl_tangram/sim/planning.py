@@ -10,6 +10,7 @@ Provisioned capacity is accounted in unit-seconds (cores or GPUs, starting ones 
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import cast
 
@@ -60,7 +61,6 @@ class SimPlanner:
         self.rounds: list[ScalingPlan] = []
         self._last = 0.0
         self._seen_records = 0
-        self._seen_arrivals: dict[str, int] = {}
         self._rate: dict[str, float] = {}
         self._work: dict[str, tuple[float, float]] = {}
         self._n = 0
@@ -120,6 +120,7 @@ class SimPlanner:
         sim.arrival_log = {}
         # Start at the floor, ready at once (a warm cluster before the rollout begins).
         plan = self.planner.plan(self._snapshot(sim, 0.0))
+        self.rounds.append(plan)
         for add in plan.adds:
             self._add(
                 sim, add.pool, add.node, add.units, add.cpu_millicores, add.memory_bytes, add.gpus, 0.0, 0.0
@@ -243,15 +244,14 @@ class SimPlanner:
     # ---- the snapshot round ------------------------------------------------------------------------------
     def _snapshot(self, sim: Simulation, now: float) -> ClusterSnapshot:
         instances = []
+        # Instances are hosts (sandbox hosts, GPU nodes) of their own names: count grants by host once.
+        running_on = Counter(g.host for g in sim.scheduler.running.values())
         for inst in self.instances.values():
             running, pinned = 0, 0
             if inst.phase != "starting":
+                running = running_on[inst.name]
                 if inst.pool == "cpu" and sim.cpu is not None:
-                    host = sim.cpu.hosts[inst.name]
-                    running = sum(1 for g in sim.scheduler.running.values() if g.host == inst.name)
-                    pinned = len(host.pinned)
-                elif sim.gpu is not None:
-                    running = sum(1 for g in sim.scheduler.running.values() if g.host == inst.name)
+                    pinned = len(sim.cpu.hosts[inst.name].pinned)
             instances.append(
                 InstanceSnapshot(
                     inst.name,
@@ -277,7 +277,6 @@ class SimPlanner:
             running_g = [g for g in sim.scheduler.running.values() if g.action.pool == pool]
             done = [r for r in recent if r.pool == pool]
             arrived = log.pop(pool, [])
-            self._seen_arrivals[pool] = sim.arrivals.get(pool, 0)
             # The steady-state term sizes for the parallelism the scheduler would give each action
             # with room to spare (its largest DoP still at target_efficiency), so that elastic
             # actions keep their speed; sizing by the units they got would chase its own tail.

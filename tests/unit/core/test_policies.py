@@ -71,6 +71,7 @@ def check_invariants(
     for name, host in mgr.hosts.items():
         assert host.free_cores + len(seen.get(name, set())) == host.cores, "cores leaked or over-allocated"
         assert sum(host.pinned.values()) <= host.memory_gib + 1e-9
+        assert host.memory_free == pytest.approx(host.memory_gib - sum(host.pinned.values()))
     waiting = list(sched.queue.fcfs("cpu"))
     for g in admitted:
         a = g.action
@@ -283,3 +284,18 @@ def test_tangram_fcfs_is_per_pinned_host() -> None:
     # not take h0's free core ahead of a1 (and h1 is full now), so it waits too.
     assert started == {"b1": "h1"}
     assert [a.id for a in sched.queue.fcfs("cpu")] == ["a1", "c0"]
+
+
+def test_gpu_tangram_without_residency_arranges_chunks_by_the_dp() -> None:
+    gpu = GpuManager([GpuNode("n0", 8)])
+    curve = ((1, 1.0), (2, 0.9), (4, 0.8), (8, 0.5))
+    sched = TangramPolicy({"gpu": gpu}, restore_aware=False)
+    for i in range(2):
+        sched.submit(
+            Action(f"r{i}", f"t{i}", "gpu", (1, 2, 4, 8), EfficiencyCurve(1.0, curve), service=f"s{i}"), 0.0
+        )
+    grants = sched.schedule(0.0)
+    # Blind to residency, the DP gives each a 4-chunk: 1/3.2 s each, 0.625 s in all, against
+    # 1/4 s + 2/4 s = 0.75 s for one after the other on all 8 GPUs.
+    assert sorted(g.units for g in grants) == [4, 4]
+    assert not set(grants[0].unit_ids) & set(grants[1].unit_ids)

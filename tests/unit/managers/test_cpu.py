@@ -48,6 +48,18 @@ def test_release_returns_cores_and_refuses_double_release() -> None:
         mgr.release(g, 2.0)
 
 
+def test_released_cores_go_back_to_their_own_numa_node() -> None:
+    host = SandboxHost.uniform("h", 8, 2, 8.0)
+    mgr = CpuManager([host])
+    grants = [mgr.place(act(i, f"t{i}"), k, 0.0) for i, k in enumerate((3, 5))]  # 5 spans both nodes
+    for g in grants:
+        assert g is not None
+        mgr.release(g, 1.0)
+    assert host.free == [set(node) for node in host.numa]
+    with pytest.raises(ValueError, match="not on this host"):
+        host.give_back([99])
+
+
 def test_pinning_follows_memory_then_load_and_unpins_at_the_end() -> None:
     a = SandboxHost.uniform("a", 8, 1, 3.0)
     b = SandboxHost.uniform("b", 8, 1, 3.0)

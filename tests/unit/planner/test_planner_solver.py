@@ -99,7 +99,8 @@ def test_solver_error_reuses_the_last_good_plan_too() -> None:
 
 def hard_packing_snapshot():
     """16 pools of 3/5/7/11-core hosts, six hosts each, onto 30 nodes of 23 cores: symmetric and hard
-    enough that neither solver proves optimality in a fraction of a second on this machine."""
+    enough that neither solver proves optimality in seconds (3 s with either, ten times the limit
+    the test gives), so the outcome does not hang on the machine's speed."""
     pools = [sandbox_pool(f"p{i}", host_cores=(3, 5, 7, 11)[i % 4], host_memory_gib=1) for i in range(16)]
     nodes = [cpu_node(f"n{j:02d}", cores=23) for j in range(30)]
     demand = [PoolDemand(p.name, 6 * p.host_cores, 6 * p.host_cores) for p in pools]

@@ -29,7 +29,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import cast
 
-from arl_tangram.core.action import Action, Duration, model_duration
+from arl_tangram.core.action import Action
 from arl_tangram.core.dparrange import dp_arrange, greedy_arrange, is_contiguous
 from arl_tangram.core.estimate import UnitHeap, list_schedule
 from arl_tangram.core.pool import (
@@ -38,7 +38,6 @@ from arl_tangram.core.pool import (
     PlacementOption,
     PoolManager,
     ResidencyPlanner,
-    RestoreAware,
     Scratch,
 )
 from arl_tangram.core.queue import Lane
@@ -70,11 +69,11 @@ class TangramPolicy(Scheduler):
         self.depth = depth
         self.aging_s = aging_s
         self.weights = dict(tenant_weights or {})
+        # False: GPU pools take the DP over buddy chunks, blind to where services are resident.
         self.restore_aware = restore_aware
         self.first_gap_s = first_gap_s
         self.vtime: dict[str, dict[str, float]] = {}
         self._running_by_pool: dict[str, dict[int, tuple[float, int]]] = {}
-        self._aware: dict[str, bool] = {}
         self._resident: dict[str, bool] = {}
         self._pins: dict[str, bool] = {}
         self._held: set[str] = set()  # this decision's hosts closed to new sessions
@@ -138,35 +137,14 @@ class TangramPolicy(Scheduler):
         return cls, vt.get(action.tenant, 0.0), action.seq
 
     # ---- decision --------------------------------------------------------------------------------
-    def _restore_aware(self, mgr: PoolManager) -> bool:
-        known = self._aware.get(mgr.pool)
-        if known is None:
-            known = self._aware[mgr.pool] = self.restore_aware and isinstance(mgr, RestoreAware)
-        return known
-
     def _pinning(self, mgr: PoolManager) -> Pinning | None:
         known = self._pins.get(mgr.pool)
         if known is None:
             known = self._pins[mgr.pool] = isinstance(mgr, Pinning)
         return cast(Pinning, mgr) if known else None
 
-    def _duration_for(self, mgr: PoolManager) -> Duration:
-        if self._restore_aware(mgr) and isinstance(mgr, RestoreAware):
-            aware = mgr
-            memo: dict[tuple[str | None, float, int], float] = {}  # the cache cannot change mid-decision
-
-            def with_restore(action: Action, k: int) -> float:
-                key = (action.service, action.service_gb, k)
-                restore = memo.get(key)
-                if restore is None:
-                    restore = memo[key] = aware.restore_estimate(action, k)
-                return action.model.duration(k) + restore
-
-            return with_restore
-        return model_duration
-
     def _arrange(
-        self, mgr: PoolManager, admitted: Sequence[Action], duration: Duration
+        self, mgr: PoolManager, admitted: Sequence[Action]
     ) -> tuple[float, list[int], Scratch, bool] | None:
         """Units per admitted action, summed duration, the scratch, and whether any elastic action
         was left short of its maximum (capacity binding)."""
@@ -188,12 +166,12 @@ class TangramPolicy(Scheduler):
                 fixed = [a for a in part.actions if not a.elastic]
                 for a in fixed:
                     units_of[id(a)] = a.min_units
-                    total += duration(a, a.min_units)
+                    total += a.model.duration(a.min_units)
                 free = part.free_units - sum(a.min_units for a in fixed)
-                res = greedy_arrange(elastic, free, duration) if elastic else (0.0, [])
+                res = greedy_arrange(elastic, free) if elastic else (0.0, [])
                 chosen = elastic
             else:
-                res = dp_arrange(part.actions, part.operator, duration=duration)
+                res = dp_arrange(part.actions, part.operator)
                 chosen = list(part.actions)
             if res is None:
                 return None
@@ -276,13 +254,11 @@ class TangramPolicy(Scheduler):
                 break
         if not cands:
             return []
-        duration = self._duration_for(mgr)
         if not any(a.elastic for a in cands):
-            return self._commit(mgr, self._defer(mgr, [(a, a.min_units) for a in cands], now), now, prefix)
-        arranged = self._arrange(mgr, cands, duration)
+            return self._commit(mgr, [(a, a.min_units) for a in cands], now, prefix)
+        arranged = self._arrange(mgr, cands)
         if arranged is None:
-            plan = self._defer(mgr, [(a, a.min_units) for a in cands], now)
-            return self._commit(mgr, plan, now, prefix, duration)
+            return self._commit(mgr, [(a, a.min_units) for a in cands], now, prefix)
         total, units, scratch, binding = arranged
         keep = len(cands)
         if binding and self.max_evict > 0:
@@ -290,18 +266,17 @@ class TangramPolicy(Scheduler):
                 if len(blocked) >= self.wait_window:
                     break
                 blocked.append(action)
-            best = total + self._waiting_cost(mgr, cands, units, blocked, now, duration)
+            best = total + self._waiting_cost(mgr, cands, units, blocked, now)
             for t in range(1, min(self.max_evict, len(cands) - 1) + 1):
-                trial = self._arrange(mgr, cands[:-t], duration)
+                trial = self._arrange(mgr, cands[:-t])
                 if trial is None:
                     break
                 waiting = cands[-t:] + blocked
-                obj = trial[0] + self._waiting_cost(mgr, cands[:-t], trial[1], waiting, now, duration)
+                obj = trial[0] + self._waiting_cost(mgr, cands[:-t], trial[1], waiting, now)
                 if obj >= best:
                     break
                 best, units, scratch, keep = obj, trial[1], trial[2], len(cands) - t
-        plan = self._defer(mgr, list(zip(cands[:keep], units, strict=True)), now)
-        return self._commit(mgr, plan, now, scratch, duration)
+        return self._commit(mgr, list(zip(cands[:keep], units, strict=True)), now, scratch)
 
     def heat(self, pool: str, now: float) -> dict[str, float]:
         """Expected demand of each service, 0..1: 1 while it runs or waits, else decaying with the
@@ -374,41 +349,6 @@ class TangramPolicy(Scheduler):
             chosen.append((action, best_now.units))
         return self._commit(mgr, chosen, now, plan)
 
-    def _defer(
-        self, mgr: PoolManager, plan: list[tuple[Action, int]], now: float
-    ) -> list[tuple[Action, int]]:
-        if self.restore_aware and isinstance(mgr, RestoreAware):
-            return self._defer_cold_starts(mgr, plan, now)
-        return plan
-
-    def _defer_cold_starts(
-        self, mgr: RestoreAware, plan: list[tuple[Action, int]], now: float
-    ) -> list[tuple[Action, int]]:
-        """Cut the plan before the first action whose service would be restored on a cold chunk
-        although a chunk where it is resident frees sooner than the restore takes. Waiting for it
-        is faster, and restoring would evict other services' weights. Cutting (not skipping) keeps
-        admission a FCFS prefix."""
-        if not plan:
-            return plan
-        pool = plan[0][0].pool
-        free_at: dict[str, tuple[float, int]] = {}
-        for g in self.running.values():
-            svc = g.action.service
-            if svc is not None and g.action.pool == pool:
-                best = free_at.get(svc)
-                if best is None or g.est_end < best[0]:
-                    free_at[svc] = (g.est_end, g.units)
-        for i, (action, k) in enumerate(plan):
-            if action.service is None or action.service not in free_at:
-                continue
-            restore = mgr.restore_estimate(action, k)
-            if restore <= 0:
-                continue
-            t_free, k_warm = free_at[action.service]
-            if max(0.0, t_free - now) + action.model.duration(k_warm) < restore + action.model.duration(k):
-                return plan[:i]
-        return plan
-
     def _waiting_cost(
         self,
         mgr: PoolManager,
@@ -416,20 +356,17 @@ class TangramPolicy(Scheduler):
         units: Sequence[int],
         waiting: Sequence[Action],
         now: float,
-        duration: Duration,
     ) -> float:
         need = sum(a.min_units for a in waiting) + max((a.feasible[-1] for a in waiting), default=0)
         heap = self._running_heap(mgr, need, now)
         used = 0
         for a, k in zip(admitted, units, strict=True):
-            heap.append((now + duration(a, k), k))
+            heap.append((now + a.model.duration(k), k))
             used += k
         left = mgr.free_units() - used
         if left > 0:
             heap.append((now, left))
-        cost = list_schedule(
-            heap, waiting, now, self.depth, duration, total_units=mgr.total_units(), branch=_ladder
-        )
+        cost = list_schedule(heap, waiting, now, self.depth, total_units=mgr.total_units(), branch=_ladder)
         return cost if math.isfinite(cost) else 1e18
 
 
