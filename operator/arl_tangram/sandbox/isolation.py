@@ -74,6 +74,13 @@ def mount(source: str, target: str, fstype: str | None, flags: int, data: str | 
     )
 
 
+def resolve_libc() -> None:
+    """Look up the libc functions an action's child calls, so that a forked child finds them cached
+    (the first attribute access on a ``CDLL`` runs ``dlsym`` and builds a function object)."""
+    for name in ("prctl", "unshare", "setns"):
+        getattr(_libc, name)
+
+
 def malloc_trim() -> None:
     """Give freed heap back to the system (less for each fork to copy)."""
     trim = getattr(_libc, "malloc_trim", None)  # glibc only
