@@ -208,6 +208,13 @@ class ForkServer:
             list(self.config.get("readable", [])),
             pid_namespace=not self.config.get("no_pid_namespace"),
         )
+        try:
+            # Once here instead of in every child: it is inherited by every fork and exec and can
+            # never be unset, so no action (nor anything it executes) can gain privileges through a
+            # set-uid program. The fork server itself never executes anything.
+            isolation.prctl(isolation.PR_SET_NO_NEW_PRIVS, 1)
+        except OSError as exc:
+            self.iso.notes = (*self.iso.notes, f"no_new_privs failed ({exc.strerror})")
         if self.iso.pid_namespace:
             self.own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         else:
@@ -933,8 +940,8 @@ def _child_main(
         # microseconds before, the action still ends at its CPU-time limit.)
         with _suppress(OSError):
             isolation.prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
-        with _suppress(OSError):
-            isolation.prctl(isolation.PR_SET_NO_NEW_PRIVS, 1)
+        # No new privileges: inherited from the fork server, which set it once at start-up (it is
+        # inherited by every fork and can never be unset; one ctypes call less in each child).
         limits = msg.get("limits", {})
         for name, value in limits.items():
             if value:

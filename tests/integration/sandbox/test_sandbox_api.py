@@ -121,6 +121,17 @@ def test_native_execute_reports_cores_uid_and_fresh_workdir(agent: Agent) -> Non
     assert str(first["stdout"]).split()[-1] != str(second["stdout"]).split()[-1]
 
 
+def test_actions_run_with_no_new_privileges(agent: Agent) -> None:
+    # Set once in the fork server and inherited: an action (and what it executes) cannot gain
+    # privileges through a set-uid program.
+    code = "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('NoNewPrivs')])"
+    for runtime in ("python", "bash"):
+        body = code if runtime == "python" else "grep NoNewPrivs /proc/self/status"
+        result = agent.execute(body, runtime=runtime)
+        assert result["status"] == "ok", result
+        assert "1" in str(result["stdout"]) and "0" not in str(result["stdout"]), result
+
+
 def test_foreign_core_grant_is_rejected(agent: Agent) -> None:
     resp = agent.post("/v1/execute", {"code": "print(1)", "cores": [4096]})
     assert resp.status_code == 400
