@@ -22,6 +22,7 @@ from __future__ import annotations
 # torn down by each child's exit. No typing, dataclasses, json, selectors, contextlib or traceback;
 # socket only where a session interpreter needs descriptor passing.
 import atexit
+import builtins  # imported here, not in each child (an import statement there costs page faults)
 import gc
 import heapq
 import marshal
@@ -939,7 +940,7 @@ def _child_main(
         # Set after the uid change, which would clear it. (Should the fork server die in the few
         # microseconds before, the action still ends at its CPU-time limit.)
         with _suppress(OSError):
-            isolation.prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
+            _SET_PDEATHSIG_KILL()
         # No new privileges: inherited from the fork server, which set it once at start-up (it is
         # inherited by every fork and can never be unset; one ctypes call less in each child).
         limits = msg.get("limits", {})
@@ -987,6 +988,7 @@ def _warm_child_path() -> None:
     isolation.resolve_libc()
 
 
+_SET_PDEATHSIG_KILL = isolation.prepared_prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
 _RLIMITS = {
     "cpu": resource.RLIMIT_CPU,
     "as": resource.RLIMIT_AS,
@@ -997,8 +999,6 @@ _RLIMITS = {
 
 
 def _fresh_main_module() -> dict[str, Any]:
-    import builtins
-
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = builtins
     sys.modules["__main__"] = main
