@@ -199,6 +199,7 @@ class ForkServer:
         self.outq: list[bytes] = []
         self.pool = CorePool(list(config.get("cores", [])))
         self.queue: deque[dict[str, Any]] = deque()
+        self.applied_env: dict[str, str] = dict(os.environ)  # what os.environ holds (see _apply_env)
 
     # ---- start-up ---------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -345,11 +346,22 @@ class ForkServer:
         env = dict(msg.get("env", {}))
         env["TANGRAM_ACTION_ID"] = str(msg.get("id"))
         current = os.environ
-        for key in [k for k in current if k not in env]:
+        applied = self.applied_env
+        if len(current) != len(applied):
+            # Someone else changed the environment: compare against the real one (slower: reading
+            # os.environ decodes every key and value).
+            applied.clear()
+            applied.update(current)
+        # Compared with our own record of what we set, not with os.environ: reading that decodes
+        # every key and value, and the pages those fresh objects land on are copy-on-write again
+        # after each fork (measured: 8 of this process's 233 page faults per action).
+        for key in [k for k in applied if k not in env]:
             del current[key]
+            del applied[key]
         for key, value in env.items():
-            if current.get(key) != value:
+            if applied.get(key) != value:
                 current[key] = value
+                applied[key] = value
 
     def _make_workdir(self, msg: dict[str, Any]) -> None:
         # Here rather than in the child: a few system calls in this process, instead of the child's
