@@ -189,6 +189,7 @@ class ForkServer:
         self.config = config
         self.sel = _Poller()
         self.rbuf = bytearray()
+        self.rchunk = memoryview(bytearray(1 << 20))
         self.calls: dict[int, Call] = {}
         self.fd_owner: dict[int, tuple[str, Call]] = {}
         self.timers: list[tuple[float, int]] = []
@@ -283,12 +284,14 @@ class ForkServer:
 
     def _on_agent(self) -> bool:
         try:
-            chunk = os.read(self.sock, 1 << 20)
+            # Into one buffer kept for the process's life: os.read's fresh megabyte would be an
+            # mmap, a page fault, an mremap and a munmap per read.
+            size = os.readv(self.sock, [self.rchunk])
         except BlockingIOError:
             return True
-        if not chunk:
+        if not size:
             return False
-        self.rbuf += chunk
+        self.rbuf += self.rchunk[:size]
         for msg in wire.decode_frames(self.rbuf):
             op = msg.get("op")
             try:
