@@ -275,6 +275,12 @@ class ForkServer:
             return
         view = memoryview(b"".join(self.outq))
         self.outq.clear()
+        # Usually the socket buffer takes it all at once: no switch to blocking and back (two
+        # ioctls) for that.
+        with _suppress(BlockingIOError):
+            view = view[os.write(self.sock, view) :]
+        if not view:
+            return
         os.set_blocking(self.sock, True)
         try:
             while view:
@@ -383,11 +389,14 @@ class ForkServer:
             return os.fork()
         isolation.unshare(isolation.CLONE_NEWPID)
         try:
-            return os.fork()
-        finally:
-            if os.getpid() != 1:
-                # Back to our own namespace for the next unshare (only one child may be its init).
-                isolation.setns(self.own_pidns, isolation.CLONE_NEWPID)
+            pid = os.fork()
+        except BaseException:
+            isolation.setns(self.own_pidns, isolation.CLONE_NEWPID)
+            raise
+        if pid:
+            # Back to our own namespace for the next unshare (only one child may be its init).
+            isolation.setns(self.own_pidns, isolation.CLONE_NEWPID)
+        return pid
 
     def _start_run(self, msg: dict[str, Any]) -> None:
         self._make_workdir(msg)
