@@ -234,6 +234,9 @@ class ForkServer:
         if failed:
             self.iso.notes = (*self.iso.notes, "preload failed: " + ", ".join(failed))
         _warm_child_path()
+        # After the preloads, which may have changed the environment: from here on only
+        # _apply_env does.
+        self.applied_env = dict(os.environ)
         # Keep the children's copy-on-write pages shared: the collector would otherwise touch them all.
         gc.collect()
         gc.freeze()
