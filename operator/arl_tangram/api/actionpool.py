@@ -23,6 +23,7 @@ from arl_tangram.api.meta import (
     ObjectMeta,
     TangramModel,
     defaulted,
+    name_fits_a_label,
     no_duplicates,
 )
 from arl_tangram.api.quantity import PositiveQuantity, parse_quantity
@@ -324,14 +325,7 @@ class ActionPool(TangramModel):
     """A pool of CPU sandboxes that runs code and test actions, one action at a time per core grant."""
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
-        CelRule(
-            rule=f"self.metadata.name.size() <= {MAX_POOL_NAME_LENGTH}",
-            message=f"the name of an ActionPool holds at most {MAX_POOL_NAME_LENGTH} characters "
-            "(it becomes a label value on the pool's pods)",
-            check=lambda s: s.metadata.name is None or len(s.metadata.name) <= MAX_POOL_NAME_LENGTH,
-            field="metadata.name",
-            emit_field_path=False,
-        ),
+        name_fits_a_label("ActionPool", MAX_POOL_NAME_LENGTH, "pool"),
     )
 
     api_version: Literal["tangram.arl.dev/v1alpha1"] = Field(default=API_VERSION, description="API version.")

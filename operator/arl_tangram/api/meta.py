@@ -70,6 +70,19 @@ class CelRule:
         return entry
 
 
+def name_fits_a_label(kind: str, max_length: int, owner: str) -> CelRule:
+    """The rule that an object's name fits ``max_length``: it becomes a label value on its pods."""
+    article = "an" if kind[0] in "AEIOU" else "a"
+    return CelRule(
+        rule=f"self.metadata.name.size() <= {max_length}",
+        message=f"the name of {article} {kind} holds at most {max_length} characters "
+        f"(it becomes a label value on the {owner}'s pods)",
+        check=lambda s: s.metadata.name is None or len(s.metadata.name) <= max_length,
+        field="metadata.name",
+        emit_field_path=False,
+    )
+
+
 def _add_cel_rules(schema: dict[str, Any], cls: type[BaseModel]) -> None:
     rules: tuple[CelRule, ...] = getattr(cls, "cel_rules", ())
     if rules:

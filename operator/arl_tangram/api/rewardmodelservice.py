@@ -21,6 +21,7 @@ from arl_tangram.api.meta import (
     ObjectMeta,
     TangramModel,
     defaulted,
+    name_fits_a_label,
     no_duplicates,
 )
 from arl_tangram.api.quantity import PositiveQuantity
@@ -276,14 +277,7 @@ class RewardModelService(TangramModel):
     """A model service (reward model, judge, teacher) on shared GPUs, restored on demand."""
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
-        CelRule(
-            rule=f"self.metadata.name.size() <= {MAX_SERVICE_NAME_LENGTH}",
-            message=f"the name of a RewardModelService holds at most {MAX_SERVICE_NAME_LENGTH} characters "
-            "(it becomes a label value on the service's pods)",
-            check=lambda s: s.metadata.name is None or len(s.metadata.name) <= MAX_SERVICE_NAME_LENGTH,
-            field="metadata.name",
-            emit_field_path=False,
-        ),
+        name_fits_a_label("RewardModelService", MAX_SERVICE_NAME_LENGTH, "service"),
     )
 
     api_version: Literal["tangram.arl.dev/v1alpha1"] = Field(default=API_VERSION, description="API version.")
