@@ -16,6 +16,7 @@ from testbed import (
     Cluster,
     Json,
     condition,
+    deployment_manifest,
     echo_answers,
     echo_container,
     http_get_json,
@@ -67,23 +68,9 @@ def test_pods_serve_http_at_their_own_pod_ips(cluster: Cluster, namespace: str) 
 
 
 def test_deployment_produces_its_pods(cluster: Cluster, namespace: str) -> None:
-    labels = {"app": "sleepers"}
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "sleepers"},
-        "spec": {
-            "replicas": 3,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "terminationGracePeriodSeconds": 5,
-                    "containers": [{"name": "sleep", "image": IMAGE, "command": ["sleep", "3600"]}],
-                },
-            },
-        },
-    }
+    deployment = deployment_manifest(
+        "sleepers", 3, [{"name": "sleep", "image": IMAGE, "command": ["sleep", "3600"]}]
+    )
     cluster.apps.create_namespaced_deployment(namespace, deployment)
     wait_for(
         cluster.apps.list_namespaced_deployment,
@@ -100,20 +87,7 @@ def test_deployment_produces_its_pods(cluster: Cluster, namespace: str) -> None:
 
 
 def test_deleting_an_owner_deletes_its_children(cluster: Cluster, namespace: str) -> None:
-    labels = {"app": "owned"}
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "owned"},
-        "spec": {
-            "replicas": 2,
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {"terminationGracePeriodSeconds": 5, "containers": [echo_container()]},
-            },
-        },
-    }
+    deployment = deployment_manifest("owned", 2, [echo_container()])
     cluster.apps.create_namespaced_deployment(namespace, deployment)
     wait_for(
         cluster.apps.list_namespaced_deployment,

@@ -326,6 +326,24 @@ def pod_manifest(name: str, containers: list[Json], **spec: Any) -> Json:
     }
 
 
+def deployment_manifest(name: str, replicas: int, containers: list[Json]) -> Json:
+    """A Deployment whose pods carry the label ``app: <name>`` (as ``pod_manifest``'s do)."""
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"terminationGracePeriodSeconds": 5, "containers": containers},
+            },
+        },
+    }
+
+
 def shell_container(script: str, name: str = "main", **extra: Any) -> Json:
     return {"name": name, "image": IMAGE, "command": ["sh", "-c", script], **extra}
 
