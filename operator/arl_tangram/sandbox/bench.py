@@ -27,8 +27,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import aiohttp
-
 PAYLOADS = {
     "print": ("print(1+1)", "2\n"),
     "asserts": (
@@ -200,39 +198,155 @@ async def measure(
     )
 
 
-JSON_HEADERS = {"Content-Type": "application/json"}
+class HttpError(Exception):
+    """A response the bench's client could not read (names what was wrong)."""
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection: one request in flight, its response read in place."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.waiter: asyncio.Future[tuple[int, bytes]] | None = None
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if self.waiter is not None and not self.waiter.done():
+            try:
+                done = _parse_response(self.buf)
+            except HttpError as exc:
+                self.waiter.set_exception(exc)
+                return
+            if done is not None:
+                self.waiter.set_result(done)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(HttpError(f"connection closed before the response ended ({exc})"))
+
+    def request(self, data: bytes) -> asyncio.Future[tuple[int, bytes]]:
+        assert self.transport is not None
+        self.buf.clear()
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(data)
+        return self.waiter
+
+
+def _parse_response(buf: bytearray) -> tuple[int, bytes] | None:
+    """(status, body) once ``buf`` holds a whole response; ``None`` while it does not yet."""
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    head = bytes(buf[:end]).decode("latin-1").split("\r\n")
+    try:
+        status = int(head[0].split(" ", 2)[1])
+    except (IndexError, ValueError):
+        raise HttpError(f"not an HTTP status line: {head[0][:80]!r}") from None
+    headers = {}
+    for line in head[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    body_at = end + 4
+    if "content-length" in headers:
+        size = int(headers["content-length"])
+        if len(buf) - body_at < size:
+            return None
+        return status, bytes(buf[body_at : body_at + size])
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        body = bytearray()
+        at = body_at
+        while True:
+            line_end = buf.find(b"\r\n", at)
+            if line_end < 0:
+                return None
+            size = int(bytes(buf[at:line_end]).split(b";")[0], 16)
+            if len(buf) < line_end + 2 + size + 2:
+                return None
+            if size == 0:
+                return status, bytes(body)
+            body += buf[line_end + 2 : line_end + 2 + size]
+            at = line_end + 2 + size + 2
+    raise HttpError("a response with neither Content-Length nor chunked encoding")
+
+
+class HttpClient:
+    """A lean keep-alive HTTP/1.1 client for the bench's load.
+
+    The load generator shares the machine's cores with what it measures, so it must cost as little
+    as it can (what ``wrk`` is to C servers): one connection per concurrent caller, requests built
+    once, responses parsed in place. Every response is still read whole, JSON-decoded and checked.
+    """
+
+    def __init__(self, url: str) -> None:
+        rest = url.split("://", 1)[-1].rstrip("/")
+        hostport, _, prefix = rest.partition("/")
+        host, _, port = hostport.rpartition(":")
+        if not host:
+            host, port = hostport, "80"
+        self.host, self.port, self.prefix = host, int(port), f"/{prefix}".rstrip("/")
+        self.idle: list[_Connection] = []
+        self.all: list[_Connection] = []
+
+    def post_bytes(self, path: str, body: bytes) -> bytes:
+        """The whole request for ``body`` posted as JSON to ``path`` (built once per payload)."""
+        return (
+            f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+
+    async def send(self, request: bytes) -> tuple[int, bytes]:
+        """Send a prepared request; returns (status, body)."""
+        conn = self.idle.pop() if self.idle else None
+        if conn is None or conn.closed:
+            _, conn = await asyncio.get_running_loop().create_connection(_Connection, self.host, self.port)
+            self.all.append(conn)
+        result = await conn.request(request)
+        self.idle.append(conn)
+        return result
+
+    def close(self) -> None:
+        for conn in self.all:
+            if conn.transport is not None:
+                conn.transport.close()
 
 
 def _encoded(body: dict[str, Any]) -> bytes:
     return json.dumps(body).encode()
 
 
-def http_native(session: aiohttp.ClientSession, url: str) -> Call:
+def http_native(client: HttpClient) -> Call:
     """A call through ``/v1/execute``."""
-    bodies = {code: _encoded({"runtime": "python", "code": code}) for code, _ in PAYLOADS.values()}
+    requests = {
+        code: client.post_bytes("/v1/execute", _encoded({"runtime": "python", "code": code}))
+        for code, _ in PAYLOADS.values()
+    }
 
     async def call(code: str, expected: str) -> bool:
-        data = bodies.get(code) or _encoded({"runtime": "python", "code": code})
-        async with session.post(f"{url}/v1/execute", data=data, headers=JSON_HEADERS) as resp:
-            body: dict[str, Any] = json.loads(await resp.read())
-            return resp.status == 200 and body["status"] == "ok" and body["stdout"] == expected
+        status, raw = await client.send(requests[code])
+        body: dict[str, Any] = json.loads(raw)
+        return status == 200 and body["status"] == "ok" and body["stdout"] == expected
 
     return call
 
 
-def http_run_code(session: aiohttp.ClientSession, url: str) -> Call:
+def http_run_code(client: HttpClient) -> Call:
     """A call through a SandboxFusion-compatible ``/run_code`` (ours or the peer's)."""
-    bodies = {code: _encoded({"code": code, "language": "python"}) for code, _ in PAYLOADS.values()}
+    requests = {
+        code: client.post_bytes("/run_code", _encoded({"code": code, "language": "python"}))
+        for code, _ in PAYLOADS.values()
+    }
 
     async def call(code: str, expected: str) -> bool:
-        data = bodies.get(code) or _encoded({"code": code, "language": "python"})
-        async with session.post(f"{url}/run_code", data=data, headers=JSON_HEADERS) as resp:
-            body: dict[str, Any] = json.loads(await resp.read())
-            return (
-                resp.status == 200
-                and body["status"] == "Success"
-                and body["run_result"]["stdout"] == expected
-            )
+        status, raw = await client.send(requests[code])
+        body: dict[str, Any] = json.loads(raw)
+        return status == 200 and body["status"] == "Success" and body["run_result"]["stdout"] == expected
 
     return call
 
@@ -279,21 +393,18 @@ async def run_bench(
     which, unlike throughput, other load on the machine hardly moves."""
     cases: list[Case] = []
     _lean_child_watcher()
-    connector = aiohttp.TCPConnector(limit=max(concurrency), force_close=False)
-    timeout = aiohttp.ClientTimeout(total=120)
     # The client shares the machine's cores with what it measures, so it is kept lean for every
-    # method alike: one keep-alive session and pre-encoded bodies for HTTP, no cookie handling;
-    # a pidfd per child instead of a waiting thread for the fresh processes (see below).
-    async with aiohttp.ClientSession(
-        connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar()
-    ) as session:
+    # method alike: keep-alive connections and requests built once for HTTP; a pidfd per child
+    # instead of a waiting thread for the fresh processes.
+    ours, theirs = HttpClient(url), HttpClient(peer) if peer else None
+    try:
         methods: list[tuple[str, Call, CpuProbe | None]] = [
-            ("native", http_native(session, url), agent),
-            ("run_code", http_run_code(session, url), agent),
+            ("native", http_native(ours), agent),
+            ("run_code", http_run_code(ours), agent),
             ("fresh-process", fresh_process(), children_cpu),
         ]
-        if peer:
-            methods.append(("peer", http_run_code(session, peer.rstrip("/")), None))
+        if theirs is not None:
+            methods.append(("peer", http_run_code(theirs), None))
         for method, call, _ in methods:
             # Warm connections, fork servers and caches once, outside the measurement.
             await measure(call, method, "print", max(concurrency), max(concurrency))
@@ -301,6 +412,10 @@ async def run_bench(
             for c in concurrency:
                 for method, call, cpu in methods:
                     cases.append(await measure(call, method, payload, c, requests, cpu, cpu_ms))
+    finally:
+        ours.close()
+        if theirs is not None:
+            theirs.close()
     order = {name: i for i, (name, _, _) in enumerate(methods)}
     cases.sort(key=lambda c: (order[c.method], c.payload != "print", c.concurrency))
     return cases

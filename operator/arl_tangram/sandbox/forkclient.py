@@ -34,6 +34,7 @@ def forkserver_environment() -> dict[str, str]:
         "LANG": "C.UTF-8",
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONIOENCODING": "utf-8",
+        "LD_BIND_NOW": "1",
     }
     if "PYTHONPATH" in os.environ:
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
