@@ -17,11 +17,13 @@ help: ## list the targets
 .PHONY: install system-deps
 install: $(STAMP) ## create .venv (when missing) and install the package with its test extras
 
-$(STAMP): pyproject.toml hack/system-deps.sh
+$(STAMP): pyproject.toml setup.py operator/arl_tangram/sandbox/_zygote.c hack/system-deps.sh
 	@bash hack/system-deps.sh
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
+	@$(BIN)/python -c 'import arl_tangram.sandbox._zygote' 2>/dev/null \
+	  || echo "install: the C fork loop did not build (no C compiler?); the sandbox forks from Python, slower" >&2
 	@touch $@
 
 system-deps: ## install the Debian packages the sandbox and the test bed use (bubblewrap, ...)

@@ -4,6 +4,8 @@
 set -euo pipefail
 need=()
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+# The sandbox zygote's fork loop is C (operator/arl_tangram/sandbox/_zygote.c), built at install.
+command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 # The local test bed (hack/cluster-up.sh): certificates, readiness checks, process bookkeeping.
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v curl >/dev/null 2>&1 || need+=(curl)

@@ -10,7 +10,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /opt/arl-tangram
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY operator ./operator
 RUN pip install . \
     && useradd --system --uid 10001 --user-group --no-create-home tangram

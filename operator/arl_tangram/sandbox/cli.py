@@ -47,6 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--preload", default=",".join(DEFAULT_PRELOAD), help="modules the fork server pre-imports")
     p.add_argument(
+        "--fork-loop",
+        choices=("auto", "c", "python"),
+        default=d.fork_loop,
+        help="the zygote's fork loop: C (built at install when a compiler is present; about three "
+        "times the throughput), Python, or auto (C when built)",
+    )
+    p.add_argument(
         "--uid-base",
         type=int,
         default=d.uid_base,
@@ -94,6 +101,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         network_allowed=args.network_allowed,
         no_pid_namespace=args.no_pid_namespace,
         preload=tuple(m.strip() for m in args.preload.split(",") if m.strip()),
+        fork_loop=args.fork_loop,
         uid_base=args.uid_base,
         max_concurrent=args.max_concurrent,
         max_sessions=args.max_sessions,

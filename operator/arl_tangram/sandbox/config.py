@@ -69,6 +69,8 @@ class AgentConfig:
     network_allowed: bool = False
     no_pid_namespace: bool = False  # e.g. under gVisor/Kata, or to compare the fallback clean-up
     preload: tuple[str, ...] = DEFAULT_PRELOAD
+    # "c": the fork loop in C (fails to start when it is not built), "python", or "auto" (C when built)
+    fork_loop: str = "auto"
     uid_base: int = 40000
     max_concurrent: int = 256
     max_sessions: int = 1024
@@ -83,6 +85,8 @@ class AgentConfig:
         unknown = set(self.runtimes) - set(RUNTIMES)
         if unknown:
             raise InvalidSpec("runtimes", f"unknown runtime(s) {sorted(unknown)}; known: {list(RUNTIMES)}")
+        if self.fork_loop not in ("auto", "c", "python"):
+            raise InvalidSpec("fork-loop", f"unknown fork loop {self.fork_loop!r}; known: auto, c, python")
         online = os.sched_getaffinity(0)
         missing = set(self.cores) - online
         if missing:

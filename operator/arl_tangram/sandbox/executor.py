@@ -175,6 +175,9 @@ class Executor:
             "network_allowed": self.config.network_allowed,
             "no_pid_namespace": self.config.no_pid_namespace,
             "preload": list(self.config.preload),
+            "zygote": self.config.fork_loop,
+            # The zygote's own environment: an action's differs from it in a few variables.
+            "base_env": self._env(self.root, 1),
             "writable": [self.root],
             "cores": self.config.cores,
             "readable": _runtime_paths(),

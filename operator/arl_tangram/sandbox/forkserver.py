@@ -1,19 +1,25 @@
-"""The warm fork server: a single-threaded process that forks one child per action.
+"""The warm fork server: two single-threaded processes that start one child per action.
 
 The agent starts it with ``python -m arl_tangram.sandbox.forkserver FD CONFIG`` where FD is one
-end of a socketpair. It pre-imports the configured modules once (so an action pays for ``fork``, not
-for interpreter start-up and imports), enters its own network and mount namespaces, and then serves
-frames (see ``wire``) from the agent:
+end of a socketpair. It enters its own network and mount namespaces and then splits in two:
 
-- ``run``: queue the action until the cores it wants are free (this process owns the host's cores),
-  then fork a child into a fresh PID namespace; the child sets up its cores, uid, workdir and
-  rlimits and then either runs Python code in-process or ``execve``s a command (bash, pytest).
-  Output is read from pipes by this process, capped, and returned with the exit status.
-- ``interp_run`` / ``interp_stop``: a session's persistent interpreter (a forked child that keeps its
-  globals between calls, like a notebook kernel); each call gets fresh pipes passed over a socket.
+- the **zygote** pre-imports the configured modules once (so an action pays for ``fork``, not for
+  interpreter start-up and imports) and does nothing but fork: it takes a request and the action's
+  descriptors, forks the child into a fresh PID namespace, hands back a pidfd, and reports each
+  child's exit status. Its loop touches a few dozen pages between two forks; every page a forking
+  process writes after a fork is a copy-on-write fault, and the bookkeeping below, done here,
+  cost about 230 of them per action.
+- the **manager** (the process the agent started) serves frames (see ``wire``) from the agent:
+  ``run`` queues the action until the cores it wants are free (this process owns the host's
+  cores), then has the zygote fork it; the child sets up its cores, uid, workdir and rlimits and
+  then either runs Python code in-process or ``execve``s a command (bash, pytest). Output is read
+  from pipes here, capped, and returned with the exit status. ``interp_run`` / ``interp_stop``: a
+  session's persistent interpreter (a forked child that keeps its globals between calls, like a
+  notebook kernel); each call gets fresh pipes passed over a socket.
 
-Nothing here imports aiohttp or the agent: the fork server must stay small, because every action
-pays for copying its page tables.
+The two run on different cores at once: the manager's bookkeeping for one action overlaps the
+zygote's fork of the next. Nothing here imports aiohttp or the agent: the zygote must stay small,
+because every action pays for copying its page tables.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import os
 import resource
 import select
 import signal
+import socket
 import struct
 import sys
 import time
@@ -41,7 +48,6 @@ from arl_tangram.sandbox.cores import CorePool
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import socket
     from typing import Any, NoReturn
 
 SETUP_FAILED = 249  # exit status of a child whose sandbox could not be set up (reported as an error)
@@ -187,24 +193,25 @@ class ForkServer:
     def __init__(self, sock: int, config: dict[str, Any]) -> None:
         self.sock = sock
         self.config = config
-        self.sel = _Poller()
         self.rbuf = bytearray()
-        self.rchunk = memoryview(bytearray(1 << 20))
         self.calls: dict[int, Call] = {}
-        self.fd_owner: dict[int, tuple[str, Call]] = {}
+        self.by_pid: dict[int, Call | Interp] = {}  # whose exit a zygote's exit record reports
         self.timers: list[tuple[float, int]] = []
         self.interps: dict[str, Interp] = {}
         self.iso = isolation.Isolation()
-        self.own_pidns = -1
-        self.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         self.outq: list[bytes] = []
         self.pool = CorePool(list(config.get("cores", [])))
         self.queue: deque[dict[str, Any]] = deque()
-        self.applied_env: dict[str, str] = dict(os.environ)  # what os.environ holds (see _apply_env)
+        # Made in ``prepare``, after the zygote is forked: it must inherit none of them.
+        self.zy: _ZygoteLink
+        self.sel: _Poller
+        self.devnull: int
+        self.rchunk: memoryview
 
     # ---- start-up ---------------------------------------------------------------------------------
     def prepare(self) -> None:
-        """Enter namespaces and pre-import the configured modules; say hello to the agent."""
+        """Enter namespaces and start the zygote (which pre-imports the configured modules); say
+        hello to the agent."""
         self.iso = isolation.enter_private_namespaces(
             bool(self.config.get("network_allowed")),
             list(self.config.get("writable", [])),
@@ -218,29 +225,21 @@ class ForkServer:
             isolation.prctl(isolation.PR_SET_NO_NEW_PRIVS, 1)
         except OSError as exc:
             self.iso.notes = (*self.iso.notes, f"no_new_privs failed ({exc.strerror})")
-        if self.iso.pid_namespace:
-            self.own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-        else:
+        if not self.iso.pid_namespace:
             # Without namespaces, orphaned action processes come to us (not to the host's init, which
-            # may reap late), so that a clean-up can wait until they are really gone.
+            # may reap late), so that a clean-up can wait until they are really gone. (Not
+            # inherited by the zygote: the orphans of its children come here.)
             with _suppress(OSError):
                 isolation.prctl(isolation.PR_SET_CHILD_SUBREAPER, 1)
-        failed = []
-        for name in self.config.get("preload", []):
-            try:
-                __import__(name)
-            except Exception as exc:  # a missing optional module must not stop the agent
-                failed.append(f"{name} ({exc.__class__.__name__}: {exc})")
-        if failed:
-            self.iso.notes = (*self.iso.notes, "preload failed: " + ", ".join(failed))
-        _warm_child_path()
-        # After the preloads, which may have changed the environment: from here on only
-        # _apply_env does.
-        self.applied_env = dict(os.environ)
-        # Keep the children's copy-on-write pages shared: the collector would otherwise touch them all.
-        gc.collect()
-        gc.freeze()
-        isolation.malloc_trim()
+        self.zy = _ZygoteLink.start(self.config, self.iso.pid_namespace, self.sock)
+        if self.zy.notes:
+            self.iso.notes = (*self.iso.notes, *self.zy.notes)
+        self.iso.fork_loop = self.zy.loop
+        self.sel = _Poller()
+        self.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        # Into one buffer kept for the process's life: os.read's fresh megabyte would be an mmap, a
+        # page fault, an mremap and a munmap per read.
+        self.rchunk = memoryview(bytearray(1 << 20))
         self.send({"op": "hello", "pid": os.getpid(), "isolation": self.iso.as_dict()})
         self.flush()
 
@@ -249,20 +248,30 @@ class ForkServer:
         """Serve until the agent closes its end of the socket."""
         os.set_blocking(self.sock, False)
         self.sel.register(self.sock, ("agent", None))
+        self.sel.register(self.zy.sock.fileno(), ("zygote", None))
         while True:
             timeout = None
-            if self.timers:
+            if self.zy.pending:
+                timeout = 0.0  # exit records taken in while waiting for a fork: handle them now
+            elif self.timers:
                 timeout = max(0.0, self.timers[0][0] - time.monotonic())
-            for fd, (kind, owner) in self.sel.select(timeout):
+            for fd, data in self.sel.select(timeout):
+                if self.sel.data.get(fd) is not data:
+                    # Closed earlier in this turn (its number perhaps reused already by an action
+                    # started since): the event was for what is gone.
+                    continue
+                kind, owner = data
                 if kind == "agent":
                     if not self._on_agent():
                         return
-                elif kind == "pidfd":
-                    self._on_exit(owner)
+                elif kind == "zygote":
+                    if not self.zy.drain():
+                        return  # the zygote is gone: the agent starts a new fork server
                 elif kind == "ctrl":
                     self._on_ctrl(owner)
-                elif fd in self.sel.data:
+                else:
                     self._on_pipe(fd, kind, owner)
+            self._process_exits()
             self._fire_timers()
             self._drain()  # cores freed by this turn's exits go to the next actions now
             self.flush()
@@ -293,8 +302,6 @@ class ForkServer:
 
     def _on_agent(self) -> bool:
         try:
-            # Into one buffer kept for the process's life: os.read's fresh megabyte would be an
-            # mmap, a page fault, an mremap and a munmap per read.
             size = os.readv(self.sock, [self.rchunk])
         except BlockingIOError:
             return True
@@ -348,33 +355,6 @@ class ForkServer:
         os.lseek(fd, 0, os.SEEK_SET)
         return fd
 
-    def _apply_env(self, msg: dict[str, Any]) -> None:
-        """Make the fork server's own environment the action's, so the child inherits it as is.
-
-        Actions differ in a handful of variables, so this is a few ``putenv`` calls here instead of
-        rebuilding the whole environment in every child (whose every write is a copy-on-write fault).
-        Nothing of ours lives in this environment: the fork server started with a minimal one.
-        """
-        env = dict(msg.get("env", {}))
-        env["TANGRAM_ACTION_ID"] = str(msg.get("id"))
-        current = os.environ
-        applied = self.applied_env
-        if len(current) != len(applied):
-            # Someone else changed the environment: compare against the real one (slower: reading
-            # os.environ decodes every key and value).
-            applied.clear()
-            applied.update(current)
-        # Compared with our own record of what we set, not with os.environ: reading that decodes
-        # every key and value, and the pages those fresh objects land on are copy-on-write again
-        # after each fork (measured: 8 of this process's 233 page faults per action).
-        for key in [k for k in applied if k not in env]:
-            del current[key]
-            del applied[key]
-        for key, value in env.items():
-            if applied.get(key) != value:
-                current[key] = value
-                applied[key] = value
-
     def _make_workdir(self, msg: dict[str, Any]) -> None:
         # Here rather than in the child: a few system calls in this process, instead of the child's
         # copy-on-write faults on every Python object the same work touches there.
@@ -386,24 +366,8 @@ class ForkServer:
         except FileExistsError:
             pass
 
-    def _fork_isolated(self) -> int:
-        """Fork a child that is PID 1 of a new PID namespace (when available)."""
-        if not self.iso.pid_namespace:
-            return os.fork()
-        isolation.unshare(isolation.CLONE_NEWPID)
-        try:
-            pid = os.fork()
-        except BaseException:
-            isolation.setns(self.own_pidns, isolation.CLONE_NEWPID)
-            raise
-        if pid:
-            # Back to our own namespace for the next unshare (only one child may be its init).
-            isolation.setns(self.own_pidns, isolation.CLONE_NEWPID)
-        return pid
-
     def _start_run(self, msg: dict[str, Any]) -> None:
         self._make_workdir(msg)
-        self._apply_env(msg)
         opened: list[int] = []
         try:
             stdin_fd = self._stdin_fd(msg.get("stdin"))
@@ -411,15 +375,14 @@ class ForkServer:
                 opened.append(stdin_fd)
             r_out, w_out, r_err, w_err = _output_pipes()
             opened += [r_out, w_out, r_err, w_err]
+            fds = [w_out, w_err] if stdin_fd == self.devnull else [w_out, w_err, stdin_fd]
             started = time.monotonic()
-            pid = self._fork_isolated()
+            pid, pidfd = self.zy.spawn(msg, fds)
         except BaseException:
             # Out of descriptors or processes: report it (the caller does), leak nothing.
             for fd in opened:
                 os.close(fd)
             raise
-        if pid == 0:
-            _child_main(msg, stdin_fd, w_out, w_err, None)
         os.close(w_out)
         os.close(w_err)
         if stdin_fd != self.devnull:
@@ -427,7 +390,7 @@ class ForkServer:
         call = Call(
             id=msg["id"],
             pid=pid,
-            pidfd=os.pidfd_open(pid),
+            pidfd=pidfd,
             cap=int(msg["cap"]),
             deadline=started + float(msg["timeout"]),
             started=started,
@@ -438,15 +401,14 @@ class ForkServer:
         if msg.get("remove_workdir"):
             call.remove_workdir = msg["workdir"]
         call.uid = msg.get("uid")
+        self.by_pid[pid] = call
         self._track(call, r_out, r_err)
 
-    def _track(self, call: Call, r_out: int, r_err: int, watch_pid: bool = True) -> None:
+    def _track(self, call: Call, r_out: int, r_err: int) -> None:
         self.calls[call.id] = call
         call.pipes = [r_out, r_err]
         self.sel.register(r_out, ("out", call))
         self.sel.register(r_err, ("err", call))
-        if watch_pid:
-            self.sel.register(call.pidfd, ("pidfd", call))
         heapq.heappush(self.timers, (call.deadline, call.id))
 
     def _start_interp_run(self, msg: dict[str, Any]) -> None:
@@ -468,8 +430,6 @@ class ForkServer:
             # Bounded: an interpreter whose code stopped reading its control socket must not be able
             # to stall this loop (the call then runs into its timeout, which kills the interpreter).
             interp.ctrl.settimeout(2.0)
-            import socket
-
             socket.send_fds(interp.ctrl, [struct.pack("<I", len(payload))], [stdin_fd, w_out, w_err])
             interp.ctrl.sendall(payload)
         except OSError:
@@ -495,29 +455,22 @@ class ForkServer:
         )
         call.cores = msg["cores"]
         interp.call = call
-        self._track(call, r_out, r_err, watch_pid=False)
+        self._track(call, r_out, r_err)
 
     def _spawn_interp(self, msg: dict[str, Any]) -> Interp:
-        import socket
-
         self._make_workdir(msg)
-        self._apply_env(msg)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            pid = self._fork_isolated()
+            pid, pidfd = self.zy.spawn(msg, [child.fileno()], interp=True)
         except BaseException:
             parent.close()
-            child.close()
             raise
-        if pid == 0:
-            parent.close()
-            _child_main(msg, self.devnull, self.devnull, self.devnull, child.fileno())
-        parent.set_inheritable(False)
-        child.close()
+        finally:
+            child.close()
         parent.setblocking(False)
-        interp = Interp(sid=msg["sid"], pid=pid, pidfd=os.pidfd_open(pid), ctrl=parent, uid=msg.get("uid"))
+        interp = Interp(sid=msg["sid"], pid=pid, pidfd=pidfd, ctrl=parent, uid=msg.get("uid"))
         self.interps[interp.sid] = interp
-        self.sel.register(interp.pidfd, ("pidfd", interp))
+        self.by_pid[pid] = interp
         self.sel.register(parent.fileno(), ("ctrl", interp))
         return interp
 
@@ -532,9 +485,11 @@ class ForkServer:
         if interp.alive:
             with _suppress(OSError):
                 signal.pidfd_send_signal(interp.pidfd, signal.SIGKILL)
-            with _suppress(ChildProcessError):
-                os.waitpid(interp.pid, 0)
-            self._interp_gone(interp, None)
+            status = None
+            with _suppress(EOFError):  # a lost zygote: this process ends soon after
+                status = self.zy.wait_exit(interp.pid)[2]
+            self.by_pid.pop(interp.pid, None)
+            self._interp_gone(interp, status)
         if not self.iso.pid_namespace and interp.uid is not None:
             # What the interpreter started, now that no namespace takes it down.
             _kill_uid(interp.uid, self._tracked_pids())
@@ -563,7 +518,9 @@ class ForkServer:
         interp.frozen = False
 
     def _tracked_pids(self) -> set[int]:
-        return {c.pid for c in self.calls.values()} | {i.pid for i in self.interps.values() if i.alive}
+        tracked = {c.pid for c in self.calls.values()} | {i.pid for i in self.interps.values() if i.alive}
+        tracked.add(self.zy.pid)
+        return tracked
 
     # ---- events -----------------------------------------------------------------------------------
     def _on_pipe(self, fd: int, kind: str, call: Call) -> None:
@@ -596,43 +553,35 @@ class ForkServer:
         call.open_pipes -= 1
         self._maybe_finish(call)
 
-    def _on_exit(self, owner: Call | Interp) -> None:
+    def _process_exits(self) -> None:
+        """Handle the zygote's exit records (its children are ours to account for)."""
+        pending = self.zy.pending
+        while pending:
+            _, pid, status, cpu_s, max_rss_kb = pending.popleft()
+            owner = self.by_pid.pop(pid, None)
+            if owner is not None:
+                self._on_exit(owner, status, cpu_s, max_rss_kb)
+
+    def _on_exit(
+        self, owner: Call | Interp, status: int | None, cpu_s: float | None, max_rss_kb: int | None
+    ) -> None:
         if isinstance(owner, Interp):
-            if not owner.alive:
-                return
-            reaped, status, rusage = self._reap(owner.pid)
-            if reaped:
-                self._interp_gone(owner, status)
+            self._interp_gone(owner, status)
             return
         call = owner
         if call.exited:
             return
-        reaped, status, rusage = self._reap(call.pid)
-        if not reaped:
-            return  # a stale event for a reused descriptor number
-        self.sel.unregister(call.pidfd)
         os.close(call.pidfd)
         call.exited = True
         call.ended_at = time.monotonic()
         self._set_status(call, status)
-        if rusage is not None:
-            call.cpu_s = rusage.ru_utime + rusage.ru_stime
-            call.max_rss_kb = rusage.ru_maxrss
+        call.cpu_s = cpu_s
+        call.max_rss_kb = max_rss_kb
         if call.pgid_fallback:
             _sweep_without_pidns(call.pid, call.id, call.uid, self._tracked_pids())
         if call.open_pipes:
             heapq.heappush(self.timers, (call.ended_at + EOF_GRACE_S, call.id))
         self._maybe_finish(call)
-
-    def _reap(self, pid: int) -> tuple[bool, int | None, Any]:
-        """(reaped, status, rusage); never blocks: the pidfd said it exited, or it was reaped."""
-        try:
-            got, status, rusage = os.wait4(pid, os.WNOHANG)
-        except ChildProcessError:
-            return True, None, None
-        if got == 0:
-            return False, None, None
-        return True, status, rusage
 
     def _set_status(self, call: Call, status: int | None) -> None:
         if status is None:
@@ -647,7 +596,6 @@ class ForkServer:
         if not interp.alive:
             return
         interp.alive = False
-        self.sel.unregister(interp.pidfd)
         self.sel.unregister(interp.ctrl.fileno())
         os.close(interp.pidfd)
         interp.ctrl.close()
@@ -772,6 +720,412 @@ class ForkServer:
             except OSError:
                 pass
         self.send(reply)
+
+
+# ---- the zygote ------------------------------------------------------------------------------------
+# The request format is shared with the C loop (_zygote.c, whose header comment describes it).
+_REQUEST = b"TZR1"
+_REQUEST_IN_MEMFD = b"TZRM"
+_DATAGRAM_MAX = 60 << 10  # a larger request travels in a memfd (a datagram must fit the buffer)
+
+
+def _env_block(items: Any) -> bytes:
+    block = bytearray()
+    for key, value in items:
+        if not key or "=" in key or "\0" in key or (value is not None and "\0" in value):
+            raise ValueError(f"environment variable {key!r} cannot be set (a NUL byte or '=' in its name)")
+        block += (key if value is None else f"{key}={value}").encode("utf-8", "surrogateescape") + b"\0"
+    return bytes(block)
+
+
+def _span(data: bytes) -> bytes:
+    return struct.pack("<I", len(data)) + data
+
+
+def encode_request(msg: dict[str, Any], interp: bool, base_env: dict[str, str]) -> bytes:
+    """The zygote's request for the action ``msg`` (see _zygote.c for the layout). ``base_env`` is
+    the zygote's own environment: the child's ``os.environ`` is brought from it to the action's by
+    the difference only (a handful of variables instead of all)."""
+    env = dict(msg.get("env") or {})
+    env["TANGRAM_ACTION_ID"] = str(msg["id"])
+    delta = [(k, v) for k, v in env.items() if base_env.get(k) != v]
+    delta += [(k, None) for k in base_env if k not in env]
+    cores = list(msg.get("cores") or [])
+    limits = [(_RLIMITS[name], int(value)) for name, value in (msg.get("limits") or {}).items() if value]
+    code = msg.get("code") or ""
+    argv = msg.get("argv") or []
+    uid = msg.get("uid")
+    return b"".join(
+        (
+            _REQUEST,
+            struct.pack("<qiI", int(msg["id"]), -1 if uid is None else int(uid), 1 if interp else 0),
+            struct.pack(f"<I{len(cores)}i", len(cores), *cores),
+            struct.pack("<I", len(limits)),
+            b"".join(struct.pack("<iq", res, value) for res, value in limits),
+            _span(msg["workdir"].encode() + b"\0"),
+            _span(_env_block(env.items())),
+            _span(_env_block(delta)),
+            _span(code.encode("utf-8", "surrogatepass")),
+            _span(b"".join(os.fsencode(a) + b"\0" for a in argv)),
+        )
+    )
+
+
+def decode_request(data: bytes) -> dict[str, Any]:
+    """The inverse of ``encode_request`` (for the Python loop; the C loop reads it in C)."""
+    if data[:4] != _REQUEST:
+        raise ValueError("malformed request")
+    rid, uid, flags, ncores = struct.unpack_from("<qiII", data, 4)
+    at = 24
+    cores = list(struct.unpack_from(f"<{ncores}i", data, at))
+    at += 4 * ncores
+    (nlimits,) = struct.unpack_from("<I", data, at)
+    at += 4
+    limits = [struct.unpack_from("<iq", data, at + 12 * i) for i in range(nlimits)]
+    at += 12 * nlimits
+    spans = []
+    for _ in range(5):
+        (size,) = struct.unpack_from("<I", data, at)
+        spans.append(data[at + 4 : at + 4 + size])
+        at += 4 + size
+    workdir, env, _, code, argv = spans
+    pairs = [item.decode("utf-8", "surrogateescape").partition("=") for item in env.split(b"\0")[:-1]]
+    return {
+        "id": rid,
+        "uid": None if uid < 0 else uid,
+        "interp": bool(flags & 1),
+        "cores": cores,
+        "limits": limits,
+        "workdir": workdir.rstrip(b"\0").decode(),
+        "env": {key: value for key, _, value in pairs},
+        "code": code.decode("utf-8", "surrogatepass"),
+        "argv": [os.fsdecode(a) for a in argv.split(b"\0")[:-1]] or None,
+    }
+
+
+def _parse_record(data: bytes) -> tuple[Any, ...]:
+    kind = data[:1]
+    if kind == b"S":
+        rid, pid = struct.unpack_from("<qi", data, 1)
+        return ("s", rid, pid)
+    if kind == b"X":
+        pid, status, cpu_s, max_rss_kb = struct.unpack_from("<iidq", data, 1)
+        return ("x", pid, None if status < 0 else status, cpu_s, max_rss_kb)
+    if kind == b"E":
+        (rid,) = struct.unpack_from("<q", data, 1)
+        return ("e", rid, data[9:].decode("utf-8", "replace"))
+    if kind == b"R":
+        notes, loop = marshal.loads(data[1:])
+        return ("r", notes, loop)
+    raise ValueError(f"unknown record from the zygote: {data[:16]!r}")
+
+
+def _spawn_record(rid: int, pid: int) -> bytes:
+    return b"S" + struct.pack("<qi", rid, pid)
+
+
+def _error_record(rid: int, message: str) -> bytes:
+    return b"E" + struct.pack("<q", rid) + message.encode()
+
+
+def _exit_record(pid: int, status: int | None, cpu_s: float, max_rss_kb: int) -> bytes:
+    return b"X" + struct.pack("<iidq", pid, -1 if status is None else status, cpu_s, max_rss_kb)
+
+
+class _ZygoteLink:
+    """The manager's end of the zygote: fork requests out, pidfds and exit records back.
+
+    A datagram socket (SOCK_SEQPACKET) keeps each request together with the descriptors it carries.
+    Records back (as tuples): ``("s", id, pid)`` with the child's pidfd, ``("e", id, message)`` when
+    the fork failed, ``("x", pid, status, cpu_s, max_rss_kb)`` when a child exited (the zygote, its
+    parent, reaps it).
+    """
+
+    __slots__ = ("base_env", "loop", "notes", "pending", "pid", "sock")
+
+    def __init__(
+        self, sock: socket.socket, pid: int, ready: tuple[Any, ...], base_env: dict[str, str]
+    ) -> None:
+        self.sock = sock
+        self.pid = pid
+        self.notes: list[str] = list(ready[1])
+        self.loop: str = ready[2]  # "c" or "python"
+        self.base_env = base_env  # the zygote's own environment
+        self.pending: deque[tuple[Any, ...]] = deque()  # exit records not handled yet
+
+    @classmethod
+    def start(cls, config: dict[str, Any], pid_namespace: bool, agent_fd: int) -> _ZygoteLink:
+        """Fork the zygote and wait until it has imported its modules."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            # The agent's socket is the manager's alone: the agent must see it close when the
+            # manager is gone, zygote or not.
+            os.close(agent_fd)
+            ours.close()
+            _zygote_main(theirs, config, pid_namespace)
+        theirs.close()
+        data = ours.recv(1 << 16)
+        if not data:
+            raise RuntimeError("the zygote exited while starting")
+        if data[:1] == b"F":
+            raise RuntimeError(data[1:].decode("utf-8", "replace"))
+        return cls(ours, pid, _parse_record(data), _base_env(config))
+
+    def spawn(self, msg: dict[str, Any], fds: list[int], interp: bool = False) -> tuple[int, int]:
+        """Have the zygote fork the child for ``msg`` with ``fds``; returns (pid, pidfd)."""
+        request = encode_request(msg, interp, self.base_env)
+        extra: list[int] = []
+        if len(request) > _DATAGRAM_MAX:
+            memfd = os.memfd_create("request", os.MFD_CLOEXEC)
+            extra.append(memfd)
+            os.write(memfd, request)
+            request = _REQUEST_IN_MEMFD + struct.pack("<qQ", int(msg["id"]), len(request))
+        try:
+            socket.send_fds(self.sock, [request], fds + extra)
+        finally:
+            for fd in extra:
+                os.close(fd)
+        while True:
+            record, got = self._recv(0)
+            if record[0] == "x":
+                self.pending.append(record)
+                continue
+            if record[1] != msg["id"]:
+                for fd in got:  # an answer to a request we gave up on (cannot happen: one at a time)
+                    os.close(fd)
+                continue
+            if record[0] == "s" and got:
+                return int(record[2]), got[0]
+            for fd in got:
+                os.close(fd)
+            raise OSError(str(record[2]))
+
+    def drain(self) -> bool:
+        """Take in the records waiting (without blocking); ``False`` once the zygote is gone."""
+        while True:
+            try:
+                record, got = self._recv(socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return True
+            except (EOFError, OSError):
+                return False
+            for fd in got:
+                os.close(fd)
+            if record[0] == "x":
+                self.pending.append(record)
+
+    def wait_exit(self, pid: int) -> tuple[Any, ...]:
+        """Block until the exit record of ``pid`` (killed just now) arrives; return it."""
+        for record in self.pending:
+            if record[1] == pid:
+                self.pending.remove(record)
+                return record
+        while True:
+            record, got = self._recv(0)
+            for fd in got:
+                os.close(fd)
+            if record[0] == "x":
+                if record[1] == pid:
+                    return record
+                self.pending.append(record)
+
+    def _recv(self, flags: int) -> tuple[tuple[Any, ...], list[int]]:
+        data, fds, _ = _recv_with_fds(self.sock, 4096, 1, flags)
+        if not data:
+            raise EOFError("the zygote exited")
+        return _parse_record(data), fds
+
+
+def _recv_with_fds(sock: socket.socket, size: int, max_fds: int, flags: int) -> tuple[bytes, list[int], int]:
+    """One datagram and the descriptors it carries: (data, fds, msg_flags). (``socket.recv_fds``
+    of Python 3.11 drops its ``flags`` argument, and imports ``array`` into the zygote.)"""
+    data, ancillary, msg_flags, _ = sock.recvmsg(size, socket.CMSG_SPACE(max_fds * 4), flags)
+    fds: list[int] = []
+    for level, kind, blob in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds += struct.unpack(f"{len(blob) // 4}i", blob[: len(blob) - len(blob) % 4])
+    return data, fds, msg_flags
+
+
+def _base_env(config: dict[str, Any]) -> dict[str, str]:
+    """The zygote's own environment: a typical action's (the agent sends one), so that a child's
+    differs from it in a few variables; the fork server's own when none is given."""
+    base = config.get("base_env")
+    return dict(os.environ) if base is None else dict(base)
+
+
+def _zygote_main(sock: socket.socket, config: dict[str, Any], pid_namespace: bool) -> NoReturn:
+    """The zygote's whole life: pre-import, warm up, then fork on request. Never returns."""
+    try:
+        # Should the manager be killed outright, this process goes too (and its children with it:
+        # each has the same setting towards us).
+        _SET_PDEATHSIG_KILL()
+        notes = []
+        failed = []
+        for name in config.get("preload", []):
+            try:
+                __import__(name)
+            except Exception as exc:  # a missing optional module must not stop the agent
+                failed.append(f"{name} ({exc.__class__.__name__}: {exc})")
+        if failed:
+            notes.append("preload failed: " + ", ".join(failed))
+        fast: Any = None
+        if config.get("zygote", "auto") != "python":
+            try:
+                fast = __import__("arl_tangram.sandbox._zygote", fromlist=["serve"])
+            except ImportError as exc:
+                if config.get("zygote") == "c":
+                    sock.send(b"F" + f"--fork-loop c: the C fork loop is not built ({exc})".encode())
+                    os._exit(1)
+                notes.append(
+                    f"the C fork loop is not built ({exc}); the Python one forks instead, at about "
+                    "a third of the throughput (install with a C compiler present to build it)"
+                )
+        # After the preloads, which may change the environment: from here on only the children's
+        # environments differ from this one.
+        os.environ.clear()
+        os.environ.update(_base_env(config))
+        zygote = _Zygote(sock, pid_namespace)
+        _warm_child_path()
+        # Keep the children's copy-on-write pages shared: the collector would otherwise touch them all.
+        gc.collect()
+        gc.freeze()
+        isolation.malloc_trim()
+        sock.send(b"R" + marshal.dumps((notes, "python" if fast is None else "c")))
+        if fast is None:
+            zygote.serve()
+        else:
+            forked = fast.serve(zygote.sockfd, int(pid_namespace), zygote.own_pidns, zygote.devnull)
+            if forked is not None:
+                # In a child: the C loop has set the sandbox up already.
+                _child_after_c_setup(*forked)
+    except BaseException:
+        pass
+    os._exit(0)
+
+
+class _Zygote:
+    """The forking process's loop in Python (the C loop in _zygote.c does the same, faster)."""
+
+    __slots__ = ("applied_env", "devnull", "ep", "kids", "own_pidns", "pid_namespace", "sock", "sockfd")
+
+    def __init__(self, sock: socket.socket, pid_namespace: bool) -> None:
+        self.sock = sock
+        self.sockfd = sock.fileno()
+        self.pid_namespace = pid_namespace
+        self.own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC) if pid_namespace else -1
+        self.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        self.ep = select.epoll()
+        self.kids: dict[int, int] = {}  # pidfd -> pid
+        self.applied_env: dict[str, str] = dict(os.environ)  # what os.environ holds (see _apply_env)
+
+    def serve(self) -> None:
+        """Fork and reap until the manager closes its end."""
+        ep = self.ep
+        ep.register(self.sockfd, select.EPOLLIN)
+        while True:
+            for fd, _ in ep.poll():
+                if fd == self.sockfd:
+                    if not self._on_request():
+                        return
+                else:
+                    self._on_exit(fd)
+
+    def _on_request(self) -> bool:
+        data, fds, flags = _recv_with_fds(self.sock, 1 << 16, 4, 0)
+        if not data:
+            return False
+        rid = struct.unpack_from("<q", data, 4)[0] if len(data) >= 12 else -1
+        try:
+            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+                raise OSError("the request was cut short")
+            if data[:4] == _REQUEST_IN_MEMFD:
+                memfd = fds.pop()
+                data = os.pread(memfd, struct.unpack_from("<Q", data, 12)[0], 0)
+                os.close(memfd)
+            req = decode_request(data)
+            if len(fds) < (1 if req["interp"] else 2):
+                raise ValueError("malformed request")
+            self._apply_env(req["env"])
+            pid = self._fork_isolated()
+        except BaseException as exc:
+            for fd in fds:
+                os.close(fd)
+            self.sock.send(_error_record(rid, f"{exc.__class__.__name__}: {exc}"))
+            return True
+        if pid == 0:
+            if req["interp"]:
+                _child_main(req, self.devnull, self.devnull, self.devnull, fds[0])
+            stdin_fd = fds[2] if len(fds) > 2 else self.devnull
+            _child_main(req, stdin_fd, fds[0], fds[1], None)
+        for fd in fds:
+            os.close(fd)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError as exc:  # out of descriptors: the child must not run untracked
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            self.sock.send(_error_record(rid, f"{exc.__class__.__name__}: {exc}"))
+            return True
+        self.kids[pidfd] = pid
+        self.ep.register(pidfd, select.EPOLLIN)
+        socket.send_fds(self.sock, [_spawn_record(rid, pid)], [pidfd])
+        return True
+
+    def _on_exit(self, pidfd: int) -> None:
+        pid = self.kids[pidfd]
+        try:
+            got, status, rusage = os.wait4(pid, os.WNOHANG)
+        except ChildProcessError:
+            got, status, rusage = pid, None, None
+        if got == 0:
+            return  # not yet reapable (should not happen: the pidfd said it exited)
+        del self.kids[pidfd]
+        self.ep.unregister(pidfd)
+        os.close(pidfd)
+        cpu_s = 0.0 if rusage is None else rusage.ru_utime + rusage.ru_stime
+        self.sock.send(_exit_record(pid, status, cpu_s, 0 if rusage is None else rusage.ru_maxrss))
+
+    def _apply_env(self, env: dict[str, str]) -> None:
+        """Make the zygote's own environment the action's, so the child inherits it as is.
+
+        Actions differ in a handful of variables, so this is a few ``putenv`` calls here instead of
+        rebuilding the whole environment in every child (whose every write is a copy-on-write fault).
+        Nothing of ours lives in this environment: the fork server started with a minimal one.
+        """
+        current = os.environ
+        applied = self.applied_env
+        if len(current) != len(applied):
+            # Someone else changed the environment: compare against the real one (slower: reading
+            # os.environ decodes every key and value).
+            applied.clear()
+            applied.update(current)
+        # Compared with our own record of what we set, not with os.environ: reading that decodes
+        # every key and value, and the pages those fresh objects land on are copy-on-write again
+        # after each fork.
+        for key in [k for k in applied if k not in env]:
+            del current[key]
+            del applied[key]
+        for key, value in env.items():
+            if applied.get(key) != value:
+                current[key] = value
+                applied[key] = value
+
+    def _fork_isolated(self) -> int:
+        """Fork a child that is PID 1 of a new PID namespace (when available)."""
+        if not self.pid_namespace:
+            return os.fork()
+        isolation.unshare(isolation.CLONE_NEWPID)
+        try:
+            pid = os.fork()
+        except BaseException:
+            isolation.setns(self.own_pidns, isolation.CLONE_NEWPID)
+            raise
+        if pid:
+            # Back to our own namespace for the next unshare (only one child may be its init).
+            isolation.setns(self.own_pidns, isolation.CLONE_NEWPID)
+        return pid
 
 
 def _output_pipes() -> tuple[int, int, int, int]:
@@ -935,9 +1289,10 @@ def _kill_uid(uid: int, keep: set[int]) -> None:
 
 # ---- the child side ---------------------------------------------------------------------------------
 def _child_main(
-    msg: dict[str, Any], stdin_fd: int, out_fd: int, err_fd: int, ctrl_fd: int | None
+    req: dict[str, Any], stdin_fd: int, out_fd: int, err_fd: int, ctrl_fd: int | None
 ) -> NoReturn:
-    """Set up the sandbox in the freshly forked child, then run the action. Never returns."""
+    """Set up the sandbox in the freshly forked child, then run the action (``req`` as
+    ``decode_request`` gives it). Never returns. (The C loop does this set-up in C.)"""
     try:
         atexit._clear()
         os.setsid()
@@ -952,11 +1307,11 @@ def _child_main(
             os.closerange(_CTRL_FD + 1, _MAX_FD)
         else:
             os.closerange(3, _MAX_FD)
-        cores = msg.get("cores")
+        cores = req.get("cores")
         if cores:
             os.sched_setaffinity(0, cores)
-        workdir = msg["workdir"]
-        uid = msg.get("uid")
+        workdir = req["workdir"]
+        uid = req.get("uid")
         os.chdir(workdir)  # created by the fork server before the fork
         os.umask(0o022)
         if uid is not None:
@@ -970,22 +1325,56 @@ def _child_main(
             _SET_PDEATHSIG_KILL()
         # No new privileges: inherited from the fork server, which set it once at start-up (it is
         # inherited by every fork and can never be unset; one ctypes call less in each child).
-        limits = msg.get("limits", {})
-        for name, value in limits.items():
-            if value:
-                res = _RLIMITS[name]
-                resource.setrlimit(res, (value, value if name != "cpu" else value + 1))
+        for res, value in req.get("limits", ()):
+            # CPU time: SIGXCPU at the limit, SIGKILL a second later.
+            resource.setrlimit(res, (value, value + 1 if res == resource.RLIMIT_CPU else value))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        # The environment was made the action's in the fork server, just before the fork; the
+        # The environment was made the action's in the zygote, just before the fork; the
         # request's files were written by the agent before the action was sent.
     except BaseException as exc:
         with _suppress(Exception):
             os.write(2, f"tangram: sandbox set-up failed: {exc.__class__.__name__}: {exc}\n".encode())
         os._exit(SETUP_FAILED)
+    _run_action(req, ctrl_fd)
+
+
+def _child_after_c_setup(
+    kind: str,
+    code: str,
+    argv: tuple[str, ...] | None,
+    env_delta: tuple[tuple[str, str | None], ...],
+    ctrl_fd: int,
+) -> NoReturn:
+    """A child of the C loop, its sandbox set up there: adopt the environment, run the action."""
+    try:
+        atexit._clear()
+        _adopt_environment(env_delta)
+    except BaseException as exc:
+        with _suppress(Exception):
+            os.write(2, f"tangram: sandbox set-up failed: {exc.__class__.__name__}: {exc}\n".encode())
+        os._exit(SETUP_FAILED)
+    _run_action({"code": code, "argv": argv}, ctrl_fd if kind == "interp" else None)
+
+
+def _adopt_environment(delta: tuple[tuple[str, str | None], ...]) -> None:
+    """Make ``os.environ`` show the action's environment, which the C loop has made the process's
+    own already (``environ``): the mapping only (no ``putenv`` again), and only what differs from
+    the zygote's."""
+    environ: Any = os.environ
+    data = environ._data
+    for key, value in delta:
+        if value is None:
+            data.pop(environ.encodekey(key), None)
+        else:
+            data[environ.encodekey(key)] = environ.encodevalue(value)
+
+
+def _run_action(req: dict[str, Any], ctrl_fd: int | None) -> NoReturn:
+    """Run the action in this set-up child: a session's interpreter, an executable, or Python code."""
     try:
         if ctrl_fd is not None:
             _interpreter_loop()
-        argv = msg.get("argv")
+        argv = req.get("argv")
         if argv:
             try:
                 for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
@@ -995,7 +1384,7 @@ def _child_main(
                 with _suppress(Exception):
                     os.write(2, f"tangram: cannot execute {argv[0]}: {exc}\n".encode())
                 os._exit(SETUP_FAILED)
-        _run_python_and_exit(msg["code"])
+        _run_python_and_exit(req["code"])
     finally:
         # Whatever happens (say, user code closed the interpreter's control socket and the reply
         # raised), the child must never return into the fork server's loop below its caller.

@@ -145,6 +145,7 @@ class Isolation:
         private_tmp: bool = False,
         network_allowed: bool = False,
         notes: tuple[str, ...] = (),
+        fork_loop: str = "",
     ) -> None:
         self.per_action_uid = per_action_uid
         self.pid_namespace = pid_namespace
@@ -152,6 +153,7 @@ class Isolation:
         self.private_tmp = private_tmp
         self.network_allowed = network_allowed
         self.notes = notes
+        self.fork_loop = fork_loop  # "c" or "python": which zygote loop forks the actions (forkserver)
 
     def as_dict(self) -> dict[str, object]:
         """Plain dict (for the wire and for /v1/health)."""
@@ -161,6 +163,7 @@ class Isolation:
             "network_namespace": self.network_namespace,
             "private_tmp": self.private_tmp,
             "network_allowed": self.network_allowed,
+            "fork_loop": self.fork_loop,
             "notes": list(self.notes),
         }
 

@@ -1,0 +1,459 @@
+/* The zygote's fork loop in C (optional: forkserver.py has the same loop in Python).
+ *
+ * Why C: every page a process writes after a fork is a copy-on-write fault while the child lives.
+ * The Python loop writes about 175 pages between two forks (reference counts, frames, the
+ * allocator's pools, the environment mapping); this loop writes a handful. It also sets the
+ * child's sandbox up (session, descriptors, cores, uid, rlimits, environment) before the child
+ * runs a line of Python, which spares the child the faults of doing that in Python.
+ *
+ * serve(sock, pid_namespace, own_pidns, devnull) runs the loop. In the zygote it returns None once
+ * the manager closes its end. In each forked child it returns (kind, code, argv, env_delta,
+ * ctrl_fd) with the sandbox set up: code is a str or None, argv a tuple of str or None, env_delta
+ * a tuple of (name, value or None) to bring os.environ (the zygote's) to the action's.
+ *
+ * Wire format (little-endian), manager -> zygote, one datagram per action:
+ *   "TZR1" i64 id, i32 uid (-1: keep), u32 flags (1: interpreter), u32 ncores, i32 cores[],
+ *   u32 nlimits, {i32 resource, i64 value}[], then five spans of u32 len + bytes: workdir (NUL
+ *   included), env ("K=V\0"...: the whole environment), env delta ("K=V\0" sets, "K\0" unsets),
+ *   code (UTF-8, surrogates passed), argv ("arg\0"...; empty: none).
+ *   Descriptors: run [stdout, stderr, (stdin)], interpreter [ctrl]. A request too large for one
+ *   datagram is sent as "TZRM" i64 id u64 size with a memfd holding the whole request as the
+ *   last descriptor.
+ * zygote -> manager: "S" i64 id i32 pid + the child's pidfd; "E" i64 id + message;
+ *   "X" i32 pid i32 status (-1: unknown) f64 cpu_s i64 max_rss_kb.
+ */
+#define PY_SSIZE_T_CLEAN
+#define _GNU_SOURCE
+#include <Python.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+
+#define SETUP_FAILED 249
+#define MAX_FDS 4
+#define MAX_PIDFD 65536
+#define DGRAM_MAX (64 * 1024)
+
+extern char **environ;
+
+static unsigned char dgram[DGRAM_MAX];
+static int kid_of_pidfd[MAX_PIDFD];
+
+typedef struct {
+    const unsigned char *p, *end;
+    int bad;
+} reader;
+
+static void take(reader *r, void *out, size_t n) {
+    if (r->bad || (size_t)(r->end - r->p) < n) {
+        r->bad = 1;
+        memset(out, 0, n);
+        return;
+    }
+    memcpy(out, r->p, n);
+    r->p += n;
+}
+
+static const unsigned char *take_span(reader *r, uint32_t *len) {
+    take(r, len, 4);
+    if (r->bad || (size_t)(r->end - r->p) < *len) {
+        r->bad = 1;
+        *len = 0;
+        return NULL;
+    }
+    const unsigned char *at = r->p;
+    r->p += *len;
+    return at;
+}
+
+static void send_record(int sock, const void *data, size_t len, int fd) {
+    struct iovec iov = {(void *)data, len};
+    struct msghdr msg = {0};
+    char control[CMSG_SPACE(sizeof(int))];
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    if (fd >= 0) {
+        memset(control, 0, sizeof control);
+        msg.msg_control = control;
+        msg.msg_controllen = sizeof control;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    }
+    while (sendmsg(sock, &msg, MSG_NOSIGNAL) < 0 && errno == EINTR) {
+    }
+}
+
+static void send_error(int sock, int64_t id, const char *what, int err) {
+    char buf[512];
+    buf[0] = 'E';
+    memcpy(buf + 1, &id, 8);
+    int n = snprintf(buf + 9, sizeof buf - 9, "%s: %s", what, strerror(err));
+    if (n < 0) n = 0;
+    if (n > (int)sizeof buf - 10) n = (int)sizeof buf - 10;
+    send_record(sock, buf, 9 + (size_t)n, -1);
+}
+
+static void child_fail(const char *what) {
+    char buf[256];
+    int n = snprintf(buf, sizeof buf, "tangram: sandbox set-up failed: %s: %s\n", what, strerror(errno));
+    if (n > 0) {
+        ssize_t ignored = write(2, buf, (size_t)n);
+        (void)ignored;
+    }
+    _exit(SETUP_FAILED);
+}
+
+/* In the child: everything _child_main does in Python, up to running the action. */
+static void child_setup(int interp, int *fds, int nfds, int devnull, int32_t uid, const int32_t *cores,
+                        uint32_t ncores, const unsigned char *limits, uint32_t nlimits,
+                        const char *workdir, const char *env, uint32_t env_len) {
+    if (setsid() < 0) child_fail("setsid");
+    int in_fd = devnull, out_fd = devnull, err_fd = devnull, ctrl = -1;
+    if (interp) {
+        ctrl = fds[0];
+    } else {
+        out_fd = fds[0];
+        err_fd = fds[1];
+        if (nfds > 2) in_fd = fds[2];
+    }
+    if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0) child_fail("dup2");
+    if (ctrl >= 0) {
+        if (ctrl != 3 && dup2(ctrl, 3) < 0) child_fail("dup2");
+        if (ctrl == 3) fcntl(3, F_SETFD, 0);
+        syscall(SYS_close_range, 4u, ~0u, 0);
+    } else {
+        syscall(SYS_close_range, 3u, ~0u, 0);
+    }
+    if (ncores) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        for (uint32_t i = 0; i < ncores; i++) CPU_SET(cores[i], &set);
+        if (sched_setaffinity(0, sizeof set, &set) < 0) child_fail("sched_setaffinity");
+    }
+    if (chdir(workdir) < 0) child_fail("chdir");
+    umask(022);
+    if (uid >= 0) {
+        if (setgroups(0, NULL) < 0) child_fail("setgroups");
+        if (setgid((gid_t)uid) < 0) child_fail("setgid");
+        if (setuid((uid_t)uid) < 0) child_fail("setuid");
+    }
+    /* After the uid change, which would clear it: the namespace's init must not outlive us. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    for (uint32_t i = 0; i < nlimits; i++) {
+        int32_t res;
+        int64_t value;
+        memcpy(&res, limits + i * 12, 4);
+        memcpy(&value, limits + i * 12 + 4, 8);
+        if (value <= 0) continue;
+        struct rlimit rl = {(rlim_t)value, (rlim_t)value};
+        if (res == RLIMIT_CPU) rl.rlim_max = (rlim_t)value + 1; /* SIGXCPU first, then SIGKILL */
+        if (setrlimit(res, &rl) < 0) child_fail("setrlimit");
+    }
+    struct rlimit nocore = {0, 0};
+    setrlimit(RLIMIT_CORE, &nocore);
+    /* The action's environment: pointers into the request (this copy of it is the child's). */
+    size_t count = 0;
+    for (uint32_t i = 0; i < env_len; i++)
+        if (env[i] == '\0') count++;
+    char **envp = malloc((count + 1) * sizeof(char *));
+    if (envp == NULL) child_fail("malloc");
+    size_t k = 0;
+    for (uint32_t i = 0; i < env_len;) {
+        envp[k++] = (char *)env + i;
+        i += (uint32_t)strlen(env + i) + 1;
+    }
+    envp[k] = NULL;
+    environ = envp;
+}
+
+/* NUL-separated strings as a tuple of str (NULL on error). */
+static PyObject *strings(const unsigned char *at, uint32_t len) {
+    Py_ssize_t count = 0;
+    for (uint32_t i = 0; i < len; i++)
+        if (at[i] == '\0') count++;
+    PyObject *out = PyTuple_New(count);
+    if (out == NULL) return NULL;
+    uint32_t i = 0;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        size_t n = strlen((const char *)at + i);
+        PyObject *s = PyUnicode_DecodeFSDefaultAndSize((const char *)at + i, (Py_ssize_t)n);
+        if (s == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, k, s);
+        i += (uint32_t)n + 1;
+    }
+    return out;
+}
+
+/* (kind, code, argv, env_delta, ctrl_fd) for the child's Python side. */
+static PyObject *child_result(int interp, const unsigned char *code, uint32_t clen, const unsigned char *argv,
+                              uint32_t alen, const unsigned char *delta, uint32_t dlen) {
+    PyObject *py_code = PyUnicode_DecodeUTF8((const char *)code, (Py_ssize_t)clen, "surrogatepass");
+    PyObject *py_argv = alen ? strings(argv, alen) : Py_NewRef(Py_None);
+    PyObject *pairs = strings(delta, dlen);
+    PyObject *result = NULL;
+    if (py_code && py_argv && pairs) {
+        Py_ssize_t n = PyTuple_GET_SIZE(pairs);
+        PyObject *py_delta = PyTuple_New(n);
+        for (Py_ssize_t k = 0; py_delta != NULL && k < n; k++) {
+            PyObject *item = PyTuple_GET_ITEM(pairs, k);
+            Py_ssize_t eq = PyUnicode_FindChar(item, '=', 0, PyUnicode_GET_LENGTH(item), 1);
+            PyObject *pair = eq < 0 ? Py_BuildValue("(OO)", item, Py_None)
+                                    : Py_BuildValue("(NN)", PyUnicode_Substring(item, 0, eq),
+                                                    PyUnicode_Substring(item, eq + 1, PyUnicode_GET_LENGTH(item)));
+            if (pair == NULL) {
+                Py_CLEAR(py_delta);
+                break;
+            }
+            PyTuple_SET_ITEM(py_delta, k, pair);
+        }
+        if (py_delta != NULL)
+            result = Py_BuildValue("(sOONi)", interp ? "interp" : "run", py_code, py_argv, py_delta, interp ? 3 : -1);
+    }
+    Py_XDECREF(py_code);
+    Py_XDECREF(py_argv);
+    Py_XDECREF(pairs);
+    return result;
+}
+
+static unsigned char *read_memfd(int fd, uint64_t size) {
+    if (size == 0 || size > (1ull << 31)) return NULL;
+    unsigned char *buf = malloc(size);
+    if (buf == NULL) return NULL;
+    uint64_t got = 0;
+    while (got < size) {
+        ssize_t n = pread(fd, buf + got, size - got, (off_t)got);
+        if (n <= 0) {
+            free(buf);
+            return NULL;
+        }
+        got += (uint64_t)n;
+    }
+    return buf;
+}
+
+/* One request: returns 1 in a child (its result set), 0 in the zygote, -1 when the manager left. */
+static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int devnull, PyObject **result) {
+    struct iovec iov = {dgram, sizeof dgram};
+    char control[CMSG_SPACE(MAX_FDS * sizeof(int))];
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0) return errno == EINTR || errno == EAGAIN ? 0 : -1;
+    if (n == 0) return -1;
+    int fds[MAX_FDS + 1];
+    int nfds = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            int count = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            for (int i = 0; i < count && nfds < MAX_FDS; i++) memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        }
+    }
+    const unsigned char *data = dgram;
+    size_t size = (size_t)n;
+    unsigned char *big = NULL;
+    int64_t id = -1;
+    if (n >= 12) memcpy(&id, dgram + 4, 8);
+    if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        send_error(sock, id, "the request was cut short", EMSGSIZE);
+        return 0;
+    }
+    if (n >= 20 && memcmp(dgram, "TZRM", 4) == 0 && nfds > 0) {
+        uint64_t total;
+        memcpy(&total, dgram + 12, 8);
+        int memfd = fds[--nfds];
+        big = read_memfd(memfd, total);
+        close(memfd);
+        if (big == NULL) {
+            for (int i = 0; i < nfds; i++) close(fds[i]);
+            send_error(sock, id, "reading the request", EIO);
+            return 0;
+        }
+        data = big;
+        size = (size_t)total;
+    }
+    reader r = {data, data + size, 0};
+    char magic[4];
+    int32_t uid;
+    uint32_t flags, ncores, nlimits, wlen, elen;
+    take(&r, magic, 4);
+    take(&r, &id, 8);
+    take(&r, &uid, 4);
+    take(&r, &flags, 4);
+    take(&r, &ncores, 4);
+    const unsigned char *cores_at = r.p;
+    if (!r.bad && ncores <= 1024 && (size_t)(r.end - r.p) >= ncores * 4u) r.p += ncores * 4u;
+    else r.bad = 1;
+    take(&r, &nlimits, 4);
+    const unsigned char *limits = r.p;
+    if (!r.bad && nlimits <= 16 && (size_t)(r.end - r.p) >= nlimits * 12u) r.p += nlimits * 12u;
+    else r.bad = 1;
+    const unsigned char *workdir = take_span(&r, &wlen);
+    const unsigned char *env = take_span(&r, &elen);
+    uint32_t dlen, clen, alen;
+    const unsigned char *delta = take_span(&r, &dlen);
+    const unsigned char *code = take_span(&r, &clen);
+    const unsigned char *argv = take_span(&r, &alen);
+    int interp = (int)(flags & 1u);
+    if (r.bad || memcmp(magic, "TZR1", 4) != 0 || wlen == 0 || workdir[wlen - 1] != '\0' ||
+        (elen > 0 && env[elen - 1] != '\0') || (dlen > 0 && delta[dlen - 1] != '\0') ||
+        (alen > 0 && argv[alen - 1] != '\0') || (interp ? nfds < 1 : nfds < 2)) {
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        free(big);
+        send_error(sock, id, "malformed request", EINVAL);
+        return 0;
+    }
+    int32_t cores[1024];
+    memcpy(cores, cores_at, ncores * 4u);
+
+    if (pid_namespace && syscall(SYS_unshare, CLONE_NEWPID) < 0) {
+        int err = errno;
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        free(big);
+        send_error(sock, id, "unshare(CLONE_NEWPID)", err);
+        return 0;
+    }
+    PyOS_BeforeFork();
+    pid_t pid = fork();
+    if (pid == 0) {
+        PyOS_AfterFork_Child();
+        child_setup(interp, fds, nfds, devnull, uid, cores, ncores, limits, nlimits, (const char *)workdir,
+                    (const char *)env, elen);
+        *result = child_result(interp, code, clen, argv, alen, delta, dlen);
+        if (*result == NULL) child_fail("building the request's objects");
+        return 1;
+    }
+    int err = errno;
+    PyOS_AfterFork_Parent();
+    if (pid_namespace) setns(own_pidns, CLONE_NEWPID); /* only one child may be a namespace's init */
+    for (int i = 0; i < nfds; i++) close(fds[i]);
+    free(big);
+    if (pid < 0) {
+        send_error(sock, id, "fork", err);
+        return 0;
+    }
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (pidfd < 0 || pidfd >= MAX_PIDFD) {
+        /* Out of descriptors: the child must not run untracked. */
+        err = pidfd < 0 ? errno : EMFILE;
+        if (pidfd >= 0) close(pidfd);
+        kill(pid, SIGKILL);
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
+        }
+        send_error(sock, id, "pidfd_open", err);
+        return 0;
+    }
+    kid_of_pidfd[pidfd] = pid;
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = pidfd};
+    epoll_ctl(ep, EPOLL_CTL_ADD, pidfd, &ev);
+    unsigned char rec[13];
+    rec[0] = 'S';
+    memcpy(rec + 1, &id, 8);
+    int32_t pid32 = pid;
+    memcpy(rec + 9, &pid32, 4);
+    send_record(sock, rec, sizeof rec, pidfd);
+    return 0;
+}
+
+static void on_exit_of(int sock, int ep, int pidfd) {
+    int pid = kid_of_pidfd[pidfd];
+    int status = 0;
+    struct rusage ru;
+    memset(&ru, 0, sizeof ru);
+    pid_t got = wait4(pid, &status, WNOHANG, &ru);
+    if (got == 0) return; /* not yet reapable (the pidfd said it exited: should not happen) */
+    int32_t st = got < 0 ? -1 : status;
+    epoll_ctl(ep, EPOLL_CTL_DEL, pidfd, NULL);
+    close(pidfd);
+    kid_of_pidfd[pidfd] = 0;
+    unsigned char rec[25];
+    rec[0] = 'X';
+    int32_t pid32 = pid;
+    double cpu = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+                 ru.ru_stime.tv_usec / 1e6;
+    int64_t rss = ru.ru_maxrss;
+    memcpy(rec + 1, &pid32, 4);
+    memcpy(rec + 5, &st, 4);
+    memcpy(rec + 9, &cpu, 8);
+    memcpy(rec + 17, &rss, 8);
+    send_record(sock, rec, sizeof rec, -1);
+}
+
+static PyObject *zygote_serve(PyObject *self, PyObject *args) {
+    int sock, pid_namespace, own_pidns, devnull;
+    if (!PyArg_ParseTuple(args, "iiii", &sock, &pid_namespace, &own_pidns, &devnull)) return NULL;
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    if (ep < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = sock};
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, sock, &ev) < 0) {
+        close(ep);
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    struct epoll_event events[64];
+    for (;;) {
+        int n = epoll_wait(ep, events, 64, -1);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        for (int i = 0; i < n; i++) {
+            int fd = events[i].data.fd;
+            if (fd == sock) {
+                PyObject *result = NULL;
+                int got = on_request(sock, ep, pid_namespace, own_pidns, devnull, &result);
+                if (got == 1) return result; /* in the child: ep went with close_range */
+                if (got < 0) {
+                    close(ep);
+                    Py_RETURN_NONE;
+                }
+            } else {
+                on_exit_of(sock, ep, fd);
+            }
+        }
+    }
+    close(ep);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"serve", zygote_serve, METH_VARARGS, "Run the zygote's fork loop (see the module's source)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, .m_name = "_zygote", .m_doc = NULL, .m_size = -1, .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__zygote(void) { return PyModule_Create(&module); }
