@@ -200,3 +200,80 @@ def test_hidden_ancestors_are_covered_once(tmp_path: Path) -> None:
     covers = isolation._covers([], [str(private / "py" / "lib")])
     assert str(private) in covers or any(str(private).startswith(c + "/") for c in covers)
     assert all(not any(c != d and c.startswith(d + "/") for d in covers) for c in covers)
+
+
+# ---- the zygote's request format ------------------------------------------------------------------
+def _msg(**extra: object) -> dict[str, object]:
+    msg: dict[str, object] = {
+        "id": 7,
+        "uid": 40001,
+        "workdir": "/work/a7",
+        "cores": [1, 3],
+        "limits": {"cpu": 11, "as": 1 << 30, "nproc": 0},
+        "env": {"HOME": "/work/a7", "PATH": "/usr/bin", "TANGRAM_CORES": "1,3"},
+        "code": "print('\u00e9\ud800')",  # a lone surrogate, as JSON may carry one
+        "argv": None,
+    }
+    msg.update(extra)
+    return msg
+
+
+def test_zygote_request_round_trips() -> None:
+    from arl_tangram.sandbox import forkserver
+
+    data = forkserver.encode_request(_msg(), interp=False, base_env={})
+    req = forkserver.decode_request(data)
+    assert req["id"] == 7 and req["uid"] == 40001 and req["interp"] is False
+    assert req["cores"] == [1, 3] and req["workdir"] == "/work/a7"
+    # Zero means "no limit": not sent; CPU and address space by their resource numbers.
+    import resource
+
+    assert req["limits"] == [(resource.RLIMIT_CPU, 11), (resource.RLIMIT_AS, 1 << 30)]
+    assert req["env"] == {
+        "HOME": "/work/a7",
+        "PATH": "/usr/bin",
+        "TANGRAM_CORES": "1,3",
+        "TANGRAM_ACTION_ID": "7",
+    }
+    assert req["code"] == "print('\u00e9\ud800')" and req["argv"] is None
+    bash = forkserver.decode_request(
+        forkserver.encode_request(
+            _msg(uid=None, argv=["/bin/bash", "-c", "echo hi"]), interp=True, base_env={}
+        )
+    )
+    assert bash["uid"] is None and bash["interp"] is True and bash["argv"] == ["/bin/bash", "-c", "echo hi"]
+
+
+def test_zygote_request_carries_only_the_environment_that_differs() -> None:
+    from arl_tangram.sandbox import forkserver
+
+    base = {"PATH": "/usr/bin", "HOME": "/base", "GONE": "x"}
+    data = forkserver.encode_request(_msg(), interp=False, base_env=base)
+    # The spans after the limits: workdir, env, delta, code, argv.
+    assert forkserver._span(b"HOME=/work/a7\0TANGRAM_CORES=1,3\0TANGRAM_ACTION_ID=7\0GONE\0") in data
+    assert b"HOME=/work/a7\0PATH=/usr/bin\0" in data  # the whole environment too, for the C side
+
+
+@pytest.mark.parametrize("name", ["", "A=B", "NUL\0"])
+def test_zygote_request_refuses_environment_names_the_kernel_cannot_hold(name: str) -> None:
+    from arl_tangram.sandbox import forkserver
+
+    with pytest.raises(ValueError, match="cannot be set"):
+        forkserver.encode_request(_msg(env={name: "v"}), interp=False, base_env={})
+
+
+def test_zygote_records_parse() -> None:
+    from arl_tangram.sandbox import forkserver
+
+    assert forkserver._parse_record(forkserver._spawn_record(5, 1234)) == ("s", 5, 1234)
+    assert forkserver._parse_record(forkserver._error_record(5, "fork: EAGAIN")) == ("e", 5, "fork: EAGAIN")
+    assert forkserver._parse_record(forkserver._exit_record(1234, 256, 0.5, 9000)) == (
+        "x",
+        1234,
+        256,
+        0.5,
+        9000,
+    )
+    assert forkserver._parse_record(forkserver._exit_record(1234, None, 0.0, 0))[2] is None
+    with pytest.raises(ValueError, match="unknown record"):
+        forkserver._parse_record(b"?junk")

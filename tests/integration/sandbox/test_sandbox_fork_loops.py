@@ -1,0 +1,93 @@
+"""Both zygote loops (C, and the Python one it falls back to without a compiler) run the same
+actions the same way: real agents, real processes, real HTTP."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+import requests
+from sandbox_agent_harness import Agent, processes_of, start_agent, stop_agent, wait_until
+
+C_BUILT = importlib.util.find_spec("arl_tangram.sandbox._zygote") is not None
+
+
+@pytest.fixture(scope="module", params=["c", "python"])
+def loop_agent(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    if request.param == "c" and not C_BUILT:
+        pytest.skip("the C fork loop is not built here (no C compiler at install)")
+    running = start_agent(
+        tmp_path_factory.mktemp(f"loop-{request.param}") / "work", "--fork-loop", request.param
+    )
+    running.loop = request.param  # type: ignore[attr-defined]
+    yield running
+    stop_agent(running)
+    assert processes_of(running.uids) == []
+
+
+def test_health_names_the_loop(loop_agent: Agent) -> None:
+    iso = requests.get(loop_agent.url + "/v1/health", timeout=10).json()["isolation"]
+    assert iso["fork_loop"] == loop_agent.loop  # type: ignore[attr-defined]
+    assert iso["pid_namespace"] is True
+
+
+def test_environment_cwd_uid_and_cores_are_the_actions(loop_agent: Agent) -> None:
+    code = (
+        "import os\n"
+        "print(os.environ['HOME'] == os.getcwd(), os.environ['TANGRAM_CORES'], os.getuid() > 0)\n"
+        "print(sorted(os.sched_getaffinity(0)), os.getpid(), 'PYTHONIOENCODING' in os.environ)\n"
+        "print(os.popen('echo $TANGRAM_ACTION_ID $HOME').read().split()[1] == os.getcwd())\n"
+    )
+    body = loop_agent.execute(code)
+    first, second, third = body["stdout"].splitlines()
+    cores = body["cores"]
+    assert first == f"True {','.join(map(str, cores))} True"
+    assert second == f"{cores} 1 False"  # PID 1 of its own namespace; the fork server's env is gone
+    assert third == "True"  # what the action executes sees the same environment
+
+
+def test_exit_codes_stdin_and_stderr(loop_agent: Agent) -> None:
+    assert loop_agent.execute("import sys; sys.exit(3)")["exit_code"] == 3
+    bye = loop_agent.execute("raise SystemExit('bye')")
+    assert (bye["exit_code"], bye["stderr"]) == (1, "bye\n")
+    echoed = loop_agent.execute(
+        "import sys; print(sys.stdin.read()[::-1]); print('e', file=sys.stderr)", stdin="abc"
+    )
+    assert (echoed["stdout"], echoed["stderr"]) == ("cba\n", "e\n")
+    assert loop_agent.execute("echo $((6*7))", runtime="bash")["stdout"] == "42\n"
+
+
+def test_timeouts_kill_the_tree(loop_agent: Agent) -> None:
+    body = loop_agent.execute(
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(600)\ntime.sleep(600)",
+        timeout_s=0.5,
+    )
+    assert body["status"] == "timeout"
+    wait_until(lambda: processes_of(loop_agent.uids) == [], what="the action's processes to be gone")
+
+
+def test_code_larger_than_one_datagram(loop_agent: Agent) -> None:
+    lines = [f"x{i} = {i}" for i in range(20000)]  # about 200 KB: travels to the zygote in a memfd
+    body = loop_agent.execute("\n".join([*lines, "print(x19999 + 1)"]))
+    assert body["status"] == "ok" and body["stdout"] == "20000\n"
+
+
+def test_a_session_interpreter_keeps_its_globals(loop_agent: Agent) -> None:
+    sid = loop_agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    assert loop_agent.execute("counter = 41", session_id=sid)["status"] == "ok"
+    assert loop_agent.execute("counter += 1; print(counter)", session_id=sid)["stdout"] == "42\n"
+    requests.delete(f"{loop_agent.url}/v1/sessions/{sid}", timeout=10)
+
+
+def test_unknown_fork_loop_is_refused_by_name() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "arl_tangram", "sandbox-agent", "--fork-loop", "rust"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "--fork-loop" in done.stderr and "invalid choice" in done.stderr
