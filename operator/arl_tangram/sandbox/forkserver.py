@@ -1448,7 +1448,6 @@ def _warm_child_path() -> None:
     isolation.resolve_libc()
 
 
-
 _SET_PDEATHSIG_KILL = isolation.prepared_prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
 _RLIMITS = {
     "cpu": resource.RLIMIT_CPU,
