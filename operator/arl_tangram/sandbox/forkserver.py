@@ -205,7 +205,6 @@ class ForkServer:
         self.config = config
         self.rbuf = bytearray()
         self.calls: dict[int, Call] = {}
-        self.by_pid: dict[int, Call | Interp] = {}  # whose exit a zygote's exit record reports
         self.timers: list[tuple[float, int]] = []
         self.interps: dict[str, Interp] = {}
         self.iso = isolation.Isolation()
@@ -411,7 +410,7 @@ class ForkServer:
         if msg.get("remove_workdir"):
             call.remove_workdir = msg["workdir"]
         call.uid = msg.get("uid")
-        self.by_pid[pid] = call
+        self.zy.owners[pid] = call
         self._track(call, r_out, r_err, watch=False)
         heapq.heappush(self.timers, (started + PIPE_WATCH_DELAY_S, call.id))
 
@@ -488,7 +487,7 @@ class ForkServer:
         parent.setblocking(False)
         interp = Interp(sid=msg["sid"], pid=pid, pidfd=pidfd, ctrl=parent, uid=msg.get("uid"))
         self.interps[interp.sid] = interp
-        self.by_pid[pid] = interp
+        self.zy.owners[pid] = interp
         self.sel.register(parent.fileno(), ("ctrl", interp))
         return interp
 
@@ -505,8 +504,7 @@ class ForkServer:
                 signal.pidfd_send_signal(interp.pidfd, signal.SIGKILL)
             status = None
             with _suppress(EOFError):  # a lost zygote: this process ends soon after
-                status = self.zy.wait_exit(interp.pid)[2]
-            self.by_pid.pop(interp.pid, None)
+                status = self.zy.wait_exit(interp)[1]
             self._interp_gone(interp, status)
         if not self.iso.pid_namespace and interp.uid is not None:
             # What the interpreter started, now that no namespace takes it down.
@@ -577,10 +575,7 @@ class ForkServer:
         """Handle the zygote's exit records (its children are ours to account for)."""
         pending = self.zy.pending
         while pending:
-            _, pid, status, cpu_s, max_rss_kb = pending.popleft()
-            owner = self.by_pid.pop(pid, None)
-            if owner is not None:
-                self._on_exit(owner, status, cpu_s, max_rss_kb)
+            self._on_exit(*pending.popleft())
 
     def _on_exit(
         self, owner: Call | Interp, status: int | None, cpu_s: float | None, max_rss_kb: int | None
@@ -869,9 +864,12 @@ class _ZygoteLink:
     Records back (as tuples): ``("s", id, pid)`` with the child's pidfd, ``("e", id, message)`` when
     the fork failed, ``("x", pid, status, cpu_s, max_rss_kb)`` when a child exited (the zygote, its
     parent, reaps it).
+
+    An exit record is matched to its call (``owners``) the moment it is read, even while waiting
+    for a fork: the pid is free again once reaped, and the very fork being waited for may reuse it.
     """
 
-    __slots__ = ("base_env", "loop", "notes", "pending", "pid", "sock")
+    __slots__ = ("base_env", "loop", "notes", "owners", "pending", "pid", "sock")
 
     def __init__(
         self, sock: socket.socket, pid: int, ready: tuple[Any, ...], base_env: dict[str, str]
@@ -881,7 +879,8 @@ class _ZygoteLink:
         self.notes: list[str] = list(ready[1])
         self.loop: str = ready[2]  # "c" or "python"
         self.base_env = base_env  # the zygote's own environment
-        self.pending: deque[tuple[Any, ...]] = deque()  # exit records not handled yet
+        self.owners: dict[int, Any] = {}  # pid -> the Call or Interp whose process it is
+        self.pending: deque[tuple[Any, ...]] = deque()  # (owner, status, cpu_s, max_rss_kb) to handle
 
     @classmethod
     def start(cls, config: dict[str, Any], pid_namespace: bool, agent_fd: int) -> _ZygoteLink:
@@ -919,7 +918,7 @@ class _ZygoteLink:
         while True:
             record, got = self._recv(0)
             if record[0] == "x":
-                self.pending.append(record)
+                self._exited(record)
                 continue
             if record[1] != msg["id"]:
                 for fd in got:  # an answer to a request we gave up on (cannot happen: one at a time)
@@ -943,22 +942,27 @@ class _ZygoteLink:
             for fd in got:
                 os.close(fd)
             if record[0] == "x":
-                self.pending.append(record)
+                self._exited(record)
 
-    def wait_exit(self, pid: int) -> tuple[Any, ...]:
-        """Block until the exit record of ``pid`` (killed just now) arrives; return it."""
-        for record in self.pending:
-            if record[1] == pid:
-                self.pending.remove(record)
-                return record
+    def wait_exit(self, owner: Any) -> tuple[Any, ...]:
+        """Block until ``owner``'s process (killed just now) is reported gone; returns its
+        (owner, status, cpu_s, max_rss_kb), taken out of ``pending``."""
         while True:
+            for entry in self.pending:
+                if entry[0] is owner:
+                    self.pending.remove(entry)
+                    return entry
             record, got = self._recv(0)
             for fd in got:
                 os.close(fd)
             if record[0] == "x":
-                if record[1] == pid:
-                    return record
-                self.pending.append(record)
+                self._exited(record)
+
+    def _exited(self, record: tuple[Any, ...]) -> None:
+        _, pid, status, cpu_s, max_rss_kb = record
+        owner = self.owners.pop(pid, None)
+        if owner is not None:
+            self.pending.append((owner, status, cpu_s, max_rss_kb))
 
     def _recv(self, flags: int) -> tuple[tuple[Any, ...], list[int]]:
         data, fds, _ = _recv_with_fds(self.sock, 4096, 1, flags)
