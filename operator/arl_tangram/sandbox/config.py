@@ -15,6 +15,24 @@ RUNTIMES = ("python", "bash", "pytest")
 DEFAULT_PRELOAD = ("math", "itertools", "functools", "collections", "heapq", "bisect", "string", "json")
 
 
+def infra_cores(cores: list[int]) -> tuple[list[int], list[int]] | None:
+    """Where the agent's own processes run: (the fork server's cores, the HTTP loop's cores), two
+    disjoint halves of the pool's cores, or ``None`` with fewer than two.
+
+    Each action is pinned to the cores it is granted; these are only the places the two pipeline
+    stages that serve it may run. They hand work to each other with synchronous wake-ups, and on a
+    busy host the kernel then stacks both on the waker's core (it stops looking for idle cores as
+    load rises) while another core idles: 15% of two cores, measured, against 8% kept apart. The
+    fork server takes the first half, where a lone action's grant is too (the lowest free core):
+    the forking and the reading of its output then stay beside it.
+    """
+    ordered = sorted(set(cores))
+    if len(ordered) < 2:
+        return None
+    half = len(ordered) // 2
+    return ordered[:half], ordered[half:]
+
+
 def parse_cores(text: str) -> list[int]:
     """``"0-3,6"`` -> ``[0, 1, 2, 3, 6]``; a clear error for anything else."""
     cores: set[int] = set()
@@ -71,6 +89,7 @@ class AgentConfig:
     preload: tuple[str, ...] = DEFAULT_PRELOAD
     # "c": the fork loop in C (fails to start when it is not built), "python", or "auto" (C when built)
     fork_loop: str = "auto"
+    infra_affinity: bool = True  # keep the HTTP loop and the fork server on disjoint cores (infra_cores)
     uid_base: int = 40000
     max_concurrent: int = 256
     max_sessions: int = 1024

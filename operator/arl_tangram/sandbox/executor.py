@@ -23,7 +23,7 @@ from typing import Any
 
 from arl_tangram.errors import CapacityExceeded, InvalidSpec, NotReady
 from arl_tangram.sandbox import isolation, workfiles
-from arl_tangram.sandbox.config import AgentConfig
+from arl_tangram.sandbox.config import AgentConfig, infra_cores
 from arl_tangram.sandbox.cores import CorePool
 from arl_tangram.sandbox.forkclient import ForkServerClient, next_id
 
@@ -176,6 +176,7 @@ class Executor:
             "no_pid_namespace": self.config.no_pid_namespace,
             "preload": list(self.config.preload),
             "zygote": self.config.fork_loop,
+            "infra_cores": self._fork_server_cores(),
             # The zygote's own environment: an action's differs from it in a few variables.
             "base_env": self._env(self.root, 1),
             "writable": [self.root],
@@ -212,6 +213,11 @@ class Executor:
     def healthy(self) -> bool:
         """The fork server is running."""
         return self.server is not None and self.server.alive
+
+    def _fork_server_cores(self) -> list[int]:
+        """Where the fork server runs (its actions run on their grants): see ``infra_cores``."""
+        split = infra_cores(self.config.cores) if self.config.infra_affinity else None
+        return [] if split is None else split[0]
 
     def _live_server(self) -> ForkServerClient:
         if self.server is None or not self.server.alive:

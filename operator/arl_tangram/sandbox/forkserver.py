@@ -221,6 +221,11 @@ class ForkServer:
     def prepare(self) -> None:
         """Enter namespaces and start the zygote (which pre-imports the configured modules); say
         hello to the agent."""
+        if self.config.get("infra_cores"):
+            # Where this process and the zygote run (actions are pinned to their own grants): apart
+            # from the agent's HTTP loop (see config.infra_cores).
+            with _suppress(OSError):
+                os.sched_setaffinity(0, self.config["infra_cores"])
         self.iso = isolation.enter_private_namespaces(
             bool(self.config.get("network_allowed")),
             list(self.config.get("writable", [])),

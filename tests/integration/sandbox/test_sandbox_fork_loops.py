@@ -4,6 +4,7 @@ actions the same way: real agents, real processes, real HTTP."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -91,3 +92,32 @@ def test_unknown_fork_loop_is_refused_by_name() -> None:
     )
     assert done.returncode == 2
     assert "--fork-loop" in done.stderr and "invalid choice" in done.stderr
+
+
+def _allowed(pid: int) -> set[int]:
+    return os.sched_getaffinity(pid)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to split")
+def test_http_loop_and_fork_server_keep_to_disjoint_cores(loop_agent: Agent) -> None:
+    agent_pid = loop_agent.proc.pid
+    manager = [p for p in _children(agent_pid) if "forkserver" in _cmdline(p)]
+    assert len(manager) == 1
+    zygote = [p for p in _children(manager[0]) if "forkserver" in _cmdline(p)]
+    http, server = _allowed(agent_pid), _allowed(manager[0])
+    assert http and server and not http & server
+    assert http | server == set(os.sched_getaffinity(0))
+    assert zygote and all(_allowed(z) == server for z in zygote)
+    # The actions themselves run on their grants, wherever those are.
+    cores = set(loop_agent.execute("import os; print(sorted(os.sched_getaffinity(0)))")["cores"])
+    assert len(cores) == 1
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as fh:
+        return [int(p) for p in fh.read().split()]
+
+
+def _cmdline(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+        return fh.read().replace(b"\0", b" ").decode(errors="replace")

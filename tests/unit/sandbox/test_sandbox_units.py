@@ -277,3 +277,20 @@ def test_zygote_records_parse() -> None:
     assert forkserver._parse_record(forkserver._exit_record(1234, None, 0.0, 0))[2] is None
     with pytest.raises(ValueError, match="unknown record"):
         forkserver._parse_record(b"?junk")
+
+
+def test_infra_cores_split_the_pool_in_disjoint_halves() -> None:
+    from arl_tangram.sandbox.config import infra_cores
+
+    assert infra_cores([0]) is None
+    assert infra_cores([]) is None
+    assert infra_cores([1, 0]) == ([0], [1])
+    assert infra_cores([3, 1, 2, 1]) == ([1], [2, 3])
+    fork_server, http = infra_cores(list(range(8))) or ([], [])
+    assert fork_server == [0, 1, 2, 3] and http == [4, 5, 6, 7]
+
+
+def test_infra_affinity_is_on_by_default_and_can_be_turned_off() -> None:
+    parser = build_parser()
+    assert config_from_args(parser.parse_args([])).infra_affinity is True
+    assert config_from_args(parser.parse_args(["--no-infra-affinity"])).infra_affinity is False
