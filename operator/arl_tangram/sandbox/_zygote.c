@@ -153,7 +153,13 @@ static void child_setup(int interp, int *fds, int nfds, int devnull, int32_t uid
     if (ncores) {
         cpu_set_t set;
         CPU_ZERO(&set);
-        for (uint32_t i = 0; i < ncores; i++) CPU_SET(cores[i], &set);
+        for (uint32_t i = 0; i < ncores; i++) {
+            if (cores[i] < 0 || cores[i] >= CPU_SETSIZE) {
+                errno = EINVAL;
+                child_fail("sched_setaffinity");
+            }
+            CPU_SET(cores[i], &set);
+        }
         if (sched_setaffinity(0, sizeof set, &set) < 0) child_fail("sched_setaffinity");
     }
     if (chdir(workdir) < 0) child_fail("chdir");
