@@ -89,3 +89,17 @@ def test_response_reader_decodes_chunked_bodies() -> None:
 def test_response_reader_names_what_it_cannot_read(raw: bytes, problem: str) -> None:
     with pytest.raises(HttpError, match=problem):
         _parse_response(bytearray(raw))
+
+
+def test_report_names_the_target_for_each_payload() -> None:
+    from arl_tangram.sandbox.bench import Case, render
+
+    cases = [
+        Case("run_code", "print", 16, 1000.0, 15.0, 20.0, 0),
+        Case("fresh-process", "print", 16, 190.0, 80.0, 120.0, 0),
+        Case("run_code", "asserts", 16, 900.0, 17.0, 21.0, 0),
+        Case("fresh-process", "asserts", 16, 190.0, 80.0, 120.0, 0),
+    ]
+    text = render(cases)
+    assert "target run_code rps at c=16 >= 5x fresh-process (print): 5.3x (1000 vs 190 rps) -> met" in text
+    assert "(asserts): 4.7x (900 vs 190 rps) -> NOT met" in text
