@@ -207,10 +207,10 @@ def _msg(**extra: object) -> dict[str, object]:
     msg: dict[str, object] = {
         "id": 7,
         "uid": 40001,
-        "workdir": "/work/a7",
+        "workdir": "/srv/sandbox/a7",
         "cores": [1, 3],
         "limits": {"cpu": 11, "as": 1 << 30, "nproc": 0},
-        "env": {"HOME": "/work/a7", "PATH": "/usr/bin", "TANGRAM_CORES": "1,3"},
+        "env": {"HOME": "/srv/sandbox/a7", "PATH": "/usr/bin", "TANGRAM_CORES": "1,3"},
         "code": "print('\u00e9\ud800')",  # a lone surrogate, as JSON may carry one
         "argv": None,
     }
@@ -224,13 +224,13 @@ def test_zygote_request_round_trips() -> None:
     data = forkserver.encode_request(_msg(), interp=False, base_env={})
     req = forkserver.decode_request(data)
     assert req["id"] == 7 and req["uid"] == 40001 and req["interp"] is False
-    assert req["cores"] == [1, 3] and req["workdir"] == "/work/a7"
+    assert req["cores"] == [1, 3] and req["workdir"] == "/srv/sandbox/a7"
     # Zero means "no limit": not sent; CPU and address space by their resource numbers.
     import resource
 
     assert req["limits"] == [(resource.RLIMIT_CPU, 11), (resource.RLIMIT_AS, 1 << 30)]
     assert req["env"] == {
-        "HOME": "/work/a7",
+        "HOME": "/srv/sandbox/a7",
         "PATH": "/usr/bin",
         "TANGRAM_CORES": "1,3",
         "TANGRAM_ACTION_ID": "7",
@@ -250,8 +250,8 @@ def test_zygote_request_carries_only_the_environment_that_differs() -> None:
     base = {"PATH": "/usr/bin", "HOME": "/base", "GONE": "x"}
     data = forkserver.encode_request(_msg(), interp=False, base_env=base)
     # The spans after the limits: workdir, env, delta, code, argv.
-    assert forkserver._span(b"HOME=/work/a7\0TANGRAM_CORES=1,3\0TANGRAM_ACTION_ID=7\0GONE\0") in data
-    assert b"HOME=/work/a7\0PATH=/usr/bin\0" in data  # the whole environment too, for the C side
+    assert forkserver._span(b"HOME=/srv/sandbox/a7\0TANGRAM_CORES=1,3\0TANGRAM_ACTION_ID=7\0GONE\0") in data
+    assert b"HOME=/srv/sandbox/a7\0PATH=/usr/bin\0" in data  # the whole environment too, for the C side
 
 
 @pytest.mark.parametrize("name", ["", "A=B", "NUL\0"])
