@@ -76,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-concurrent", type=int, default=d.max_concurrent, help="actions running at once (uids kept)"
     )
+    p.add_argument(
+        "--max-waiting",
+        type=int,
+        default=d.max_waiting,
+        help="requests queued beyond --max-concurrent; more are answered 503 with Retry-After",
+    )
     p.add_argument("--max-sessions", type=int, default=d.max_sessions)
     p.add_argument(
         "--session-ttl", type=float, default=d.session_ttl_s, help="idle seconds before a session closes"
@@ -94,6 +100,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-bytes", type=int, default=lim.output_bytes, help="cap on stdout and on stderr")
     p.add_argument(
         "--max-body-mb", type=float, default=d.max_body_bytes / (1 << 20), help="largest request body"
+    )
+    p.add_argument(
+        "--max-file-mb",
+        type=float,
+        default=d.max_file_bytes / (1 << 20),
+        help="largest file uploaded or fetched",
+    )
+    p.add_argument(
+        "--max-fetch-mb",
+        type=float,
+        default=d.max_fetch_bytes / (1 << 20),
+        help="all of one response's fetch_files together (the rest come back empty, with a note)",
     )
     p.add_argument(
         "--token",
@@ -118,9 +136,12 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         infra_affinity=not args.no_infra_affinity,
         uid_base=args.uid_base,
         max_concurrent=args.max_concurrent,
+        max_waiting=args.max_waiting,
         max_sessions=args.max_sessions,
         session_ttl_s=args.session_ttl,
         max_body_bytes=int(args.max_body_mb * (1 << 20)),
+        max_file_bytes=int(args.max_file_mb * (1 << 20)),
+        max_fetch_bytes=int(args.max_fetch_mb * (1 << 20)),
         token=args.token or None,
         limits=Limits(
             timeout_s=args.timeout,

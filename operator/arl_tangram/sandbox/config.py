@@ -96,6 +96,8 @@ class AgentConfig:
     session_ttl_s: float = 1800.0
     max_body_bytes: int = 16 << 20
     max_file_bytes: int = 8 << 20
+    max_fetch_bytes: int = 32 << 20  # all of one response's fetch_files together
+    max_waiting: int = 1024  # requests queued for a slot beyond max_concurrent; more get 503
     token: str | None = None
     limits: Limits = field(default_factory=Limits)
 
@@ -104,6 +106,8 @@ class AgentConfig:
         unknown = set(self.runtimes) - set(RUNTIMES)
         if unknown:
             raise InvalidSpec("runtimes", f"unknown runtime(s) {sorted(unknown)}; known: {list(RUNTIMES)}")
+        if self.max_waiting < 0:
+            raise InvalidSpec("max-waiting", "must be 0 or more")
         if self.fork_loop not in ("auto", "c", "python"):
             raise InvalidSpec("fork-loop", f"unknown fork loop {self.fork_loop!r}; known: auto, c, python")
         online = os.sched_getaffinity(0)

@@ -70,6 +70,7 @@ class ActionResult:
     session_id: str | None = None
     interpreter_restarted: bool = False
     message: str = ""
+    notes: list[str] = field(default_factory=list)  # about the result's parts (fetched files left out)
 
 
 OUTCOMES = ("ok", "failed", "timeout", "memory_limit_exceeded", "sandbox_error")
@@ -154,6 +155,7 @@ class Executor:
         self._uids: deque[int] = deque()
         self._session_uids: deque[int] = deque()
         self._slots = asyncio.Semaphore(config.max_concurrent)
+        self._waiting = 0  # requests queued for a slot (bounded by config.max_waiting)
         self._janitor: Janitor | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._seq = 0
@@ -321,11 +323,25 @@ class Executor:
         timeout, limits = self._limits(spec, memory_mb)
         # Validate the grant before queueing for it.
         self.cores.check(want)
-        async with self._slots:
+        if self._slots.locked() and self._waiting >= self.config.max_waiting:
+            # Back-pressure: each waiting request holds its body; past this, say when to come back.
+            raise NotReady(
+                f"{self._waiting} actions already wait for one of {self.config.max_concurrent} slots; "
+                "retry shortly or spread the load over more hosts",
+                delay=1.0,
+            )
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        try:
             if session is not None:
                 async with session.lock:
                     return await self._run_in_session(spec, session, want, timeout, limits)
             return await self._run_fresh(spec, want, timeout, limits)
+        finally:
+            self._slots.release()
 
     async def _run_fresh(
         self, spec: ActionSpec, want: int | frozenset[int], timeout_s: float, limits: dict[str, int]
@@ -343,13 +359,13 @@ class Executor:
             msg = self._message(spec, uid, workdir, want, timeout_s, limits)
             msg["remove_workdir"] = not spec.fetch_files
             cores, reply = await self._dispatch(self._live_server(), msg)
-            files = self._fetch(workdir, spec.fetch_files)
+            files, notes = self._fetch(workdir, spec.fetch_files)
         finally:
             if not (reply or {}).get("workdir_removed"):
                 self._discard_workdir(workdir, uid)
             if uid is not None:
                 self._uids.append(uid)
-        return self._result(reply, cores, files, None, timeout_s)
+        return self._result(reply, cores, files, None, timeout_s, notes)
 
     async def _run_in_session(
         self,
@@ -382,8 +398,8 @@ class Executor:
         session.peak_rss_kb = max(session.peak_rss_kb, rss)
         if interp:
             session.interpreter_rss_kb = reply.get("max_rss_kb")
-        files = self._fetch(session.workdir, spec.fetch_files)
-        return self._result(reply, cores, files, session.id, timeout_s)
+        files, notes = self._fetch(session.workdir, spec.fetch_files)
+        return self._result(reply, cores, files, session.id, timeout_s, notes)
 
     async def _dispatch(
         self, server: ForkServerClient, msg: dict[str, Any]
@@ -423,11 +439,33 @@ class Executor:
             "cap": self.config.limits.output_bytes,
         }
 
-    def _fetch(self, workdir: str, paths: list[str]) -> dict[str, bytes | None]:
-        return {
-            path: workfiles.read_file(workdir, f"fetch_files[{path!r}]", path, self.config.max_file_bytes)
-            for path in paths
-        }
+    def _fetch(self, workdir: str, paths: list[str]) -> tuple[dict[str, bytes | None], list[str]]:
+        """The files the request asked back, and why any of them is ``None`` beyond being absent.
+
+        The action has run by now: a file over the per-file limit, or over what one response
+        carries in all, comes back as ``None`` with a note, never as an error that loses the result.
+        """
+        files: dict[str, bytes | None] = {}
+        notes: list[str] = []
+        budget = self.config.max_fetch_bytes
+        for path in paths:
+            field = f"fetch_files[{path!r}]"
+            try:
+                data = workfiles.read_file(workdir, field, path, self.config.max_file_bytes)
+            except InvalidSpec as exc:  # over the per-file limit
+                files[path], data = None, None
+                notes.append(str(exc))
+                continue
+            if data is not None and len(data) > budget:
+                files[path] = None
+                notes.append(
+                    f"{field}: {path!r} ({len(data)} bytes) does not fit the {budget} bytes left of "
+                    f"the {self.config.max_fetch_bytes} one response carries"
+                )
+                continue
+            files[path] = data
+            budget -= len(data or b"")
+        return files, notes
 
     def _result(
         self,
@@ -436,6 +474,7 @@ class Executor:
         files: dict[str, bytes | None],
         session_id: str | None,
         timeout_s: float,
+        notes: list[str] | None = None,
     ) -> ActionResult:
         message = ""
         if "sandbox_error" in reply:
@@ -477,6 +516,7 @@ class Executor:
             session_id=session_id,
             interpreter_restarted=bool(reply.get("interp_restarted")),
             message=message,
+            notes=list(notes or []),
         )
 
     def _discard_workdir(self, workdir: str, uid: int | None) -> None:

@@ -222,6 +222,7 @@ async def execute(request: web.Request) -> web.Response:
             "session_id": result.session_id,
             "interpreter_restarted": result.interpreter_restarted,
             "message": result.message,
+            "notes": result.notes,
             "files": {
                 k: base64.b64encode(v).decode() if v is not None else None for k, v in result.files.items()
             },
@@ -259,8 +260,8 @@ def sandboxfusion_response(result: ActionResult) -> dict[str, Any]:
     Finished | Error | TimeLimitExceeded, a non-zero exit being Finished with Failed overall). What
     its users lack is added as new keys, which clients that know only the original ignore:
     ``run_result.memory_limit_exceeded``, ``stdout_truncated``, ``stderr_truncated``, ``signal``,
-    ``max_rss_kb``, and a top-level ``outcome`` (ok | failed | timeout | memory_limit_exceeded |
-    sandbox_error).
+    ``max_rss_kb``, a top-level ``outcome`` (ok | failed | timeout | memory_limit_exceeded |
+    sandbox_error), and ``notes`` (why a requested file is not in ``files`` when it exists).
     """
     if result.outcome == "sandbox_error":
         run_status, status = "Error", "SandboxError"
@@ -288,6 +289,7 @@ def sandboxfusion_response(result: ActionResult) -> dict[str, Any]:
         "executor_pod_name": os.environ.get("MY_POD_NAME") or os.environ.get("POD_NAME"),
         "files": {k: base64.b64encode(v).decode() for k, v in result.files.items() if v is not None},
         "outcome": result.outcome,
+        "notes": result.notes,
     }
 
 
