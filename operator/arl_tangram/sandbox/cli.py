@@ -12,7 +12,7 @@ import sys
 
 from aiohttp import web
 
-from arl_tangram.errors import InvalidSpec
+from arl_tangram.errors import InfrastructureError, InvalidSpec
 from arl_tangram.sandbox.config import (
     DEFAULT_PRELOAD,
     RUNTIMES,
@@ -199,5 +199,9 @@ def main(argv: list[str]) -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    asyncio.run(serve(config))
+    try:
+        asyncio.run(serve(config))
+    except InfrastructureError as exc:  # the fork server could not start: say why, no traceback
+        print(f"tangram sandbox-agent: {exc}", file=sys.stderr)
+        return 1
     return 0

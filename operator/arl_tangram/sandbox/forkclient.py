@@ -101,7 +101,11 @@ class ForkServerClient:
                 for msg in wire.decode_frames(buf):
                     if msg.get("op") == "hello":
                         if self.hello is not None and not self.hello.done():
-                            self.hello.set_result(msg)
+                            if "error" in msg:
+                                err = InfrastructureError(f"the fork server could not start: {msg['error']}")
+                                self.hello.set_exception(err)
+                            else:
+                                self.hello.set_result(msg)
                         continue
                     answer = self.waiting.pop(msg.get("id", -1), None)
                     if answer is not None:

@@ -1579,7 +1579,15 @@ def main(argv: list[str]) -> int:
     """Entry point: ``python -m arl_tangram.sandbox.forkserver FD CONFIG`` (marshal, hex)."""
     config = marshal.loads(bytes.fromhex(argv[1]))
     server = ForkServer(int(argv[0]), config)
-    server.prepare()
+    try:
+        server.prepare()
+    except Exception as exc:
+        # Tell the agent why, in a line a person can act on, rather than just ending.
+        server.outq.clear()
+        server.send({"op": "hello", "error": f"{exc.__class__.__name__}: {exc}"})
+        with _suppress(OSError):
+            server.flush()
+        return 1
     server.serve()
     return 0
 

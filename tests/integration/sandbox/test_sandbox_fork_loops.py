@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import requests
@@ -121,3 +123,47 @@ def _children(pid: int) -> list[int]:
 def _cmdline(pid: int) -> str:
     with open(f"/proc/{pid}/cmdline", "rb") as fh:
         return fh.read().replace(b"\0", b" ").decode(errors="replace")
+
+
+@pytest.fixture()
+def package_without_the_c_loop(tmp_path: Path) -> Path:
+    """This package as an install without a C compiler has it: the same sources, no extension."""
+    import arl_tangram
+
+    top = tmp_path / "site"
+    src = Path(arl_tangram.__file__).parent
+    shutil.copytree(src, top / "arl_tangram", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    return top
+
+
+def test_asking_for_the_c_loop_where_it_is_not_built_fails_in_one_line(
+    package_without_the_c_loop: Path,
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(package_without_the_c_loop)}
+    done = subprocess.run(
+        [sys.executable, "-m", "arl_tangram", "sandbox-agent", "--listen", "127.0.0.1:0", "--fork-loop", "c"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=package_without_the_c_loop,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "tangram sandbox-agent: the fork server could not start: RuntimeError: --fork-loop c: the C fork "
+        "loop is not built (No module named 'arl_tangram.sandbox._zygote')"
+    )
+    assert "Traceback" not in done.stderr
+
+
+def test_without_the_c_loop_auto_forks_from_python_and_says_so(
+    package_without_the_c_loop: Path, tmp_path: Path
+) -> None:
+    agent = start_agent(tmp_path / "work", env={"PYTHONPATH": str(package_without_the_c_loop)})
+    try:
+        iso = requests.get(agent.url + "/v1/health", timeout=10).json()["isolation"]
+        assert iso["fork_loop"] == "python"
+        assert any("the C fork loop is not built" in note for note in iso["notes"])
+        assert agent.execute("print(6 * 7)")["stdout"] == "42\n"
+    finally:
+        stop_agent(agent)
