@@ -189,7 +189,13 @@ class Executor:
         # It forks about a thousand actions a second here; a host with many more cores than that
         # keeps busy would split its cores among several (not needed on the pools we run).
         self.server = ForkServerClient(fs_config)
-        hello = await self.server.start()
+        try:
+            hello = await self.server.start()
+        except BaseException:
+            # Nothing was served: leave nothing behind (the workdir root is ours alone).
+            await self.server.close()
+            workfiles.remove_tree(self.root)
+            raise
         self.isolation = hello["isolation"]
         self._janitor = Janitor()
         self._reaper = asyncio.create_task(self._expire_sessions())

@@ -140,8 +140,12 @@ def test_asking_for_the_c_loop_where_it_is_not_built_fails_in_one_line(
     package_without_the_c_loop: Path,
 ) -> None:
     env = {**os.environ, "PYTHONPATH": str(package_without_the_c_loop)}
+    root = package_without_the_c_loop / "work"
     done = subprocess.run(
-        [sys.executable, "-m", "arl_tangram", "sandbox-agent", "--listen", "127.0.0.1:0", "--fork-loop", "c"],
+        [
+            *(sys.executable, "-m", "arl_tangram", "sandbox-agent", "--listen", "127.0.0.1:0"),
+            *("--fork-loop", "c", "--workdir-root", str(root)),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -154,6 +158,7 @@ def test_asking_for_the_c_loop_where_it_is_not_built_fails_in_one_line(
         "loop is not built (No module named 'arl_tangram.sandbox._zygote')"
     )
     assert "Traceback" not in done.stderr
+    assert not root.exists(), "a failed start leaves no workdir root behind"
 
 
 def test_without_the_c_loop_auto_forks_from_python_and_says_so(
