@@ -18,7 +18,6 @@ from arl_tangram.sandbox.config import (
     RUNTIMES,
     AgentConfig,
     Limits,
-    infra_cores,
     parse_cores,
 )
 from arl_tangram.sandbox.server import build_app
@@ -164,10 +163,6 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
 
 async def serve(config: AgentConfig) -> None:
     """Serve until SIGTERM or SIGINT; then close every session and stop every action."""
-    split = infra_cores(config.cores) if config.infra_affinity else None
-    if split is not None:
-        # This process (the HTTP loop); the fork server takes the other half (see infra_cores).
-        os.sched_setaffinity(0, split[1])
     app = build_app(config)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()

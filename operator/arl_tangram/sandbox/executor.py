@@ -178,7 +178,7 @@ class Executor:
             "no_pid_namespace": self.config.no_pid_namespace,
             "preload": list(self.config.preload),
             "zygote": self.config.fork_loop,
-            "infra_cores": self._fork_server_cores(),
+            "infra_cores": self._place_infra(),
             # The zygote's own environment: an action's differs from it in a few variables.
             "base_env": self._env(self.root, 1),
             "writable": [self.root],
@@ -222,10 +222,14 @@ class Executor:
         """The fork server is running."""
         return self.server is not None and self.server.alive
 
-    def _fork_server_cores(self) -> list[int]:
-        """Where the fork server runs (its actions run on their grants): see ``infra_cores``."""
+    def _place_infra(self) -> list[int]:
+        """Keep this process (the HTTP loop) to its half of the cores and return the fork server's
+        half, where it keeps itself (actions run on their grants): see ``infra_cores``."""
         split = infra_cores(self.config.cores) if self.config.infra_affinity else None
-        return [] if split is None else split[0]
+        if split is None:
+            return []
+        os.sched_setaffinity(0, split[1])
+        return split[0]
 
     def _live_server(self) -> ForkServerClient:
         if self.server is None or not self.server.alive:
