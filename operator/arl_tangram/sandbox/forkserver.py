@@ -179,6 +179,10 @@ class Call:
         self.uid: int | None = None
         self.watching = False  # its pipes are in the poller (see PIPE_WATCH_DELAY_S)
 
+    def stream_of(self, fd: int) -> str:
+        """``"out"`` or ``"err"``: which of the action's streams the read end ``fd`` is."""
+        return "out" if fd == self.pipes_at_start[0] else "err"
+
 
 class Interp:
     """A session's persistent interpreter."""
@@ -431,7 +435,7 @@ class ForkServer:
         """Read the call's output as it comes from now on."""
         call.watching = True
         for fd in call.pipes:
-            self.sel.register(fd, ("out" if fd == call.pipes_at_start[0] else "err", call))
+            self.sel.register(fd, (call.stream_of(fd), call))
 
     def _start_interp_run(self, msg: dict[str, Any]) -> None:
         sid = msg["sid"]
@@ -602,8 +606,7 @@ class ForkServer:
         if not call.watching:
             # What it wrote waits in its pipes, closed by now unless something else holds them.
             for fd in list(call.pipes):
-                kind = "out" if fd == call.pipes_at_start[0] else "err"
-                while self._on_pipe(fd, kind, call):
+                while self._on_pipe(fd, call.stream_of(fd), call):
                     pass
             if call.open_pipes:
                 self._watch(call)
