@@ -321,34 +321,41 @@ def _encoded(body: dict[str, Any]) -> bytes:
     return json.dumps(body).encode()
 
 
-def http_native(client: HttpClient) -> Call:
-    """A call through ``/v1/execute``."""
-    requests = {
-        code: client.post_bytes("/v1/execute", _encoded({"runtime": "python", "code": code}))
-        for code, _ in PAYLOADS.values()
-    }
+def _http_call(
+    client: HttpClient,
+    path: str,
+    body_for: Callable[[str], dict[str, Any]],
+    ok: Callable[[dict[str, Any], str], bool],
+) -> Call:
+    """A call that posts ``body_for(code)`` to ``path`` (each request built once) and checks the
+    answer with ``ok(body, expected_stdout)``."""
+    requests = {code: client.post_bytes(path, _encoded(body_for(code))) for code, _ in PAYLOADS.values()}
 
     async def call(code: str, expected: str) -> bool:
         status, raw = await client.send(requests[code])
-        body: dict[str, Any] = json.loads(raw)
-        return status == 200 and body["status"] == "ok" and body["stdout"] == expected
+        return status == 200 and ok(json.loads(raw), expected)
 
     return call
+
+
+def http_native(client: HttpClient) -> Call:
+    """A call through ``/v1/execute``."""
+    return _http_call(
+        client,
+        "/v1/execute",
+        lambda code: {"runtime": "python", "code": code},
+        lambda body, expected: body["status"] == "ok" and body["stdout"] == expected,
+    )
 
 
 def http_run_code(client: HttpClient) -> Call:
     """A call through a SandboxFusion-compatible ``/run_code`` (ours or the peer's)."""
-    requests = {
-        code: client.post_bytes("/run_code", _encoded({"code": code, "language": "python"}))
-        for code, _ in PAYLOADS.values()
-    }
-
-    async def call(code: str, expected: str) -> bool:
-        status, raw = await client.send(requests[code])
-        body: dict[str, Any] = json.loads(raw)
-        return status == 200 and body["status"] == "Success" and body["run_result"]["stdout"] == expected
-
-    return call
+    return _http_call(
+        client,
+        "/run_code",
+        lambda code: {"code": code, "language": "python"},
+        lambda body, expected: body["status"] == "Success" and body["run_result"]["stdout"] == expected,
+    )
 
 
 def fresh_process() -> Call:
