@@ -928,10 +928,7 @@ class _ZygoteLink:
             if record[0] == "x":
                 self._exited(record)
                 continue
-            if record[1] != msg["id"]:
-                for fd in got:  # an answer to a request we gave up on (cannot happen: one at a time)
-                    os.close(fd)
-                continue
+            # One request at a time: the first answer that is not an exit record is this one's.
             if record[0] == "s" and got:
                 return int(record[2]), got[0]
             for fd in got:
