@@ -16,7 +16,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
+from arl_tangram.api.actionpool import PoolScaling
 from arl_tangram.errors import InvalidSpec
+
+# The defaults of the scaling knobs live in the API models (what users write); the planner's own
+# defaults are read from there so that a pool built in code and one built from YAML agree.
+_API_SCALING = PoolScaling()
 
 InstancePhase = Literal["starting", "ready", "draining", "failed"]
 """Lifecycle of one instance (a sandbox host or a reward replica), as the runtime reports it.
@@ -126,10 +131,10 @@ class ScalingPolicy:
     """
 
     max_instances: int
-    min_instances: int = 0
-    warm_instances: int = 0
-    max_starting: int = 1
-    idle_timeout_s: float = 300.0
+    min_instances: int = _API_SCALING.min_hosts
+    warm_instances: int = _API_SCALING.warm_hosts
+    max_starting: int = _API_SCALING.max_starting
+    idle_timeout_s: float = float(_API_SCALING.idle_timeout_seconds)
     scale_to_zero: bool = False
     cold_start_s: float = 0.0
     cold_start_budget_s: float | None = None
