@@ -41,3 +41,20 @@ class ProgramError(TangramError):
 
 class CapacityExceeded(TangramError):
     """A request asks for more than the pool could ever hold (not merely more than is free now)."""
+
+
+class NotFound(TangramError):
+    """A named object (pool, service, batch, session) does not exist. ``kind`` and ``name`` say which."""
+
+    def __init__(self, kind: str, name: str, message: str | None = None) -> None:
+        super().__init__(message or f"{kind} {name!r} not found")
+        self.kind = kind
+        self.name = name
+
+
+class QueueFull(TangramError):
+    """A bounded wait (per pool or per tenant) is full; the caller may retry after ``retry_after`` s."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "arl_tangram"
-PURE = ["api", "core", "managers", "planner", "sim"]
+PURE = ["api", "domain", "core", "managers", "planner", "sim"]
 FORBIDDEN = {"kopf", "kubernetes", "aiohttp"}
 
 
