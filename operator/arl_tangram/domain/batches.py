@@ -1,0 +1,215 @@
+"""ActionBatch actions -> :class:`ActionRequest`, and outcomes -> compact results and status (pure).
+
+A batch action's ``payload`` is free-form in the CRD (the API server cannot know each target's
+shape); it is checked here, when the action is translated, so that a bad payload fails that action
+with ``InvalidPayload`` naming the field and blocks nothing else.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from arl_tangram.api.actionbatch import Action, ActionBatchSpec, ActionCounts, ActionResult
+from arl_tangram.api.meta import ActStats
+from arl_tangram.core.stats import percentile
+from arl_tangram.domain.actions import ActionOutcome, ActionRequest
+from arl_tangram.errors import InvalidSpec
+
+# What a pool's languages mean to the agent: the runtime a code action runs under.
+LANGUAGE_RUNTIMES: dict[str, str] = {"python": "python", "bash": "bash"}
+
+
+class CodePayload(BaseModel):
+    """The payload of a ``code`` or ``test`` action: a program (``code``) or a shell ``command`` run
+    in a working directory that holds ``files`` (text; ``filesBase64`` for bytes)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    language: str = "python"
+    code: str | None = None
+    command: str | None = None
+    stdin: str | None = None
+    files: dict[str, str] = Field(default_factory=dict)
+    files_base64: dict[str, str] = Field(default_factory=dict, alias="filesBase64")
+    fetch_files: list[str] = Field(default_factory=list, alias="fetchFiles")
+    args: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_program(self) -> CodePayload:
+        if (self.code is None) == (self.command is None):
+            raise ValueError("give exactly one of code (a program in `language`) or command (a shell line)")
+        return self
+
+
+def _payload_error(exc: ValidationError) -> InvalidSpec:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ())) or "payload"
+    return InvalidSpec(f"payload.{where}" if where != "payload" else where, first.get("msg", "invalid"))
+
+
+def native_payload(kind: str, payload: Mapping[str, Any], languages: Sequence[str]) -> dict[str, Any]:
+    """The agent's ``/v1/execute`` body (without cores) for a code or test action's payload."""
+    try:
+        body = CodePayload.model_validate(payload)
+    except ValidationError as exc:
+        raise _payload_error(exc) from None
+    if body.command is not None:
+        runtime, code = "bash", body.command
+    else:
+        if body.language not in languages:
+            raise InvalidSpec(
+                "payload.language", f"{body.language!r} is not among the pool's languages {list(languages)}"
+            )
+        runtime = LANGUAGE_RUNTIMES.get(body.language, body.language)
+        code = body.code or ""
+    files = {path: base64.b64encode(text.encode()).decode() for path, text in body.files.items()}
+    for path, data in body.files_base64.items():
+        try:
+            base64.b64decode(data, validate=True)
+        except ValueError:
+            raise InvalidSpec(f"payload.filesBase64.{path}", "is not valid base64") from None
+        files[path] = data
+    out: dict[str, Any] = {"runtime": runtime, "code": code, "files": files}
+    if body.stdin is not None:
+        out["stdin"] = body.stdin
+    if body.fetch_files:
+        out["fetch_files"] = body.fetch_files
+    if body.args:
+        out["args"] = body.args
+    return out
+
+
+def action_key(batch_uid: str, action_id: str) -> str:
+    """The logical action's key: stable across operator restarts (the batch's uid never changes)."""
+    return f"{batch_uid}/{action_id}"
+
+
+def batch_request(
+    namespace: str,
+    batch_uid: str,
+    spec: ActionBatchSpec,
+    action: Action,
+    pool_languages: Sequence[str] | None,
+) -> ActionRequest:
+    """One batch action as a request; raises InvalidSpec (the action fails with InvalidPayload)."""
+    if action.type in ("code", "test"):
+        languages = pool_languages or ("python",)
+        payload: Mapping[str, Any] = native_payload(action.type, action.payload, languages)
+    else:
+        payload = dict(action.payload)
+    units = action.units
+    return ActionRequest(
+        key=action_key(batch_uid, action.id),
+        namespace=namespace,
+        target=action.target,
+        kind=action.type,
+        payload=payload,
+        units_min=units.min if units else 1,
+        units_max=units.max if units else 1,
+        timeout_s=float(action.timeout_seconds) if action.timeout_seconds else None,
+        session=action.session_id,
+        # The API's priority is "higher runs first"; the scheduler's class 0 is the most urgent.
+        priority=max(0, 1000 - action.priority),
+        max_retries=spec.retry_policy.max_retries,
+        backoff_s=float(spec.retry_policy.backoff_seconds),
+    )
+
+
+_PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|error|errors)\b")
+
+
+def test_reward(exit_code: int | None, output: str) -> float:
+    """A test action's reward: the pass fraction pytest's summary line reports, else 1.0 for exit 0."""
+    counts = {"passed": 0, "failed": 0, "error": 0}
+    lines = [ln for ln in output.splitlines() if " passed" in ln or " failed" in ln or " error" in ln]
+    if lines:
+        for n, what in _PYTEST_COUNTS.findall(lines[-1]):
+            counts["error" if what.startswith("error") else what] += int(n)
+    total = sum(counts.values())
+    if total:
+        return counts["passed"] / total
+    return 1.0 if exit_code == 0 else 0.0
+
+
+def _tail(text: str, limit: int) -> tuple[str, bool]:
+    data = text.encode()
+    if len(data) <= limit:
+        return text, False
+    return data[len(data) - limit :].decode(errors="ignore"), True
+
+
+def compact_result(action_id: str, outcome: ActionOutcome, output_limit: int) -> ActionResult:
+    """The status entry of a finished action: output is the tail of stdout then stderr."""
+    combined = outcome.stdout + (("\n" if outcome.stdout and outcome.stderr else "") + outcome.stderr)
+    output, cut = _tail(combined, output_limit)
+    return ActionResult(
+        id=action_id,
+        state=outcome.state.value,
+        exit_code=outcome.exit_code,
+        reward=outcome.reward,
+        duration_millis=int(outcome.duration_s * 1000),
+        queued_millis=int(outcome.queued_s * 1000),
+        attempts=outcome.attempts,
+        output=output or None,
+        truncated=cut or outcome.truncated,
+        reason=outcome.reason.value if outcome.reason else None,
+    )
+
+
+def fit_results(results: Sequence[ActionResult], budget_bytes: int) -> tuple[list[ActionResult], int]:
+    """Results within the byte budget: outputs are dropped (marked truncated), latest first, until the
+    results fit; returns them and the bytes they take."""
+    sizes = [len(r.model_dump_json(by_alias=True, exclude_none=True)) for r in results]
+    total = sum(sizes)
+    out = list(results)
+    for i in range(len(out) - 1, -1, -1):
+        if total <= budget_bytes:
+            break
+        if out[i].output:
+            slim = out[i].model_copy(update={"output": None, "truncated": True})
+            new = len(slim.model_dump_json(by_alias=True, exclude_none=True))
+            total += new - sizes[i]
+            sizes[i] = new
+            out[i] = slim
+    return out, total
+
+
+def counts_of(total: int, states: Sequence[str]) -> ActionCounts:
+    """Counts per state; actions with no result yet are pending."""
+    c = {s: 0 for s in ("Pending", "Running", "Succeeded", "Failed", "Cancelled")}
+    for s in states:
+        c[s] += 1
+    c["Pending"] += total - len(states)
+    return ActionCounts(
+        total=total,
+        pending=c["Pending"],
+        running=c["Running"],
+        succeeded=c["Succeeded"],
+        failed=c["Failed"],
+        cancelled=c["Cancelled"],
+    )
+
+
+def act_stats(act_seconds: Sequence[float], window_s: float) -> ActStats | None:
+    """ACT summary (queueing plus execution) in milliseconds; None before any action finished."""
+    if not act_seconds:
+        return None
+    values = sorted(act_seconds)
+    return ActStats(
+        count=len(values),
+        window_seconds=int(window_s),
+        mean_millis=int(1000 * sum(values) / len(values)),
+        p50_millis=int(1000 * percentile(values, 50)),
+        p90_millis=int(1000 * percentile(values, 90)),
+        p99_millis=int(1000 * percentile(values, 99)),
+    )
+
+
+def rfc3339(when: datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
