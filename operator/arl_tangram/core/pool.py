@@ -117,8 +117,9 @@ class ResidencyPlanner(Protocol):
 class Pinning(Protocol):
     """A pool whose actions are tied to one host once their session started there (sandboxes)."""
 
-    def pinned_host(self, action: Action) -> str | None:
-        """The host the action's session is pinned to, or None while it is not pinned."""
+    def pinned_host(self, action: Action, scratch: Scratch | None = None) -> str | None:
+        """The host the action's session is pinned to, or None while it is not pinned; with
+        ``scratch``, a session pinned in that scratch (earlier in the same decision) counts too."""
         ...
 
     def hosts_open(self) -> int:

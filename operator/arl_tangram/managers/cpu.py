@@ -230,9 +230,13 @@ class CpuManager:
     def release(self, grant: Grant, now: float) -> None:
         self.hosts[grant.host].give_back(grant.unit_ids)
 
-    def pinned_host(self, action: Action) -> str | None:
-        """The host the action's trajectory is pinned to (None before its first action)."""
-        return self.pins.get(action.trajectory)
+    def pinned_host(self, action: Action, scratch: Scratch | None = None) -> str | None:
+        """The host the action's trajectory is pinned to (None before its first action); with
+        ``scratch``, a trajectory pinned in it (earlier in the same decision) counts too."""
+        host = self.pins.get(action.trajectory)
+        if host is None and isinstance(scratch, _CpuScratch):
+            host = scratch.pins.get(action.trajectory)
+        return host
 
     def hosts_open(self) -> int:
         """Hosts that are not draining."""

@@ -1,4 +1,4 @@
-"""Scheduler policies on real managers: invariants under random event sequences (hypothesis), and
+"""Scheduler policies on real managers: invariants under a fixed sweep of random event sequences, and
 the behaviours users notice (elastic DoP, fair share, priorities, GPU residency)."""
 
 from __future__ import annotations
@@ -6,8 +6,6 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from arl_tangram.core.action import Action, Amdahl, EfficiencyCurve, Fixed, feasible_range
 from arl_tangram.core.policies.paper import FcfsMinPolicy, PaperPolicy
@@ -31,8 +29,13 @@ def make(policy: str, mgr: CpuManager) -> Scheduler:
     return POLICIES[policy]({"cpu": mgr})
 
 
+# Session memory per trajectory: sizes that bind on the 24 GiB hosts of the property below, so that
+# new sessions wait for memory while pinned ones go on.
+SESSION_GIB = (1.0, 2.0, 3.0, 6.0)
+
+
 def random_action(rng: random.Random, i: int, tenants: int, classes: int) -> Action:
-    traj = f"t{rng.randrange(12)}"
+    n = rng.randrange(12)
     if rng.random() < 0.4:
         lo = rng.randint(1, 3)
         feas = feasible_range(lo, lo + rng.randint(0, 8))
@@ -41,11 +44,11 @@ def random_action(rng: random.Random, i: int, tenants: int, classes: int) -> Act
         feas, model = (rng.randint(1, 2),), Fixed(rng.uniform(0.1, 2.0))
     return Action(
         f"a{i}",
-        traj,
+        f"t{n}",
         "cpu",
         feas,
         model,
-        memory_gib=2.0,
+        memory_gib=SESSION_GIB[n % len(SESSION_GIB)],
         tenant=f"n{rng.randrange(tenants)}",
         priority=rng.randrange(classes),
     )
@@ -58,8 +61,12 @@ def check_invariants(
     lane_fifo: bool,
     before: tuple[dict[str, str], dict[str, float]] | None = None,
 ) -> None:
-    """``before`` (pins and free memory per host before the decision) makes FCFS per host: an
-    earlier action may wait while a later one starts on a host it could not use (``tangram``)."""
+    """No core granted twice or leaked, memory within each host, and FCFS. Without ``before``,
+    FCFS is global (``fcfs-min``, ``paper``). With ``before`` (pins and free session memory per
+    host as the decision began), it is exactly ``tangram``'s promise, per lane: a waiting action
+    whose session is on a host (pinned before, or by an action admitted in this decision) holds
+    back every later action on that host; one without a session holds back every later new session
+    and every later action on a host that had memory for its session."""
     seen: dict[str, set[int]] = {}
     for g in sched.running.values():
         assert g.units in g.action.feasible
@@ -79,31 +86,27 @@ def check_invariants(
             same = (w.priority, w.tenant) == (a.priority, a.tenant) if lane_fifo else True
             if same and before is not None:
                 pins, mem = before
-                host = pins.get(w.trajectory)
+                host = mgr.pins.get(w.trajectory)
                 if host is not None:
                     same = host == g.host  # pinned elsewhere: it never competes for g's cores
                 else:
-                    # Unpinned: it waits for a host with room for its session, and blocks those.
-                    same = a.trajectory not in pins or mem[g.host] >= w.memory_gib
+                    new_session = a.trajectory not in pins
+                    same = new_session or mem[g.host] >= w.memory_gib - 1e-9
             assert not (same and w.seq < a.seq), f"FCFS violated: {a.id} admitted before earlier {w.id}"
 
 
-@pytest.mark.parametrize("policy", POOLED)
-@settings(max_examples=12, deadline=None)
-@given(seed=st.integers(0, 10_000))
-def test_random_events_never_overallocate_and_keep_fcfs(policy: str, seed: int) -> None:
+def run_random_events(policy: str, seed: int) -> None:
+    """Sixty random arrivals and completions on two 8-core hosts, invariants checked after every
+    decision."""
     rng = random.Random(seed)
-    mgr = cpu_pool()
+    mgr = cpu_pool(memory=24.0)
     sched = make(policy, mgr)
     tangram = policy == "tangram"
     now, i = 0.0, 0
-    busy_traj: set[str] = set()
     for _ in range(60):
         now += rng.uniform(0.0, 0.5)
         if sched.running and rng.random() < 0.45:
-            g = rng.choice(list(sched.running.values()))
-            sched.complete(g, now)
-            busy_traj.discard(g.action.trajectory)
+            sched.complete(rng.choice(list(sched.running.values())), now)
         else:
             a = random_action(rng, i, tenants=3 if tangram else 1, classes=2 if tangram else 1)
             i += 1
@@ -111,6 +114,23 @@ def test_random_events_never_overallocate_and_keep_fcfs(policy: str, seed: int) 
         before = (dict(mgr.pins), {h.name: h.memory_free for h in mgr.hosts.values()})
         admitted = sched.schedule(now)
         check_invariants(sched, mgr, admitted, lane_fifo=tangram, before=before if tangram else None)
+
+
+# A fixed sweep, not sampled examples: the same seeds on every run (CI cannot go red by chance),
+# and enough of them that a bug showing in 1 seed of 250 shows here about 8 times (the per-host
+# FCFS bug this sweep was sized on failed 1 seed in 250).
+SEEDS = range(2000)
+
+
+@pytest.mark.parametrize("policy", POOLED)
+def test_random_events_never_overallocate_and_keep_fcfs(policy: str) -> None:
+    failed: list[tuple[int, str]] = []
+    for seed in SEEDS:
+        try:
+            run_random_events(policy, seed)
+        except AssertionError as e:
+            failed.append((seed, str(e).splitlines()[0]))
+    assert not failed, f"{len(failed)} of {len(SEEDS)} seeds fail, first ones: {failed[:5]}"
 
 
 def test_fcfs_min_gives_minimum_and_paper_gives_elastic_units() -> None:
@@ -299,3 +319,39 @@ def test_gpu_tangram_without_residency_arranges_chunks_by_the_dp() -> None:
     # 1/4 s + 2/4 s = 0.75 s for one after the other on all 8 GPUs.
     assert sorted(g.units for g in grants) == [4, 4]
     assert not set(grants[0].unit_ids) & set(grants[1].unit_ids)
+
+
+def _two_busy_hosts() -> tuple[CpuManager, TangramPolicy]:
+    """Two 8-core hosts with 4 and 3 cores free, held by sessions "f0" (on h0) and "f1" (on h1)."""
+    mgr = cpu_pool(2, 8)
+    sched = TangramPolicy({"cpu": mgr})
+    sched.submit(Action("fill0", "f0", "cpu", (4,), Fixed(100.0), memory_gib=2.0), 0.0)
+    sched.submit(Action("fill1", "f1", "cpu", (5,), Fixed(100.0), memory_gib=2.0), 0.0)
+    assert {g.action.id: g.host for g in sched.schedule(0.0)} == {"fill0": "h0", "fill1": "h1"}
+    return mgr, sched
+
+
+def test_tangram_a_session_started_in_this_decision_waits_behind_its_hosts_queue() -> None:
+    mgr, sched = _two_busy_hosts()
+    sched.submit(Action("x", "T", "cpu", (1,), Fixed(1.0), memory_gib=2.0), 1.0)  # new: to h0
+    sched.submit(Action("y", "f0", "cpu", (4,), Fixed(1.0), memory_gib=2.0), 1.0)  # h0 short of 4
+    sched.submit(Action("z", "T", "cpu", (1,), Fixed(1.0), memory_gib=2.0), 1.0)
+    started = {g.action.id: g.host for g in sched.schedule(1.0)}
+    # x's session is on h0 from this decision on: z, behind y in h0's queue, must not take h0's
+    # cores ahead of y (it did when the host was read from the committed pins only).
+    assert started == {"x": "h0"}
+    assert [a.id for a in sched.queue.fcfs("cpu")] == ["y", "z"]
+    assert mgr.hosts["h0"].free_cores == 3
+
+
+def test_tangram_places_each_session_where_the_scan_saw_it() -> None:
+    mgr, sched = _two_busy_hosts()
+    sched.submit(Action("x", "T", "cpu", (1,), Fixed(1.0), memory_gib=2.0), 1.0)  # new: to h0
+    sched.submit(Action("y", "f0", "cpu", (4,), Fixed(1.0), memory_gib=2.0), 1.0)  # closes h0
+    sched.submit(Action("w", "T", "cpu", (1,), Fixed(1.0), memory_gib=2.0), 1.0)  # waits on h0
+    sched.submit(Action("e", "f1", "cpu", feasible_range(1, 2), Amdahl(4.0, 0.9), memory_gib=2.0), 1.0)
+    started = {g.action.id: g.host for g in sched.schedule(1.0)}
+    # h0 closed to new sessions only after x took it: the elastic arrangement must not move x to
+    # h1 (where e, behind w, would then run on the host w's session waits for).
+    assert started == {"x": "h0", "e": "h1"}
+    assert mgr.pins["T"] == "h0"

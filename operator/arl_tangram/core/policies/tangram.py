@@ -14,8 +14,13 @@ What differs from ``paper`` and why it is no worse:
   bounded window (``wait_window``) instead of the whole queue.
 - Candidates: at most ``window`` per decision (the rest wait for the next event). In the estimate
   the first waiting action tries a ladder of allocations (minimum, powers of two, maximum).
-- FCFS per sandbox host: an action waiting for cores of its pinned host does not hold back actions
-  pinned elsewhere.
+- FCFS per sandbox host. The promise, per lane: an action that waits holds back exactly the later
+  actions that would compete for what it waits for. One whose session is on a host (pinned before
+  this decision, or by an earlier action admitted in it) waits for that host's cores: no later
+  action starts on that host. One without a session waits for a host with memory for it: no later
+  new session starts anywhere, and no later action starts on a host that would have taken its
+  session when the decision began (memory, session cap, not draining). Actions pinned elsewhere
+  go on.
 - Order: FCFS within each (priority class, tenant) lane; lanes are merged by effective class (an
   action waiting longer than ``aging_s`` counts as class 0, so no class starves) and then by the
   tenant's virtual time (weighted fair share: a tenant's virtual time grows by units/weight on
@@ -26,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import cast
 
 from arl_tangram.core.action import Action
@@ -76,7 +81,10 @@ class TangramPolicy(Scheduler):
         self._running_by_pool: dict[str, dict[int, tuple[float, int]]] = {}
         self._resident: dict[str, bool] = {}
         self._pins: dict[str, bool] = {}
-        self._held: set[str] = set()  # this decision's hosts closed to new sessions
+        # This decision's hosts closed to new sessions, each with the number of candidates taken
+        # before it closed: the arrangement replays them in that order, so that every candidate
+        # lands on the host the scan saw it take (a later hold must not move an earlier session).
+        self._holds: list[tuple[int, str]] = []
         # Per service: (last arrival, smoothed gap between arrivals): how hot its cached copies are.
         self._svc_arrivals: dict[str, tuple[float, float]] = {}
         self._svc_waiting: dict[str, int] = {}  # waiting actions per service
@@ -150,10 +158,12 @@ class TangramPolicy(Scheduler):
         was left short of its maximum (capacity binding)."""
         scratch = mgr.scratch()
         pinning = self._pinning(mgr)
-        if pinning is not None:
-            for host in self._held:
-                pinning.hold(scratch, host)
-        for a in admitted:
+        holds = iter(self._holds)
+        hold = next(holds, None)
+        for i, a in enumerate(admitted):
+            while pinning is not None and hold is not None and hold[0] <= i:
+                pinning.hold(scratch, hold[1])
+                hold = next(holds, None)
             if not scratch.try_take(a, a.min_units):
                 return None
         units_of: dict[int, int] = {}
@@ -208,6 +218,24 @@ class TangramPolicy(Scheduler):
             vt[g.action.tenant] = vt.get(g.action.tenant, 0.0) + g.units / self._weight(g.action.tenant)
         return grants
 
+    def _close(
+        self,
+        pinning: Pinning,
+        prefix: Scratch,
+        full: set[str],
+        held: set[str],
+        hosts: Iterable[str],
+        taken: int,
+    ) -> None:
+        """Hosts an earlier action waits on: later actions pinned there wait too (``full``), and no
+        new session is pinned there (held in ``prefix`` and, after ``taken`` candidates, in the
+        arrangement that replays this scan)."""
+        full.update(hosts)
+        for h in full - held:
+            pinning.hold(prefix, h)
+            self._holds.append((taken, h))
+        held |= full
+
     def _decide_pool(self, mgr: PoolManager, pool: str, now: float) -> list[Grant]:
         resident = self._resident.get(pool)
         if resident is None:
@@ -215,21 +243,30 @@ class TangramPolicy(Scheduler):
         if resident:
             return self._decide_residency(mgr, pool, now)
         order = self._order(pool, now)
-        self._held = set()
+        self._holds = []
+        held: set[str] = set()
         prefix = mgr.scratch()
         cands: list[Action] = []
         blocked: list[Action] = []
         pinning = self._pinning(mgr)
         full: set[str] = set()  # hosts whose FCFS head cannot start: their later actions wait too
         unpinned_waits = False  # an unpinned action cannot start: later unpinned ones wait too
+        waiting_gib = math.inf  # the smallest session among unpinned actions that wait
         for action in order:
             if len(cands) >= self.window:
                 blocked.append(action)
                 break
-            host = None if pinning is None else pinning.pinned_host(action)
+            # The session's host as this decision stands: one started by an earlier candidate
+            # counts, or a later action of that session could take the cores an earlier one awaits.
+            host = None if pinning is None else pinning.pinned_host(action, prefix)
             if host is not None and host in full:
                 continue
             if host is None and unpinned_waits:
+                if pinning is not None and action.memory_gib < waiting_gib:
+                    # It waits behind the earlier new session, but for hosts of its own: close
+                    # those too (a smaller session fits on more hosts).
+                    waiting_gib = action.memory_gib
+                    self._close(pinning, prefix, full, held, pinning.session_hosts(action), len(cands))
                 continue
             if prefix.try_take(action, action.min_units):
                 cands.append(action)
@@ -243,13 +280,10 @@ class TangramPolicy(Scheduler):
             # it, so FCFS holds per host and the scan goes on.
             if host is None:
                 unpinned_waits = True
-                full.update(pinning.session_hosts(action))
+                waiting_gib = action.memory_gib
+                self._close(pinning, prefix, full, held, pinning.session_hosts(action), len(cands))
             else:
-                full.add(host)
-            # New sessions do not jump the queue of a host whose head waits for cores.
-            for h in full - self._held:
-                pinning.hold(prefix, h)
-            self._held |= full
+                self._close(pinning, prefix, full, held, [host], len(cands))
             if unpinned_waits and len(full) >= pinning.hosts_open():
                 break
         if not cands:
