@@ -233,7 +233,7 @@ start kube-scheduler 4 "$bin/kube-scheduler" \
   --leader-elect=false --profiling=false --v=1
 # The nodes report the control plane's own release as their kubelet version.
 export TESTBED_KUBE_VERSION="$("$bin/kube-apiserver" --version | awk '{print $2}')"
-start node-runner 5 "$PYTHON" "$testbed_root/hack/testbed/node_runner.py" \
+start node-runner 5 env PYTHONPATH="$testbed_root/hack/testbed" "$PYTHON" -m node_runner \
   --kubeconfig "$kubeconfig" --nodes "${TESTBED_NODES:-$testbed_root/hack/testbed/nodes.yaml}" \
   --state-dir "$CLUSTER_DIR/pods" --pod-cidr "$pod_cidr" --address-device "$address_device" \
   --entrypoints "${TESTBED_ENTRYPOINTS:-$testbed_root/hack/testbed/entrypoints.yaml}" \

@@ -1,0 +1,35 @@
+"""The kubelet of the test bed's simulated nodes.
+
+Registers the nodes listed in a YAML file (capacity, labels), keeps them Ready the way a kubelet does
+(a Lease renewed every 10 s in kube-node-lease, the node status refreshed every minute), and runs the
+pods bound to them as local processes:
+
+- each pod gets its own local address reported as status.podIP: from --pod-cidr, added to `lo` while
+  the pod holds it (--address-device lo; a 198.18.X.0/24 by default, as EndpointSlices refuse
+  loopback addresses), or a 127.A.B.0/24 address where adding addresses is not allowed; containers
+  share the host's network namespace, so a server must bind its pod IP (downward API status.podIP),
+  as with hostNetwork pods sharing one node;
+- command/args/env with kubelet's $(VAR) expansion, env from the downward API (fieldRef,
+  resourceFieldRef), ConfigMaps and Secrets (valueFrom and envFrom);
+- emptyDir, configMap, secret, downwardAPI, hostPath and projected volumes (the service-account token
+  comes from the TokenRequest API, so in-cluster clients work: KUBERNETES_SERVICE_HOST/PORT point at
+  the API server);
+- init containers in order, readiness/liveness/startup probes (httpGet, tcpSocket, exec), restartPolicy
+  with restartCount and a crash-loop back-off, exit codes and reasons in containerStatuses, the pod
+  phase and conditions a kubelet reports;
+- graceful deletion: SIGTERM to the container's process group, SIGKILL after the grace period, then
+  the final delete with grace 0 (uid precondition), as a kubelet does.
+
+Each container runs under bubblewrap when it is installed (own PID/IPC/UTS namespaces, read-only host
+filesystem, a writable /tmp per pod, volumes bound at their mount paths, a container's default
+capability set) and dies with the runner. Not enforced: resource limits, runAsUser, images (there is
+no image: a container needs a command, or an entry in --entrypoints mapping its image to one).
+
+The package, module by module: `podspec` (pure: $(VAR) expansion, quantities, the downward API, a
+container's environment and command line), `probes` (kubelet's thresholds and the three probe
+actions), `isolation` (the bubblewrap command line), `volumes`, `network` (pod IPs), `container` and
+`worker` (one thread per pod: the container state machine and the status it reports), `node`
+(registration, heartbeats, the pod watch), `kubelet_api` (container logs for `kubectl logs`) and `cli`.
+Run it as `python -m node_runner` with this package's parent directory on PYTHONPATH (cluster-up.sh
+does).
+"""
