@@ -1,0 +1,179 @@
+"""The operator's HTTP client of sandbox agents: one aiohttp session for all hosts, errors sorted.
+
+Every failure is one of two kinds, and the dispatcher treats them differently:
+- :class:`~arl_tangram.errors.InfrastructureError`: the host could not be reached, answered 5xx or
+  answered something that is not the agent's JSON. The action may be retried elsewhere.
+- :class:`AgentRefused`: the agent understood the request and refused it (4xx). Retrying the same
+  request cannot help; the action fails with the agent's message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+
+from arl_tangram.domain.actions import Wire
+from arl_tangram.errors import InfrastructureError
+
+KEY_HEADER = "X-Tangram-Action-Key"
+CORES_HEADER = "X-Tangram-Cores"
+REPLAYED_HEADER = "X-Tangram-Replayed"
+# Beyond an action's own timeout, how long the agent may take to answer (kill, collect, respond)
+# before the host counts as unresponsive.
+ANSWER_MARGIN_S = 15.0
+# Control calls (health, sessions, in-flight lists) are small: a host that takes longer is unhealthy.
+CONTROL_TIMEOUT_S = 5.0
+
+
+class AgentRefused(Exception):
+    """The agent refused the request with a 4xx; ``status`` and ``body`` are its answer."""
+
+    def __init__(self, status: int, body: Mapping[str, Any]) -> None:
+        message = body.get("error") or body.get("message") or json.dumps(body)[:300]
+        super().__init__(f"agent answered {status}: {message}")
+        self.status = status
+        self.body = body
+
+
+class AgentClient:
+    """Calls sandbox agents at ``host:port`` addresses. Create once, inside the running loop."""
+
+    def __init__(self, token: str | None = None, max_connections: int = 512) -> None:
+        self._token = token
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0)
+            headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+            self._session = aiohttp.ClientSession(connector=connector, headers=headers)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _call(
+        self,
+        method: str,
+        url: str,
+        *,
+        timeout_s: float,
+        body: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        accept: tuple[int, ...] = (200,),
+    ) -> tuple[int, dict[str, Any], Mapping[str, str]]:
+        try:
+            async with self._http().request(
+                method,
+                url,
+                json=body,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ) as resp:
+                raw = await resp.read()
+                status, resp_headers = resp.status, resp.headers
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise InfrastructureError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+        try:
+            parsed = json.loads(raw) if raw else {}
+        except ValueError:
+            parsed = None
+        if status >= 500 or status == 429:
+            detail = parsed if isinstance(parsed, dict) else raw[:200]
+            raise InfrastructureError(f"{method} {url}: agent answered {status}: {detail!r}")
+        if not isinstance(parsed, dict):
+            raise InfrastructureError(f"{method} {url}: the answer is not a JSON object: {raw[:200]!r}")
+        if status not in accept:
+            if 400 <= status < 500:
+                raise AgentRefused(status, parsed)
+            raise InfrastructureError(f"{method} {url}: unexpected status {status}")
+        return status, parsed, resp_headers
+
+    async def execute(
+        self,
+        address: str,
+        payload: Mapping[str, Any],
+        *,
+        key: str,
+        cores: tuple[int, ...],
+        wire: Wire,
+        timeout_s: float,
+        session_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Run one action on the agent with exactly ``cores``; returns the agent's response body."""
+        headers = {KEY_HEADER: key}
+        if wire == "run_code":
+            headers[CORES_HEADER] = ",".join(str(c) for c in cores)
+            url, body = f"http://{address}/run_code", dict(payload)
+        else:
+            url = f"http://{address}/v1/execute"
+            body = {**payload, "cores": list(cores)}
+            if session_id is not None:
+                body["session_id"] = session_id
+        _, parsed, _ = await self._call(
+            "POST", url, timeout_s=timeout_s + ANSWER_MARGIN_S, body=body, headers=headers
+        )
+        return parsed
+
+    async def result(self, address: str, key: str, wait_s: float) -> dict[str, Any] | None:
+        """The stored response of a keyed action (None while it still runs, or when it is unknown:
+        ``known`` tells the two apart through :meth:`inflight`)."""
+        status, parsed, _ = await self._call(
+            "GET",
+            f"http://{address}/v1/actions/{key}?wait={wait_s:g}",
+            timeout_s=wait_s + CONTROL_TIMEOUT_S,
+            accept=(200, 202, 404),
+        )
+        return parsed if status == 200 else None
+
+    async def inflight(self, address: str) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+        """Keys running on the agent (with the cores each holds), and keys it finished recently (and
+        still holds the results of)."""
+        _, parsed, _ = await self._call("GET", f"http://{address}/v1/actions", timeout_s=CONTROL_TIMEOUT_S)
+        running = {
+            str(a["key"]): tuple(int(c) for c in a.get("cores") or ())
+            for a in parsed.get("running", [])
+            if isinstance(a, dict) and "key" in a
+        }
+        finished = {str(a["key"]) for a in parsed.get("finished", []) if isinstance(a, dict) and "key" in a}
+        return running, finished
+
+    async def cancel(self, address: str, key: str) -> bool:
+        """Kill a running keyed action; False when it was not running there."""
+        status, _, _ = await self._call(
+            "DELETE",
+            f"http://{address}/v1/actions/{key}",
+            timeout_s=CONTROL_TIMEOUT_S,
+            accept=(200, 404, 409),
+        )
+        return status == 200
+
+    async def create_session(self, address: str, *, persistent: bool, ttl_s: float) -> str:
+        _, parsed, _ = await self._call(
+            "POST",
+            f"http://{address}/v1/sessions",
+            timeout_s=CONTROL_TIMEOUT_S * 6,  # a persistent interpreter starts with the session
+            body={"persistent": persistent, "ttl_s": ttl_s},
+            accept=(200, 201),
+        )
+        sid = parsed.get("session_id") or parsed.get("id")
+        if not isinstance(sid, str):
+            raise InfrastructureError(f"agent at {address} created a session without an id: {parsed!r}")
+        return sid
+
+    async def close_session(self, address: str, sid: str) -> None:
+        await self._call(
+            "DELETE",
+            f"http://{address}/v1/sessions/{sid}",
+            timeout_s=CONTROL_TIMEOUT_S,
+            accept=(200, 204, 404),
+        )
+
+    async def health(self, address: str) -> dict[str, Any]:
+        _, parsed, _ = await self._call("GET", f"http://{address}/v1/health", timeout_s=CONTROL_TIMEOUT_S)
+        return parsed

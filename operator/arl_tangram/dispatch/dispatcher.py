@@ -1,0 +1,764 @@
+"""The dispatcher: the one queue, the scheduler over every pool, and the calls that run its grants.
+
+Every door (ActionBatch controller, gateway, embedded mode) hands actions to :meth:`Dispatcher.run`.
+The scheduler (the ``tangram`` policy by default) decides on each arrival and completion which
+queued actions start and with how many cores of which host; each grant becomes one HTTP call to
+that host's agent, carrying the exact cores and an idempotency key (the logical action's key and
+the attempt), so that a repeated call never runs the action twice.
+
+Failures are sorted once (see :mod:`arl_tangram.dispatch.agent`): infrastructure failures (a host
+lost, an unreachable or garbled agent) are retried elsewhere within the request's retry budget;
+program failures are outcomes and never retried. A session lives on one host; when that host is
+lost the session is reported lost to its callers, never silently recreated empty.
+
+Not thread-safe: everything runs on one asyncio loop, and scheduling decisions never await.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from arl_tangram.core.action import Action, Amdahl, DurationModel, Fixed
+from arl_tangram.core.policies.registry import POLICIES
+from arl_tangram.core.pool import Grant
+from arl_tangram.core.scheduler import Scheduler
+from arl_tangram.dispatch.agent import AgentClient, AgentRefused
+from arl_tangram.dispatch.outcomes import interpret
+from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
+from arl_tangram.domain.pools import PoolConfig, pool_key
+from arl_tangram.errors import CapacityExceeded, InfrastructureError, NotFound, QueueFull
+from arl_tangram.managers.cpu import CpuManager, SandboxHost
+
+log = logging.getLogger(__name__)
+
+GIB = 1 << 30
+# A host that failed this many calls in a row takes no new work until it answers again.
+UNHEALTHY_AFTER = 3
+# How much one new duration moves the pool's running estimate of an action kind's duration.
+EWMA_WEIGHT = 0.2
+# The parallel fraction assumed for an elastic test run until the pool has measured better.
+DEFAULT_PARALLEL_FRACTION = 0.9
+# Wait for a re-attached action's result in slices, so that a lost host is noticed between them.
+REATTACH_SLICE_S = 20.0
+# Recent ACTs kept per pool for its status and the planner.
+ACT_WINDOW_S = 300.0
+
+
+def agent_key(key: str, attempt: int) -> str:
+    """The idempotency key an agent sees: URL-safe, fixed length, one per (action, attempt)."""
+    return f"{hashlib.sha256(key.encode()).hexdigest()[:32]}-{attempt}"
+
+
+@dataclass(frozen=True)
+class HostEndpoint:
+    """A ready sandbox host: its pod name, agent address (``ip:port``) and the core ids it grants."""
+
+    name: str
+    address: str
+    cores: tuple[int, ...]
+    memory_bytes: int
+    draining: bool = False
+
+
+@dataclass(eq=False)
+class _Session:
+    name: str
+    last_used: float
+    host: str | None = None
+    agent_id: str | None = None
+    lost: str | None = None
+    busy: bool = False
+    backlog: deque[_Job] = field(default_factory=deque)
+
+
+@dataclass(eq=False)
+class _Job:
+    request: ActionRequest
+    future: asyncio.Future[ActionOutcome]
+    submitted: float
+    attempts: int
+    action: Action | None = None
+    grant: Grant | None = None
+    task: asyncio.Task[None] | None = None
+    queued_s: float = 0.0
+    queued_since: float = 0.0
+    cancelled: bool = False
+    host_lost: bool = False
+
+
+@dataclass
+class _Pool:
+    config: PoolConfig
+    cpu: CpuManager
+    endpoints: dict[str, HostEndpoint] = field(default_factory=dict)
+    sessions: dict[str, _Session] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)
+    unhealthy: set[str] = field(default_factory=set)
+    # Agent keys each host reported running or finished when it was first seen (re-attachment).
+    known_running: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
+    known_finished: dict[str, str] = field(default_factory=dict)
+    synced: asyncio.Event = field(default_factory=asyncio.Event)
+    waiting: int = 0
+    estimates: dict[str, float] = field(default_factory=dict)
+    acts: deque[tuple[float, float]] = field(default_factory=deque)
+    last_active: float | None = None
+    arrivals: deque[float] = field(default_factory=deque)
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    """What holds a host: running actions and sessions pinned to it."""
+
+    running: int
+    sessions: int
+    cores_busy: int
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """The dispatcher's view of one pool, for its status and the capacity planner."""
+
+    queued_actions: int
+    queued_units: int
+    running_actions: int
+    running_units: int
+    cores_total: int
+    sessions: int
+    act_recent_s: tuple[float, ...]
+    arrival_rate_per_s: float
+    mean_action_s: float
+    last_active: float | None
+    hosts: dict[str, HostLoad]
+    unhealthy: frozenset[str]
+
+
+class Dispatcher:
+    """Implements :class:`~arl_tangram.domain.actions.ActionService` over sandbox agents."""
+
+    def __init__(
+        self,
+        agent: AgentClient,
+        *,
+        policy: str = "tangram",
+        max_waiting_per_pool: int = 100_000,
+        max_waiting_per_tenant: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+        on_host_unhealthy: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.agent = agent
+        self.scheduler: Scheduler = POLICIES[policy]({})
+        self.clock = clock
+        self.max_waiting_per_pool = max_waiting_per_pool
+        self.max_waiting_per_tenant = max_waiting_per_tenant
+        self.on_host_unhealthy = on_host_unhealthy
+        self._pools: dict[str, _Pool] = {}
+        self._jobs: dict[str, _Job] = {}
+        self._by_action: dict[int, _Job] = {}
+        self._tenant_waiting: dict[str, int] = {}
+        self.decision_us: deque[float] = deque(maxlen=4096)
+
+    # ---- pools and hosts ------------------------------------------------------------------------
+    def upsert_pool(self, config: PoolConfig) -> None:
+        """Add a pool or take its new settings (limits apply to actions submitted from now on)."""
+        pool = self._pools.get(config.key)
+        if pool is None:
+            cpu = CpuManager([], pool=config.key)
+            self._pools[config.key] = _Pool(config=config, cpu=cpu)
+            self.scheduler.pools[config.key] = cpu
+        else:
+            pool.config = config
+
+    def has_pool(self, namespace: str, name: str) -> bool:
+        return pool_key(namespace, name) in self._pools
+
+    def pool_config(self, namespace: str, name: str) -> PoolConfig | None:
+        pool = self._pools.get(pool_key(namespace, name))
+        return pool.config if pool else None
+
+    async def remove_pool(self, key: str) -> None:
+        """The pool was deleted: its queued and running actions fail (PoolNotFound)."""
+        pool = self._pools.get(key)
+        if pool is None:
+            return
+        for job in [j for j in self._jobs.values() if pool_key(j.request.namespace, j.request.target) == key]:
+            self._fail(job, Reason.POOL_NOT_FOUND, f"ActionPool {key} was deleted")
+        await self.sync_hosts(key, [])
+        self._pools.pop(key, None)
+        self.scheduler.pools.pop(key, None)
+
+    async def sync_hosts(self, key: str, ready: Iterable[HostEndpoint]) -> None:
+        """Make the pool's hosts exactly ``ready``: new ones are asked what they run (to re-attach
+        actions started before an operator restart) and added; missing ones are lost."""
+        pool = self._pools.get(key)
+        if pool is None:
+            return
+        wanted = {h.name: h for h in ready}
+        for name in [n for n in pool.endpoints if n not in wanted]:
+            await self._lose_host(pool, name)
+        fresh = [h for n, h in wanted.items() if n not in pool.endpoints]
+        scans = await asyncio.gather(*(self.agent.inflight(h.address) for h in fresh), return_exceptions=True)
+        for host, scan in zip(fresh, scans, strict=True):
+            if isinstance(scan, BaseException):
+                log.warning("host %s of %s did not list its actions (%s); added later", host.name, key, scan)
+                continue
+            running, finished = scan
+            pool.known_running.update({k: (host.name, cores) for k, cores in running.items()})
+            pool.known_finished.update(dict.fromkeys(finished, host.name))
+            pool.endpoints[host.name] = host
+            cores = host.cores[: pool.config.host_cores]
+            pool.cpu.add_host(
+                SandboxHost(
+                    host.name,
+                    [list(cores)],
+                    memory_gib=host.memory_bytes / GIB,
+                    max_sessions=pool.config.sessions_per_host,
+                )
+            )
+        for name, host in wanted.items():
+            if name in pool.cpu.hosts:
+                pool.cpu.hosts[name].draining = host.draining or name in pool.unhealthy
+        pool.synced.set()
+        self._pump()
+
+    async def _lose_host(self, pool: _Pool, name: str) -> None:
+        """A host is gone (pod deleted, not ready): its running actions are infrastructure failures,
+        retried elsewhere; its sessions are lost."""
+        if name in pool.cpu.hosts:
+            pool.cpu.hosts[name].draining = True
+        for sess in pool.sessions.values():
+            if sess.host == name and sess.lost is None:
+                sess.lost = f"session {sess.name!r} was lost with its host {name}"
+        tasks = []
+        for job in self._jobs.values():
+            if job.grant is not None and job.grant.host == name and job.task is not None:
+                job.host_lost = True
+                job.task.cancel()
+                tasks.append(job.task)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        host = pool.cpu.hosts.get(name)
+        if host is not None:
+            for trajectory in list(host.pinned):
+                pool.cpu.end_trajectory(trajectory)
+            pool.cpu.remove_host(name)
+        pool.endpoints.pop(name, None)
+        pool.failures.pop(name, None)
+        pool.unhealthy.discard(name)
+        for k in [k for k, (h, _) in pool.known_running.items() if h == name]:
+            del pool.known_running[k]
+        for k in [k for k, h in pool.known_finished.items() if h == name]:
+            del pool.known_finished[k]
+        for sess in list(pool.sessions.values()):
+            if sess.lost is not None:
+                self._drain_lost_session(pool, sess)
+
+    def drain(self, key: str, host: str, draining: bool = True) -> None:
+        """Cordon (or uncordon) a host: it takes no new action or session."""
+        pool = self._pools.get(key)
+        if pool is not None and host in pool.cpu.hosts:
+            pool.cpu.hosts[host].draining = draining or host in pool.unhealthy
+            self._pump()
+
+    def stats(self, key: str) -> PoolStats | None:
+        """The pool's queue, load per host and recent ACTs."""
+        pool = self._pools.get(key)
+        if pool is None:
+            return None
+        now = self.clock()
+        while pool.acts and pool.acts[0][0] < now - ACT_WINDOW_S:
+            pool.acts.popleft()
+        while pool.arrivals and pool.arrivals[0] < now - ACT_WINDOW_S:
+            pool.arrivals.popleft()
+        queued = list(self.scheduler.queue.fcfs(key))
+        running = [j for j in self._jobs.values() if j.grant is not None and j.grant.action.pool == key]
+        per_host: dict[str, list[int]] = {h: [0, 0, 0] for h in pool.cpu.hosts}
+        for j in running:
+            assert j.grant is not None
+            entry = per_host.setdefault(j.grant.host, [0, 0, 0])
+            entry[0] += 1
+            entry[2] += j.grant.units
+        for sess in pool.sessions.values():
+            if sess.host in per_host and sess.lost is None:
+                per_host[sess.host][1] += 1
+        durations = [act for _, act in pool.acts]
+        return PoolStats(
+            queued_actions=len(queued) + sum(len(s.backlog) for s in pool.sessions.values()),
+            queued_units=sum(a.min_units for a in queued),
+            running_actions=len(running),
+            running_units=sum(j.grant.units for j in running if j.grant is not None),
+            cores_total=pool.cpu.total_units(),
+            sessions=sum(1 for s in pool.sessions.values() if s.lost is None),
+            act_recent_s=tuple(durations),
+            arrival_rate_per_s=len(pool.arrivals) / ACT_WINDOW_S,
+            mean_action_s=sum(durations) / len(durations) if durations else 0.0,
+            last_active=pool.last_active,
+            hosts={h: HostLoad(*v) for h, v in per_host.items()},
+            unhealthy=frozenset(pool.unhealthy),
+        )
+
+    async def shutdown(self) -> None:
+        """Stop waiting for every action without cancelling any on the agents: what runs there goes
+        on, and the next leader re-attaches to it (leadership lost, operator stopping)."""
+        tasks = [j.task for j in self._jobs.values() if j.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for job in list(self._jobs.values()):
+            if not job.future.done():
+                job.future.cancel()
+        self._jobs.clear()
+
+    # ---- the ActionService ----------------------------------------------------------------------
+    async def run(self, request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        """Run one action to its end. ``attempts_so_far`` (from a batch's status after an operator
+        restart) makes the dispatcher look for that attempt on the agents before starting another."""
+        existing = self._jobs.get(request.key)
+        if existing is not None:
+            return await asyncio.shield(existing.future)
+        if request.kind == "reward":
+            raise NotFound("RewardModelService", request.target)
+        key = pool_key(request.namespace, request.target)
+        pool = self._pools.get(key)
+        if pool is None:
+            raise NotFound(
+                "ActionPool",
+                request.target,
+                f"ActionPool {request.target!r} not found in namespace {request.namespace!r}",
+            )
+        if pool.waiting >= self.max_waiting_per_pool:
+            raise QueueFull(
+                f"pool {key} has {pool.waiting} actions waiting (limit {self.max_waiting_per_pool})"
+            )
+        tenant = request.tenant_name
+        if self._tenant_waiting.get(tenant, 0) >= self.max_waiting_per_tenant:
+            raise QueueFull(f"tenant {tenant} has {self.max_waiting_per_tenant} actions waiting (its limit)")
+        now = self.clock()
+        job = _Job(request, asyncio.get_running_loop().create_future(), now, attempts_so_far)
+        self._jobs[request.key] = job
+        pool.arrivals.append(now)
+        try:
+            if attempts_so_far > 0 and await self._reattach(pool, job):
+                return await asyncio.shield(job.future)
+            self._enter(pool, job)
+            return await asyncio.shield(job.future)
+        finally:
+            if job.future.done():
+                self._jobs.pop(request.key, None)
+
+    async def cancel(self, key: str) -> bool:
+        job = self._jobs.get(key)
+        if job is None or job.future.done():
+            return False
+        job.cancelled = True
+        pool = self._pools.get(pool_key(job.request.namespace, job.request.target))
+        if job.grant is None:
+            if job.action is not None and pool is not None:
+                self._unqueue(pool, job)
+            elif pool is not None and job.request.session in pool.sessions:
+                backlog = pool.sessions[job.request.session].backlog
+                if job in backlog:
+                    backlog.remove(job)
+            self._resolve(
+                job,
+                ActionOutcome(
+                    job.request.key,
+                    Outcome.CANCELLED,
+                    Reason.CANCELLED,
+                    "cancelled before it started",
+                    attempts=job.attempts,
+                ),
+            )
+            return True
+        endpoint = pool.endpoints.get(job.grant.host) if pool else None
+        stopped = False
+        if endpoint is not None:
+            try:
+                stopped = await self.agent.cancel(endpoint.address, agent_key(job.request.key, job.attempts))
+            except (InfrastructureError, AgentRefused) as exc:
+                log.warning("cancel of %s on %s failed: %s", key, job.grant.host, exc)
+        if not stopped and job.task is not None:
+            job.task.cancel()
+        return True
+
+    async def open_session(self, namespace: str, pool: str, ttl_s: float | None = None) -> str:
+        state = self._pools.get(pool_key(namespace, pool))
+        if state is None:
+            raise NotFound("ActionPool", pool)
+        name = f"s-{secrets.token_hex(8)}"
+        state.sessions[name] = _Session(name, self.clock())
+        return name
+
+    async def close_session(self, namespace: str, pool: str, session: str) -> None:
+        state = self._pools.get(pool_key(namespace, pool))
+        if state is None:
+            raise NotFound("ActionPool", pool)
+        sess = state.sessions.get(session)
+        if sess is None:
+            raise NotFound("session", session)
+        await self._close_session(state, sess)
+
+    async def expire_sessions(self) -> None:
+        """Close sessions idle for longer than their pool's session TTL (called periodically)."""
+        now = self.clock()
+        for pool in list(self._pools.values()):
+            for sess in list(pool.sessions.values()):
+                idle = not sess.busy and not sess.backlog
+                if idle and now - sess.last_used > pool.config.session_ttl_s:
+                    await self._close_session(pool, sess)
+
+    async def _close_session(self, pool: _Pool, sess: _Session) -> None:
+        pool.sessions.pop(sess.name, None)
+        for job in list(sess.backlog):
+            self._fail(job, Reason.SESSION_LOST, f"session {sess.name!r} was closed")
+        pool.cpu.end_trajectory(self._trajectory(sess.name, ""))
+        endpoint = pool.endpoints.get(sess.host or "")
+        if endpoint is not None and sess.agent_id is not None:
+            try:
+                await self.agent.close_session(endpoint.address, sess.agent_id)
+            except (InfrastructureError, AgentRefused) as exc:
+                log.info(
+                    "closing session %s on %s: %s (it expires there by its TTL)", sess.name, sess.host, exc
+                )
+        self._pump()
+
+    # ---- queueing ---------------------------------------------------------------------------------
+    @staticmethod
+    def _trajectory(session: str | None, key: str) -> str:
+        return f"session:{session}" if session else f"action:{key}"
+
+    def _enter(self, pool: _Pool, job: _Job) -> None:
+        """Queue a job, behind the running or waiting actions of its session."""
+        session = job.request.session
+        if session is not None:
+            sess = pool.sessions.get(session)
+            if sess is None:
+                sess = pool.sessions[session] = _Session(session, self.clock())
+            if sess.lost is not None:
+                self._fail(job, Reason.SESSION_LOST, sess.lost)
+                return
+            if sess.busy:
+                sess.backlog.append(job)
+                return
+            sess.busy = True
+        self._queue(pool, job)
+
+    def _model(self, pool: _Pool, request: ActionRequest, units_max: int) -> DurationModel:
+        estimate = pool.estimates.get(request.kind, 1.0)
+        if request.kind == "test" and units_max > 1:
+            return Amdahl(max(estimate, 1e-3), DEFAULT_PARALLEL_FRACTION)
+        return Fixed(estimate)
+
+    def _queue(self, pool: _Pool, job: _Job) -> None:
+        req, cfg = job.request, pool.config
+        lo, hi = req.units_min, min(req.units_max, cfg.limits.max_cores)
+        if lo > cfg.limits.max_cores or lo > cfg.host_cores:
+            self._fail(
+                job,
+                Reason.CAPACITY_EXCEEDED,
+                f"asks for {lo} cores; pool {cfg.key} grants at most "
+                f"{min(cfg.limits.max_cores, cfg.host_cores)}",
+            )
+            return
+        action = Action(
+            id=agent_key(req.key, job.attempts + 1),
+            trajectory=self._trajectory(req.session, req.key),
+            pool=cfg.key,
+            feasible=tuple(range(lo, max(lo, hi) + 1)),
+            model=self._model(pool, req, hi),
+            priority=req.priority,
+            tenant=req.tenant_name,
+        )
+        job.action = action
+        job.queued_since = self.clock()
+        self._by_action[id(action)] = job
+        try:
+            self.scheduler.submit(action, job.queued_since)
+        except CapacityExceeded:
+            # No host could hold it *now* (the pool may have none yet); the planner adds hosts for
+            # what waits, so it waits in the queue like any other action.
+            action.arrival = job.queued_since
+            self.scheduler.queue.push(action)
+        pool.waiting += 1
+        self._tenant_waiting[req.tenant_name] = self._tenant_waiting.get(req.tenant_name, 0) + 1
+        pool.last_active = job.queued_since
+        self._pump()
+
+    def _unqueue(self, pool: _Pool, job: _Job) -> None:
+        assert job.action is not None
+        self.scheduler.queue.remove(job.action)
+        self._left_queue(pool, job)
+
+    def _left_queue(self, pool: _Pool, job: _Job) -> None:
+        assert job.action is not None
+        self._by_action.pop(id(job.action), None)
+        pool.waiting -= 1
+        tenant = job.request.tenant_name
+        self._tenant_waiting[tenant] = self._tenant_waiting.get(tenant, 1) - 1
+
+    def _pump(self) -> None:
+        """Admit what the scheduler grants now; each grant becomes a task calling its host."""
+        t0 = time.perf_counter()
+        grants = self.scheduler.schedule(self.clock())
+        self.decision_us.append((time.perf_counter() - t0) * 1e6)
+        for grant in grants:
+            job = self._by_action.get(id(grant.action))
+            pool = self._pools.get(grant.action.pool)
+            if job is None or pool is None:  # cannot happen: every queued action has its job
+                self.scheduler.complete(grant, self.clock())
+                continue
+            self._left_queue(pool, job)
+            job.grant = grant
+            job.queued_s += self.clock() - job.queued_since
+            job.task = asyncio.get_running_loop().create_task(self._execute(pool, job, grant))
+
+    # ---- running ----------------------------------------------------------------------------------
+    async def _execute(self, pool: _Pool, job: _Job, grant: Grant) -> None:
+        req = job.request
+        job.attempts += 1
+        endpoint = pool.endpoints[grant.host]
+        timeout_s = req.timeout_s or pool.config.limits.timeout_s
+        outcome: ActionOutcome | None = None
+        failure: str | None = None
+        try:
+            session_id = await self._session_on(pool, req.session, endpoint) if req.session else None
+            payload = dict(req.payload)
+            if req.wire == "native":
+                payload.setdefault("timeout_s", timeout_s)
+            body = await self.agent.execute(
+                endpoint.address,
+                payload,
+                key=agent_key(req.key, job.attempts),
+                cores=grant.unit_ids,
+                wire=req.wire,
+                timeout_s=timeout_s,
+                session_id=session_id,
+            )
+            outcome = interpret(req.key, req.kind, req.wire, body)
+            pool.failures[grant.host] = 0
+        except AgentRefused as exc:
+            outcome = ActionOutcome(
+                req.key, Outcome.FAILED, Reason.INVALID_PAYLOAD, str(exc), response=dict(exc.body)
+            )
+        except InfrastructureError as exc:
+            failure = str(exc)
+            self._count_failure(pool, grant.host)
+        except asyncio.CancelledError:
+            if job.host_lost:
+                failure = f"host {grant.host} was lost"
+            elif job.cancelled:
+                outcome = ActionOutcome(req.key, Outcome.CANCELLED, Reason.CANCELLED, "cancelled")
+            else:
+                raise
+        finally:
+            self.scheduler.complete(grant, self.clock())
+            if not req.session:
+                pool.cpu.end_trajectory(grant.action.trajectory)
+            job.grant = None
+            job.task = None
+        if outcome is not None:
+            self._finish(pool, job, outcome, grant)
+        else:
+            await self._infra_failure(pool, job, failure or "unknown", grant.host)
+        self._pump()
+
+    async def _session_on(self, pool: _Pool, session: str, endpoint: HostEndpoint) -> str:
+        sess = pool.sessions[session]
+        if sess.agent_id is None or sess.host != endpoint.name:
+            sess.agent_id = await self.agent.create_session(
+                endpoint.address,
+                persistent=pool.config.persistent_interpreter,
+                ttl_s=pool.config.session_ttl_s,
+            )
+            sess.host = endpoint.name
+        return sess.agent_id
+
+    def _count_failure(self, pool: _Pool, host: str) -> None:
+        pool.failures[host] = pool.failures.get(host, 0) + 1
+        if pool.failures[host] >= UNHEALTHY_AFTER and host not in pool.unhealthy:
+            pool.unhealthy.add(host)
+            if host in pool.cpu.hosts:
+                pool.cpu.hosts[host].draining = True
+            log.warning(
+                "host %s of %s failed %d calls in a row: unhealthy", host, pool.config.key, UNHEALTHY_AFTER
+            )
+            if self.on_host_unhealthy is not None:
+                self.on_host_unhealthy(pool.config.key, host)
+
+    async def _infra_failure(self, pool: _Pool, job: _Job, message: str, host: str) -> None:
+        req = job.request
+        sess = pool.sessions.get(req.session or "")
+        if sess is not None and sess.host == host and sess.agent_id is not None:
+            # The session's state lives on that host: running elsewhere would start it empty.
+            sess.lost = sess.lost or f"session {sess.name!r} lost its host {host}: {message}"
+            self._fail(job, Reason.SESSION_LOST, sess.lost)
+            self._drain_lost_session(pool, sess)
+            return
+        if job.cancelled:
+            self._fail(job, Reason.CANCELLED, "cancelled", Outcome.CANCELLED)
+            return
+        if job.attempts > req.max_retries:
+            self._fail(
+                job,
+                Reason.HOST_LOST if job.host_lost else Reason.RETRIES_EXHAUSTED,
+                f"{job.attempts} attempts failed; last: {message}",
+            )
+            return
+        log.info("retrying %s after an infrastructure failure: %s", req.key, message)
+        job.host_lost = False
+        await asyncio.sleep(req.backoff_s * 2 ** (job.attempts - 1))
+        if job.cancelled or pool.config.key not in self._pools:
+            self._fail(job, Reason.CANCELLED, "cancelled", Outcome.CANCELLED)
+            return
+        self._queue(pool, job)
+
+    def _drain_lost_session(self, pool: _Pool, sess: _Session) -> None:
+        while sess.backlog:
+            self._fail(sess.backlog.popleft(), Reason.SESSION_LOST, sess.lost or "session lost")
+        sess.busy = False
+
+    def _finish(self, pool: _Pool, job: _Job, outcome: ActionOutcome, grant: Grant | None) -> None:
+        now = self.clock()
+        outcome.attempts = job.attempts
+        outcome.queued_s = job.queued_s
+        if grant is not None:
+            outcome.host, outcome.cores = grant.host, grant.unit_ids
+        if outcome.state is not Outcome.CANCELLED and outcome.duration_s > 0:
+            old = pool.estimates.get(job.request.kind)
+            t1 = outcome.duration_s
+            pool.estimates[job.request.kind] = (
+                t1 if old is None else (1 - EWMA_WEIGHT) * old + EWMA_WEIGHT * t1
+            )
+        pool.acts.append((now, now - job.submitted))
+        pool.last_active = now
+        self._resolve(job, outcome)
+        self._next_in_session(pool, job)
+
+    def _next_in_session(self, pool: _Pool, job: _Job) -> None:
+        sess = pool.sessions.get(job.request.session or "")
+        if sess is None:
+            return
+        sess.last_used = self.clock()
+        if sess.backlog and sess.lost is None:
+            self._queue(pool, sess.backlog.popleft())
+        else:
+            sess.busy = False
+
+    def _fail(self, job: _Job, reason: Reason, message: str, state: Outcome = Outcome.FAILED) -> None:
+        if job.future.done():
+            return
+        pool = self._pools.get(pool_key(job.request.namespace, job.request.target))
+        if (
+            pool is not None
+            and job.action is not None
+            and id(job.action) in self._by_action
+            and job.grant is None
+        ):
+            self._unqueue(pool, job)
+        outcome = ActionOutcome(
+            job.request.key, state, reason, message, attempts=job.attempts, queued_s=job.queued_s
+        )
+        self._resolve(job, outcome)
+        if pool is not None and reason is not Reason.SESSION_LOST:
+            self._next_in_session(pool, job)
+
+    def _resolve(self, job: _Job, outcome: ActionOutcome) -> None:
+        if not job.future.done():
+            job.future.set_result(outcome)
+
+    # ---- re-attachment after an operator restart --------------------------------------------------
+    async def _reattach(self, pool: _Pool, job: _Job) -> bool:
+        """Find the job's last attempt on the agents. Returns True when it was found (running: the
+        job waits for it; finished: its stored result is the outcome); False to run a new attempt."""
+        await pool.synced.wait()
+        key = agent_key(job.request.key, job.attempts)
+        running = pool.known_running.pop(key, None)
+        host = running[0] if running else pool.known_finished.get(key)
+        endpoint = pool.endpoints.get(host or "")
+        if endpoint is None:
+            return False
+        if job.request.session:
+            sess = pool.sessions.setdefault(job.request.session, _Session(job.request.session, self.clock()))
+            sess.busy = True
+            sess.host = endpoint.name
+        grant = self._adopt(pool, job, endpoint.name, running[1]) if running else None
+        job.task = asyncio.get_running_loop().create_task(self._await_stored(pool, job, endpoint, key, grant))
+        return True
+
+    def _adopt(self, pool: _Pool, job: _Job, host_name: str, cores: tuple[int, ...]) -> Grant | None:
+        """Book the cores a re-attached action still holds on its host, so nothing else gets them."""
+        host = pool.cpu.hosts.get(host_name)
+        if host is None:
+            return None
+        req = job.request
+        taken = tuple(c for c in cores if any(c in free for free in host.free))
+        for free in host.free:
+            free.difference_update(taken)
+        trajectory = self._trajectory(req.session, req.key)
+        if trajectory not in pool.cpu.pins:
+            pool.cpu.pins[trajectory] = host_name
+            host.pin(trajectory, 0.0)
+        units = max(1, len(taken))
+        action = Action(
+            id=agent_key(req.key, job.attempts),
+            trajectory=trajectory,
+            pool=pool.config.key,
+            feasible=(units,),
+            model=self._model(pool, req, units),
+            priority=req.priority,
+            tenant=req.tenant_name,
+        )
+        grant = Grant(action, len(taken), self.clock(), host_name, taken)
+        self.scheduler.adopt(grant)
+        job.grant = grant
+        return grant
+
+    def _release_adopted(self, pool: _Pool, job: _Job, grant: Grant | None) -> None:
+        if grant is None:
+            return
+        job.grant = None
+        if grant.host in pool.cpu.hosts:
+            self.scheduler.complete(grant, self.clock())
+            if not job.request.session:
+                pool.cpu.end_trajectory(grant.action.trajectory)
+        else:
+            self.scheduler.running.pop(id(grant), None)
+
+    async def _await_stored(
+        self, pool: _Pool, job: _Job, endpoint: HostEndpoint, key: str, grant: Grant | None
+    ) -> None:
+        req = job.request
+        try:
+            while True:
+                body = await self.agent.result(endpoint.address, key, REATTACH_SLICE_S)
+                if body is not None:
+                    break
+                running, _ = await self.agent.inflight(endpoint.address)
+                if key not in running:
+                    body = await self.agent.result(endpoint.address, key, 0)
+                    if body is None:
+                        raise InfrastructureError(f"attempt {key} vanished from host {endpoint.name}")
+                    break
+            outcome = interpret(req.key, req.kind, req.wire, body)
+        except (InfrastructureError, AgentRefused, asyncio.CancelledError) as exc:
+            if isinstance(exc, asyncio.CancelledError) and not (job.host_lost or job.cancelled):
+                raise
+            job.task = None
+            self._release_adopted(pool, job, grant)
+            if job.cancelled:
+                self._fail(job, Reason.CANCELLED, "cancelled", Outcome.CANCELLED)
+                return
+            # The attempt is gone with its host: run the next one (counted).
+            if req.session and req.session in pool.sessions:
+                pool.sessions[req.session].busy = False
+            self._enter(pool, job)
+            return
+        job.task = None
+        self._release_adopted(pool, job, grant)
+        self._finish(pool, job, outcome, grant)
+        self._pump()

@@ -1,0 +1,238 @@
+"""The dispatcher against real sandbox agents on loopback: grants become calls with exact cores,
+program failures are outcomes, infrastructure failures are retried elsewhere, sessions keep order,
+cancellation kills, and a new dispatcher (an operator restart) re-attaches instead of re-running."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import requests
+from aiohttp import web
+from sandbox_agent_harness import Agent, processes_of, start_agent, stop_agent, wait_until
+
+from arl_tangram.api.actionpool import ActionPool
+from arl_tangram.dispatch.agent import AgentClient
+from arl_tangram.dispatch.dispatcher import Dispatcher, HostEndpoint
+from arl_tangram.domain.actions import ActionRequest, Outcome, Reason
+from arl_tangram.domain.pools import PoolConfig, pool_config
+from arl_tangram.errors import NotFound
+
+NS = "team-a"
+
+
+def _pool(name: str = "py", **scaling: object) -> PoolConfig:
+    model = ActionPool.model_validate(
+        {
+            "metadata": {"name": name, "namespace": NS, "generation": 1},
+            "spec": {
+                "template": {"image": "sandbox:test", "resources": {"cpu": "2", "memory": "4Gi"}},
+                "languages": ["python", "bash"],
+                "limits": {"timeoutSeconds": 30, "memory": "1Gi", "maxCores": 2},
+                "scaling": scaling,
+            },
+        }
+    )
+    return pool_config(model, uid="uid-1")
+
+
+def _endpoint(agent: Agent, name: str) -> HostEndpoint:
+    health = requests.get(agent.url + "/v1/health", timeout=10).json()
+    return HostEndpoint(name, f"127.0.0.1:{agent.port}", tuple(health["cores"]["ids"]), 4 << 30)
+
+
+def _req(key: str, code: str, *, runtime: str = "python", **kw: object) -> ActionRequest:
+    return ActionRequest(
+        key=key,
+        namespace=NS,
+        target="py",
+        kind=kw.pop("kind", "code"),  # type: ignore[arg-type]
+        payload={"runtime": runtime, "code": code},
+        backoff_s=0.05,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture(scope="module")
+def agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
+    running = [start_agent(tmp_path_factory.mktemp(f"host{i}") / "work") for i in range(2)]
+    yield running
+    for a in running:
+        if a.proc.poll() is None:
+            stop_agent(a)
+
+
+@pytest.fixture
+async def dispatcher(agents: list[Agent]) -> AsyncIterator[Dispatcher]:
+    client = AgentClient()
+    d = Dispatcher(client)
+    d.upsert_pool(_pool())
+    await d.sync_hosts(
+        f"{NS}/py", [_endpoint(a, f"host-{i}") for i, a in enumerate(agents) if a.proc.poll() is None]
+    )
+    yield d
+    await client.close()
+
+
+async def test_actions_run_with_granted_cores_and_program_failures_are_not_retried(
+    dispatcher: Dispatcher,
+) -> None:
+    reqs = [_req(f"ok-{i}", f"print({i} * 7)") for i in range(12)]
+    bad = _req("bad", "import sys; print('partial'); sys.exit(3)")
+    outcomes = await asyncio.gather(*(dispatcher.run(r) for r in [*reqs, bad]))
+    for i, out in enumerate(outcomes[:-1]):
+        assert out.state is Outcome.SUCCEEDED, out
+        assert out.stdout.strip() == str(i * 7)
+        assert out.attempts == 1 and len(out.cores) == 1 and out.host in ("host-0", "host-1")
+    failed = outcomes[-1]
+    assert failed.state is Outcome.FAILED and failed.reason is Reason.NON_ZERO_EXIT
+    assert failed.exit_code == 3 and failed.attempts == 1 and "partial" in failed.stdout
+    stats = dispatcher.stats(f"{NS}/py")
+    assert stats is not None and stats.queued_actions == 0 and stats.running_actions == 0
+
+
+async def test_elastic_test_actions_get_several_cores_and_a_pass_fraction(dispatcher: Dispatcher) -> None:
+    code = "import os; print(len(os.sched_getaffinity(0)), os.environ['TANGRAM_DOP'])"
+    out = await dispatcher.run(_req("wide", code, kind="test", units_min=1, units_max=2))
+    assert out.state is Outcome.SUCCEEDED
+    assert len(out.cores) in (1, 2) and out.stdout.split() == [str(len(out.cores))] * 2
+    assert out.reward == 1.0
+
+
+async def test_a_session_runs_its_actions_in_order_on_one_host(dispatcher: Dispatcher) -> None:
+    steps = [
+        _req(f"s-{i}", f"open('log.txt', 'a').write('{i}'); print(open('log.txt').read())", session="traj-1")
+        for i in range(4)
+    ]
+    outcomes = await asyncio.gather(*(dispatcher.run(r) for r in steps))
+    assert [o.stdout.strip() for o in outcomes] == ["0", "01", "012", "0123"]
+    assert len({o.host for o in outcomes}) == 1
+
+
+async def test_unknown_pool_is_refused_by_name(dispatcher: Dispatcher) -> None:
+    with pytest.raises(NotFound, match="nope"):
+        await dispatcher.run(ActionRequest("k", NS, "nope", "code", {"runtime": "python", "code": "1"}))
+
+
+async def test_cancelling_a_running_action_kills_it(dispatcher: Dispatcher, agents: list[Agent]) -> None:
+    task = asyncio.create_task(dispatcher.run(_req("sleepy", "sleep 60", runtime="bash")))
+    await _wait(lambda: (s := dispatcher.stats(f"{NS}/py")) is not None and s.running_actions == 1)
+    assert await dispatcher.cancel("sleepy")
+    out = await asyncio.wait_for(task, 10)
+    assert out.state is Outcome.CANCELLED
+    for a in agents:
+        wait_until(
+            lambda a=a: not any("sleep" in _cmdline(p) for p in processes_of(a.uids)), 10, "sleep gone"
+        )
+
+
+async def test_a_new_dispatcher_reattaches_to_a_running_attempt_instead_of_running_it_again(
+    agents: list[Agent],
+) -> None:
+    """Actions cannot write outside their workdir, so the agents' own counts of the actions they
+    ran are the side effect that proves the action ran once."""
+    code = "import time; time.sleep(1.5); print('done')"
+    before = _actions_run(agents)
+    first_client, second_client = AgentClient(), AgentClient()
+    first = Dispatcher(first_client)
+    first.upsert_pool(_pool())
+    hosts = [_endpoint(a, f"host-{i}") for i, a in enumerate(agents) if a.proc.poll() is None]
+    await first.sync_hosts(f"{NS}/py", hosts)
+    running = asyncio.create_task(first.run(_req("once", code)))
+    await _wait(lambda: (s := first.stats(f"{NS}/py")) is not None and s.running_actions == 1)
+    # The operator dies: nothing of its memory survives but the attempt count in the batch status.
+    await first.shutdown()
+    await first_client.close()
+    assert running.cancelled() or running.done()
+    second = Dispatcher(second_client)
+    second.upsert_pool(_pool())
+    await second.sync_hosts(f"{NS}/py", hosts)
+    out = await second.run(_req("once", code), attempts_so_far=1)
+    await second_client.close()
+    assert out.state is Outcome.SUCCEEDED and out.stdout.strip() == "done"
+    assert out.attempts == 1
+    assert _actions_run(agents) == before + 1, "the action ran twice (or not at all)"
+
+
+def _actions_run(agents: list[Agent]) -> int:
+    total = 0
+    for a in agents:
+        if a.proc.poll() is None:
+            total += sum(requests.get(a.url + "/v1/health", timeout=10).json()["outcomes"].values())
+    return total
+
+
+async def test_a_garbage_answer_is_an_infrastructure_failure_retried_elsewhere(agents: list[Agent]) -> None:
+    async def garbage(request: web.Request) -> web.Response:
+        return web.Response(text="<html>not an agent</html>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", garbage)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    client = AgentClient()
+    d = Dispatcher(client)
+    d.upsert_pool(_pool())
+    good = _endpoint(agents[0], "good")
+    bad_host = HostEndpoint("bad", f"127.0.0.1:{port}", (0, 1), 4 << 30)
+    # The garbage host lists no actions, so the scan of new hosts must not reject it first.
+    d.agent.inflight = _no_inflight  # type: ignore[method-assign]
+    await d.sync_hosts(f"{NS}/py", [bad_host, good])
+    outcomes = await asyncio.gather(
+        *(d.run(_req(f"g-{i}", "print('fine')", max_retries=3)) for i in range(6))
+    )
+    await client.close()
+    await runner.cleanup()
+    assert all(o.state is Outcome.SUCCEEDED and o.host == "good" for o in outcomes), outcomes
+    assert any(o.attempts > 1 for o in outcomes), "no action was sent to the garbage host first"
+
+
+async def _no_inflight(address: str) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+    return {}, set()
+
+
+async def test_a_lost_host_fails_its_session_but_retries_plain_actions(tmp_path: Path) -> None:
+    doomed = start_agent(tmp_path / "doomed")
+    survivor = start_agent(tmp_path / "survivor")
+    client = AgentClient()
+    d = Dispatcher(client)
+    d.upsert_pool(_pool())
+    await d.sync_hosts(f"{NS}/py", [_endpoint(doomed, "doomed")])
+    # Pin a session to the doomed host, then start long actions there.
+    first = await d.run(_req("sess-0", "print('state')", session="traj-x"))
+    assert first.host == "doomed"
+    plain = asyncio.create_task(d.run(_req("plain", "import time; time.sleep(3); print('ok')")))
+    in_session = asyncio.create_task(d.run(_req("sess-1", "import time; time.sleep(3)", session="traj-x")))
+    await _wait(lambda: (s := d.stats(f"{NS}/py")) is not None and s.running_actions == 2)
+    await d.sync_hosts(f"{NS}/py", [_endpoint(survivor, "survivor")])
+    doomed.proc.kill()
+    plain_out, sess_out = await asyncio.wait_for(asyncio.gather(plain, in_session), 30)
+    after = await d.run(_req("sess-2", "print(1)", session="traj-x"))
+    await client.close()
+    stop_agent(survivor)
+    doomed.proc.wait()
+    assert plain_out.state is Outcome.SUCCEEDED and plain_out.host == "survivor" and plain_out.attempts == 2
+    assert sess_out.state is Outcome.FAILED and sess_out.reason is Reason.SESSION_LOST
+    assert after.state is Outcome.FAILED and after.reason is Reason.SESSION_LOST
+    assert "traj-x" in (after.message or "")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+async def _wait(predicate: object, deadline_s: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    while not predicate():  # type: ignore[operator]
+        if loop.time() > end:
+            raise AssertionError("timed out")
+        await asyncio.sleep(0.02)
