@@ -5,14 +5,19 @@ exit codes, restart policies, graceful deletion, init containers, ConfigMaps, in
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from kubernetes import client
 from testbed import (
     IMAGE,
     Cluster,
     Json,
+    downward_env,
     echo_answers,
     echo_container,
+    http_get_json,
     pod_manifest,
     pod_phase,
     pod_ready,
@@ -177,7 +182,10 @@ def test_in_place_resize_is_reported_in_the_container_status(cluster: Cluster, n
         "reporting 2 CPUs",
     )
     assert _status(resized)["resources"]["limits"]["cpu"] == "2"
+    assert _status(resized)["allocatedResources"]["cpu"] == "2"
     assert _status(resized)["restartCount"] == 0
+    done = wait_for_pod(cluster, namespace, "elastic", lambda p: not _resize_conditions(p), "done resizing")
+    assert done["status"]["observedGeneration"] == done["metadata"]["generation"]
 
 
 def test_kubectl_logs_shows_what_the_container_printed(cluster: Cluster, namespace: str) -> None:
@@ -228,3 +236,176 @@ def test_ready_pods_appear_in_their_services_endpoint_slices(cluster: Cluster, n
     assert [e["addresses"] for e in endpoints["endpoints"]] == [[pod["status"]["podIP"]]]
     assert endpoints["endpoints"][0]["targetRef"]["name"] == "backend"
     assert endpoints["ports"][0]["port"] == 8080
+
+
+def _resize_conditions(pod: Json) -> dict[str, Json]:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return {c["type"]: c for c in conditions if c["type"] in ("PodResizePending", "PodResizeInProgress")}
+
+
+def _resize(cluster: Cluster, namespace: str, pod: str, resources: Json, container: str = "main") -> None:
+    patch = json.dumps({"spec": {"containers": [{"name": container, "resources": resources}]}})
+    cluster.kubectl("patch", "pod", pod, "-n", namespace, "--subresource", "resize", "--patch", patch)
+
+
+def _runner_cpus(cluster: Cluster) -> list[int]:
+    """The node runner's own CPU set (the cores it pins pods to), from /proc."""
+    assert cluster.local_dir is not None
+    pid = (cluster.local_dir / "pids" / "5-node-runner").read_text().split()[0]
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            cpus: list[int] = []
+            for part in line.split(":", 1)[1].strip().split(","):
+                lo, _, hi = part.partition("-")
+                cpus += range(int(lo), int(hi or lo) + 1)
+            return cpus
+    raise AssertionError(f"no Cpus_allowed_list in /proc/{pid}/status")
+
+
+# Answers with the CPU affinity of its main thread, of a second thread and of a child process, all
+# started before any resize: a resize must reach every one of them.
+AFFINITY_SERVER = """
+import http.server, json, os, queue, subprocess, sys, threading
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+asks, answers = queue.Queue(), queue.Queue()
+def second_thread():
+    while asks.get():
+        answers.put(sorted(os.sched_getaffinity(0)))
+threading.Thread(target=second_thread, daemon=True).start()
+class Affinity(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        asks.put(True)
+        body = json.dumps({"main": sorted(os.sched_getaffinity(0)), "thread": answers.get(timeout=5),
+                           "child": sorted(os.sched_getaffinity(child.pid)), "child_pid": child.pid}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer((os.environ["POD_IP"], 8080), Affinity).serve_forever()
+"""
+
+
+def test_in_place_resize_moves_every_process_of_the_container_to_its_new_cores(
+    cluster: Cluster, namespace: str
+) -> None:
+    if not cluster.is_local_testbed:
+        pytest.skip("CPU affinity as the resize's actuation is the local test bed's (kind uses CPU quota)")
+    cpus = _runner_cpus(cluster)
+    if len(cpus) < 2:
+        pytest.skip(f"the node runner has {len(cpus)} CPU: a resize has no other core to move to")
+    one = {"requests": {"cpu": "1", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "64Mi"}}
+    main = {
+        "name": "main",
+        "image": IMAGE,
+        "command": ["python3", "-c", AFFINITY_SERVER],
+        "env": downward_env(),
+        "resources": one,
+        "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+    }
+    cluster.core.create_namespaced_pod(namespace, pod_manifest("pinned", [main]))
+    ip = wait_for_pod(cluster, namespace, "pinned", pod_ready, "Ready")["status"]["podIP"]
+    before = http_get_json(f"http://{ip}:8080/")
+    assert len(before["main"]) == 1 and before["main"] == before["thread"] == before["child"], before
+    assert set(before["main"]) <= set(cpus)
+
+    everything = {"cpu": str(len(cpus)), "memory": "64Mi"}
+    _resize(cluster, namespace, "pinned", {"requests": everything, "limits": everything})
+    resized = wait_for_pod(
+        cluster,
+        namespace,
+        "pinned",
+        lambda p: (
+            (_status(p).get("resources") or {}).get("limits", {}).get("cpu") == str(len(cpus))
+            and not _resize_conditions(p)
+        ),
+        f"running with {len(cpus)} CPUs",
+    )
+    after = http_get_json(f"http://{ip}:8080/")
+    assert after["main"] == after["thread"] == after["child"] == cpus, after
+    assert after["child_pid"] == before["child_pid"]  # the same processes, moved, not restarted
+    assert _status(resized)["restartCount"] == 0
+
+    _resize(cluster, namespace, "pinned", {"requests": one["requests"], "limits": one["limits"]})
+    wait_for_pod(
+        cluster,
+        namespace,
+        "pinned",
+        lambda p: _status(p).get("allocatedResources", {}).get("cpu") == "1" and not _resize_conditions(p),
+        "back to 1 CPU",
+    )
+    shrunk = http_get_json(f"http://{ip}:8080/")
+    assert len(shrunk["main"]) == 1 and shrunk["main"] == shrunk["thread"] == shrunk["child"], shrunk
+
+
+def test_a_resize_the_node_cannot_hold_is_refused_and_one_it_cannot_hold_yet_is_deferred(
+    cluster: Cluster, namespace: str
+) -> None:
+    if not cluster.is_local_testbed:
+        pytest.skip("sized for the simulated 16-CPU nodes of the local test bed")
+    node = {"kubernetes.io/hostname": "tb-cpu-1"}
+    big = shell_container("sleep 3600", resources={"requests": {"cpu": "12"}})
+    small = shell_container("sleep 3600", resources={"requests": {"cpu": "2"}})
+    cluster.core.create_namespaced_pod(namespace, pod_manifest("big", [big], nodeSelector=node))
+    cluster.core.create_namespaced_pod(namespace, pod_manifest("small", [small], nodeSelector=node))
+    for name in ("big", "small"):
+        wait_for_pod(cluster, namespace, name, pod_phase("Running"), "Running")
+
+    # More than the node has at all: v1.36's PodResize admission plugin refuses it in the API server
+    # (so the kubelet's Infeasible is left for what only a node can tell).
+    patch = json.dumps({"spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": "40"}}}]}})
+    refused = cluster.kubectl(
+        "patch", "pod", "small", "-n", namespace, "--subresource", "resize", "--patch", patch, check=False
+    )
+    assert refused.returncode != 0 and "Forbidden" in refused.stderr and "cpu" in refused.stderr, (
+        refused.stderr
+    )
+
+    _resize(cluster, namespace, "small", {"requests": {"cpu": "6"}})  # 12 + 6 > 16: not while big runs
+    deferred = wait_for_pod(
+        cluster,
+        namespace,
+        "small",
+        lambda p: _resize_conditions(p).get("PodResizePending", {}).get("reason") == "Deferred",
+        "resize Deferred",
+    )
+    pending = _resize_conditions(deferred)["PodResizePending"]
+    assert pending["status"] == "True" and "cpu" in pending["message"], pending
+    assert pending["observedGeneration"] == deferred["metadata"]["generation"]
+    assert _status(deferred)["allocatedResources"]["cpu"] == "2"  # nothing allocated yet
+    cluster.core.delete_namespaced_pod("big", namespace, grace_period_seconds=0)
+    done = wait_for_pod(
+        cluster,
+        namespace,
+        "small",
+        lambda p: _status(p).get("allocatedResources", {}).get("cpu") == "6" and not _resize_conditions(p),
+        "resized once big is gone",
+    )
+    assert _status(done)["resources"]["requests"]["cpu"] == "6"
+
+
+def test_a_resize_policy_of_restart_container_restarts_it_with_the_new_resources(
+    cluster: Cluster, namespace: str
+) -> None:
+    resources = {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}}
+    main = shell_container("sleep 3600", resources=resources)
+    main["resizePolicy"] = [{"resourceName": "cpu", "restartPolicy": "RestartContainer"}]
+    cluster.core.create_namespaced_pod(
+        namespace, pod_manifest("restarter", [main], terminationGracePeriodSeconds=1)
+    )
+    wait_for_pod(cluster, namespace, "restarter", pod_phase("Running"), "Running")
+    _resize(cluster, namespace, "restarter", {"requests": {"cpu": "2"}, "limits": {"cpu": "2"}})
+    restarted = wait_for_pod(
+        cluster,
+        namespace,
+        "restarter",
+        lambda p: (
+            _status(p).get("restartCount") == 1
+            and "running" in _status(p)["state"]
+            and (_status(p).get("resources") or {}).get("limits", {}).get("cpu") == "2"
+        ),
+        "restarted with 2 CPUs",
+    )
+    # The run before the resize ended; the one after it is a new container.
+    assert _status(restarted)["lastState"]["terminated"]["containerID"] != _status(restarted)["containerID"]

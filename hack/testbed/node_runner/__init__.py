@@ -22,14 +22,16 @@ pods bound to them as local processes:
 
 Each container runs under bubblewrap when it is installed (own PID/IPC/UTS namespaces, read-only host
 filesystem, a writable /tmp per pod, volumes bound at their mount paths, a container's default
-capability set) and dies with the runner. Not enforced: resource limits, runAsUser, images (there is
-no image: a container needs a command, or an entry in --entrypoints mapping its image to one).
+capability set) and dies with the runner. A container's CPU limit becomes the CPU affinity of all its
+processes, changed in place by a pod resize, which is reported as a kubelet reports it (resize.py).
+Not enforced: memory limits, runAsUser, images (there is no image: a container needs a command, or an
+entry in --entrypoints mapping its image to one).
 
 The package, module by module: `podspec` (pure: $(VAR) expansion, quantities, the downward API, a
 container's environment and command line), `probes` (kubelet's thresholds and the three probe
-actions), `isolation` (the bubblewrap command line), `volumes`, `network` (pod IPs), `container` and
-`worker` (one thread per pod: the container state machine and the status it reports), `node`
-(registration, heartbeats, the pod watch), `kubelet_api` (container logs for `kubectl logs`) and `cli`.
-Run it as `python -m node_runner` with this package's parent directory on PYTHONPATH (cluster-up.sh
-does).
+actions), `isolation` (the bubblewrap command line), `volumes`, `network` (pod IPs), `resize`
+(in-place resize: cores, fit, conditions), `container` and `worker` (one thread per pod: the container
+state machine and the status it reports), `node` (registration, heartbeats, the pod watch),
+`kubelet_api` (container logs for `kubectl logs`) and `cli`. Run it as `python -m node_runner` with
+this package's parent directory on PYTHONPATH (cluster-up.sh does).
 """

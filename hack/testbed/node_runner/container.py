@@ -25,6 +25,14 @@ class Container:
     restart_at: float | None = None
     done: bool = False  # terminated and will not run again
     probes: dict[str, Prober] = field(default_factory=dict)
+    # In-place resize (see resize.py): the resources accepted for the node, those enacted on the
+    # running process, and the cores its processes may run on.
+    allocated: Json = field(default_factory=dict)
+    actual: Json = field(default_factory=dict)
+    cores: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.allocated = dict(self.spec.get("resources") or {})
 
     @property
     def name(self) -> str:
@@ -61,10 +69,12 @@ class Container:
         }
         if self.container_id:
             out["containerID"] = self.container_id
-        resources = self.spec.get("resources")
-        if not self.init and resources:
-            # Nothing to actuate (no cgroups): an in-place resize takes effect at once.
-            out["resources"] = resources
-            if resources.get("requests"):
-                out["allocatedResources"] = resources["requests"]
+        if not self.init:
+            # What a kubelet reports: the resources enacted on a running container, the allocated
+            # ones for a container that is not running (it starts with them).
+            resources = self.actual if self.running else self.allocated
+            if resources:
+                out["resources"] = resources
+            if self.allocated.get("requests"):
+                out["allocatedResources"] = self.allocated["requests"]
         return out

@@ -24,6 +24,7 @@ from kubernetes.client.rest import ApiException
 
 from .api import Json, now_micro, now_rfc3339
 from .network import IpPool
+from .resize import CoreMap, fit, pod_requests
 from .worker import PodWorker
 
 log = logging.getLogger("node-runner")
@@ -124,12 +125,28 @@ class NodeRunner:
         self.kubelet_port = int(args.kubelet_port or 0)
         self.workers: dict[str, PodWorker] = {}
         self.lock = threading.Lock()
+        # The cores the pods' processes are pinned to (resize.py): this runner's own CPU set.
+        self.cores = CoreMap(os.sched_getaffinity(0))
 
     def node_capacity(self, name: str) -> dict[str, str]:
         for n in self.nodes:
             if n["name"] == name:
                 return {k: str(v) for k, v in n["capacity"].items()}
         return {}
+
+    def resize_fit(self, worker: PodWorker, containers: list[Json]) -> tuple[str, str] | None:
+        """Whether a pod's resized containers fit its node next to the allocations of the other pods
+        there: None, or (Deferred | Infeasible, message) as the kubelet's resize admission says."""
+        node = worker.node_name
+        with self.lock:
+            others = [w for w in self.workers.values() if w is not worker and w.node_name == node]
+        used: dict[str, float] = {}
+        for w in others:
+            if w.holds_resources:
+                for k, v in w.allocated_requests().items():
+                    used[k] = used.get(k, 0.0) + v
+        wanted = pod_requests(containers, [c.allocated for c in worker.init_containers])
+        return fit(wanted, used, self.node_capacity(node))
 
     def forget(self, uid: str) -> None:
         with self.lock:

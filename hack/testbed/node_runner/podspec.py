@@ -55,7 +55,9 @@ _SUFFIX = {
 
 def quantity(value: str | int | float) -> float:
     """A Kubernetes resource quantity ("500m", "2Gi", "1e3") as a number."""
-    m = re.fullmatch(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)", str(value).strip())
+    m = re.fullmatch(
+        r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)", str(value).strip()
+    )
     if not m or m.group(2) not in _SUFFIX:
         raise ValueError(f"not a resource quantity: {value!r}")
     return float(m.group(1)) * _SUFFIX[m.group(2)]

@@ -15,13 +15,14 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import isolation, podspec, probes
+from . import isolation, podspec, probes, resize
 from .api import MERGE_PATCH, ConfigError, Json, StartError, now_rfc3339
 from .container import Container
 from .volumes import Volumes, prepare_volumes
@@ -33,12 +34,36 @@ log = logging.getLogger("node-runner")
 TICK_S = 0.1
 # The conditions this worker owns, as a kubelet owns them; others (PodScheduled, DisruptionTarget, a
 # readiness gate's) are kept as the pod's status has them.
-OWN_CONDITIONS = {"PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready"}
+OWN_CONDITIONS = {
+    "PodReadyToStartContainers",
+    "Initialized",
+    "ContainersReady",
+    "Ready",
+    resize.PENDING,
+    resize.IN_PROGRESS,
+}
+RESIZABLE = ("cpu", "memory")
 
 
 def exit_code(returncode: int) -> int:
     """Popen's return code as a container exit code (a signal N is 128 + N)."""
     return returncode if returncode >= 0 else 128 - returncode
+
+
+def _in_child(cores: tuple[int, ...], die_with_runner: bool) -> Callable[[], None]:
+    """Popen's preexec_fn: the container's CPU affinity (inherited by all it starts), and without
+    bubblewrap death with the runner."""
+
+    def child() -> None:
+        os.sched_setaffinity(0, cores)
+        if die_with_runner:
+            isolation.set_pdeathsig()
+
+    return child
+
+
+def _quantities(resources: Json, name: str) -> tuple[str | None, str | None]:
+    return (resources.get("requests") or {}).get(name), (resources.get("limits") or {}).get(name)
 
 
 class PodWorker(threading.Thread):
@@ -65,6 +90,7 @@ class PodWorker(threading.Thread):
         self.start_time = ""
         self.volumes: Volumes = {}
         self.message = ""
+        self.resize = resize.ResizeConditions()
 
     # -- inputs from the watch ------------------------------------------------------------------------
 
@@ -91,10 +117,26 @@ class PodWorker(threading.Thread):
             self._kill_all(2.0)
         finally:
             self.runner.ip_pool.release(self.uid)
+            for c in self.init_containers + self.containers:
+                self.runner.cores.release(self._core_key(c))
             self.runner.forget(self.uid)
 
     def _deleting(self) -> bool:
         return self.gone or bool(self.pod["metadata"].get("deletionTimestamp"))
+
+    @property
+    def node_name(self) -> str:
+        return str(self.pod["spec"].get("nodeName", ""))
+
+    @property
+    def holds_resources(self) -> bool:
+        """Whether the pod's allocation counts on its node (as for a kubelet: until it has finished)."""
+        return not self.gone and self.phase not in ("Succeeded", "Failed")
+
+    def allocated_requests(self) -> dict[str, float]:
+        return resize.pod_requests(
+            [c.allocated for c in self.containers], [c.allocated for c in self.init_containers]
+        )
 
     def _run(self) -> None:
         status = self.pod.get("status") or {}
@@ -167,6 +209,7 @@ class PodWorker(threading.Thread):
 
     def _step(self) -> None:
         now = time.monotonic()
+        self._resize()
         if self.init_index < len(self.init_containers):
             c = self.init_containers[self.init_index]
             self._drive(c, now, restart_on_success=False)
@@ -216,8 +259,8 @@ class PodWorker(threading.Thread):
             return
         self._exited(c, exit_code(code), restart_on_success)
 
-    def _exited(self, c: Container, code: int, restart_on_success: bool, reason: str = "") -> None:
-        c.proc = None
+    @staticmethod
+    def _terminated(c: Container, code: int, reason: str = "") -> Json:
         terminated = {
             "exitCode": code,
             "reason": reason or ("Completed" if code == 0 else "Error"),
@@ -226,6 +269,11 @@ class PodWorker(threading.Thread):
         }
         if c.container_id:
             terminated["containerID"] = c.container_id
+        return terminated
+
+    def _exited(self, c: Container, code: int, restart_on_success: bool, reason: str = "") -> None:
+        c.proc = None
+        terminated = self._terminated(c, code, reason)
         policy = "OnFailure" if c.init and self._policy() == "Always" else self._policy()
         wants = restart_on_success or code != 0 if policy == "Always" else policy == "OnFailure" and code != 0
         restart = wants and not self._deleting()
@@ -283,6 +331,7 @@ class PodWorker(threading.Thread):
                 capture_output=True,
                 timeout=timeout,
                 check=False,
+                preexec_fn=_in_child(c.cores, False) if c.cores else None,
             )
             return done.returncode
 
@@ -307,6 +356,7 @@ class PodWorker(threading.Thread):
             argv = [podspec.expand(a, env) for a in podspec.container_argv(c.spec, self.runner.entrypoints)]
             isolation.check_executable(c.spec, argv[0], env.get("PATH", ""))
             argv = self._wrap(c, argv)
+            cores = self._cores(c)
             logf = open(cdir / f"{c.restart_count}.log", "ab")  # noqa: SIM115 (owned by the child)
             try:
                 c.proc = subprocess.Popen(
@@ -317,7 +367,7 @@ class PodWorker(threading.Thread):
                     stdout=logf,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    preexec_fn=None if self.runner.bwrap else isolation.set_pdeathsig,
+                    preexec_fn=_in_child(cores, not self.runner.bwrap),
                 )
             finally:
                 logf.close()
@@ -340,8 +390,73 @@ class PodWorker(threading.Thread):
         )
         c.state = {"running": {"startedAt": c.started_iso}}
         c.restart_at = None
+        c.cores, c.actual = cores, dict(c.allocated)
         c.probes = {} if c.init else probes.probers(c.spec, c.started_at)
         log.info("pod %s/%s container %s: started pid %d", self.ns, self.pod_name, c.name, c.proc.pid)
+
+    # -- in-place resize ------------------------------------------------------------------------------------
+
+    def _core_key(self, c: Container) -> str:
+        return f"{self.uid}/{'init/' if c.init else ''}{c.name}"
+
+    def _cores(self, c: Container) -> tuple[int, ...]:
+        """The cores the container's processes get for its allocated resources."""
+        cores = self.runner.cores
+        return cores.assign(self._core_key(c), resize.cores_for(c.allocated, len(cores.cores)))
+
+    def _resize(self) -> None:
+        """Allocates a resize that fits the node (else PodResizePending with its reason), then actuates
+        it on the running containers; PodResizeInProgress lasts until they all run with it."""
+        generation = self.pod["metadata"].get("generation")
+        desired = {c.name: dict(c.spec.get("resources") or {}) for c in self.containers}
+        if any(desired[c.name] != c.allocated for c in self.containers):
+            verdict = self.runner.resize_fit(self, list(desired.values()))
+            if verdict is None:
+                for c in self.containers:
+                    c.allocated = desired[c.name]
+                self.resize.clear_pending()
+                self.resize.start(generation)
+                log.info("pod %s/%s: resize to generation %s allocated", self.ns, self.pod_name, generation)
+            elif self.resize.set_pending(*verdict, generation):
+                log.info("pod %s/%s: resize %s: %s", self.ns, self.pod_name, *verdict)
+        else:
+            self.resize.clear_pending()
+        for c in self.containers:
+            if c.running and c.actual != c.allocated:
+                try:
+                    self._actuate(c)
+                except OSError as exc:
+                    self.resize.failed(f"container {c.name}: {exc}")
+                    log.warning("pod %s/%s: resize of %s failed: %s", self.ns, self.pod_name, c.name, exc)
+        if all(not c.running or c.actual == c.allocated for c in self.containers):
+            self.resize.done()
+
+    def _actuate(self, c: Container) -> None:
+        """Enacts the allocated resources on a running container: a new CPU affinity for all its
+        processes and threads, or a restart where its resizePolicy asks for one."""
+        assert c.proc is not None
+        changed = {r for r in RESIZABLE if _quantities(c.actual, r) != _quantities(c.allocated, r)}
+        policy = {p["resourceName"]: p.get("restartPolicy") for p in c.spec.get("resizePolicy") or []}
+        if any(policy.get(r) == "RestartContainer" for r in changed) and self._policy() != "Never":
+            self._restart_for_resize(c)
+            return
+        cores = self._cores(c)
+        if cores != c.cores:
+            resize.set_tree_affinity(c.proc.pid, cores)
+            log.info("pod %s/%s container %s: cores %s", self.ns, self.pod_name, c.name, list(cores))
+            c.cores = cores
+        c.actual = dict(c.allocated)
+
+    def _restart_for_resize(self, c: Container) -> None:
+        """resizePolicy RestartContainer: stop the container and start it again at once with the new
+        resources (a restart counted in restartCount, without the crash-loop back-off)."""
+        assert c.proc is not None
+        self._kill(c, float(self.pod["spec"].get("terminationGracePeriodSeconds", 30)))
+        c.last_state = {"terminated": self._terminated(c, exit_code(c.proc.wait()))}
+        c.proc, c.restart_at = None, None
+        c.restart_count += 1
+        c.state = {"waiting": {"reason": "ContainerCreating"}}
+        log.info("pod %s/%s container %s: restarted for its resize", self.ns, self.pod_name, c.name)
 
     def _cwd(self, c: Container) -> str:
         wd = c.spec.get("workingDir")
@@ -500,6 +615,8 @@ class PodWorker(threading.Thread):
         status = "True" if ok else "False"
         old = self.conditions.get(kind)
         cond: Json = {"type": kind, "status": status, "lastProbeTime": None}
+        # v1.36 kubelets (PodObservedGenerationTracking, GA) say which pod generation each is about.
+        cond["observedGeneration"] = self.pod["metadata"].get("generation")
         cond["lastTransitionTime"] = (
             old["lastTransitionTime"] if old and old["status"] == status else now_rfc3339()
         )
@@ -519,7 +636,7 @@ class PodWorker(threading.Thread):
         host = self.runner.host_ip
         status: Json = {
             "phase": self.phase,
-            "conditions": theirs + [ours[k] for k in sorted(ours)],
+            "conditions": theirs + [ours[k] for k in sorted(ours)] + self.resize.list(),
             "hostIP": host,
             "hostIPs": [{"ip": host}],
             "podIP": self.ip or None,
