@@ -243,8 +243,13 @@ class CpuManager:
         return sum(1 for h in self.hosts.values() if not h.draining)
 
     def session_hosts(self, action: Action) -> list[str]:
-        """Open hosts with memory left for the trajectory of an unpinned action."""
-        return [h.name for h in self.hosts.values() if h.takes_session(action.memory_gib)]
+        """Open hosts with memory left for the trajectory of an unpinned action and cores enough
+        for it (a host too small for the action never takes its session)."""
+        return [
+            h.name
+            for h in self.hosts.values()
+            if h.cores >= action.min_units and h.takes_session(action.memory_gib)
+        ]
 
     def hold(self, scratch: Scratch, host: str) -> None:
         """In ``scratch``, pin no new trajectory to ``host`` (its queue head waits for cores)."""

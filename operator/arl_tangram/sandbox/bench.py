@@ -27,6 +27,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from arl_tangram.core.stats import percentile
+
 PAYLOADS = {
     "print": ("print(1+1)", "2\n"),
     "asserts": (
@@ -146,10 +148,7 @@ def start_agent(extra: list[str]) -> tuple[subprocess.Popen[str], str]:
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return 0.0
-    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
-    return sorted_values[index]
+    return percentile(sorted_values, q * 100)  # the one definition every benchmark prints
 
 
 async def measure(

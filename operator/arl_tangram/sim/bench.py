@@ -15,6 +15,8 @@ import json
 import random
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tqdm import tqdm
@@ -23,18 +25,27 @@ from arl_tangram.core.action import Action, Amdahl, Fixed, feasible_range
 from arl_tangram.core.policies.registry import POLICIES
 from arl_tangram.core.pool import Grant
 from arl_tangram.core.scheduler import Scheduler
+from arl_tangram.core.stats import percentile
 from arl_tangram.errors import InvalidSpec, TangramError
 from arl_tangram.managers.cpu import CpuManager, SandboxHost
-from arl_tangram.sim.engine import Simulation, percentile
-from arl_tangram.sim.metrics import Summary, gpu_act, summarise
+from arl_tangram.sim.engine import SimResult, Simulation
+from arl_tangram.sim.metrics import Summary, common_acts, gpu_act, gpu_act_p99, summarise
 from arl_tangram.sim.planning import SimPlanner
-from arl_tangram.sim.workload import Workload, builtin, generate, load, with_overrides
+from arl_tangram.sim.workload import (
+    RewardSource,
+    SearchSource,
+    Workload,
+    builtin,
+    generate,
+    load,
+    with_overrides,
+)
 
 DEFAULT_POLICIES = "static,fcfs-min,paper,tangram"
 
 
 # ---- bench sim -----------------------------------------------------------------------------------------
-def _run(wl: Workload, policy: str, label: str, quiet: bool, planner: bool = False) -> Summary:
+def _run(wl: Workload, policy: str, label: str, quiet: bool, planner: bool = False) -> SimResult:
     trajectories = generate(wl)
     total = sum(len(t.steps) for t in trajectories)
     hook: SimPlanner | None = None
@@ -50,37 +61,61 @@ def _run(wl: Workload, policy: str, label: str, quiet: bool, planner: bool = Fal
         # With a planner the capacity itself is elastic: charge what was provisioned, busy or not.
         result.cpu_core_seconds = hook.unit_seconds["cpu"]
         result.gpu_seconds = hook.unit_seconds["gpu"]
-    return summarise(result)
+    return result
 
 
-def gpus_for_act(wl: Workload, policy: str, target: float) -> int | None:
-    """Fewest GPUs (any count up to the workload's; whole nodes, the last one partly in the pool)
-    at which ``policy``'s mean GPU ACT is no worse than ``target``; binary search, ACT being taken
-    as non-increasing in GPUs. None if even all of the workload's GPUs do not reach it."""
-    cands = list(range(1, wl.cluster.total_gpus + 1))
-    memo: dict[int, float] = {}
+@dataclass(frozen=True)
+class GpuPoint:
+    """One policy at one GPU count: mean and p99 ACT of the GPU actions (None: did not fit or did
+    not finish)."""
 
-    def act_at(g: int) -> float:
-        if g not in memo:
-            try:
-                trial = with_overrides(wl, gpus=g)
-                sim = Simulation(trial, policy)
-                value = gpu_act(sim.run())
-            except TangramError:  # a service that does not fit on this few GPUs
-                value = None
-            memo[g] = float("inf") if value is None else value
-        return memo[g]
+    gpus: int
+    mean_s: float | None
+    p99_s: float | None
 
-    lo, hi = 0, len(cands) - 1
-    if act_at(cands[hi]) > target:
-        return None
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if act_at(cands[mid]) <= target:
-            hi = mid
+
+def gpu_only(wl: Workload) -> Workload:
+    """The workload's GPU sources alone: the GPU pool is scheduled and simulated apart from the CPU
+    pool, so its ACT is the same without the CPU sources, at a fraction of the cost."""
+    return dataclasses.replace(
+        wl, sources=tuple(s for s in wl.sources if isinstance(s, RewardSource | SearchSource))
+    )
+
+
+def gpu_counts(wl: Workload, points: int = 10) -> list[int]:
+    """The GPU counts the curve visits: ``points`` evenly spaced up to the workload's GPUs."""
+    total = wl.cluster.total_gpus
+    step = max(1, -(-total // points))
+    return sorted({*range(step, total, step), total})
+
+
+def gpu_curve(wl: Workload, policy: str, counts: Sequence[int]) -> list[GpuPoint]:
+    """``policy``'s GPU ACT at each count (the curve is printed: it need not be monotone)."""
+    base = gpu_only(wl)
+    out: list[GpuPoint] = []
+    for g in counts:
+        try:
+            res = Simulation(with_overrides(base, gpus=g), policy).run()
+        except TangramError:  # a service that does not fit on this few GPUs
+            out.append(GpuPoint(g, None, None))
+            continue
+        if not res.complete:
+            out.append(GpuPoint(g, None, None))
         else:
-            lo = mid + 1
-    return cands[lo]
+            out.append(GpuPoint(g, gpu_act(res), gpu_act_p99(res)))
+    return out
+
+
+def gpus_needed(curve: Sequence[GpuPoint], target: float, p99: bool) -> int | None:
+    """Fewest GPUs of the curve from which on every larger count meets ``target`` (mean, or p99):
+    a count that meets it by chance between two that do not is not taken."""
+    found: int | None = None
+    for pt in sorted(curve, key=lambda p: -p.gpus):
+        value = pt.p99_s if p99 else pt.mean_s
+        if value is None or value > target:
+            break
+        found = pt.gpus
+    return found
 
 
 def with_planner(wl: Workload, settings: list[str]) -> Workload:
@@ -116,72 +151,158 @@ def _workload(args: argparse.Namespace) -> Workload:
 
 def run_sim(
     wl: Workload, policies: list[str], quiet: bool = False, gpu_search: bool = True, planner: bool = False
-) -> dict[str, Summary]:
-    """Every policy on the workload, plus the GPU search for GPU workloads, plus ``tangram`` with
-    the capacity planner when ``planner``."""
-    out: dict[str, Summary] = {}
-    for name in policies:
-        out[name] = _run(wl, name, name, quiet)
+) -> tuple[dict[str, Summary], dict[str, list[GpuPoint]]]:
+    """Every policy on the workload, plus the GPU curve for GPU workloads, plus ``tangram`` with
+    the capacity planner when ``planner``. ACT over the actions every policy completed is filled in."""
+    results = {name: _run(wl, name, name, quiet) for name in policies}
+    out = {name: summarise(r) for name, r in results.items()}
+    # Compared over the actions every complete run finished (an incomplete run is not compared).
+    complete = {name: r for name, r in results.items() if r.complete}
+    if len(complete) > 1:
+        for name, (m, p) in common_acts(complete).items():
+            out[name] = dataclasses.replace(out[name], common_act_mean_s=m, common_act_p99_s=p)
+    curves: dict[str, list[GpuPoint]] = {}
     if wl.has_gpu and gpu_search:
-        static = out.get("static") or _run(wl, "static", "static", quiet)
-        target = static.gpu_act_mean_s
+        static = results.get("static") or _run(wl, "static", "static", quiet)
+        target_mean, target_p99 = gpu_act(static), gpu_act_p99(static)
         static_gpus = Simulation(wl, "static").static_gpus
+        counts = gpu_counts(wl)
         for name in policies:
+            found: int | None
+            found_p99: int | None
             if name == "static":
-                found: int | None = static_gpus
-            elif target is None:
-                found = None
+                found, found_p99 = static_gpus, static_gpus
             else:
-                found = gpus_for_act(wl, name, target)
-            out[name] = dataclasses.replace(out[name], gpus_for_static_act=found)
+                curves[name] = gpu_curve(wl, name, counts)
+                found = None if target_mean is None else gpus_needed(curves[name], target_mean, False)
+                found_p99 = None if target_p99 is None else gpus_needed(curves[name], target_p99, True)
+            out[name] = dataclasses.replace(
+                out[name], gpus_for_static_act=found, gpus_for_static_p99=found_p99
+            )
     if planner:
-        out["tangram+planner"] = _run(wl, "tangram", "tangram+planner", quiet, planner=True)
-    return out
+        out["tangram+planner"] = summarise(_run(wl, "tangram", "tangram+planner", quiet, planner=True))
+    return out, curves
+
+
+# The paper's per-kind ACT ratios of its baseline over ARL-Tangram (environment: tool calls and
+# tests in sandboxes; reward: reward models and judges on GPUs).
+PAPER_KIND_RATIO = {"environment": 9.0, "reward": 2.8}
+KIND_CLASS = {
+    "tool": "environment",
+    "test": "environment",
+    "reward": "reward",
+    "judge": "reward",
+    "call": "API",
+}
+
+
+def _grid(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+
+
+def _state(s: Summary) -> str:
+    if s.complete:
+        return "complete"
+    return f"INCOMPLETE({s.queued_at_end} queued, {s.unfinished_trajectories} unfinished)"
+
+
+def _opt(x: float | int | None, fmt: str = "{:.3f}") -> str:
+    return "-" if x is None else fmt.format(x)
 
 
 def _table_sim(workload: str, res: dict[str, Summary]) -> str:
+    """The main table: one row per policy. ``ACT x tangram`` compares means over the actions
+    every policy completed, and only between complete runs."""
     ref = res.get("tangram")
-    cols = [
-        "policy",
-        "ACT mean",
-        "p50",
-        "p99",
-        "queue",
-        "exec",
-        "ovh",
-        "makespan",
-        "res-s",
-        "lost",
-        "GPUs@static",
-        "dec us",
-        "dec p99",
-        "ACT x tangram",
-    ]
+    cols = ["policy", "state", "ACT mean", "p50", "p99", "pod", "queue", "exec", "ovh", "common mean"]
+    cols += ["common p99", "makespan", "res-s", "traj done", "lost", "goodput/h", "GPUs@mean", "GPUs@p99"]
+    cols += ["dec us", "dec p99", "ACT x tangram"]
     rows = [cols]
     for name, s in res.items():
-        ratio = f"{s.act_mean_s / ref.act_mean_s:.2f}x" if ref and ref.act_mean_s > 0 else "-"
+        ratio = "-"
+        if ref is not None and s.complete and ref.complete:
+            a = s.common_act_mean_s if s.common_act_mean_s is not None else s.act_mean_s
+            b = ref.common_act_mean_s if ref.common_act_mean_s is not None else ref.act_mean_s
+            ratio = f"{a / b:.2f}x" if b > 0 else "-"
         rows.append(
             [
                 name,
+                _state(s),
                 f"{s.act_mean_s:.3f}",
                 f"{s.act_p50_s:.3f}",
                 f"{s.act_p99_s:.3f}",
+                f"{s.pod_mean_s:.3f}",
                 f"{s.queue_mean_s:.3f}",
                 f"{s.exec_mean_s:.3f}",
                 f"{s.overhead_mean_s:.3f}",
+                _opt(s.common_act_mean_s),
+                _opt(s.common_act_p99_s),
                 f"{s.makespan_s:.1f}",
                 f"{s.resource_seconds:.3g}",
+                f"{s.completed_trajectories}/{s.trajectories}",
                 str(s.lost_trajectories),
-                "-" if s.gpus_for_static_act is None else str(s.gpus_for_static_act),
+                f"{s.goodput_per_h:.0f}",
+                _opt(s.gpus_for_static_act, "{}"),
+                _opt(s.gpus_for_static_p99, "{}"),
                 f"{s.decision_us_mean:.1f}",
                 f"{s.decision_us_p99:.1f}",
                 ratio,
             ]
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
-    lines = [f"workload {workload} (seconds; ACT = queueing + execution + overhead)"]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines = [
+        f"workload {workload} (seconds; ACT = pod start + queueing + execution + overhead; common = over "
+        "the actions every policy completed; goodput = completed trajectories per hour)"
+    ]
+    return "\n".join(lines + _grid(rows))
+
+
+def _table_kinds(res: dict[str, Summary]) -> str:
+    """ACT per action kind and component, every policy, and static over tangram per kind beside
+    the paper's figures."""
+    kinds = sorted({k for s in res.values() for k in s.by_kind})
+    rows = [["kind", "policy", "actions", "ACT mean", "p99", "pod", "queue", "exec", "ovh"]]
+    for k in kinds:
+        for name, s in res.items():
+            b = s.by_kind.get(k)
+            if b is None:
+                continue
+            figures = (b.act_mean_s, b.act_p99_s, b.pod_s, b.queue_s, b.exec_s, b.overhead_s)
+            rows.append([k, name, str(b.actions)] + [f"{x:.3f}" for x in figures])
+    lines = ["ACT by action kind and component (seconds)", *_grid(rows)]
+    st, tg = res.get("static"), res.get("tangram")
+    if st is not None and tg is not None:
+        parts = []
+        for k in kinds:
+            a, b = st.by_kind.get(k), tg.by_kind.get(k)
+            if a is None or b is None or b.act_mean_s <= 0:
+                continue
+            cls = KIND_CLASS.get(k, k)
+            paper = PAPER_KIND_RATIO.get(cls)
+            no_pod = (a.act_mean_s - a.pod_s) / b.act_mean_s
+            note = f" (paper's {cls}: {paper:.1f}x)" if paper is not None else ""
+            parts.append(f"{k} {a.act_mean_s / b.act_mean_s:.2f}x, {no_pod:.2f}x without pod start{note}")
+        if parts:
+            lines.append("static/tangram mean ACT per kind: " + "; ".join(parts))
     return "\n".join(lines)
+
+
+def _table_curve(curves: dict[str, list[GpuPoint]], static: Summary | None) -> str:
+    """GPUs against mean and p99 ACT of the GPU actions, per pooled policy."""
+    names = list(curves)
+    rows = [["GPUs", *[f"{n} mean/p99" for n in names]]]
+    counts = sorted({p.gpus for c in curves.values() for p in c})
+    for g in counts:
+        row = [str(g)]
+        for n in names:
+            pt = next((p for p in curves[n] if p.gpus == g), None)
+            row.append("-" if pt is None or pt.mean_s is None else f"{pt.mean_s:.3f}/{_opt(pt.p99_s)}")
+        rows.append(row)
+    head = "GPU actions' ACT against the GPU count (s)"
+    if static is not None:
+        head += f"; static on its {static.gpus_for_static_act} GPUs: "
+        head += f"{_opt(static.gpu_act_mean_s)} mean, {_opt(static.gpu_act_p99_s)} p99"
+    return "\n".join([head, *_grid(rows)])
 
 
 def main_sim(argv: list[str]) -> int:
@@ -219,7 +340,7 @@ def main_sim(argv: list[str]) -> int:
         return 2
     try:
         wl = with_planner(_workload(args), args.planner_set)
-        res = run_sim(
+        res, curves = run_sim(
             wl,
             policies,
             quiet=args.json and not sys.stderr.isatty(),
@@ -242,6 +363,15 @@ def main_sim(argv: list[str]) -> int:
         "gpus_for_static_act",
         "decision_us_mean",
         "decision_us_p99",
+        "complete",
+        "queued_at_end",
+        "unfinished_trajectories",
+        "completed_trajectories",
+        "goodput_per_h",
+        "common_act_mean_s",
+        "common_act_p99_s",
+        "gpus_for_static_p99",
+        "pod_mean_s",
     ]
     if args.json:
         print(
@@ -254,6 +384,9 @@ def main_sim(argv: list[str]) -> int:
         )
     else:
         print(_table_sim(wl.name, res))
+        print(_table_kinds(res))
+        if curves:
+            print(_table_curve(curves, res.get("static")))
         if wl.cluster.apis:
             calls = [
                 f"{n} {x.api_failures} failed / {x.api_violations} let beyond a limit" for n, x in res.items()

@@ -48,7 +48,11 @@ class PlannerHook(Protocol):
 
 @dataclass
 class ActionRecord:
-    """What happened to one action (a retried API call is one record, from its first arrival)."""
+    """What happened to one action (a retried API call is one record, from its first arrival).
+
+    ``key`` names the action the same way under every policy (trajectory, step), so that runs can
+    be compared over the actions they all completed. ``pod_wait_s`` is the part of the wait spent
+    for the trajectory's own pod to start (``static`` only); the rest of the wait is ``queue``."""
 
     kind: str
     pool: str
@@ -57,6 +61,8 @@ class ActionRecord:
     end: float
     exec_s: float
     overhead_s: float
+    key: tuple[str, int] = ("", 0)
+    pod_wait_s: float = 0.0
 
     @property
     def act(self) -> float:
@@ -64,7 +70,8 @@ class ActionRecord:
 
     @property
     def queue(self) -> float:
-        return self.start - self.arrival
+        """Waiting for units, pod start-up excluded."""
+        return self.start - self.arrival - self.pod_wait_s
 
 
 @dataclass
@@ -80,6 +87,20 @@ class SimResult:
     api_failures: int
     decisions_us: list[float]
     gpus: int
+    trajectories: int = 0
+    unfinished_trajectories: int = 0
+    queued_at_end: int = 0
+
+    @property
+    def complete(self) -> bool:
+        """Every trajectory ended (finished or lost) and nothing is left waiting: a run that stops
+        with work left over (a deadlock, pods that never bind) must not read as a fast one."""
+        return self.unfinished_trajectories == 0 and self.queued_at_end == 0
+
+    @property
+    def completed_trajectories(self) -> int:
+        """Trajectories that ran to their last action."""
+        return self.trajectories - self.unfinished_trajectories - self.lost_trajectories
 
 
 @dataclass
@@ -232,6 +253,9 @@ class Simulation:
         self.lost = 0
         self._wake_at = math.inf
         self._act_ids = itertools.count()
+        # Static pods no node can hold yet, in creation order: they bind as pods are deleted, as
+        # the kube-scheduler retries pending pods (the overload regime of the paper's baseline).
+        self._pending_pods: list[_TrajState] = []
 
     # ---- set-up -------------------------------------------------------------------------------------
     def _static(self, pools: dict[str, PoolManager]) -> StaticPolicy:
@@ -294,6 +318,7 @@ class Simulation:
         if isinstance(self.scheduler, StaticPolicy):
             self.gpu_s += self.static_gpus * makespan
         samples = self.scheduler.stats.samples_us
+        unfinished = sum(1 for st in self._state.values() if not st.done)
         return SimResult(
             self.wl.name,
             self.policy_name,
@@ -306,6 +331,9 @@ class Simulation:
             self.api_failures,
             samples,
             self.static_gpus if isinstance(self.scheduler, StaticPolicy) else self.wl.cluster.total_gpus,
+            trajectories=len(self._state),
+            unfinished_trajectories=unfinished,
+            queued_at_end=self.scheduler.queued() + len(self._pending_pods),
         )
 
     def trajectory_states(self) -> list[_TrajState]:
@@ -351,16 +379,26 @@ class Simulation:
 
     def _traj_start(self, st: _TrajState, now: float) -> None:
         tr = st.traj
-        if tr.needs_pod and isinstance(self.scheduler, StaticPolicy):
-            s = self.wl.static
-            node = self.scheduler.create_pod(tr.id, tr.memory_gib)
-            if node is None:
-                raise InvalidSpec("cluster.cpu_hosts", f"no node can hold the pod of trajectory {tr.id}")
-            # The control plane admits pods one after another at a finite rate, then each takes a while.
-            self._pod_clock = max(self._pod_clock, now) + 1.0 / s.pod_admission_per_s
-            rng_start = s.pod_start.median * math.exp(s.pod_start.sigma * _hash_gauss(tr.id))
-            self._push(self._pod_clock + rng_start, "pod", st)
+        if tr.needs_pod and isinstance(self.scheduler, StaticPolicy) and not self._bind_pod(st, now):
+            self._pending_pods.append(st)
         self._push(now + tr.steps[0].think_s, "arrive", st)
+
+    def _bind_pod(self, st: _TrajState, now: float) -> bool:
+        """Bind the trajectory's pod to a node and start it (False: no node holds it yet)."""
+        assert isinstance(self.scheduler, StaticPolicy)
+        s, tr = self.wl.static, st.traj
+        if self.scheduler.create_pod(tr.id, tr.memory_gib) is None:
+            return False
+        # The control plane admits pods one after another at a finite rate, then each takes a while.
+        self._pod_clock = max(self._pod_clock, now) + 1.0 / s.pod_admission_per_s
+        rng_start = s.pod_start.median * math.exp(s.pod_start.sigma * _hash_gauss(tr.id))
+        self._push(self._pod_clock + rng_start, "pod", st)
+        return True
+
+    def _bind_pending(self, now: float) -> None:
+        """Pods deleted: bind the pending ones that fit now, oldest first (a pod that still fits
+        nowhere does not hold back a smaller one behind it, as with the kube-scheduler)."""
+        self._pending_pods = [st for st in self._pending_pods if not self._bind_pod(st, now)]
 
     def _arrive(self, st: _TrajState, now: float) -> None:
         if st.lost or st.done:
@@ -461,8 +499,19 @@ class Simulation:
         if not isinstance(self.scheduler, StaticPolicy):
             overhead += self.wl.cluster.dispatch_overhead_s
         arrival = st.first_arrival
+        pod_wait = max(0.0, min(started, st.pod_ready_at) - arrival) if "shared" in grant.extra else 0.0
         self._records.append(
-            ActionRecord(step.kind, step.pool, arrival, started, now, now - started - overhead, overhead)
+            ActionRecord(
+                step.kind,
+                step.pool,
+                arrival,
+                started,
+                now,
+                now - started - overhead,
+                overhead,
+                (st.traj.id, st.step),
+                pod_wait,
+            )
         )
         if self.progress is not None:
             self.progress(1)
@@ -482,6 +531,7 @@ class Simulation:
                 if math.isfinite(st.pod_ready_at):
                     self.cpu_core_s += self.wl.static.pod_limit_cores * max(0.0, now - st.pod_ready_at)
                 self.scheduler.delete_pod(tr.id, tr.memory_gib)
+                self._bind_pending(now)
         elif self.cpu is not None:
             self.cpu.end_trajectory(tr.id)
 
@@ -500,14 +550,3 @@ def _hash_gauss(key: str) -> float:
 
     seed = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
     return random.Random(seed).gauss(0.0, 1.0)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0..100) by linear interpolation; 0 for no values."""
-    if not values:
-        return 0.0
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)

@@ -22,6 +22,15 @@ SIM_KEYS = {
     "gpus_for_static_act",
     "decision_us_mean",
     "decision_us_p99",
+    "complete",
+    "queued_at_end",
+    "unfinished_trajectories",
+    "completed_trajectories",
+    "goodput_per_h",
+    "common_act_mean_s",
+    "common_act_p99_s",
+    "gpus_for_static_p99",
+    "pod_mean_s",
 }
 
 
@@ -38,6 +47,23 @@ def test_bench_sim_json_shape(capsys: pytest.CaptureFixture[str]) -> None:
     for numbers in out["policies"].values():
         assert set(numbers) == SIM_KEYS
     assert out["policies"]["static"]["gpus_for_static_act"] == 40
+    assert all(p["complete"] for p in out["policies"].values())
+
+
+def test_bench_sim_marks_a_run_with_work_left_over_incomplete(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main_sim(["--workload", "memory-tight", "--policies", "paper,tangram"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
+    assert "INCOMPLETE(" in rows["paper"] and rows["paper"].rstrip().endswith("-")  # not compared
+    assert " complete " in rows["tangram"]
+
+
+def test_gpus_needed_takes_the_count_from_which_on_the_target_holds() -> None:
+    curve = [(4, 9.0, 20.0), (8, 1.0, 5.0), (12, 3.0, 6.0), (16, 1.0, 4.0)]
+    pts = [bench.GpuPoint(g, m, p) for g, m, p in curve]
+    # 8 GPUs meet a mean of 2 s, 12 do not, 16 do: 16 is the answer (not 8, as a bisection may say).
+    assert bench.gpus_needed(pts, 2.0, p99=False) == 16
+    assert bench.gpus_needed(pts, 6.0, p99=True) == 8
+    assert bench.gpus_needed(pts, 0.5, p99=False) is None
 
 
 def test_bench_sim_table_and_errors(capsys: pytest.CaptureFixture[str]) -> None:

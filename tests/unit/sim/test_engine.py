@@ -32,8 +32,35 @@ def test_ai_coding_tangram_beats_static_and_fcfs_min() -> None:
 def test_static_waits_for_pods_started_at_a_finite_rate() -> None:
     wl = with_overrides(builtin("ai-coding"), scale=0.1)
     res = Simulation(wl, "static").run()
-    first_waits = [r.queue for r in res.records if r.queue > 0]
+    first_waits = [r.pod_wait_s for r in res.records if r.pod_wait_s > 0]
     assert first_waits, "no action waited for its pod"
+
+
+def test_a_run_that_stops_with_work_left_is_incomplete_and_tangram_finishes() -> None:
+    wl = builtin("memory-tight")  # 40 sessions of 2 GiB, 32 fit at once
+    trajectories = len(generate(wl))
+    for policy in ("fcfs-min", "paper"):
+        res = Simulation(wl, policy).run()
+        # The global FCFS head waits for memory that pinned sessions queued behind it hold.
+        assert not res.complete and res.queued_at_end > 0 and res.unfinished_trajectories > 0
+        assert not summarise(res).complete
+    for policy in ("tangram", "static"):
+        res = Simulation(wl, policy).run()
+        assert res.complete and res.completed_trajectories == trajectories
+        assert len(res.records) == sum(len(t.steps) for t in generate(wl))
+
+
+def test_static_pods_no_node_holds_stay_pending_and_bind_when_pods_are_deleted() -> None:
+    wl = builtin("memory-tight")  # memory for 32 pods of 40
+    res = Simulation(wl, "static").run()
+    assert res.complete
+    ended = {}
+    for r in res.records:
+        ended[r.key[0]] = max(ended.get(r.key[0], 0.0), r.end)
+    first_end = min(ended.values())
+    # Eight pods bound only after a trajectory ended and its pod was deleted (none crashed the run).
+    ready = [r.arrival + r.pod_wait_s for r in res.records if r.key[1] == 0]
+    assert sum(t > first_end for t in ready) >= 8
 
 
 def _small_deepsearch() -> Workload:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from arl_tangram.core.action import Action
 from arl_tangram.core.pool import Grant, PoolManager
 from arl_tangram.core.scheduler import Scheduler
-from arl_tangram.errors import CapacityExceeded, InvalidSpec
+from arl_tangram.errors import CapacityExceeded
 
 
 @dataclass(frozen=True)
@@ -124,8 +124,8 @@ class StaticPolicy(Scheduler):
                 raise CapacityExceeded(f"service {action.service!r} has no static replicas")
             self._gpu_waiting.setdefault(str(action.service), deque()).append(action)
         else:
-            if action.trajectory not in self.pod_node:
-                raise InvalidSpec(f"action[{action.id}]", f"trajectory {action.trajectory} has no pod")
+            # A trajectory whose pod is still pending (no node holds it yet) waits like one whose
+            # pod is starting: its actions run once the pod is ready.
             self._cpu_waiting.setdefault(action.trajectory, deque()).append(action)
             if action.trajectory in self.ready:
                 self._startable.append(action.trajectory)

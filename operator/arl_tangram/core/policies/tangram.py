@@ -17,10 +17,11 @@ What differs from ``paper`` and why it is no worse:
 - FCFS per sandbox host. The promise, per lane: an action that waits holds back exactly the later
   actions that would compete for what it waits for. One whose session is on a host (pinned before
   this decision, or by an earlier action admitted in it) waits for that host's cores: no later
-  action starts on that host. One without a session waits for a host with memory for it: no later
-  new session starts anywhere, and no later action starts on a host that would have taken its
-  session when the decision began (memory, session cap, not draining). Actions pinned elsewhere
-  go on.
+  action starts on that host. New sessions start in order: the first one that waits holds back
+  every later new session, and no later action starts on a host that would have taken its session
+  when the decision began (memory, session cap, cores, not draining). Later new sessions close no
+  hosts of their own (the sessions there must go on to free memory for the first). Actions pinned
+  elsewhere go on.
 - Order: FCFS within each (priority class, tenant) lane; lanes are merged by effective class (an
   action waiting longer than ``aging_s`` counts as class 0, so no class starves) and then by the
   tenant's virtual time (weighted fair share: a tenant's virtual time grows by units/weight on
@@ -251,7 +252,6 @@ class TangramPolicy(Scheduler):
         pinning = self._pinning(mgr)
         full: set[str] = set()  # hosts whose FCFS head cannot start: their later actions wait too
         unpinned_waits = False  # an unpinned action cannot start: later unpinned ones wait too
-        waiting_gib = math.inf  # the smallest session among unpinned actions that wait
         for action in order:
             if len(cands) >= self.window:
                 blocked.append(action)
@@ -262,11 +262,9 @@ class TangramPolicy(Scheduler):
             if host is not None and host in full:
                 continue
             if host is None and unpinned_waits:
-                if pinning is not None and action.memory_gib < waiting_gib:
-                    # It waits behind the earlier new session, but for hosts of its own: close
-                    # those too (a smaller session fits on more hosts).
-                    waiting_gib = action.memory_gib
-                    self._close(pinning, prefix, full, held, pinning.session_hosts(action), len(cands))
+                # New sessions start in order. This one waits behind the earlier one and closes
+                # no host of its own: those hosts' sessions must go on to free the memory the
+                # earlier one waits for (closing them deadlocks the pool).
                 continue
             if prefix.try_take(action, action.min_units):
                 cands.append(action)
@@ -280,7 +278,6 @@ class TangramPolicy(Scheduler):
             # it, so FCFS holds per host and the scan goes on.
             if host is None:
                 unpinned_waits = True
-                waiting_gib = action.memory_gib
                 self._close(pinning, prefix, full, held, pinning.session_hosts(action), len(cands))
             else:
                 self._close(pinning, prefix, full, held, [host], len(cands))
