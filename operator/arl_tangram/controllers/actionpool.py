@@ -1,0 +1,507 @@
+"""ActionPool: the pure reconcile (observed hosts + the planner's decision -> status and operations),
+and the controller that gathers the observations and applies the operations.
+
+The planner decides how many hosts a pool needs and which ones drain or go (it never removes a host
+with running actions or pinned sessions); the reconcile adds what only it knows: failed and
+unhealthy hosts are replaced, hosts built from an older template are rolled (idle ones first, and a
+busy one only by draining it, so no running action is killed), and the status and conditions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from arl_tangram.api.actionpool import ActionPool
+from arl_tangram.api.meta import ActStats
+from arl_tangram.api.validation import invalid_spec
+from arl_tangram.controllers.conditions import ConditionReason, ConditionType, set_condition
+from arl_tangram.dispatch.dispatcher import Dispatcher, HostEndpoint, PoolStats
+from arl_tangram.domain.batches import act_stats
+from arl_tangram.domain.pools import PoolConfig, pool_config, pool_key
+from arl_tangram.errors import InfrastructureError, InvalidSpec
+from arl_tangram.planner.capacity_planner import CapacityPlanner
+from arl_tangram.planner.plan import ScalingPlan
+from arl_tangram.planner.snapshot import ClusterSnapshot, InstanceSnapshot, NodeSnapshot, PoolDemand
+from arl_tangram.runtime.interface import HostObservation, Runtime
+from arl_tangram.runtime.pods import POOL_LABEL, new_host_name
+
+log = logging.getLogger(__name__)
+
+
+# ---- operations -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CreateHost:
+    node: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class DeleteHost:
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class SetDraining:
+    name: str
+    draining: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+Operation = CreateHost | DeleteHost | SetDraining | Event
+
+
+@dataclass(frozen=True)
+class PoolObservation:
+    """What one round of the pool's reconcile sees."""
+
+    hosts: Sequence[HostObservation]
+    stats: PoolStats | None
+    plan: ScalingPlan | None
+    conditions: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
+    unschedulable_for_s: float = 0.0
+
+
+# A pod waiting this long without a node means no node can hold the template (the issue's minute,
+# with room for one planner period).
+UNSCHEDULABLE_AFTER_S = 30.0
+
+
+def reconcile_actionpool(
+    cfg: PoolConfig, observed: PoolObservation, now: datetime
+) -> tuple[dict[str, Any], list[Operation]]:
+    """Status and operations for one pool (pure: same inputs, same answer)."""
+    ops: list[Operation] = []
+    stats = observed.stats
+    live = [h for h in observed.hosts if h.phase != "terminating"]
+    unhealthy = stats.unhealthy if stats else frozenset()
+    gone: set[str] = set()
+    for h in live:
+        if h.phase == "failed":
+            ops.append(DeleteHost(h.name, f"host failed: {h.failure}"))
+            gone.add(h.name)
+        elif h.name in unhealthy:
+            ops.append(DeleteHost(h.name, "host unhealthy: its agent failed repeated calls"))
+            gone.add(h.name)
+    plan = observed.plan
+    outdated = {h.name for h in live if h.template_hash != cfg.template_hash}
+    if plan is not None:
+        for r in plan.removals:
+            if r.pool == cfg.key and r.name not in gone:
+                ops.append(DeleteHost(r.name, r.reason.message))
+                gone.add(r.name)
+        for d in plan.drains:
+            if d.pool == cfg.key and d.name not in gone:
+                ops.append(SetDraining(d.name, True, d.reason.message))
+        for u in plan.undrains:
+            if u.pool == cfg.key and u.name not in gone and u.name not in outdated:
+                ops.append(SetDraining(u.name, False, u.reason.message))
+        for a in plan.adds:
+            if a.pool == cfg.key:
+                ops.append(CreateHost(a.node, a.reason.message))
+    ops += _rollout(cfg, live, outdated, gone, stats)
+    for op in ops:
+        if isinstance(op, CreateHost):
+            ops.append(Event("Normal", "ScalingUp", f"adding a host: {op.reason}"))
+            break
+    for op in list(ops):
+        if isinstance(op, DeleteHost):
+            kind = "Warning" if op.reason.startswith("host ") else "Normal"
+            ops.append(Event(kind, "HostRemoved", f"removing host {op.name}: {op.reason}"))
+    return _status(cfg, live, observed, ops, now), ops
+
+
+def _rollout(
+    cfg: PoolConfig,
+    live: Sequence[HostObservation],
+    outdated: set[str],
+    gone: set[str],
+    stats: PoolStats | None,
+) -> list[Operation]:
+    """Replace hosts built from an older template: starting ones at once, idle ready ones by a drain
+    (the planner removes them once drained and adds new ones), busy ones by a drain once no idle
+    outdated host is left; at most ``maxStarting`` hosts rolling at a time."""
+    ops: list[Operation] = []
+    rolling = sum(1 for h in live if h.name in outdated and h.phase == "draining")
+    loads = stats.hosts if stats else {}
+    idle: list[HostObservation] = []
+    busy: list[HostObservation] = []
+    for h in live:
+        if h.name not in outdated or h.name in gone:
+            continue
+        if h.phase == "starting":
+            ops.append(DeleteHost(h.name, "built from an older template (still starting)"))
+        elif h.phase == "ready":
+            load = loads.get(h.name)
+            (busy if load and (load.running or load.sessions) else idle).append(h)
+    for h in [*idle, *busy][: max(0, cfg.max_starting - rolling)]:
+        if h in busy and idle:
+            break
+        ops.append(SetDraining(h.name, True, "built from an older template: rolling to the new one"))
+    return ops
+
+
+def _status(
+    cfg: PoolConfig,
+    live: Sequence[HostObservation],
+    observed: PoolObservation,
+    ops: Sequence[Operation],
+    now: datetime,
+) -> dict[str, Any]:
+    stats = observed.stats
+    ready = [h for h in live if h.phase == "ready"]
+    starting = [h for h in live if h.phase == "starting"]
+    failed = [h for h in live if h.phase == "failed"]
+    pending = [h for h in starting if h.pending]
+    gen = cfg.generation
+    conds: list[dict[str, Any]] = [dict(c) for c in observed.conditions]
+    act: ActStats | None = act_stats(stats.act_recent_s, 300) if stats else None
+    queue = stats.queued_actions if stats else 0
+    lo, _ = cfg.desired_bounds
+    stuck = bool(pending) and observed.unschedulable_for_s >= UNSCHEDULABLE_AFTER_S
+    if ready:
+        conds = set_condition(
+            conds,
+            ConditionType.READY,
+            True,
+            ConditionReason.HOSTS_READY,
+            f"{len(ready)} host(s) ready",
+            gen,
+            now,
+        )
+    elif stuck:
+        conds = set_condition(
+            conds,
+            ConditionType.READY,
+            False,
+            ConditionReason.UNSCHEDULABLE,
+            f"no node can hold a host of this pool: {pending[0].pending}",
+            gen,
+            now,
+        )
+    elif lo == 0 and not starting:
+        conds = set_condition(
+            conds,
+            ConditionType.READY,
+            True,
+            ConditionReason.SCALED_TO_ZERO,
+            "no hosts while idle; the first action starts one",
+            gen,
+            now,
+        )
+    else:
+        conds = set_condition(
+            conds,
+            ConditionType.READY,
+            False,
+            ConditionReason.HOSTS_STARTING,
+            f"{len(starting)} host(s) starting, none ready yet",
+            gen,
+            now,
+        )
+    creates = sum(1 for op in ops if isinstance(op, CreateHost))
+    drains = sum(1 for op in ops if isinstance(op, SetDraining) and op.draining)
+    outdated = sum(1 for h in live if h.template_hash != cfg.template_hash)
+    if outdated:
+        conds = set_condition(
+            conds,
+            ConditionType.SCALING,
+            True,
+            ConditionReason.ROLLING_OUT,
+            f"{outdated} host(s) built from an older template are being replaced",
+            gen,
+            now,
+        )
+    elif creates or starting:
+        conds = set_condition(
+            conds,
+            ConditionType.SCALING,
+            True,
+            ConditionReason.SCALING_UP,
+            f"{len(starting) + creates} host(s) starting, {queue} action(s) waiting",
+            gen,
+            now,
+        )
+    elif drains or any(h.phase == "draining" for h in live):
+        conds = set_condition(
+            conds,
+            ConditionType.SCALING,
+            True,
+            ConditionReason.SCALING_DOWN,
+            "draining surplus hosts",
+            gen,
+            now,
+        )
+    else:
+        conds = set_condition(
+            conds,
+            ConditionType.SCALING,
+            False,
+            ConditionReason.STEADY,
+            f"{len(ready)} host(s), as wanted",
+            gen,
+            now,
+        )
+    unhealthy = sorted(stats.unhealthy) if stats else []
+    if stuck:
+        conds = set_condition(
+            conds,
+            ConditionType.DEGRADED,
+            True,
+            ConditionReason.UNSCHEDULABLE,
+            f"host {pending[0].name} cannot be placed: {pending[0].pending}",
+            gen,
+            now,
+        )
+    elif failed:
+        conds = set_condition(
+            conds,
+            ConditionType.DEGRADED,
+            True,
+            ConditionReason.HOSTS_FAILED,
+            f"host {failed[0].name} failed: {failed[0].failure}; it is replaced",
+            gen,
+            now,
+        )
+    elif unhealthy:
+        conds = set_condition(
+            conds,
+            ConditionType.DEGRADED,
+            True,
+            ConditionReason.HOSTS_UNHEALTHY,
+            f"host(s) {', '.join(unhealthy)} failed repeated calls; replaced",
+            gen,
+            now,
+        )
+    else:
+        conds = set_condition(
+            conds,
+            ConditionType.DEGRADED,
+            False,
+            ConditionReason.HEALTHY,
+            "no failed or unplaceable hosts",
+            gen,
+            now,
+        )
+    return {
+        "observedGeneration": gen,
+        "conditions": conds,
+        "replicas": len(live),
+        "selector": f"{POOL_LABEL}={cfg.name}",
+        "hostsReady": len(ready),
+        "hostsStarting": len(starting),
+        "coresTotal": stats.cores_total if stats else 0,
+        "coresBusy": stats.running_units if stats else 0,
+        "sessions": stats.sessions if stats else 0,
+        "queueDepth": queue,
+        "act": act.model_dump(by_alias=True) if act else None,
+    }
+
+
+def invalid_status(
+    generation: int | None, conditions: Sequence[Mapping[str, Any]], message: str, now: datetime
+) -> dict[str, Any]:
+    """The status of a pool whose spec cannot be used: Ready=False with the reason and message."""
+    conds = set_condition(
+        conditions, ConditionType.READY, False, ConditionReason.INVALID_SPEC, message, generation, now
+    )
+    return {"observedGeneration": generation, "conditions": conds}
+
+
+# ---- the planner's snapshot -----------------------------------------------------------------------
+def snapshot(
+    now: float,
+    cfg: PoolConfig,
+    hosts: Sequence[HostObservation],
+    others: Iterable[HostObservation],
+    nodes: Sequence[NodeSnapshot],
+    stats: PoolStats | None,
+) -> ClusterSnapshot:
+    """One pool's planning round: its hosts, the nodes less what other pools' hosts hold, its demand."""
+    reserved_cpu: dict[str, int] = {}
+    reserved_mem: dict[str, int] = {}
+    for h in others:
+        reserved_cpu[h.node] = reserved_cpu.get(h.node, 0) + h.cpu_millicores
+        reserved_mem[h.node] = reserved_mem.get(h.node, 0) + h.memory_bytes
+    node_names = {n.name for n in nodes}
+    adjusted = tuple(
+        NodeSnapshot(
+            name=n.name,
+            cpu_millicores=n.cpu_millicores,
+            memory_bytes=n.memory_bytes,
+            labels=n.labels,
+            schedulable=n.schedulable,
+            reserved_cpu_millicores=min(n.cpu_millicores, reserved_cpu.get(n.name, 0)),
+            reserved_memory_bytes=min(n.memory_bytes, reserved_mem.get(n.name, 0)),
+        )
+        for n in nodes
+    )
+    loads = stats.hosts if stats else {}
+    instances = []
+    pending_node = "(unscheduled)"
+    for h in hosts:
+        if h.phase == "terminating":
+            continue
+        load = loads.get(h.name)
+        instances.append(
+            InstanceSnapshot(
+                name=h.name,
+                pool=cfg.key,
+                node=h.node if h.node in node_names else pending_node,
+                phase=h.phase,
+                cpu_millicores=h.cpu_millicores,
+                memory_bytes=h.memory_bytes,
+                running_actions=load.running if load else 0,
+                pinned_sessions=load.sessions if load else 0,
+                started_at=h.created_at,
+            )
+        )
+    if any(i.node == pending_node for i in instances):
+        adjusted += (NodeSnapshot(pending_node, 0, 0, schedulable=False),)
+    demand = PoolDemand(
+        pool=cfg.key,
+        queued_actions=stats.queued_actions if stats else 0,
+        queued_units=stats.queued_units if stats else 0,
+        running_actions=stats.running_actions if stats else 0,
+        running_units=stats.running_units if stats else 0,
+        arrival_rate_per_s=stats.arrival_rate_per_s if stats else 0.0,
+        mean_action_s=stats.mean_action_s if stats else 0.0,
+        last_active_at=stats.last_active if stats else None,
+        sessions=stats.sessions if stats else 0,
+    )
+    return ClusterSnapshot(
+        now=now,
+        nodes=adjusted,
+        sandbox_pools=(cfg.planner_spec(),),
+        instances=tuple(instances),
+        demand=(demand,),
+    )
+
+
+def node_snapshot(body: Mapping[str, Any]) -> NodeSnapshot | None:
+    """A Node object as the planner sees it (None when it has no usable capacity)."""
+    from arl_tangram.api.quantity import parse_quantity
+
+    meta, spec, status = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
+    alloc = status.get("allocatable") or status.get("capacity") or {}
+    try:
+        cpu = int(parse_quantity(str(alloc.get("cpu", "0"))) * 1000)
+        mem = int(parse_quantity(str(alloc.get("memory", "0"))))
+    except ValueError:
+        return None
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ()
+    )
+    return NodeSnapshot(
+        name=str(meta.get("name")),
+        cpu_millicores=cpu,
+        memory_bytes=mem,
+        labels=dict(meta.get("labels") or {}),
+        schedulable=ready and not spec.get("unschedulable", False),
+    )
+
+
+# ---- the controller ------------------------------------------------------------------------------
+class PoolController:
+    """Gathers one pool's observations, runs the pure reconcile and applies what it says."""
+
+    def __init__(self, dispatcher: Dispatcher, runtime: Runtime, planner: CapacityPlanner) -> None:
+        self.dispatcher = dispatcher
+        self.runtime = runtime
+        self.planner = planner
+        self._cores: dict[str, tuple[int, ...]] = {}  # host -> the core ids its agent grants
+        self._pending_since: dict[str, float] = {}
+
+    async def reconcile(
+        self,
+        body: Mapping[str, Any],
+        nodes: Sequence[NodeSnapshot],
+        all_hosts: Iterable[HostObservation],
+    ) -> tuple[dict[str, Any], list[Operation]]:
+        """One round for the pool in ``body``; returns the status to write and what was done."""
+        meta = body.get("metadata") or {}
+        status = body.get("status") or {}
+        now_dt = datetime.now(UTC)
+        generation, conditions = meta.get("generation"), status.get("conditions") or ()
+        try:
+            # Status is ours and may lag the model; only what the user wrote is validated here.
+            model = ActionPool.model_validate({"metadata": dict(meta), "spec": body.get("spec") or {}})
+            cfg = pool_config(model, uid=str(meta.get("uid", "")))
+        except ValidationError as exc:  # what the schema could not express (or an older CRD let in)
+            return invalid_status(generation, conditions, str(invalid_spec(exc)), now_dt), []
+        except InvalidSpec as exc:
+            return invalid_status(generation, conditions, str(exc), now_dt), []
+        self.dispatcher.upsert_pool(cfg)
+        hosts = self.runtime.hosts(cfg.key)
+        await self._sync(cfg, hosts)
+        stats = self.dispatcher.stats(cfg.key)
+        others = [h for h in all_hosts if h.pool != cfg.key]
+        now = self.dispatcher.clock()
+        plan = self.planner.plan(snapshot(now, cfg, hosts, others, nodes, stats))
+        pending = [h for h in hosts if h.pending]
+        if pending:
+            self._pending_since.setdefault(cfg.key, time.monotonic())
+        else:
+            self._pending_since.pop(cfg.key, None)
+        observed = PoolObservation(
+            hosts=hosts,
+            stats=stats,
+            plan=plan,
+            conditions=status.get("conditions") or (),
+            unschedulable_for_s=time.monotonic() - self._pending_since.get(cfg.key, time.monotonic()),
+        )
+        new_status, ops = reconcile_actionpool(cfg, observed, now_dt)
+        await self._apply(cfg, ops)
+        return new_status, ops
+
+    async def _sync(self, cfg: PoolConfig, hosts: Sequence[HostObservation]) -> None:
+        """Tell the dispatcher which hosts take work: ready ones (and draining ones, which finish
+        what they hold), each with the core ids its agent reports."""
+        endpoints = []
+        for h in hosts:
+            if h.phase not in ("ready", "draining") or h.address is None:
+                continue
+            cores = self._cores.get(h.name)
+            if cores is None:
+                try:
+                    health = await self.dispatcher.agent.health(h.address)
+                    ids = health.get("cores", {}).get("ids")
+                    cores = tuple(int(c) for c in ids) if ids else tuple(range(cfg.host_cores))
+                except (InfrastructureError, ValueError, TypeError, AttributeError) as exc:
+                    log.info("host %s of %s is not answering health yet: %s", h.name, cfg.key, exc)
+                    continue
+                self._cores[h.name] = cores
+            endpoints.append(HostEndpoint(h.name, h.address, cores, h.memory_bytes, h.phase == "draining"))
+        live = {h.name for h in hosts}
+        for name in [n for n in self._cores if n not in live]:
+            del self._cores[name]
+        await self.dispatcher.sync_hosts(cfg.key, endpoints)
+
+    async def _apply(self, cfg: PoolConfig, ops: Sequence[Operation]) -> None:
+        for op in ops:
+            if isinstance(op, CreateHost):
+                await self.runtime.create_host(cfg, new_host_name(cfg), op.node)
+            elif isinstance(op, DeleteHost):
+                self.dispatcher.drain(cfg.key, op.name)
+                await self.runtime.delete_host(cfg, op.name)
+            elif isinstance(op, SetDraining):
+                self.dispatcher.drain(cfg.key, op.name, op.draining)
+                await self.runtime.set_draining(cfg, op.name, op.draining)
+
+    async def deleted(self, namespace: str, name: str) -> None:
+        """The pool is gone: its actions fail, its pods go with it (ownerReferences)."""
+        await self.dispatcher.remove_pool(pool_key(namespace, name))

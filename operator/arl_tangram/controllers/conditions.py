@@ -1,0 +1,89 @@
+"""Condition types and reasons (enums), and the one function that updates a conditions list (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from arl_tangram.domain.batches import rfc3339
+
+
+class ConditionType(StrEnum):
+    READY = "Ready"
+    SCALING = "Scaling"
+    DEGRADED = "Degraded"
+    ACCEPTED = "Accepted"
+    RUNNING = "Running"
+    COMPLETE = "Complete"
+    FAILED = "Failed"
+
+
+class ConditionReason(StrEnum):
+    # ActionPool
+    HOSTS_READY = "HostsReady"
+    HOSTS_STARTING = "HostsStarting"
+    SCALED_TO_ZERO = "ScaledToZero"
+    SCALING_UP = "ScalingUp"
+    SCALING_DOWN = "ScalingDown"
+    ROLLING_OUT = "RollingOut"
+    STEADY = "Steady"
+    UNSCHEDULABLE = "Unschedulable"
+    HOSTS_FAILED = "HostsFailed"
+    HOSTS_UNHEALTHY = "HostsUnhealthy"
+    INVALID_SPEC = "InvalidSpec"
+    HEALTHY = "Healthy"
+    # ActionBatch
+    QUEUED = "Queued"
+    ACTIONS_RUNNING = "ActionsRunning"
+    WAITING = "Waiting"
+    ALL_FINISHED = "AllFinished"
+    SOME_FAILED = "SomeFailed"
+    NONE_FAILED = "NoneFailed"
+    IN_PROGRESS = "InProgress"
+    DELETING = "Deleting"
+
+
+def set_condition(
+    conditions: Sequence[Mapping[str, Any]],
+    kind: ConditionType,
+    status: bool | None,
+    reason: ConditionReason,
+    message: str,
+    generation: int | None,
+    now: datetime,
+) -> list[dict[str, Any]]:
+    """``conditions`` with ``kind`` set; its lastTransitionTime moves only when its status changes."""
+    text = "Unknown" if status is None else ("True" if status else "False")
+    out: list[dict[str, Any]] = []
+    found = False
+    stamp = rfc3339(now)
+    for cond in conditions:
+        if cond.get("type") != kind.value:
+            out.append(dict(cond))
+            continue
+        found = True
+        changed = cond.get("status") != text
+        out.append(
+            {
+                "type": kind.value,
+                "status": text,
+                "observedGeneration": generation,
+                "lastTransitionTime": stamp if changed else cond.get("lastTransitionTime", stamp),
+                "reason": reason.value,
+                "message": message,
+            }
+        )
+    if not found:
+        out.append(
+            {
+                "type": kind.value,
+                "status": text,
+                "observedGeneration": generation,
+                "lastTransitionTime": stamp,
+                "reason": reason.value,
+                "message": message,
+            }
+        )
+    return out

@@ -1,0 +1,56 @@
+"""The runtime interface: sandbox hosts as the controllers see and change them, whatever runs them.
+
+The Kubernetes backend runs each host as a pod it owns; the embedded mode runs each as a local
+process. Both report hosts as :class:`HostObservation` and take the same three changes (create,
+drain, delete); the operator, never a Deployment or ReplicaSet, picks which host goes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from arl_tangram.domain.pools import PoolConfig
+
+HostPhase = Literal["starting", "ready", "draining", "failed", "terminating"]
+
+AGENT_PORT = 8080
+"""The port the sandbox agent listens on inside a host."""
+
+
+@dataclass(frozen=True)
+class HostObservation:
+    """One host as observed: ``address`` is ``ip:port`` of its agent once it has one; ``pending``
+    says why a host that is not placed yet waits (e.g. the scheduler's Unschedulable message)."""
+
+    name: str
+    pool: str
+    phase: HostPhase
+    node: str
+    address: str | None
+    template_hash: str
+    created_at: float
+    cpu_millicores: int
+    memory_bytes: int
+    pending: str | None = None
+    failure: str | None = None
+
+
+class Runtime(Protocol):
+    """Where sandbox hosts run."""
+
+    def hosts(self, pool_key: str) -> list[HostObservation]:
+        """The pool's hosts as last observed (never an API call: an index or a process table)."""
+        ...
+
+    async def create_host(self, pool: PoolConfig, name: str, node: str | None) -> None:
+        """Start one host (``node``: where the planner would put it; a preference)."""
+        ...
+
+    async def set_draining(self, pool: PoolConfig, name: str, draining: bool) -> None:
+        """Mark a host draining (durably: a restarted operator sees it) or back in service."""
+        ...
+
+    async def delete_host(self, pool: PoolConfig, name: str) -> None:
+        """Stop and remove one host (gone already: nothing to do)."""
+        ...

@@ -1,0 +1,220 @@
+"""Sandbox host pods: built from a :class:`PoolConfig`, and read back into observations (pure)."""
+
+from __future__ import annotations
+
+import copy
+import math
+import secrets
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from arl_tangram.api.meta import API_VERSION, GROUP
+from arl_tangram.api.quantity import parse_quantity
+from arl_tangram.domain.pools import PoolConfig, pool_key
+from arl_tangram.errors import InvalidSpec
+from arl_tangram.runtime.interface import AGENT_PORT, HostObservation, HostPhase
+
+POOL_LABEL = f"{GROUP}/pool"
+ROLE_LABEL = f"{GROUP}/role"
+TEMPLATE_LABEL = f"{GROUP}/template-hash"
+DRAINING_ANNOTATION = f"{GROUP}/draining"
+PLANNED_NODE_ANNOTATION = f"{GROUP}/planned-node"
+ROLE_SANDBOX_HOST = "sandbox-host"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "arl-tangram", "app.kubernetes.io/name": "arl-tangram-sandbox"}
+# What the agent needs for full isolation (namespaces, uid switching, killing its actions' trees);
+# sandbox-images/README.md explains each. User code never runs with them: the agent drops to a uid
+# of its own range for every action.
+AGENT_CAPABILITIES = ("SYS_ADMIN", "SETUID", "SETGID", "CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL")
+WORKDIR = "/var/lib/tangram/work"
+MIB = 1 << 20
+
+
+def new_host_name(pool: PoolConfig) -> str:
+    """A fresh host name: the pool's name and a random suffix (never reused)."""
+    return f"{pool.name}-{secrets.token_hex(3)}"
+
+
+def agent_args(pool: PoolConfig) -> list[str]:
+    """The sandbox agent's command line for a host of ``pool`` (its limits are the pool's)."""
+    lim = pool.limits
+    memory_mb = max(16, lim.memory_bytes // MIB)
+    args = [
+        f"--listen=$(POD_IP):{AGENT_PORT}",
+        f"--workdir-root={WORKDIR}",
+        f"--timeout={lim.timeout_s:g}",
+        f"--max-timeout={lim.timeout_s:g}",
+        f"--memory-mb={memory_mb}",
+        f"--max-memory-mb={memory_mb}",
+        f"--nproc={lim.max_processes}",
+        f"--output-bytes={lim.max_output_bytes}",
+        f"--max-sessions={pool.sessions_per_host}",
+        f"--session-ttl={pool.session_ttl_s:g}",
+    ]
+    if pool.network:
+        args.append("--network-allowed")
+    return args
+
+
+def host_pod(pool: PoolConfig, name: str, node: str | None = None) -> dict[str, Any]:
+    """The pod of one sandbox host: owned by its ActionPool, no ServiceAccount token, the agent as
+    its only container with the pool's cores and memory as requests and limits."""
+    spec: dict[str, Any] = copy.deepcopy(dict(pool.pod_spec or {}))
+    container: dict[str, Any] = {
+        "name": "agent",
+        "image": pool.image,
+        "imagePullPolicy": pool.image_pull_policy,
+        "command": ["tangram", "sandbox-agent"],
+        "args": agent_args(pool),
+        "env": [
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            *({"name": k, "value": v} for k, v in pool.env),
+        ],
+        "ports": [{"name": "agent", "containerPort": AGENT_PORT, "protocol": "TCP"}],
+        "resources": {
+            "requests": {"cpu": str(pool.host_cores), "memory": str(pool.host_memory_bytes)},
+            "limits": {"cpu": str(pool.host_cores), "memory": str(pool.host_memory_bytes)},
+        },
+        "readinessProbe": {
+            "httpGet": {"path": "/v1/health", "port": "agent"},
+            "periodSeconds": 2,
+            "failureThreshold": 2,
+        },
+        "securityContext": {
+            "runAsUser": 0,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"], "add": list(AGENT_CAPABILITIES)},
+        },
+        "volumeMounts": [{"name": "work", "mountPath": WORKDIR}],
+    }
+    if pool.ephemeral_storage_bytes:
+        container["resources"]["requests"]["ephemeral-storage"] = str(pool.ephemeral_storage_bytes)
+    work: dict[str, Any] = {"medium": "Memory"}
+    if pool.ephemeral_storage_bytes:
+        work["sizeLimit"] = str(pool.ephemeral_storage_bytes)
+    spec["containers"] = [container, *[c for c in spec.get("containers", []) if c.get("name") != "agent"]]
+    spec["volumes"] = [{"name": "work", "emptyDir": work}, *spec.get("volumes", [])]
+    spec["restartPolicy"] = "Never"  # a dead agent lost its sessions: the host is replaced, not restarted
+    spec["automountServiceAccountToken"] = False
+    spec["enableServiceLinks"] = False
+    if pool.runtime_class_name:
+        spec["runtimeClassName"] = pool.runtime_class_name
+    if node:
+        # A preference, not a binding: the kube-scheduler still checks that the node has room.
+        term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}
+        affinity = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+        affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append(
+            {"weight": 100, "preference": term}
+        )
+    labels = {
+        **pool.labels,
+        **MANAGED_BY,
+        POOL_LABEL: pool.name,
+        ROLE_LABEL: ROLE_SANDBOX_HOST,
+        TEMPLATE_LABEL: pool.template_hash,
+    }
+    annotations = dict(pool.annotations)
+    if node:
+        annotations[PLANNED_NODE_ANNOTATION] = node
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": pool.namespace,
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": "ActionPool",
+                    "name": pool.name,
+                    "uid": pool.uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": spec,
+    }
+
+
+def _timestamp(value: Any) -> float:
+    if isinstance(value, datetime):
+        return value.timestamp()
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return 0.0
+    return 0.0
+
+
+def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for cond in status.get("conditions") or ():
+        if cond.get("type") == kind:
+            return dict(cond)
+    return None
+
+
+def observe_host(pod: Mapping[str, Any]) -> HostObservation | None:
+    """A host pod as an observation (None for a pod that is not a sandbox host)."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if labels.get(ROLE_LABEL) != ROLE_SANDBOX_HOST or POOL_LABEL not in labels:
+        return None
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    annotations = meta.get("annotations") or {}
+    phase_k8s = status.get("phase") or "Pending"
+    ready = _condition(status, "Ready")
+    scheduled = _condition(status, "PodScheduled")
+    pending = None
+    failure = None
+    phase: HostPhase
+    if meta.get("deletionTimestamp"):
+        phase = "terminating"
+    elif phase_k8s in ("Failed", "Succeeded"):
+        phase = "failed"
+        failure = status.get("message") or status.get("reason") or f"the pod is {phase_k8s}"
+    elif ready is not None and ready.get("status") == "True" and status.get("podIP"):
+        phase = "draining" if annotations.get(DRAINING_ANNOTATION) == "true" else "ready"
+    else:
+        phase = "draining" if annotations.get(DRAINING_ANNOTATION) == "true" else "starting"
+        if scheduled is not None and scheduled.get("status") == "False":
+            pending = str(scheduled.get("message") or scheduled.get("reason") or "not scheduled")
+        for cs in status.get("containerStatuses") or ():
+            term = (cs.get("state") or {}).get("terminated")
+            if term:
+                phase, failure = "failed", f"the agent exited {term.get('exitCode')}: {term.get('reason')}"
+    container: Mapping[str, Any] = next(
+        (c for c in spec.get("containers") or () if c.get("name") == "agent"), {}
+    )
+    requests = (container.get("resources") or {}).get("requests") or {}
+    ip = status.get("podIP")
+    return HostObservation(
+        name=str(meta.get("name")),
+        pool=pool_key(str(meta.get("namespace")), str(labels[POOL_LABEL])),
+        phase=phase,
+        node=str(spec.get("nodeName") or ""),
+        address=f"{ip}:{AGENT_PORT}" if ip else None,
+        template_hash=str(labels.get(TEMPLATE_LABEL, "")),
+        created_at=_timestamp(meta.get("creationTimestamp")),
+        cpu_millicores=_millicores(requests.get("cpu", "0")),
+        memory_bytes=_bytes(requests.get("memory", "0")),
+        pending=pending,
+        failure=failure,
+    )
+
+
+def _millicores(value: Any) -> int:
+    try:
+        return math.ceil(parse_quantity(str(value)) * 1000)
+    except (ValueError, InvalidSpec):
+        return 0
+
+
+def _bytes(value: Any) -> int:
+    try:
+        return int(parse_quantity(str(value)))
+    except (ValueError, InvalidSpec):
+        return 0
