@@ -195,6 +195,19 @@ start etcd 1 "$ETCD" --name testbed --data-dir "$CLUSTER_DIR/etcd" \
   --unsafe-no-fsync --log-level warn
 wait_for etcd 1 "health" curl -fsS "http://127.0.0.1:$etcd_port/health"
 
+# Audit: one JSON line per request (Metadata level: user, verb, resource, subresource, namespace,
+# response code; no bodies) in logs/audit.log, so that tests can compare what a component may do
+# (RBAC) with what it really does. The log backend's default mode (blocking) writes each event in
+# the request's handler; RequestReceived is left out (ResponseComplete repeats it), ResponseStarted
+# kept so that a long watch shows up when it starts. It rotates at 100 MB (audit-<time>.log).
+cat >"$CLUSTER_DIR/audit-policy.yaml" <<'EOF'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+EOF
+
 # The default admission plugins are on (no --enable/--disable-admission-plugins): the operator meets
 # ServiceAccount, LimitRanger, ResourceQuota, DefaultTolerationSeconds, the pod-security and
 # validating/mutating webhook plugins exactly as on a kubeadm or kind cluster.
@@ -209,6 +222,7 @@ start kube-apiserver 2 "$bin/kube-apiserver" \
   --authorization-mode RBAC \
   --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
   --kubelet-certificate-authority "$pki/ca.crt" --kubelet-preferred-address-types InternalIP \
+  --audit-policy-file "$CLUSTER_DIR/audit-policy.yaml" --audit-log-path "$logs/audit.log" --audit-log-format json \
   --allow-privileged=true --profiling=false --v=1
 wait_for kube-apiserver 2 "/readyz" curl -fsS --cacert "$pki/ca.crt" "https://127.0.0.1:$api_port/readyz"
 mv "$kubeconfig.tmp" "$kubeconfig"

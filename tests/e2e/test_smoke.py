@@ -5,16 +5,19 @@ CEL validation, and (on the local test bed) pods that are real processes reachab
 
 from __future__ import annotations
 
-from pathlib import Path
+import time
+from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 from testbed import (
     IMAGE,
     REPO,
     Cluster,
     Json,
+    audit_events,
     condition,
     deployment_manifest,
     echo_answers,
@@ -23,6 +26,7 @@ from testbed import (
     pod_manifest,
     pod_ready,
     wait_for,
+    wait_for_audit_event,
     wait_for_gone,
     wait_for_pod,
 )
@@ -182,18 +186,108 @@ def test_api_server_refuses_a_custom_resource_that_breaks_a_cel_rule(
         cluster.apiext.delete_custom_resource_definition(name)
 
 
-def test_actionpool_crd_refuses_min_hosts_above_max_hosts(cluster: Cluster, namespace: str) -> None:
-    """The project's own CEL rule, on the CRD applied from crds/ (present once the API lands)."""
-    sample_path = REPO / "manifests" / "samples" / "actionpool-python.yaml"
-    if "actionpools.tangram.arl.dev" not in cluster.crds or not sample_path.exists():
-        pytest.skip("crds/ has no ActionPool CRD (or manifests/samples no ActionPool sample) yet")
-    sample = yaml.safe_load(Path(sample_path).read_text())
+ACTIONPOOL_CRD = "actionpools.tangram.arl.dev"
+SAMPLE = REPO / "manifests" / "samples" / "actionpool-python.yaml"
+
+
+@pytest.mark.parametrize(
+    ("min_hosts", "max_hosts", "warm_hosts", "refusal"),
+    [
+        (2, 2, 1, None),  # the boundary of min <= max: accepted
+        (3, 2, 1, "minHosts must not exceed maxHosts"),
+        (0, 4, 4, None),  # the boundary of warm <= max: accepted
+        (0, 4, 5, "warmHosts must not exceed maxHosts"),
+    ],
+)
+def test_the_actionpool_crd_checks_its_scaling_bounds_in_the_api_server(
+    cluster: Cluster, namespace: str, min_hosts: int, max_hosts: int, warm_hosts: int, refusal: str | None
+) -> None:
+    """The project's own CEL rules, on the CRD the suite applied from crds/ (generated from the API
+    models), against the ActionPool sample with its scaling bounds changed."""
+    assert ACTIONPOOL_CRD in cluster.crds, f"crds/ should hold the ActionPool CRD; applied: {cluster.crds}"
+    sample = yaml.safe_load(SAMPLE.read_text())
     group, version = sample["apiVersion"].split("/")
-    sample["metadata"] = {"name": "valid"}
-    cluster.custom.create_namespaced_custom_object(group, version, namespace, "actionpools", sample)
-    sample["metadata"] = {"name": "inverted"}
-    sample["spec"]["scaling"].update(minHosts=5, maxHosts=2, warmHosts=1)
+    sample["metadata"] = {"name": f"bounds-{min_hosts}-{max_hosts}-{warm_hosts}"}
+    sample["spec"]["scaling"].update(minHosts=min_hosts, maxHosts=max_hosts, warmHosts=warm_hosts)
+    if refusal is None:
+        created = cluster.custom.create_namespaced_custom_object(
+            group, version, namespace, "actionpools", sample
+        )
+        assert created["spec"]["scaling"]["minHosts"] == min_hosts
+        return
     with pytest.raises(ApiException) as refused:
         cluster.custom.create_namespaced_custom_object(group, version, namespace, "actionpools", sample)
     assert refused.value.status == 422
-    assert "minHosts must not exceed maxHosts" in str(refused.value.body)
+    assert refusal in str(refused.value.body)
+
+
+def _call(fn: Any, *args: Any) -> int:
+    """The HTTP status of one API call made with a ServiceAccount's client."""
+    try:
+        fn(*args)
+    except ApiException as exc:
+        return int(exc.status)
+    return 200
+
+
+def test_the_audit_log_records_who_called_what_and_the_answer(cluster: Cluster, namespace: str) -> None:
+    """What RBAC tests read (testbed.audit_events): user, verb, resource, subresource, namespace, code."""
+    if not cluster.is_local_testbed:
+        pytest.skip("the audit log is the local test bed's (hack/cluster-up.sh turns it on)")
+    assert cluster.local_dir is not None
+    rbac = client.RbacAuthorizationV1Api(cluster.api)
+    cluster.core.create_namespaced_service_account(namespace, {"metadata": {"name": "auditee"}})
+    rule = {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": "read-config"}, "rules": [rule]})
+    binding = {
+        "metadata": {"name": "read-config"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-config"},
+        "subjects": [{"kind": "ServiceAccount", "name": "auditee", "namespace": namespace}],
+    }
+    rbac.create_namespaced_role_binding(namespace, binding)
+    cluster.core.create_namespaced_config_map(
+        namespace, {"metadata": {"name": "present"}, "data": {"a": "b"}}
+    )
+    token = cluster.core.create_namespaced_service_account_token(
+        "auditee", namespace, {"spec": {}}
+    ).status.token
+    cfg = client.Configuration()
+    cfg.host = cluster.api.configuration.host
+    cfg.ssl_ca_cert = cluster.api.configuration.ssl_ca_cert
+    cfg.api_key = {"authorization": f"Bearer {token}"}
+    user = f"system:serviceaccount:{namespace}:auditee"
+    with client.ApiClient(cfg) as api:
+        core = client.CoreV1Api(api)
+        # RBAC takes effect once the binding reaches the authorizer's informer cache (milliseconds,
+        # with no event to watch for): retry the allowed call until a deadline.
+        deadline = time.monotonic() + 30
+        while _call(core.read_namespaced_config_map, "present", namespace) != 200:
+            assert time.monotonic() < deadline, "the RoleBinding never let the auditee read configmap present"
+            time.sleep(0.1)
+        assert _call(core.list_namespaced_secret, namespace) == 403
+        assert _call(core.read_namespaced_pod_status, "nothing", namespace) == 403
+
+    def seen(verb: str, resource: str, subresource: str | None, code: int) -> Json:
+        def matches(e: Json) -> bool:
+            ref = e.get("objectRef") or {}
+            return (
+                e["verb"] == verb
+                and e["stage"] == "ResponseComplete"
+                and ref.get("resource") == resource
+                and ref.get("subresource") == subresource
+                and ref.get("namespace") == namespace
+                and (e.get("responseStatus") or {}).get("code") == code
+            )
+
+        return wait_for_audit_event(
+            cluster.local_dir, matches, user=user, description=f"{verb} {resource}/{subresource} -> {code}"
+        )
+
+    got = seen("get", "configmaps", None, 200)
+    assert got["user"]["username"] == user and got["objectRef"]["name"] == "present"
+    assert got["objectRef"].get("apiGroup", "") == ""  # the core group
+    seen("list", "secrets", None, 403)
+    assert seen("get", "pods", "status", 403)["objectRef"]["name"] == "nothing"
+    events = audit_events(cluster.local_dir, user=user)
+    assert events and {e["user"]["username"] for e in events} == {user}
+    assert not [e for e in events if e["verb"] in ("create", "update", "patch", "delete")]

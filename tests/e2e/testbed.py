@@ -232,6 +232,77 @@ def pod_phase(*phases: str) -> Callable[[Json], bool]:
     return lambda pod: (pod.get("status") or {}).get("phase") in phases
 
 
+# ---- the API server's audit log (local test bed) --------------------------------------------------------
+
+
+def _audit_lines(path: Path, offset: int = 0) -> tuple[list[Json], int]:
+    """The complete JSON lines of an audit log from byte `offset`, and the offset after the last one (a
+    line still being written has no newline yet: it is read next time)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    end = data.rfind(b"\n") + 1
+    return [json.loads(line) for line in data[:end].splitlines() if line.strip()], offset + end
+
+
+def _by_user(events: list[Json], user: str | None) -> list[Json]:
+    return [e for e in events if user is None or (e.get("user") or {}).get("username") == user]
+
+
+def audit_events(cluster_dir: Path | str, user: str | None = None) -> list[Json]:
+    """The local test bed's audit events, oldest first: the JSON lines of ``logs/audit.log`` and of its
+    rotated files (``audit-<time>.log``), only those of ``user`` when given (``user.username``, e.g.
+    ``system:serviceaccount:tangram-system:tangram-operator``).
+
+    Each event is the API server's ``audit.k8s.io/v1`` Event at Metadata level: ``verb`` (get, list,
+    watch, create, update, patch, delete, deletecollection), ``user``, ``objectRef`` (``apiGroup``
+    "" for the core group, ``resource``, ``subresource``, ``namespace``, ``name``),
+    ``responseStatus.code``, ``stage`` (ResponseComplete; a watch also has ResponseStarted, both with
+    the same ``auditID``), ``requestURI``. An event is written as its request completes, so a caller
+    that wants the event of a call it just made waits for it (`wait_for_audit_event`).
+    """
+    logs = Path(cluster_dir) / "logs"
+    events: list[Json] = []
+    for path in [*sorted(logs.glob("audit-*.log")), logs / "audit.log"]:
+        if path.exists():
+            events += _audit_lines(path)[0]
+    return _by_user(events, user)
+
+
+def wait_for_audit_event(
+    cluster_dir: Path | str,
+    predicate: Callable[[Json], bool],
+    *,
+    user: str | None = None,
+    description: str,
+    timeout: float = 30.0,
+) -> Json:
+    """The first audit event (of ``user``) for which ``predicate`` holds, by the deadline. The log is a
+    file with no change notification, so this reads what was appended to it, every 50 ms."""
+    deadline = time.monotonic() + timeout
+    logs = Path(cluster_dir) / "logs"
+    log = logs / "audit.log"
+    events: list[Json] = []
+    for path in sorted(logs.glob("audit-*.log")):
+        events += _audit_lines(path)[0]
+    offset = 0
+    if log.exists():
+        new, offset = _audit_lines(log)
+        events += new
+    events = _by_user(events, user)
+    while True:
+        for event in events:
+            if predicate(event):
+                return event
+        if time.monotonic() >= deadline:
+            raise WaitTimeout(f"{description}: no such audit event within {timeout:.0f} s in {log}")
+        time.sleep(0.05)  # polling a file: there is nothing to watch
+        if log.exists() and log.stat().st_size < offset:
+            offset = 0  # rotated: the new file starts empty
+        new, offset = _audit_lines(log, offset) if log.exists() else ([], offset)
+        events = _by_user(new, user)
+
+
 # ---- state dumps ---------------------------------------------------------------------------------------
 
 
