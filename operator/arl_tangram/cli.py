@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run the sandbox agent (HTTP server running actions)",
     ),
     "demo": ("arl_tangram.sim.demo:main", "show the win of action-level scheduling on a workload"),
+    "node-agent": ("arl_tangram.gpu.agent:main", "publish this node's GPU inventory; follow MIG requests"),
 }
 BENCH: dict[str, tuple[str, str]] = {
     "exec": ("arl_tangram.sandbox.bench:main", "code execution: native API vs /run_code vs fresh process"),

@@ -149,6 +149,18 @@ def mig_h100(node: str) -> NodeInventory:
     return NodeInventory(node, gpus, _links(8, []), FAKE_DRIVER, "fake:mig-h100")
 
 
+def apply_layout(inv: NodeInventory, gpus: dict[int, tuple[str, ...] | None]) -> NodeInventory:
+    """The inventory after the MIG manager applied ``gpus`` (index -> profiles, None: MIG off): what a
+    fake node reports once its agent plays the MIG manager's part (the test bed has none)."""
+    out = list(inv.gpus)
+    for index, profiles in gpus.items():
+        old = inv.gpus[index]
+        board = (old.model, old.memory_mib, old.compute_capability)
+        new = _gpu(inv.node, index, board, old.numa_node or 0, profiles, old.nvswitch_links)
+        out[index] = GpuInfo(**{**new.__dict__, "uuid": old.uuid, "pci_bus_id": old.pci_bus_id})
+    return NodeInventory(inv.node, tuple(out), inv.nvlink, inv.driver, inv.source)
+
+
 TOPOLOGIES: dict[str, Callable[[str], NodeInventory]] = {
     "nvswitch-h100": nvswitch_board,
     "nvswitch-h200": h200_board,
