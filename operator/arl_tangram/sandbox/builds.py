@@ -1,0 +1,294 @@
+"""The compile step of an action in a language of ``languages.py``, before its run.
+
+The compile is an action of its own, sent to the same fork server as the run: it runs in the
+action's workdir, as the action's uid, on the action's cores, under the action's memory and process
+limits, in the same namespaces, with ``compile_timeout`` as its wall-clock limit. Only when it
+succeeds is the run sent (SandboxFusion's semantics: a failed or timed-out compile ends the action,
+``compile_result`` says why and there is no ``run_result``). Both steps of a fresh action go
+through the compile cache (``compilecache.py``); a hit sends no compile at all.
+
+The executor calls ``Builder.admit`` when an action arrives (the source becomes a workdir file;
+the compile timeout is checked) and ``Builder.prepare`` once its workdir holds the files: that
+fills in the run's argv and environment and returns, when the action must end at its compile, the
+reply it ends with.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from arl_tangram.errors import InvalidSpec
+from arl_tangram.sandbox import workfiles
+from arl_tangram.sandbox.compilecache import CompileCache, CompiledBuild, build_key
+from arl_tangram.sandbox.forkclient import next_id
+from arl_tangram.sandbox.languages import Detection, Toolchain, artifact_names, jvm_heap_mb
+
+# SandboxFusion's default compile timeout (its request model's), used when a request gives none.
+DEFAULT_COMPILE_TIMEOUT_S = 10.0
+# The largest artifact kept (a Rust or Go binary is a few MB; anything larger is rebuilt).
+MAX_ARTIFACT_BYTES = 64 << 20
+
+Dispatch = Callable[[dict[str, Any]], Awaitable[tuple[list[int], dict[str, Any]]]]
+
+
+class HasCompile(Protocol):
+    """What ``Build.attach`` sets on an action's result (executor.ActionResult)."""
+
+    compile: CompileStep | None
+    message: str
+
+
+R = TypeVar("R", bound=HasCompile)
+
+
+@dataclass(frozen=True)
+class CompileStep:
+    """What the compile did, as SandboxFusion's ``compile_result`` reports it."""
+
+    status: str  # Finished | TimeLimitExceeded | Error
+    execution_time: float
+    return_code: int | None
+    stdout: str
+    stderr: str
+    cached: bool = False  # served from the compile cache (no compile ran)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the run may follow."""
+        return self.status == "Finished" and self.return_code == 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """SandboxFusion's CommandRunResult, plus ``cached``."""
+        return {
+            "status": self.status,
+            "execution_time": round(self.execution_time, 6),
+            "return_code": self.return_code,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "cached": self.cached,
+        }
+
+
+@dataclass
+class Build:
+    """The outcome of ``Builder.prepare``."""
+
+    step: CompileStep | None = None  # the compile to report (None: no compile, or not reported)
+    # Set when the action ends at its compile: the (cores, reply) it ends with, as from a run.
+    stop: tuple[list[int], dict[str, Any]] | None = None
+    compile_timeout_s: float = 0.0
+
+    def attach(self, result: R) -> R:
+        """Put the compile step on the action's result; returns the result."""
+        result.compile = self.step
+        if self.step is not None and self.step.status == "TimeLimitExceeded":
+            result.message = f"the compile was killed after the {self.compile_timeout_s:g} s compile_timeout"
+        return result
+
+
+NO_BUILD = Build()
+
+
+def _step_of(reply: Mapping[str, Any], wall_s: float) -> CompileStep:
+    if "sandbox_error" in reply or reply.get("setup_error") or reply.get("cancelled"):
+        status, code = "Error", None
+    elif reply.get("timed_out"):
+        status, code = "TimeLimitExceeded", None
+    else:
+        status, code = "Finished", reply.get("exit_code")
+    stderr = reply.get("stderr", b"")
+    if "sandbox_error" in reply:
+        stderr = str(reply["sandbox_error"]).encode()
+    return CompileStep(
+        status=status,
+        execution_time=float(reply.get("wall_s", wall_s)),
+        return_code=code,
+        stdout=reply.get("stdout", b"").decode("utf-8", "replace"),
+        stderr=stderr.decode("utf-8", "replace"),
+    )
+
+
+def _reply_of(entry: CompiledBuild, wall_s: float) -> dict[str, Any]:
+    """A fork-server-like reply for a kept failed build (what the executor shapes results from)."""
+    return {
+        "exit_code": entry.return_code,
+        "signal": None,
+        "stdout": entry.stdout.encode(),
+        "stderr": entry.stderr.encode(),
+        "wall_s": wall_s,
+        "cores": [],
+    }
+
+
+@dataclass
+class Builder:
+    """Compiles actions' programs (see the module docstring)."""
+
+    detection: Detection
+    max_timeout_s: float
+    cache: CompileCache = field(default_factory=CompileCache)
+
+    def offers(self, runtime: str) -> bool:
+        """Whether ``runtime`` is a language of this host's toolchains."""
+        return runtime in self.detection.found
+
+    def names(self) -> list[str]:
+        """Every /run_code name of the languages found (aliases included)."""
+        found = [tc.language for tc in self.detection.found.values()]
+        return sorted({name for lang in found for name in (lang.name, *lang.aliases)})
+
+    def admit(
+        self, runtime: str, code: str, files: dict[str, bytes], compile_timeout_s: float | None
+    ) -> dict[str, bytes]:
+        """The action's files with its code in the language's source file (the code wins over a
+        request file of that name, as in SandboxFusion); ``InvalidSpec`` for a compile timeout out
+        of range. Other runtimes' files come back as they are."""
+        toolchain = self.detection.found.get(runtime)
+        if toolchain is None:
+            return files
+        if compile_timeout_s is not None and not 0 < compile_timeout_s <= self.max_timeout_s:
+            raise InvalidSpec(
+                "compile_timeout", f"{compile_timeout_s:g} s is outside (0, {self.max_timeout_s:g}] s"
+            )
+        return {**files, toolchain.language.source: code.encode()}
+
+    async def prepare(
+        self,
+        runtime: str,
+        files: Mapping[str, bytes],
+        msg: dict[str, Any],
+        dispatch: Dispatch,
+        compile_timeout_s: float | None,
+        cacheable: bool,
+    ) -> Build:
+        """Make ``msg`` (the run, as the executor built it) run the language's program, compiling
+        it first when the language needs it. ``files`` are the workdir's files as the request
+        gave them (the source included); ``cacheable``: the workdir holds nothing else."""
+        toolchain = self.detection.found.get(runtime)
+        if toolchain is None:
+            return NO_BUILD
+        language = toolchain.language
+        memory_mb = int(msg["limits"].get("as", 0)) >> 20
+        values = {
+            "heap_mb": str(jvm_heap_mb(memory_mb)),
+            "jars": ":".join([".", *sorted(p for p in files if p.endswith(".jar"))]),
+        }
+        msg["env"] = {**msg["env"], **toolchain.env}
+        msg["argv"] = toolchain.argv(language.run, values)
+        if not language.compiled:
+            return NO_BUILD
+        timeout = DEFAULT_COMPILE_TIMEOUT_S if compile_timeout_s is None else compile_timeout_s
+        command = toolchain.argv(language.compile, values)
+        if not cacheable:
+            return await self._compile(toolchain, command, msg, dispatch, timeout, None)
+        # The JVM's heap flag follows the memory limit, which the key holds already.
+        key = build_key(language.name, toolchain.fingerprint, command, files, memory_mb)
+        async with self.cache.single_flight(key):
+            entry = self.cache.get(key)
+            # Kept, but built more slowly than this action's compile timeout allows: build anew.
+            if entry is not None and entry.compile_s <= timeout:
+                return self._from_cache(toolchain, entry, msg, timeout)
+            return await self._compile(toolchain, command, msg, dispatch, timeout, key)
+
+    async def _compile(
+        self,
+        toolchain: Toolchain,
+        command: list[str],
+        msg: dict[str, Any],
+        dispatch: Dispatch,
+        timeout_s: float,
+        key: str | None,
+    ) -> Build:
+        limits = {**msg["limits"], "cpu": int(timeout_s) + 1}
+        step_msg = {
+            **msg,
+            "id": next_id(),
+            "argv": command,
+            "stdin": None,
+            "timeout": timeout_s,
+            "limits": limits,
+            "env": dict(msg["env"]),
+            "remove_workdir": False,  # the run follows in it
+        }
+        started = time.monotonic()
+        cores, reply = await dispatch(step_msg)
+        step = _step_of(reply, time.monotonic() - started)
+        reported = step if toolchain.language.reports_compile else None
+        if key is not None and step.status == "Finished" and not reply.get("memory_error"):
+            self._keep(toolchain, key, msg["workdir"], step)
+        if step.ok:
+            return Build(step=reported, compile_timeout_s=timeout_s)
+        return Build(step=reported, stop=(cores, reply), compile_timeout_s=timeout_s)
+
+    def _keep(self, toolchain: Toolchain, key: str, workdir: str, step: CompileStep) -> None:
+        artifacts: dict[str, bytes] = {}
+        if step.ok:
+            try:
+                names = artifact_names(toolchain.language, os.listdir(workdir))
+                for name in names:
+                    data = workfiles.read_file(workdir, "artifact", name, MAX_ARTIFACT_BYTES)
+                    if data is None:  # not a regular file (the build's own business): keep nothing
+                        return
+                    artifacts[name] = data
+            except InvalidSpec:  # over the size kept
+                return
+            if not artifacts:
+                return
+        self.cache.put(
+            key,
+            CompiledBuild(
+                artifacts=artifacts,
+                return_code=step.return_code if step.return_code is not None else -1,
+                stdout=step.stdout,
+                stderr=step.stderr,
+                compile_s=step.execution_time,
+            ),
+        )
+
+    def _from_cache(
+        self, toolchain: Toolchain, entry: CompiledBuild, msg: dict[str, Any], timeout_s: float
+    ) -> Build:
+        started = time.monotonic()
+        workdir, uid = msg["workdir"], msg.get("uid")
+        for name, data in entry.artifacts.items():
+            workfiles.write_file(workdir, "artifact", name, data, uid)
+            # The workdir is the action's fresh one, holding only what the agent wrote: no link.
+            _make_executable(workdir, name)
+        wall = time.monotonic() - started
+        step = CompileStep(
+            status="Finished",
+            execution_time=wall,
+            return_code=entry.return_code,
+            stdout=entry.stdout,
+            stderr=entry.stderr,
+            cached=True,
+        )
+        reported = step if toolchain.language.reports_compile else None
+        if entry.ok:
+            return Build(step=reported, compile_timeout_s=timeout_s)
+        return Build(step=reported, stop=([], _reply_of(entry, wall)), compile_timeout_s=timeout_s)
+
+    def describe(self) -> dict[str, Any]:
+        """JSON view for ``/v1/health``: languages found and missing, the compile cache."""
+        return {
+            "found": {name: tc.describe() for name, tc in sorted(self.detection.found.items())},
+            "missing": dict(sorted(self.detection.missing.items())),
+            "compile_cache": self.cache.describe(),
+        }
+
+
+def _make_executable(workdir: str, name: str) -> None:
+    """``chmod 755`` a file just written into ``workdir`` (opened without following links)."""
+    dirfd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
+    finally:
+        os.close(dirfd)
+    try:
+        os.fchmod(fd, 0o755)
+    finally:
+        os.close(fd)

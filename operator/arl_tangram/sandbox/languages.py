@@ -1,0 +1,380 @@
+"""The languages beyond Python: how each is compiled and run, and which of them this host can run.
+
+Each ``Language`` names the file its code is written to, the toolchain binaries it needs, the
+argv of its compile step (none for interpreted languages) and of its run, and which files the
+compile leaves behind (what the compile cache keeps). The argv are templates: ``{cc}``-style
+fields are the resolved toolchain binaries, ``{heap_mb}`` and ``{jars}`` are filled per action.
+
+What is learnt from SandboxFusion's runners (its behaviour, not its code): the compiled binary is
+``test`` (C++, Rust) or ``out`` (Go); Java's class is ``Main`` in ``Main.java``, run with ``-ea`` and
+any ``.jar`` of the request's files on the class path; C++ is ``-std=c++17`` without optimisation;
+Rust is a bare ``rustc`` (its default edition); TypeScript runs the way ``tsx`` runs it (esbuild
+strips the types, nothing checks them), so a TypeScript error shows as the run's failure and no
+``compile_result`` is reported; ``nodejs``/``js`` and ``typescript``/``ts`` are the same language.
+
+``detect`` runs once at start-up: it resolves every binary on ``PATH`` to its real file (a rustup
+proxy to the toolchain's own ``rustc``), reads each toolchain's version (the compile cache's key
+includes it) and lists the directories the sandbox must let actions read (a toolchain under a
+private home directory, Go's build cache).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import fnmatch
+import hashlib
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+# Every language name SandboxFusion's /run_code accepts (its request model's literal). A name
+# outside this list is refused there by request validation (422 with ``detail``); a name in it that
+# this host does not run is answered in SandboxFusion's response shape instead (see server.py).
+SANDBOXFUSION_LANGUAGES = (
+    "python",
+    "cpp",
+    "nodejs",
+    "go",
+    "go_test",
+    "java",
+    "php",
+    "csharp",
+    "bash",
+    "typescript",
+    "sql",
+    "rust",
+    "cuda",
+    "lua",
+    "R",
+    "perl",
+    "D_ut",
+    "ruby",
+    "scala",
+    "julia",
+    "pytest",
+    "junit",
+    "kotlin_script",
+    "jest",
+    "verilog",
+    "python_gpu",
+    "lean",
+    "swift",
+    "racket",
+)
+
+# What the JVM reserves beyond its heap when its arenas are limited as below (code cache, class
+# space, metaspace, thread stacks), measured: about 320 MB. The address-space limit an action gets
+# covers heap plus this; the heap is what is left.
+JVM_RESERVE_MB = 384
+JVM_MIN_HEAP_MB = 32
+# The JVM's own reservations, kept small so that it starts under an address-space limit at all
+# (by default it reserves several GB and fails to start under 1 GiB).
+_JVM_LIMITS = (
+    "-Xmx{heap_mb}m",
+    "-XX:+UseSerialGC",
+    "-XX:ReservedCodeCacheSize=48m",
+    "-XX:CompressedClassSpaceSize=48m",
+    "-XX:MaxMetaspaceSize=128m",
+)
+# A compiler JVM that starts fast: C1 only (javac's own run is short).
+_JAVAC_FLAGS = tuple(f"-J{flag}" for flag in (*_JVM_LIMITS, "-XX:TieredStopAtLevel=1"))
+
+
+@dataclass(frozen=True)
+class Language:
+    """One language: where its code goes, what it needs, how it is built and run."""
+
+    name: str
+    source: str  # the workdir file the request's code is written to
+    tools: Mapping[str, str]  # template field -> binary looked up on PATH
+    run: tuple[str, ...]
+    compile: tuple[str, ...] = ()  # empty: nothing to build
+    artifacts: tuple[str, ...] = ()  # top-level workdir files (glob patterns) the compile leaves
+    aliases: tuple[str, ...] = ()  # other /run_code names for it
+    # SandboxFusion reports this language's build as ``compile_result``; when False, a failed
+    # build is reported as the run's failure (TypeScript: tsx strips types as it runs).
+    reports_compile: bool = True
+    env: Mapping[str, str] = field(default_factory=dict)  # extra environment, compile and run
+    version_tool: str = ""  # the tool whose ``--version`` (or ``version``) identifies the toolchain
+    version_args: tuple[str, ...] = ("--version",)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the language has a build step."""
+        return bool(self.compile)
+
+
+LANGUAGES: tuple[Language, ...] = (
+    Language(
+        name="cpp",
+        source="main.cpp",
+        tools={"cxx": "g++"},
+        # -lpthread: std::thread links with it on every glibc (a no-op on 2.34 and later).
+        compile=("{cxx}", "-std=c++17", "main.cpp", "-o", "test", "-lpthread"),
+        run=("./test",),
+        artifacts=("test",),
+        version_tool="cxx",
+    ),
+    Language(
+        name="c",
+        source="main.c",
+        tools={"cc": "gcc"},
+        compile=("{cc}", "-std=gnu17", "main.c", "-o", "test", "-lm", "-lpthread"),
+        run=("./test",),
+        artifacts=("test",),
+        version_tool="cc",
+    ),
+    Language(
+        name="java",
+        source="Main.java",
+        tools={"javac": "javac", "java": "java"},
+        compile=("{javac}", *_JAVAC_FLAGS, "-encoding", "UTF-8", "-cp", "{jars}", "Main.java"),
+        run=("{java}", *_JVM_LIMITS, "-cp", "{jars}", "-ea", "Main"),
+        artifacts=("*.class",),
+        # One malloc arena: glibc's default of one per thread reserves 64 MB of address space each.
+        env={"MALLOC_ARENA_MAX": "1"},
+        version_tool="javac",
+        version_args=("-version",),
+    ),
+    Language(
+        name="go",
+        source="main.go",
+        tools={"go": "go"},
+        compile=("{go}", "build", "-o", "out", "main.go"),
+        run=("./out",),
+        artifacts=("out",),
+        # No module download and no toolchain switch (there is no network), no user config; the
+        # build cache (GOCACHE, filled per action by ``detect``) is read-only to actions.
+        env={"GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-buildvcs=false", "GOENV": "off"},
+        version_tool="go",
+        version_args=("version",),
+    ),
+    Language(
+        name="rust",
+        source="main.rs",
+        tools={"rustc": "rustc"},
+        compile=("{rustc}", "main.rs", "-o", "test"),
+        run=("./test",),
+        artifacts=("test",),
+        version_tool="rustc",
+    ),
+    Language(
+        name="nodejs",
+        source="main.js",
+        tools={"node": "node"},
+        run=("{node}", "main.js"),
+        aliases=("js",),
+        version_tool="node",
+    ),
+    Language(
+        name="typescript",
+        source="main.ts",
+        tools={"esbuild": "esbuild", "node": "node"},
+        # tsx's semantics: types stripped, not checked; CommonJS, as tsx runs a .ts file outside
+        # an ESM package (so `require` works).
+        compile=(
+            "{esbuild}",
+            "main.ts",
+            "--format=cjs",
+            "--platform=node",
+            "--log-level=warning",
+            "--outfile=main.js",
+        ),
+        run=("{node}", "main.js"),
+        artifacts=("main.js",),
+        aliases=("ts",),
+        reports_compile=False,
+        version_tool="esbuild",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """A language this host can run: its binaries resolved, its version known."""
+
+    language: Language
+    binaries: Mapping[str, str]  # template field -> absolute path of the real binary
+    version: str  # first line of the version tool's answer
+    fingerprint: str  # identifies the exact toolchain (compile cache key)
+    env: Mapping[str, str]  # the language's environment plus what detection found (GOCACHE)
+    readable: tuple[str, ...]  # directories actions must be able to read
+
+    def argv(self, template: tuple[str, ...], values: Mapping[str, str]) -> list[str]:
+        """``template`` with the binaries and ``values`` filled in."""
+        fields = {**values, **self.binaries}
+        return [part.format_map(fields) for part in template]
+
+    def describe(self) -> dict[str, object]:
+        """JSON view for ``/v1/health``."""
+        return {
+            "compiled": self.language.compiled,
+            "version": self.version,
+            "binaries": dict(self.binaries),
+            "aliases": list(self.language.aliases),
+        }
+
+
+@dataclass(frozen=True)
+class Detection:
+    """What ``detect`` found: the languages this host runs, and why each other one is missing."""
+
+    found: Mapping[str, Toolchain]
+    missing: Mapping[str, str]  # language -> what is missing, naming the binary
+
+    def lookup(self, name: str) -> Toolchain | None:
+        """The toolchain of a language (by its name or an alias), when this host has it."""
+        for toolchain in self.found.values():
+            if name == toolchain.language.name or name in toolchain.language.aliases:
+                return toolchain
+        return None
+
+    def readable(self) -> list[str]:
+        """Every directory the sandbox must let actions read."""
+        return sorted({path for toolchain in self.found.values() for path in toolchain.readable})
+
+    def summary(self) -> str:
+        """One line for the start-up log."""
+        found = ", ".join(f"{name} ({tc.version})" for name, tc in sorted(self.found.items())) or "none"
+        missing = "; ".join(f"{name}: {why}" for name, why in sorted(self.missing.items()))
+        return f"languages found: {found}" + (f"; not offered: {missing}" if missing else "")
+
+
+def known_name(name: str) -> str | None:
+    """The language a /run_code name stands for (itself or the language it is an alias of)."""
+    for language in LANGUAGES:
+        if name == language.name or name in language.aliases:
+            return language.name
+    return None
+
+
+def _probe(argv: list[str], env: Mapping[str, str] | None = None) -> str:
+    """First non-empty line a toolchain prints for ``argv`` (``java -version`` writes to stderr)."""
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=30, env=dict(env) if env else None, check=False
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unknown ({exc.__class__.__name__})"
+    for line in (done.stdout + "\n" + done.stderr).splitlines():
+        if line.strip():
+            return line.strip()
+    return "unknown"
+
+
+def _real_rustc(path: str) -> str:
+    """A rustup proxy's toolchain ``rustc`` (the proxy needs RUSTUP_HOME and reads its settings:
+    actions run the toolchain's own binary)."""
+    if os.path.basename(os.path.realpath(path)) not in ("rustup", "rustup-init"):
+        return os.path.realpath(path)
+    sysroot = _probe([path, "--print", "sysroot"])
+    real = os.path.join(sysroot, "bin", "rustc")
+    return real if os.access(real, os.X_OK) else os.path.realpath(path)
+
+
+_RESOLVERS: dict[str, Callable[[str], str]] = {"rustc": _real_rustc}
+
+
+def _install_root(binary: str) -> str:
+    """The installation a binary belongs to (``/usr/local/go`` for ``/usr/local/go/bin/go``)."""
+    parent = os.path.dirname(binary)
+    return os.path.dirname(parent) if os.path.basename(parent) == "bin" else parent
+
+
+def _fingerprint(binaries: Mapping[str, str], version: str) -> str:
+    digest = hashlib.sha256(version.encode())
+    for key in sorted(binaries):
+        info = os.stat(binaries[key])
+        digest.update(f"{key}={binaries[key]}:{info.st_size}:{info.st_mtime_ns}".encode())
+    return digest.hexdigest()[:32]
+
+
+def _detect_one(language: Language, path: str) -> Toolchain | str:
+    binaries: dict[str, str] = {}
+    for key, name in language.tools.items():
+        found = shutil.which(name, path=path)
+        if found is None:
+            return f"{name!r} not found on PATH"
+        binaries[key] = _RESOLVERS.get(name, os.path.realpath)(found)
+    version = _probe([binaries[language.version_tool], *language.version_args])
+    env = dict(language.env)
+    readable = {_install_root(b) for b in binaries.values()}
+    if language.name == "go":
+        # The build cache holds the standard library, compiled: read-only for actions (go build
+        # works with a cache it cannot write), so no action can plant an entry another would use.
+        cache = _probe([binaries["go"], "env", "GOCACHE"])
+        if os.path.isabs(cache):
+            os.makedirs(cache, exist_ok=True)
+            env["GOCACHE"] = cache
+            readable.add(cache)
+    return Toolchain(
+        language=language,
+        binaries=binaries,
+        version=version,
+        fingerprint=_fingerprint(binaries, version),
+        env=env,
+        readable=tuple(sorted(readable)),
+    )
+
+
+def detect(path: str | None = None, languages: tuple[Language, ...] = LANGUAGES) -> Detection:
+    """Which ``languages`` this host can run, looking up binaries on ``path`` (default: ``PATH``).
+
+    The version probes run side by side (a JVM takes a moment to start).
+    """
+    search = path if path is not None else os.environ.get("PATH", os.defpath)
+    found: dict[str, Toolchain] = {}
+    missing: dict[str, str] = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(languages) or 1) as pool:
+        results = list(pool.map(lambda lang: _detect_one(lang, search), languages))
+    for language, result in zip(languages, results, strict=True):
+        if isinstance(result, Toolchain):
+            found[language.name] = result
+        else:
+            missing[language.name] = result
+    return Detection(found=found, missing=missing)
+
+
+def artifact_names(language: Language, names: list[str]) -> list[str]:
+    """Which of a workdir's top-level ``names`` are the compile's artifacts."""
+    return sorted(n for n in names if any(fnmatch.fnmatchcase(n, pat) for pat in language.artifacts))
+
+
+def jvm_heap_mb(memory_mb: int) -> int:
+    """The JVM heap that fits an address-space limit of ``memory_mb`` (see ``JVM_RESERVE_MB``)."""
+    return max(JVM_MIN_HEAP_MB, memory_mb - JVM_RESERVE_MB)
+
+
+def unavailable_language(
+    name: str, offered: list[str], missing: Mapping[str, str]
+) -> tuple[int, dict[str, object]]:
+    """The HTTP status and body ``/run_code`` answers for a language this host does not run.
+
+    As SandboxFusion answers: a name it does not know at all fails its request validation (422,
+    ``detail`` in FastAPI's shape); a name it knows is answered in its response shape, here
+    ``SandboxError`` with a message naming what is missing, so that a client scores neither a
+    wrong answer nor an API failure.
+    """
+    offered_text = ", ".join(sorted(set(offered)))
+    if name not in SANDBOXFUSION_LANGUAGES and known_name(name) is None:
+        expected = ", ".join(repr(n) for n in SANDBOXFUSION_LANGUAGES)
+        message = f"language: unknown language {name!r}; this host offers {offered_text}"
+        detail = {
+            "type": "literal_error",
+            "loc": ["body", "language"],
+            "msg": f"Input should be {expected}",
+            "input": name,
+        }
+        return 422, {"detail": [detail], "error": message}
+    canonical = known_name(name) or name
+    why = missing.get(canonical, "no runner for it in this agent")
+    return 200, {
+        "status": "SandboxError",
+        "message": f"language {name!r} is not available on this host ({why}); it offers {offered_text}",
+        "compile_result": None,
+        "run_result": None,
+        "executor_pod_name": os.environ.get("MY_POD_NAME") or os.environ.get("POD_NAME"),
+        "files": {},
+    }
