@@ -117,6 +117,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("TANGRAM_AGENT_TOKEN"),
         help="require this bearer token (prefer the env var TANGRAM_AGENT_TOKEN: argv is visible in /proc)",
     )
+    p.add_argument(
+        "--action-key-ttl",
+        type=float,
+        default=d.action_key_ttl_s,
+        help="seconds a finished action's response is kept for a repeat of its X-Tangram-Action-Key",
+    )
+    p.add_argument(
+        "--action-keys-max", type=int, default=d.action_keys_max, help="finished keyed responses kept at most"
+    )
+    p.add_argument(
+        "--action-keys-max-mb",
+        type=float,
+        default=d.action_keys_max_bytes / (1 << 20),
+        help="bytes of finished keyed responses kept at most (the oldest are dropped first)",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -142,6 +157,9 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         max_file_bytes=int(args.max_file_mb * (1 << 20)),
         max_fetch_bytes=int(args.max_fetch_mb * (1 << 20)),
         token=args.token or None,
+        action_key_ttl_s=args.action_key_ttl,
+        action_keys_max=args.action_keys_max,
+        action_keys_max_bytes=int(args.action_keys_max_mb * (1 << 20)),
         limits=Limits(
             timeout_s=args.timeout,
             max_timeout_s=args.max_timeout,

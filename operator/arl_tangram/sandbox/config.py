@@ -99,6 +99,11 @@ class AgentConfig:
     max_fetch_bytes: int = 32 << 20  # all of one response's fetch_files together
     max_waiting: int = 1024  # requests queued for a slot beyond max_concurrent; more get 503
     token: str | None = None
+    # Exactly-once dispatch (actions.py): how long a finished keyed action's response is kept, and
+    # how many responses / bytes of them at most (the oldest go first).
+    action_key_ttl_s: float = 600.0
+    action_keys_max: int = 10000
+    action_keys_max_bytes: int = 128 << 20
     limits: Limits = field(default_factory=Limits)
 
     def validate(self) -> None:
@@ -106,6 +111,10 @@ class AgentConfig:
         unknown = set(self.runtimes) - set(RUNTIMES)
         if unknown:
             raise InvalidSpec("runtimes", f"unknown runtime(s) {sorted(unknown)}; known: {list(RUNTIMES)}")
+        if self.action_key_ttl_s < 0:
+            raise InvalidSpec("action-key-ttl", "must be 0 or more seconds")
+        if self.action_keys_max < 0 or self.action_keys_max_bytes < 0:
+            raise InvalidSpec("action-keys-max", "must be 0 or more")
         if self.max_waiting < 0:
             raise InvalidSpec("max-waiting", "must be 0 or more")
         if self.fork_loop not in ("auto", "c", "python"):

@@ -23,6 +23,7 @@ from typing import Any
 
 from arl_tangram.errors import CapacityExceeded, InvalidSpec, NotReady
 from arl_tangram.sandbox import isolation, workfiles
+from arl_tangram.sandbox.actions import ActionControl
 from arl_tangram.sandbox.config import AgentConfig, infra_cores
 from arl_tangram.sandbox.cores import CorePool
 from arl_tangram.sandbox.forkclient import ForkServerClient, next_id
@@ -73,7 +74,8 @@ class ActionResult:
     notes: list[str] = field(default_factory=list)  # about the result's parts (fetched files left out)
 
 
-OUTCOMES = ("ok", "failed", "timeout", "memory_limit_exceeded", "sandbox_error")
+# "cancelled": ended by ``DELETE /v1/actions/{key}`` (see actions.py).
+OUTCOMES = ("ok", "failed", "timeout", "memory_limit_exceeded", "sandbox_error", "cancelled")
 
 
 @dataclass
@@ -303,8 +305,9 @@ class Executor:
             "OMP_NUM_THREADS": str(dop),
         }
 
-    async def run(self, spec: ActionSpec) -> ActionResult:
-        """Run one action to completion (or timeout) and describe what happened."""
+    async def run(self, spec: ActionSpec, control: ActionControl | None = None) -> ActionResult:
+        """Run one action to completion (or timeout) and describe what happened; ``control``, when
+        given, can cancel it at any stage (the result's outcome is then ``cancelled``)."""
         self._check_runtime(spec.runtime)
         if not self.healthy:
             async with self._restart_lock:
@@ -342,19 +345,49 @@ class Executor:
             )
         self._waiting += 1
         try:
-            await self._slots.acquire()
+            got_slot = await _acquire(self._slots, control)
         finally:
             self._waiting -= 1
+        if not got_slot:
+            return self._cancelled(spec)
         try:
             if session is not None:
-                async with session.lock:
-                    return await self._run_in_session(spec, session, want, timeout, limits)
-            return await self._run_fresh(spec, want, timeout, limits)
+                if not await _acquire(session.lock, control):
+                    return self._cancelled(spec)
+                try:
+                    return await self._run_in_session(spec, session, want, timeout, limits, control)
+                finally:
+                    session.lock.release()
+            return await self._run_fresh(spec, want, timeout, limits, control)
         finally:
             self._slots.release()
 
+    def _cancelled(self, spec: ActionSpec) -> ActionResult:
+        """The result of an action cancelled before it started."""
+        self.counts["cancelled"] += 1
+        return ActionResult(
+            outcome="cancelled",
+            exit_code=None,
+            signal=None,
+            stdout="",
+            stderr="",
+            stdout_truncated=False,
+            stderr_truncated=False,
+            wall_s=0.0,
+            cpu_s=None,
+            max_rss_kb=None,
+            cores=[],
+            session_id=spec.session_id,
+            message="cancelled before it started",
+        )
+
     async def _run_fresh(
-        self, spec: ActionSpec, want: int | frozenset[int], timeout_s: float, limits: dict[str, int]
+        self,
+        spec: ActionSpec,
+        want: int | frozenset[int],
+        timeout_s: float,
+        limits: dict[str, int],
+        control: ActionControl | None = None,
     ) -> ActionResult:
         uid = self._uids.popleft() if self.run_as_root else None
         reply: dict[str, Any] | None = None
@@ -368,7 +401,7 @@ class Executor:
 
             msg = self._message(spec, uid, workdir, want, timeout_s, limits)
             msg["remove_workdir"] = not spec.fetch_files
-            cores, reply = await self._dispatch(self._live_server(), msg)
+            cores, reply = await self._dispatch(self._live_server(), msg, control)
             files, notes = self._fetch(workdir, spec.fetch_files)
         finally:
             if not (reply or {}).get("workdir_removed"):
@@ -384,6 +417,7 @@ class Executor:
         want: int | frozenset[int],
         timeout_s: float,
         limits: dict[str, int],
+        control: ActionControl | None = None,
     ) -> ActionResult:
         for path, data in spec.files.items():
             workfiles.write_file(session.workdir, f"files[{path!r}]", path, data, session.uid)
@@ -396,7 +430,7 @@ class Executor:
             # A long-lived interpreter must not die of accumulated CPU seconds.
             msg["limits"] = {k: v for k, v in limits.items() if k != "cpu"}
         server = self._live_server()
-        cores, reply = await self._dispatch(server, msg)
+        cores, reply = await self._dispatch(server, msg, control)
         if interp:
             if session.interp_server not in (None, server):
                 # Its interpreter died with the fork server it lived in: this call ran in a new one.
@@ -412,14 +446,22 @@ class Executor:
         return self._result(reply, cores, files, session.id, timeout_s, notes)
 
     async def _dispatch(
-        self, server: ForkServerClient, msg: dict[str, Any]
+        self, server: ForkServerClient, msg: dict[str, Any], control: ActionControl | None = None
     ) -> tuple[list[int], dict[str, Any]]:
         """Send the action and wait for its answer; returns (the cores it ran on, the reply).
 
         The fork server queues the action until its cores are free and frees them when the action's
-        last process is gone: no round trip to the agent between two actions on a core.
+        last process is gone: no round trip to the agent between two actions on a core. Cancelling
+        ``control`` from now on asks the fork server to kill the action's whole process tree (or to
+        drop it from its queue).
         """
-        reply = await server.call(msg)
+        reply_to = server.send_call(msg)  # queued now: a cancel frame can only follow it
+        if control is not None:
+            target = msg["id"]
+            control.attach(
+                lambda: server.submit({"op": "cancel", "id": next_id(), "target": target}, _ignore_answer)
+            )
+        reply = await reply_to
         if "busy_cores" in reply:
             self.cores_busy = int(reply["busy_cores"])
         return list(reply.get("cores") or []), reply
@@ -487,7 +529,10 @@ class Executor:
         notes: list[str] | None = None,
     ) -> ActionResult:
         message = ""
-        if "sandbox_error" in reply:
+        if reply.get("cancelled"):
+            outcome = "cancelled"
+            message = "cancelled: its processes were killed"
+        elif "sandbox_error" in reply:
             outcome = "sandbox_error"
             message = reply["sandbox_error"]
             reply = {}
@@ -605,6 +650,31 @@ class Executor:
                     log.info("session %s expired after %.0f s idle", sid, session.ttl_s)
                     with contextlib.suppress(Exception):
                         await self.close_session(sid)
+
+
+def _ignore_answer(reply: dict[str, Any] | BaseException) -> None:
+    """For frames whose answer nobody waits for (a cancel: the action's own reply tells the end)."""
+
+
+async def _acquire(lock: asyncio.Semaphore | asyncio.Lock, control: ActionControl | None) -> bool:
+    """Acquire ``lock``; ``False`` (and not held) when ``control`` cancelled the action meanwhile."""
+    if control is None:
+        await lock.acquire()
+        return True
+    if control.requested:
+        return False
+    task = asyncio.current_task()
+    control.wait_with(task)
+    try:
+        await lock.acquire()
+    except asyncio.CancelledError:
+        if not control.requested or task is None:
+            raise
+        task.uncancel()  # the cancel was ours, aimed at this wait only
+        return False
+    finally:
+        control.wait_with(None)
+    return True
 
 
 def _prepare_root(root: str) -> str:

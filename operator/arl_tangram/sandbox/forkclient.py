@@ -137,6 +137,10 @@ class ForkServerClient:
 
     async def call(self, msg: dict[str, Any]) -> dict[str, Any]:
         """``submit`` and wait for the reply."""
+        return await self.send_call(msg)
+
+    def send_call(self, msg: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+        """``submit`` now (frames go out in the order of these calls); the future gets the reply."""
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
 
         def answer(reply: dict[str, Any] | BaseException) -> None:
@@ -148,7 +152,7 @@ class ForkServerClient:
                 fut.set_result(reply)
 
         self.submit(msg, answer)
-        return await fut
+        return fut
 
     def _queue(self, frame: bytes) -> None:
         # Frames queued in one loop iteration go out in one write: one system call and one wake-up

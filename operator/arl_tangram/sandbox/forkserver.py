@@ -103,6 +103,7 @@ class Call:
     """One action in flight: its process (or the session interpreter serving it) and its output."""
 
     __slots__ = (
+        "cancelled",
         "cap",
         "cores",
         "cpu_s",
@@ -170,6 +171,7 @@ class Call:
         self.exit_code: int | None = None
         self.signal: int | None = None
         self.timed_out = False
+        self.cancelled = False  # killed by the agent's cancel frame
         self.cpu_s: float | None = None
         self.max_rss_kb: int | None = None
         self.ended_at: float | None = None
@@ -334,10 +336,28 @@ class ForkServer:
                 elif op == "interp_stop":
                     self._stop_interp(msg["sid"])
                     self.send({"id": msg["id"], "stopped": True})
+                elif op == "cancel":
+                    self.send({"id": msg["id"], "found": self._cancel(msg["target"])})
             except Exception as exc:  # report, never die: the agent awaits an answer for this id
                 self.send({"id": msg.get("id"), "sandbox_error": f"{exc.__class__.__name__}: {exc}"})
         self._drain()
         return True
+
+    def _cancel(self, target: int) -> bool:
+        """Kill action ``target`` and everything it started (its answer then says ``cancelled``),
+        or drop it from the queue if it has not started; ``False`` when it is not here (it ended)."""
+        call = self.calls.get(target)
+        if call is not None:
+            if not call.exited:
+                call.cancelled = True
+                self._kill(call)
+            return True
+        for msg in self.queue:
+            if msg.get("id") == target:
+                self.queue.remove(msg)
+                self.send({"id": target, "cancelled": True, "cores": [], "busy_cores": self.pool.busy})
+                return True
+        return False
 
     # ---- cores ------------------------------------------------------------------------------------
     def _drain(self) -> None:
@@ -727,6 +747,7 @@ class ForkServer:
             "exit_code": call.exit_code,
             "signal": call.signal,
             "timed_out": call.timed_out,
+            "cancelled": call.cancelled,
             "stdout": bytes(call.out),
             "stderr": bytes(call.err),
             "stdout_truncated": call.out_truncated,

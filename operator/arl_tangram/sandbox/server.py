@@ -7,6 +7,8 @@ Routes
 - ``POST /run_code``: SandboxFusion-compatible; ``GET /v1/ping`` answers ``pong`` as SandboxFusion does.
 - ``GET /v1/health`` (also ``/healthz``): the fork server runs; isolation in force; cores and sessions.
 - ``GET /metrics``: Prometheus text format.
+- ``GET /v1/actions``, ``GET|DELETE /v1/actions/{key}``: actions sent with ``X-Tangram-Action-Key``
+  (exactly-once dispatch, see actions.py): list them, fetch one's stored response, cancel one.
 
 Every bad request gets a JSON body naming the problem: 400 for malformed JSON or an invalid value,
 422 for a wrong shape or type, 413 for a body over the limit, 503 (with Retry-After) when the host is
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import hmac
 import json
 import logging
@@ -31,6 +34,17 @@ from pydantic import BaseModel, ValidationError
 
 from arl_tangram.errors import CapacityExceeded, InfrastructureError, InvalidSpec, NotReady
 from arl_tangram.sandbox import workfiles
+from arl_tangram.sandbox.actions import (
+    ACTION_KEY_HEADER,
+    CORES_HEADER,
+    REPLAYED_HEADER,
+    ActionControl,
+    ActionEntry,
+    ActionStore,
+    StoredResponse,
+    parse_action_key,
+    parse_cores_header,
+)
 from arl_tangram.sandbox.config import AgentConfig
 from arl_tangram.sandbox.executor import ActionResult, ActionSpec, Executor
 from arl_tangram.sandbox.models import ExecuteRequest, RunCodeRequest, SessionRequest
@@ -77,6 +91,25 @@ class Metrics:
 
 
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
+ACTIONS: web.AppKey[ActionStore] = web.AppKey("actions", ActionStore)
+
+
+class KeyedTasks:
+    """The tasks of keyed actions, referenced until they end (the loop keeps only weak ones)."""
+
+    def __init__(self) -> None:
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def add(self, task: asyncio.Task[None]) -> None:
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+
+TASKS: web.AppKey[KeyedTasks] = web.AppKey("tasks", KeyedTasks)
+# How long ``DELETE /v1/actions/{key}`` waits for the killed action's end before answering.
+CANCEL_WAIT_S = 5.0
+# The longest ``GET /v1/actions/{key}?wait=`` honoured (a client wanting longer asks again).
+MAX_ACTION_WAIT_S = 3600.0
 
 
 class BadRequest(Exception):
@@ -150,38 +183,47 @@ def _authorized(request: web.Request, token: str) -> bool:
     return hmac.compare_digest(given, f"Bearer {token}".encode())
 
 
+REFUSALS = (BadRequest, InvalidSpec, CapacityExceeded, NotReady, InfrastructureError)
+
+
 @web.middleware
 async def _errors(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     """Turn the error taxonomy into clear JSON answers, in the shape of the API that was called."""
     metrics = request.app[METRICS]
-    run_code = request.path == "/run_code"
     config = request.app[EXECUTOR].config
     if config.token and request.path not in OPEN_PATHS and not _authorized(request, config.token):
         metrics.rejected.labels("unauthorized").inc()
         return _error_response(401, "missing or wrong bearer token")
-    status, message, extra = 0, "", {}
     try:
         return await handler(request)
-    except BadRequest as exc:
-        status, message = exc.status, exc.message
-        if exc.detail is not None:
-            extra["detail"] = exc.detail
-    except InvalidSpec as exc:
-        status, message = 400, str(exc)
-        extra["field"] = exc.field
-    except CapacityExceeded as exc:
-        status, message = 422, str(exc)
-    except NotReady as exc:
+    except REFUSALS as exc:
+        return _refusal(request, exc)
+
+
+def _refusal(request: web.Request, exc: Exception) -> web.Response:
+    """The JSON answer to a refused request (one of ``REFUSALS``), in the shape of the API called."""
+    metrics = request.app[METRICS]
+    extra: dict[str, Any] = {}
+    if isinstance(exc, NotReady):
         metrics.rejected.labels("not_ready").inc()
         resp = _error_response(503, str(exc))
         resp.headers["Retry-After"] = str(int(exc.delay))
         return resp
-    except InfrastructureError as exc:
+    if isinstance(exc, BadRequest):
+        status, message = exc.status, exc.message
+        if exc.detail is not None:
+            extra["detail"] = exc.detail
+    elif isinstance(exc, InvalidSpec):
+        status, message = 400, str(exc)
+        extra["field"] = exc.field
+    elif isinstance(exc, CapacityExceeded):
+        status, message = 422, str(exc)
+    else:
         status, message = 503, f"sandbox infrastructure failed: {exc}"
     metrics.rejected.labels(str(status)).inc()
-    if run_code:
+    if request.path == "/run_code":
         extra.update({"status": "SandboxError", "message": message})
     return _error_response(status, message, extra)
 
@@ -189,8 +231,8 @@ async def _errors(
 # ---- handlers ------------------------------------------------------------------------------------------
 async def execute(request: web.Request) -> web.Response:
     """``POST /v1/execute``."""
+    key = parse_action_key(request.headers.get(ACTION_KEY_HEADER))
     body: ExecuteRequest = await _parse(request, ExecuteRequest)
-    executor = request.app[EXECUTOR]
     spec = ActionSpec(
         runtime=body.runtime,
         code=body.code,
@@ -204,8 +246,14 @@ async def execute(request: web.Request) -> web.Response:
         fetch_files=_checked_fetch_files(body.fetch_files),
         args=body.args,
     )
-    result = await executor.run(spec)
-    request.app[METRICS].record("native", body.runtime, result)
+    return await _keyed(request, key, spec, lambda control: _execute_action(request, spec, control))
+
+
+async def _execute_action(
+    request: web.Request, spec: ActionSpec, control: ActionControl | None
+) -> web.Response:
+    result = await request.app[EXECUTOR].run(spec, control)
+    request.app[METRICS].record("native", spec.runtime, result)
     return web.json_response(
         {
             "status": result.outcome,
@@ -232,6 +280,8 @@ async def execute(request: web.Request) -> web.Response:
 
 async def run_code(request: web.Request) -> web.Response:
     """``POST /run_code`` with SandboxFusion's request and response shapes (plus extra fields)."""
+    key = parse_action_key(request.headers.get(ACTION_KEY_HEADER))
+    cores = parse_cores_header(request.headers.get(CORES_HEADER))
     body: RunCodeRequest = await _parse(request, RunCodeRequest)
     executor = request.app[EXECUTOR]
     runtime = LANGUAGES.get(body.language)
@@ -247,10 +297,134 @@ async def run_code(request: web.Request) -> web.Response:
         files=_decode_files(body.files),
         fetch_files=_checked_fetch_files(body.fetch_files),
         args=body.args,
+        cores=cores,
     )
-    result = await executor.run(spec)
-    request.app[METRICS].record("run_code", runtime, result)
+    if cores is not None:
+        try:
+            executor.cores.check(frozenset(cores))
+        except InvalidSpec as exc:
+            raise InvalidSpec(CORES_HEADER, str(exc)) from exc
+    return await _keyed(request, key, spec, lambda control: _run_code_action(request, spec, control))
+
+
+async def _run_code_action(
+    request: web.Request, spec: ActionSpec, control: ActionControl | None
+) -> web.Response:
+    result = await request.app[EXECUTOR].run(spec, control)
+    request.app[METRICS].record("run_code", spec.runtime, result)
     return web.json_response(sandboxfusion_response(result))
+
+
+Action = Callable[[ActionControl | None], Awaitable[web.Response]]
+
+
+async def _keyed(request: web.Request, key: str | None, spec: ActionSpec, action: Action) -> web.Response:
+    """Run ``action`` once per key: a repeat waits for (or replays) the first one's response.
+
+    Without a key this is just ``action``. With one, the action runs in a task of its own, so that
+    the first caller going away neither stops it nor loses its response for the retry.
+    """
+    if key is None:
+        return await action(None)
+    store = request.app[ACTIONS]
+    entry = store.lookup(key)
+    if entry is not None:
+        return await _replay(entry)
+    # No await between the lookup and here: a concurrent repeat finds this entry.
+    entry = store.begin(key, spec.cores, spec.session_id)
+
+    async def run() -> None:
+        try:
+            response = await action(entry.control)
+        except REFUSALS as exc:
+            response = _refusal(request, exc)
+        except BaseException:
+            # Not an answer: a repeat of the key may run the action again.
+            store.finish(
+                entry, StoredResponse(500, b'{"error": "internal error"}', "application/json"), False
+            )
+            raise
+        body = response.body  # always bytes here: every answer is built from JSON
+        assert isinstance(body, bytes | bytearray), type(body)
+        stored = StoredResponse(response.status, bytes(body), response.content_type)
+        # 503: the action did not run (full, or the fork server was lost): a retry may run it.
+        store.finish(entry, stored, keep=response.status != 503)
+
+    task = asyncio.create_task(run())
+    request.app[TASKS].add(task)
+    await asyncio.wait([task])  # not shielding: the caller going away must not cancel the action
+    return _answer(entry, replayed=False)
+
+
+async def _replay(entry: ActionEntry) -> web.Response:
+    if entry.response is None:
+        entry.repeats += 1
+        try:
+            await entry.done.wait()
+        finally:
+            entry.repeats -= 1
+    return _answer(entry, replayed=True)
+
+
+def _answer(entry: ActionEntry, replayed: bool) -> web.Response:
+    stored = entry.response
+    assert stored is not None
+    resp = web.Response(status=stored.status, body=stored.body, content_type=stored.content_type)
+    if replayed:
+        resp.headers[REPLAYED_HEADER] = "1"
+    return resp
+
+
+async def list_actions(request: web.Request) -> web.Response:
+    """``GET /v1/actions``: the keyed actions running now and those whose response is kept."""
+    return web.json_response(request.app[ACTIONS].describe())
+
+
+async def get_action(request: web.Request) -> web.Response:
+    """``GET /v1/actions/{key}[?wait=SECONDS]``: 200 with the stored response, 202 while running."""
+    key = _path_key(request)
+    wait_s = 0.0
+    if "wait" in request.query:
+        text = request.query["wait"]
+        try:
+            wait_s = float(text)
+        except ValueError:
+            wait_s = -1.0
+        if not 0 <= wait_s <= MAX_ACTION_WAIT_S:
+            raise InvalidSpec("wait", f"{text!r} is not a number of seconds in [0, {MAX_ACTION_WAIT_S:g}]")
+    entry = request.app[ACTIONS].lookup(key)
+    if entry is None:
+        return _error_response(404, f"no action with key {key!r} is running or remembered on this host")
+    if entry.response is None and wait_s > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(entry.done.wait(), timeout=wait_s)
+    if entry.response is None:
+        return web.json_response({"state": "running"}, status=202)
+    return _answer(entry, replayed=True)
+
+
+async def cancel_action(request: web.Request) -> web.Response:
+    """``DELETE /v1/actions/{key}``: kill a running action's whole process tree.
+
+    Answers once the action has ended (its own request answers ``cancelled`` at the same time),
+    within a few seconds: a kill is immediate, but its pipes may be held a moment longer.
+    """
+    key = _path_key(request)
+    entry = request.app[ACTIONS].lookup(key)
+    if entry is None:
+        return _error_response(404, f"no action with key {key!r} is running on this host")
+    if entry.response is not None:
+        return _error_response(409, f"the action with key {key!r} has already finished")
+    entry.control.cancel()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(entry.done.wait(), timeout=CANCEL_WAIT_S)
+    return web.json_response({"cancelled": True})
+
+
+def _path_key(request: web.Request) -> str:
+    key = parse_action_key(request.match_info["key"])
+    assert key is not None
+    return key
 
 
 def sandboxfusion_response(result: ActionResult) -> dict[str, Any]:
@@ -265,6 +439,8 @@ def sandboxfusion_response(result: ActionResult) -> dict[str, Any]:
     """
     if result.outcome == "sandbox_error":
         run_status, status = "Error", "SandboxError"
+    elif result.outcome == "cancelled":
+        run_status, status = "Error", "Failed"
     elif result.outcome == "timeout":
         run_status, status = "TimeLimitExceeded", "Failed"
     else:
@@ -272,7 +448,7 @@ def sandboxfusion_response(result: ActionResult) -> dict[str, Any]:
         status = "Success" if result.exit_code == 0 else "Failed"
     return {
         "status": status,
-        "message": result.message if status == "SandboxError" else "",
+        "message": result.message if result.outcome in ("sandbox_error", "cancelled") else "",
         "compile_result": None,
         "run_result": {
             "status": run_status,
@@ -375,13 +551,19 @@ def build_app(config: AgentConfig) -> web.Application:
     executor = Executor(config)
     app[EXECUTOR] = executor
     app[METRICS] = Metrics()
+    app[ACTIONS] = ActionStore(config.action_key_ttl_s, config.action_keys_max, config.action_keys_max_bytes)
+    app[TASKS] = KeyedTasks()
 
     async def lifecycle(app: web.Application) -> Any:
         warnings = await executor.start()
         for line in warnings:
             log.warning("sandbox isolation: %s", line)
         yield
+        # Keyed actions still running die with the fork server; their tasks then end.
         await executor.close()
+        for task in list(app[TASKS].tasks):
+            with contextlib.suppress(BaseException):
+                await task
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/execute", execute)
@@ -395,4 +577,7 @@ def build_app(config: AgentConfig) -> web.Application:
     app.router.add_get("/healthz", health)
     app.router.add_get("/v1/ping", ping)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/actions", list_actions)
+    app.router.add_get("/v1/actions/{key:.+}", get_action)
+    app.router.add_delete("/v1/actions/{key:.+}", cancel_action)
     return app
