@@ -399,9 +399,183 @@ BAD: list[Bad] = [
 ]
 
 
+@dataclass(frozen=True)
+class Edge:
+    """A valid object on the edge of one CEL rule (min == max, a name of exactly the limit, the
+    implication's other branch), accepted by models and server alike; ``over`` then takes it one step
+    past the edge, where the rule must refuse it. The step proves the row sits on the boundary: a rule
+    that refused the edge itself (``<`` for ``<=``) fails the row, one that never refuses fails the step.
+    """
+
+    name: str
+    kind: str
+    makes: Callable[[dict[str, Any]], Any]
+    rule: str  # the message of the rule whose edge this is
+    over: Callable[[dict[str, Any]], Any]
+
+
+def both(*steps: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+    def apply(obj: dict[str, Any]) -> None:
+        for step in steps:
+            step(obj)
+
+    return apply
+
+
+def dedicated_mode(obj: dict[str, Any]) -> None:
+    obj["spec"]["mode"] = "dedicated"
+    obj["spec"]["dedicated"] = {"maxSessions": 4}
+
+
+MIN_MAX = "min must not exceed max"
+EDGES: list[Edge] = [
+    Edge(
+        "units min == max",
+        BATCH,
+        put("spec.actions[2].units", {"min": 8, "max": 8}),
+        MIN_MAX,
+        put("spec.actions[2].units.max", 7),
+    ),
+    Edge(
+        "units min == max == 1",
+        BATCH,
+        put("spec.actions[0].units", {"min": 1, "max": 1}),
+        MIN_MAX,
+        put("spec.actions[0].units.min", 2),
+    ),
+    Edge(
+        "output equal to the budget",
+        BATCH,
+        put("spec.results", {"budgetBytes": 4096, "outputBytesPerAction": 4096}),
+        "outputBytesPerAction must not exceed budgetBytes",
+        put("spec.results.outputBytesPerAction", 4097),
+    ),
+    Edge(
+        "minHosts == maxHosts",
+        POOL,
+        put("spec.scaling.minHosts", 16),
+        "minHosts must not exceed maxHosts",
+        put("spec.scaling.maxHosts", 15),
+    ),
+    Edge(
+        "warmHosts == maxHosts",
+        POOL,
+        put("spec.scaling.warmHosts", 16),
+        "warmHosts must not exceed maxHosts",
+        put("spec.scaling.warmHosts", 17),
+    ),
+    Edge(
+        "minReplicas == maxReplicas",
+        RMS,
+        put("spec.scaling.minReplicas", 2),
+        "minReplicas must not exceed maxReplicas",
+        put("spec.scaling.maxReplicas", 1),
+    ),
+    Edge(
+        # Equal quantities in different units: the rule compares quantities, not strings.
+        "action memory equal to host memory",
+        POOL,
+        put("spec.limits.memory", "32768Mi"),
+        "limits.memory must not exceed template.resources.memory",
+        put("spec.limits.memory", "32769Mi"),
+    ),
+    Edge(
+        "dedicated settings in dedicated mode",
+        POOL,
+        dedicated_mode,
+        "dedicated settings apply only with mode: dedicated",
+        put("spec.mode", "shared"),
+    ),
+    Edge(
+        "MIG slice with one GPU",
+        RMS,
+        put("spec.gpu.count", [1]),
+        "count must be [1] when migProfile is set",
+        put("spec.gpu.count", [1, 2]),
+    ),
+    Edge(
+        "several GPU counts without MIG",
+        RMS,
+        both(drop("spec.gpu.migProfile"), put("spec.gpu.count", [1, 2, 8])),
+        "count must be [1] when migProfile is set",
+        put("spec.gpu.migProfile", "1g.10gb"),
+    ),
+    Edge(
+        "MIG slice with NVLink preferred",
+        RMS,
+        put("spec.gpu.nvlink", "Preferred"),
+        "nvlink cannot be Required with migProfile",
+        put("spec.gpu.nvlink", "Required"),
+    ),
+    Edge(
+        "NVLink required without MIG",
+        RMS,
+        both(drop("spec.gpu.migProfile"), put("spec.gpu.count", [2, 4]), put("spec.gpu.nvlink", "Required")),
+        "nvlink cannot be Required with migProfile",
+        both(put("spec.gpu.migProfile", "1g.10gb"), put("spec.gpu.count", [1])),
+    ),
+    Edge(
+        "vllm with an image",
+        RMS,
+        both(put("spec.server.runtime", "vllm"), put("spec.server.image", "vllm/vllm-openai:v0.11.0")),
+        "image is required when runtime is vllm or sglang",
+        drop("spec.server.image"),
+    ),
+    Edge(
+        "builtin without an image",
+        RMS,
+        put("spec.server", {"runtime": "builtin"}),
+        "image is required when runtime is vllm or sglang",
+        put("spec.server.runtime", "sglang"),
+    ),
+    Edge(
+        "session on a test action",
+        BATCH,
+        put("spec.actions[2].sessionId", "traj-9"),
+        "sessionId applies only to code and test actions",
+        put("spec.actions[2].type", "reward"),
+    ),
+    Edge(
+        "session on a code action",
+        BATCH,
+        put("spec.actions[0].sessionId", "traj-9"),
+        "sessionId applies only to code and test actions",
+        put("spec.actions[0].type", "http"),
+    ),
+    Edge(
+        "pool name of exactly 63 characters",
+        POOL,
+        put("metadata.name", "p" * 63),
+        "at most 63 characters",
+        put("metadata.name", "p" * 64),
+    ),
+    Edge(
+        "service name of exactly 63 characters",
+        RMS,
+        put("metadata.name", "r" * 63),
+        "at most 63 characters",
+        put("metadata.name", "r" * 64),
+    ),
+]
+
+
 def _broken(bad: Bad) -> dict[str, Any]:
     obj = sample(bad.kind)
     bad.breaks(obj)
+    return obj
+
+
+def on_edge(edge: Edge) -> dict[str, Any]:
+    """The sample of ``edge.kind`` moved onto the edge."""
+    obj = sample(edge.kind)
+    edge.makes(obj)
+    return obj
+
+
+def over_edge(edge: Edge) -> dict[str, Any]:
+    """The edge object taken one step past the edge."""
+    obj = on_edge(edge)
+    edge.over(obj)
     return obj
 
 
@@ -454,6 +628,24 @@ def test_every_cel_rule_has_an_invalid_row() -> None:
         if not any(message in b.message or b.message in message for b in BAD)
     ]
     assert untested == []
+
+
+def test_every_cel_rule_has_an_edge_row() -> None:
+    rules = _all_rules()
+    unbounded = [(model, message) for model, message in rules if not any(e.rule in message for e in EDGES)]
+    assert unbounded == []
+    # Each edge names one rule exactly: a row naming no rule (a typo) would prove nothing.
+    assert all(any(e.rule in message for _, message in rules) for e in EDGES)
+
+
+@pytest.mark.parametrize("edge", EDGES, ids=[e.name for e in EDGES])
+def test_models_accept_the_edge_and_refuse_one_step_over(edge: Edge) -> None:
+    obj = on_edge(edge)
+    load(obj)
+    assert _schema_errors(edge.kind, obj) == []
+    with pytest.raises(InvalidSpec) as err:
+        load(over_edge(edge))
+    assert edge.rule in err.value.message, str(err.value)
 
 
 def test_every_cel_rule_is_in_the_crds() -> None:
