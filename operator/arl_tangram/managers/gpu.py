@@ -7,6 +7,10 @@ the buddy tree and serve their MIG instances as sub-GPU units, one action per in
 service (a model at one tensor-parallel size) may be cached on many chunks; an action prefers a
 free chunk where its service is resident, otherwise the service is restored from host memory,
 evicting least recently used services on those GPUs until it fits. At most one action per GPU.
+
+``GpuNode.from_inventory`` builds a node from what the node agent publishes (``arl_tangram.gpu``): the
+NVLink matrix, the MIG instances with their UUIDs, and the GPU UUIDs, which grants carry in
+``extra["uuids"]`` so that the reward runtime is handed exactly those devices.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass, field
 from arl_tangram.core.action import Action
 from arl_tangram.core.pool import Grant, Partition, PlacementOption, Scratch
 from arl_tangram.errors import InvalidSpec
+from arl_tangram.gpu.inventory import NodeInventory
 from arl_tangram.managers.count_op import CountOperator
 
 LEVELS = (1, 2, 4, 8)
@@ -33,6 +38,7 @@ class MigSlice:
     index: int
     profile: str
     busy: bool = False
+    uuid: str = ""
 
 
 def _clique(members: Sequence[int], nvlink: Sequence[Sequence[bool]] | None) -> bool:
@@ -83,6 +89,8 @@ class GpuNode:
     cache: dict[int, OrderedDict[CacheKey, float]] = field(default_factory=dict)
     draining: bool = False  # finishes what runs on it, takes nothing new (the planner scales down)
     reserved: set[int] = field(default_factory=set)  # GPUs of the node outside this pool
+    uuids: list[str] = field(default_factory=list)  # GPU UUIDs by index (empty: unknown)
+    mig_uuids: dict[int, list[str]] = field(default_factory=dict)  # MIG instance UUIDs, as ``mig``
 
     def __post_init__(self) -> None:
         if self.gpus not in LEVELS:
@@ -98,9 +106,16 @@ class GpuNode:
         for g in self.reserved:
             if not 0 <= g < self.gpus or g in self.mig:
                 raise InvalidSpec(f"gpuNode[{self.name}].reserved", f"GPU {g} is not a whole GPU of the node")
+        if self.uuids and len(self.uuids) != self.gpus:
+            raise InvalidSpec(f"gpuNode[{self.name}].uuids", f"must list {self.gpus} UUIDs, one per GPU")
+        for g, ids in self.mig_uuids.items():
+            if len(ids) != len(self.mig.get(g, ())):
+                raise InvalidSpec(f"gpuNode[{self.name}].migUuids", f"GPU {g}: one UUID per MIG instance")
         self.order = nvlink_order(self.gpus, self.nvlink)
         self.slices = [
-            MigSlice(g, i, p) for g, profiles in sorted(self.mig.items()) for i, p in enumerate(profiles)
+            MigSlice(g, i, p, uuid=self.mig_uuids[g][i] if g in self.mig_uuids else "")
+            for g, profiles in sorted(self.mig.items())
+            for i, p in enumerate(profiles)
         ]
         self.cache = {g: OrderedDict() for g in range(self.gpus)}
         # Every aligned block's GPU bitmask and whether it may be handed out whole (computed once).
@@ -112,6 +127,40 @@ class GpuNode:
                 mask = sum(1 << g for g in self.members(start, size))
                 self._blocks[(start, size)] = (mask, self.allocatable(start, size))
             size //= 2
+
+    @classmethod
+    def from_inventory(
+        cls, inv: NodeInventory, name: str | None = None, reserved: Sequence[int] = ()
+    ) -> GpuNode:
+        """A node from a published inventory: MIG-mode GPUs serve their instances; the others are
+        cut into chunks along the NVLink matrix. A GPU count that is not 1, 2, 4 or 8 is padded to
+        the next one with GPUs that never leave ``reserved`` (aligned chunks need a power of two)."""
+        n = len(inv.gpus)
+        if n == 0 or n > LEVELS[-1]:
+            raise InvalidSpec(f"gpuNode[{inv.node}]", f"needs 1 to {LEVELS[-1]} GPUs, the inventory has {n}")
+        size = next(level for level in LEVELS if level >= n)
+        whole = [g for g in inv.gpus if not g.mig_enabled] or list(inv.gpus)
+        links = inv.link_matrix()
+        nvlink = (
+            None
+            if inv.all_to_all
+            else [[a < n and b < n and links[a][b] for b in range(size)] for a in range(size)]
+        )
+        mig = {g.index: [m.profile for m in g.mig_instances] for g in inv.gpus if g.mig_enabled}
+        return cls(
+            name or inv.node,
+            size,
+            memory_gb=min(g.memory_gib for g in whole),
+            nvlink=nvlink,
+            mig=mig,
+            reserved=set(reserved) | set(range(n, size)),
+            uuids=[g.uuid for g in inv.gpus] + [""] * (size - n),
+            mig_uuids={g.index: [m.uuid for m in g.mig_instances] for g in inv.gpus if g.mig_enabled},
+        )
+
+    def uuids_of(self, members: Sequence[int]) -> str:
+        """Comma-separated UUIDs of GPUs ``members`` ("" when the node's UUIDs are unknown)."""
+        return ",".join(self.uuids[g] for g in members) if self.uuids else ""
 
     def members(self, start: int, size: int) -> list[int]:
         """Physical GPU ids of the aligned block at ``start`` positions of ``size``."""
@@ -477,7 +526,10 @@ class GpuManager:
                 for s in node.slices:
                     if not s.busy and s.profile == action.mig_profile and units == 1:
                         s.busy = True
-                        return Grant(action, 1, now, node.name, (s.gpu,), extra={"mig": f"{s.gpu}:{s.index}"})
+                        extra = {"mig": f"{s.gpu}:{s.index}"}
+                        if s.uuid:
+                            extra["uuids"] = s.uuid
+                        return Grant(action, 1, now, node.name, (s.gpu,), extra=extra)
             return None
         if units not in LEVELS or not self.fits_memory(action, units):
             return None
@@ -512,6 +564,9 @@ class GpuManager:
                 for g in members:
                     node.cache[g][ck] = need
                 restore = action.service_gb / self.restore_gbps
+        extra = {"block": str(start)}
+        if node.uuids:
+            extra["uuids"] = node.uuids_of(sorted(members))
         return Grant(
             action,
             units,
@@ -519,7 +574,7 @@ class GpuManager:
             node.name,
             tuple(sorted(members)),
             restore_s=restore,
-            extra={"block": str(start)},
+            extra=extra,
         )
 
     def _evict(self, node: GpuNode, victim: CacheKey) -> None:

@@ -214,3 +214,136 @@ def test_evicting_another_tp_size_of_the_same_service_costs_nothing() -> None:
     assert tp1 and tp1[0].restore_s == pytest.approx(3.0) and tp1[0].penalty_s == 0.0
     other = [o for o in plan.options(req(3, "other", gb=60.0)) if o.units == 1]
     assert other and other[0].penalty_s == pytest.approx(3.0)  # another service's copy is hot
+
+
+# ---- the manager on published inventories (the node agent's fake boards) ---------------------------
+
+from arl_tangram.gpu.fake import fake_inventory  # noqa: E402
+from arl_tangram.gpu.inventory import NodeInventory  # noqa: E402
+
+
+def _inventory_manager(*topologies: str) -> tuple[GpuManager, dict[str, NodeInventory]]:
+    invs = {f"{t}-{i}": fake_inventory(t, f"{t}-{i}") for i, t in enumerate(topologies)}
+    return GpuManager([GpuNode.from_inventory(inv) for inv in invs.values()]), invs
+
+
+def test_from_inventory_reads_the_board() -> None:
+    node = GpuNode.from_inventory(fake_inventory("mig-h100", "h"))
+    assert node.gpus == 8 and node.nvlink is None  # NVSwitch: all-to-all
+    assert sorted(node.mig) == [4, 5, 6, 7] and node.pool_gpus == 4
+    assert node.memory_gb == pytest.approx(81559 / 1024)
+    assert all(s.uuid.startswith("MIG-") for s in node.slices)
+    pairs = GpuNode.from_inventory(fake_inventory("pcie-pairs"))
+    assert pairs.nvlink is not None and pairs.nvlink[0][2] and not pairs.nvlink[0][1]
+
+
+def test_a_node_with_six_gpus_is_padded_with_gpus_it_never_hands_out() -> None:
+    inv = fake_inventory("nvswitch-h100", "six")
+    six = NodeInventory(inv.node, inv.gpus[:6], tuple(r[:6] for r in inv.nvlink[:6]), inv.driver, inv.source)
+    mgr = GpuManager([GpuNode.from_inventory(six)])
+    assert mgr.total_units() == 6
+    got = [mgr.place(req(i, service=f"s{i}"), 1, 0.0) for i in range(7)]
+    assert all(g is not None for g in got[:6]) and got[6] is None
+    assert {x for g in got[:6] if g is not None for x in g.unit_ids} == set(range(6))
+
+
+def test_grants_carry_the_device_uuids() -> None:
+    mgr, invs = _inventory_manager("pcie-pairs", "mig-a100")
+    g = mgr.place(req(1), 2, 0.0)
+    assert g is not None
+    inv = invs[g.host]
+    assert g.extra["uuids"].split(",") == [inv.gpus[x].uuid for x in g.unit_ids]
+    m = mgr.place(req(2, mig="3g.40gb"), 1, 0.0)
+    assert m is not None and m.extra["uuids"].startswith("MIG-")
+    gpu_info = invs[m.host].gpus[m.unit_ids[0]]
+    assert m.extra["uuids"] in {x.uuid for x in gpu_info.mig_instances if x.profile == "3g.40gb"}
+
+
+def test_pcie_pairs_chunks_follow_the_bridges_not_the_indices() -> None:
+    mgr, invs = _inventory_manager("pcie-pairs")
+    inv = next(iter(invs.values()))
+    grants = [mgr.place(req(i, service=f"s{i}"), 2, 0.0) for i in range(5)]
+    assert all(g is not None for g in grants[:4]) and grants[4] is None
+    for g in grants[:4]:
+        assert g is not None and inv.is_clique(g.unit_ids)
+    assert mgr.place(req(9), 4, 0.0) is None  # no four GPUs share NVLink on this board
+
+
+def test_ring_has_pairs_but_no_four_gpu_clique() -> None:
+    mgr, invs = _inventory_manager("ring4")
+    inv = next(iter(invs.values()))
+    g = mgr.place(req(1), 2, 0.0)
+    assert g is not None and inv.is_clique(g.unit_ids)
+    assert not mgr.can_ever_fit(Action("x", "t", "gpu", (4,), EfficiencyCurve(1.0, CURVE), service="rm"))
+
+
+MIXED = ("nvswitch-h100", "pcie-pairs", "ring4", "mig-a100", "mig-h100")
+PROFILES = sorted({m.profile for t in MIXED for g in fake_inventory(t).gpus for m in g.mig_instances})
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2), st.sampled_from((1, 2, 4, 8)), st.integers(0, 5), st.integers(0, 99)),
+        min_size=1,
+        max_size=120,
+    ),
+    st.sampled_from([MIXED, ("pcie-pairs", "ring4"), ("mig-a100",), ("mig-h100", "nvswitch-h200")]),
+)
+def test_inventory_chunks_and_slices_never_overlap_leak_or_cross_pcie(
+    ops: list[tuple[int, int, int, int]], topologies: tuple[str, ...]
+) -> None:
+    mgr, invs = _inventory_manager(*topologies)
+    nodes = {n.name: n for n in mgr.nodes}
+    total = mgr.total_units()
+    held: list[Grant] = []
+    for i, (kind, k, svc, pick) in enumerate(ops):
+        if kind == 0 and held:
+            mgr.release(held.pop(pick % len(held)), float(i))
+        elif kind == 1:
+            g = mgr.place(req(i, service=f"s{svc}", gb=10.0 * (1 + svc)), k, float(i))
+            if g is not None:
+                node, inv = nodes[g.host], invs[g.host]
+                assert aligned(g, node)
+                assert inv.is_clique(g.unit_ids), "a chunk crosses PCIe"
+                assert all(not inv.gpus[x].mig_enabled for x in g.unit_ids)
+                assert g.extra["uuids"].split(",") == [inv.gpus[x].uuid for x in g.unit_ids]
+                held.append(g)
+        else:
+            g = mgr.place(req(i, mig=PROFILES[pick % len(PROFILES)]), 1, float(i))
+            if g is not None:
+                assert invs[g.host].gpus[g.unit_ids[0]].mig_enabled
+                held.append(g)
+        whole = [(g.host, x) for g in held if "mig" not in g.extra for x in g.unit_ids]
+        slices = [(g.host, g.extra["mig"]) for g in held if "mig" in g.extra]
+        assert len(whole) == len(set(whole)), "a GPU runs two actions"
+        assert len(slices) == len(set(slices)), "a MIG slice runs two actions"
+        assert {(n.name, x) for n in mgr.nodes for x in n.busy} == set(whole)
+        assert {(n.name, f"{s.gpu}:{s.index}") for n in mgr.nodes for s in n.slices if s.busy} == set(slices)
+        assert mgr.free_units() == total - len(whole) - len(slices)
+        for n in mgr.nodes:  # the service cache never holds more than a GPU's memory
+            for g_idx, cache in n.cache.items():
+                assert sum(cache.values()) <= n.memory_gb + 1e-6, (n.name, g_idx)
+    for g in held:
+        mgr.release(g, 1e6)
+    assert mgr.free_units() == total
+    assert all(not n.busy and not any(s.busy for s in n.slices) for n in mgr.nodes)
+
+
+def test_resident_chunk_is_preferred_and_lru_is_evicted_on_an_inventory_node() -> None:
+    mgr, _ = _inventory_manager("pcie-pairs")
+    node = mgr.nodes[0]
+    big = node.memory_gb / 1.2 * 0.6  # two such services do not fit on one GPU at TP 1
+    first = mgr.place(req(1, "a", big), 1, 0.0)
+    assert first is not None and first.restore_s > 0
+    mgr.release(first, 1.0)
+    again = mgr.place(req(2, "a", big), 1, 2.0)
+    assert again is not None and again.restore_s == 0 and again.unit_ids == first.unit_ids
+    mgr.release(again, 3.0)
+    # Fill every GPU with a service of its own, then one more: the least recently used goes.
+    held = [mgr.place(req(10 + i, f"b{i}", big), 1, 4.0 + i) for i in range(8)]
+    assert all(h is not None for h in held)
+    for h in held:
+        assert h is not None
+        mgr.release(h, 20.0)
+    assert ("a", 1, node.name, node.order.index(first.unit_ids[0])) not in node.cache[first.unit_ids[0]]
