@@ -18,6 +18,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "arl_tangram.sandbox.cli:main",
         "run the sandbox agent (HTTP server running actions)",
     ),
+    "operator": (
+        "arl_tangram.controllers.main:main",
+        "run the operator (controllers, scheduler, dispatcher)",
+    ),
     "demo": ("arl_tangram.sim.demo:main", "show the win of action-level scheduling on a workload"),
     "node-agent": ("arl_tangram.gpu.agent:main", "publish this node's GPU inventory; follow MIG requests"),
 }

@@ -151,6 +151,7 @@ class Dispatcher:
         max_waiting_per_tenant: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
         on_host_unhealthy: Callable[[str, str], None] | None = None,
+        on_started: Callable[[str, int], None] | None = None,
     ) -> None:
         self.agent = agent
         self.scheduler: Scheduler = POLICIES[policy]({})
@@ -158,6 +159,8 @@ class Dispatcher:
         self.max_waiting_per_pool = max_waiting_per_pool
         self.max_waiting_per_tenant = max_waiting_per_tenant
         self.on_host_unhealthy = on_host_unhealthy
+        # Called with (request key, attempt) when an attempt starts or is re-attached to.
+        self.on_started = on_started
         self._pools: dict[str, _Pool] = {}
         self._jobs: dict[str, _Job] = {}
         self._by_action: dict[int, _Job] = {}
@@ -343,7 +346,7 @@ class Dispatcher:
         self._jobs[request.key] = job
         pool.arrivals.append(now)
         try:
-            if attempts_so_far > 0 and await self._reattach(pool, job):
+            if await self._reattach(pool, job):
                 return await asyncio.shield(job.future)
             self._enter(pool, job)
             return await asyncio.shield(job.future)
@@ -521,6 +524,8 @@ class Dispatcher:
     async def _execute(self, pool: _Pool, job: _Job, grant: Grant) -> None:
         req = job.request
         job.attempts += 1
+        if self.on_started is not None:
+            self.on_started(req.key, job.attempts)
         endpoint = pool.endpoints[grant.host]
         timeout_s = req.timeout_s or pool.config.limits.timeout_s
         outcome: ActionOutcome | None = None
@@ -673,20 +678,41 @@ class Dispatcher:
 
     # ---- re-attachment after an operator restart --------------------------------------------------
     async def _reattach(self, pool: _Pool, job: _Job) -> bool:
-        """Find the job's last attempt on the agents. Returns True when it was found (running: the
-        job waits for it; finished: its stored result is the outcome); False to run a new attempt."""
+        """Find the job's latest attempt on the agents (an operator restart may have left one running,
+        or finished, whether or not the batch's status recorded it). Returns True when one was found
+        (running: the job waits for it; finished: its stored result is the outcome); False to run
+        a new attempt."""
         await pool.synced.wait()
-        key = agent_key(job.request.key, job.attempts)
+        if not pool.known_running and not pool.known_finished:
+            return False
+        found: tuple[int, str, tuple[int, ...] | None] | None = None
+        # The attempt the status names, and any later one started before the status was written.
+        for attempt in range(max(1, job.attempts), job.attempts + job.request.max_retries + 2):
+            key = agent_key(job.request.key, attempt)
+            if key in pool.known_running:
+                host_name, held = pool.known_running[key]
+                found = (attempt, host_name, held)
+            elif key in pool.known_finished:
+                found = (attempt, pool.known_finished[key], None)
+        if found is None:
+            return False
+        attempt, host, held_cores = found
+        key = agent_key(job.request.key, attempt)
         running = pool.known_running.pop(key, None)
-        host = running[0] if running else pool.known_finished.get(key)
-        endpoint = pool.endpoints.get(host or "")
+        pool.known_finished.pop(key, None)
+        endpoint = pool.endpoints.get(host)
         if endpoint is None:
             return False
+        job.attempts = attempt
+        if self.on_started is not None:
+            self.on_started(job.request.key, attempt)
         if job.request.session:
             sess = pool.sessions.setdefault(job.request.session, _Session(job.request.session, self.clock()))
             sess.busy = True
             sess.host = endpoint.name
-        grant = self._adopt(pool, job, endpoint.name, running[1]) if running else None
+        grant = (
+            self._adopt(pool, job, endpoint.name, held_cores) if running and held_cores is not None else None
+        )
         job.task = asyncio.get_running_loop().create_task(self._await_stored(pool, job, endpoint, key, grant))
         return True
 

@@ -1,0 +1,418 @@
+"""ActionBatch: the pure status computation, and the manager that runs batches through the dispatcher.
+
+A batch's durable truth is its status: the compact result of every finished action and, for the
+ones running, the attempt in flight. A restarted operator reads it back, keeps what finished, and
+hands the rest to the dispatcher with their attempt counts, so that running attempts are re-attached
+on the agents instead of run again. Status is written by :class:`StatusWriter` only: at most once a
+second per batch while it runs, plus the final write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from arl_tangram.api.actionbatch import ActionBatchSpec, ActionResult
+from arl_tangram.controllers.conditions import ConditionReason, ConditionType, set_condition
+from arl_tangram.domain.actions import ActionOutcome, Outcome, Reason
+from arl_tangram.domain.batches import (
+    act_stats,
+    batch_request,
+    compact_result,
+    counts_of,
+    fit_results,
+    rfc3339,
+)
+from arl_tangram.errors import InvalidSpec, NotFound, QueueFull
+
+log = logging.getLogger(__name__)
+
+FINAL_STATES = frozenset({"Succeeded", "Failed", "Cancelled"})
+STATUS_PERIOD_S = 1.0
+"""The longest a finished result waits before it is written (and the shortest gap between writes)."""
+
+
+# ---- pure -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BatchObservation:
+    """What a batch's status is computed from."""
+
+    results: Mapping[str, ActionResult]
+    conditions: Sequence[Mapping[str, Any]]
+    generation: int | None
+    start_time: datetime | None
+    completion_time: datetime | None
+    act_seconds: Sequence[float] = ()
+
+
+@dataclass(frozen=True)
+class DeleteBatch:
+    reason: str
+
+
+def reconcile_actionbatch(
+    spec: ActionBatchSpec, observed: BatchObservation, now: datetime
+) -> tuple[dict[str, Any], list[DeleteBatch]]:
+    """The batch's status (results in spec order, within the byte budget) and whether it is due for
+    deletion (``ttlSecondsAfterFinished``)."""
+    ordered = [observed.results[a.id] for a in spec.actions if a.id in observed.results]
+    fitted, used = fit_results(ordered, spec.results.budget_bytes)
+    counts = counts_of(len(spec.actions), [r.state for r in ordered])
+    done = counts.succeeded + counts.failed + counts.cancelled == counts.total
+    gen = observed.generation
+    conds = set_condition(
+        observed.conditions,
+        ConditionType.ACCEPTED,
+        True,
+        ConditionReason.QUEUED,
+        f"{counts.total} action(s) accepted",
+        gen,
+        now,
+    )
+    if done:
+        completion = observed.completion_time or now
+        conds = set_condition(
+            conds,
+            ConditionType.RUNNING,
+            False,
+            ConditionReason.ALL_FINISHED,
+            "every action has finished",
+            gen,
+            now,
+        )
+        conds = set_condition(
+            conds,
+            ConditionType.COMPLETE,
+            True,
+            ConditionReason.ALL_FINISHED,
+            f"{counts.succeeded} succeeded, {counts.failed} failed, {counts.cancelled} cancelled",
+            gen,
+            now,
+        )
+        failed = counts.failed + counts.cancelled
+        conds = set_condition(
+            conds,
+            ConditionType.FAILED,
+            failed > 0,
+            ConditionReason.SOME_FAILED if failed else ConditionReason.NONE_FAILED,
+            _failure_summary(ordered) if failed else "no action failed",
+            gen,
+            now,
+        )
+    else:
+        completion = None
+        running = counts.running > 0
+        conds = set_condition(
+            conds,
+            ConditionType.RUNNING,
+            running,
+            ConditionReason.ACTIONS_RUNNING if running else ConditionReason.WAITING,
+            f"{counts.running} running, {counts.pending} waiting",
+            gen,
+            now,
+        )
+        conds = set_condition(
+            conds,
+            ConditionType.COMPLETE,
+            False,
+            ConditionReason.IN_PROGRESS,
+            f"{counts.total - counts.pending - counts.running} of {counts.total} finished",
+            gen,
+            now,
+        )
+    act = act_stats(observed.act_seconds, 0)
+    status: dict[str, Any] = {
+        "observedGeneration": gen,
+        "conditions": conds,
+        "counts": counts.model_dump(by_alias=True),
+        "results": [r.model_dump(by_alias=True, exclude_none=True, exclude_defaults=False) for r in fitted],
+        "resultBytes": used,
+        "act": act.model_dump(by_alias=True) if act else None,
+        "startTime": rfc3339(observed.start_time) if observed.start_time else None,
+        "completionTime": rfc3339(completion) if completion else None,
+    }
+    ops: list[DeleteBatch] = []
+    ttl = spec.ttl_seconds_after_finished
+    if completion is not None and ttl is not None and now >= completion + timedelta(seconds=ttl):
+        ops.append(DeleteBatch(f"finished {ttl}s ago (ttlSecondsAfterFinished)"))
+    return status, ops
+
+
+def _failure_summary(results: Sequence[ActionResult]) -> str:
+    reasons: dict[str, int] = {}
+    for r in results:
+        if r.state in ("Failed", "Cancelled"):
+            reasons[r.reason or r.state] = reasons.get(r.reason or r.state, 0) + 1
+    return ", ".join(f"{n} {why}" for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+
+
+def recovered_results(status: Mapping[str, Any] | None) -> dict[str, ActionResult]:
+    """The results a batch's status already holds (after an operator restart)."""
+    out: dict[str, ActionResult] = {}
+    for raw in (status or {}).get("results") or ():
+        try:
+            r = ActionResult.model_validate(raw)
+        except ValueError:
+            continue
+        out[r.id] = r
+    return out
+
+
+# ---- the manager ------------------------------------------------------------------------------------
+@dataclass(eq=False)
+class _Batch:
+    namespace: str
+    name: str
+    uid: str
+    generation: int | None
+    spec: ActionBatchSpec
+    results: dict[str, ActionResult]
+    conditions: list[Mapping[str, Any]]
+    start_time: datetime | None
+    completion_time: datetime | None
+    outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    acts: list[float] = field(default_factory=list)
+    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    dirty: bool = True
+    written: dict[str, Any] | None = None
+    deleting: bool = False
+
+
+Runner = Callable[..., Awaitable[ActionOutcome]]
+PoolLookup = Callable[[str, str], Sequence[str] | None]
+"""(namespace, pool) -> the pool's languages, or None when no such ActionPool exists."""
+StatusPatch = Callable[[str, str, dict[str, Any]], Awaitable[None]]
+Deleter = Callable[[str, str], Awaitable[None]]
+
+
+class BatchManager:
+    """Runs every batch's actions and keeps their results; :meth:`flush` writes changed statuses."""
+
+    def __init__(
+        self,
+        run: Runner,
+        cancel: Callable[[str], Awaitable[bool]],
+        pool_languages: PoolLookup,
+        patch_status: StatusPatch,
+        delete: Deleter,
+    ) -> None:
+        self._run = run
+        self._cancel = cancel
+        self._pool_languages = pool_languages
+        self._patch = patch_status
+        self._delete = delete
+        self._batches: dict[tuple[str, str], _Batch] = {}
+        self._by_key: dict[str, tuple[_Batch, str]] = {}
+        self.writes = 0
+
+    def ensure(self, body: Mapping[str, Any]) -> None:
+        """Start (or resume) the batch in ``body``: every action without a final result is run."""
+        meta = body.get("metadata") or {}
+        ident = (str(meta.get("namespace")), str(meta.get("name")))
+        batch = self._batches.get(ident)
+        if batch is not None and batch.uid == meta.get("uid"):
+            return
+        spec = ActionBatchSpec.model_validate(body.get("spec") or {})
+        status = body.get("status") or {}
+        results = recovered_results(status)
+        batch = _Batch(
+            namespace=ident[0],
+            name=ident[1],
+            uid=str(meta.get("uid")),
+            generation=meta.get("generation"),
+            spec=spec,
+            results=results,
+            conditions=list(status.get("conditions") or ()),
+            start_time=_parse_time(status.get("startTime")),
+            completion_time=_parse_time(status.get("completionTime")),
+        )
+        self._batches[ident] = batch
+        for action in spec.actions:
+            prior = results.get(action.id)
+            if prior is not None and prior.state in FINAL_STATES:
+                continue
+            attempts = prior.attempts if prior is not None else 0
+            batch.tasks[action.id] = asyncio.get_running_loop().create_task(
+                self._one(batch, action.id, attempts), name=f"{ident[0]}/{ident[1]}/{action.id}"
+            )
+        batch.dirty = True
+
+    def started(self, key: str, attempt: int) -> None:
+        """The dispatcher started an attempt: the action is Running with that many attempts."""
+        found = self._by_key.get(key)
+        if found is None:
+            return
+        batch, action_id = found
+        prior = batch.results.get(action_id)
+        if prior is not None and prior.state in FINAL_STATES:
+            return
+        batch.results[action_id] = ActionResult(id=action_id, state="Running", attempts=attempt)
+        if batch.start_time is None:
+            batch.start_time = datetime.now(UTC)
+        batch.dirty = True
+
+    async def _one(self, batch: _Batch, action_id: str, attempts: int) -> None:
+        action = next(a for a in batch.spec.actions if a.id == action_id)
+        started = asyncio.get_running_loop().time()
+        languages = self._pool_languages(batch.namespace, action.target) if action.type != "reward" else ()
+        outcome: ActionOutcome
+        try:
+            if languages is None:
+                raise NotFound(
+                    "ActionPool",
+                    action.target,
+                    f"ActionPool {action.target!r} not found in namespace {batch.namespace!r}",
+                )
+            request = batch_request(batch.namespace, batch.uid, batch.spec, action, languages)
+            self._by_key[request.key] = (batch, action_id)
+            while True:
+                try:
+                    outcome = await self._run(request, attempts_so_far=attempts)
+                    break
+                except QueueFull as exc:
+                    await asyncio.sleep(exc.retry_after)  # a batch waits its turn; it is never dropped
+        except InvalidSpec as exc:
+            outcome = ActionOutcome(action_id, Outcome.FAILED, Reason.INVALID_PAYLOAD, str(exc))
+        except NotFound as exc:
+            reason = Reason.POOL_NOT_FOUND if exc.kind == "ActionPool" else Reason.SERVICE_NOT_FOUND
+            outcome = ActionOutcome(action_id, Outcome.FAILED, reason, str(exc))
+        except asyncio.CancelledError:
+            if not batch.deleting:
+                raise
+            outcome = ActionOutcome(action_id, Outcome.CANCELLED, Reason.CANCELLED, "the batch was deleted")
+        self._record(batch, action_id, outcome, asyncio.get_running_loop().time() - started)
+
+    def _record(self, batch: _Batch, action_id: str, outcome: ActionOutcome, act_s: float) -> None:
+        result = compact_result(action_id, outcome, batch.spec.results.output_bytes_per_action)
+        if (
+            outcome.reason is not None
+            and outcome.message
+            and outcome.state is Outcome.FAILED
+            and not result.output
+        ):
+            # A failure with no output says why in the output, so `kubectl get -o yaml` shows it.
+            result = result.model_copy(
+                update={"output": outcome.message[: batch.spec.results.output_bytes_per_action]}
+            )
+        batch.results[action_id] = result
+        batch.outcomes[action_id] = {
+            "id": action_id,
+            "state": outcome.state.value,
+            "reason": outcome.reason.value if outcome.reason else None,
+            "message": outcome.message,
+            "exitCode": outcome.exit_code,
+            "reward": outcome.reward,
+            "stdout": outcome.stdout,
+            "stderr": outcome.stderr,
+            "attempts": outcome.attempts,
+            "durationSeconds": outcome.duration_s,
+            "queuedSeconds": outcome.queued_s,
+            "host": outcome.host,
+            "cores": list(outcome.cores),
+        }
+        batch.acts.append(act_s)
+        batch.tasks.pop(action_id, None)
+        if batch.start_time is None:
+            batch.start_time = datetime.now(UTC)
+        batch.dirty = True
+
+    def status_of(self, batch: _Batch, now: datetime) -> tuple[dict[str, Any], list[DeleteBatch]]:
+        observed = BatchObservation(
+            results=batch.results,
+            conditions=batch.conditions,
+            generation=batch.generation,
+            start_time=batch.start_time,
+            completion_time=batch.completion_time,
+            act_seconds=batch.acts,
+        )
+        status, ops = reconcile_actionbatch(batch.spec, observed, now)
+        if status["completionTime"] and batch.completion_time is None:
+            batch.completion_time = now
+        return status, ops
+
+    async def flush(self) -> None:
+        """Write the status of every batch that changed since its last write; delete those due."""
+        now = datetime.now(UTC)
+        for batch in list(self._batches.values()):
+            if batch.deleting:
+                continue
+            status, ops = self.status_of(batch, now)
+            if ops:
+                batch.deleting = True
+                log.info("deleting batch %s/%s: %s", batch.namespace, batch.name, ops[0].reason)
+                await self._delete(batch.namespace, batch.name)
+                continue
+            if not batch.dirty and status == batch.written:
+                continue
+            batch.dirty = False
+            if status == batch.written:
+                continue
+            batch.conditions = status["conditions"]
+            try:
+                await self._patch(batch.namespace, batch.name, status)
+                self.writes += 1
+                batch.written = status
+            except Exception as exc:  # the API server may be restarting: try again next period
+                log.warning("status of batch %s/%s not written: %s", batch.namespace, batch.name, exc)
+                batch.dirty = True
+
+    async def run_writer(self) -> None:
+        """Flush every period, forever (one place writes every batch status)."""
+        while True:
+            await asyncio.sleep(STATUS_PERIOD_S)
+            await self.flush()
+
+    async def forget(self, namespace: str, name: str) -> None:
+        """The batch is being deleted: cancel its queued and running actions and drop its state."""
+        batch = self._batches.get((namespace, name))
+        if batch is None:
+            return
+        batch.deleting = True
+        keys = [k for k, (b, _) in self._by_key.items() if b is batch]
+        await asyncio.gather(*(self._cancel(k) for k in keys), return_exceptions=True)
+        tasks = list(batch.tasks.values())
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=10)
+            for task in pending:
+                task.cancel()
+        for k in keys:
+            self._by_key.pop(k, None)
+        self._batches.pop((namespace, name), None)
+
+    def has(self, namespace: str, name: str) -> bool:
+        return (namespace, name) in self._batches
+
+    async def results(self, namespace: str, name: str) -> AsyncIterator[dict[str, Any]] | None:
+        """Every finished action's full result (outputs not cut to the status budget), spec order."""
+        batch = self._batches.get((namespace, name))
+        if batch is None:
+            return None
+
+        async def rows() -> AsyncIterator[dict[str, Any]]:
+            for action in batch.spec.actions:
+                row = batch.outcomes.get(action.id)
+                if row is not None:
+                    yield row
+                else:
+                    state = batch.results.get(action.id)
+                    yield {"id": action.id, "state": state.state if state else "Pending"}
+
+        return rows()
+
+    def pending_count(self) -> int:
+        return sum(len(b.tasks) for b in self._batches.values())
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str) and value:
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    return None

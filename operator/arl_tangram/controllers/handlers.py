@@ -1,0 +1,112 @@
+"""The kopf wiring, and nothing else: every handler is one call into :class:`OperatorState`.
+
+Indexes (pods of sandbox hosts, nodes, ActionPools) are kept by kopf from its watches, so no
+handler lists anything. kopf's own state (progress, the last handled spec, the finalizer) lives
+under ``tangram.arl.dev``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import kopf
+
+from arl_tangram.api.meta import GROUP, VERSION
+from arl_tangram.controllers.errors import adapted
+from arl_tangram.controllers.operator import POOL_PERIOD_S, OperatorSettings, OperatorState
+from arl_tangram.domain.pools import pool_key
+from arl_tangram.runtime.pods import POOL_LABEL, ROLE_LABEL, ROLE_SANDBOX_HOST
+
+POOLS = (GROUP, VERSION, "actionpools")
+BATCHES = (GROUP, VERSION, "actionbatches")
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    # Leadership is ours (a Lease), not kopf's peering objects.
+    settings.peering.standalone = True
+    # The API server ends watches after its own timeout; ask for 5 minutes so a quiet watch is
+    # renewed before any proxy in between drops it, and give the client a margin on top.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+    # Events are posted by the controllers themselves (scaling, rollouts, failures); kopf's own
+    # per-handler chatter stays in the log.
+    settings.posting.level = logging.WARNING
+    state = OperatorState(OperatorSettings.from_env())
+    memo["state"] = state
+    await state.start()  # a standby waits here until it leads
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    state: OperatorState | None = memo.get("state")
+    if state is not None:
+        await state.stop()
+
+
+# ---- indexes ---------------------------------------------------------------------------------------
+@kopf.index("pods", labels={ROLE_LABEL: ROLE_SANDBOX_HOST})
+def host_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[str, kopf.Body]:
+    return {pool_key(namespace or "", labels.get(POOL_LABEL, "")): body}
+
+
+@kopf.index("nodes")
+def nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, kopf.Body]:
+    return {name: body}
+
+
+@kopf.index(*POOLS)
+def pools(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[str, kopf.Body]:
+    return {pool_key(namespace or "", name): body}
+
+
+def _bind(memo: kopf.Memo, indexes: dict[str, Any]) -> OperatorState:
+    """The state, looking at kopf's live indexes (passed to handlers by their function names)."""
+    state: OperatorState = memo["state"]
+    host_index = indexes["host_pods"]
+    state.host_index, state.node_index, state.pool_index = host_index, indexes["nodes"], indexes["pools"]
+    state.runtime.bind(host_index)
+    return state
+
+
+# ---- ActionPool --------------------------------------------------------------------------------------
+@kopf.daemon(*POOLS, id="reconcile", cancellation_timeout=10)
+async def pool_loop(
+    body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **kwargs: Any
+) -> None:
+    """Level-based: one reconcile of the pool every period for as long as it exists."""
+    state = _bind(memo, kwargs)
+    while not stopped:
+        try:
+            await adapted(lambda: state.reconcile_pool(body))
+        except kopf.TemporaryError as exc:
+            logger.warning("pool reconcile: %s (retrying in %ss)", exc, exc.delay)
+        except Exception:  # one pool's failure must never stop its loop
+            logger.exception("pool reconcile failed; retrying")
+        await asyncio.sleep(POOL_PERIOD_S)
+
+
+@kopf.on.delete(*POOLS, id="release", optional=True)
+async def pool_deleted(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    await memo["state"].pool_deleted(namespace or "", name)
+
+
+# ---- ActionBatch ----------------------------------------------------------------------------------
+@kopf.on.resume(*BATCHES, id="run")
+@kopf.on.create(*BATCHES, id="run")
+async def batch_run(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    state = _bind(memo, kwargs)
+    state.batches.ensure(body)
+
+
+@kopf.on.delete(*BATCHES, id="cancel")
+async def batch_deleted(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    await memo["state"].batches.forget(namespace or "", name)

@@ -1,0 +1,319 @@
+# mypy: disable-error-code="arg-type,no-untyped-call"
+# The kubernetes client types request bodies as models (plain dicts are valid JSON for the same
+# calls), and its config loaders have no annotations.
+"""The operator's long-lived state, built once at start-up and kept in kopf's memo.
+
+One dispatcher (queue, scheduler, agent client), one runtime, one capacity planner, one batch
+manager and one status writer per process; the kopf handlers only call into them. Only the leader
+builds them: a standby waits for the Lease in :meth:`OperatorState.start` and serves ``/healthz``
+and a ``/readyz`` that says who leads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from arl_tangram.api.actionpool import ActionPool
+from arl_tangram.api.meta import GROUP, VERSION
+from arl_tangram.controllers.actionbatch import BatchManager
+from arl_tangram.controllers.actionpool import PoolController, node_snapshot
+from arl_tangram.controllers.leader import LeaseElector
+from arl_tangram.controllers.metrics import OperatorMetrics
+from arl_tangram.dispatch.agent import AgentClient
+from arl_tangram.dispatch.dispatcher import Dispatcher
+from arl_tangram.domain.actions import ActionOutcome, ActionRequest
+from arl_tangram.domain.pools import pool_config, pool_key
+from arl_tangram.errors import InvalidSpec
+from arl_tangram.planner.capacity_planner import CapacityPlanner, PlannerConfig
+from arl_tangram.planner.snapshot import NodeSnapshot
+from arl_tangram.runtime.interface import HostObservation
+from arl_tangram.runtime.kubernetes import KubernetesRuntime
+from arl_tangram.runtime.pods import observe_host
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = "tangram-operator-leader"
+# One planning round per pool per period; short enough that a burst gets hosts within seconds.
+POOL_PERIOD_S = 2.0
+# The planner's MILP runs per pool round: keep it well inside the period (greedy stands in on time-out).
+PLANNER_TIME_LIMIT_S = 0.5
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    """Settings of one operator process, read once at start-up (environment, then flags)."""
+
+    namespace: str
+    identity: str
+    listen_host: str = "0.0.0.0"
+    listen_port: int = 8080
+    policy: str = "tangram"
+    leader_election: bool = True
+
+    @classmethod
+    def from_env(cls) -> OperatorSettings:
+        port = os.environ.get("TANGRAM_LISTEN_PORT", "8080")
+        if not port.isdigit() or not 0 <= int(port) < 65536:
+            raise InvalidSpec("TANGRAM_LISTEN_PORT", f"must be a port number, got {port!r}")
+        return cls(
+            namespace=os.environ.get("POD_NAMESPACE", "tangram-system"),
+            identity=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
+            listen_host=os.environ.get("TANGRAM_LISTEN_HOST", "0.0.0.0"),
+            listen_port=int(port),
+            policy=os.environ.get("TANGRAM_POLICY", "tangram"),
+            leader_election=os.environ.get("TANGRAM_LEADER_ELECTION", "true").lower() not in ("0", "false"),
+        )
+
+
+def api_client() -> client.ApiClient:
+    """The in-cluster ServiceAccount when there is one, else the kubeconfig (KUBECONFIG)."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+class OperatorState:
+    """Everything the handlers share; see the module docstring."""
+
+    def __init__(self, settings: OperatorSettings, api: client.ApiClient | None = None) -> None:
+        self.settings = settings
+        self.api = api or api_client()
+        self.metrics = OperatorMetrics()
+        self.custom = client.CustomObjectsApi(self.api)
+        self.agent = AgentClient()
+        self.batches = BatchManager(
+            run=self._run,
+            cancel=self._cancel,
+            pool_languages=self._pool_languages,
+            patch_status=self._patch_batch_status,
+            delete=self._delete_batch,
+        )
+        self.dispatcher = Dispatcher(
+            self.agent,
+            policy=settings.policy,
+            on_started=self.batches.started,
+        )
+        self.runtime = KubernetesRuntime(self.api, count_write=self.metrics.api_write)
+        self.planner = CapacityPlanner(PlannerConfig(time_limit_s=PLANNER_TIME_LIMIT_S))
+        self.pools = PoolController(self.dispatcher, self.runtime, self.planner)
+        self.elector = LeaseElector(
+            self.api, settings.namespace, LEASE_NAME, settings.identity, count_write=self.metrics.api_write
+        )
+        self.pool_index: Mapping[str, Iterable[Mapping[str, Any]]] = {}
+        self.node_index: Mapping[str, Iterable[Mapping[str, Any]]] = {}
+        self.host_index: Mapping[str, Iterable[Mapping[str, Any]]] = {}
+        self._written_pool_status: dict[str, dict[str, Any]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._runner: web.AppRunner | None = None
+        self.started_at = time.time()
+
+    # ---- life cycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Serve health, wait for leadership, then start the status writer."""
+        await self._serve()
+        if self.settings.leader_election:
+            await self.elector.acquire()
+            self._tasks.append(asyncio.create_task(self.elector.hold(self._lost_leadership)))
+        else:
+            self.elector.is_leader = True
+        self.metrics.leader.set(1)
+        self._tasks.append(asyncio.create_task(self.batches.run_writer()))
+        self._tasks.append(asyncio.create_task(self._sessions_janitor()))
+
+    def _lost_leadership(self) -> None:
+        # Stop at once: another replica may lead now, and two leaders would hand out the same cores.
+        log.error("leadership lost: stopping so that this replica restarts as a standby")
+        self.metrics.leader.set(0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    async def stop(self) -> None:
+        await self.batches.flush()
+        await self.dispatcher.shutdown()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.elector.release()
+        await self.agent.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _sessions_janitor(self) -> None:
+        while True:
+            await asyncio.sleep(10)
+            await self.dispatcher.expire_sessions()
+
+    # ---- what the batch manager needs ---------------------------------------------------------
+    async def _run(self, request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        started = time.monotonic()
+        outcome = await self.dispatcher.run(request, attempts_so_far)
+        self.metrics.finished(
+            pool_key(request.namespace, request.target), request, outcome, time.monotonic() - started
+        )
+        return outcome
+
+    async def _cancel(self, key: str) -> bool:
+        return await self.dispatcher.cancel(key)
+
+    def _pool_languages(self, namespace: str, name: str) -> tuple[str, ...] | None:
+        """The languages of an existing pool; None when there is no such ActionPool."""
+        cfg = self.dispatcher.pool_config(namespace, name)
+        if cfg is not None:
+            return cfg.languages
+        for body in self.pool_index.get(pool_key(namespace, name), ()):
+            meta = body.get("metadata") or {}
+            try:
+                model = ActionPool.model_validate({"metadata": dict(meta), "spec": body.get("spec") or {}})
+                cfg = pool_config(model, uid=str(meta.get("uid", "")))
+            except (ValueError, InvalidSpec):
+                return None
+            self.dispatcher.upsert_pool(cfg)
+            return cfg.languages
+        return None
+
+    async def _patch_batch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.metrics.api_write("patch", "actionbatches/status")
+        try:
+            await asyncio.to_thread(
+                self.custom.patch_namespaced_custom_object_status,
+                GROUP,
+                VERSION,
+                namespace,
+                "actionbatches",
+                name,
+                {"status": status},
+            )
+        except ApiException as exc:
+            if exc.status != 404:  # deleted meanwhile: nothing left to report to
+                raise
+
+    async def _delete_batch(self, namespace: str, name: str) -> None:
+        self.metrics.api_write("delete", "actionbatches")
+        try:
+            await asyncio.to_thread(
+                self.custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, "actionbatches", name
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    # ---- pools --------------------------------------------------------------------------------
+    def nodes(self) -> list[NodeSnapshot]:
+        out = []
+        for bodies in self.node_index.values():
+            for body in bodies:
+                node = node_snapshot(body)
+                if node is not None:
+                    out.append(node)
+        return out
+
+    def all_hosts(self) -> list[HostObservation]:
+        found = [observe_host(b) for bodies in self.host_index.values() for b in bodies]
+        return [h for h in found if h is not None]
+
+    async def reconcile_pool(self, body: Mapping[str, Any]) -> None:
+        """One round for one pool, status written only when it changed."""
+        t0 = time.perf_counter()
+        status, ops = await self.pools.reconcile(body, self.nodes(), self.all_hosts())
+        self.metrics.reconcile.labels("ActionPool").observe(time.perf_counter() - t0)
+        meta = body.get("metadata") or {}
+        key = pool_key(str(meta.get("namespace")), str(meta.get("name")))
+        self._export_pool(key, status, ops)
+        if self._written_pool_status.get(key) == status:
+            return
+        self.metrics.api_write("patch", "actionpools/status")
+        await asyncio.to_thread(
+            self.custom.patch_namespaced_custom_object_status,
+            GROUP,
+            VERSION,
+            str(meta.get("namespace")),
+            "actionpools",
+            str(meta.get("name")),
+            {"status": status},
+        )
+        self._written_pool_status[key] = status
+
+    def _export_pool(self, key: str, status: Mapping[str, Any], ops: Iterable[Any]) -> None:
+        from arl_tangram.controllers.actionpool import CreateHost, DeleteHost
+
+        m = self.metrics
+        m.queue_depth.labels(key).set(status.get("queueDepth", 0))
+        m.units.labels(key, "busy").set(status.get("coresBusy", 0))
+        m.units.labels(key, "total").set(status.get("coresTotal", 0))
+        m.hosts.labels(key, "ready").set(status.get("hostsReady", 0))
+        m.hosts.labels(key, "starting").set(status.get("hostsStarting", 0))
+        for op in ops:
+            if isinstance(op, CreateHost):
+                m.scale_events.labels(key, "up").inc()
+            elif isinstance(op, DeleteHost):
+                m.scale_events.labels(key, "down").inc()
+        stats = self.dispatcher.stats(key)
+        for us in list(self.dispatcher.decision_us):
+            m.decisions.observe(us / 1e6)
+        self.dispatcher.decision_us.clear()
+        if stats is not None:
+            m.hosts.labels(key, "unhealthy").set(len(stats.unhealthy))
+
+    async def pool_deleted(self, namespace: str, name: str) -> None:
+        self._written_pool_status.pop(pool_key(namespace, name), None)
+        await self.pools.deleted(namespace, name)
+
+    # ---- HTTP: health, readiness, metrics, full batch results ----------------------------------
+    async def _serve(self) -> None:
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/v1/batches/{namespace}/{name}/results", self._results)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.settings.listen_host, self.settings.listen_port)
+        await site.start()
+        log.info("serving health and results on %s:%d", self.settings.listen_host, self.settings.listen_port)
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        if self.elector.is_leader:
+            return web.json_response({"role": "leader", "identity": self.settings.identity})
+        return web.json_response(
+            {"role": "standby", "identity": self.settings.identity, "leader": self.elector.holder}, status=503
+        )
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def _results(self, request: web.Request) -> web.StreamResponse:
+        if not self.elector.is_leader:
+            return web.json_response({"error": "standby", "leader": self.elector.holder}, status=503)
+        ns, name = request.match_info["namespace"], request.match_info["name"]
+        rows = await self.batches.results(ns, name)
+        if rows is None:
+            return web.json_response(
+                {"error": f"no ActionBatch {ns}/{name} is known to this operator"}, status=404
+            )
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+        async for row in rows:
+            await resp.write(json.dumps(row).encode() + b"\n")
+        await resp.write_eof()
+        return resp
