@@ -24,9 +24,11 @@ from typing import Any
 from arl_tangram.errors import CapacityExceeded, InvalidSpec, NotReady
 from arl_tangram.sandbox import isolation, workfiles
 from arl_tangram.sandbox.actions import ActionControl
+from arl_tangram.sandbox.builds import Builder, CompileStep, Dispatch
 from arl_tangram.sandbox.config import AgentConfig, infra_cores
 from arl_tangram.sandbox.cores import CorePool
 from arl_tangram.sandbox.forkclient import ForkServerClient, next_id
+from arl_tangram.sandbox.languages import Detection, detect
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,7 @@ class ActionSpec:
     files: dict[str, bytes] = field(default_factory=dict)
     fetch_files: list[str] = field(default_factory=list)
     args: list[str] = field(default_factory=list)
+    compile_timeout_s: float | None = None  # compiled languages (builds.py)
 
 
 @dataclass
@@ -72,6 +75,7 @@ class ActionResult:
     interpreter_restarted: bool = False
     message: str = ""
     notes: list[str] = field(default_factory=list)  # about the result's parts (fetched files left out)
+    compile: CompileStep | None = None  # a compiled language's build (builds.py)
 
 
 # "cancelled": ended by ``DELETE /v1/actions/{key}`` (see actions.py).
@@ -154,6 +158,8 @@ class Executor:
         self.sessions: dict[str, Session] = {}
         self.isolation: dict[str, Any] = {}
         self.root = config.workdir_root
+        # Languages beyond Python: their toolchains are found in ``start``.
+        self.builder = Builder(Detection({}, {}), config.limits.max_timeout_s)
         self._uids: deque[int] = deque()
         self._session_uids: deque[int] = deque()
         self._slots = asyncio.Semaphore(config.max_concurrent)
@@ -170,6 +176,7 @@ class Executor:
     async def start(self) -> list[str]:
         """Create the workdir root, start the fork server; returns the isolation warnings."""
         self.root = _prepare_root(self.root)
+        self.builder.detection = await asyncio.to_thread(detect)
         if self.run_as_root:
             base = self.config.uid_base
             self._uids = deque(range(base, base + self.config.max_concurrent))
@@ -185,7 +192,7 @@ class Executor:
             "base_env": self._env(self.root, 1),
             "writable": [self.root],
             "cores": self.config.cores,
-            "readable": _runtime_paths(),
+            "readable": [*_runtime_paths(), *self.builder.detection.readable()],
         }
         # One fork server owns all the cores, so that it alone decides when an action may start.
         # It forks about a thousand actions a second here; a host with many more cores than that
@@ -250,7 +257,7 @@ class Executor:
 
     # ---- actions ----------------------------------------------------------------------------------
     def _check_runtime(self, runtime: str) -> None:
-        if runtime not in self.config.runtimes:
+        if runtime not in self.config.runtimes and not self.builder.offers(runtime):
             raise InvalidSpec(
                 "runtime", f"unknown runtime {runtime!r}; this pool offers {', '.join(self.config.runtimes)}"
             )
@@ -314,6 +321,7 @@ class Executor:
                 await self._replace_dead_server()
         if spec.runtime == "pytest":
             spec.files = {**spec.files, PYTEST_FILE: spec.code.encode()}
+        spec.files = self.builder.admit(spec.runtime, spec.code, spec.files, spec.compile_timeout_s)
         session = None
         if spec.session_id is not None:
             session = self.sessions.get(spec.session_id)
@@ -401,6 +409,18 @@ class Executor:
 
             msg = self._message(spec, uid, workdir, want, timeout_s, limits)
             msg["remove_workdir"] = not spec.fetch_files
+            build = await self.builder.prepare(
+                spec.runtime,
+                spec.files,
+                msg,
+                self._dispatcher(control),
+                spec.compile_timeout_s,
+                cacheable=True,
+            )
+            if build.stop is not None:  # the compile failed: the action ends there
+                cores, reply = build.stop
+                files, notes = self._fetch(workdir, spec.fetch_files)
+                return build.attach(self._result(reply, cores, files, None, timeout_s, notes))
             cores, reply = await self._dispatch(self._live_server(), msg, control)
             files, notes = self._fetch(workdir, spec.fetch_files)
         finally:
@@ -408,7 +428,7 @@ class Executor:
                 self._discard_workdir(workdir, uid)
             if uid is not None:
                 self._uids.append(uid)
-        return self._result(reply, cores, files, None, timeout_s, notes)
+        return build.attach(self._result(reply, cores, files, None, timeout_s, notes))
 
     async def _run_in_session(
         self,
@@ -429,6 +449,14 @@ class Executor:
             msg["sid"] = session.id
             # A long-lived interpreter must not die of accumulated CPU seconds.
             msg["limits"] = {k: v for k, v in limits.items() if k != "cpu"}
+        build = await self.builder.prepare(
+            spec.runtime, spec.files, msg, self._dispatcher(control), spec.compile_timeout_s, cacheable=False
+        )
+        if build.stop is not None:  # the compile failed: the action ends there
+            cores, reply = build.stop
+            session.last_used = time.monotonic()
+            files, notes = self._fetch(session.workdir, spec.fetch_files)
+            return build.attach(self._result(reply, cores, files, session.id, timeout_s, notes))
         server = self._live_server()
         cores, reply = await self._dispatch(server, msg, control)
         if interp:
@@ -443,7 +471,7 @@ class Executor:
         if interp:
             session.interpreter_rss_kb = reply.get("max_rss_kb")
         files, notes = self._fetch(session.workdir, spec.fetch_files)
-        return self._result(reply, cores, files, session.id, timeout_s, notes)
+        return build.attach(self._result(reply, cores, files, session.id, timeout_s, notes))
 
     async def _dispatch(
         self, server: ForkServerClient, msg: dict[str, Any], control: ActionControl | None = None
@@ -465,6 +493,10 @@ class Executor:
         if "busy_cores" in reply:
             self.cores_busy = int(reply["busy_cores"])
         return list(reply.get("cores") or []), reply
+
+    def _dispatcher(self, control: ActionControl | None) -> Dispatch:
+        """``_dispatch`` to the running fork server, cancelled with ``control`` (a compile step)."""
+        return lambda msg: self._dispatch(self._live_server(), msg, control)
 
     def _message(
         self,

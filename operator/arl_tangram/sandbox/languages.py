@@ -367,7 +367,8 @@ def unavailable_language(
             "msg": f"Input should be {expected}",
             "input": name,
         }
-        return 422, {"detail": [detail], "error": message}
+        # ``detail`` as SandboxFusion's request validation words it; the rest as our refusals.
+        return 422, {"detail": [detail], "error": message, "status": "SandboxError", "message": message}
     canonical = known_name(name) or name
     why = missing.get(canonical, "no runner for it in this agent")
     return 200, {

@@ -30,7 +30,7 @@ class RunCodeRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    compile_timeout: float = Field(10, description="compile timeout (no compiled languages here)")
+    compile_timeout: float = Field(10, description="wall-clock limit of the compile step, seconds")
     run_timeout: float = Field(10, gt=0, description="wall-clock limit of the run, seconds")
     memory_limit_MB: int = Field(-1, description="address-space limit in MB; -1: the pool's default")
     code: Text
@@ -54,6 +54,7 @@ class ExecuteRequest(BaseModel):
     cores: list[int] | None = Field(None, description="the exact cores granted by the scheduler")
     ncores: int = Field(1, ge=1, description="when no grant is given: how many cores to take")
     session_id: str | None = None
+    compile_timeout_s: float | None = Field(None, gt=0, description="compiled languages: the compile's limit")
     files: dict[Text, str] = Field(default_factory=dict, description="path -> base64 content")
     fetch_files: list[Text] = Field(default_factory=list)
     args: list[Text] = Field(default_factory=list)

@@ -47,6 +47,7 @@ from arl_tangram.sandbox.actions import (
 )
 from arl_tangram.sandbox.config import AgentConfig
 from arl_tangram.sandbox.executor import ActionResult, ActionSpec, Executor
+from arl_tangram.sandbox.languages import known_name, unavailable_language
 from arl_tangram.sandbox.models import ExecuteRequest, RunCodeRequest, SessionRequest
 
 log = logging.getLogger(__name__)
@@ -242,6 +243,7 @@ async def execute(request: web.Request) -> web.Response:
         cores=body.cores,
         ncores=body.ncores,
         session_id=body.session_id,
+        compile_timeout_s=body.compile_timeout_s,
         files=_decode_files(body.files),
         fetch_files=_checked_fetch_files(body.fetch_files),
         args=body.args,
@@ -271,6 +273,7 @@ async def _execute_action(
             "interpreter_restarted": result.interpreter_restarted,
             "message": result.message,
             "notes": result.notes,
+            "compile": None if result.compile is None else result.compile.as_dict(),
             "files": {
                 k: base64.b64encode(v).decode() if v is not None else None for k, v in result.files.items()
             },
@@ -284,15 +287,19 @@ async def run_code(request: web.Request) -> web.Response:
     cores = parse_cores_header(request.headers.get(CORES_HEADER))
     body: RunCodeRequest = await _parse(request, RunCodeRequest)
     executor = request.app[EXECUTOR]
-    runtime = LANGUAGES.get(body.language)
-    if runtime is None or runtime not in executor.config.runtimes:
-        offered = sorted(k for k, v in LANGUAGES.items() if v in executor.config.runtimes)
-        raise InvalidSpec("language", f"unsupported language {body.language!r}; this pool offers {offered}")
+    runtime = LANGUAGES.get(body.language) or known_name(body.language)
+    if runtime is None or not (runtime in executor.config.runtimes or executor.builder.offers(runtime)):
+        # SandboxFusion's answers: 422 for a name it does not know, its response shape otherwise.
+        offered = [k for k, v in LANGUAGES.items() if v in executor.config.runtimes]
+        offered += executor.builder.names()
+        status, answer = unavailable_language(body.language, offered, executor.builder.detection.missing)
+        return web.json_response(answer, status=status)
     spec = ActionSpec(
         runtime=runtime,
         code=body.code,
         stdin=body.stdin,
         timeout_s=body.run_timeout,
+        compile_timeout_s=body.compile_timeout,
         memory_mb=body.memory_limit_MB if body.memory_limit_MB > 0 else None,
         files=_decode_files(body.files),
         fetch_files=_checked_fetch_files(body.fetch_files),
@@ -449,8 +456,11 @@ def sandboxfusion_response(result: ActionResult) -> dict[str, Any]:
     return {
         "status": status,
         "message": result.message if result.outcome in ("sandbox_error", "cancelled") else "",
-        "compile_result": None,
-        "run_result": {
+        "compile_result": None if result.compile is None else result.compile.as_dict(),
+        # A failed compile ends the action: no run, as in SandboxFusion.
+        "run_result": None
+        if result.compile is not None and not result.compile.ok
+        else {
             "status": run_status,
             "execution_time": round(result.wall_s, 6),
             "return_code": None if result.outcome == "timeout" else result.exit_code,
@@ -522,6 +532,7 @@ async def health(request: web.Request) -> web.Response:
             "status": "ok" if ok else "degraded",
             "isolation": executor.isolation,
             "runtimes": list(executor.config.runtimes),
+            "languages": executor.builder.describe(),
             "cores": {"total": len(executor.cores.cores), "busy": executor.cores_busy},
             "sessions": len(executor.sessions),
             "outcomes": executor.counts,
@@ -558,6 +569,7 @@ def build_app(config: AgentConfig) -> web.Application:
         warnings = await executor.start()
         for line in warnings:
             log.warning("sandbox isolation: %s", line)
+        log.info("sandbox %s", executor.builder.detection.summary())
         yield
         # Keyed actions still running die with the fork server; their tasks then end.
         await executor.close()

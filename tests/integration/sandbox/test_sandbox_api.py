@@ -82,7 +82,10 @@ def test_run_code_bash_and_unknown_language(agent: Agent) -> None:
     body = agent.post("/run_code", {"code": "echo $((6*7))", "language": "bash"}).json()
     assert body["run_result"]["stdout"] == "42\n"
     resp = agent.post("/run_code", {"code": "x", "language": "cobol"})
-    assert resp.status_code == 400
+    # SandboxFusion's answer to a name it does not know: request validation (more in
+    # test_sandbox_languages.py).
+    assert resp.status_code == 422
+    assert resp.json()["detail"][0]["loc"] == ["body", "language"]
     assert "cobol" in resp.json()["message"]
     assert resp.json()["status"] == "SandboxError"
 

@@ -1,0 +1,464 @@
+"""SandboxFusion-style ``/run_code`` cases for every language beyond Python, against a real agent.
+
+Written from SandboxFusion's documented behaviour (its runner semantics and response shape): a
+compiled language reports ``compile_result``; a failed or timed-out compile ends the action with
+``status: Failed`` and no ``run_result``; a run that exits non-zero is ``Finished`` with its return
+code and ``status: Failed``; a run past ``run_timeout`` is ``TimeLimitExceeded``. TypeScript runs as
+``tsx`` runs it (types stripped, not checked): no ``compile_result``, a syntax error fails the run.
+
+Each language is skipped only when this host lacks its toolchain, and the skip names the binary.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from sandbox_agent_harness import Agent, processes_of, start_agent, stop_agent
+
+# Output past what a pipe buffers (64 KiB) many times over, under the default output cap.
+LARGE_LINES = 50_000  # "line <n>\n" for n < 50000: 438,890 bytes
+
+
+@dataclass(frozen=True)
+class Programs:
+    """One language's programs for the cases (each reads "a b" on stdin where it says so)."""
+
+    sum_stdin: str  # prints a + b
+    wrong: str  # prints a + b + 1
+    runtime_error: str  # fails at run time (non-zero exit)
+    compile_error: str  # does not compile (TypeScript: does not parse)
+    loop: str  # never ends
+    large: str  # prints "line 0" .. "line {LARGE_LINES - 1}"
+    with_header: str = ""  # uses the value from the request file "util.h" (C and C++ only)
+
+
+PROGRAMS: dict[str, Programs] = {
+    "cpp": Programs(
+        sum_stdin='#include <iostream>\nint main(){long a,b; std::cin>>a>>b; std::cout<<a+b<<"\\n";}\n',
+        wrong='#include <iostream>\nint main(){long a,b; std::cin>>a>>b; std::cout<<a+b+1<<"\\n";}\n',
+        runtime_error='#include <stdexcept>\nint main(){ throw std::runtime_error("boom"); }\n',
+        compile_error="int main() { return undeclared_name; }\n",
+        loop="int main(){ volatile long x = 0; for(;;) x++; }\n",
+        large=f'#include <cstdio>\nint main(){{for(int i=0;i<{LARGE_LINES};i++) printf("line %d\\n", i);}}\n',
+        with_header='#include <iostream>\n#include "util.h"\nint main(){ std::cout << VALUE << "\\n"; }\n',
+    ),
+    "c": Programs(
+        sum_stdin=(
+            '#include <stdio.h>\nint main(void){long a,b; scanf("%ld%ld",&a,&b); printf("%ld\\n",a+b);}\n'
+        ),
+        wrong=(
+            '#include <stdio.h>\nint main(void){long a,b; scanf("%ld%ld",&a,&b); printf("%ld\\n",a+b+1);}\n'
+        ),
+        runtime_error="#include <stdlib.h>\nint main(void){ abort(); }\n",
+        compile_error="int main(void) { return undeclared_name; }\n",
+        loop="int main(void){ volatile long x = 0; for(;;) x++; }\n",
+        large=(
+            f"#include <stdio.h>\n"
+            f'int main(void){{for(int i=0;i<{LARGE_LINES};i++) printf("line %d\\n",i);}}\n'
+        ),
+        with_header='#include <stdio.h>\n#include "util.h"\nint main(void){ printf("%d\\n", VALUE); }\n',
+    ),
+    "java": Programs(
+        sum_stdin=(
+            "import java.util.*;\npublic class Main { public static void main(String[] x) {\n"
+            "  Scanner s = new Scanner(System.in); long a = s.nextLong(), b = s.nextLong();\n"
+            "  System.out.println(a + b); } }\n"
+        ),
+        wrong=(
+            "import java.util.*;\npublic class Main { public static void main(String[] x) {\n"
+            "  Scanner s = new Scanner(System.in); long a = s.nextLong(), b = s.nextLong();\n"
+            "  System.out.println(a + b + 1); } }\n"
+        ),
+        runtime_error=(
+            "public class Main { public static void main(String[] x) {\n"
+            "  int[] a = new int[1]; System.out.println(a[5]); } }\n"
+        ),
+        compile_error="public class Main { public static void main(String[] x) { int y = ; } }\n",
+        loop="public class Main { public static void main(String[] x) { while (true) {} } }\n",
+        large=(
+            "public class Main { public static void main(String[] x) {\n"
+            "  StringBuilder b = new StringBuilder();\n"
+            f'  for (int i = 0; i < {LARGE_LINES}; i++) b.append("line ").append(i).append("\\n");\n'
+            "  System.out.print(b); } }\n"
+        ),
+    ),
+    "go": Programs(
+        sum_stdin=(
+            'package main\nimport "fmt"\nfunc main(){ var a, b int64; fmt.Scan(&a, &b); fmt.Println(a+b) }\n'
+        ),
+        wrong=(
+            "package main\n"
+            'import "fmt"\nfunc main(){ var a, b int64; fmt.Scan(&a, &b); fmt.Println(a+b+1) }\n'
+        ),
+        runtime_error='package main\nfunc main(){ var m map[string]int; m["x"] = 1 }\n',
+        compile_error="package main\nfunc main(){ x := 1 }\n",
+        loop="package main\nfunc main(){ for { } }\n",
+        large=(
+            'package main\nimport ("bufio"; "fmt"; "os")\nfunc main(){\n'
+            "  w := bufio.NewWriter(os.Stdout); defer w.Flush()\n"
+            f'  for i := 0; i < {LARGE_LINES}; i++ {{ fmt.Fprintf(w, "line %d\\n", i) }} }}\n'
+        ),
+    ),
+    "rust": Programs(
+        sum_stdin=(
+            "use std::io::Read;\nfn main(){ let mut s = String::new();\n"
+            "  std::io::stdin().read_to_string(&mut s).unwrap();\n"
+            "  let v: Vec<i64> = s.split_whitespace().map(|x| x.parse().unwrap()).collect();\n"
+            '  println!("{}", v[0] + v[1]); }\n'
+        ),
+        wrong=(
+            "use std::io::Read;\nfn main(){ let mut s = String::new();\n"
+            "  std::io::stdin().read_to_string(&mut s).unwrap();\n"
+            "  let v: Vec<i64> = s.split_whitespace().map(|x| x.parse().unwrap()).collect();\n"
+            '  println!("{}", v[0] + v[1] + 1); }\n'
+        ),
+        runtime_error=(
+            "fn main(){ let v: Vec<i32> = Vec::new(); let i = std::env::args().count() + 4;\n"
+            '  println!("{}", v[i]); }\n'
+        ),
+        compile_error='fn main(){ let x: i32 = "text"; }\n',
+        loop="fn main(){ let mut x: u64 = 0; loop { x = std::hint::black_box(x + 1); } }\n",
+        large=(
+            "use std::io::Write;\nfn main(){ let out = std::io::stdout(); let mut w = out.lock();\n"
+            f'  for i in 0..{LARGE_LINES} {{ writeln!(w, "line {{}}", i).unwrap(); }} }}\n'
+        ),
+    ),
+    "nodejs": Programs(
+        sum_stdin=(
+            'const [a, b] = require("fs").readFileSync(0, "utf8").trim().split(/\\s+/).map(Number);\n'
+            "console.log(a + b);\n"
+        ),
+        wrong=(
+            'const [a, b] = require("fs").readFileSync(0, "utf8").trim().split(/\\s+/).map(Number);\n'
+            "console.log(a + b + 1);\n"
+        ),
+        runtime_error="null.property;\n",
+        compile_error="function (\n",  # interpreted: a syntax error fails the run
+        loop="for (;;) {}\n",
+        large=(
+            f'const out = [];\nfor (let i = 0; i < {LARGE_LINES}; i++) out.push("line " + i);\n'
+            'console.log(out.join("\\n"));\n'
+        ),
+    ),
+    "typescript": Programs(
+        sum_stdin=(
+            "const parts: number[] = require('fs').readFileSync(0, 'utf8').split(/\\s+/).map(Number);\n"
+            "const add = (a: number, b: number): number => a + b;\n"
+            "console.log(add(parts[0], parts[1]));\n"
+        ),
+        wrong=(
+            "const parts: number[] = require('fs').readFileSync(0, 'utf8').split(/\\s+/).map(Number);\n"
+            "const add = (a: number, b: number): number => a + b + 1;\n"
+            "console.log(add(parts[0], parts[1]));\n"
+        ),
+        runtime_error="const thing: any = null;\nconsole.log(thing.property);\n",
+        compile_error="const x: number = ;\n",
+        loop="while (true) {}\n",
+        large=(
+            f"const out: string[] = [];\nfor (let i = 0; i < {LARGE_LINES}; i++) out.push(`line ${{i}}`);\n"
+            'console.log(out.join("\\n"));\n'
+        ),
+    ),
+}
+LANGUAGES = sorted(PROGRAMS)
+# Languages SandboxFusion builds in a compile step it reports as ``compile_result``.
+REPORTS_COMPILE = {"cpp", "c", "java", "go", "rust"}
+# A first build can be slow on a busy two-core machine (javac, rustc, a Go build of new packages).
+COMPILE_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    """One agent for the module (real process, real HTTP on loopback)."""
+    root: Path = tmp_path_factory.mktemp("languages") / "work"
+    running = start_agent(root)
+    yield running
+    stop_agent(running)
+    assert not root.exists(), "the agent must remove its workdir root on shutdown"
+    assert processes_of(running.uids) == []
+
+
+@pytest.fixture(scope="module")
+def found(agent: Agent) -> dict[str, Any]:
+    """``/v1/health``'s languages: what the agent found, and what is missing for the rest."""
+    body: dict[str, Any] = requests.get(agent.url + "/v1/health", timeout=10).json()["languages"]
+    return body
+
+
+def need(found: dict[str, Any], language: str) -> None:
+    """Skip unless the agent runs ``language``, naming the missing binary."""
+    if language not in found["found"]:
+        pytest.skip(f"{language}: {found['missing'].get(language, 'not detected')}")
+
+
+def run(agent: Agent, language: str, code: str, **fields: Any) -> dict[str, Any]:
+    body = {"code": code, "language": language, "compile_timeout": COMPILE_TIMEOUT_S, **fields}
+    resp = agent.post("/run_code", body, timeout=COMPILE_TIMEOUT_S + 60)
+    assert resp.status_code == 200, resp.text
+    answer: dict[str, Any] = resp.json()
+    return answer
+
+
+def assert_built(language: str, body: dict[str, Any]) -> None:
+    """A successful build, reported as SandboxFusion reports it (or not at all where it does not)."""
+    if language in REPORTS_COMPILE:
+        compiled = body["compile_result"]
+        assert compiled is not None, body
+        assert compiled["status"] == "Finished", compiled
+        assert compiled["return_code"] == 0, compiled
+        assert set(compiled) >= {"status", "execution_time", "return_code", "stdout", "stderr"}
+    else:
+        assert body["compile_result"] is None
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_correct_answer_reads_stdin(agent: Agent, found: dict[str, Any], language: str) -> None:
+    need(found, language)
+    body = run(agent, language, PROGRAMS[language].sum_stdin, stdin="20 22\n")
+    assert body["status"] == "Success", body
+    assert_built(language, body)
+    assert body["run_result"]["status"] == "Finished"
+    assert body["run_result"]["return_code"] == 0
+    assert body["run_result"]["stdout"] == "42\n"
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_wrong_answer_is_a_success_with_other_output(
+    agent: Agent, found: dict[str, Any], language: str
+) -> None:
+    need(found, language)
+    body = run(agent, language, PROGRAMS[language].wrong, stdin="20 22\n")
+    # As in SandboxFusion: the sandbox reports the run; comparing answers is the client's part.
+    assert body["status"] == "Success", body
+    assert body["run_result"]["stdout"] == "43\n"
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_runtime_error_is_failed_and_finished(agent: Agent, found: dict[str, Any], language: str) -> None:
+    need(found, language)
+    body = run(agent, language, PROGRAMS[language].runtime_error)
+    assert body["status"] == "Failed", body
+    assert_built(language, body)
+    assert body["run_result"]["status"] == "Finished"
+    assert body["run_result"]["return_code"] != 0
+    if language != "c":  # abort() says nothing; the others' runtimes name the error
+        assert body["run_result"]["stderr"] != ""
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_compile_error_is_reported_as_sandboxfusion_does(
+    agent: Agent, found: dict[str, Any], language: str
+) -> None:
+    need(found, language)
+    body = run(agent, language, PROGRAMS[language].compile_error)
+    assert body["status"] == "Failed", body
+    if language in REPORTS_COMPILE:
+        compiled = body["compile_result"]
+        assert compiled["status"] == "Finished"
+        assert compiled["return_code"] != 0
+        assert compiled["stderr"] != "", "the compiler's message is what a model reads back"
+        assert body["run_result"] is None, "a failed compile ends the action: nothing ran"
+    else:
+        # Interpreted (or, for TypeScript, transpiled as it runs): the run fails.
+        assert body["compile_result"] is None
+        assert body["run_result"]["status"] == "Finished"
+        assert body["run_result"]["return_code"] != 0
+        assert body["run_result"]["stderr"] != ""
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_run_timeout(agent: Agent, found: dict[str, Any], language: str) -> None:
+    need(found, language)
+    body = run(agent, language, PROGRAMS[language].loop, run_timeout=1)
+    assert body["status"] == "Failed", body
+    assert_built(language, body)
+    assert body["run_result"]["status"] == "TimeLimitExceeded"
+    assert body["run_result"]["return_code"] is None
+    assert body["outcome"] == "timeout"
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_large_output_comes_back_whole(agent: Agent, found: dict[str, Any], language: str) -> None:
+    need(found, language)
+    body = run(agent, language, PROGRAMS[language].large)
+    assert body["status"] == "Success", body
+    expected = "".join(f"line {i}\n" for i in range(LARGE_LINES))
+    assert body["run_result"]["stdout_truncated"] is False
+    assert body["run_result"]["stdout"] == expected
+
+
+@pytest.mark.parametrize("language", sorted(REPORTS_COMPILE))
+def test_compile_timeout_ends_the_action(agent: Agent, found: dict[str, Any], language: str) -> None:
+    need(found, language)
+    # No compiler here starts, reads its input and writes a binary in 1 ms; the source is new to
+    # the cache (a kept build is never served past a compile timeout shorter than it took).
+    code = PROGRAMS[language].sum_stdin + ("\n// timeout case\n" if language != "go" else "\n// t\n")
+    body = run(agent, language, code, compile_timeout=0.001)
+    assert body["status"] == "Failed", body
+    assert body["compile_result"]["status"] == "TimeLimitExceeded"
+    assert body["compile_result"]["return_code"] is None
+    assert body["run_result"] is None
+
+
+@pytest.mark.parametrize("language", sorted(REPORTS_COMPILE))
+def test_second_identical_build_is_a_cache_hit(agent: Agent, found: dict[str, Any], language: str) -> None:
+    need(found, language)
+    code = PROGRAMS[language].sum_stdin + "\n// cache case\n"
+    first = run(agent, language, code, stdin="1 2\n")
+    second = run(agent, language, code, stdin="3 4\n")
+    assert first["compile_result"]["cached"] is False
+    assert second["compile_result"]["cached"] is True
+    # The kept build runs as its own did, on this request's input.
+    assert (first["run_result"]["stdout"], second["run_result"]["stdout"]) == ("3\n", "7\n")
+
+
+@pytest.mark.parametrize("language", ["cpp", "c"])
+def test_a_changed_header_is_a_cache_miss(agent: Agent, found: dict[str, Any], language: str) -> None:
+    need(found, language)
+    code = PROGRAMS[language].with_header
+
+    def header(value: int) -> dict[str, str]:
+        return {"util.h": base64.b64encode(f"#define VALUE {value}\n".encode()).decode()}
+
+    one = run(agent, language, code, files=header(1))
+    again = run(agent, language, code, files=header(1))
+    two = run(agent, language, code, files=header(2))
+    assert [one["compile_result"]["cached"], again["compile_result"]["cached"]] == [False, True]
+    assert two["compile_result"]["cached"] is False
+    assert [b["run_result"]["stdout"] for b in (one, again, two)] == ["1\n", "1\n", "2\n"]
+
+
+def test_a_failed_build_is_kept_and_reported_again(agent: Agent, found: dict[str, Any]) -> None:
+    need(found, "cpp")
+    code = "int main() { return not_declared_here; }\n"
+    first = run(agent, "cpp", code)
+    second = run(agent, "cpp", code)
+    assert (first["compile_result"]["cached"], second["compile_result"]["cached"]) == (False, True)
+    assert second["compile_result"]["stderr"] == first["compile_result"]["stderr"]
+    assert "not_declared_here" in second["compile_result"]["stderr"]
+    assert second["run_result"] is None
+
+
+def test_concurrent_identical_builds_compile_once(agent: Agent, found: dict[str, Any]) -> None:
+    need(found, "cpp")
+    code = PROGRAMS["cpp"].sum_stdin + "\n// concurrent case\n"
+    with ThreadPoolExecutor(4) as pool:
+        bodies = list(pool.map(lambda i: run(agent, "cpp", code, stdin=f"{i} 1\n"), range(4)))
+    assert sorted(b["run_result"]["stdout"] for b in bodies) == ["1\n", "2\n", "3\n", "4\n"]
+    assert [b["compile_result"]["cached"] for b in bodies].count(False) == 1
+
+
+def test_the_compile_runs_in_the_actions_sandbox(agent: Agent, found: dict[str, Any]) -> None:
+    need(found, "cpp")
+    isolation = requests.get(agent.url + "/v1/health", timeout=10).json()["isolation"]
+    if not isolation["per_action_uid"]:
+        pytest.skip("the agent runs without a uid per action (not root with CAP_SETUID)")
+    # The compiler runs as the action's uid: it cannot read what the action could not.
+    body = run(agent, "cpp", '#include "/etc/shadow"\nint main(){}\n')
+    assert body["status"] == "Failed"
+    assert "Permission denied" in body["compile_result"]["stderr"]
+    # And under the action's memory limit: a compiler given 16 MB of address space cannot start.
+    tight = run(agent, "cpp", PROGRAMS["cpp"].sum_stdin + "\n// tight\n", memory_limit_MB=16)
+    assert tight["status"] == "Failed"
+    assert tight["compile_result"]["return_code"] != 0
+    assert tight["run_result"] is None
+
+
+def test_java_runs_within_the_default_memory_limit(agent: Agent, found: dict[str, Any]) -> None:
+    need(found, "java")
+    code = (
+        "public class Main { public static void main(String[] x) {\n"
+        "  long[] big = new long[32 * 1024 * 1024];  // 256 MB: the JVM heap follows the limit\n"
+        "  big[big.length - 1] = 7; System.out.println(big[big.length - 1]); } }\n"
+    )
+    body = run(agent, "java", code, memory_limit_MB=1024)
+    assert body["status"] == "Success", body
+    assert body["run_result"]["stdout"] == "7\n"
+
+
+def test_aliases_and_request_files(agent: Agent, found: dict[str, Any]) -> None:
+    need(found, "nodejs")
+    helper = base64.b64encode(b"module.exports = { twice: (x) => 2 * x };\n").decode()
+    body = run(agent, "js", 'console.log(require("./helper.js").twice(21));\n', files={"helper.js": helper})
+    assert body["status"] == "Success", body
+    assert body["run_result"]["stdout"] == "42\n"
+
+
+def test_health_lists_the_languages_found(agent: Agent, found: dict[str, Any]) -> None:
+    for name, entry in found["found"].items():
+        assert entry["version"], name
+        assert entry["binaries"], name
+    assert set(found["found"]) | set(found["missing"]) == set(LANGUAGES)
+    for name, why in found["missing"].items():
+        assert "not found on PATH" in why, (name, why)
+    assert set(found["compile_cache"]) >= {"entries", "bytes", "max_bytes", "hits", "misses"}
+
+
+def test_a_language_sandboxfusion_knows_but_this_host_lacks(agent: Agent) -> None:
+    resp = agent.post("/run_code", {"code": "print(1)", "language": "lua"})
+    # SandboxFusion's response shape, not an HTTP error a client reads as the API failing.
+    assert resp.status_code == 200
+    body = resp.json()
+    assert body["status"] == "SandboxError"
+    assert "lua" in body["message"]
+    assert body["compile_result"] is None and body["run_result"] is None
+
+
+def test_a_language_sandboxfusion_does_not_know(agent: Agent) -> None:
+    resp = agent.post("/run_code", {"code": "x", "language": "cobol"})
+    assert resp.status_code == 422  # SandboxFusion's request validation
+    detail = resp.json()["detail"]
+    assert detail[0]["loc"] == ["body", "language"]
+    assert detail[0]["input"] == "cobol"
+
+
+def test_native_api_reports_the_compile(agent: Agent, found: dict[str, Any]) -> None:
+    need(found, "cpp")
+    resp = agent.post(
+        "/v1/execute",
+        {"runtime": "cpp", "code": "int main() { return broken; }\n", "compile_timeout_s": COMPILE_TIMEOUT_S},
+        timeout=COMPILE_TIMEOUT_S + 60,
+    )
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["status"] == "failed"
+    assert body["compile"]["return_code"] != 0
+    assert "broken" in body["compile"]["stderr"]
+
+
+def test_compile_timeout_out_of_range_is_refused(agent: Agent, found: dict[str, Any]) -> None:
+    need(found, "cpp")
+    resp = agent.post("/run_code", {"code": "int main(){}", "language": "cpp", "compile_timeout": -1})
+    assert resp.status_code == 400
+    assert "compile_timeout" in resp.json()["message"]
+
+
+def test_a_session_compiles_in_its_workdir(agent: Agent, found: dict[str, Any]) -> None:
+    need(found, "c")
+    session = agent.post("/v1/sessions", {}).json()["session_id"]
+    try:
+        first = agent.execute(
+            '#include <stdio.h>\nint main(void){ FILE *f = fopen("kept.txt", "w"); fputs("x", f); }\n',
+            runtime="c",
+            session_id=session,
+            compile_timeout_s=COMPILE_TIMEOUT_S,
+        )
+        assert first["status"] == "ok", first
+        assert first["compile"]["cached"] is False
+        second = agent.execute(
+            '#include <stdio.h>\nint main(void){ FILE *f = fopen("kept.txt", "r"); putchar(fgetc(f)); }\n',
+            runtime="c",
+            session_id=session,
+            compile_timeout_s=COMPILE_TIMEOUT_S,
+        )
+        assert second["stdout"] == "x"
+        assert second["compile"]["cached"] is False  # a session's workdir is never built from the cache
+    finally:
+        requests.delete(agent.url + "/v1/sessions/" + session, timeout=10)
