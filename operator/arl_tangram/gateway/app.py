@@ -1,0 +1,365 @@
+"""The gateway's aiohttp application: routes, guards, and the answers to every failure.
+
+Guards, outermost first: metrics and the error taxonomy (every refusal is JSON naming the problem;
+nothing a caller sends answers 500 on purpose); leadership (a standby answers the action routes 503
+with the leader's address); authentication (bearer ServiceAccount token, or anonymous by explicit
+flag and from loopback only). Each handler then authorises the caller in its target's namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import generate_latest
+
+from arl_tangram.domain.actions import ActionService
+from arl_tangram.gateway import native, rewards, sandboxfusion
+from arl_tangram.gateway.admission import Admission
+from arl_tangram.gateway.auth import ANONYMOUS, Authenticator, Forbidden, Unauthenticated
+from arl_tangram.gateway.config import LEADER_HEADER, GatewayConfig
+from arl_tangram.gateway.errors import as_http
+from arl_tangram.gateway.metrics import GatewayMetrics
+from arl_tangram.gateway.models import (
+    ActionResultBody,
+    GatewayAction,
+    OpenRLHFRewardRequest,
+    OpenRLHFRewardResponse,
+    RewardRequest,
+    RewardResponse,
+    SessionAction,
+    SessionBody,
+    SessionCreate,
+    SglangClassifyItem,
+    SlimeRewardRequest,
+    VllmClassifyRequest,
+    VllmClassifyResponse,
+    VllmPoolingRequest,
+    VllmPoolingResponse,
+    VllmScoreRequest,
+    VllmScoreResponse,
+)
+from arl_tangram.gateway.openapi import RouteDoc, openapi
+from arl_tangram.gateway.sessions import SessionRegistry
+from arl_tangram.gateway.state import (
+    PRINCIPAL_KEY,
+    STATE,
+    BatchResults,
+    GatewayState,
+    Readiness,
+    always_leader,
+    is_loopback,
+    state_of,
+)
+from arl_tangram.sandbox.models import RunCodeRequest
+
+log = logging.getLogger(__name__)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class Route:
+    doc: RouteDoc
+    handler: Handler
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Liveness: the process answers."""
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Readiness: 200 on the leader; 503 on a standby (so the Service sends trainers to the leader)."""
+    lead = state_of(request).readiness()
+    if lead.leader:
+        return web.json_response({"status": "leader"})
+    return web.json_response({"status": "standby", "leader": lead.leader_address}, status=503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    state = state_of(request)
+    for review in ("tokens", "reviews"):
+        cache = getattr(state.auth, review, None)
+        if cache is not None:
+            state.metrics.auth_cache.labels(review, "hit").set(cache.hits)
+            state.metrics.auth_cache.labels(review, "miss").set(cache.misses)
+    state.metrics.sessions.set(len(state.sessions.sessions))
+    body = generate_latest(state.metrics.registry)
+    return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+
+def _docs() -> list[Route]:
+    R = RouteDoc
+    return [
+        Route(
+            R("POST", "/v1/actions", "Run one action; answer when it ends", GatewayAction, ActionResultBody),
+            native.post_action,
+        ),
+        Route(
+            R(
+                "POST",
+                "/v1/actions:stream",
+                "NDJSON actions in, NDJSON results out in completion order",
+                GatewayAction,
+                ActionResultBody,
+                ndjson_in=True,
+                ndjson_out=True,
+            ),
+            native.post_stream,
+        ),
+        Route(
+            R("POST", "/v1/sessions", "Open a session in a pool", SessionCreate, SessionBody, status=201),
+            native.open_session,
+        ),
+        Route(
+            R("GET", "/v1/sessions/{sid}", "A session and its remaining TTL", None, SessionBody),
+            native.get_session,
+        ),
+        Route(
+            R(
+                "POST",
+                "/v1/sessions/{sid}/actions",
+                "Run one action in the session",
+                SessionAction,
+                ActionResultBody,
+            ),
+            native.run_in_session,
+        ),
+        Route(R("DELETE", "/v1/sessions/{sid}", "Close a session"), native.close_session),
+        Route(
+            R(
+                "GET",
+                "/v1/batches/{namespace}/{name}/results",
+                "Every result of an ActionBatch (NDJSON)",
+                ndjson_out=True,
+            ),
+            native.batch_results,
+        ),
+        Route(
+            R(
+                "POST",
+                "/run_code",
+                "SandboxFusion's run_code (pool by X-Tangram-Pool or ?pool=)",
+                RunCodeRequest,
+            ),
+            sandboxfusion.run_code,
+        ),
+        Route(R("GET", "/v1/ping", "SandboxFusion's ping", text_out=True, open=True), sandboxfusion.ping),
+        Route(
+            R("POST", "/v1/rewards", "Score samples (model- or test-based)", RewardRequest, RewardResponse),
+            rewards.native_rewards,
+        ),
+        Route(
+            R(
+                "POST",
+                "/get_reward",
+                "OpenRLHF's remote reward model",
+                OpenRLHFRewardRequest,
+                OpenRLHFRewardResponse,
+            ),
+            rewards.openrlhf_reward,
+        ),
+        Route(
+            R(
+                "POST",
+                "/slime/reward",
+                "slime's remote reward model (answers a bare number)",
+                SlimeRewardRequest,
+                number_out=True,
+            ),
+            rewards.slime_reward,
+        ),
+        *[
+            Route(
+                R("POST", f"{prefix}/score", "vLLM's score API", VllmScoreRequest, VllmScoreResponse),
+                rewards.vllm_score,
+            )
+            for prefix in ("", "/v1")
+        ],
+        *[
+            Route(
+                R(
+                    "POST",
+                    f"{prefix}/classify",
+                    "vLLM's classify (input) or SGLang's (text)",
+                    VllmClassifyRequest,
+                    VllmClassifyResponse,
+                ),
+                rewards.classify,
+            )
+            for prefix in ("", "/v1")
+        ],
+        Route(
+            R(
+                "POST",
+                "/pooling",
+                "vLLM's pooling API (reward models' scores)",
+                VllmPoolingRequest,
+                VllmPoolingResponse,
+            ),
+            rewards.vllm_pooling,
+        ),
+        Route(R("GET", "/healthz", "Liveness", open=True), healthz),
+        Route(R("GET", "/readyz", "Readiness: 200 on the leader, 503 on a standby", open=True), readyz),
+        Route(R("GET", "/metrics", "Prometheus metrics", text_out=True, open=True), metrics),
+    ]
+
+
+ROUTES = _docs()
+# SGLang's classify answer is documented beside vLLM's: one path, two shapes.
+SGLANG_CLASSIFY = SglangClassifyItem
+OPEN_PATHS = frozenset(r.doc.path for r in ROUTES if r.doc.open) | {"/openapi.json"}
+
+
+def bearer_token(header: str | None) -> str | None:
+    """The token of ``Authorization: Bearer T``, or the password of ``Basic`` (so a trainer whose
+    HTTP client sends no headers of its own can carry it in the URL: ``http://tangram:T@host/``)."""
+    if not header:
+        return None
+    scheme, _, value = header.partition(" ")
+    value = value.strip()
+    if scheme.lower() == "bearer" and value:
+        return value
+    if scheme.lower() == "basic" and value:
+        try:
+            decoded = base64.b64decode(value, validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            raise Unauthenticated("the Basic credentials are not base64 of user:token") from None
+        token = decoded.partition(":")[2]
+        return token or None
+    raise Unauthenticated(f"unsupported Authorization scheme {scheme[:20]!r}: use Bearer <token>")
+
+
+def _route_name(request: web.Request) -> str:
+    info = request.match_info.route.resource
+    return info.canonical if info is not None else "unmatched"
+
+
+def _error_response(
+    request: web.Request, status: int, body: Mapping[str, Any], headers: Mapping[str, str]
+) -> web.Response:
+    if request.path == "/run_code":
+        # As the agent's own /run_code: SandboxFusion clients look at status and message.
+        body = {**body, "status": "SandboxError", "message": body.get("error")}
+    return web.json_response(dict(body), status=status, headers=dict(headers))
+
+
+@web.middleware
+async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    state = state_of(request)
+    start = time.perf_counter()
+    status = 500
+    try:
+        response = await _guarded(request, handler, state)
+        status = response.status
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        if exc.status < 400:
+            raise
+        return _error_response(request, exc.status, {"error": exc.reason}, {})
+    except Exception as exc:
+        answer = as_http(exc)
+        if answer is None:
+            log.exception("gateway: %s %s failed", request.method, request.path)
+            answer_status, body = 500, {"error": f"internal error: {type(exc).__name__}"}
+            headers: dict[str, str] = {}
+        else:
+            answer_status, body, headers = answer.status, answer.body, answer.headers
+        status = answer_status
+        if status in (401, 403, 429):
+            state.metrics.refused.labels(str(status)).inc()
+        return _error_response(request, status, body, headers)
+    finally:
+        route = _route_name(request)
+        state.metrics.requests.labels(route, str(status)).inc()
+        state.metrics.seconds.labels(route).observe(time.perf_counter() - start)
+
+
+async def _guarded(request: web.Request, handler: Handler, state: GatewayState) -> web.StreamResponse:
+    if request.path in OPEN_PATHS:
+        return await handler(request)
+    lead = state.readiness()
+    if not lead.leader:
+        state.metrics.refused.labels("standby").inc()
+        body = {"error": "this replica is a standby; send to the leader", "leader": lead.leader_address}
+        headers = {
+            "Retry-After": "1",
+            **({LEADER_HEADER: lead.leader_address} if lead.leader_address else {}),
+        }
+        return web.json_response(body, status=503, headers=headers)
+    token = bearer_token(request.headers.get("Authorization"))
+    if state.auth is None:
+        # Only reachable with allow_anonymous (the factory refuses otherwise).
+        if not is_loopback(request.remote):
+            raise Forbidden(
+                "anonymous access is allowed only from loopback; this gateway has no authenticator"
+            )
+        request[PRINCIPAL_KEY] = ANONYMOUS
+    elif token is None:
+        raise Unauthenticated("missing bearer token: send Authorization: Bearer <ServiceAccount token>")
+    else:
+        request[PRINCIPAL_KEY] = await state.auth.authenticate(token)
+    return await handler(request)
+
+
+def build_gateway_app(
+    service: ActionService,
+    auth: Authenticator | None,
+    *,
+    config: GatewayConfig | None = None,
+    readiness: Readiness = always_leader,
+    batch_results: BatchResults | None = None,
+    allow_anonymous: bool = False,
+    metrics: GatewayMetrics | None = None,
+    session_check_s: float = 1.0,
+) -> web.Application:
+    """The gateway in front of ``service``.
+
+    ``auth`` None means no authentication, which must be asked for with ``allow_anonymous=True``
+    and then serves loopback callers only. ``readiness`` says whether this replica leads;
+    ``batch_results`` serves ``/v1/batches/.../results``. Idle sessions are closed by their TTL,
+    checked every ``session_check_s`` seconds.
+    """
+    if auth is None and not allow_anonymous:
+        raise ValueError("no authenticator given: pass one, or allow_anonymous=True for loopback-only use")
+    config = config or GatewayConfig()
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[_guard])
+    state = GatewayState(
+        service=service,
+        auth=auth,
+        config=config,
+        metrics=metrics or GatewayMetrics(),
+        admission=Admission(
+            config.max_in_flight_per_pool, config.max_in_flight_per_tenant, config.retry_after_s
+        ),
+        sessions=SessionRegistry(service, config.max_sessions_per_tenant, config.retry_after_s),
+        readiness=readiness,
+        batch_results=batch_results,
+    )
+    app[STATE] = state
+    for route in ROUTES:
+        app.router.add_route(route.doc.method, route.doc.path, route.handler)
+    spec = json.dumps(openapi([r.doc for r in ROUTES])).encode()
+
+    async def openapi_json(request: web.Request) -> web.Response:
+        return web.Response(body=spec, content_type="application/json")
+
+    app.router.add_get("/openapi.json", openapi_json)
+
+    async def janitor(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(state.sessions.janitor(session_check_s))
+        yield
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    app.cleanup_ctx.append(janitor)
+    return app

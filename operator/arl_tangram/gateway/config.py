@@ -1,0 +1,63 @@
+"""The gateway's settings, stated once: every default lives here and the app, the OpenAPI text and
+the docs read it from here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from arl_tangram.errors import InvalidSpec
+
+POOL_HEADER = "X-Tangram-Pool"
+NAMESPACE_HEADER = "X-Tangram-Namespace"
+SERVICE_HEADER = "X-Tangram-Service"
+LEADER_HEADER = "X-Tangram-Leader"
+ACTION_KEY_HEADER = "X-Tangram-Action-Key"
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """How the gateway bounds and routes what trainers send.
+
+    ``default_namespace`` is where a request that names none goes; ``default_pools`` and
+    ``default_services`` map a namespace to the ActionPool (``/run_code``) and RewardModelService
+    (reward endpoints) used when a request names none.
+    """
+
+    default_namespace: str = "default"
+    default_pools: Mapping[str, str] = field(default_factory=dict)
+    default_services: Mapping[str, str] = field(default_factory=dict)
+    # 16 MiB, as the sandbox agent's own limit: a body the agent would take passes the gateway.
+    max_body_bytes: int = 16 << 20
+    # Results one stream may have outstanding; past it the gateway stops reading the stream's input,
+    # so TCP flow control holds the sender (back-pressure) instead of the gateway buffering it.
+    stream_in_flight: int = 256
+    # Actions the gateway holds at once for one pool and for one tenant (namespace); past either, a
+    # request is answered 429 with Retry-After. Generous next to the dispatcher's own waiting bounds:
+    # this one only keeps a single tenant from filling the gateway's memory.
+    max_in_flight_per_pool: int = 4096
+    max_in_flight_per_tenant: int = 4096
+    retry_after_s: float = 1.0
+    # Sessions: the TTL a session gets when the caller names none, and the most it may ask for.
+    session_ttl_s: float = 600.0
+    max_session_ttl_s: float = 86400.0
+    max_sessions_per_tenant: int = 10_000
+    # Items one reward request may score (OpenRLHF sends a whole micro-batch in one request).
+    max_reward_items: int = 4096
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_body_bytes",
+            "stream_in_flight",
+            "max_in_flight_per_pool",
+            "max_in_flight_per_tenant",
+            "max_sessions_per_tenant",
+            "max_reward_items",
+        ):
+            if getattr(self, name) < 1:
+                raise InvalidSpec(name, f"must be at least 1, got {getattr(self, name)}")
+        for name in ("retry_after_s", "session_ttl_s", "max_session_ttl_s"):
+            if not getattr(self, name) > 0:
+                raise InvalidSpec(name, f"must be positive, got {getattr(self, name)}")
+        if self.session_ttl_s > self.max_session_ttl_s:
+            raise InvalidSpec("session_ttl_s", "must not exceed max_session_ttl_s")

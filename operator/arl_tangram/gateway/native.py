@@ -1,0 +1,338 @@
+"""The native API: one action, a stream of actions, sessions, and batches' full results."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Reason
+from arl_tangram.domain.batches import LANGUAGE_RUNTIMES, native_payload
+from arl_tangram.errors import InvalidSpec, NotFound
+from arl_tangram.gateway.config import ACTION_KEY_HEADER
+from arl_tangram.gateway.errors import HttpError, as_http
+from arl_tangram.gateway.models import (
+    ActionResultBody,
+    GatewayAction,
+    SessionAction,
+    SessionBody,
+    SessionCreate,
+    StreamError,
+)
+from arl_tangram.gateway.parsing import BadRequest, loads, parse, read_json, validate
+from arl_tangram.gateway.sessions import GatewaySession
+from arl_tangram.gateway.state import GatewayState, authorize, state_of
+from arl_tangram.sandbox.actions import parse_action_key
+
+log = logging.getLogger(__name__)
+# The gateway does not know each pool's languages; the agent refuses one it does not offer, by name.
+ALL_LANGUAGES = tuple(LANGUAGE_RUNTIMES)
+
+
+def scoped_key(namespace: str, key: str | None) -> str:
+    """The dispatcher's key for a caller's key: scoped by namespace, so that two tenants who pick the
+    same key never share an action; a fresh one when the caller gave none."""
+    return f"gw/{namespace}/{key or uuid.uuid4().hex}"
+
+
+def caller_key(request: web.Request, body_key: str | None) -> str | None:
+    """The idempotency key from the header or the body (they must agree when both are given)."""
+    header = parse_action_key(request.headers.get(ACTION_KEY_HEADER))
+    if header is not None and body_key is not None and header != body_key:
+        raise InvalidSpec("key", f"the body's key {body_key!r} differs from {ACTION_KEY_HEADER} {header!r}")
+    return header if header is not None else body_key
+
+
+def build_request(
+    action: Any, namespace: str, target: str, key: str, session: str | None = None
+) -> ActionRequest:
+    """A gateway action (native or in a session) as the dispatcher's request. The payload goes
+    through the same translation as an ActionBatch action's, so both doors accept the same payloads."""
+    kind = action.type
+    if kind in ("code", "test"):
+        payload: dict[str, Any] = native_payload(kind, action.payload, ALL_LANGUAGES)
+    else:
+        payload = dict(action.payload)
+    units = action.units
+    return ActionRequest(
+        key=key,
+        namespace=namespace,
+        target=target,
+        kind=kind,
+        payload=payload,
+        units_min=units.min if units else 1,
+        units_max=units.max if units else 1,
+        timeout_s=float(action.timeout_seconds) if action.timeout_seconds else None,
+        session=session,
+        # As for an ActionBatch (domain.batches.batch_request): the API's priority is "higher runs
+        # first"; the scheduler's class 0 is the most urgent.
+        priority=max(0, 1000 - action.priority),
+    )
+
+
+def result_body(outcome: ActionOutcome, action_id: str | None) -> dict[str, Any]:
+    return ActionResultBody(
+        id=action_id,
+        key=outcome.key.split("/", 2)[-1] if outcome.key.startswith("gw/") else outcome.key,
+        state=outcome.state,
+        reason=outcome.reason.value if outcome.reason else None,
+        message=outcome.message,
+        exit_code=outcome.exit_code,
+        stdout=outcome.stdout,
+        stderr=outcome.stderr,
+        reward=outcome.reward,
+        duration_seconds=round(outcome.duration_s, 6),
+        queued_seconds=round(outcome.queued_s, 6),
+        attempts=outcome.attempts,
+        host=outcome.host,
+        cores=list(outcome.cores),
+        truncated=outcome.truncated,
+        response=dict(outcome.response),
+    ).model_dump(mode="json", by_alias=True)
+
+
+async def run_action(state: GatewayState, request: ActionRequest, door: str) -> ActionOutcome:
+    """Run one action under the gateway's bounds, counted in its metrics."""
+    with state.admission.hold(f"{request.namespace}/{request.target}", request.tenant_name):
+        state.metrics.in_flight.inc()
+        try:
+            outcome = await state.service.run(request)
+        finally:
+            state.metrics.in_flight.dec()
+    state.metrics.actions.labels(
+        door, outcome.state.value, outcome.reason.value if outcome.reason else ""
+    ).inc()
+    return outcome
+
+
+def refused_payload(outcome: ActionOutcome) -> ActionOutcome:
+    """The outcome, unless the target refused the payload: that is the caller's bad input, answered
+    400 naming it, as any other bad input (the native doors only; trainers' shapes keep theirs)."""
+    if outcome.reason is Reason.INVALID_PAYLOAD:
+        raise InvalidSpec("payload", outcome.message or "the target refused the payload")
+    return outcome
+
+
+async def _prepare(request: web.Request, data: Any, where: str = "") -> tuple[GatewayAction, ActionRequest]:
+    state = state_of(request)
+    action = validate(GatewayAction, data, where)
+    namespace = action.namespace or state.config.default_namespace
+    await authorize(request, namespace)
+    key = scoped_key(namespace, caller_key(request, action.key) if not where else action.key)
+    return action, build_request(action, namespace, action.target, key, action.session_id)
+
+
+async def post_action(request: web.Request) -> web.Response:
+    """``POST /v1/actions``: run one action; answer with its result when it ends."""
+    state = state_of(request)
+    data = await _read(request, state)
+    action, req = await _prepare(request, data)
+    outcome = refused_payload(await run_action(state, req, "native"))
+    return web.json_response(result_body(outcome, action.id))
+
+
+async def _read(request: web.Request, state: GatewayState) -> Any:
+    return await read_json(request, state.config.max_body_bytes)
+
+
+async def _lines(request: web.Request, limit: int) -> AsyncIterator[tuple[int, bytes | None]]:
+    """The request body's lines, numbered from 1; a line over ``limit`` bytes comes as None (and is
+    skipped to its end), so that one huge line costs a refusal, not the gateway's memory."""
+    buffer = bytearray()
+    number = 0
+    skipping = False
+    async for chunk in request.content.iter_any():
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            if end < 0:
+                if not skipping:
+                    buffer += chunk[start:]
+                    if len(buffer) > limit:
+                        skipping = True
+                        buffer.clear()
+                break
+            number += 1
+            if skipping:
+                skipping = False
+                yield number, None
+            else:
+                buffer += chunk[start:end]
+                line = bytes(buffer)
+                buffer.clear()
+                if line.strip():
+                    yield number, line
+            start = end + 1
+    if skipping:
+        yield number + 1, None
+    elif buffer.strip():
+        yield number + 1, bytes(buffer)
+
+
+def _refusal(number: int, exc: Exception, data: Any) -> bytes:
+    answer = as_http(exc)
+    if answer is None:
+        log.error("action on line %d failed inside the gateway", number, exc_info=exc)
+        answer = HttpError(500, {"error": f"internal error: {type(exc).__name__}"})
+    ident = data.get("id") if isinstance(data, dict) else None
+    key = data.get("key") if isinstance(data, dict) else None
+    line = StreamError(
+        id=ident if isinstance(ident, str) else None,
+        key=key if isinstance(key, str) and len(key) <= 200 else None,
+        line=number,
+        status=answer.status,
+        error=str(answer.body.get("error")),
+        field=answer.body.get("field"),
+        retry_after=answer.body.get("retryAfter"),
+    )
+    return line.model_dump_json(by_alias=True, exclude_none=True).encode() + b"\n"
+
+
+async def post_stream(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/actions:stream``: NDJSON actions in, NDJSON results out in completion order.
+
+    At most ``stream_in_flight`` actions of one stream are outstanding (running, or finished and not
+    yet written back); past that the gateway stops reading the request, so a fast sender is held by
+    TCP flow control. A line that cannot run gets a line of its own with the status and message
+    ``POST /v1/actions`` would answer; the other lines go on. A client that goes away does not cancel
+    its actions: they finish, and a retry with the same keys gets their results.
+    """
+    state = state_of(request)
+    limit = state.config.max_body_bytes
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await response.prepare(request)
+    slots = asyncio.Semaphore(state.config.stream_in_flight)
+    done: asyncio.Queue[bytes | None] = asyncio.Queue()
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def one(number: int, raw: bytes | None) -> None:
+        data: Any = None
+        try:
+            if raw is None:
+                raise BadRequest(413, f"line {number} exceeds the limit of {limit} bytes")
+            data = loads(raw)
+            action, req = await _prepare(request, data, where=f"line {number}")
+            outcome = refused_payload(await run_action(state, req, "stream"))
+            line = json.dumps(result_body(outcome, action.id)).encode() + b"\n"
+        except Exception as exc:
+            line = _refusal(number, exc, data)
+        await done.put(line)
+
+    async def read() -> None:
+        try:
+            async for number, raw in _lines(request, limit):
+                await slots.acquire()
+                task = asyncio.create_task(one(number, raw))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            while tasks:
+                # wait, not gather: a cancelled reader (the client left) must not cancel the actions.
+                await asyncio.wait(set(tasks))
+        finally:
+            await done.put(None)
+
+    reader = asyncio.create_task(read())
+    try:
+        while (line := await done.get()) is not None:
+            await response.write(line)
+            slots.release()
+        await reader  # its errors (a broken request stream) surface here
+    finally:
+        if not reader.done():
+            reader.cancel()
+    await response.write_eof()
+    return response
+
+
+# ---- sessions ------------------------------------------------------------------------------------------
+def _session_body(state: GatewayState, session: GatewaySession) -> dict[str, Any]:
+    return SessionBody(
+        id=session.id,
+        namespace=session.namespace,
+        pool=session.pool,
+        ttl_seconds=session.ttl_s,
+        expires_in_seconds=round(session.expires_in(state.sessions.clock()), 3),
+    ).model_dump(by_alias=True)
+
+
+async def open_session(request: web.Request) -> web.Response:
+    """``POST /v1/sessions``: open a session in a pool."""
+    state = state_of(request)
+    body, _ = await parse(request, SessionCreate, state.config.max_body_bytes)
+    namespace = body.namespace or state.config.default_namespace
+    await authorize(request, namespace)
+    ttl = body.ttl_seconds or state.config.session_ttl_s
+    if ttl > state.config.max_session_ttl_s:
+        raise InvalidSpec("ttlSeconds", f"must be at most {state.config.max_session_ttl_s:g} seconds")
+    session = await state.sessions.open(namespace, body.pool, ttl)
+    state.metrics.sessions.set(len(state.sessions.sessions))
+    return web.json_response(_session_body(state, session), status=201)
+
+
+async def _session(request: web.Request, verb: str) -> GatewaySession:
+    state = state_of(request)
+    sid = request.match_info["sid"]
+    session = state.sessions.sessions.get(sid)
+    if session is None:
+        # Answer as for a session the caller may not see: nothing about others' sessions leaks.
+        raise NotFound("session", sid, f"no open session {sid!r} (closed, expired, or never opened)")
+    await authorize(request, session.namespace, verb)
+    return session
+
+
+async def get_session(request: web.Request) -> web.Response:
+    """``GET /v1/sessions/{id}``."""
+    session = await _session(request, "get")
+    return web.json_response(_session_body(state_of(request), session))
+
+
+async def run_in_session(request: web.Request) -> web.Response:
+    """``POST /v1/sessions/{id}/actions``: run one action in the session (in order with its others)."""
+    state = state_of(request)
+    session = await _session(request, "create")
+    data = await _read(request, state)
+    action: Any = validate(SessionAction, data)
+    if action.type not in ("code", "test"):
+        raise InvalidSpec("type", f"only code and test actions run in a session, not {action.type!r}")
+    key = scoped_key(session.namespace, caller_key(request, action.key))
+    req = build_request(action, session.namespace, session.pool, key, session.id)
+    session.busy += 1
+    try:
+        outcome = refused_payload(await run_action(state, req, "session"))
+    finally:
+        session.busy -= 1
+        session.last_used = state.sessions.clock()
+    return web.json_response(result_body(outcome, action.id))
+
+
+async def close_session(request: web.Request) -> web.Response:
+    """``DELETE /v1/sessions/{id}``."""
+    state = state_of(request)
+    session = await _session(request, "create")
+    await state.sessions.close(session.id)
+    state.metrics.sessions.set(len(state.sessions.sessions))
+    return web.json_response({"closed": session.id})
+
+
+# ---- batches -------------------------------------------------------------------------------------------
+async def batch_results(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/batches/{namespace}/{name}/results``: every result of a batch, as NDJSON."""
+    state = state_of(request)
+    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    await authorize(request, namespace, "get")
+    if state.batch_results is None:
+        raise NotFound("ActionBatch", f"{namespace}/{name}", "this gateway serves no batch results")
+    results = await state.batch_results.results(namespace, name)
+    if results is None:
+        raise NotFound("ActionBatch", f"{namespace}/{name}", f"no ActionBatch {namespace}/{name} is known")
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await response.prepare(request)
+    async for item in results:
+        await response.write(json.dumps(item).encode() + b"\n")
+    await response.write_eof()
+    return response

@@ -1,0 +1,71 @@
+"""Reading request bodies: size, JSON, shape, each failure a 4xx naming the problem."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class BadRequest(Exception):
+    """A request refused with ``status`` and a message naming what is wrong."""
+
+    def __init__(
+        self, status: int, message: str, detail: list[dict[str, Any]] | None = None, field: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.detail = detail
+        self.field = field
+
+
+async def read_json(request: web.Request, limit: int) -> Any:
+    """The body as JSON: 413 past ``limit`` bytes, 400 when it is not JSON."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise BadRequest(413, f"request body exceeds the limit of {limit} bytes") from exc
+    return loads(raw)
+
+
+def loads(raw: bytes | str) -> Any:
+    if not raw:
+        raise BadRequest(400, "empty body: a JSON object is expected")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        # ValueError: syntax, encoding, or an integer past Python's digit limit; RecursionError:
+        # nesting deeper than the decoder goes.
+        raise BadRequest(400, f"malformed JSON: {exc}") from exc
+
+
+def validate(model: type[M], data: Any, where: str = "") -> M:
+    """``data`` as ``model``; 422 naming each wrong field (its dotted path) otherwise."""
+    if not isinstance(data, dict):
+        raise BadRequest(422, f"{where or 'the body'} must be a JSON object, not {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        detail = [
+            {
+                "loc": [where, *err["loc"]] if where else list(err["loc"]),
+                "msg": err["msg"],
+                "type": err["type"],
+            }
+            for err in exc.errors(include_url=False, include_input=False)
+        ]
+        summary = "; ".join(f"{'.'.join(map(str, d['loc'])) or '(body)'}: {d['msg']}" for d in detail[:5])
+        more = f" (and {len(detail) - 5} more)" if len(detail) > 5 else ""
+        first = ".".join(map(str, detail[0]["loc"])) if detail else None
+        raise BadRequest(422, f"invalid request: {summary}{more}", detail, first) from exc
+
+
+async def parse(request: web.Request, model: type[M], limit: int) -> tuple[M, dict[str, Any]]:
+    """The body validated as ``model``, and the raw dict (for bodies forwarded verbatim)."""
+    data = await read_json(request, limit)
+    return validate(model, data), data

@@ -1,0 +1,218 @@
+"""Reward endpoints in the shapes trainers call, all into one scoring path.
+
+Each sample becomes one action: ``reward`` on a RewardModelService (the reward runtime scores it; the
+action's payload is ``{prompt, response, label}``), or, for a test-based reward, ``test`` in an
+ActionPool whose pass fraction is the reward (see :mod:`arl_tangram.gateway.scoring`). The samples
+of one request run concurrently, each under the gateway's bounds, so the scheduler batches and
+orders them with everyone else's.
+
+Shapes: the native ``POST /v1/rewards``; OpenRLHF's ``POST /get_reward`` (``--remote_rm_url``);
+slime's ``POST /slime/reward`` (``--rm-url``, answered with a bare number); vLLM's ``/score``,
+``/classify`` and ``/pooling`` (also under ``/v1/``); SGLang's ``/classify`` (``text`` instead of
+vLLM's ``input``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+
+from arl_tangram.domain.actions import ActionRequest, Outcome, Reason
+from arl_tangram.domain.batches import native_payload
+from arl_tangram.errors import InvalidSpec
+from arl_tangram.gateway.config import POOL_HEADER, SERVICE_HEADER
+from arl_tangram.gateway.errors import REASON_STATUS
+from arl_tangram.gateway.models import (
+    OpenRLHFRewardRequest,
+    OpenRLHFRewardResponse,
+    RewardRequest,
+    RewardResponse,
+    SglangClassifyItem,
+    SglangClassifyRequest,
+    SlimeRewardRequest,
+    VllmClassifyData,
+    VllmClassifyRequest,
+    VllmClassifyResponse,
+    VllmPoolingData,
+    VllmPoolingRequest,
+    VllmPoolingResponse,
+    VllmScoreData,
+    VllmScoreRequest,
+    VllmScoreResponse,
+)
+from arl_tangram.gateway.native import ALL_LANGUAGES, run_action, scoped_key
+from arl_tangram.gateway.parsing import BadRequest, parse, read_json, validate
+from arl_tangram.gateway.routing import given, namespace_of, pool_of, service_of
+from arl_tangram.gateway.scoring import Sample, openrlhf_samples, score_pairs, test_payload, texts
+from arl_tangram.gateway.state import GatewayState, authorize, state_of
+
+# A failed test run is a low reward, not an error: the answer was wrong, the platform was not.
+_PROGRAM_FAILURES = frozenset({Reason.NON_ZERO_EXIT, Reason.TIMEOUT, Reason.OUT_OF_MEMORY, Reason.SIGNALLED})
+
+
+class Target:
+    """Where a request's samples are scored: a RewardModelService or (test-based) an ActionPool."""
+
+    def __init__(self, namespace: str, service: str | None = None, pool: str | None = None) -> None:
+        self.namespace = namespace
+        self.service = service
+        self.pool = pool
+
+
+def target_of(request: web.Request, namespace: str, model: str | None = None) -> Target:
+    """An explicit ``service`` or ``pool`` (header or query), else the body's model, else the
+    namespace's default service."""
+    pool = given(request, POOL_HEADER, "pool")
+    explicit_service = given(request, SERVICE_HEADER, "service")
+    if pool is not None and explicit_service is not None:
+        raise InvalidSpec("pool", "name a service (model-based reward) or a pool (test-based), not both")
+    if pool is not None:
+        return Target(namespace, pool=pool_of(request, namespace))
+    service = service_of(request, namespace, model)
+    if service is None:
+        raise InvalidSpec(
+            "service",
+            f"no reward target named: send {SERVICE_HEADER} or ?service=NAME (a RewardModelService), "
+            f"?pool=NAME for a test-based reward, or configure a default service for {namespace!r}",
+        )
+    return Target(namespace, service=service)
+
+
+async def _one(
+    state: GatewayState, target: Target, sample: Sample, where: str, action_timeout_s: int | None
+) -> float:
+    if target.pool is not None:
+        payload = native_payload("test", test_payload(sample, where), ALL_LANGUAGES)
+        kind, name = "test", target.pool
+    else:
+        payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label}
+        kind, name = "reward", target.service or ""
+    request = ActionRequest(
+        key=scoped_key(target.namespace, f"reward-{uuid.uuid4().hex}"),
+        namespace=target.namespace,
+        target=name,
+        kind=kind,  # type: ignore[arg-type]
+        payload=payload,
+        timeout_s=float(action_timeout_s) if action_timeout_s else None,
+    )
+    outcome = await run_action(state, request, "reward")
+    if outcome.state is Outcome.SUCCEEDED and outcome.reward is not None:
+        return outcome.reward
+    if kind == "test" and outcome.reason in _PROGRAM_FAILURES:
+        return outcome.reward if outcome.reward is not None else 0.0
+    reason = outcome.reason or Reason.SANDBOX_ERROR
+    status = REASON_STATUS.get(reason, 502)
+    raise BadRequest(status, f"{where}: {reason.value}: {outcome.message or 'no reward was produced'}")
+
+
+async def score(
+    request: web.Request, target: Target, samples: Sequence[Sample], action_timeout_s: int | None = None
+) -> list[float]:
+    """The reward of each sample, in order (after authorising the caller for the namespace)."""
+    state = state_of(request)
+    await authorize(request, target.namespace)
+    if len(samples) > state.config.max_reward_items:
+        raise InvalidSpec(
+            "items", f"{len(samples)} samples; at most {state.config.max_reward_items} per request"
+        )
+    return list(
+        await asyncio.gather(
+            *(_one(state, target, s, f"items[{i}]", action_timeout_s) for i, s in enumerate(samples))
+        )
+    )
+
+
+def _limit(request: web.Request) -> int:
+    return state_of(request).config.max_body_bytes
+
+
+async def native_rewards(request: web.Request) -> web.Response:
+    """``POST /v1/rewards``."""
+    body, _ = await parse(request, RewardRequest, _limit(request))
+    namespace = body.namespace or state_of(request).config.default_namespace
+    if body.service and body.pool:
+        raise InvalidSpec("pool", "give a service (model-based reward) or a pool (test-based), not both")
+    target = (
+        Target(namespace, pool=body.pool)
+        if body.pool
+        else Target(namespace, service=body.service or service_of(request, namespace))
+    )
+    if target.pool is None and target.service is None:
+        raise InvalidSpec("service", f"no service or pool given and {namespace!r} has no default service")
+    samples = [Sample(i.prompt, i.response, i.label) for i in body.items]
+    rewards = await score(request, target, samples, body.timeout_seconds)
+    return web.json_response(RewardResponse(rewards=rewards).model_dump())
+
+
+async def openrlhf_reward(request: web.Request) -> web.Response:
+    """``POST /get_reward``: OpenRLHF's remote reward model."""
+    body, _ = await parse(request, OpenRLHFRewardRequest, _limit(request))
+    namespace = namespace_of(request)
+    samples = openrlhf_samples(body.query, body.prompts, body.labels)
+    rewards = await score(request, target_of(request, namespace), samples)
+    return web.json_response(OpenRLHFRewardResponse(rewards=rewards, scores=rewards).model_dump())
+
+
+async def slime_reward(request: web.Request) -> web.Response:
+    """``POST /slime/reward``: slime's remote reward model; the answer is the reward itself."""
+    body, _ = await parse(request, SlimeRewardRequest, _limit(request))
+    namespace = namespace_of(request)
+    (reward,) = await score(
+        request, target_of(request, namespace), [Sample(body.prompt, body.response, body.label)]
+    )
+    return web.json_response(reward)
+
+
+def _openai_envelope(model: str) -> dict[str, Any]:
+    return {"id": f"score-{uuid.uuid4().hex}", "created": int(time.time()), "model": model}
+
+
+async def vllm_score(request: web.Request) -> web.Response:
+    """``POST /score`` (vLLM): ``text_1`` scored against each ``text_2``."""
+    body, _ = await parse(request, VllmScoreRequest, _limit(request))
+    namespace = namespace_of(request)
+    target = target_of(request, namespace, body.model)
+    rewards = await score(request, target, score_pairs(body.text_1, body.text_2))
+    data = [VllmScoreData(index=i, score=r) for i, r in enumerate(rewards)]
+    answer = VllmScoreResponse(**_openai_envelope(target.service or target.pool or ""), data=data)
+    return web.json_response(answer.model_dump())
+
+
+async def classify(request: web.Request) -> web.Response:
+    """``POST /classify``: vLLM's (``input``) or SGLang's (``text``) shape, told apart by the field."""
+    data = await read_json(request, _limit(request))
+    namespace = namespace_of(request)
+    if isinstance(data, dict) and "text" in data and "input" not in data:
+        sglang = validate(SglangClassifyRequest, data)
+        target = target_of(request, namespace, sglang.model)
+        rewards = await score(request, target, texts(sglang.text, "text"))
+        items = [
+            SglangClassifyItem(embedding=[r], meta_info={"id": uuid.uuid4().hex, "index": i}).model_dump()
+            for i, r in enumerate(rewards)
+        ]
+        # SGLang answers one object for one text and a list for a list.
+        return web.json_response(items[0] if isinstance(sglang.text, str) else items)
+    vllm = validate(VllmClassifyRequest, data)
+    target = target_of(request, namespace, vllm.model)
+    rewards = await score(request, target, texts(vllm.input, "input"))
+    rows = [
+        VllmClassifyData(index=i, label="reward", probs=[r], num_classes=1) for i, r in enumerate(rewards)
+    ]
+    answer = VllmClassifyResponse(**_openai_envelope(target.service or target.pool or ""), data=rows)
+    return web.json_response(answer.model_dump())
+
+
+async def vllm_pooling(request: web.Request) -> web.Response:
+    """``POST /pooling`` (vLLM serves reward models' scores there)."""
+    body, _ = await parse(request, VllmPoolingRequest, _limit(request))
+    namespace = namespace_of(request)
+    target = target_of(request, namespace, body.model)
+    rewards = await score(request, target, texts(body.input, "input"))
+    rows = [VllmPoolingData(index=i, data=[r]) for i, r in enumerate(rewards)]
+    answer = VllmPoolingResponse(**_openai_envelope(target.service or target.pool or ""), data=rows)
+    return web.json_response(answer.model_dump())

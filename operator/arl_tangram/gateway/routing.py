@@ -1,0 +1,67 @@
+"""Which namespace, pool or service a trainer-shaped request goes to: trainers cannot add fields
+to their bodies, so the choice comes from a header, a query parameter, or the namespace's default."""
+
+from __future__ import annotations
+
+import re
+
+from aiohttp import web
+
+from arl_tangram.api.meta import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN
+from arl_tangram.errors import InvalidSpec
+from arl_tangram.gateway.config import NAMESPACE_HEADER, POOL_HEADER, SERVICE_HEADER
+from arl_tangram.gateway.state import state_of
+
+_LABEL = re.compile(DNS_LABEL_PATTERN)
+_SUBDOMAIN = re.compile(DNS_SUBDOMAIN_PATTERN)
+
+
+def given(request: web.Request, header: str, param: str) -> str | None:
+    value = request.headers.get(header)
+    if value is None:
+        value = request.query.get(param)
+    return value
+
+
+def _checked(value: str, where: str, pattern: re.Pattern[str]) -> str:
+    if not 1 <= len(value) <= 63 or not pattern.match(value):
+        raise InvalidSpec(where, f"{value[:80]!r} is not a valid Kubernetes name")
+    return value
+
+
+def namespace_of(request: web.Request) -> str:
+    """``X-Tangram-Namespace`` or ``?namespace=``, else the gateway's default namespace."""
+    value = given(request, NAMESPACE_HEADER, "namespace")
+    if value is None:
+        return state_of(request).config.default_namespace
+    return _checked(value, f"{NAMESPACE_HEADER} / ?namespace", _LABEL)
+
+
+def pool_of(request: web.Request, namespace: str) -> str | None:
+    """``X-Tangram-Pool`` or ``?pool=``; else the namespace's default pool (None when it has none)."""
+    value = given(request, POOL_HEADER, "pool")
+    if value is None:
+        return state_of(request).config.default_pools.get(namespace)
+    return _checked(value, f"{POOL_HEADER} / ?pool", _SUBDOMAIN)
+
+
+def service_of(request: web.Request, namespace: str, model: str | None = None) -> str | None:
+    """``X-Tangram-Service`` or ``?service=``, else the body's ``model`` (vLLM and SGLang name the
+    served model there), else the namespace's default RewardModelService."""
+    value = given(request, SERVICE_HEADER, "service")
+    if value is not None:
+        return _checked(value, f"{SERVICE_HEADER} / ?service", _SUBDOMAIN)
+    if model is not None:
+        return model
+    return state_of(request).config.default_services.get(namespace)
+
+
+def require_pool(request: web.Request, namespace: str) -> str:
+    pool = pool_of(request, namespace)
+    if pool is None:
+        raise InvalidSpec(
+            "pool",
+            f"no ActionPool named: send {POOL_HEADER}, add ?pool=NAME to the URL, or configure a default "
+            f"pool for namespace {namespace!r}",
+        )
+    return pool

@@ -1,0 +1,88 @@
+"""SandboxFusion's API, so that a trainer written for it switches by changing a URL.
+
+``POST /run_code`` takes SandboxFusion's body (validated with the sandbox agent's own model, so both
+refuse alike) and forwards it verbatim to an agent of the chosen pool; the answer is the agent's
+body, so shapes and verdicts are exactly the agent's own ``/run_code``. ``GET /v1/ping`` answers
+``pong``. A failure of the platform (the host lost, retries spent) is SandboxFusion's
+``SandboxError`` with 503 and Retry-After.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
+from arl_tangram.gateway.admission import retry_after_header
+from arl_tangram.gateway.errors import INFRASTRUCTURE_REASONS, REASON_STATUS
+from arl_tangram.gateway.native import caller_key, run_action, scoped_key
+from arl_tangram.gateway.parsing import parse
+from arl_tangram.gateway.routing import namespace_of, require_pool
+from arl_tangram.gateway.state import authorize, state_of
+from arl_tangram.sandbox.models import RunCodeRequest
+
+
+def sandbox_error(message: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """SandboxFusion's body for a request the sandbox could not run."""
+    return {
+        "status": "SandboxError",
+        "message": message,
+        "compile_result": None,
+        "run_result": None,
+        "executor_pod_name": None,
+        "files": {},
+        "error": message,
+        **(extra or {}),
+    }
+
+
+def answer(outcome: ActionOutcome, retry_after_s: float) -> web.Response:
+    """The agent's body when it ran the code; else SandboxFusion's error shape with the status the
+    reason calls for."""
+    body = outcome.response
+    if (
+        outcome.reason is None
+        or outcome.state is Outcome.SUCCEEDED
+        or (
+            outcome.reason in (Reason.NON_ZERO_EXIT, Reason.TIMEOUT, Reason.OUT_OF_MEMORY, Reason.SIGNALLED)
+            and body.get("status") in ("Success", "Failed")
+        )
+    ):
+        return web.json_response(dict(body))
+    status = REASON_STATUS.get(outcome.reason, 500)
+    message = outcome.message or outcome.reason.value
+    if body.get("status") == "SandboxError":
+        # The agent refused it (an unknown language, a bad file path): its own words, and its own
+        # status, which the outcome does not carry but the body tells: the agent answers 422 with
+        # ``detail`` for a request that fails validation, 400 for a value it cannot use.
+        return web.json_response(dict(body), status=422 if "detail" in body else status)
+    response = web.json_response(sandbox_error(message, {"reason": outcome.reason.value}), status=status)
+    if outcome.reason in INFRASTRUCTURE_REASONS:
+        response.headers["Retry-After"] = retry_after_header(retry_after_s)
+    return response
+
+
+async def run_code(request: web.Request) -> web.Response:
+    """``POST /run_code``."""
+    state = state_of(request)
+    namespace = namespace_of(request)
+    pool = require_pool(request, namespace)
+    await authorize(request, namespace)
+    body, raw = await parse(request, RunCodeRequest, state.config.max_body_bytes)
+    req = ActionRequest(
+        key=scoped_key(namespace, caller_key(request, None)),
+        namespace=namespace,
+        target=pool,
+        kind="code",
+        payload=raw,
+        timeout_s=body.run_timeout,
+        wire="run_code",
+    )
+    outcome = await run_action(state, req, "run_code")
+    return answer(outcome, state.config.retry_after_s)
+
+
+async def ping(request: web.Request) -> web.Response:
+    """``GET /v1/ping``, as SandboxFusion answers it."""
+    return web.Response(text="pong")

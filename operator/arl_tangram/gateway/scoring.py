@@ -1,0 +1,90 @@
+"""Rewards from trainer-shaped requests (pure): the samples each shape carries, and a test-based
+reward's action (the pass fraction of tests run in a sandbox).
+
+A test-based reward runs the policy's answer against the sample's ``label``: pytest source that
+imports the answer as the module ``solution`` (``from solution import add``). The answer's code is
+its last fenced code block when it has one (models answer in Markdown), else the whole answer. A
+label without any ``def test`` is run as a plain script: its reward is 1.0 when it exits 0.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from arl_tangram.errors import InvalidSpec
+
+SOLUTION_FILE = "solution.py"
+TESTS_FILE = "test_solution.py"
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+_PYTEST_TEST = re.compile(r"^\s*(async\s+)?def\s+test", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One thing to score."""
+
+    prompt: str | list[dict[str, Any]]
+    response: str
+    label: Any = None
+
+
+def answer_code(response: str) -> str:
+    """The program in a model's answer: its last fenced block (a Python one when there is any)."""
+    blocks: list[tuple[str, str]] = _FENCE.findall(response)
+    if not blocks:
+        return response
+    python = [code for lang, code in blocks if lang.lower() in ("python", "py", "python3")]
+    return (python or [code for _, code in blocks])[-1]
+
+
+def test_payload(sample: Sample, where: str) -> dict[str, Any]:
+    """The ``test`` action (an ActionBatch-style payload) whose pass fraction is the sample's reward."""
+    if not isinstance(sample.label, str) or not sample.label.strip():
+        raise InvalidSpec(
+            f"{where}.label", "a test-based reward needs the tests (Python source) as the label"
+        )
+    files = {SOLUTION_FILE: answer_code(sample.response), TESTS_FILE: sample.label}
+    if _PYTEST_TEST.search(sample.label):
+        command = f"python -m pytest -q -p no:cacheprovider {TESTS_FILE}"
+    else:
+        command = f"python {TESTS_FILE}"
+    return {"command": command, "files": files}
+
+
+def openrlhf_samples(
+    query: Sequence[str], prompts: Sequence[str] | None, labels: Sequence[Any] | None
+) -> list[Sample]:
+    """OpenRLHF sends ``query`` = prompt + response; the response is what follows the prompt."""
+    for name, values in (("prompts", prompts), ("labels", labels)):
+        if values is not None and len(values) != len(query):
+            raise InvalidSpec(name, f"has {len(values)} entries; query has {len(query)}")
+    out = []
+    for i, text in enumerate(query):
+        prompt = prompts[i] if prompts is not None else ""
+        response = text[len(prompt) :] if prompt and text.startswith(prompt) else text
+        out.append(Sample(prompt, response, labels[i] if labels is not None else None))
+    return out
+
+
+def score_pairs(text_1: str | list[str], text_2: str | list[str]) -> list[Sample]:
+    """vLLM's score pairs: one ``text_1`` against each ``text_2``, or pairwise for equal lists."""
+    firsts = [text_1] if isinstance(text_1, str) else list(text_1)
+    seconds = [text_2] if isinstance(text_2, str) else list(text_2)
+    if not firsts or not seconds:
+        raise InvalidSpec("text_1" if not firsts else "text_2", "must not be empty")
+    if len(firsts) == 1:
+        firsts = firsts * len(seconds)
+    if len(firsts) != len(seconds):
+        raise InvalidSpec("text_1", f"has {len(firsts)} texts; give 1 or as many as text_2 ({len(seconds)})")
+    return [Sample(a, b) for a, b in zip(firsts, seconds, strict=True)]
+
+
+def texts(value: str | list[str], where: str) -> list[Sample]:
+    """One conversation or a list, each scored whole (classify and pooling shapes)."""
+    items = [value] if isinstance(value, str) else list(value)
+    if not items:
+        raise InvalidSpec(where, "must not be empty")
+    return [Sample("", text) for text in items]

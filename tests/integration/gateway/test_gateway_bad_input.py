@@ -1,0 +1,131 @@
+"""Bad input of every kind gets a 4xx naming the problem, and the gateway goes on serving."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+import requests
+from gateway_harness import NS, POOL, Gateway, serve_gateway
+from sandbox_agent_harness import Agent, start_agent, stop_agent
+
+from arl_tangram.gateway import GatewayConfig
+
+LIMIT = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
+    running = [start_agent(tmp_path_factory.mktemp("badhost") / "work")]
+    yield running
+    for a in running:
+        stop_agent(a)
+
+
+@pytest.fixture(scope="module")
+def gateway(hosts: list[Agent]) -> Iterator[Gateway]:
+    config = GatewayConfig(default_namespace=NS, default_pools={NS: POOL}, max_body_bytes=LIMIT)
+    with serve_gateway(hosts, config=config) as gw:
+        yield gw
+
+
+ACTION = {"type": "code", "target": POOL, "payload": {"code": "print(1)"}}
+CASES: list[tuple[str, str, bytes, int, str]] = [
+    ("/v1/actions", "malformed", b'{"type": ', 400, "malformed JSON"),
+    ("/v1/actions", "empty", b"", 400, "empty body"),
+    ("/v1/actions", "array", b"[1, 2]", 422, "JSON object"),
+    (
+        "/v1/actions",
+        "wrong type",
+        json.dumps({**ACTION, "timeoutSeconds": "soon"}).encode(),
+        422,
+        "timeoutSeconds",
+    ),
+    ("/v1/actions", "unknown field", json.dumps({**ACTION, "colour": "red"}).encode(), 422, "colour"),
+    ("/v1/actions", "unknown action type", json.dumps({**ACTION, "type": "magic"}).encode(), 422, "type"),
+    ("/v1/actions", "negative number", json.dumps({**ACTION, "priority": -5000}).encode(), 422, "priority"),
+    (
+        "/v1/actions",
+        "huge number",
+        b'{"type": "code", "target": "py", "payload": {}, "timeoutSeconds": 1' + b"0" * 5000 + b"}",
+        400,
+        "malformed JSON",
+    ),
+    ("/v1/actions", "bad units", json.dumps({**ACTION, "units": {"min": 4, "max": 2}}).encode(), 422, "min"),
+    (
+        "/v1/actions",
+        "lone surrogate",
+        b'{"type": "code", "target": "py", "payload": {"code": "\\ud800"}}',
+        400,
+        "payload",
+    ),
+    ("/v1/actions", "target not a name", json.dumps({**ACTION, "target": "../etc"}).encode(), 422, "target"),
+    (
+        "/v1/actions",
+        "bad payload field",
+        json.dumps({**ACTION, "payload": {"kode": "1"}}).encode(),
+        400,
+        "payload",
+    ),
+    ("/v1/actions", "deep nesting", b"[" * 100000 + b"]" * 100000, 400, "malformed JSON"),
+    (
+        "/v1/sessions",
+        "negative ttl",
+        json.dumps({"pool": POOL, "ttlSeconds": -1}).encode(),
+        422,
+        "ttlSeconds",
+    ),
+    ("/v1/sessions", "infinite ttl", b'{"pool": "py", "ttlSeconds": 1e999}', 422, "ttlSeconds"),
+    ("/run_code", "run_code wrong type", json.dumps({"code": 1, "language": "python"}).encode(), 422, "code"),
+    (
+        "/run_code",
+        "run_code bad base64",
+        json.dumps({"code": "1", "language": "python", "files": {"a": "!!"}}).encode(),
+        400,
+        "base64",
+    ),
+    ("/get_reward", "openrlhf no query", b'{"prompts": ["a"]}', 422, "query"),
+    ("/slime/reward", "slime unknown field", b'{"response": "x", "extra": 1}', 422, "extra"),
+    ("/score", "score empty list", b'{"model": "rm", "text_1": "a", "text_2": []}', 400, "text_2"),
+]
+
+
+@pytest.mark.parametrize(("path", "what", "body", "status", "named"), CASES, ids=[c[1] for c in CASES])
+def test_bad_input_is_refused_by_name(
+    gateway: Gateway, path: str, what: str, body: bytes, status: int, named: str
+) -> None:
+    resp = requests.post(
+        gateway.url + path, data=body, headers={"Content-Type": "application/json"}, timeout=60
+    )
+    assert resp.status_code == status, resp.text
+    assert named in json.dumps(resp.json()), resp.text
+    assert requests.post(gateway.url + "/v1/actions", json=ACTION, timeout=60).json()["stdout"] == "1\n"
+
+
+def test_a_huge_body_is_413_with_the_limit(gateway: Gateway) -> None:
+    big = json.dumps({**ACTION, "payload": {"code": "x" * (2 * LIMIT)}}).encode()
+    resp = requests.post(gateway.url + "/v1/actions", data=big, timeout=60)
+    assert resp.status_code == 413 and str(LIMIT) in resp.json()["error"]
+    run_code = requests.post(gateway.url + "/run_code", data=big, timeout=60)
+    assert run_code.status_code == 413 and run_code.json()["status"] == "SandboxError"
+
+
+def test_a_huge_stream_line_is_refused_alone(gateway: Gateway) -> None:
+    lines = [json.dumps({**ACTION, "id": "before"}), "x" * (2 * LIMIT), json.dumps({**ACTION, "id": "after"})]
+    resp = requests.post(gateway.url + "/v1/actions:stream", data="\n".join(lines).encode(), timeout=60)
+    out = [json.loads(line) for line in resp.text.splitlines()]
+    assert sorted(o.get("id") or f"line{o['line']}" for o in out) == ["after", "before", "line2"]
+    refused = next(o for o in out if o.get("line") == 2)
+    assert refused["status"] == 413 and str(LIMIT) in refused["error"]
+
+
+def test_unknown_routes_and_methods_answer_json(gateway: Gateway) -> None:
+    resp = requests.get(gateway.url + "/nope", timeout=10)
+    assert resp.status_code == 404 and "error" in resp.json()
+    resp = requests.get(gateway.url + "/v1/actions", timeout=10)
+    assert resp.status_code == 405 and "error" in resp.json()
+    resp = requests.post(
+        gateway.url + "/v1/actions", json=ACTION, headers={"Authorization": "Digest x"}, timeout=10
+    )
+    assert resp.status_code == 401 and "Bearer" in resp.json()["error"]

@@ -1,0 +1,197 @@
+"""The native API end to end: actions, streams, sessions, batch results, health and OpenAPI."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import requests
+from gateway_harness import NS, POOL, Gateway, serve_gateway
+from sandbox_agent_harness import Agent, start_agent, stop_agent
+
+
+@pytest.fixture(scope="module")
+def agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
+    running = [start_agent(tmp_path_factory.mktemp("gwhost") / "work", "--session-ttl", "600")]
+    yield running
+    for a in running:
+        stop_agent(a)
+
+
+class Results:
+    """A stand-in for the operator's batch results store (the protocol the operator implements)."""
+
+    def __init__(self, batches: dict[tuple[str, str], list[dict[str, object]]]) -> None:
+        self.batches = batches
+
+    async def results(self, namespace: str, name: str) -> AsyncIterator[dict[str, object]] | None:
+        rows = self.batches.get((namespace, name))
+        if rows is None:
+            return None
+
+        async def gen() -> AsyncIterator[dict[str, object]]:
+            for row in rows:
+                yield row
+
+        return gen()
+
+
+BATCH = [{"id": f"a{i}", "state": "Succeeded", "output": "x" * 5000} for i in range(50)]
+
+
+@pytest.fixture(scope="module")
+def gateway(agents: list[Agent]) -> Iterator[Gateway]:
+    with serve_gateway(agents, batch_results=Results({(NS, "step-1"): BATCH})) as gw:
+        yield gw
+
+
+def test_one_action_runs_and_answers_with_its_result(gateway: Gateway) -> None:
+    resp = requests.post(
+        gateway.url + "/v1/actions",
+        json={"id": "a1", "type": "code", "target": POOL, "payload": {"code": "print(6 * 7)"}},
+        timeout=60,
+    )
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["id"] == "a1" and body["state"] == "Succeeded" and body["stdout"] == "42\n"
+    assert body["exitCode"] == 0 and body["attempts"] == 1 and len(body["cores"]) == 1
+
+
+def test_a_failing_program_is_a_result_not_an_error(gateway: Gateway) -> None:
+    resp = requests.post(
+        gateway.url + "/v1/actions",
+        json={"type": "code", "target": POOL, "payload": {"command": "echo out; exit 3"}},
+        timeout=60,
+    )
+    body = resp.json()
+    assert resp.status_code == 200
+    assert body["state"] == "Failed" and body["reason"] == "NonZeroExit" and body["exitCode"] == 3
+    assert body["stdout"] == "out\n"
+
+
+def test_a_test_action_reports_its_pass_fraction(gateway: Gateway) -> None:
+    tests = "def test_a():\n    assert True\n\ndef test_b():\n    assert False\n"
+    resp = requests.post(
+        gateway.url + "/v1/actions",
+        json={
+            "type": "test",
+            "target": POOL,
+            "payload": {
+                "command": "python -m pytest -q -p no:cacheprovider t_x.py",
+                "files": {"t_x.py": tests},
+            },
+        },
+        timeout=60,
+    )
+    assert resp.json()["reward"] == 0.5, resp.text
+
+
+def test_the_same_key_runs_once(gateway: Gateway, agents: list[Agent]) -> None:
+    """The agent counts what it ran: a repeat of a key (a client's retry) is answered, not rerun."""
+
+    def ran() -> int:
+        return sum(requests.get(agents[0].url + "/v1/health", timeout=10).json()["outcomes"].values())
+
+    before = ran()
+    action = {"type": "code", "target": POOL, "key": "retry-me-1", "payload": {"code": "print('once')"}}
+    first = requests.post(gateway.url + "/v1/actions", json=action, timeout=60).json()
+    second = requests.post(gateway.url + "/v1/actions", json=action, timeout=60).json()
+    assert first["stdout"] == second["stdout"] == "once\n"
+    assert first["key"] == second["key"] == "retry-me-1"
+    assert ran() == before + 1
+
+
+def test_an_unknown_pool_is_named(gateway: Gateway) -> None:
+    resp = requests.post(
+        gateway.url + "/v1/actions",
+        json={"type": "code", "target": "nope", "payload": {"code": "1"}},
+        timeout=60,
+    )
+    assert resp.status_code == 404 and "nope" in resp.json()["error"]
+
+
+def test_a_stream_returns_every_result_once_in_completion_order(gateway: Gateway) -> None:
+    slow = {"id": "slow", "type": "code", "target": POOL, "payload": {"code": "import time; time.sleep(1.5)"}}
+    fast = [
+        {"id": f"f{i}", "type": "code", "target": POOL, "payload": {"code": f"print({i})"}} for i in range(30)
+    ]
+    lines = [slow, *fast, {"id": "bad", "type": "code", "target": POOL}]
+    body = "\n".join(json.dumps(x) for x in lines) + "\nnot json\n"
+    resp = requests.post(gateway.url + "/v1/actions:stream", data=body.encode(), timeout=120, stream=True)
+    assert resp.status_code == 200
+    out = [json.loads(line) for line in resp.iter_lines() if line]
+    ids = [o.get("id") for o in out]
+    assert sorted(i for i in ids if i) == sorted(["slow", "bad", *(f"f{i}" for i in range(30))])
+    assert len(out) == 33, out  # one line each, the unparsable one included
+    assert ids.index("slow") > ids.index("f0"), "results must come in completion order"
+    by_id = {o.get("id"): o for o in out}
+    assert all(by_id[f"f{i}"]["stdout"] == f"{i}\n" for i in range(30))
+    assert by_id["bad"]["status"] == 422 and "payload" in by_id["bad"]["error"]
+    unparsable = next(o for o in out if o.get("line") == 33)
+    assert unparsable["status"] == 400 and "malformed JSON" in unparsable["error"]
+
+
+def test_sessions_keep_state_until_closed(gateway: Gateway) -> None:
+    opened = requests.post(gateway.url + "/v1/sessions", json={"pool": POOL, "ttlSeconds": 60}, timeout=30)
+    assert opened.status_code == 201, opened.text
+    sid = opened.json()["id"]
+    step = "open('n.txt', 'a').write('x'); print(open('n.txt').read())"
+    outs = [
+        requests.post(
+            f"{gateway.url}/v1/sessions/{sid}/actions",
+            json={"type": "code", "payload": {"code": step}},
+            timeout=60,
+        ).json()
+        for _ in range(3)
+    ]
+    assert [o["stdout"] for o in outs] == ["x\n", "xx\n", "xxx\n"]
+    info = requests.get(f"{gateway.url}/v1/sessions/{sid}", timeout=30).json()
+    assert info["pool"] == POOL and 0 < info["expiresInSeconds"] <= 60
+    assert requests.delete(f"{gateway.url}/v1/sessions/{sid}", timeout=30).status_code == 200
+    gone = requests.post(
+        f"{gateway.url}/v1/sessions/{sid}/actions",
+        json={"type": "code", "payload": {"code": "1"}},
+        timeout=30,
+    )
+    assert gone.status_code == 404 and sid in gone.json()["error"]
+
+
+def test_an_idle_session_expires_by_its_ttl(gateway: Gateway) -> None:
+    from sandbox_agent_harness import wait_until
+
+    sid = requests.post(
+        gateway.url + "/v1/sessions", json={"pool": POOL, "ttlSeconds": 0.3}, timeout=30
+    ).json()["id"]
+    wait_until(
+        lambda: requests.get(f"{gateway.url}/v1/sessions/{sid}", timeout=10).status_code == 404, 10, "expiry"
+    )
+
+
+def test_batch_results_stream_as_ndjson(gateway: Gateway) -> None:
+    resp = requests.get(f"{gateway.url}/v1/batches/{NS}/step-1/results", timeout=30)
+    assert resp.status_code == 200 and resp.headers["Content-Type"].startswith("application/x-ndjson")
+    rows = [json.loads(line) for line in resp.iter_lines() if line]
+    assert rows == BATCH
+    missing = requests.get(f"{gateway.url}/v1/batches/{NS}/nope/results", timeout=30)
+    assert missing.status_code == 404 and "nope" in missing.json()["error"]
+
+
+def test_health_readiness_metrics_and_openapi(gateway: Gateway) -> None:
+    assert requests.get(gateway.url + "/healthz", timeout=10).json() == {"status": "ok"}
+    assert requests.get(gateway.url + "/readyz", timeout=10).json() == {"status": "leader"}
+    metrics = requests.get(gateway.url + "/metrics", timeout=10).text
+    assert 'tangram_gateway_requests_total{route="/v1/actions",status="200"}' in metrics
+    spec = requests.get(gateway.url + "/openapi.json", timeout=10).json()
+    assert spec["openapi"].startswith("3.")
+    for path in (
+        "/v1/actions",
+        "/v1/actions:stream",
+        "/run_code",
+        "/get_reward",
+        "/slime/reward",
+        "/v1/sessions",
+    ):
+        assert path in spec["paths"], path
+    action = spec["components"]["schemas"]["GatewayAction"]
+    assert {"type", "target", "payload", "timeoutSeconds", "sessionId"} <= set(action["properties"])

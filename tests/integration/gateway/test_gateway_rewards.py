@@ -1,0 +1,100 @@
+"""Reward endpoints in each trainer's shape, scored by the stand-in reward runtime (model-based) or
+by tests run in a real sandbox (test-based), through the same gateway."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import requests
+from gateway_harness import NS, POOL, SERVICE, Gateway, serve_gateway
+from sandbox_agent_harness import Agent, start_agent, stop_agent
+
+from arl_tangram.gateway import GatewayConfig
+
+TESTS = (
+    "from solution import add\n\n"
+    "def test_small():\n    assert add(1, 2) == 3\n\n"
+    "def test_neg():\n    assert add(-1, -2) == -3\n"
+)
+RIGHT = "Here you go:\n```python\ndef add(a, b):\n    return a + b\n```\n"
+HALF = "```python\ndef add(a, b):\n    return abs(a) + abs(b)\n```"
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
+    running = [start_agent(tmp_path_factory.mktemp("rmhost") / "work")]
+    yield running
+    for a in running:
+        stop_agent(a)
+
+
+@pytest.fixture(scope="module")
+def gateway(hosts: list[Agent]) -> Iterator[Gateway]:
+    config = GatewayConfig(default_namespace=NS, default_pools={NS: POOL}, default_services={NS: SERVICE})
+    with serve_gateway(hosts, config=config) as gw:
+        yield gw
+
+
+def test_openrlhf_get_reward(gateway: Gateway) -> None:
+    body = {
+        "query": ["Q: 2+2? A: 4", "Q: 3+3? A: 7"],
+        "prompts": ["Q: 2+2? A:", "Q: 3+3? A:"],
+        "labels": ["4", "6"],
+    }
+    resp = requests.post(gateway.url + "/get_reward", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["rewards"] == [1.0, 0.0] == resp.json()["scores"]
+    # The runtime was given the response alone (the query minus its prompt), with its label.
+    assert {(s["response"], s["label"]) for s in gateway.scored[-2:]} == {(" 4", "4"), (" 7", "6")}
+
+
+def test_slime_reward_is_a_bare_number(gateway: Gateway) -> None:
+    resp = requests.post(
+        gateway.url + "/slime/reward?service=rm",
+        json={"prompt": "p", "response": "yes it is 42", "label": "42"},
+        timeout=60,
+    )
+    assert resp.status_code == 200 and resp.json() == 1.0
+
+
+def test_vllm_score_classify_pooling_and_sglang_classify(gateway: Gateway) -> None:
+    score = requests.post(
+        gateway.url + "/score",
+        json={"model": SERVICE, "text_1": "q", "text_2": ["a" * 10, "b" * 20]},
+        timeout=60,
+    ).json()
+    assert [d["score"] for d in score["data"]] == [0.1, 0.2] and score["object"] == "list"
+    classify = requests.post(
+        gateway.url + "/classify", json={"model": SERVICE, "input": ["x" * 30]}, timeout=60
+    ).json()
+    assert classify["data"][0]["probs"] == [0.3] and classify["data"][0]["num_classes"] == 1
+    pooling = requests.post(gateway.url + "/pooling", json={"input": "y" * 40}, timeout=60).json()
+    assert pooling["data"][0]["data"] == [0.4]
+    sglang = requests.post(gateway.url + "/classify", json={"text": ["z" * 50, "z" * 60]}, timeout=60).json()
+    assert [item["embedding"][0] for item in sglang] == [0.5, 0.6]
+
+
+def test_test_based_rewards_are_pass_fractions(gateway: Gateway) -> None:
+    body = {"query": [RIGHT, HALF, "no code at all"], "labels": [TESTS, TESTS, TESTS]}
+    resp = requests.post(gateway.url + f"/get_reward?pool={POOL}", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["rewards"] == [1.0, 0.5, 0.0]
+    native = requests.post(
+        gateway.url + "/v1/rewards",
+        json={
+            "pool": POOL,
+            "items": [{"response": RIGHT, "label": TESTS}, {"response": RIGHT, "label": "assert False"}],
+        },
+        timeout=120,
+    )
+    assert native.json() == {"rewards": [1.0, 0.0]}, native.text
+
+
+def test_unknown_service_and_missing_tests_are_named(gateway: Gateway) -> None:
+    resp = requests.post(gateway.url + "/get_reward?service=ghost", json={"query": ["x"]}, timeout=60)
+    assert resp.status_code == 404 and "ghost" in resp.json()["error"]
+    resp = requests.post(gateway.url + f"/get_reward?pool={POOL}", json={"query": ["x"]}, timeout=60)
+    assert resp.status_code == 400 and resp.json()["field"] == "items[0].label"
+    resp = requests.post(gateway.url + "/get_reward", json={"query": ["a", "b"], "labels": ["x"]}, timeout=60)
+    assert resp.status_code == 400 and resp.json()["field"] == "labels"

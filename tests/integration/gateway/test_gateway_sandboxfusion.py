@@ -1,0 +1,79 @@
+"""``/run_code`` through the gateway passes the agent's own ``/run_code`` contract tests: the very
+test functions of ``tests/integration/sandbox/test_sandbox_api.py``, given the gateway in place of
+the agent. Then the routing (header, query, namespace default) and ``/v1/ping``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import requests
+import test_sandbox_api as agent_contract
+from gateway_harness import NS, POOL, Gateway, serve_gateway
+from sandbox_agent_harness import Agent, start_agent, stop_agent
+
+from arl_tangram.gateway import GatewayConfig
+
+# Imported through the module, so that pytest does not collect them here with the agent's fixture.
+CONTRACT = tuple(
+    getattr(agent_contract, name) for name in dir(agent_contract) if name.startswith("test_run_code")
+)
+
+
+@dataclass
+class GatewayAsAgent:
+    """What the agent's contract tests use of an agent (``post``), answered by the gateway."""
+
+    url: str
+
+    def post(self, path: str, body: object, timeout: float = 60) -> requests.Response:
+        return requests.post(self.url + path, json=body, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
+    running = [start_agent(tmp_path_factory.mktemp("sfhost") / "work")]
+    yield running
+    for a in running:
+        stop_agent(a)
+
+
+@pytest.fixture(scope="module")
+def gateway(hosts: list[Agent]) -> Iterator[Gateway]:
+    config = GatewayConfig(default_namespace=NS, default_pools={NS: POOL})
+    with serve_gateway(hosts, config=config, pools=((NS, POOL), (NS, "other"), ("team-b", "py"))) as gw:
+        yield gw
+
+
+@pytest.mark.parametrize("contract", CONTRACT, ids=lambda f: f.__name__)
+def test_run_code_contract_through_the_gateway(gateway: Gateway, contract: object) -> None:
+    contract(GatewayAsAgent(gateway.url))  # type: ignore[operator]
+
+
+def _ran_on(resp: requests.Response) -> str:
+    assert resp.status_code == 200, resp.text
+    return str(resp.json()["run_result"]["stdout"])
+
+
+def test_the_pool_comes_from_header_query_or_the_namespace_default(gateway: Gateway) -> None:
+    body = {"code": "print('hi')", "language": "python"}
+    assert _ran_on(requests.post(gateway.url + "/run_code", json=body, timeout=60)) == "hi\n"
+    by_header = requests.post(
+        gateway.url + "/run_code", json=body, headers={"X-Tangram-Pool": "other"}, timeout=60
+    )
+    assert _ran_on(by_header) == "hi\n"
+    by_query = requests.post(gateway.url + "/run_code?namespace=team-b&pool=py", json=body, timeout=60)
+    assert _ran_on(by_query) == "hi\n"
+    missing = requests.post(gateway.url + "/run_code?pool=absent", json=body, timeout=60)
+    assert missing.status_code == 404 and "absent" in missing.json()["error"]
+    assert missing.json()["status"] == "SandboxError"
+    no_default = requests.post(gateway.url + "/run_code?namespace=team-b", json=body, timeout=60)
+    assert no_default.status_code == 400 and "X-Tangram-Pool" in no_default.json()["error"]
+    bad_name = requests.post(gateway.url + "/run_code?pool=Not_A_Name", json=body, timeout=60)
+    assert bad_name.status_code == 400 and "pool" in bad_name.json()["field"]
+
+
+def test_ping_answers_pong(gateway: Gateway) -> None:
+    resp = requests.get(gateway.url + "/v1/ping", timeout=10)
+    assert resp.status_code == 200 and resp.text == "pong"
