@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "demo": ("arl_tangram.sim.demo:main", "show the win of action-level scheduling on a workload"),
     "node-agent": ("arl_tangram.gpu.agent:main", "publish this node's GPU inventory; follow MIG requests"),
+    "reward-runtime": ("arl_tangram.rewards.server:main", "serve reward models on a GPU chunk (evict/restore)"),
 }
 BENCH: dict[str, tuple[str, str]] = {
     "exec": ("arl_tangram.sandbox.bench:main", "code execution: native API vs /run_code vs fresh process"),

@@ -1,0 +1,159 @@
+"""Service backends of the reward runtime: how a service is restored, evicted and asked for scores.
+
+- ``BuiltinBackend``: the built-in scorer in this process (``rewards.builtin``).
+- ``VllmBackend``: a vLLM server started with ``--enable-sleep-mode`` (and ``VLLM_SERVER_DEV_MODE=1``,
+  which exposes the sleep endpoints): evict is ``POST /sleep?level=1`` (weights offloaded to host
+  memory, KV cache dropped), restore is ``POST /wake_up``, ``GET /is_sleeping`` reports the state;
+  scores come from ``POST /pooling`` (``{"model", "input": [...]}`` -> ``data[i].data``).
+- ``SglangBackend``: an SGLang server started with ``--enable-memory-saver``: evict is
+  ``POST /release_memory_occupation``, restore ``POST /resume_memory_occupation`` (both take an
+  optional ``{"tags": [...]}``; without tags, weights and KV cache together); scores come from
+  ``POST /classify`` (``{"model", "text": [...]}`` -> ``[{"embedding": [score, ...]}, ...]``).
+
+Each blocking step of the built-in backend runs in a worker thread; the HTTP backends share one
+aiohttp session made at start-up. A failed call raises ``BackendError`` (an infrastructure failure:
+the dispatcher may retry elsewhere).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import aiohttp
+
+from arl_tangram.rewards.builtin import BuiltinScorer
+
+
+class BackendError(RuntimeError):
+    """A backend call failed (server down, bad answer)."""
+
+
+class ServiceBackend(Protocol):
+    """What the runtime needs of a service."""
+
+    name: str
+    device_bytes: int
+
+    async def start(self) -> bool:
+        """Prepare; returns whether the weights are already on the device."""
+        ...
+
+    async def restore(self) -> None: ...
+
+    async def evict(self) -> None: ...
+
+    async def score(self, inputs: Sequence[str]) -> list[float]: ...
+
+    async def close(self) -> None: ...
+
+
+class BuiltinBackend:
+    """The built-in scorer; ``device_bytes`` is its weights' size."""
+
+    def __init__(self, name: str, scorer: BuiltinScorer) -> None:
+        self.name = name
+        self.scorer = scorer
+        self.device_bytes = scorer.nbytes
+
+    async def start(self) -> bool:
+        return False  # loaded into host memory only; restored on the first request
+
+    async def restore(self) -> None:
+        await asyncio.to_thread(self.scorer.restore)
+
+    async def evict(self) -> None:
+        self.scorer.evict()
+
+    async def score(self, inputs: Sequence[str]) -> list[float]:
+        return await asyncio.to_thread(self.scorer.score, list(inputs))
+
+    async def close(self) -> None:
+        self.scorer.evict()
+
+
+class _HttpBackend:
+    """Common HTTP plumbing of the external servers."""
+
+    def __init__(
+        self, name: str, url: str, model: str, device_bytes: int, session: aiohttp.ClientSession
+    ) -> None:
+        self.name = name
+        self.url = url.rstrip("/")
+        self.model = model
+        self.device_bytes = device_bytes
+        self.session = session
+
+    async def _call(self, method: str, path: str, body: Any = None) -> Any:
+        try:
+            async with self.session.request(method, self.url + path, json=body) as resp:
+                text = await resp.text()
+                if resp.status >= 400:
+                    raise BackendError(f"{self.name}: {method} {path} answered {resp.status}: {text[:200]}")
+                if not text:
+                    return None
+                try:
+                    return await resp.json(content_type=None)
+                except ValueError:
+                    return text
+        except aiohttp.ClientError as exc:
+            raise BackendError(f"{self.name}: {method} {path} failed: {exc}") from None
+
+    async def close(self) -> None:
+        return None
+
+
+class VllmBackend(_HttpBackend):
+    """A vLLM server in sleep mode (level 1: weights kept in host memory, nothing to reload)."""
+
+    async def start(self) -> bool:
+        state = await self._call("GET", "/is_sleeping")
+        if not isinstance(state, dict) or "is_sleeping" not in state:
+            raise BackendError(f"{self.name}: /is_sleeping answered {state!r} (is sleep mode enabled?)")
+        return not bool(state["is_sleeping"])
+
+    async def restore(self) -> None:
+        await self._call("POST", "/wake_up")
+
+    async def evict(self) -> None:
+        await self._call("POST", "/sleep?level=1")
+
+    async def score(self, inputs: Sequence[str]) -> list[float]:
+        out = await self._call("POST", "/pooling", {"model": self.model, "input": list(inputs)})
+        try:
+            rows = sorted(out["data"], key=lambda d: d["index"])
+            return [_last_number(r["data"]) for r in rows]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BackendError(f"{self.name}: /pooling answered an unexpected shape: {exc!r}") from None
+
+
+class SglangBackend(_HttpBackend):
+    """An SGLang server with the memory saver (release / resume memory occupation)."""
+
+    async def start(self) -> bool:
+        # SGLang has no query for the state; a freshly started server holds its memory.
+        return True
+
+    async def restore(self) -> None:
+        await self._call("POST", "/resume_memory_occupation", {})
+
+    async def evict(self) -> None:
+        await self._call("POST", "/release_memory_occupation", {})
+
+    async def score(self, inputs: Sequence[str]) -> list[float]:
+        out = await self._call("POST", "/classify", {"model": self.model, "text": list(inputs)})
+        try:
+            return [float(r["embedding"][0]) for r in out]
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise BackendError(f"{self.name}: /classify answered an unexpected shape: {exc!r}") from None
+
+
+def _last_number(value: Any) -> float:
+    """The score in a pooling output: a number, or the last number of a (nested) list, which is the
+    last token's value for token-level reward models."""
+    while isinstance(value, list):
+        if not value:
+            raise ValueError("empty pooling output")
+        value = value[-1]
+    return float(value)

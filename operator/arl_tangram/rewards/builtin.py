@@ -1,0 +1,205 @@
+"""The built-in reward scorer: a small model that runs on CPU with numpy, or on a GPU with PyTorch.
+
+A text is hashed into character n-grams (crc32, so the same text gets the same features in every
+process), their embeddings are averaged, and a two-layer MLP maps that to one score. It is a real
+model with real weights of a chosen size, so restore and eviction move real bytes, and numpy and
+PyTorch compute the same scores from the same file.
+
+Weights come from a local ``.npz`` file (``write_model`` makes one); nothing is downloaded. The host
+copy stays in memory (page-locked when PyTorch can pin it) for the life of the process; ``restore``
+copies it to the device and ``evict`` drops the device copy: weights never change, so there is nothing
+to write back. This module imports only numpy and the standard library; PyTorch only when a CUDA
+device is asked for (the GPU check runs it where only torch, nvidia-ml-py and numpy are installed).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT = "tangram-builtin-scorer/1"
+ARRAYS = ("embed", "w1", "b1", "w2", "b2")
+
+
+class ModelError(ValueError):
+    """A model file that is missing, malformed or of another format."""
+
+
+@dataclass(frozen=True)
+class ModelMeta:
+    buckets: int
+    dim: int
+    hidden: int
+    ngram: int
+    dtype: str
+
+
+def random_model(
+    buckets: int = 4096,
+    dim: int = 64,
+    hidden: int = 64,
+    ngram: int = 3,
+    seed: int = 0,
+    dtype: str = "float32",
+) -> tuple[ModelMeta, dict[str, np.ndarray]]:
+    """A model with seeded random weights; its size is about ``buckets * dim`` values."""
+    if min(buckets, dim, hidden, ngram) < 1:
+        raise ModelError("buckets, dim, hidden and ngram must be >= 1")
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    arrays = {
+        "embed": rng.standard_normal((buckets, dim), dtype=np.float32).astype(dt, copy=False),
+        "w1": (rng.standard_normal((dim, hidden), dtype=np.float32) / np.sqrt(dim)).astype(dt),
+        "b1": np.zeros(hidden, dtype=dt),
+        "w2": (rng.standard_normal((hidden, 1), dtype=np.float32) / np.sqrt(hidden)).astype(dt),
+        "b2": np.zeros(1, dtype=dt),
+    }
+    return ModelMeta(buckets, dim, hidden, ngram, dtype), arrays
+
+
+def write_model(path: str | Path, **kwargs: Any) -> Path:
+    """Write ``random_model(**kwargs)`` to ``path`` (the file ``load_model`` reads)."""
+    meta, arrays = random_model(**kwargs)
+    doc = {"format": FORMAT, **meta.__dict__}
+    out = Path(path)
+    with out.open("wb") as f:
+        blobs: dict[str, Any] = {"meta": np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8), **arrays}
+        np.savez(f, **blobs)
+    return out
+
+
+def load_model(path: str | Path) -> tuple[ModelMeta, dict[str, np.ndarray]]:
+    """Read a model file into host memory (``ModelError`` names what is wrong)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ModelError(f"no model file at {p}")
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+            arrays = {k: np.ascontiguousarray(z[k]) for k in ARRAYS}
+    except (OSError, KeyError, ValueError) as exc:
+        raise ModelError(f"{p} is not a built-in scorer model: {exc}") from None
+    if meta.get("format") != FORMAT:
+        raise ModelError(f"{p}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    m = ModelMeta(
+        int(meta["buckets"]), int(meta["dim"]), int(meta["hidden"]), int(meta["ngram"]), meta["dtype"]
+    )
+    shapes = {"embed": (m.buckets, m.dim), "w1": (m.dim, m.hidden), "b1": (m.hidden,), "w2": (m.hidden, 1)}
+    for k, shape in shapes.items():
+        if arrays[k].shape != shape:
+            raise ModelError(f"{p}: {k} has shape {arrays[k].shape}, expected {shape}")
+    return m, arrays
+
+
+def features(texts: Sequence[str], meta: ModelMeta) -> tuple[np.ndarray, np.ndarray]:
+    """Hashed n-gram ids of every text, flattened, and each text's offset into them (embedding bag)."""
+    ids: list[int] = []
+    offsets: list[int] = []
+    n = meta.ngram
+    for text in texts:
+        offsets.append(len(ids))
+        data = f"\x02{text}\x03".encode()
+        grams = [data[i : i + n] for i in range(max(1, len(data) - n + 1))]
+        ids.extend(zlib.crc32(g) % meta.buckets for g in grams)
+    return np.asarray(ids, dtype=np.int64), np.asarray(offsets, dtype=np.int64)
+
+
+def score_numpy(arrays: dict[str, np.ndarray], meta: ModelMeta, texts: Sequence[str]) -> list[float]:
+    """Scores on CPU (float32 arithmetic whatever the stored dtype)."""
+    if not texts:
+        return []
+    ids, offsets = features(texts, meta)
+    emb = arrays["embed"][ids].astype(np.float32)
+    sums = np.add.reduceat(emb, offsets, axis=0)
+    counts = np.diff(np.append(offsets, len(ids))).astype(np.float32)[:, None]
+    h = np.tanh(sums / counts @ arrays["w1"].astype(np.float32) + arrays["b1"].astype(np.float32))
+    out = h @ arrays["w2"].astype(np.float32) + arrays["b2"].astype(np.float32)
+    return [float(x) for x in out[:, 0]]
+
+
+class BuiltinScorer:
+    """The model with a host copy always present and a device copy while restored.
+
+    ``device`` is ``"cpu"`` (the device copy is a second numpy copy, so restore and evict move real
+    bytes and the cache logic is exercised without a GPU) or ``"cuda"``/``"cuda:N"`` (PyTorch: pinned
+    host tensors, copied with ``non_blocking`` and synchronised)."""
+
+    def __init__(self, meta: ModelMeta, arrays: dict[str, np.ndarray], device: str = "cpu") -> None:
+        self.meta, self.host = meta, arrays
+        self.device = device
+        self.nbytes = sum(a.nbytes for a in self.host.values())
+        self.pinned = False
+        self._torch: Any = None
+        self._host_t: dict[str, Any] = {}
+        self._dev: dict[str, Any] | None = None
+        if device != "cpu":
+            if not device.startswith("cuda"):
+                raise ModelError(f"device must be cpu or cuda[:N], got {device!r}")
+            try:
+                import torch
+            except ImportError:
+                raise ModelError("device cuda needs PyTorch, which is not installed") from None
+            if not torch.cuda.is_available():
+                raise ModelError("device cuda: PyTorch sees no CUDA device")
+            self._torch = torch
+            self._host_t = {k: torch.from_numpy(v) for k, v in self.host.items()}
+            try:
+                self._host_t = {k: t.pin_memory() for k, t in self._host_t.items()}
+                self.pinned = True
+            except RuntimeError:
+                pass  # page-locked memory refused (limits): pageable copies still work, slower
+
+    @classmethod
+    def from_file(cls, path: str | Path, device: str = "cpu") -> BuiltinScorer:
+        meta, arrays = load_model(path)
+        return cls(meta, arrays, device)
+
+    @property
+    def resident(self) -> bool:
+        return self._dev is not None
+
+    def restore(self) -> float:
+        """Copy the weights to the device; returns the seconds it took (0 when already there)."""
+        if self._dev is not None:
+            return 0.0
+        t0 = time.perf_counter()
+        if self._torch is None:
+            self._dev = {k: v.copy() for k, v in self.host.items()}
+        else:
+            dev = {k: t.to(self.device, non_blocking=self.pinned) for k, t in self._host_t.items()}
+            self._torch.cuda.synchronize(self.device)
+            self._dev = dev
+        return time.perf_counter() - t0
+
+    def evict(self) -> None:
+        """Drop the device copy (no write-back: the weights never change)."""
+        self._dev = None
+
+    def score(self, texts: Sequence[str]) -> list[float]:
+        """Scores of ``texts``; the weights must be restored first."""
+        if self._dev is None:
+            raise RuntimeError("score before restore: the weights are not on the device")
+        if self._torch is None:
+            return score_numpy(self._dev, self.meta, texts)
+        if not texts:
+            return []
+        torch = self._torch
+        ids, offsets = features(texts, self.meta)
+        d = self._dev
+        with torch.inference_mode():
+            emb = torch.nn.functional.embedding_bag(
+                torch.from_numpy(ids).to(self.device),
+                d["embed"].float(),
+                torch.from_numpy(offsets).to(self.device),
+                mode="mean",
+            )
+            h = torch.tanh(emb @ d["w1"].float() + d["b1"].float())
+            out = h @ d["w2"].float() + d["b2"].float()
+            return [float(x) for x in out[:, 0].cpu().tolist()]

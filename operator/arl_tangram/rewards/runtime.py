@@ -1,0 +1,306 @@
+"""The reward runtime's core: per-service batching queues in front of one GPU chunk (evict-on-execution).
+
+Requests wait in their service's queue; a batch of a service starts when it is full or when its
+oldest request has waited the service's batching window. One batch runs at a time on the chunk (the
+paper: at most one action per GPU), so the chunk's memory holds the running service plus whatever
+else fits: before a batch, least recently used services are evicted until the service fits, then it
+is restored from host memory, and the seconds that took are reported on every request of the batch
+as ``restore_s``. Among ready services the resident ones go first unless an evicted one has waited
+past the grace period (``cache.pick_next``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from arl_tangram.rewards.backends import BackendError, ServiceBackend
+from arl_tangram.rewards.cache import DeviceCache, pick_next
+
+log = logging.getLogger("tangram.reward-runtime")
+
+# How long a request of an evicted service may be passed over for resident ones (seconds): about
+# the cost of one small restore, so that preferring residents saves more than it delays.
+DEFAULT_GRACE_S = 0.05
+
+
+class UnknownService(KeyError):
+    """No service of that name in this runtime."""
+
+
+class QueueFull(Exception):
+    """The service's wait queue is full; the caller should retry later or elsewhere."""
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """Batching and queueing of one service."""
+
+    name: str
+    max_batch_size: int = 32
+    max_wait_s: float = 0.01
+    max_queue: int = 1024
+    keep_resident: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1 or self.max_queue < 1 or self.max_wait_s < 0:
+            raise ValueError(f"service {self.name}: batch size and queue must be >= 1, wait >= 0")
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    """One request's answer: its scores and where its time went."""
+
+    scores: list[float]
+    restore_s: float
+    queue_s: float
+    exec_s: float
+    batch_size: int
+    evicted: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "scores": self.scores,
+            "restore_s": self.restore_s,
+            "queue_s": self.queue_s,
+            "exec_s": self.exec_s,
+            "batch_size": self.batch_size,
+            "evicted": list(self.evicted),
+        }
+
+
+@dataclass
+class _Request:
+    inputs: list[str]
+    arrival: float
+    future: asyncio.Future[ScoreResult]
+
+
+@dataclass
+class _Service:
+    spec: ServiceSpec
+    backend: ServiceBackend
+    queue: deque[_Request] = field(default_factory=deque)
+    batches: int = 0
+    restores: int = 0
+    evictions: int = 0
+    restore_s_total: float = 0.0
+    last_used: float | None = None
+
+    def queued_inputs(self) -> int:
+        return sum(len(r.inputs) for r in self.queue)
+
+
+class RewardRuntime:
+    """Several services on one device of ``capacity`` bytes."""
+
+    def __init__(
+        self,
+        services: Sequence[tuple[ServiceSpec, ServiceBackend]],
+        capacity: int,
+        grace_s: float = DEFAULT_GRACE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cache = DeviceCache(capacity)
+        self.services: dict[str, _Service] = {}
+        for spec, backend in services:
+            if spec.name in self.services:
+                raise ValueError(f"service {spec.name} declared twice")
+            self.cache.add(spec.name, backend.device_bytes, keep=spec.keep_resident)
+            self.services[spec.name] = _Service(spec, backend)
+        self.grace_s = grace_s
+        self.clock = clock
+        self._wake = asyncio.Event()
+        self._device = asyncio.Lock()  # one batch, restore or eviction on the chunk at a time
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Learn which services already hold device memory, evict what does not fit, start serving."""
+        for name, svc in self.services.items():
+            on_device = await svc.backend.start()
+            if not on_device:
+                continue
+            if self.cache.used + self.cache.sizes[name] <= self.cache.capacity:
+                self.cache.mark_resident(name)
+            else:
+                await svc.backend.evict()
+        for name in sorted(self.cache.keep):
+            await self._ensure_resident(name)
+        self._task = asyncio.create_task(self._serve(), name="reward-runtime")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for svc in self.services.values():
+            for req in svc.queue:
+                if not req.future.done():
+                    req.future.set_exception(BackendError("the reward runtime is stopping"))
+            svc.queue.clear()
+            await svc.backend.close()
+
+    async def score(self, service: str, inputs: Sequence[str]) -> ScoreResult:
+        """Queue ``inputs`` for ``service`` and wait for their scores."""
+        svc = self.services.get(service)
+        if svc is None:
+            raise UnknownService(service)
+        if len(svc.queue) >= svc.spec.max_queue:
+            raise QueueFull(
+                f"service {service}: {len(svc.queue)} requests waiting (max {svc.spec.max_queue})"
+            )
+        fut: asyncio.Future[ScoreResult] = asyncio.get_running_loop().create_future()
+        svc.queue.append(_Request(list(inputs), self.clock(), fut))
+        self._wake.set()
+        return await fut
+
+    async def evict(self, service: str) -> bool:
+        """Take a service off the device (scale to zero); False when it was not resident."""
+        if service not in self.services:
+            raise UnknownService(service)
+        async with self._device:
+            if not self.cache.is_resident(service):
+                return False
+            await self._evict(service)
+            return True
+
+    async def restore(self, service: str) -> float:
+        """Put a service on the device ahead of its requests (pre-warm); returns the restore seconds."""
+        if service not in self.services:
+            raise UnknownService(service)
+        async with self._device:
+            _, seconds = await self._make_resident(service)
+            return seconds
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Each service's residency, queue and counters (``GET /v1/services``)."""
+        now = self.clock()
+        return [
+            {
+                "name": name,
+                "resident": self.cache.is_resident(name),
+                "keep_resident": name in self.cache.keep,
+                "device_bytes": self.cache.sizes[name],
+                "queued": len(svc.queue),
+                "batches": svc.batches,
+                "restores": svc.restores,
+                "evictions": svc.evictions,
+                "restore_s_total": svc.restore_s_total,
+                "idle_s": None if svc.last_used is None else now - svc.last_used,
+            }
+            for name, svc in self.services.items()
+        ]
+
+    # ---- the device ----------------------------------------------------------------------------
+
+    async def _evict(self, name: str) -> None:
+        svc = self.services[name]
+        await svc.backend.evict()  # an error leaves it counted as resident: memory may still be held
+        self.cache.mark_evicted(name)
+        svc.evictions += 1
+
+    async def _make_resident(self, name: str) -> tuple[tuple[str, ...], float]:
+        if self.cache.is_resident(name):
+            return (), 0.0
+        victims = tuple(self.cache.plan(name))
+        for v in victims:
+            await self._evict(v)
+        svc = self.services[name]
+        t0 = self.clock()
+        await svc.backend.restore()
+        seconds = self.clock() - t0
+        self.cache.mark_resident(name)
+        svc.restores += 1
+        svc.restore_s_total += seconds
+        return victims, seconds
+
+    async def _ensure_resident(self, name: str) -> None:
+        async with self._device:
+            await self._make_resident(name)
+
+    # ---- batching ------------------------------------------------------------------------------
+
+    def _ready(self, now: float) -> tuple[dict[str, float], float | None]:
+        """Services whose batch may start now (-> oldest arrival), and when the next one will."""
+        ready: dict[str, float] = {}
+        soonest: float | None = None
+        for name, svc in self.services.items():
+            if not svc.queue:
+                continue
+            first = svc.queue[0].arrival
+            due = first + svc.spec.max_wait_s
+            if svc.queued_inputs() >= svc.spec.max_batch_size or now >= due:
+                ready[name] = first
+            elif soonest is None or due < soonest:
+                soonest = due
+        return ready, soonest
+
+    async def _serve(self) -> None:
+        while True:
+            self._wake.clear()
+            now = self.clock()
+            ready, soonest = self._ready(now)
+            name = pick_next(ready, self.cache, now, self.grace_s)
+            if name is None:
+                timeout = None if soonest is None else max(0.0, soonest - now)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                continue
+            try:
+                await self._run_batch(name)
+            except Exception:  # a bug must not stop the chunk serving others; the batch got the error
+                log.exception("batch of %s failed", name)
+
+    def _take_batch(self, svc: _Service) -> list[_Request]:
+        batch: list[_Request] = []
+        n = 0
+        while svc.queue and (not batch or n + len(svc.queue[0].inputs) <= svc.spec.max_batch_size):
+            req = svc.queue.popleft()
+            batch.append(req)
+            n += len(req.inputs)
+        return batch
+
+    async def _run_batch(self, name: str) -> None:
+        svc = self.services[name]
+        batch = self._take_batch(svc)
+        inputs = [x for r in batch for x in r.inputs]
+        try:
+            async with self._device:
+                start = self.clock()
+                victims, restore_s = await self._make_resident(name)
+                t0 = self.clock()
+                scores: list[float] = []
+                size = svc.spec.max_batch_size
+                for i in range(0, max(1, len(inputs)), size):  # a request bigger than a batch: in parts
+                    part = inputs[i : i + size]
+                    if part:
+                        scores += await svc.backend.score(part)
+                exec_s = self.clock() - t0
+                self.cache.touch(name)
+        except Exception as exc:
+            err = exc if isinstance(exc, BackendError) else BackendError(f"{name}: {exc}")
+            for r in batch:
+                if not r.future.done():
+                    r.future.set_exception(err)
+            raise
+        if len(scores) != len(inputs):
+            err = BackendError(f"{name}: {len(scores)} scores for {len(inputs)} inputs")
+            for r in batch:
+                r.future.set_exception(err)
+            return
+        svc.batches += 1
+        svc.last_used = self.clock()
+        i = 0
+        for r in batch:
+            res = ScoreResult(
+                scores[i : i + len(r.inputs)], restore_s, start - r.arrival, exec_s, len(inputs), victims
+            )
+            i += len(r.inputs)
+            if not r.future.done():
+                r.future.set_result(res)

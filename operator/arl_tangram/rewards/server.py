@@ -1,0 +1,252 @@
+"""``tangram reward-runtime``: the HTTP server in reward pods (aiohttp), and its services file.
+
+API (docs/gpu.md has the full shapes):
+
+- ``POST /v1/score`` ``{"service": NAME, "inputs": [TEXT, ...]}`` -> ``{"service", "scores": [...],
+  "restore_s", "queue_s", "exec_s", "batch_size", "evicted": [...]}``; 404 unknown service, 400 bad
+  body, 429 queue full (``Retry-After``), 503 backend failure.
+- ``GET /v1/health`` -> ``{"status": "ok", "device", "capacity_bytes", "used_bytes", "resident"}``.
+- ``GET /v1/services`` -> ``{"services": [{"name", "resident", "device_bytes", "queued", ...}]}``.
+- ``POST /v1/services/{name}/evict`` and ``/restore``: scale a service to zero, or pre-warm it.
+
+Services file (YAML)::
+
+    services:
+      - name: rm-small            # builtin: a model file on a local path (never downloaded)
+        backend: builtin
+        path: /models/rm-small.npz
+        maxBatchSize: 64
+        maxWaitMillis: 5
+      - name: judge               # vllm / sglang: a server beside this one in the pod
+        backend: vllm
+        url: http://127.0.0.1:8001
+        model: Qwen/Qwen3-8B
+        deviceMemory: 20Gi        # its share of the chunk's memory when awake
+        keepResident: false
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+from aiohttp import web
+
+from arl_tangram.api.quantity import quantity_bytes
+from arl_tangram.rewards.backends import (
+    BackendError,
+    BuiltinBackend,
+    ServiceBackend,
+    SglangBackend,
+    VllmBackend,
+)
+from arl_tangram.rewards.builtin import BuiltinScorer, ModelError
+from arl_tangram.rewards.cache import DoesNotFit
+from arl_tangram.rewards.runtime import QueueFull, RewardRuntime, ServiceSpec, UnknownService
+
+log = logging.getLogger("tangram.reward-runtime")
+
+MAX_INPUTS_PER_REQUEST = 4096
+SERVICE_KEYS = {
+    "name",
+    "backend",
+    "path",
+    "url",
+    "model",
+    "deviceMemory",
+    "maxBatchSize",
+    "maxWaitMillis",
+    "maxQueueLength",
+    "keepResident",
+}
+
+
+class ConfigError(ValueError):
+    """A services file that cannot be served; the message names the entry and the field."""
+
+
+def parse_services(doc: Any) -> list[dict[str, Any]]:
+    """The service entries of a services file, checked (no I/O)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("services"), list) or not doc["services"]:
+        raise ConfigError("the services file must have a non-empty list `services`")
+    if set(doc) != {"services"}:
+        raise ConfigError(f"unknown top-level keys: {sorted(set(doc) - {'services'})}")
+    out = []
+    for i, entry in enumerate(doc["services"]):
+        where = f"services[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where} must be a mapping")
+        unknown = set(entry) - SERVICE_KEYS
+        if unknown:
+            raise ConfigError(f"{where}: unknown keys {sorted(unknown)} (known: {sorted(SERVICE_KEYS)})")
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{where}.name is required")
+        backend = entry.get("backend", "builtin")
+        if backend not in ("builtin", "vllm", "sglang"):
+            raise ConfigError(f"{where}.backend must be builtin, vllm or sglang, got {backend!r}")
+        need = ("path",) if backend == "builtin" else ("url", "model", "deviceMemory")
+        for key in need:
+            if not entry.get(key):
+                raise ConfigError(f"{where}.{key} is required for backend {backend}")
+        out.append({**entry, "backend": backend})
+    return out
+
+
+def _spec(entry: dict[str, Any]) -> ServiceSpec:
+    try:
+        return ServiceSpec(
+            entry["name"],
+            int(entry.get("maxBatchSize", 32)),
+            float(entry.get("maxWaitMillis", 10)) / 1000,
+            int(entry.get("maxQueueLength", 1024)),
+            bool(entry.get("keepResident", False)),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"service {entry['name']}: {exc}") from None
+
+
+def build_backend(entry: dict[str, Any], device: str, session: aiohttp.ClientSession) -> ServiceBackend:
+    name = entry["name"]
+    if entry["backend"] == "builtin":
+        try:
+            return BuiltinBackend(name, BuiltinScorer.from_file(entry["path"], device))
+        except ModelError as exc:
+            raise ConfigError(f"service {name}: {exc}") from None
+    try:
+        nbytes = quantity_bytes(str(entry["deviceMemory"]))
+    except ValueError as exc:
+        raise ConfigError(f"service {name}.deviceMemory: {exc}") from None
+    cls = VllmBackend if entry["backend"] == "vllm" else SglangBackend
+    return cls(name, str(entry["url"]), str(entry["model"]), nbytes, session)
+
+
+def _error(status: int, message: str, **headers: str) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers or None)
+
+
+def make_app(runtime: RewardRuntime, device: str) -> web.Application:
+    """The runtime's HTTP API."""
+
+    async def score(request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "the body must be JSON")
+        if not isinstance(body, dict) or not isinstance(body.get("service"), str):
+            return _error(400, 'the body must be {"service": NAME, "inputs": [TEXT, ...]}')
+        inputs = body.get("inputs")
+        if not isinstance(inputs, list) or not all(isinstance(x, str) for x in inputs):
+            return _error(400, "inputs must be a list of strings")
+        if len(inputs) > MAX_INPUTS_PER_REQUEST:
+            return _error(413, f"at most {MAX_INPUTS_PER_REQUEST} inputs per request, got {len(inputs)}")
+        try:
+            result = await runtime.score(body["service"], inputs)
+        except UnknownService:
+            return _error(404, f"no service {body['service']!r} here (serving {', '.join(runtime.services)})")
+        except QueueFull as exc:
+            return _error(429, str(exc), **{"Retry-After": "1"})
+        except BackendError as exc:
+            return _error(503, str(exc))
+        return web.json_response({"service": body["service"], **result.to_json()})
+
+    async def health(_: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "status": "ok",
+                "device": device,
+                "capacity_bytes": runtime.cache.capacity,
+                "used_bytes": runtime.cache.used,
+                "resident": runtime.cache.resident,
+            }
+        )
+
+    async def services(_: web.Request) -> web.Response:
+        return web.json_response({"services": runtime.describe()})
+
+    async def control(request: web.Request) -> web.Response:
+        name, verb = request.match_info["name"], request.match_info["verb"]
+        try:
+            if verb == "evict":
+                return web.json_response({"service": name, "evicted": await runtime.evict(name)})
+            return web.json_response({"service": name, "restore_s": await runtime.restore(name)})
+        except UnknownService:
+            return _error(404, f"no service {name!r} here")
+        except DoesNotFit as exc:
+            return _error(409, str(exc))
+        except BackendError as exc:
+            return _error(503, str(exc))
+
+    app = web.Application(client_max_size=64 * 2**20)
+    app.router.add_post("/v1/score", score)
+    app.router.add_get("/v1/health", health)
+    app.router.add_get("/v1/services", services)
+    app.router.add_post("/v1/services/{name}/{verb:evict|restore}", control)
+    return app
+
+
+def _device_capacity(device: str, flag: str | None) -> int:
+    if flag is not None:
+        return quantity_bytes(flag)
+    if device == "cpu":
+        raise ConfigError("--device-memory is required with --device cpu (the budget the cache keeps to)")
+    import torch
+
+    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    # What is free now, less a margin for the CUDA context and activations of the running batch.
+    return int(free * 0.9)
+
+
+def read_services(path: str) -> list[dict[str, Any]]:
+    try:
+        with Path(path).open() as f:
+            return parse_services(yaml.safe_load(f))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+
+
+async def serve(args: argparse.Namespace, entries: list[dict[str, Any]]) -> int:
+    # Backends may block on start (is_sleeping); one long timeout covers a vLLM wake-up of big weights.
+    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600))
+    try:
+        pairs = [(_spec(e), build_backend(e, args.device, session)) for e in entries]
+        runtime = RewardRuntime(pairs, _device_capacity(args.device, args.device_memory))
+        await runtime.start()
+        host, _, port = args.listen.rpartition(":")
+        runner = web.AppRunner(make_app(runtime, args.device), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, host or "0.0.0.0", int(port)).start()
+        print(f"reward runtime listening on {args.listen} ({len(pairs)} services, {args.device})", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await runner.cleanup()
+        await runtime.stop()
+    finally:
+        await session.close()
+    return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="tangram reward-runtime", description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, help="services file (YAML)")
+    p.add_argument("--listen", default="0.0.0.0:8000", help="HOST:PORT")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (the chunk's first GPU)")
+    p.add_argument("--device-memory", default=None, help="device memory budget, e.g. 70Gi (cuda: 90%% free)")
+    args = p.parse_args(list(argv))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        return asyncio.run(serve(args, read_services(args.config)))
+    except (ConfigError, DoesNotFit, BackendError, ValueError) as exc:
+        print(f"tangram reward-runtime: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,79 @@
+"""The built-in scorer: its file format, its scores, and restore/evict on CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from arl_tangram.rewards.builtin import BuiltinScorer, ModelError, load_model, score_numpy, write_model
+
+
+def test_file_round_trip_and_deterministic_scores(tmp_path: Path) -> None:
+    path = write_model(tmp_path / "m.npz", buckets=512, dim=16, hidden=8, seed=3)
+    a = BuiltinScorer.from_file(path)
+    b = BuiltinScorer.from_file(path)
+    a.restore()
+    b.restore()
+    texts = ["def f(x): return x", "the answer is 42", ""]
+    assert a.score(texts) == b.score(texts)
+    assert len(set(a.score(texts))) == 3  # different texts, different scores
+    assert a.score(["the answer is 42"]) == a.score(texts)[1:2]  # a text's score ignores its batch
+
+
+def test_another_seed_is_another_model(tmp_path: Path) -> None:
+    a = BuiltinScorer.from_file(write_model(tmp_path / "a.npz", seed=1))
+    b = BuiltinScorer.from_file(write_model(tmp_path / "b.npz", seed=2))
+    a.restore()
+    b.restore()
+    assert a.score(["x y z"]) != b.score(["x y z"])
+
+
+def test_restore_copies_and_evict_drops_the_device_copy(tmp_path: Path) -> None:
+    s = BuiltinScorer.from_file(write_model(tmp_path / "m.npz", buckets=256, dim=8, hidden=4))
+    assert not s.resident
+    with pytest.raises(RuntimeError, match="before restore"):
+        s.score(["x"])
+    assert s.restore() >= 0.0 and s.resident
+    assert s.restore() == 0.0  # already there
+    s.evict()
+    assert not s.resident and s.host["embed"].nbytes == 256 * 8 * 4  # the host copy stays
+
+
+def test_size_follows_the_shape_and_dtype(tmp_path: Path) -> None:
+    s = BuiltinScorer.from_file(
+        write_model(tmp_path / "m.npz", buckets=1000, dim=10, hidden=5, dtype="float16")
+    )
+    assert s.nbytes == 2 * (1000 * 10 + 10 * 5 + 5 + 5 + 1)
+    meta, arrays = load_model(tmp_path / "m.npz")
+    assert all(a.dtype == np.float16 for a in arrays.values())
+    s.restore()
+    assert score_numpy(arrays, meta, ["a", "bc"]) == s.score(["a", "bc"])
+
+
+def test_bad_files_are_named(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="no model file"):
+        load_model(tmp_path / "missing.npz")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(ModelError, match="not a built-in scorer"):
+        load_model(tmp_path / "junk.npz")
+    np.savez(
+        tmp_path / "other.npz",
+        meta=np.frombuffer(b'{"format": "x"}', dtype=np.uint8),
+        embed=np.zeros(1),
+        w1=np.zeros(1),
+        b1=np.zeros(1),
+        w2=np.zeros(1),
+        b2=np.zeros(1),
+    )
+    with pytest.raises(ModelError, match="format"):
+        load_model(tmp_path / "other.npz")
+
+
+def test_cuda_without_torch_or_gpu_is_a_clear_error(tmp_path: Path) -> None:
+    path = write_model(tmp_path / "m.npz", buckets=16, dim=4, hidden=2)
+    with pytest.raises(ModelError, match="cuda"):
+        BuiltinScorer.from_file(path, "cuda:0")
+    with pytest.raises(ModelError, match="cpu or cuda"):
+        BuiltinScorer.from_file(path, "tpu")

@@ -1,0 +1,188 @@
+"""The reward runtime's cache logic on CPU with the built-in backend: LRU eviction, restore reported as
+overhead, resident preference, batching, and never more weights on the device than it holds."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from arl_tangram.rewards.backends import BackendError, BuiltinBackend
+from arl_tangram.rewards.builtin import BuiltinScorer, write_model
+from arl_tangram.rewards.cache import DoesNotFit
+from arl_tangram.rewards.runtime import QueueFull, RewardRuntime, ServiceSpec, UnknownService
+
+
+class WatchedBackend(BuiltinBackend):
+    """The built-in backend, recording the order of restores and evictions and checking on every
+    restore that the weights really on the device (scorers holding a device copy) fit it."""
+
+    def __init__(
+        self, name: str, scorer: BuiltinScorer, peers: list[WatchedBackend], capacity: int, log: list[str]
+    ) -> None:
+        super().__init__(name, scorer)
+        self.peers, self.capacity, self.log = peers, capacity, log
+
+    async def restore(self) -> None:
+        await super().restore()
+        self.log.append(f"restore {self.name}")
+        on_device = sum(p.scorer.nbytes for p in self.peers if p.scorer.resident)
+        assert on_device <= self.capacity, f"{on_device} bytes on a device of {self.capacity}"
+
+    async def evict(self) -> None:
+        await super().evict()
+        self.log.append(f"evict {self.name}")
+
+
+def _setup(
+    tmp_path: Path, names: Sequence[str], fit: int, **spec: object
+) -> tuple[RewardRuntime, list[str], list[WatchedBackend]]:
+    """A runtime whose device holds ``fit`` of the (equal-sized) services."""
+    log: list[str] = []
+    backends: list[WatchedBackend] = []
+    scorers = [
+        BuiltinScorer.from_file(write_model(tmp_path / f"{n}.npz", buckets=2048, dim=32, seed=i))
+        for i, n in enumerate(names)
+    ]
+    capacity = scorers[0].nbytes * fit + scorers[0].nbytes // 2
+    for n, s in zip(names, scorers, strict=True):
+        backends.append(WatchedBackend(n, s, backends, capacity, log))
+    specs = [ServiceSpec(n, **spec) for n in names]  # type: ignore[arg-type]
+    return RewardRuntime(list(zip(specs, backends, strict=True)), capacity), log, backends
+
+
+async def test_first_request_restores_then_hits_and_lru_is_evicted(tmp_path: Path) -> None:
+    rt, log, _ = _setup(tmp_path, ["a", "b", "c"], fit=2, max_wait_s=0.0)
+    await rt.start()
+    try:
+        r1 = await rt.score("a", ["x"])
+        assert r1.restore_s > 0 and r1.evicted == ()
+        r2 = await rt.score("a", ["y"])
+        assert r2.restore_s == 0.0
+        await rt.score("b", ["x"])
+        await rt.score("a", ["z"])  # a is now more recent than b
+        r3 = await rt.score("c", ["x"])
+        assert r3.evicted == ("b",) and r3.restore_s > 0
+        assert log == ["restore a", "restore b", "evict b", "restore c"]
+        assert rt.cache.resident == ["a", "c"]
+    finally:
+        await rt.stop()
+
+
+async def test_scores_match_the_model_whatever_the_eviction(tmp_path: Path) -> None:
+    rt, _, _ = _setup(tmp_path, ["a", "b"], fit=1, max_wait_s=0.0)
+    await rt.start()
+    try:
+        texts = ["one", "two", "three"]
+        first = [(await rt.score(n, texts)).scores for n in ("a", "b", "a", "b")]
+        assert first[0] == first[2] and first[1] == first[3] and first[0] != first[1]
+    finally:
+        await rt.stop()
+
+
+async def test_concurrent_requests_share_one_batch(tmp_path: Path) -> None:
+    rt, log, _ = _setup(tmp_path, ["a"], fit=1, max_batch_size=6, max_wait_s=30.0)
+    await rt.start()
+    try:
+        # The window is long: the batch starts only because it is full.
+        results = await asyncio.wait_for(
+            asyncio.gather(*(rt.score("a", [f"t{i}", f"u{i}"]) for i in range(3))), timeout=20
+        )
+        assert [r.batch_size for r in results] == [6, 6, 6]
+        assert all(len(r.scores) == 2 for r in results)
+        assert log == ["restore a"] and rt.describe()[0]["batches"] == 1
+    finally:
+        await rt.stop()
+
+
+async def test_a_request_bigger_than_a_batch_is_scored_in_parts(tmp_path: Path) -> None:
+    rt, _, backends = _setup(tmp_path, ["a"], fit=1, max_batch_size=4, max_wait_s=0.0)
+    await rt.start()
+    try:
+        texts = [f"t{i}" for i in range(10)]
+        r = await rt.score("a", texts)
+        backends[0].scorer.restore()
+        assert r.scores == backends[0].scorer.score(texts)
+    finally:
+        await rt.stop()
+
+
+async def test_resident_services_go_first_within_the_grace(tmp_path: Path) -> None:
+    rt, log, _ = _setup(tmp_path, ["a", "b"], fit=1, max_wait_s=0.0)
+    rt.grace_s = 60.0  # an evicted service's request waits while resident ones have work
+    await rt.start()
+    try:
+        await rt.score("b", ["warm"])  # b resident
+        # a's request arrives first, then b's; both ready at once: b (resident) goes first.
+        ra, rb = await asyncio.gather(rt.score("a", ["x"]), rt.score("b", ["y"]))
+        assert log == ["restore b", "evict b", "restore a"]
+        assert rb.restore_s == 0.0 and ra.evicted == ("b",)
+    finally:
+        await rt.stop()
+
+
+async def test_kept_services_stay_and_others_rotate(tmp_path: Path) -> None:
+    log: list[str] = []
+    backends: list[WatchedBackend] = []
+    scorers = [
+        BuiltinScorer.from_file(write_model(tmp_path / f"{n}.npz", buckets=1024, dim=16, seed=i))
+        for i, n in enumerate("kab")
+    ]
+    cap = scorers[0].nbytes * 2
+    for n, s in zip("kab", scorers, strict=True):
+        backends.append(WatchedBackend(n, s, backends, cap, log))
+    rt = RewardRuntime(
+        [
+            (ServiceSpec("k", keep_resident=True, max_wait_s=0), backends[0]),
+            (ServiceSpec("a", max_wait_s=0), backends[1]),
+            (ServiceSpec("b", max_wait_s=0), backends[2]),
+        ],
+        cap,
+    )
+    await rt.start()
+    try:
+        assert rt.cache.resident == ["k"]  # restored at start
+        for n in "abab":
+            await rt.score(n, ["x"])
+        assert "evict k" not in log and rt.cache.is_resident("k")
+        assert log.count("restore a") == 2 and log.count("restore b") == 2
+    finally:
+        await rt.stop()
+
+
+async def test_evict_and_restore_on_request(tmp_path: Path) -> None:
+    rt, _, _ = _setup(tmp_path, ["a"], fit=1, max_wait_s=0.0)
+    await rt.start()
+    try:
+        assert await rt.restore("a") > 0
+        assert await rt.evict("a") is True
+        assert await rt.evict("a") is False
+        with pytest.raises(UnknownService):
+            await rt.evict("nope")
+        assert (await rt.score("a", ["x"])).restore_s > 0
+    finally:
+        await rt.stop()
+
+
+async def test_queue_limit_refuses_at_once(tmp_path: Path) -> None:
+    rt, _, _ = _setup(tmp_path, ["a"], fit=1, max_wait_s=30.0, max_batch_size=100, max_queue=2)
+    await rt.start()
+    try:
+        waiting = [asyncio.create_task(rt.score("a", ["x"])) for _ in range(2)]
+        await asyncio.sleep(0)  # one turn of the loop: both tasks run up to their wait in the queue
+        assert len(rt.services["a"].queue) == 2  # the long window keeps them there
+        with pytest.raises(QueueFull):
+            await rt.score("a", ["x"])
+    finally:
+        await rt.stop()
+    for t in waiting:
+        with pytest.raises(BackendError):
+            await t
+
+
+def test_services_that_cannot_fit_are_refused_at_start(tmp_path: Path) -> None:
+    s = BuiltinScorer.from_file(write_model(tmp_path / "m.npz", buckets=1024, dim=16))
+    with pytest.raises(DoesNotFit):
+        RewardRuntime([(ServiceSpec("a"), BuiltinBackend("a", s))], s.nbytes - 1)
