@@ -14,6 +14,7 @@ import logging
 import os
 import queue
 import secrets
+import signal
 import sys
 import threading
 import time
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arl_tangram.errors import CapacityExceeded, InvalidSpec, NotReady
-from arl_tangram.sandbox import isolation, workfiles
+from arl_tangram.sandbox import isolation, reaping, workfiles
 from arl_tangram.sandbox.actions import ActionControl
 from arl_tangram.sandbox.builds import Builder, CompileStep, Dispatch
 from arl_tangram.sandbox.config import AgentConfig, infra_cores
@@ -168,6 +169,9 @@ class Executor:
         self._reaper: asyncio.Task[None] | None = None
         self._seq = 0
         self._restart_lock = asyncio.Lock()
+        self._old_server: ForkServerClient | None = None  # one being closed after it was lost
+        self._on_sigchld = False  # orphans are reaped on SIGCHLD
+        self._orphans_possible = False  # a fork server was lost: some may still run
         # A uid per action and per session, when this process may switch uids.
         self.run_as_root = isolation.can_switch_uid()
         self.counts: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
@@ -208,7 +212,25 @@ class Executor:
         self.isolation = hello["isolation"]
         self._janitor = Janitor()
         self._reaper = asyncio.create_task(self._expire_sessions())
+        self._adopt_orphans()
         return _isolation_warnings(self.isolation)
+
+    def _adopt_orphans(self) -> None:
+        """Become the subreaper of what a lost fork server leaves (see reaping.py) and reap it as it
+        comes (on SIGCHLD, and once a second for orphans still running when adopted)."""
+        if not reaping.become_subreaper():
+            log.warning("cannot become child subreaper: a lost fork server's children go to init")
+            return
+        with contextlib.suppress(RuntimeError, ValueError):  # not the main thread: the timer only
+            asyncio.get_running_loop().add_signal_handler(signal.SIGCHLD, self._reap_orphans)
+            self._on_sigchld = True
+
+    def _reap_orphans(self) -> None:
+        keep = {s.proc.pid for s in (self.server, self._old_server) if s is not None and s.proc is not None}
+        if reaping.reap_orphans(keep):
+            log.info("killed and reaped processes a lost fork server left")
+        else:
+            self._orphans_possible = False
 
     async def close(self) -> None:
         """Close every session, stop the fork server (its actions die with it), clean up."""
@@ -216,6 +238,9 @@ class Executor:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
+        if self._on_sigchld:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGCHLD)
+            self._on_sigchld = False
         for sid in list(self.sessions):
             with contextlib.suppress(Exception):
                 await self.close_session(sid)
@@ -225,6 +250,11 @@ class Executor:
         if self._janitor is not None:
             self._janitor.stop()
         workfiles.remove_tree(self.root)
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued for a slot now."""
+        return self._waiting
 
     @property
     def healthy(self) -> bool:
@@ -252,7 +282,10 @@ class Executor:
             return
         log.warning("the fork server exited; starting a new one")
         self.server = ForkServerClient(old.config)
+        self._old_server = old  # reaped by its own Popen, not as an orphan
+        self._orphans_possible = True
         await old.close()
+        self._old_server = None
         await self.server.start()
 
     # ---- actions ----------------------------------------------------------------------------------
@@ -676,6 +709,8 @@ class Executor:
     async def _expire_sessions(self) -> None:
         while True:
             await asyncio.sleep(1.0)
+            if self._orphans_possible:  # a /proc scan: only after a fork server was lost
+                self._reap_orphans()
             now = time.monotonic()
             for sid, session in list(self.sessions.items()):
                 if not session.lock.locked() and now - session.last_used > session.ttl_s:

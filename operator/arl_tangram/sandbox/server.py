@@ -84,6 +84,9 @@ class Metrics:
         self.cores_busy = Gauge("tangram_sandbox_cores_busy", "Cores held by actions", registry=self.registry)
         self.cores_total = Gauge("tangram_sandbox_cores", "Cores this agent manages", registry=self.registry)
         self.sessions = Gauge("tangram_sandbox_sessions", "Open sessions", registry=self.registry)
+        self.waiting = Gauge(
+            "tangram_sandbox_waiting_requests", "Requests queued for a slot", registry=self.registry
+        )
 
     def record(self, api: str, runtime: str, result: ActionResult) -> None:
         """Count one finished action."""
@@ -553,6 +556,7 @@ async def metrics(request: web.Request) -> web.Response:
     m.cores_busy.set(executor.cores_busy)
     m.cores_total.set(len(executor.cores.cores))
     m.sessions.set(len(executor.sessions))
+    m.waiting.set(executor.waiting)
     return web.Response(body=generate_latest(m.registry), content_type="text/plain", charset="utf-8")
 
 

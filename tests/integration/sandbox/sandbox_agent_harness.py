@@ -6,7 +6,9 @@ only this agent's action processes, even when other agents run on the machine at
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -100,13 +102,50 @@ def start_agent(
 
 
 def stop_agent(agent: Agent) -> None:
-    """SIGTERM and wait; the agent removes its workdir root on the way out."""
+    """SIGTERM and wait; the agent removes its workdir root on the way out.
+
+    Then no process of the agent's uids may remain. A process killed a moment ago may still be
+    on its way out (a zombie waiting for its reaper), so this waits, with a deadline, for none to
+    be left; whatever is still there then is killed by uid (a failed test must not leave, say, a
+    fork bomb running for the next) and the leak fails the test.
+    """
     agent.proc.terminate()
     try:
         agent.proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
         agent.proc.kill()
         agent.proc.wait()
+    try:
+        wait_until(lambda: processes_of(agent.uids) == [], deadline_s=10, what="the agent's processes to end")
+    except AssertionError:
+        left = kill_processes_of(agent.uids)
+        raise AssertionError(f"processes of the agent's uids outlived it (killed now): {left}") from None
+
+
+def kill_processes_of(uids: range, deadline_s: float = 30.0) -> list[str]:
+    """SIGKILL every process of ``uids`` until none is left (a fork bomb forks while it is being
+    killed); returns what was found, as 'pid cmdline'."""
+    seen: dict[int, str] = {}
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        pids = processes_of(uids)
+        if not pids:
+            break
+        for pid in pids:
+            if pid not in seen:
+                seen[pid] = _cmdline(pid)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)  # a poll interval while they die, not synchronisation
+    return [f"{pid} {cmd}" for pid, cmd in sorted(seen.items())]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
 
 
 def processes_of(uids: range) -> list[int]:
@@ -151,6 +190,5 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
     root = tmp_path_factory.mktemp("sandbox") / "work"
     running = start_agent(root, "--session-ttl", "600")
     yield running
-    stop_agent(running)
+    stop_agent(running)  # fails if a process of its uids outlives it
     assert not root.exists(), "the agent must remove its workdir root on shutdown"
-    assert processes_of(running.uids) == []

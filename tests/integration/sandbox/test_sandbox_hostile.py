@@ -283,6 +283,34 @@ def test_a_lost_fork_server_is_replaced(agent: Agent) -> None:
     requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
 
 
+def test_what_a_lost_fork_server_leaves_is_reaped_by_the_agent(agent: Agent) -> None:
+    """The agent is the child subreaper of its fork servers' descendants: a session interpreter
+    orphaned by its fork server's death goes to the agent, which kills and reaps it, never to the
+    host's init (which may reap late: the zombie then outlives the agent's clean-up)."""
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    assert agent.execute("x = 1", session_id=sid)["status"] == "ok"
+    (interp,) = processes_of(agent.uids)  # the session's interpreter, its only process
+    (server,) = [
+        int(p)
+        for p in os.listdir("/proc")
+        if p.isdigit() and _parent_of(int(p)) == agent.proc.pid and "forkserver" in _cmdline(int(p))
+    ]
+    os.kill(server, 9)
+    parents: set[int] = set()
+
+    def reaped() -> bool:
+        if _state(interp) == "":
+            return True
+        parents.add(_parent_of(interp))
+        return False
+
+    wait_until(reaped, what="the orphaned interpreter to be reaped")
+    parents.discard(-1)  # gone between the two reads
+    assert 1 not in parents, parents
+    assert agent.execute("print(6*7)")["stdout"] == "42\n"
+    requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+
+
 def _parent_of(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:

@@ -3,13 +3,12 @@ a budget, and the queue for slots is bounded (real agents, real HTTP)."""
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import requests
-from sandbox_agent_harness import start_agent, stop_agent
+from sandbox_agent_harness import Agent, start_agent, stop_agent, wait_until
 
 
 def test_fetched_files_over_a_limit_are_left_out_with_a_note(tmp_path: Path) -> None:
@@ -41,24 +40,40 @@ def test_fetched_files_over_a_limit_are_left_out_with_a_note(tmp_path: Path) -> 
 def test_requests_beyond_the_waiting_bound_get_503_with_retry_after(tmp_path: Path) -> None:
     agent = start_agent(tmp_path / "work", "--max-concurrent", "1", "--max-waiting", "1")
     try:
+        # The one slot is held by an action in a session that waits for a file the test uploads;
+        # each step waits for what the agent reports (no timing involved).
+        sid = agent.post("/v1/sessions", {}).json()["session_id"]
+        gated = "touch started; while [ ! -e go ]; do sleep 0.01; done"
+        session_files = f"{agent.url}/v1/sessions/{sid}/files"
 
-        def call(_: int) -> requests.Response:
-            return agent.post("/v1/execute", {"code": "import time; time.sleep(1.5)"})
+        def call(body: dict[str, object]) -> requests.Response:
+            return agent.post("/v1/execute", body)
 
-        with ThreadPoolExecutor(max_workers=3) as pool:
-            first = pool.submit(call, 0)
-            time.sleep(0.3)  # running
-            second = pool.submit(call, 1)
-            time.sleep(0.3)  # waiting for the one slot
-            third = pool.submit(call, 2)
-            statuses = sorted(f.result().status_code for f in (first, second, third))
-            refused = [f.result() for f in (first, second, third) if f.result().status_code == 503]
-        assert statuses == [200, 200, 503]
-        assert refused[0].headers["Retry-After"] == "1"
-        assert "wait for one of 1 slots" in refused[0].json()["error"]
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            first = pool.submit(call, {"runtime": "bash", "code": gated, "session_id": sid})
+            wait_until(
+                lambda: requests.get(f"{session_files}/started", timeout=10).status_code == 200,
+                what="the first action to hold the slot",
+            )
+            second = pool.submit(call, {"code": "print('second')"})
+            wait_until(lambda: _waiting(agent) == 1, what="the second request to wait for the slot")
+            refused = call({"code": "print('third')"})
+            assert refused.status_code == 503
+            assert refused.headers["Retry-After"] == "1"
+            assert "wait for one of 1 slots" in refused.json()["error"]
+            assert requests.put(f"{session_files}/go", data=b"", timeout=10).status_code == 201
+            assert first.result().json()["status"] == "ok"
+            assert second.result().json()["stdout"] == "second\n"
         assert agent.execute("print('still serving')")["stdout"] == "still serving\n"
     finally:
         stop_agent(agent)
+
+
+def _waiting(agent: Agent) -> float:
+    """The agent's gauge of requests queued for a slot."""
+    text = requests.get(agent.url + "/metrics", timeout=10).text
+    line = next(x for x in text.splitlines() if x.startswith("tangram_sandbox_waiting_requests "))
+    return float(line.split()[1])
 
 
 @pytest.mark.parametrize("value", ["-1"])
@@ -73,3 +88,24 @@ def test_negative_waiting_bound_is_refused_by_name(tmp_path: Path, value: str) -
         timeout=60,
     )
     assert done.returncode == 2 and "max-waiting" in done.stderr
+
+
+# How late past its deadline an action may be stopped. The action sleeps: a busy loop would be
+# ended by its CPU limit (timeout + 1 s) first, which hides a deadline that fires late.
+LATENESS_BOUND_S = 2.0
+
+
+@pytest.mark.parametrize(
+    ("runtime", "code"),
+    [("python", "import time\ntime.sleep(60)"), ("bash", "sleep 60 & sleep 60; wait")],
+)
+def test_the_timeout_of_a_sleeping_action_fires_on_time(tmp_path: Path, runtime: str, code: str) -> None:
+    agent = start_agent(tmp_path / "work")
+    try:
+        body = agent.execute(code, runtime=runtime, timeout_s=1.0)
+        assert body["status"] == "timeout", body
+        assert body["signal"] == 9
+        assert 1.0 <= float(body["wall_s"]) <= 1.0 + LATENESS_BOUND_S, body["wall_s"]
+        assert float(body["cpu_s"]) < 0.5  # it slept: the CPU limit did not end it
+    finally:
+        stop_agent(agent)
