@@ -1,0 +1,207 @@
+"""Authentication and authorisation through the gateway, against a stand-in of the API server's
+TokenReview and SubjectAccessReview endpoints (real HTTP, the real kubernetes client; the e2e test
+``tests/e2e/test_gateway_auth.py`` does the same against the real API server with real tokens)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+import requests
+from aiohttp import web
+from gateway_harness import NS, POOL, Gateway, free_port, serve_gateway
+from sandbox_agent_harness import Agent, start_agent, stop_agent
+
+from arl_tangram.gateway import GatewayConfig, KubernetesAuthenticator, build_gateway_app
+from arl_tangram.gateway.auth import Forbidden, TtlCache
+from arl_tangram.gateway.review_server import ReviewServer, StandInToken, api_client_for
+
+AUD = "tangram-gateway"
+ACTION = {"type": "code", "target": POOL, "payload": {"code": "print('authorised')"}}
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
+    running = [start_agent(tmp_path_factory.mktemp("authhost") / "work")]
+    yield running
+    for a in running:
+        stop_agent(a)
+
+
+@pytest.fixture(scope="module")
+def reviews() -> Iterator[tuple[ReviewServer, str]]:
+    server = ReviewServer()
+    server.tokens = {
+        "tok-alice": StandInToken("system:serviceaccount:team-a:alice", (AUD,)),
+        "tok-bob": StandInToken("system:serviceaccount:team-a:bob", (AUD,)),
+        "tok-carol": StandInToken("system:serviceaccount:team-b:carol", (AUD,)),
+        "tok-apiserver": StandInToken(
+            "system:serviceaccount:team-a:alice", ("https://kubernetes.default.svc",)
+        ),
+    }
+    server.grant("system:serviceaccount:team-a:alice", [NS])
+    server.grant("system:serviceaccount:team-b:carol", ["team-b"])
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(server.app())
+    port = free_port()
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield server, f"http://127.0.0.1:{port}"
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    hosts: list[Agent], reviews: tuple[ReviewServer, str]
+) -> Iterator[tuple[Gateway, KubernetesAuthenticator]]:
+    auth = KubernetesAuthenticator(api_client_for(reviews[1]), AUD)
+    with serve_gateway(
+        hosts, auth=auth, config=GatewayConfig(default_namespace=NS, default_pools={NS: POOL})
+    ) as gw:
+        yield gw, auth
+
+
+def _post(
+    gw: Gateway, token: str | None, body: object = ACTION, path: str = "/v1/actions"
+) -> requests.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return requests.post(gw.url + path, json=body, headers=headers, timeout=60)
+
+
+def test_a_token_with_rbac_runs_and_a_warm_request_makes_no_api_call(
+    gateway: tuple[Gateway, KubernetesAuthenticator], reviews: tuple[ReviewServer, str]
+) -> None:
+    gw, _ = gateway
+    resp = _post(gw, "tok-alice")
+    assert resp.status_code == 200 and resp.json()["stdout"] == "authorised\n", resp.text
+    calls = reviews[0].calls
+    for _ in range(5):
+        assert _post(gw, "tok-alice").status_code == 200
+    rc = requests.post(
+        gw.url + "/run_code",
+        json={"code": "print(1)", "language": "python"},
+        auth=("tangram", "tok-alice"),
+        timeout=60,
+    )
+    assert rc.status_code == 200 and rc.json()["status"] == "Success"  # Basic auth carries it too
+    assert reviews[0].calls == calls, "a warm request called the API server"
+
+
+def test_refusals_name_what_is_missing(gateway: tuple[Gateway, KubernetesAuthenticator]) -> None:
+    gw, _ = gateway
+    none = _post(gw, None)
+    assert none.status_code == 401 and "missing bearer token" in none.json()["error"]
+    assert none.headers["WWW-Authenticate"].startswith("Bearer")
+    bad = _post(gw, "tok-nobody")
+    assert bad.status_code == 401 and "not accepted" in bad.json()["error"]
+    wrong_audience = _post(gw, "tok-apiserver")
+    assert wrong_audience.status_code == 401 and AUD in wrong_audience.json()["error"]
+    no_rbac = _post(gw, "tok-bob")
+    assert no_rbac.status_code == 403
+    assert "may not create actionbatches.tangram.arl.dev in namespace 'team-a'" in no_rbac.json()["error"]
+    elsewhere = _post(gw, "tok-carol")
+    assert elsewhere.status_code == 403 and "team-b:carol" in elsewhere.json()["error"]
+    run_code = requests.post(
+        gw.url + "/run_code",
+        json={"code": "1", "language": "python"},
+        headers={"Authorization": "Bearer tok-bob"},
+        timeout=60,
+    )
+    assert run_code.status_code == 403 and run_code.json()["status"] == "SandboxError"
+
+
+def test_open_routes_need_no_token(gateway: tuple[Gateway, KubernetesAuthenticator]) -> None:
+    gw, _ = gateway
+    for path in ("/healthz", "/readyz", "/metrics", "/openapi.json", "/v1/ping"):
+        assert requests.get(gw.url + path, timeout=10).status_code == 200, path
+    metrics = requests.get(gw.url + "/metrics", timeout=10).text
+    assert 'tangram_gateway_auth_cache{result="hit",review="tokens"}' in metrics
+
+
+def test_a_session_is_authorised_in_its_own_namespace(
+    gateway: tuple[Gateway, KubernetesAuthenticator],
+) -> None:
+    gw, _ = gateway
+    opened = _post(gw, "tok-alice", {"pool": POOL}, "/v1/sessions")
+    assert opened.status_code == 201
+    sid = opened.json()["id"]
+    foreign = requests.post(
+        f"{gw.url}/v1/sessions/{sid}/actions",
+        json={"type": "code", "payload": {"code": "1"}},
+        headers={"Authorization": "Bearer tok-carol"},
+        timeout=60,
+    )
+    assert foreign.status_code == 403 and "team-a" in foreign.json()["error"]
+
+
+async def test_cache_expires_bounds_its_size_and_shares_one_lookup() -> None:
+    now = [0.0]
+    cache: TtlCache[str, int] = TtlCache(ttl_s=10, negative_ttl_s=1, max_entries=2, clock=lambda: now[0])
+    calls: list[str] = []
+
+    async def lookup(key: str, value: int) -> int:
+        calls.append(key)
+        await asyncio.sleep(0)
+        return value
+
+    results = await asyncio.gather(*(cache.get("a", lambda: lookup("a", 1)) for _ in range(10)))
+    assert results == [1] * 10 and calls == ["a"], "concurrent misses must share one lookup"
+    await cache.get("b", lambda: lookup("b", 2))
+    await cache.get("c", lambda: lookup("c", 3))
+    assert len(cache) == 2
+    await cache.get("a", lambda: lookup("a", 1))
+    assert calls == ["a", "b", "c", "a"], "the oldest entry must have been dropped"
+    now[0] = 11.0
+    await cache.get("c", lambda: lookup("c", 3))
+    assert calls[-1] == "c", "an expired entry must be looked up again"
+
+    async def deny() -> int:
+        calls.append("deny")
+        raise Forbidden("no")
+
+    for _ in range(3):
+        with pytest.raises(Forbidden):
+            await cache.get("d", deny)
+    assert calls.count("deny") == 1, "a refusal is cached for the negative TTL"
+    now[0] = 12.5
+    with pytest.raises(Forbidden):
+        await cache.get("d", deny)
+    assert calls.count("deny") == 2
+
+
+def _non_loopback_address() -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: no packet is sent for a UDP connect
+            address: str = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address
+
+
+async def test_anonymous_access_needs_the_flag_and_loopback() -> None:
+    with pytest.raises(ValueError, match="allow_anonymous"):
+        build_gateway_app(object(), None)  # type: ignore[arg-type]
+    address = _non_loopback_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to call from")
+    app = build_gateway_app(object(), None, allow_anonymous=True)  # type: ignore[arg-type]
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "0.0.0.0", port).start()
+    try:
+        loop = asyncio.get_running_loop()
+        resp = await loop.run_in_executor(
+            None, lambda: requests.post(f"http://{address}:{port}/v1/actions", json=ACTION, timeout=10)
+        )
+    finally:
+        await runner.cleanup()
+    assert resp.status_code == 403 and "only from loopback" in resp.json()["error"]
