@@ -4,6 +4,8 @@ time-limited planner always returns a checked plan."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
+from typing import NamedTuple
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -17,11 +19,13 @@ from arl_tangram.planner import (
     NodeCapacity,
     NodeSnapshot,
     PlacementProblem,
+    PlacementReport,
     PlannerConfig,
     PoolDemand,
     PoolRequest,
     RewardServiceSpec,
     SandboxPoolSpec,
+    ScalingPlan,
     ScalingPolicy,
     check_placement,
     make_solver,
@@ -30,9 +34,9 @@ from arl_tangram.planner import (
     solve_placement,
 )
 
-# PLANNER_PROPERTY_EXAMPLES raises the example count for a deeper run by hand; 40 keeps CI quick.
+# PLANNER_PROPERTY_EXAMPLES raises the example count for a deeper run by hand; 100 take about 4 s.
 PROPS = settings(
-    max_examples=int(os.environ.get("PLANNER_PROPERTY_EXAMPLES", "40")),
+    max_examples=int(os.environ.get("PLANNER_PROPERTY_EXAMPLES", "100")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
@@ -90,8 +94,18 @@ def test_milp_placement_equals_or_beats_greedy(problem: PlacementProblem, solver
 LABELS = st.sampled_from([{}, {"tier": "a"}, {"tier": "b"}])
 
 
+class Case(NamedTuple):
+    """A snapshot, and the sandbox pool it was built to have in surplus (None: no such pool)."""
+
+    snap: ClusterSnapshot
+    must_drain: str | None
+
+
 @st.composite
-def snapshots(draw: st.DrawFn) -> ClusterSnapshot:
+def snapshots(draw: st.DrawFn) -> Case:
+    """Random clusters. Two in three hold a sandbox pool built to be in surplus: idle, no
+    hysteresis (idle_timeout_s 0), and more ready hosts than its floor, warm hosts and a kept-warm host
+    together, so that its plan must drain one (random clusters alone drained in under 5% of cases)."""
     nodes = tuple(
         NodeSnapshot(
             f"n{j}",
@@ -117,6 +131,8 @@ def snapshots(draw: st.DrawFn) -> ClusterSnapshot:
             scale_to_zero=draw(st.booleans()),
         )
 
+    # Surplus first, so that the pool it needs is there: two cases in three, one sandbox pool at least.
+    wants_surplus = draw(st.integers(0, 2)) > 0
     pools = tuple(
         SandboxPoolSpec(
             f"cpu{i}",
@@ -125,7 +141,7 @@ def snapshots(draw: st.DrawFn) -> ClusterSnapshot:
             policy(),
             draw(LABELS),
         )
-        for i in range(draw(st.integers(0, 2)))
+        for i in range(draw(st.integers(1 if wants_surplus else 0, 2)))
     )
     services = tuple(
         RewardServiceSpec(
@@ -139,6 +155,26 @@ def snapshots(draw: st.DrawFn) -> ClusterSnapshot:
         for i in range(draw(st.integers(0, 1)))
     )
     instances = []
+    surplus = pools[0] if wants_surplus else None
+    if surplus is not None:
+        surplus = replace(surplus, scaling=replace(surplus.scaling, idle_timeout_s=0.0))
+        pools = (surplus, *pools[1:])
+        policy_ = surplus.scaling
+        keep = max(policy_.min_instances, policy_.warm_instances, 1)
+        for k in range(keep + draw(st.integers(1, 2))):
+            instances.append(
+                InstanceSnapshot(
+                    f"s{k}",
+                    surplus.name,
+                    draw(st.sampled_from(nodes)).name,
+                    "ready",
+                    surplus.host_cpu_millicores,
+                    surplus.host_memory_bytes,
+                    running_actions=draw(st.integers(0, 1)),
+                    pinned_sessions=draw(st.integers(0, 1)),
+                    started_at=draw(st.integers(0, 100)),
+                )
+            )
     for k in range(draw(st.integers(0, 6))):
         spec = draw(st.sampled_from([*pools, *services])) if pools or services else None
         if spec is None:
@@ -175,9 +211,17 @@ def snapshots(draw: st.DrawFn) -> ClusterSnapshot:
             running_units=r,
         )
         for p in [*pools, *services]
-        if draw(st.booleans())
+        if p is not surplus and draw(st.booleans())
     )
-    return ClusterSnapshot(draw(st.integers(0, 5000)), nodes, pools, services, tuple(instances), demand)
+    snap = ClusterSnapshot(draw(st.integers(0, 5000)), nodes, pools, services, tuple(instances), demand)
+    return Case(snap, surplus.name if surplus is not None else None)
+
+
+def check_drains(case: Case, plan: ScalingPlan) -> None:
+    """The pool built to be in surplus drains; event() shows how often plans drain at all."""
+    if case.must_drain is not None:
+        assert any(d.pool == case.must_drain for d in plan.drains), plan.pools
+    event("plan drains" if plan.drains else "plan drains nothing")
 
 
 def check_plan_invariants(snap: ClusterSnapshot, plan) -> None:
@@ -213,12 +257,14 @@ def check_plan_invariants(snap: ClusterSnapshot, plan) -> None:
 
 
 @PROPS
-@given(snap=snapshots())
-def test_a_plan_never_over_commits_a_node_and_never_removes_busy_instances(snap: ClusterSnapshot) -> None:
+@given(case=snapshots())
+def test_a_plan_never_over_commits_a_node_and_never_removes_busy_instances(case: Case) -> None:
+    snap = case.snap
     plan = CapacityPlanner(PlannerConfig(solver="highs", time_limit_s=10)).plan(snap)
-    for kind in ("adds", "drains", "undrains", "removals"):
+    for kind in ("adds", "undrains", "removals"):
         if getattr(plan, kind):
             event(f"plan has {kind}")
+    check_drains(case, plan)
     check_plan_invariants(snap, plan)
     assert plan.placement.method in ("milp", "none", "greedy")
     if plan.placement.method == "milp":
@@ -227,13 +273,12 @@ def test_a_plan_never_over_commits_a_node_and_never_removes_busy_instances(snap:
 
 @PROPS
 @given(
-    snap=snapshots(),
+    case=snapshots(),
     solver=st.sampled_from(["auto", "highs", "cbc", "greedy"]),
     limit=st.sampled_from([0.0, 0.001, 0.05]),
 )
-def test_a_time_limited_planner_always_returns_a_checked_plan(
-    snap: ClusterSnapshot, solver: str, limit: float
-) -> None:
+def test_a_time_limited_planner_always_returns_a_checked_plan(case: Case, solver: str, limit: float) -> None:
+    snap = case.snap
     planner = CapacityPlanner(PlannerConfig(solver=solver, time_limit_s=limit))  # type: ignore[arg-type]
     for step in range(2):
         later = ClusterSnapshot(
@@ -247,17 +292,28 @@ def test_a_time_limited_planner_always_returns_a_checked_plan(
         plan = planner.plan(later)
         report = plan.placement
         check_plan_invariants(later, plan)
+        if step == 0:
+            check_drains(case, plan)
         assert report.time_limit_s == limit
-        assert report.sol_status in (
-            "optimal",
-            "feasible",
-            "no-solution",
-            "infeasible",
-            "unbounded",
-            "error",
-            "not-run",
-        )
-        assert (report.method == "milp") == (report.sol_status == "optimal" and report.method != "none")
+        check_report(report, solver)
         assert report.objective <= report.greedy_objective
-        if report.method != "none":
-            assert (report.solver is None) == (solver == "greedy" or report.sol_status == "not-run")
+
+
+def check_report(report: PlacementReport, solver: str) -> None:
+    """What the report says follows from what ran: only the outcomes possible for each path."""
+    if report.method == "none" or solver == "greedy" or report.sol_status == "not-run":
+        # Nothing to place, no MILP asked for, or no node could take anything: no solver ran.
+        assert report.sol_status == "not-run" and report.solver is None, report
+        assert report.method == ("none" if report.message == "nothing to place" else "greedy"), report
+        return
+    assert report.solver == {"highs": "HiGHS", "cbc": "CBC"}.get(solver, report.solver)
+    assert report.solver in ("HiGHS", "CBC")
+    # Placing nothing satisfies the model and every variable is bounded: never infeasible or unbounded;
+    # both solvers are installed: never an error.
+    methods = {
+        "optimal": {"milp"},
+        "feasible": {"reused", "greedy", "milp-incumbent"},
+        "no-solution": {"reused", "greedy"},
+    }
+    assert report.sol_status in methods, report
+    assert report.method in methods[report.sol_status], report
