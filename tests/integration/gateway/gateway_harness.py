@@ -31,8 +31,9 @@ from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Re
 from arl_tangram.domain.pools import PoolConfig, pool_config
 from arl_tangram.errors import NotFound
 from arl_tangram.gateway import GatewayConfig, build_gateway_app
+from arl_tangram.gateway.admission import Admission
 from arl_tangram.gateway.auth import Authenticator
-from arl_tangram.gateway.state import BatchResults, Readiness, always_leader
+from arl_tangram.gateway.state import STATE, BatchResults, Readiness, always_leader
 
 NS = "team-a"
 POOL = "py"
@@ -125,7 +126,12 @@ class Gateway:
     url: str
     loop: asyncio.AbstractEventLoop
     service: RewardRouting
+    app: web.Application
     scored: list[dict[str, Any]] = field(default_factory=list)
+
+    def admission(self) -> Admission:
+        """The gateway's counts of held actions (read from the test thread: plain dict reads)."""
+        return self.app[STATE].admission
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
         """Run ``coro`` on the gateway's loop and wait for it (e.g. to inspect the dispatcher)."""
@@ -149,6 +155,7 @@ def serve_gateway(
     thread = threading.Thread(target=loop.run_forever, name="gateway", daemon=True)
     thread.start()
     runners: list[web.AppRunner] = []
+    apps: list[web.Application] = []
     scored: list[dict[str, Any]] = []
     port, reward_port = free_port(), free_port()
 
@@ -179,6 +186,7 @@ def serve_gateway(
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", p).start()
             runners.append(runner)
+        apps.append(app)
         return service
 
     async def stop(service: RewardRouting) -> None:
@@ -191,7 +199,7 @@ def serve_gateway(
 
     service = asyncio.run_coroutine_threadsafe(start(), loop).result(60)
     try:
-        yield Gateway(f"http://127.0.0.1:{port}", loop, service, scored)
+        yield Gateway(f"http://127.0.0.1:{port}", loop, service, apps[0], scored)
     finally:
         asyncio.run_coroutine_threadsafe(stop(service), loop).result(60)
         loop.call_soon_threadsafe(loop.stop)

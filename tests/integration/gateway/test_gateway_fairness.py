@@ -1,0 +1,61 @@
+"""Bounded waiting: past the gateway's bound per tenant, or the dispatcher's per pool, a request
+is answered 429 with Retry-After, and another tenant's requests are still admitted."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import pytest
+import requests
+from gateway_harness import NS, POOL, serve_gateway
+from sandbox_agent_harness import Agent, start_agent, stop_agent, wait_until
+
+from arl_tangram.dispatch.dispatcher import Dispatcher
+from arl_tangram.gateway import GatewayConfig
+
+SLOW = {"type": "code", "target": POOL, "payload": {"command": "sleep 3"}}
+FAST = {"type": "code", "target": POOL, "payload": {"code": "print('in')"}}
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
+    running = [start_agent(tmp_path_factory.mktemp("fairhost") / "work")]
+    yield running
+    for a in running:
+        stop_agent(a)
+
+
+def test_a_tenant_past_its_bound_gets_429_and_others_still_run(hosts: list[Agent]) -> None:
+    config = GatewayConfig(default_namespace=NS, default_pools={NS: POOL}, max_in_flight_per_tenant=2)
+    with (
+        serve_gateway(hosts, config=config, pools=((NS, POOL), ("team-b", POOL))) as gw,
+        ThreadPoolExecutor(4) as ex,
+    ):
+        held = [ex.submit(requests.post, gw.url + "/v1/actions", json=SLOW, timeout=60) for _ in range(2)]
+        wait_until(lambda: gw.admission().tenants.get(NS, 0) == 2, 20, "two actions held for team-a")
+        refused = requests.post(gw.url + "/v1/actions", json=FAST, timeout=60)
+        assert refused.status_code == 429, refused.text
+        assert refused.headers["Retry-After"] == "1" and "tenant team-a" in refused.json()["error"]
+        other = requests.post(gw.url + "/v1/actions", json={**FAST, "namespace": "team-b"}, timeout=60)
+        assert other.status_code == 200 and other.json()["stdout"] == "in\n"
+        assert all(f.result().status_code == 200 for f in held)
+        again = requests.post(gw.url + "/v1/actions", json=FAST, timeout=60)
+        assert again.status_code == 200, "the bound frees as actions end"
+
+
+def test_the_dispatchers_queue_bound_is_429_too(hosts: list[Agent]) -> None:
+    def one_waiting(dispatcher: Dispatcher) -> None:
+        dispatcher.max_waiting_per_pool = 1
+
+    with serve_gateway(hosts, setup=one_waiting) as gw, ThreadPoolExecutor(8) as ex:
+        cores = len(requests.get(hosts[0].url + "/v1/health", timeout=10).json()["cores"]["ids"])
+        busy: list[Future[requests.Response]] = [
+            ex.submit(requests.post, gw.url + "/v1/actions", json=SLOW, timeout=60) for _ in range(cores + 1)
+        ]
+        # Every core busy and one action waiting in the dispatcher's queue: the next is refused.
+        wait_until(lambda: gw.admission().pools.get(f"{NS}/{POOL}", 0) == cores + 1, 20, "queue full")
+        refused = requests.post(gw.url + "/run_code", json={"code": "1", "language": "python"}, timeout=60)
+        assert refused.status_code == 429 and refused.headers["Retry-After"] == "1"
+        assert refused.json()["status"] == "SandboxError" and "waiting" in refused.json()["error"]
+        assert all(f.result().status_code == 200 for f in busy)

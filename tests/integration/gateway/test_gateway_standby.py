@@ -1,0 +1,37 @@
+"""A standby replica: not ready (so the Service leaves it out), and its action routes answer 503
+with the leader's address; it flips to serving when it becomes the leader."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import requests
+from gateway_harness import POOL, serve_gateway
+from sandbox_agent_harness import Agent, start_agent, stop_agent
+
+from arl_tangram.gateway import Leadership
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
+    running = [start_agent(tmp_path_factory.mktemp("standbyhost") / "work")]
+    yield running
+    for a in running:
+        stop_agent(a)
+
+
+def test_standby_points_at_the_leader_until_it_leads(hosts: list[Agent]) -> None:
+    role = [Leadership(leader=False, leader_address="10.1.2.3:8080")]
+    action = {"type": "code", "target": POOL, "payload": {"code": "print('led')"}}
+    with serve_gateway(hosts, readiness=lambda: role[0]) as gw:
+        ready = requests.get(gw.url + "/readyz", timeout=10)
+        assert ready.status_code == 503 and ready.json() == {"status": "standby", "leader": "10.1.2.3:8080"}
+        assert requests.get(gw.url + "/healthz", timeout=10).status_code == 200
+        for path, body in (("/v1/actions", action), ("/run_code", {"code": "1", "language": "python"})):
+            resp = requests.post(gw.url + path, json=body, timeout=10)
+            assert resp.status_code == 503 and resp.json()["leader"] == "10.1.2.3:8080"
+            assert resp.headers["X-Tangram-Leader"] == "10.1.2.3:8080"
+        role[0] = Leadership(leader=True)
+        assert requests.get(gw.url + "/readyz", timeout=10).status_code == 200
+        assert requests.post(gw.url + "/v1/actions", json=action, timeout=60).json()["stdout"] == "led\n"
