@@ -224,14 +224,18 @@ async def serve(args: argparse.Namespace, entries: list[dict[str, Any]]) -> int:
         runner = web.AppRunner(make_app(runtime, args.device), access_log=None)
         await runner.setup()
         await web.TCPSite(runner, host or "0.0.0.0", int(port)).start()
-        print(f"reward runtime listening on {args.listen} ({len(pairs)} services, {args.device})", flush=True)
+        bound = runner.addresses[0]  # the real port when --listen asked for port 0
+        where = f"{bound[0]}:{bound[1]}"
+        print(f"reward runtime listening on {where} ({len(pairs)} services, {args.device})", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        await runner.cleanup()
+        # Fail what still waits first (503, the dispatcher retries elsewhere), then close the server:
+        # the other order would hold the shutdown for as long as the longest batching window.
         await runtime.stop()
+        await runner.cleanup()
     finally:
         await session.close()
     return 0
