@@ -502,6 +502,12 @@ def main(argv: list[str]) -> int:
         help="comma-separated concurrency levels (default %(default)s)",
     )
     p.add_argument("--agent-arg", action="append", default=[], help="extra option for the agent")
+    p.add_argument(
+        "--language-requests",
+        type=int,
+        default=20,
+        help="requests per language case (at most --requests; 0 leaves them out; default %(default)s)",
+    )
     args = p.parse_args(argv)
     if args.requests < 1:
         p.error("--requests must be at least 1")
@@ -520,11 +526,19 @@ def main(argv: list[str]) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    # numpy preloaded and the compiled languages, against an agent of their own (bench_languages.py).
+    from arl_tangram.sandbox.bench_languages import measure_languages, render_languages
+
+    language_requests = min(args.requests, args.language_requests)
+    language_cases, missing = measure_languages(language_requests) if language_requests > 0 else ([], {})
     if args.json:
-        print(json.dumps({"cases": [asdict(c) for c in cases]}))
+        languages = [asdict(c) for c in language_cases]
+        print(json.dumps({"cases": [asdict(c) for c in cases], "language_cases": languages}))
     else:
         print(f"tangram bench exec: {args.requests} requests per case, {os.cpu_count()} CPUs, agent at {url}")
         print(render(cases, cpu_ms))
+        if language_requests > 0:
+            print(render_languages(language_cases, missing))
         errors = sum(c.errors for c in cases)
         median_rps = statistics.median(c.rps for c in cases)
         print(f"total errors: {errors}; median rps over all cases: {median_rps:.0f}")

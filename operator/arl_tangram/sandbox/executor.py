@@ -30,6 +30,7 @@ from arl_tangram.sandbox.config import AgentConfig, infra_cores
 from arl_tangram.sandbox.cores import CorePool
 from arl_tangram.sandbox.forkclient import ForkServerClient, next_id
 from arl_tangram.sandbox.languages import Detection, detect
+from arl_tangram.sandbox.preload import zygote_modules
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,7 @@ class Executor:
         fs_config = {
             "network_allowed": self.config.network_allowed,
             "no_pid_namespace": self.config.no_pid_namespace,
-            "preload": list(self.config.preload),
+            "preload": zygote_modules(self.config.preload),
             "zygote": self.config.fork_loop,
             "infra_cores": self._place_infra(),
             # The zygote's own environment: an action's differs from it in a few variables.

@@ -1,0 +1,151 @@
+"""The language table, its detection, the compile cache and the preload list, without an agent."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from arl_tangram.sandbox.compilecache import CompileCache, CompiledBuild, build_key
+from arl_tangram.sandbox.languages import LANGUAGES, detect, known_name, unavailable_language
+from arl_tangram.sandbox.preload import zygote_modules
+
+
+def entry(size: int, code: int = 0) -> CompiledBuild:
+    return CompiledBuild(
+        artifacts={"test": b"x" * size}, return_code=code, stdout="", stderr="", compile_s=0.1
+    )
+
+
+def test_build_key_follows_every_input() -> None:
+    files = {"main.cpp": b"int main(){}", "util.h": b"#define A 1"}
+
+    def key(
+        language: str = "cpp",
+        fingerprint: str = "f1",
+        command: tuple[str, ...] = ("g++", "main.cpp"),
+        files: dict[str, bytes] = files,
+        memory_mb: int = 1024,
+    ) -> str:
+        return build_key(language, fingerprint, list(command), files, memory_mb)
+
+    assert key() == key(files=dict(reversed(list(files.items()))))
+    changed = [
+        key(files={**files, "util.h": b"#define A 2"}),
+        key(files={**files, "other.h": b""}),
+        key(files={"main.cpp": files["main.cpp"], "util2.h": files["util.h"]}),
+        key(fingerprint="f2"),
+        key(command=("g++", "-O2", "main.cpp")),
+        key(memory_mb=512),
+        key(language="c"),
+    ]
+    assert key() not in changed
+    assert len(set(changed)) == len(changed)
+
+
+def test_cache_is_bounded_and_evicts_the_least_recently_used() -> None:
+    one = entry(100).size
+    cache = CompileCache(max_bytes=3 * one)
+    for name in "abc":
+        assert cache.put(name, entry(100))
+    assert cache.get("a") is not None  # now the most recently used
+    assert cache.put("d", entry(100))
+    assert set(cache.entries) == {"a", "c", "d"}
+    assert cache.bytes == 3 * one <= cache.max_bytes
+    assert cache.stats.evictions == 1
+    assert not cache.put("huge", entry(10 * one)), "an entry larger than the cache is not kept"
+    assert "huge" not in cache.entries
+    assert cache.get("b") is None
+    assert (cache.stats.hits, cache.stats.misses) == (1, 1)
+
+
+def test_cache_refuses_a_negative_bound() -> None:
+    with pytest.raises(ValueError, match="max_bytes"):
+        CompileCache(max_bytes=-1)
+
+
+def test_single_flight_lets_one_builder_per_key_at_a_time() -> None:
+    async def scenario() -> list[str]:
+        cache = CompileCache()
+        order: list[str] = []
+        first_in = asyncio.Event()
+        release = asyncio.Event()
+
+        async def first() -> None:
+            async with cache.single_flight("k"):
+                order.append("first in")
+                first_in.set()
+                await release.wait()
+                order.append("first out")
+
+        async def second() -> None:
+            await first_in.wait()
+            async with cache.single_flight("k"):
+                order.append("second in")
+
+        async def other_key() -> None:
+            await first_in.wait()
+            async with cache.single_flight("other"):
+                order.append("other key in")
+            release.set()
+
+        await asyncio.gather(first(), second(), other_key())
+        assert cache.stats.waits == 1
+        return order
+
+    assert asyncio.run(scenario()) == ["first in", "other key in", "first out", "second in"]
+
+
+def test_zygote_modules_add_what_every_action_would_import() -> None:
+    assert zygote_modules(["json", "numpy", "numpy.random", "pandas"]) == [
+        "json",
+        "numpy",
+        "numpy.random",
+        "pandas",
+    ]
+    assert zygote_modules(["numpy"]) == ["numpy", "numpy.random"]
+
+
+def test_aliases_name_their_language() -> None:
+    assert known_name("js") == "nodejs"
+    assert known_name("ts") == "typescript"
+    assert known_name("cpp") == "cpp"
+    assert known_name("cobol") is None
+
+
+def test_detect_names_the_missing_binary_and_reads_the_version(tmp_path: Path) -> None:
+    fake = tmp_path / "g++"
+    fake.write_text("#!/bin/sh\necho 'g++ (Fake) 99.1'\n")
+    fake.chmod(0o755)
+    found = detect(path=str(tmp_path))
+    assert set(found.found) == {"cpp"}
+    cpp = found.found["cpp"]
+    assert cpp.version == "g++ (Fake) 99.1"
+    assert cpp.binaries["cxx"] == os.path.realpath(fake)
+    assert cpp.argv(cpp.language.compile, {})[0] == os.path.realpath(fake)
+    assert str(tmp_path) in found.readable()
+    assert found.missing["java"] == "'javac' not found on PATH"
+    assert set(found.missing) == {lang.name for lang in LANGUAGES} - {"cpp"}
+    assert "languages found: cpp (g++ (Fake) 99.1)" in found.summary()
+
+
+def test_a_changed_toolchain_changes_its_fingerprint(tmp_path: Path) -> None:
+    fake = tmp_path / "gcc"
+    fake.write_text("#!/bin/sh\necho 'gcc 1'\n")
+    fake.chmod(0o755)
+    before = detect(path=str(tmp_path)).found["c"].fingerprint
+    fake.write_text("#!/bin/sh\necho 'gcc 2'\n")
+    assert detect(path=str(tmp_path)).found["c"].fingerprint != before
+
+
+def test_unavailable_languages_get_sandboxfusions_answers() -> None:
+    status, body = unavailable_language("cobol", ["python", "cpp"], {})
+    assert status == 422
+    assert body["detail"][0]["loc"] == ["body", "language"]
+    status, body = unavailable_language("rust", ["python"], {"rust": "'rustc' not found on PATH"})
+    assert status == 200
+    assert body["status"] == "SandboxError"
+    assert "'rustc' not found on PATH" in str(body["message"])
+    assert body["run_result"] is None and body["compile_result"] is None
