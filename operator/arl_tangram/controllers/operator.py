@@ -47,7 +47,7 @@ from arl_tangram.runtime.pods import observe_host
 
 log = logging.getLogger(__name__)
 
-LEASE_NAME = "tangram-operator-leader"
+LEASE_NAME = "tangram-operator"  # manifests/rbac.yaml grants get/update on this name only
 # One planning round per pool per period; short enough that a burst gets hosts within seconds.
 POOL_PERIOD_S = 2.0
 # The planner's MILP runs per pool round: keep it well inside the period (greedy stands in on time-out).

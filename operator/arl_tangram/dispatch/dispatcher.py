@@ -49,6 +49,9 @@ DEFAULT_PARALLEL_FRACTION = 0.9
 REATTACH_SLICE_S = 20.0
 # Recent ACTs kept per pool for its status and the planner.
 ACT_WINDOW_S = 300.0
+# The arrival rate the planner's steady-state term sees: short, so a burst's capacity is released
+# soon after the burst ends (the idle timeout still holds hosts against flapping).
+RATE_WINDOW_S = 60.0
 
 
 def agent_key(key: str, attempt: int) -> str:
@@ -108,6 +111,7 @@ class _Pool:
     waiting: int = 0
     estimates: dict[str, float] = field(default_factory=dict)
     acts: deque[tuple[float, float]] = field(default_factory=deque)
+    runs: deque[tuple[float, float]] = field(default_factory=deque)
     last_active: float | None = None
     arrivals: deque[float] = field(default_factory=deque)
 
@@ -276,7 +280,9 @@ class Dispatcher:
         now = self.clock()
         while pool.acts and pool.acts[0][0] < now - ACT_WINDOW_S:
             pool.acts.popleft()
-        while pool.arrivals and pool.arrivals[0] < now - ACT_WINDOW_S:
+        while pool.runs and pool.runs[0][0] < now - ACT_WINDOW_S:
+            pool.runs.popleft()
+        while pool.arrivals and pool.arrivals[0] < now - RATE_WINDOW_S:
             pool.arrivals.popleft()
         queued = list(self.scheduler.queue.fcfs(key))
         running = [j for j in self._jobs.values() if j.grant is not None and j.grant.action.pool == key]
@@ -290,6 +296,7 @@ class Dispatcher:
             if sess.host in per_host and sess.lost is None:
                 per_host[sess.host][1] += 1
         durations = [act for _, act in pool.acts]
+        runs = [run for _, run in pool.runs]
         return PoolStats(
             queued_actions=len(queued) + sum(len(s.backlog) for s in pool.sessions.values()),
             queued_units=sum(a.min_units for a in queued),
@@ -298,8 +305,8 @@ class Dispatcher:
             cores_total=pool.cpu.total_units(),
             sessions=sum(1 for s in pool.sessions.values() if s.lost is None),
             act_recent_s=tuple(durations),
-            arrival_rate_per_s=len(pool.arrivals) / ACT_WINDOW_S,
-            mean_action_s=sum(durations) / len(durations) if durations else 0.0,
+            arrival_rate_per_s=len(pool.arrivals) / RATE_WINDOW_S,
+            mean_action_s=sum(runs) / len(runs) if runs else 0.0,
             last_active=pool.last_active,
             hosts={h: HostLoad(*v) for h, v in per_host.items()},
             unhealthy=frozenset(pool.unhealthy),
@@ -466,6 +473,14 @@ class Dispatcher:
                 Reason.CAPACITY_EXCEEDED,
                 f"asks for {lo} cores; pool {cfg.key} grants at most "
                 f"{min(cfg.limits.max_cores, cfg.host_cores)}",
+            )
+            return
+        if req.timeout_s is not None and req.timeout_s > cfg.limits.timeout_s:
+            self._fail(
+                job,
+                Reason.INVALID_PAYLOAD,
+                f"timeoutSeconds {req.timeout_s:g} exceeds the pool's limits.timeoutSeconds "
+                f"{cfg.limits.timeout_s:g} ({cfg.key})",
             )
             return
         action = Action(
@@ -640,6 +655,7 @@ class Dispatcher:
                 t1 if old is None else (1 - EWMA_WEIGHT) * old + EWMA_WEIGHT * t1
             )
         pool.acts.append((now, now - job.submitted))
+        pool.runs.append((now, outcome.duration_s))
         pool.last_active = now
         self._resolve(job, outcome)
         self._next_in_session(pool, job)

@@ -97,6 +97,8 @@ class PoolConfig:
             warm_instances=min(self.warm_hosts, hi),
             max_starting=self.max_starting,
             idle_timeout_s=self.idle_timeout_s,
+            # minHosts 0 means what it says: an idle pool goes to zero hosts after idleTimeoutSeconds.
+            scale_to_zero=lo == 0,
         )
 
     def planner_spec(self, node_selector: Mapping[str, str] | None = None) -> SandboxPoolSpec:

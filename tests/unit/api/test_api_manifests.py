@@ -50,7 +50,8 @@ def test_base_lists_the_crds_and_the_operator() -> None:
 def test_operator_deployment_is_locked_down() -> None:
     deployment = yaml.safe_load((MANIFESTS / "deployment.yaml").read_text())
     spec = deployment["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    # Two replicas with one leader (a Lease); the standby waits, so a rolling update never leaves none.
+    assert spec["replicas"] == 2 and spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 1
     pod = spec["template"]["spec"]
     assert pod["serviceAccountName"] == "tangram-operator"
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -63,17 +64,17 @@ def test_operator_deployment_is_locked_down() -> None:
     assert security["allowPrivilegeEscalation"] is False
     assert security["capabilities"] == {"drop": ["ALL"]}
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"gateway": 8080, "metrics": 9090}
+    assert ports == {"gateway": 8080}  # /metrics is served on the same port
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "gateway"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "gateway"}
     # A read-only root still needs somewhere to write temporary files.
     assert {m["mountPath"] for m in container["volumeMounts"]} == {"/tmp"}
 
 
-def test_service_exposes_gateway_and_metrics() -> None:
+def test_service_exposes_the_gateway_port() -> None:
     service = yaml.safe_load((MANIFESTS / "service.yaml").read_text())
     ports = {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]}
-    assert ports == {"gateway": (8080, "gateway"), "metrics": (9090, "metrics")}
+    assert ports == {"gateway": (8080, "gateway")}
     deployment = yaml.safe_load((MANIFESTS / "deployment.yaml").read_text())
     assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
 

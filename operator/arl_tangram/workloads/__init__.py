@@ -1,0 +1,1 @@
+"""Real workloads built from data packages ship (no downloads): programs to run, with their oracles."""

@@ -1,0 +1,389 @@
+# mypy: disable-error-code="no-untyped-call,attr-defined"
+# The kubernetes client's stubs type request bodies as models; these tests pass plain dicts (valid JSON).
+"""The operator end to end on the test bed: pools scale, batches of real programs run, and nothing is
+lost or run twice when hosts, the leader or the whole operator die.
+
+The operator runs as two local processes authenticated with the operator ServiceAccount's token
+(see operator_harness.py); host pods run the real sandbox agent through the node runner.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import watch
+from kubernetes.client.exceptions import ApiException
+from operator_harness import Operator, batch_manifest, install, pool_manifest, sa_kubeconfig
+from testbed import REPO, Cluster, condition, http_get_json, wait_for
+
+from arl_tangram.workloads.humaneval import local_verdict, programs
+
+GROUP, VERSION = "tangram.arl.dev", "v1alpha1"
+POOL_LABEL = "tangram.arl.dev/pool"
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    install(cluster)
+    work = tmp_path_factory.mktemp("operator")
+    op = Operator(cluster, work, sa_kubeconfig(cluster, work / "kubeconfig"))
+    op.start("op-a")
+    op.start("op-b")
+    try:
+        yield op
+    finally:
+        op.stop_all()
+        for log in sorted(work.glob("*.log")):
+            dest = REPO / "artifacts" / "e2e" / "operator"
+            dest.mkdir(parents=True, exist_ok=True)
+            (dest / log.name).write_text(log.read_text())
+
+
+def _create(cluster: Cluster, ns: str, plural: str, body: dict[str, Any]) -> None:
+    cluster.custom.create_namespaced_custom_object(GROUP, VERSION, ns, plural, body)
+
+
+def _pool(cluster: Cluster, ns: str, name: str = "py", **spec: Any) -> None:
+    _create(cluster, ns, "actionpools", pool_manifest(name, **spec))
+
+
+def _wait_batch(cluster: Cluster, ns: str, name: str, timeout: float = 240) -> dict[str, Any]:
+    return wait_for(
+        cluster.custom.list_namespaced_custom_object,
+        lambda o: condition(o, "Complete") == "True",
+        group=GROUP,
+        version=VERSION,
+        namespace=ns,
+        plural="actionbatches",
+        field_selector=f"metadata.name={name}",
+        description=f"ActionBatch {name} Complete",
+        timeout=timeout,
+    )
+
+
+def _host_pods(cluster: Cluster, ns: str) -> list[dict[str, Any]]:
+    listed = json.loads(
+        cluster.core.list_namespaced_pod(ns, label_selector=POOL_LABEL, _preload_content=False).data
+    )
+    items: list[dict[str, Any]] = listed["items"]
+    return items
+
+
+def _agents_ran(cluster: Cluster, ns: str) -> int:
+    """Actions the pool's live agents report having run (their own counters: the side effect that
+    proves an action ran once, since actions cannot write outside their workdir)."""
+    total = 0
+    for pod in _host_pods(cluster, ns):
+        ip = pod.get("status", {}).get("podIP")
+        if ip and not pod["metadata"].get("deletionTimestamp"):
+            total += sum(http_get_json(f"http://{ip}:8080/v1/health")["outcomes"].values())
+    return total
+
+
+def _sleepers(n: int, seconds: float, prefix: str = "a") -> list[dict[str, Any]]:
+    return [
+        {
+            "id": f"{prefix}{i}",
+            "type": "code",
+            "target": "py",
+            "payload": {"language": "python", "code": f"import time; time.sleep({seconds}); print({i})"},
+        }
+        for i in range(n)
+    ]
+
+
+def test_samples_are_accepted_and_the_pool_becomes_ready(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    samples = REPO / "manifests" / "samples"
+    cluster.kubectl("apply", "-n", namespace, "-f", str(samples / "actionpool-python.yaml"))
+    pool = wait_for(
+        cluster.custom.list_namespaced_custom_object,
+        lambda o: condition(o, "Ready") == "True" and o["status"].get("hostsReady", 0) >= 1,
+        group=GROUP,
+        version=VERSION,
+        namespace=namespace,
+        plural="actionpools",
+        description="sample ActionPool Ready with a host",
+        timeout=120,
+    )
+    assert pool["status"]["selector"] == f"{POOL_LABEL}=python-sandboxes"
+    cluster.kubectl("apply", "-n", namespace, "-f", str(samples / "actionbatch-step.yaml"))
+    batch = _wait_batch(cluster, namespace, "step-000042")
+    results = {r["id"]: r for r in batch["status"]["results"]}
+    assert (
+        results["traj-7.turn-1"]["state"] == "Succeeded"
+        and results["traj-7.turn-1"]["output"].strip() == "832040"
+    )
+    assert results["traj-7.tests"]["state"] == "Succeeded" and results["traj-7.tests"]["reward"] == 1.0
+    # The reward service of the sample has no controller yet: its actions fail and say why.
+    assert results["traj-7.reward"]["reason"] == "ServiceNotFound"
+
+
+def test_a_humaneval_batch_gets_each_programs_own_verdict(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    _pool(cluster, namespace)
+    progs = programs(200)
+    actions = [
+        {"id": p.action_id, "type": "code", "target": "py", "payload": {"language": "python", "code": p.code}}
+        for p in progs
+    ]
+    _create(cluster, namespace, "actionbatches", batch_manifest("he", actions))
+    expected = {p.action_id: local_verdict(p) for p in progs}
+    batch = _wait_batch(cluster, namespace, "he", timeout=300)
+    results = {r["id"]: r for r in batch["status"]["results"]}
+    assert len(results) == 200
+    for p in progs:
+        r = results[p.action_id]
+        assert r["exitCode"] == expected[p.action_id], (p.action_id, r)
+        assert r["state"] == ("Succeeded" if expected[p.action_id] == 0 else "Failed")
+    assert (
+        sum(1 for p in progs if p.variant == "canonical" and results[p.action_id]["state"] == "Succeeded")
+        == 100
+    )
+    assert (
+        sum(1 for p in progs if p.variant == "mutated" and results[p.action_id]["state"] == "Failed") == 100
+    )
+    assert batch["status"]["counts"] == {
+        "total": 200,
+        "pending": 0,
+        "running": 0,
+        "succeeded": 100,
+        "failed": 100,
+        "cancelled": 0,
+    }
+    full = operator.leader().get(f"/v1/batches/{namespace}/he/results").decode().splitlines()
+    assert len(full) == 200 and all(json.loads(line)["state"] in ("Succeeded", "Failed") for line in full)
+
+
+class _PodWatcher:
+    """Records, from a watch, the most host pods that were starting (not Ready) at one time."""
+
+    def __init__(self, cluster: Cluster, ns: str) -> None:
+        self.cluster, self.ns = cluster, ns
+        self.state: dict[str, bool] = {}
+        self.max_starting = 0
+        self.max_pods = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        w = watch.Watch()
+        for event in w.stream(
+            self.cluster.core.list_namespaced_pod, self.ns, label_selector=POOL_LABEL, timeout_seconds=600
+        ):
+            pod = event["object"]
+            name = pod.metadata.name
+            if event["type"] == "DELETED" or pod.metadata.deletion_timestamp:
+                self.state.pop(name, None)
+            else:
+                ready = any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
+                self.state[name] = ready
+            self.max_starting = max(self.max_starting, sum(1 for r in self.state.values() if not r))
+            self.max_pods = max(self.max_pods, len(self.state))
+            if self._stop.is_set():
+                w.stop()
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def test_a_pool_scales_from_zero_within_max_starting_and_back_after_idle(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    _pool(
+        cluster, namespace, scaling={"minHosts": 0, "maxHosts": 4, "maxStarting": 2, "idleTimeoutSeconds": 8}
+    )
+    watcher = _PodWatcher(cluster, namespace)
+    _create(cluster, namespace, "actionbatches", batch_manifest("burst", _sleepers(48, 1.0)))
+    batch = _wait_batch(cluster, namespace, "burst")
+    assert batch["status"]["counts"]["succeeded"] == 48
+    assert watcher.max_pods >= 3, f"the pool grew to only {watcher.max_pods} host(s) under a burst"
+    assert watcher.max_starting <= 2, f"{watcher.max_starting} hosts were starting at once (maxStarting 2)"
+    wait_for(
+        cluster.custom.list_namespaced_custom_object,
+        lambda o: o.get("status", {}).get("replicas") == 0,
+        group=GROUP,
+        version=VERSION,
+        namespace=namespace,
+        plural="actionpools",
+        description="pool back to zero hosts after idle",
+        timeout=90,
+    )
+    watcher.stop()
+
+
+def test_a_host_deleted_mid_batch_loses_no_action(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    _pool(cluster, namespace, scaling={"minHosts": 2, "maxHosts": 3})
+    wait_for(
+        cluster.custom.list_namespaced_custom_object,
+        lambda o: o.get("status", {}).get("hostsReady", 0) >= 2,
+        group=GROUP,
+        version=VERSION,
+        namespace=namespace,
+        plural="actionpools",
+        description="two hosts ready",
+        timeout=120,
+    )
+    _create(
+        cluster,
+        namespace,
+        "actionbatches",
+        batch_manifest("survive", _sleepers(12, 3.0), retryPolicy={"maxRetries": 3, "backoffSeconds": 0}),
+    )
+    wait_for(
+        cluster.custom.list_namespaced_custom_object,
+        lambda o: (o.get("status", {}).get("counts") or {}).get("running", 0) >= 2,
+        group=GROUP,
+        version=VERSION,
+        namespace=namespace,
+        plural="actionbatches",
+        description="actions running",
+        timeout=60,
+    )
+    victim = _host_pods(cluster, namespace)[0]["metadata"]["name"]
+    cluster.core.delete_namespaced_pod(victim, namespace, grace_period_seconds=0)
+    batch = _wait_batch(cluster, namespace, "survive")
+    results = batch["status"]["results"]
+    assert [r["state"] for r in results] == ["Succeeded"] * 12, results
+    assert all(r["output"].strip() == str(i) for i, r in enumerate(results))
+    assert any(r["attempts"] == 2 for r in results), "no action was running on the deleted host"
+
+
+def test_deleting_a_batch_stops_its_running_actions(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    _pool(cluster, namespace, scaling={"minHosts": 1})
+    _create(cluster, namespace, "actionbatches", batch_manifest("doomed", _sleepers(4, 120.0)))
+    wait_for(
+        cluster.custom.list_namespaced_custom_object,
+        lambda o: (o.get("status", {}).get("counts") or {}).get("running", 0) >= 1,
+        group=GROUP,
+        version=VERSION,
+        namespace=namespace,
+        plural="actionbatches",
+        description="actions running",
+        timeout=90,
+    )
+    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "actionbatches", "doomed")
+    deadline = time.monotonic() + 15
+    while True:
+        running = []
+        for pod in _host_pods(cluster, namespace):
+            ip = pod.get("status", {}).get("podIP")
+            if ip:
+                running += http_get_json(f"http://{ip}:8080/v1/actions")["running"]
+        if not running:
+            break
+        assert time.monotonic() < deadline, f"still running 15 s after the batch was deleted: {running}"
+        time.sleep(0.2)
+
+
+def test_the_standby_takes_over_when_the_leader_dies_and_nothing_runs_twice(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    _pool(cluster, namespace, scaling={"minHosts": 2, "maxHosts": 2})
+    wait_for(
+        cluster.custom.list_namespaced_custom_object,
+        lambda o: o.get("status", {}).get("hostsReady", 0) >= 2,
+        group=GROUP,
+        version=VERSION,
+        namespace=namespace,
+        plural="actionpools",
+        description="two hosts ready",
+        timeout=120,
+    )
+    before = _agents_ran(cluster, namespace)
+    n = 24
+    _create(cluster, namespace, "actionbatches", batch_manifest("ha", _sleepers(n, 2.0)))
+    wait_for(
+        cluster.custom.list_namespaced_custom_object,
+        lambda o: (o.get("status", {}).get("counts") or {}).get("succeeded", 0) >= 2,
+        group=GROUP,
+        version=VERSION,
+        namespace=namespace,
+        plural="actionbatches",
+        description="some actions done",
+        timeout=120,
+    )
+    leader = operator.leader()
+    killed_at = time.monotonic()
+    operator.kill(leader.name)
+    successor = operator.leader(timeout=30)
+    took_over = time.monotonic() - killed_at
+    assert successor.name != leader.name
+    assert took_over < 20, f"the standby took {took_over:.1f} s to lead"
+    operator.start(leader.name)  # back as the standby
+    batch = _wait_batch(cluster, namespace, "ha")
+    results = batch["status"]["results"]
+    assert [r["state"] for r in results] == ["Succeeded"] * n
+    assert _agents_ran(cluster, namespace) - before == n, "an action ran twice (or was lost)"
+
+
+def test_an_operator_killed_and_restarted_completes_the_batch_running_nothing_twice(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    _pool(cluster, namespace, scaling={"minHosts": 2, "maxHosts": 2})
+    wait_for(
+        cluster.custom.list_namespaced_custom_object,
+        lambda o: o.get("status", {}).get("hostsReady", 0) >= 2,
+        group=GROUP,
+        version=VERSION,
+        namespace=namespace,
+        plural="actionpools",
+        description="two hosts ready",
+        timeout=120,
+    )
+    before = _agents_ran(cluster, namespace)
+    n = 16
+    _create(cluster, namespace, "actionbatches", batch_manifest("restart", _sleepers(n, 2.0)))
+    wait_for(
+        cluster.custom.list_namespaced_custom_object,
+        lambda o: (o.get("status", {}).get("counts") or {}).get("running", 0) >= 2,
+        group=GROUP,
+        version=VERSION,
+        namespace=namespace,
+        plural="actionbatches",
+        description="actions running",
+        timeout=120,
+    )
+    names = list(operator.replicas)
+    for name in names:  # every replica dies at once: only the batch status and the agents remember
+        operator.kill(name)
+    for name in names:
+        operator.start(name)
+    batch = _wait_batch(cluster, namespace, "restart")
+    results = batch["status"]["results"]
+    assert [r["state"] for r in results] == ["Succeeded"] * n
+    assert _agents_ran(cluster, namespace) - before == n, "an action ran twice (or was lost)"
+
+
+def test_an_invalid_batch_is_refused_naming_the_field(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    bad = batch_manifest(
+        "bad",
+        [
+            {
+                "id": "x",
+                "type": "code",
+                "target": "py",
+                "units": {"min": 4, "max": 2},
+                "payload": {"code": "1"},
+            }
+        ],
+    )
+    with pytest.raises(ApiException) as refused:
+        _create(cluster, namespace, "actionbatches", bad)
+    assert refused.value.status == 422
+    assert "min must not exceed max" in refused.value.body and "units" in refused.value.body
