@@ -6,6 +6,17 @@ need=()
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 # The sandbox zygote's fork loop is C (operator/arl_tangram/sandbox/_zygote.c), built at install.
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
+# The sandbox's C++ actions (sandbox/languages.py; java, go, rust and node are found where installed).
+command -v g++ >/dev/null 2>&1 || need+=(g++)
+# TypeScript actions are transpiled by esbuild (as SandboxFusion's tsx does), from npm where npm is.
+if command -v npm >/dev/null 2>&1 && ! command -v esbuild >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "system-deps: installing esbuild (npm)"
+    npm install -g --silent esbuild@0.28 >/dev/null || echo "system-deps: esbuild failed to install: no typescript" >&2
+  else
+    echo "system-deps: missing esbuild; install it as root (npm install -g esbuild@0.28)" >&2
+  fi
+fi
 # The local test bed (hack/cluster-up.sh): certificates, readiness checks, process bookkeeping.
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v curl >/dev/null 2>&1 || need+=(curl)

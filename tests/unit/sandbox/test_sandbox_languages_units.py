@@ -149,3 +149,29 @@ def test_unavailable_languages_get_sandboxfusions_answers() -> None:
     assert body["status"] == "SandboxError"
     assert "'rustc' not found on PATH" in str(body["message"])
     assert body["run_result"] is None and body["compile_result"] is None
+
+
+# Which Debian (or npm) package brings each toolchain binary into the sandbox image.
+IMAGE_PACKAGES = {
+    "g++": "g++",
+    "gcc": "gcc",
+    "javac": "default-jdk-headless",
+    "java": "default-jdk-headless",
+    "go": "golang-go",
+    "rustc": "rustc",
+    "node": "nodejs",
+    "esbuild": "esbuild",
+}
+
+
+def test_the_sandbox_image_installs_every_toolchain_and_the_scientific_set() -> None:
+    dockerfile = Path(__file__).resolve().parents[3] / "sandbox-images" / "Dockerfile"
+    text = dockerfile.read_text()
+    for language in LANGUAGES:
+        for binary in language.tools.values():
+            assert binary in IMAGE_PACKAGES, f"{language.name}: no image package known for {binary!r}"
+            assert IMAGE_PACKAGES[binary] in text, (
+                f"{language.name}: the image lacks {IMAGE_PACKAGES[binary]}"
+            )
+    for module in ("numpy", "pandas", "scipy", "sympy", "networkx", "scikit-learn"):
+        assert module in text
