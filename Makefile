@@ -74,6 +74,13 @@ bench-sim: install
 bench-sched: install
 	$(BIN)/tangram bench sched
 
+# ---- GPUs -------------------------------------------------------------------------------------------
+# Runs on a bare GPU machine (python3 with torch, nvidia-ml-py and numpy; no install, no venv).
+GPU_PYTHON ?= python3
+.PHONY: gpu-check
+gpu-check: ## on an NVIDIA GPU: read-only NVML inventory; restore/evict GB/s vs pinned host-to-device
+	PYTHONPATH=operator $(GPU_PYTHON) -m arl_tangram.gpu.check
+
 # ---- images and clusters ------------------------------------------------------------------------------
 .PHONY: images cluster-up cluster-down kind-up kind-down deploy-kind e2e-kind
 images: ## build the container images (needs a Docker engine)
