@@ -9,9 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes import client
 from testbed import (
     IMAGE,
+    REPO,
     Cluster,
     Json,
     downward_env,
@@ -29,7 +31,9 @@ from testbed import (
 
 
 def _status(pod: Json, container: str = "main") -> Json:
-    return next(s for s in pod["status"]["containerStatuses"] if s["name"] == container)
+    """The container's status, or {} while the pod reports none yet (predicates see such pods)."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return next((s for s in statuses if s["name"] == container), {})
 
 
 def test_never_reports_the_exit_code_and_fails_the_pod(cluster: Cluster, namespace: str) -> None:
@@ -409,3 +413,116 @@ def test_a_resize_policy_of_restart_container_restarts_it_with_the_new_resources
     )
     # The run before the resize ended; the one after it is a new container.
     assert _status(restarted)["lastState"]["terminated"]["containerID"] != _status(restarted)["containerID"]
+
+
+# Stands in for `tangram operator` in the operator's own Deployment: answers the Deployment's probes
+# (/healthz, /readyz on the gateway port) and reports what the process was given.
+OPERATOR_STAND_IN = """
+import http.server, json, os, shutil, ssl, urllib.request
+SA = "/var/run/secrets/kubernetes.io/serviceaccount"
+def status(field):
+    return next(l.split(":", 1)[1].strip() for l in open("/proc/self/status") if l.startswith(field + ":"))
+def writable(path):
+    try:
+        with open(os.path.join(path, ".write-test"), "w"):
+            pass
+        os.remove(os.path.join(path, ".write-test"))
+        return True
+    except OSError:
+        return False
+def username():
+    token = open(f"{SA}/token").read()
+    host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
+    body = json.dumps({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}).encode()
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    url = f"https://{host}:{port}/apis/authentication.k8s.io/v1/selfsubjectreviews"
+    req = urllib.request.Request(url, data=body, method="POST", headers=headers)
+    https = urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=f"{SA}/ca.crt"))
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), https)
+    return json.loads(opener.open(req, timeout=10).read())["status"]["userInfo"]["username"]
+class Operator(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path in ("/healthz", "/readyz"):
+            body = b"ok"
+        else:
+            body = json.dumps({
+                "uid": os.getuid(), "gid": os.getgid(), "cap_eff": status("CapEff"),
+                "no_new_privs": status("NoNewPrivs"), "root_writable": writable("/"),
+                "cwd_writable": writable(os.getcwd()), "tmp_writable": writable("/tmp"),
+                "home": os.environ.get("HOME"), "pod_name": os.environ.get("POD_NAME"),
+                "pod_namespace": os.environ.get("POD_NAMESPACE"), "tangram": shutil.which("tangram"),
+                "username": username(),
+            }).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer((os.environ["POD_IP"], 8080), Operator).serve_forever()
+"""
+
+
+def test_the_operator_deployment_runs_as_its_manifest_says(cluster: Cluster, namespace: str) -> None:
+    """manifests/deployment.yaml as it is (security context, ServiceAccount, env, ports, probes,
+    volumes), in a namespace that enforces the restricted Pod Security level, with a stand-in for
+    `tangram operator` that serves the probes on the pod IP and reports what it was given."""
+    if not cluster.is_local_testbed:
+        pytest.skip("the stand-in runs on the test bed host's Python; an image would need one")
+    runtime = cluster.core.read_node("tb-cpu-0").status.node_info.container_runtime_version
+    if runtime != "testbed://bwrap":
+        pytest.skip(f"the Deployment mounts an emptyDir, which needs bubblewrap on the host ({runtime})")
+    labels = {"pod-security.kubernetes.io/enforce": "restricted"}
+    cluster.core.patch_namespace(namespace, {"metadata": {"labels": labels}})
+    deployment = yaml.safe_load((REPO / "manifests" / "deployment.yaml").read_text())
+    deployment["metadata"]["namespace"] = namespace
+    deployment["spec"]["replicas"] = 1
+    template = deployment["spec"]["template"]["spec"]
+    cluster.core.create_namespaced_service_account(
+        namespace, {"metadata": {"name": template["serviceAccountName"]}}
+    )
+    operator = template["containers"][0]
+    assert operator["command"] == ["tangram", "operator"]
+    operator["command"] = ["python3", "-c", OPERATOR_STAND_IN]
+    operator.pop("args", None)
+    if not any(e["name"] == "POD_IP" for e in operator.get("env") or []):
+        operator.setdefault("env", []).append(downward_env()[0])  # servers bind their pod IP here
+    cluster.apps.create_namespaced_deployment(namespace, deployment)
+    name = deployment["metadata"]["name"]
+    wait_for(
+        cluster.apps.list_namespaced_deployment,
+        lambda d: (d.get("status") or {}).get("readyReplicas") == 1,
+        namespace=namespace,
+        field_selector=f"metadata.name={name}",
+        description=f"deployment {name} with its pod Ready (probes /healthz, /readyz)",
+        timeout=90,
+    )
+    pod = cluster.core.list_namespaced_pod(namespace).items[0]
+    facts = http_get_json(f"http://{pod.status.pod_ip}:8080/facts", timeout=15)
+    security = deployment["spec"]["template"]["spec"]["securityContext"]
+    assert (facts["uid"], facts["gid"]) == (security["runAsUser"], security["runAsGroup"])
+    assert int(facts["cap_eff"], 16) == 0  # capabilities drop ALL, and a non-root user keeps none
+    assert facts["no_new_privs"] == "1"  # allowPrivilegeEscalation: false
+    assert not facts["root_writable"] and not facts["cwd_writable"]  # readOnlyRootFilesystem
+    assert facts["tmp_writable"]  # the emptyDir at /tmp
+    assert facts["home"] == "/tmp"
+    assert (facts["pod_name"], facts["pod_namespace"]) == (pod.metadata.name, namespace)
+    assert facts["tangram"], "tangram should be on PATH (the project's virtual environment)"
+    assert facts["username"] == f"system:serviceaccount:{namespace}:{template['serviceAccountName']}"
+
+
+def test_run_as_non_root_without_a_user_waits_as_the_kubelet_makes_it(
+    cluster: Cluster, namespace: str
+) -> None:
+    main = shell_container("true", securityContext={"runAsNonRoot": True})
+    cluster.core.create_namespaced_pod(namespace, pod_manifest("rootless", [main], restartPolicy="Never"))
+    seen = wait_for_pod(
+        cluster,
+        namespace,
+        "rootless",
+        lambda p: (
+            (_status(p).get("state", {}).get("waiting") or {}).get("reason") == "CreateContainerConfigError"
+        ),
+        "refused to run as root",
+    )
+    assert "runAsNonRoot and image will run as root" in _status(seen)["state"]["waiting"]["message"]

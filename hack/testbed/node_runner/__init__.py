@@ -24,8 +24,9 @@ Each container runs under bubblewrap when it is installed (own PID/IPC/UTS names
 filesystem, a writable /tmp per pod, volumes bound at their mount paths, a container's default
 capability set) and dies with the runner. A container's CPU limit becomes the CPU affinity of all its
 processes, changed in place by a pod resize, which is reported as a kubelet reports it (resize.py).
-Not enforced: memory limits, runAsUser, images (there is no image: a container needs a command, or an
-entry in --entrypoints mapping its image to one).
+runAsUser/runAsGroup, runAsNonRoot and readOnlyRootFilesystem are honoured under bubblewrap. Not
+enforced: memory limits, seccomp profiles, images (there is no image: a container needs a command, or
+an entry in --entrypoints mapping its image to one).
 
 The package, module by module: `podspec` (pure: $(VAR) expansion, quantities, the downward API, a
 container's environment and command line), `probes` (kubelet's thresholds and the three probe

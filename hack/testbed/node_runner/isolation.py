@@ -8,9 +8,10 @@ import ctypes
 import os
 import shutil
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 
-from .api import Json, StartError
+from .api import ConfigError, Json, StartError
 
 # What containerd grants a container that asks for nothing (runc's default set).
 DEFAULT_CAPS = [
@@ -21,6 +22,72 @@ SANDBOX_OWN = {"proc", "dev", "tmp", "run", "sys", "lost+found"}  # made fresh f
 # The service-account volume the API server injects: the only mount that can be done without a mount
 # namespace (in-cluster clients then fail, as they would with automountServiceAccountToken: false).
 SA_VOLUME_PREFIX = "kube-api-access"
+
+
+# What runs a container's program as its runAsUser/runAsGroup inside the sandbox (util-linux).
+SETPRIV = "setpriv"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The user a container runs as: securityContext runAsUser/runAsGroup (the container's over the
+    pod's), with the pod's supplementalGroups and fsGroup as supplementary groups."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+
+
+def identity(pod_spec: Json, container: Json) -> Identity | None:
+    """The container's user, or None when neither sets runAsUser (it runs as the image's user, which
+    is root here: there are no images)."""
+    pod_sc = pod_spec.get("securityContext") or {}
+    sc = container.get("securityContext") or {}
+    uid = sc.get("runAsUser", pod_sc.get("runAsUser"))
+    if uid is None:
+        return None
+    gid = sc.get("runAsGroup", pod_sc.get("runAsGroup"))
+    groups = [int(g) for g in pod_sc.get("supplementalGroups") or []]
+    if pod_sc.get("fsGroup") is not None:
+        groups.append(int(pod_sc["fsGroup"]))
+    return Identity(int(uid), int(uid if gid is None else gid), tuple(sorted(set(groups))))
+
+
+def check_non_root(pod: Json, container: Json) -> None:
+    """runAsNonRoot as the kubelet checks it before it creates the container (with the kubelet's
+    messages; the pod then waits in CreateContainerConfigError)."""
+    pod_sc = pod["spec"].get("securityContext") or {}
+    sc = container.get("securityContext") or {}
+    if not sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")):
+        return
+    meta = pod["metadata"]
+    where = f'(pod: "{meta["name"]}_{meta["namespace"]}({meta["uid"]})", container: {container["name"]})'
+    who = identity(pod["spec"], container)
+    if who is None:
+        raise ConfigError(f"container has runAsNonRoot and image will run as root {where}")
+    if who.uid == 0:
+        raise ConfigError(f"container's runAsUser breaks non-root policy {where}")
+
+
+def read_only_root(container: Json) -> bool:
+    return bool((container.get("securityContext") or {}).get("readOnlyRootFilesystem"))
+
+
+def closed_ancestors(paths: list[str]) -> set[str]:
+    """The directories on the way to `paths` that others may not enter (/root is 0700): a container
+    running as another user needs them opened (as tmpfs directories holding read-only binds of their
+    entries, each with its own permissions), or it could not reach the interpreter behind PATH."""
+    opened: set[str] = set()
+    for path in paths:
+        parent = os.path.dirname(os.path.realpath(path))
+        while parent != "/":
+            try:
+                if not os.stat(parent).st_mode & 0o001:
+                    opened.add(parent)
+            except OSError:
+                pass
+            parent = os.path.dirname(parent)
+    return opened
 
 
 def set_pdeathsig() -> None:
@@ -61,6 +128,19 @@ def opened_parents(mount_paths: list[str]) -> set[str]:
     return opened
 
 
+def mount_point_parents(target: str) -> list[str]:
+    """bwrap arguments making the missing directories above a mount point world-readable (bwrap would
+    make them 0700, which only root could pass: a container running as another user could not reach
+    its service-account token under /run/secrets)."""
+    out: list[str] = []
+    parts = target.strip("/").split("/")[:-1]
+    for i in range(len(parts)):
+        parent = "/" + "/".join(parts[: i + 1])
+        if parts[0] in SANDBOX_OWN or not os.path.lexists(parent):
+            out += ["--perms", "0755", "--dir", parent]
+    return out
+
+
 def kept_capabilities(security_context: Json) -> set[str] | None:
     """The capabilities a container keeps (names without CAP_): runc's default set with
     securityContext.capabilities drop/add applied; None when privileged (it keeps all)."""
@@ -82,20 +162,31 @@ def bwrap_command(
     tmp_dir: Path,
     container_dir: Path,
     workdir: str,
+    user: Identity | None = None,
+    reachable: list[str] | None = None,
 ) -> list[str]:
-    """The command under bubblewrap: read-only host, own PID/IPC/UTS, volumes, capabilities.
+    """The command under bubblewrap: read-only host, own PID/IPC/UTS, volumes, capabilities, user.
 
     `volumes` maps each pod volume to its host directory and whether it is read-only; `tmp_dir` becomes
-    /tmp; `container_dir` (logs, the default working directory) is bound at its own path."""
+    /tmp; `container_dir` (which holds the default working directory) is bound at its own path when
+    `workdir` is in it. With readOnlyRootFilesystem "/", /tmp and /run are read-only (volumes mounted
+    on them stay as they are) and a container without workingDir starts in "/".
+    With `user` the program runs as that user through setpriv, with no capabilities (what a non-root
+    process keeps across exec) and its bounding set limited to the container's; `reachable` are the
+    paths such a user must be able to reach (the interpreter behind PATH)."""
     mounts = container.get("volumeMounts") or []
     b = [bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
     b += ["--hostname", hostname]
     # The root is bwrap's own tmpfs with the host's directories bound read-only into it. A mount
     # point that does not exist on the host (/etc/settings) needs a writable parent: such parents
     # become tmpfs directories holding read-only binds of the host's entries.
-    b += host_binds("/", opened_parents([str(m["mountPath"]) for m in mounts]))
+    opened = opened_parents([str(m["mountPath"]) for m in mounts])
+    if user is not None and (user.uid, user.gid) != (0, 0):
+        opened |= closed_ancestors(reachable or [])
+    b += host_binds("/", opened)
+    ro_root = read_only_root(container)
     b += ["--ro-bind", "/sys", "/sys", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/run"]
-    b += ["--bind", str(tmp_dir), "/tmp", "--bind", str(container_dir), str(container_dir)]
+    b += ["--bind", str(tmp_dir), "/tmp"]
     for m in mounts:
         name = m["name"]
         if name not in volumes:
@@ -106,9 +197,30 @@ def bwrap_command(
         ro = vol_ro or bool(m.get("readOnly"))
         # Resolved through the host's symlinks (/var/run -> /run): bwrap creates mount points only
         # in its own directories, never through a link in a read-only bind.
-        b += ["--ro-bind" if ro else "--bind", str(src), os.path.realpath(m["mountPath"])]
+        target = os.path.realpath(m["mountPath"])
+        b += [*mount_point_parents(target), "--ro-bind" if ro else "--bind", str(src), target]
+    if ro_root and not container.get("workingDir"):
+        workdir = "/"  # no writable default working directory: "/" of a read-only image
+    if workdir.startswith(str(container_dir) + "/"):
+        # The default working directory, bound after the volumes so that one mounted over an
+        # ancestor of it (an emptyDir at /tmp with the state directory under /tmp) cannot hide it.
+        b += [*mount_point_parents(str(container_dir)), "--bind", str(container_dir), str(container_dir)]
+    if ro_root:
+        # Read-only only now: the mount points of the volumes (the service-account token's under /run)
+        # had to be made first. A volume mounted at /tmp or /run itself stays as it is.
+        targets = {os.path.realpath(m["mountPath"]) for m in mounts}
+        b += [arg for d in ("/run", "/tmp", "/") if d not in targets for arg in ("--remount-ro", d)]
     b += ["--chdir", workdir]
     keep = kept_capabilities(container.get("securityContext") or {})
+    if user is not None and (user.uid, user.gid) != (0, 0):
+        # setpriv needs these three to change user and bounding set; the program has none of them.
+        bounding = (
+            ",".join(["-all", *(f"+{c.lower()}" for c in sorted(keep or []))]) if keep is not None else ""
+        )
+        keep = None if keep is None else keep | {"SETUID", "SETGID", "SETPCAP"}
+        groups = ["--groups", ",".join(map(str, user.groups))] if user.groups else ["--clear-groups"]
+        setpriv = [SETPRIV, "--reuid", str(user.uid), "--regid", str(user.gid), *groups, "--inh-caps", "-all"]
+        argv = [*setpriv, *(["--bounding-set", bounding] if bounding else []), "--", *argv]
     if keep is not None:
         b += ["--cap-drop", "ALL"]
         for cap in sorted(keep):

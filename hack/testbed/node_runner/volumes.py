@@ -62,6 +62,7 @@ def prepare_volumes(
         root = pod_dir / "volumes" / name
         root.mkdir(parents=True, exist_ok=True)
         if "emptyDir" in v:
+            root.chmod(0o777)  # as the kubelet makes it: writable whatever user the containers run as
             volumes[name] = (root, False)
         elif "hostPath" in v:
             hp = Path(v["hostPath"]["path"])

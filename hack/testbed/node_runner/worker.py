@@ -13,11 +13,12 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -332,6 +333,7 @@ class PodWorker(threading.Thread):
                 timeout=timeout,
                 check=False,
                 preexec_fn=_in_child(c.cores, False) if c.cores else None,
+                **self._unisolated_user(c),
             )
             return done.returncode
 
@@ -345,6 +347,7 @@ class PodWorker(threading.Thread):
 
     def _start(self, c: Container) -> None:
         try:
+            isolation.check_non_root(self.pod, c.spec)
             env = self._env(c)
         except ConfigError as exc:
             c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
@@ -368,6 +371,7 @@ class PodWorker(threading.Thread):
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     preexec_fn=_in_child(cores, not self.runner.bwrap),
+                    **self._unisolated_user(c),
                 )
             finally:
                 logf.close()
@@ -466,12 +470,21 @@ class PodWorker(threading.Thread):
         d.mkdir(parents=True, exist_ok=True)
         return str(d)
 
+    def _unisolated_user(self, c: Container) -> dict[str, Any]:
+        """Popen's user and groups where there is no sandbox to switch users in (bwrap: setpriv)."""
+        who = isolation.identity(self.pod["spec"], c.spec)
+        if self.runner.bwrap or who is None:
+            return {}
+        return {"user": who.uid, "group": who.gid, "extra_groups": list(who.groups)}
+
     def _wrap(self, c: Container, argv: list[str]) -> list[str]:
         if not self.runner.bwrap:
             isolation.check_unisolated(c.spec)
             return argv
         tmp = self.dir / "tmp"
-        tmp.mkdir(exist_ok=True)
+        if not tmp.exists():
+            tmp.mkdir()
+            tmp.chmod(0o1777)  # an image's /tmp: anyone may write, only the owner delete
         return isolation.bwrap_command(
             self.runner.bwrap,
             argv,
@@ -481,6 +494,9 @@ class PodWorker(threading.Thread):
             tmp_dir=tmp,
             container_dir=self.dir / c.name,
             workdir=c.spec.get("workingDir") or self._cwd(c),
+            user=isolation.identity(self.pod["spec"], c.spec),
+            # A user other than root must reach the interpreter behind PATH and its working directory.
+            reachable=[sys.executable, str(self.dir / c.name / "work" / "-")],
         )
 
     def _kill(self, c: Container, grace: float) -> None:
