@@ -154,7 +154,7 @@ def run(seed: int, time_limit_s: float) -> list[BenchRow]:
 
 def main(argv: list[str]) -> int:
     """Print the benchmark table (or one JSON object with ``--json``); returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m arl_tangram.planner.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="tangram bench plan", description=__doc__)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--time-limit", type=float, default=1.0, help="solver time limit per round (s)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
