@@ -343,16 +343,20 @@ def test_in_place_resize_moves_every_process_of_the_container_to_its_new_cores(
     assert len(shrunk["main"]) == 1 and shrunk["main"] == shrunk["thread"] == shrunk["child"], shrunk
 
 
+RESERVED = {"key": "tangram.arl.dev/testbed-reserved", "operator": "Exists", "effect": "NoSchedule"}
+
+
 def test_a_resize_the_node_cannot_hold_is_refused_and_one_it_cannot_hold_yet_is_deferred(
     cluster: Cluster, namespace: str
 ) -> None:
     if not cluster.is_local_testbed:
-        pytest.skip("sized for the simulated 16-CPU nodes of the local test bed")
-    node = {"kubernetes.io/hostname": "tb-cpu-1"}
+        pytest.skip("sized for the local test bed's reserved 16-CPU node")
+    # The reserved node (hack/testbed/nodes.yaml): no other test's pods count on its 16 CPUs.
+    reserved = {"nodeSelector": {"kubernetes.io/hostname": "tb-reserved-0"}, "tolerations": [RESERVED]}
     big = shell_container("sleep 3600", resources={"requests": {"cpu": "12"}})
     small = shell_container("sleep 3600", resources={"requests": {"cpu": "2"}})
-    cluster.core.create_namespaced_pod(namespace, pod_manifest("big", [big], nodeSelector=node))
-    cluster.core.create_namespaced_pod(namespace, pod_manifest("small", [small], nodeSelector=node))
+    cluster.core.create_namespaced_pod(namespace, pod_manifest("big", [big], **reserved))
+    cluster.core.create_namespaced_pod(namespace, pod_manifest("small", [small], **reserved))
     for name in ("big", "small"):
         wait_for_pod(cluster, namespace, name, pod_phase("Running"), "Running")
 

@@ -26,7 +26,9 @@ def test_nodes_advertise_gpus_mig_slices_and_topology(cluster: Cluster) -> None:
             label_selector="tangram.arl.dev/testbed=true,!tangram.arl.dev/real-node"
         ).items
     }
-    assert {"tb-cpu-0", "tb-cpu-1", "tb-gpu-0", "tb-mig-0"} <= set(nodes)
+    assert {"tb-cpu-0", "tb-cpu-1", "tb-gpu-0", "tb-mig-0", "tb-reserved-0"} <= set(nodes)
+    reserved = nodes["tb-reserved-0"].spec.taints
+    assert ("tangram.arl.dev/testbed-reserved", "NoSchedule") in [(t.key, t.effect) for t in reserved]
     assert nodes["tb-gpu-0"].status.allocatable["nvidia.com/gpu"] == "8"
     assert nodes["tb-mig-0"].status.allocatable["nvidia.com/mig-1g.5gb"] == "7"
     assert nodes["tb-gpu-0"].metadata.labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
