@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from arl_tangram.domain.actions import ActionOutcome, Outcome, Reason, Wire
-from arl_tangram.domain.batches import test_reward
+from arl_tangram.domain.batches import pass_fraction_reward
 from arl_tangram.errors import InfrastructureError
 
 _NATIVE = {
@@ -46,7 +46,7 @@ def interpret(key: str, kind: str, wire: Wire, body: Mapping[str, Any]) -> Actio
         exit_code=exit_code,
         stdout=stdout,
         stderr=stderr,
-        reward=test_reward(exit_code, stdout + "\n" + stderr) if kind == "test" else None,
+        reward=pass_fraction_reward(exit_code, stdout + "\n" + stderr) if kind == "test" else None,
         duration_s=float(wall) if isinstance(wall, int | float) else 0.0,
         truncated=bool(body.get("stdout_truncated") or body.get("stderr_truncated")),
         response=dict(body),
@@ -70,7 +70,7 @@ def _run_code(key: str, kind: str, body: Mapping[str, Any]) -> ActionOutcome:
             reason = Reason.TIMEOUT
         else:
             reason = Reason.NON_ZERO_EXIT
-    code = run.get("return_code")
+    code = run.get("return_code") if isinstance(run.get("return_code"), int) else None
     stdout, stderr = _text(run.get("stdout")), _text(run.get("stderr"))
     elapsed = run.get("execution_time")
     return ActionOutcome(
@@ -78,10 +78,12 @@ def _run_code(key: str, kind: str, body: Mapping[str, Any]) -> ActionOutcome:
         state=Outcome.SUCCEEDED if status == "Success" else Outcome.FAILED,
         reason=reason,
         message=_text(body.get("message")) or None,
-        exit_code=code if isinstance(code, int) else None,
+        exit_code=code,
         stdout=stdout,
         stderr=stderr,
-        reward=test_reward(code if isinstance(code, int) else None, stdout) if kind == "test" else None,
+        reward=pass_fraction_reward(code if isinstance(code, int) else None, stdout)
+        if kind == "test"
+        else None,
         duration_s=float(elapsed) if isinstance(elapsed, int | float) else 0.0,
         response=dict(body),
     )

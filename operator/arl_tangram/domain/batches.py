@@ -124,7 +124,7 @@ def batch_request(
 _PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|error|errors)\b")
 
 
-def test_reward(exit_code: int | None, output: str) -> float:
+def pass_fraction_reward(exit_code: int | None, output: str) -> float:
     """A test action's reward: the pass fraction pytest's summary line reports, else 1.0 for exit 0."""
     counts = {"passed": 0, "failed": 0, "error": 0}
     lines = [ln for ln in output.splitlines() if " passed" in ln or " failed" in ln or " error" in ln]

@@ -1,0 +1,82 @@
+"""Host pods are built from the pool (pure) and read back as observations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from arl_tangram.api.actionpool import ActionPool
+from arl_tangram.domain.pools import pool_config
+from arl_tangram.runtime.pods import DRAINING_ANNOTATION, host_pod, observe_host
+
+
+def _cfg(**spec: Any) -> Any:
+    base = {
+        "template": {
+            "image": "img:1",
+            "resources": {"cpu": "4", "memory": "8Gi"},
+            "podSpec": {"tolerations": [{"key": "sandbox", "operator": "Exists"}]},
+        },
+        "limits": {"timeoutSeconds": 90, "memory": "2Gi", "maxOutputBytes": 4096},
+    }
+    base.update(spec)
+    return pool_config(
+        ActionPool.model_validate({"metadata": {"name": "py", "namespace": "ns"}, "spec": base}), uid="uid-7"
+    )
+
+
+def test_a_host_pod_is_owned_has_no_token_and_the_pools_limits() -> None:
+    pod = host_pod(_cfg(), "py-abc", node="n1")
+    meta, spec = pod["metadata"], pod["spec"]
+    assert (
+        meta["ownerReferences"][0] | {"uid": "uid-7", "kind": "ActionPool", "controller": True}
+        == meta["ownerReferences"][0]
+    )
+    assert meta["labels"]["tangram.arl.dev/pool"] == "py"
+    assert spec["automountServiceAccountToken"] is False and spec["restartPolicy"] == "Never"
+    assert spec["tolerations"] == [{"key": "sandbox", "operator": "Exists"}]
+    (agent,) = spec["containers"]
+    assert agent["resources"]["limits"]["cpu"] == "4"
+    assert "--timeout=90" in agent["args"] and "--output-bytes=4096" in agent["args"]
+    assert "--memory-mb=2048" in agent["args"] and "--network-allowed" not in agent["args"]
+    assert agent["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    prefs = spec["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert prefs[0]["preference"]["matchExpressions"][0]["values"] == ["n1"]
+
+
+def test_network_is_only_allowed_when_the_pool_says_so() -> None:
+    pod = host_pod(_cfg(isolation={"network": "Enabled"}), "p")
+    assert "--network-allowed" in pod["spec"]["containers"][0]["args"]
+
+
+def test_template_changes_change_the_hash_and_scaling_does_not() -> None:
+    a, b = _cfg(), _cfg(template={"image": "img:2"})
+    c = _cfg(scaling={"maxHosts": 9})
+    assert a.template_hash != b.template_hash and a.template_hash == c.template_hash
+
+
+def _observed(pod: dict[str, Any], status: dict[str, Any], **meta: Any) -> Any:
+    return observe_host({**pod, "metadata": {**pod["metadata"], **meta}, "status": status})
+
+
+def test_observations_of_a_host_pod() -> None:
+    pod = host_pod(_cfg(), "py-abc")
+    ready = {"phase": "Running", "podIP": "10.1.2.3", "conditions": [{"type": "Ready", "status": "True"}]}
+    assert _observed(pod, ready).phase == "ready" and _observed(pod, ready).address == "10.1.2.3:8080"
+    draining = _observed(pod, ready, annotations={DRAINING_ANNOTATION: "true"})
+    assert draining.phase == "draining"
+    pending = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/3 nodes are available",
+            }
+        ],
+    }
+    obs = _observed(pod, pending)
+    assert obs.phase == "starting" and obs.pending == "0/3 nodes are available"
+    assert _observed(pod, {"phase": "Failed", "reason": "Evicted"}).phase == "failed"
+    assert _observed(pod, ready, deletionTimestamp="2026-01-01T00:00:00Z").phase == "terminating"
+    assert observe_host({"metadata": {"name": "x", "labels": {}}}) is None

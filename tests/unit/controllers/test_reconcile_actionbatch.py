@@ -1,0 +1,179 @@
+"""The pure ActionBatch status, table-driven, and the translation of its actions (no cluster)."""
+
+from __future__ import annotations
+
+import base64
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from arl_tangram.api.actionbatch import ActionBatchSpec, ActionResult
+from arl_tangram.controllers.actionbatch import BatchObservation, reconcile_actionbatch, recovered_results
+from arl_tangram.domain.actions import ActionOutcome, Outcome, Reason
+from arl_tangram.domain.batches import batch_request, compact_result, fit_results, pass_fraction_reward
+from arl_tangram.errors import InvalidSpec
+
+NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+
+
+def spec(n: int = 3, **extra: Any) -> ActionBatchSpec:
+    actions = [
+        {"id": f"a{i}", "type": "code", "target": "py", "payload": {"code": "print(1)"}} for i in range(n)
+    ]
+    return ActionBatchSpec.model_validate({"actions": actions, **extra})
+
+
+def res(i: int, state: str, **kw: Any) -> ActionResult:
+    return ActionResult(id=f"a{i}", state=state, **kw)  # type: ignore[arg-type]
+
+
+def conds(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+@pytest.mark.parametrize(
+    ("results", "expect"),
+    [
+        (
+            {},
+            {
+                "Accepted": ("True", "Queued"),
+                "Running": ("False", "Waiting"),
+                "Complete": ("False", "InProgress"),
+            },
+        ),
+        (
+            {"a0": res(0, "Running")},
+            {"Running": ("True", "ActionsRunning"), "Complete": ("False", "InProgress")},
+        ),
+        (
+            {f"a{i}": res(i, "Succeeded") for i in range(3)},
+            {
+                "Running": ("False", "AllFinished"),
+                "Complete": ("True", "AllFinished"),
+                "Failed": ("False", "NoneFailed"),
+            },
+        ),
+        (
+            {
+                "a0": res(0, "Succeeded"),
+                "a1": res(1, "Failed", reason="PoolNotFound"),
+                "a2": res(2, "Cancelled"),
+            },
+            {"Complete": ("True", "AllFinished"), "Failed": ("True", "SomeFailed")},
+        ),
+    ],
+)
+def test_conditions_follow_the_results(
+    results: dict[str, ActionResult], expect: dict[str, tuple[str, str]]
+) -> None:
+    status, ops = reconcile_actionbatch(spec(), BatchObservation(results, (), 1, None, None), NOW)
+    got = conds(status)
+    for kind, value in expect.items():
+        assert got[kind] == value, (kind, got)
+    assert ops == []
+    counts = status["counts"]
+    assert counts["total"] == 3 and sum(counts[k] for k in counts if k != "total") == 3
+
+
+def test_results_come_in_spec_order_and_the_completion_time_is_set_once() -> None:
+    results = {f"a{i}": res(i, "Succeeded") for i in (2, 0, 1)}
+    status, _ = reconcile_actionbatch(spec(), BatchObservation(results, (), 1, NOW, None), NOW)
+    assert [r["id"] for r in status["results"]] == ["a0", "a1", "a2"]
+    assert status["completionTime"] == "2026-12-03T12:00:00Z"
+
+
+def test_ttl_after_finished_deletes_the_batch_when_due_and_not_before() -> None:
+    done = {f"a{i}": res(i, "Succeeded") for i in range(3)}
+    s = spec(ttlSecondsAfterFinished=60)
+    _, early = reconcile_actionbatch(s, BatchObservation(done, (), 1, NOW, NOW), NOW + timedelta(seconds=59))
+    _, due = reconcile_actionbatch(s, BatchObservation(done, (), 1, NOW, NOW), NOW + timedelta(seconds=60))
+    assert early == [] and len(due) == 1
+    _, unfinished = reconcile_actionbatch(s, BatchObservation({}, (), 1, NOW, None), NOW + timedelta(days=1))
+    assert unfinished == []
+
+
+def test_outputs_are_dropped_latest_first_to_fit_the_budget() -> None:
+    big = [res(i, "Succeeded", output="x" * 600) for i in range(4)]
+    fitted, used = fit_results(big, 1500)
+    assert used <= 1500
+    assert fitted[0].output and not fitted[-1].output and fitted[-1].truncated
+
+
+def test_a_restarted_operator_reads_results_back_from_status() -> None:
+    status = {
+        "results": [
+            {"id": "a0", "state": "Running", "attempts": 2},
+            {"id": "a1", "state": "Succeeded"},
+            {"bogus": True},
+        ]
+    }
+    got = recovered_results(status)
+    assert set(got) == {"a0", "a1"} and got["a0"].attempts == 2
+
+
+def test_compact_result_keeps_the_tail_of_the_output() -> None:
+    out = ActionOutcome("k", Outcome.FAILED, Reason.NON_ZERO_EXIT, exit_code=1, stdout="a" * 100 + "END")
+    r = compact_result("a0", out, 10)
+    assert r.output == "a" * 7 + "END" and r.truncated and r.reason == "NonZeroExit"
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "output", "reward"),
+    [
+        (0, "....\n4 passed in 0.1s\n", 1.0),
+        (1, "3 passed, 1 failed in 0.2s", 0.75),
+        (1, "1 failed, 1 error in 0.2s", 0.0),
+        (0, "no summary", 1.0),
+        (2, "no summary", 0.0),
+    ],
+)
+def test_test_actions_reward_the_pass_fraction(exit_code: int, output: str, reward: float) -> None:
+    assert pass_fraction_reward(exit_code, output) == reward
+
+
+def test_batch_actions_become_requests_with_files_and_priorities() -> None:
+    s = ActionBatchSpec.model_validate(
+        {
+            "actions": [
+                {
+                    "id": "t",
+                    "type": "test",
+                    "target": "py",
+                    "units": {"min": 1, "max": 4},
+                    "priority": 5,
+                    "sessionId": "traj",
+                    "payload": {
+                        "command": "pytest -n $TANGRAM_DOP",
+                        "files": {"test_x.py": "def test(): pass\n"},
+                    },
+                }
+            ],
+            "retryPolicy": {"maxRetries": 4},
+        }
+    )
+    req = batch_request("ns", "uid-1", s, s.actions[0], ("python",))
+    assert req.key == "uid-1/t" and req.session == "traj" and (req.units_min, req.units_max) == (1, 4)
+    assert req.payload["runtime"] == "bash" and req.payload["code"] == "pytest -n $TANGRAM_DOP"
+    assert base64.b64decode(req.payload["files"]["test_x.py"]) == b"def test(): pass\n"
+    assert req.max_retries == 4 and req.priority == 995  # higher API priority, more urgent class
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ({"code": "1", "command": "ls"}, "payload"),
+        ({}, "payload"),
+        ({"code": "1", "language": "cobol"}, "payload.language"),
+        ({"code": "1", "stdinn": "typo"}, "payload.stdinn"),
+        ({"code": "1", "filesBase64": {"a": "!!"}}, "payload.filesBase64.a"),
+    ],
+)
+def test_bad_payloads_fail_naming_the_field(payload: dict[str, Any], field: str) -> None:
+    s = ActionBatchSpec.model_validate(
+        {"actions": [{"id": "a", "type": "code", "target": "py", "payload": payload}]}
+    )
+    with pytest.raises(InvalidSpec) as err:
+        batch_request("ns", "u", s, s.actions[0], ("python", "bash"))
+    assert err.value.field == field
