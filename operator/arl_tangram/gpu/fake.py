@@ -136,10 +136,10 @@ H100_MIG_LAYOUT: dict[int, tuple[str, ...]] = {
 
 
 def mig_a100(node: str) -> NodeInventory:
-    """4 A100-SXM4-80GB, all-to-all NVLink (12 links per pair); GPUs 0-2 in MIG mode with mixed
-    profiles (GPU 2 has room for more), GPU 3 whole."""
+    """4 A100-SXM4-80GB, all-to-all NVLink (4 of each GPU's 12 links to every peer); GPUs 0-2 in MIG
+    mode with mixed profiles (GPU 2 has room for more), GPU 3 whole."""
     gpus = tuple(_gpu(node, i, A100_SXM_80, i // 2, A100_MIG_LAYOUT.get(i)) for i in range(4))
-    pairs = [(a, b, 12) for a in range(4) for b in range(a + 1, 4)]
+    pairs = [(a, b, 4) for a in range(4) for b in range(a + 1, 4)]
     return NodeInventory(node, gpus, _links(4, pairs), FAKE_DRIVER, "fake:mig-a100")
 
 

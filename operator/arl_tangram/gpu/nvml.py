@@ -8,7 +8,9 @@ missing, ``read_nvml`` raises ``NvmlUnavailable`` whose message is the one line 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import socket
+from pathlib import Path
 from typing import Any
 
 from arl_tangram.gpu import mig
@@ -80,10 +82,17 @@ def _mig(
     free: dict[str, int] = {}
     for enum in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
         info = _optional(pynvml, pynvml.nvmlDeviceGetGpuInstanceProfileInfo, handle, enum)
+        if info is None:  # drivers before the v2 query: v1 has the same fields but no name
+            info = _optional(pynvml, pynvml.nvmlDeviceGetGpuInstanceProfileInfo, handle, enum, 1)
         if info is None:
             continue
         known = table.by_id(info.id) if table is not None else None
-        profile = known.name if known is not None else _text(info.name).removeprefix("MIG ")
+        if known is not None:
+            profile = known.name
+        elif hasattr(info, "name"):
+            profile = _text(info.name).removeprefix("MIG ")
+        else:
+            profile = f"profile-{info.id}"
         free[profile] = pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity(handle, info.id)
         array = (pynvml.c_nvmlGpuInstance_t * max(1, info.instanceCount))()
         found = ctypes.c_uint(0)
@@ -108,10 +117,10 @@ def _mig(
     return tuple(instances), free
 
 
-def _links(pynvml: Any, handle: Any) -> tuple[list[str], int]:
-    """Remote PCI bus ids of the active NVLinks to GPUs, and the count of links to NVSwitches."""
-    peers: list[str] = []
-    switch = 0
+def _links(pynvml: Any, handle: Any) -> list[tuple[str, int | None]]:
+    """(remote PCI bus id, remote device type or None when the driver cannot say) of each active
+    NVLink of a GPU."""
+    out: list[tuple[str, int | None]] = []
     for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
         state = _optional(pynvml, pynvml.nvmlDeviceGetNvLinkState, handle, link)
         if state is None:
@@ -119,13 +128,19 @@ def _links(pynvml: Any, handle: Any) -> tuple[list[str], int]:
         if state != pynvml.NVML_FEATURE_ENABLED:
             continue
         kind = _optional(pynvml, pynvml.nvmlDeviceGetNvLinkRemoteDeviceType, handle, link)
-        if kind == pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH:
-            switch += 1
-            continue
         remote = _optional(pynvml, pynvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link)
-        if remote is not None:
-            peers.append(_bus_id(remote.busId))
-    return peers, switch
+        out.append(("" if remote is None else _bus_id(remote.busId), kind))
+    return out
+
+
+def _sysfs_numa(bus_id: str) -> int | None:
+    """The NUMA node of a PCI device from sysfs (drivers whose NVML lacks the query)."""
+    domain, _, rest = bus_id.lower().partition(":")
+    try:
+        node = int(Path(f"/sys/bus/pci/devices/{int(domain, 16):04x}:{rest}/numa_node").read_text())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None
 
 
 def read_nvml(node: str | None = None) -> NodeInventory:
@@ -134,7 +149,7 @@ def read_nvml(node: str | None = None) -> NodeInventory:
     try:
         driver = _text(pynvml.nvmlSystemGetDriverVersion())
         gpus: list[GpuInfo] = []
-        link_peers: list[list[str]] = []
+        link_peers: list[list[tuple[str, int | None]]] = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             name = _text(pynvml.nvmlDeviceGetName(h))
@@ -146,8 +161,10 @@ def read_nvml(node: str | None = None) -> NodeInventory:
             instances, free = _mig(pynvml, h, name, memory_mib) if mig_on else ((), {})
             util = _optional(pynvml, pynvml.nvmlDeviceGetUtilizationRates, h)
             numa = _optional(pynvml, pynvml.nvmlDeviceGetNumaNodeId, h)
-            peers, switch = _links(pynvml, h)
-            link_peers.append(peers)
+            bus = _bus_id(pynvml.nvmlDeviceGetPciInfo(h).busId)
+            if numa is None or numa < 0:
+                numa = _sysfs_numa(bus)
+            link_peers.append(_links(pynvml, h))
             gpus.append(
                 GpuInfo(
                     index=i,
@@ -155,15 +172,14 @@ def read_nvml(node: str | None = None) -> NodeInventory:
                     model=name,
                     memory_mib=memory_mib,
                     compute_capability=tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)),
-                    pci_bus_id=_bus_id(pynvml.nvmlDeviceGetPciInfo(h).busId),
-                    numa_node=None if numa is None or numa < 0 else int(numa),
+                    pci_bus_id=bus,
+                    numa_node=None if numa is None else int(numa),
                     utilization_pct=None if util is None else int(util.gpu),
                     memory_used_mib=int(mem.used >> 20),
                     mig_enabled=mig_on,
                     mig_pending=pending,
                     mig_instances=instances,
                     mig_free=free,
-                    nvswitch_links=switch,
                 )
             )
     except pynvml.NVMLError as exc:
@@ -173,11 +189,16 @@ def read_nvml(node: str | None = None) -> NodeInventory:
     by_bus = {g.pci_bus_id: g.index for g in gpus}
     n = len(gpus)
     matrix = [[0] * n for _ in range(n)]
+    nvswitch_type = getattr(pynvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)
     for a, peers in enumerate(link_peers):
-        for bus in peers:
+        switch = 0
+        for bus, kind in peers:
             b = by_bus.get(bus)
-            if b is not None and b != a:
+            if kind == nvswitch_type or (kind is None and b is None and bus):
+                switch += 1  # a link whose far end is not one of our GPUs ends on a switch
+            elif b is not None and b != a:
                 matrix[a][b] += 1
+        gpus[a] = dataclasses.replace(gpus[a], nvswitch_links=switch)
     # Each end counts the same links; keep the smaller count when a driver reports them unevenly.
     sym = tuple(tuple(min(matrix[a][b], matrix[b][a]) for b in range(n)) for a in range(n))
     return NodeInventory(node or socket.gethostname(), tuple(gpus), sym, driver, "nvml")
