@@ -75,8 +75,9 @@ bench-sched: install
 	$(BIN)/tangram bench sched
 
 # ---- GPUs -------------------------------------------------------------------------------------------
-# Runs on a bare GPU machine (python3 with torch, nvidia-ml-py and numpy; no install, no venv).
-GPU_PYTHON ?= python3
+# Runs on a bare GPU machine (python3 with torch, nvidia-ml-py and numpy; no install, no venv): the
+# python3 found on PATH without the venv (which has no torch), unless GPU_PYTHON names another.
+GPU_PYTHON ?= $(shell PATH='$(subst $(abspath $(BIN)):,,$(PATH))' command -v python3)
 .PHONY: gpu-check
 gpu-check: ## on an NVIDIA GPU: read-only NVML inventory; restore/evict GB/s vs pinned host-to-device
 	PYTHONPATH=operator $(GPU_PYTHON) -m arl_tangram.gpu.check
