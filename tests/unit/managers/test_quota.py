@@ -25,7 +25,8 @@ def test_never_beyond_cap_or_rate(seed: int, cap: int, rate: float, burst: int) 
     starts: list[float] = []
     running: list[Grant] = []
     for i in range(120):
-        now += rng.expovariate(10.0)
+        # Mostly a busy stream, now and then a long lull: a bucket must not save tokens beyond burst.
+        now += rng.expovariate(10.0) if rng.random() < 0.9 else rng.uniform(5.0, 50.0)
         if running and rng.random() < 0.4:
             sched.complete(running.pop(rng.randrange(len(running))), now)
         else:
@@ -40,6 +41,18 @@ def test_never_beyond_cap_or_rate(seed: int, cap: int, rate: float, burst: int) 
     for i, t0 in enumerate(starts):
         n = sum(1 for t in starts[i:] if t - t0 <= 1.0)
         assert n <= burst + rate * 1.0 + 1e-6
+
+
+def test_a_long_lull_saves_no_more_than_burst_tokens() -> None:
+    mgr = QuotaManager(ApiQuota("x", 100, 1.0, 3.0))
+    sched = TangramPolicy({mgr.pool: mgr})
+    for i in range(10):
+        sched.submit(Action(f"a{i}", f"t{i}", mgr.pool, (1,), Fixed(1.0)), 0.0)
+    assert len(sched.schedule(0.0)) == 3  # the full bucket
+    assert sched.schedule(0.5) == []
+    # 1000 s later the bucket holds burst (3) tokens, not 1000.
+    assert len(sched.schedule(1000.0)) == 3
+    assert len(sched.schedule(1001.0)) == 1
 
 
 def test_next_wakeup_says_when_a_token_comes_back() -> None:
