@@ -24,13 +24,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "demo": ("arl_tangram.sim.demo:main", "show the win of action-level scheduling on a workload"),
     "node-agent": ("arl_tangram.gpu.agent:main", "publish this node's GPU inventory; follow MIG requests"),
-    "reward-runtime": ("arl_tangram.rewards.server:main", "serve reward models on a GPU chunk (evict/restore)"),
+    "reward-runtime": (
+        "arl_tangram.rewards.server:main",
+        "serve reward models on a GPU chunk (evict/restore)",
+    ),
 }
 BENCH: dict[str, tuple[str, str]] = {
     "exec": ("arl_tangram.sandbox.bench:main", "code execution: native API vs /run_code vs fresh process"),
     "sim": ("arl_tangram.sim.bench:main_sim", "simulated workloads under each scheduler policy"),
     "sched": ("arl_tangram.sim.bench:main_sched", "scheduler decision latency, paper vs tangram"),
     "plan": ("arl_tangram.planner.bench:main", "capacity planner: MILP (HiGHS, CBC) vs greedy placement"),
+    "gateway": ("arl_tangram.gateway.bench:main", "/run_code through the gateway vs straight to an agent"),
 }
 
 

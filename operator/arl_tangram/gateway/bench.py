@@ -1,0 +1,291 @@
+"""``tangram bench gateway``: SandboxFusion's ``/run_code`` through the gateway against straight to
+one sandbox agent, at concurrency 1 and 16, with authentication off and on (warm cache), in one run.
+
+The gateway runs as a process of its own in front of the real dispatcher and the same agent the
+direct case calls, as in the operator. With authentication on it asks a stand-in of the API
+server's TokenReview and SubjectAccessReview endpoints on loopback
+(:mod:`arl_tangram.gateway.review_server`): the bench needs no cluster, and a warm request makes no
+review call anyway, which the bench checks. Cases take turns within each concurrency, so a burst of
+load from elsewhere on a shared machine hits them alike. ``--json`` prints ``{"cases": [...],
+"targets": {...}}`` only.
+
+``python -m arl_tangram.gateway.bench serve ...`` is the gateway process the bench starts (also
+used by the tests that kill a gateway mid-stream).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+from dataclasses import asdict
+from typing import Any
+
+from arl_tangram.sandbox.bench import Case, CpuProbe, HttpClient, _tree_cpu_s, measure, start_agent
+
+NAMESPACE, POOL, AUDIENCE, TOKEN = "bench", "py", "tangram-gateway", "bench-token"
+USER = "system:serviceaccount:bench:trainer"
+CONCURRENCY = (1, 16)
+METHODS = ("direct", "gateway", "gateway+auth")
+
+
+# ---- the gateway process ---------------------------------------------------------------------------
+async def _serve(args: argparse.Namespace) -> None:
+    import aiohttp
+    from aiohttp import web
+
+    from arl_tangram.api.actionpool import ActionPool
+    from arl_tangram.dispatch.agent import AgentClient
+    from arl_tangram.dispatch.dispatcher import Dispatcher, HostEndpoint
+    from arl_tangram.domain.pools import pool_config
+    from arl_tangram.gateway import GatewayConfig, KubernetesAuthenticator, build_gateway_app
+    from arl_tangram.gateway.review_server import ReviewServer, StandInToken, api_client_for
+
+    address = args.agent.split("://", 1)[-1].rstrip("/")
+    async with aiohttp.ClientSession() as http, http.get(f"http://{address}/v1/health") as resp:
+        health = await resp.json()
+    cores = tuple(health["cores"]["ids"])
+    model = ActionPool.model_validate(
+        {
+            "metadata": {"name": args.pool, "namespace": args.namespace, "generation": 1},
+            "spec": {
+                "template": {"image": "sandbox", "resources": {"cpu": str(len(cores)), "memory": "4Gi"}},
+                "languages": ["python", "bash"],
+                "limits": {"timeoutSeconds": 60, "memory": "1Gi", "maxCores": len(cores)},
+            },
+        }
+    )
+    agents = AgentClient()
+    dispatcher = Dispatcher(agents)
+    dispatcher.upsert_pool(pool_config(model, uid="bench"))
+    await dispatcher.sync_hosts(
+        f"{args.namespace}/{args.pool}", [HostEndpoint("host-0", address, cores, 4 << 30)]
+    )
+    runners: list[web.AppRunner] = []
+    auth = None
+    if args.review_token:
+        reviews = ReviewServer(tokens={args.review_token: StandInToken(USER, (AUDIENCE,))})
+        reviews.grant(USER, [args.namespace])
+        runner = web.AppRunner(reviews.app(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        auth = KubernetesAuthenticator(api_client_for(f"http://127.0.0.1:{port}"), AUDIENCE)
+    config = GatewayConfig(default_namespace=args.namespace, default_pools={args.namespace: args.pool})
+    app = build_gateway_app(dispatcher, auth, config=config, allow_anonymous=auth is None)
+    host, _, port_text = args.listen.rpartition(":")
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, int(port_text)).start()
+    runners.append(runner)
+    print(f"gateway ready on {args.listen}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    for r in reversed(runners):
+        await r.cleanup()
+    await dispatcher.shutdown()
+    await agents.close()
+    if auth is not None:
+        print(f"review calls: {auth.api_calls}", flush=True)
+
+
+def serve_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m arl_tangram.gateway.bench serve")
+    p.add_argument("--agent", required=True, help="the one agent's URL")
+    p.add_argument("--listen", required=True, help="host:port")
+    p.add_argument("--namespace", default=NAMESPACE)
+    p.add_argument("--pool", default=POOL)
+    p.add_argument("--review-token", help="authenticate, accepting this token (stand-in review server)")
+    args = p.parse_args(argv)
+    asyncio.run(_serve(args))
+    return 0
+
+
+def start_gateway(agent_url: str, port: int, review_token: str | None = None) -> subprocess.Popen[str]:
+    """Start a gateway process in front of ``agent_url``; returns once it serves."""
+    cmd = [sys.executable, "-m", "arl_tangram.gateway.bench", "serve", "--agent", agent_url]
+    cmd += ["--listen", f"127.0.0.1:{port}"]
+    if review_token:
+        cmd += ["--review-token", review_token]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if "ready on" not in line:
+        proc.kill()
+        _, err = proc.communicate(timeout=30)
+        raise RuntimeError(f"the gateway did not start: {line!r} {err[-2000:]}")
+    return proc
+
+
+def stop_process(proc: subprocess.Popen[str]) -> str:
+    """SIGTERM, wait, and return what it printed after its ready line."""
+    proc.terminate()
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out
+
+
+# ---- the measurement -----------------------------------------------------------------------------
+def _run_code_call(client: HttpClient, token: str | None) -> Any:
+    body = json.dumps({"code": "print(1+1)", "language": "python"}).encode()
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    request = (
+        f"POST {client.prefix}/run_code HTTP/1.1\r\nHost: {client.host}:{client.port}\r\n{auth}"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+    async def call(code: str, expected: str) -> bool:
+        status, raw = await client.send(request)
+        answer = json.loads(raw)
+        return status == 200 and answer["status"] == "Success" and answer["run_result"]["stdout"] == expected
+
+    return call
+
+
+async def run_cases(
+    urls: dict[str, tuple[str, str | None]],
+    requests: int,
+    cpu: dict[str, CpuProbe],
+    cpu_ms: dict[tuple[str, str, int], float],
+) -> list[Case]:
+    """Every case; ``cpu_ms`` receives the server side's CPU per call (agent, plus gateway), which,
+    unlike throughput on a shared machine, other load hardly moves."""
+    clients = {m: HttpClient(url) for m, (url, _) in urls.items()}
+    calls = {m: _run_code_call(clients[m], token) for m, (_, token) in urls.items()}
+    cases: list[Case] = []
+    try:
+        for method in METHODS:  # warm connections, fork servers and the auth cache
+            await measure(calls[method], method, "print", max(CONCURRENCY), max(CONCURRENCY) * 4)
+        for c in CONCURRENCY:
+            for method in METHODS:
+                cases.append(await measure(calls[method], method, "print", c, requests, cpu[method], cpu_ms))
+    finally:
+        for client in clients.values():
+            client.close()
+    return cases
+
+
+def targets(cases: list[Case]) -> dict[str, Any]:
+    index = {(c.method, c.concurrency): c for c in cases}
+    out: dict[str, Any] = {}
+    direct16, direct1 = index[("direct", 16)], index[("direct", 1)]
+    for method in ("gateway", "gateway+auth"):
+        ratio = index[(method, 16)].rps / direct16.rps if direct16.rps else 0.0
+        added = index[(method, 1)].p50_ms - direct1.p50_ms
+        out[method] = {
+            "throughput_ratio_c16": round(ratio, 3),
+            "throughput_met": ratio >= 0.5,
+            "p50_added_ms_c1": round(added, 3),
+            "latency_met": added <= 1.0,
+        }
+    return out
+
+
+def render(
+    cases: list[Case], goals: dict[str, Any], review_calls: int, cpu_ms: dict[tuple[str, str, int], float]
+) -> str:
+    index = {(c.method, c.concurrency): c for c in cases}
+    lines = [
+        f"{'method':<14}{'conc':>5}{'rps':>10}{'ratio':>8}{'p50 ms':>10}{'+p50 ms':>9}"
+        f"{'p99 ms':>10}{'errors':>8}{'cpu ms/call':>13}"
+    ]
+    for c in sorted(cases, key=lambda c: (c.concurrency, METHODS.index(c.method))):
+        base = index[("direct", c.concurrency)]
+        ratio = c.rps / base.rps if base.rps else 0.0
+        lines.append(
+            f"{c.method:<14}{c.concurrency:>5}{c.rps:>10.1f}{ratio:>8.2f}{c.p50_ms:>10.2f}"
+            f"{c.p50_ms - base.p50_ms:>9.2f}{c.p99_ms:>10.2f}{c.errors:>8}"
+            f"{cpu_ms.get((c.method, c.payload, c.concurrency), 0.0):>13.2f}"
+        )
+    lines.append("")
+    for method, goal in goals.items():
+        lines.append(
+            f"target {method} rps at c=16 >= 0.5x direct: {goal['throughput_ratio_c16']:.2f}x -> "
+            f"{'met' if goal['throughput_met'] else 'NOT met'}"
+        )
+        lines.append(
+            f"target {method} p50 added at c=1 <= 1 ms: {goal['p50_added_ms_c1']:+.2f} ms -> "
+            f"{'met' if goal['latency_met'] else 'NOT met'}"
+        )
+    lines.append(
+        f"review calls to the (stand-in) API server during the run: {review_calls} (warm cache: 1 + 1)"
+    )
+    return "\n".join(lines)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``tangram bench gateway``."""
+    p = argparse.ArgumentParser(prog="tangram bench gateway", description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", action="store_true", help="print the cases and targets as JSON only")
+    p.add_argument("--requests", type=int, default=1000, help="requests per case (default %(default)s)")
+    p.add_argument("--agent-arg", action="append", default=[], help="extra option for the agent")
+    args = p.parse_args(argv)
+    if args.requests < 1:
+        p.error("--requests must be at least 1")
+    agent, agent_url = start_agent(args.agent_arg)
+    cpu_ms: dict[tuple[str, str, int], float] = {}
+    gateways: list[subprocess.Popen[str]] = []
+    try:
+        plain_port, auth_port = _free_port(), _free_port()
+        gateways.append(start_gateway(agent_url, plain_port))
+        gateways.append(start_gateway(agent_url, auth_port, TOKEN))
+        urls = {
+            "direct": (agent_url, None),
+            "gateway": (f"http://127.0.0.1:{plain_port}", None),
+            "gateway+auth": (f"http://127.0.0.1:{auth_port}", TOKEN),
+        }
+        agent_tree = agent.pid
+
+        def with_gateway(proc: subprocess.Popen[str]) -> CpuProbe:
+            return lambda: _tree_cpu_s(agent_tree) + _tree_cpu_s(proc.pid)
+
+        cpu = {"direct": lambda: _tree_cpu_s(agent_tree), "gateway": with_gateway(gateways[0])}
+        cpu["gateway+auth"] = with_gateway(gateways[1])
+        cases = asyncio.run(run_cases(urls, args.requests, cpu, cpu_ms))
+    finally:
+        outputs = [stop_process(g) for g in gateways]
+        agent.terminate()
+        agent.wait(timeout=30)
+    review_calls = next(
+        (
+            int(line.split()[-1])
+            for o in outputs
+            for line in o.splitlines()
+            if line.startswith("review calls")
+        ),
+        -1,
+    )
+    goals = targets(cases)
+    if args.json:
+        cpu_rows = [{"method": m, "concurrency": c, "cpu_ms_per_call": v} for (m, _, c), v in cpu_ms.items()]
+        report = {"cases": [asdict(c) for c in cases], "cpu": cpu_rows, "targets": goals}
+        print(json.dumps({**report, "review_calls": review_calls}))
+    else:
+        print(render(cases, goals, review_calls, cpu_ms))
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["serve"]:
+        sys.exit(serve_main(sys.argv[2:]))
+    sys.exit(main(sys.argv[1:]))
