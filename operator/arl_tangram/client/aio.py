@@ -1,0 +1,344 @@
+"""The asynchronous client of the gateway (aiohttp).
+
+Retries are for infrastructure failures only: no answer, 502/503/504 (a standby, a lost host), 429
+(after its Retry-After), and results whose reason says the platform failed. Every retry carries
+the same idempotency key, so an action is never run twice; a program that fails is a result and is
+never retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+
+from arl_tangram.client.errors import (
+    Overloaded,
+    TangramClientError,
+    Unavailable,
+    error_for,
+)
+from arl_tangram.client.results import ActionResult
+from arl_tangram.client.tokens import TokenSource, pod_namespace, token_source
+
+KEY_HEADER = "X-Tangram-Action-Key"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently infrastructure failures are retried."""
+
+    attempts: int = 6
+    backoff_s: float = 0.25
+    max_backoff_s: float = 8.0
+
+    def delay(self, attempt: int, retry_after: float | None = None) -> float:
+        if retry_after is not None:
+            return retry_after
+        return float(min(self.max_backoff_s, self.backoff_s * 2**attempt))
+
+
+def code_action(
+    code: str,
+    *,
+    pool: str | None = None,
+    language: str = "python",
+    stdin: str | None = None,
+    files: Mapping[str, str] | None = None,
+    kind: str = "code",
+    timeout_s: int | None = None,
+    units: tuple[int, int] | None = None,
+    key: str | None = None,
+    id: str | None = None,
+) -> dict[str, Any]:
+    """A native action that runs ``code`` (its payload as an ActionBatch action's)."""
+    payload: dict[str, Any] = {"language": language, "code": code}
+    if stdin is not None:
+        payload["stdin"] = stdin
+    if files:
+        payload["files"] = dict(files)
+    action: dict[str, Any] = {"type": kind, "payload": payload}
+    if pool is not None:
+        action["target"] = pool
+    for name, value in (("timeoutSeconds", timeout_s), ("key", key), ("id", id)):
+        if value is not None:
+            action[name] = value
+    if units is not None:
+        action["units"] = {"min": units[0], "max": units[1]}
+    return action
+
+
+class AsyncTangramClient:
+    """A client of one gateway. ``namespace`` defaults to the pod's own; ``pool`` is the default
+    target of code actions. Use as ``async with``, or call :meth:`close`."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        namespace: str | None = None,
+        pool: str | None = None,
+        token: TokenSource = None,
+        retry: RetryPolicy | None = None,
+        timeout_s: float = 3600.0,
+        stream_in_flight: int = 256,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.namespace = namespace or pod_namespace()
+        self.pool = pool
+        self.retry = retry or RetryPolicy()
+        self.stream_in_flight = stream_in_flight
+        self._token = token_source(token)
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._http: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> AsyncTangramClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(timeout=self._timeout)
+        return self._http
+
+    def _headers(self, key: str | None = None) -> dict[str, str]:
+        headers = {}
+        token = self._token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        if key:
+            headers[KEY_HEADER] = key
+        return headers
+
+    # ---- plumbing ---------------------------------------------------------------------------------
+    async def _call(self, method: str, path: str, body: Any = None, key: str | None = None) -> Any:
+        """One request, retried on infrastructure failures; the answer's JSON, or a typed error."""
+        last: TangramClientError | None = None
+        for attempt in range(self.retry.attempts):
+            if attempt:
+                retry_after = last.retry_after if isinstance(last, Overloaded) else None
+                await asyncio.sleep(self.retry.delay(attempt - 1, retry_after))
+            try:
+                async with self._session().request(
+                    method, self.url + path, json=body, headers=self._headers(key)
+                ) as resp:
+                    data = await _json(resp)
+                    if resp.status < 300:
+                        return data
+                    error = error_for(resp.status, data, _retry_after(resp))
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+                error = Unavailable(f"no answer from {self.url}: {exc!r}")
+            if not isinstance(error, Unavailable | Overloaded):
+                raise error
+            last = error
+        assert last is not None
+        raise last
+
+    def _action(self, action: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(action)
+        out.setdefault("key", uuid.uuid4().hex)
+        if self.namespace is not None:
+            out.setdefault("namespace", self.namespace)
+        if self.pool is not None and out.get("type", "code") in ("code", "test"):
+            out.setdefault("target", self.pool)
+        return out
+
+    # ---- actions ----------------------------------------------------------------------------------
+    async def run(self, action: Mapping[str, Any]) -> ActionResult:
+        """Run one action (a native action dict, e.g. from :func:`code_action`) to its end."""
+        body = self._action(action)
+        return await self._run_keyed("/v1/actions", body, body["key"])
+
+    async def _run_keyed(self, path: str, body: dict[str, Any], key: str) -> ActionResult:
+        result = ActionResult.from_body(await self._call("POST", path, body, key))
+        for attempt in range(1, self.retry.attempts):
+            if not result.infrastructure_failure:
+                break
+            await asyncio.sleep(self.retry.delay(attempt - 1))
+            result = ActionResult.from_body(await self._call("POST", path, body, key))
+        return result
+
+    async def run_code(self, code: str, **kwargs: Any) -> ActionResult:
+        """Run a program (see :func:`code_action` for the options)."""
+        return await self.run(code_action(code, **kwargs))
+
+    async def run_many(self, actions: Iterable[Mapping[str, Any]]) -> AsyncIterator[ActionResult]:
+        """Run many actions through one stream; yield each result as it completes (completion order).
+
+        An action the gateway refuses comes back as a result with ``error`` set; refusals that mean
+        "later" (429, 503) and infrastructure failures are sent again, with the same key, in a new
+        stream, as is everything unanswered when a stream breaks (e.g. the leader died)."""
+        pending = {a["key"]: a for a in (self._action(x) for x in actions)}
+        tries = dict.fromkeys(pending, 0)
+        round_ = 0
+        while pending:
+            if round_:
+                await asyncio.sleep(self.retry.delay(round_ - 1))
+            round_ += 1
+            again: dict[str, dict[str, Any]] = {}
+            try:
+                async for key, result in self._stream(list(pending.values())):
+                    action = pending.pop(key, None)
+                    if action is None:
+                        continue  # a duplicate answer of a key already answered: never twice
+                    retryable = result.infrastructure_failure or isinstance(
+                        result.error, Overloaded | Unavailable
+                    )
+                    tries[key] += 1
+                    if retryable and tries[key] < self.retry.attempts:
+                        again[key] = action
+                    else:
+                        yield result
+            except (
+                aiohttp.ClientConnectionError,
+                aiohttp.ClientPayloadError,
+                TimeoutError,
+                Unavailable,
+            ) as exc:
+                if round_ >= self.retry.attempts:
+                    raise Unavailable(f"the stream to {self.url} failed {round_} times: {exc!r}") from exc
+            except Overloaded:
+                if round_ >= self.retry.attempts:
+                    raise
+            pending.update(again)
+
+    async def _stream(self, actions: list[dict[str, Any]]) -> AsyncIterator[tuple[str, ActionResult]]:
+        async def body() -> AsyncIterator[bytes]:
+            for action in actions:
+                yield json.dumps(action).encode() + b"\n"
+
+        headers = {**self._headers(), "Content-Type": "application/x-ndjson"}
+        async with self._session().post(
+            self.url + "/v1/actions:stream", data=body(), headers=headers
+        ) as resp:
+            if resp.status >= 300:
+                raise error_for(resp.status, await _json(resp), _retry_after(resp))
+            by_line = {i + 1: a["key"] for i, a in enumerate(actions)}
+            async for raw in resp.content:
+                if not raw.strip():
+                    continue
+                line = json.loads(raw)
+                if "state" in line:
+                    yield line["key"], ActionResult.from_body(line)
+                    continue
+                key = line.get("key") or by_line.get(line.get("line", 0), "")
+                error = error_for(int(line.get("status", 500)), line, line.get("retryAfter"))
+                yield (
+                    key,
+                    ActionResult(
+                        key=key, state="Refused", id=line.get("id"), message=line.get("error"), error=error
+                    ),
+                )
+
+    # ---- sessions, rewards, batches ------------------------------------------------------------
+    def session(self, pool: str | None = None, ttl_s: float | None = None) -> AsyncSession:
+        """A session as an ``async with`` block: opened on entry, closed on exit."""
+        target = pool or self.pool
+        if target is None:
+            raise ValueError("name the pool of the session (or give the client a default pool)")
+        return AsyncSession(self, target, ttl_s)
+
+    async def score(
+        self,
+        items: Iterable[Mapping[str, Any]],
+        *,
+        service: str | None = None,
+        pool: str | None = None,
+    ) -> list[float]:
+        """Rewards for ``items`` (``{prompt, response, label}``) from a RewardModelService, or the pass
+        fraction of the tests in ``label`` run in ``pool``."""
+        body: dict[str, Any] = {"items": [dict(i) for i in items]}
+        for name, value in (("namespace", self.namespace), ("service", service), ("pool", pool)):
+            if value is not None:
+                body[name] = value
+        answer = await self._call("POST", "/v1/rewards", body)
+        return [float(r) for r in answer["rewards"]]
+
+    async def batch_results(self, name: str, namespace: str | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Every result of an ActionBatch, outputs whole (beyond what its status can hold)."""
+        ns = namespace or self.namespace
+        if ns is None:
+            raise ValueError("name the batch's namespace (or give the client one)")
+        async with self._session().get(
+            f"{self.url}/v1/batches/{ns}/{name}/results", headers=self._headers()
+        ) as resp:
+            if resp.status >= 300:
+                raise error_for(resp.status, await _json(resp), _retry_after(resp))
+            async for raw in resp.content:
+                if raw.strip():
+                    yield json.loads(raw)
+
+
+class AsyncSession:
+    """An open session: actions run in order with the session's state (workdir, interpreter)."""
+
+    def __init__(self, client: AsyncTangramClient, pool: str, ttl_s: float | None) -> None:
+        self.client = client
+        self.pool = pool
+        self.ttl_s = ttl_s
+        self.id: str | None = None
+
+    async def __aenter__(self) -> AsyncSession:
+        body: dict[str, Any] = {"pool": self.pool}
+        if self.client.namespace is not None:
+            body["namespace"] = self.client.namespace
+        if self.ttl_s is not None:
+            body["ttlSeconds"] = self.ttl_s
+        self.id = (await self.client._call("POST", "/v1/sessions", body))["id"]
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self.id is None:
+            return
+        sid, self.id = self.id, None
+        try:
+            await self.client._call("DELETE", f"/v1/sessions/{sid}")
+        except TangramClientError as exc:
+            if exc.status != 404:  # already expired: closed is what we wanted
+                raise
+
+    async def run(self, action: Mapping[str, Any]) -> ActionResult:
+        if self.id is None:
+            raise RuntimeError("the session is not open (use it inside `async with`)")
+        body = {k: v for k, v in action.items() if k not in ("target", "namespace", "sessionId")}
+        body.setdefault("key", uuid.uuid4().hex)
+        return await self.client._run_keyed(f"/v1/sessions/{self.id}/actions", body, body["key"])
+
+    async def run_code(self, code: str, **kwargs: Any) -> ActionResult:
+        return await self.run(code_action(code, **kwargs))
+
+
+async def _json(resp: aiohttp.ClientResponse) -> Any:
+    text = await resp.text()
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return {"error": text[:500]}
+
+
+def _retry_after(resp: aiohttp.ClientResponse) -> float | None:
+    value = resp.headers.get("Retry-After")
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None

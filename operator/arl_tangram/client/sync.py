@@ -1,0 +1,106 @@
+"""The blocking client: the asynchronous one, run on a private event loop in a thread of its own,
+so both behave exactly alike (one implementation of retries, streams and sessions)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping
+from types import TracebackType
+from typing import Any, TypeVar
+
+from arl_tangram.client.aio import AsyncSession, AsyncTangramClient, code_action
+from arl_tangram.client.results import ActionResult
+
+T = TypeVar("T")
+
+
+class TangramClient:
+    """Blocking twin of :class:`~arl_tangram.client.aio.AsyncTangramClient` (same arguments)."""
+
+    def __init__(self, url: str, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tangram-client", daemon=True)
+        self._thread.start()
+        self._async = AsyncTangramClient(url, **kwargs)
+
+    def _wait(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __enter__(self) -> TangramClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        self._wait(self._async.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def run(self, action: Mapping[str, Any]) -> ActionResult:
+        return self._wait(self._async.run(action))
+
+    def run_code(self, code: str, **kwargs: Any) -> ActionResult:
+        return self.run(code_action(code, **kwargs))
+
+    def run_many(self, actions: Iterable[Mapping[str, Any]]) -> Iterator[ActionResult]:
+        """Results as they complete (see the async client's ``run_many``)."""
+        return self._iterate(self._async.run_many(list(actions)))
+
+    def score(self, items: Iterable[Mapping[str, Any]], **kwargs: Any) -> list[float]:
+        return self._wait(self._async.score(list(items), **kwargs))
+
+    def batch_results(self, name: str, namespace: str | None = None) -> Iterator[dict[str, Any]]:
+        return self._iterate(self._async.batch_results(name, namespace))
+
+    def session(self, pool: str | None = None, ttl_s: float | None = None) -> Session:
+        return Session(self, self._async.session(pool, ttl_s))
+
+    def _iterate(self, agen: AsyncIterator[T]) -> Iterator[T]:
+        try:
+            while True:
+                try:
+                    yield self._wait(_next(agen))
+                except StopAsyncIteration:
+                    return
+        finally:
+            aclose = getattr(agen, "aclose", None)
+            if aclose is not None and not self._loop.is_closed():
+                self._wait(aclose())
+
+
+async def _next(agen: AsyncIterator[T]) -> T:
+    return await agen.__anext__()
+
+
+class Session:
+    """A session as a ``with`` block."""
+
+    def __init__(self, client: TangramClient, inner: AsyncSession) -> None:
+        self._client = client
+        self._inner = inner
+
+    @property
+    def id(self) -> str | None:
+        return self._inner.id
+
+    def __enter__(self) -> Session:
+        self._client._wait(self._inner.__aenter__())
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._client._wait(self._inner.close())
+
+    def run(self, action: Mapping[str, Any]) -> ActionResult:
+        return self._client._wait(self._inner.run(action))
+
+    def run_code(self, code: str, **kwargs: Any) -> ActionResult:
+        return self.run(code_action(code, **kwargs))

@@ -1,0 +1,122 @@
+"""The trainer's client against the real gateway: sync and async, streams, sessions, rewards, typed
+errors; retries of infrastructure failures with the same key, so a gateway killed mid-stream and
+replaced loses nothing and runs nothing twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+
+import pytest
+import requests
+from gateway_harness import NS, POOL, SERVICE, Gateway, free_port, serve_gateway
+from sandbox_agent_harness import Agent, start_agent, stop_agent
+
+from arl_tangram.client import (
+    AsyncTangramClient,
+    InvalidRequest,
+    NotFoundError,
+    RetryPolicy,
+    TangramClient,
+    code_action,
+)
+from arl_tangram.gateway import GatewayConfig
+from arl_tangram.gateway.bench import start_gateway, stop_process
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
+    running = [start_agent(tmp_path_factory.mktemp("clienthost") / "work")]
+    yield running
+    for a in running:
+        stop_agent(a)
+
+
+@pytest.fixture(scope="module")
+def gateway(hosts: list[Agent]) -> Iterator[Gateway]:
+    config = GatewayConfig(default_namespace=NS, default_pools={NS: POOL}, default_services={NS: SERVICE})
+    with serve_gateway(hosts, config=config) as gw:
+        yield gw
+
+
+def ran(agent: Agent) -> int:
+    """How many actions the agent has run (its own count): the side effect that proves "once"."""
+    return sum(requests.get(agent.url + "/v1/health", timeout=10).json()["outcomes"].values())
+
+
+def test_run_code_and_a_failing_program_is_a_result_run_once(gateway: Gateway, hosts: list[Agent]) -> None:
+    with TangramClient(gateway.url, namespace=NS, pool=POOL) as client:
+        assert client.run_code("print(2 + 2)").stdout == "4\n"
+        before = ran(hosts[0])
+        failed = client.run_code("raise SystemExit(7)")
+        assert not failed.ok and failed.reason == "NonZeroExit" and failed.exit_code == 7
+        assert ran(hosts[0]) == before + 1, "a program failure must never be retried"
+
+
+def test_typed_errors(gateway: Gateway) -> None:
+    with TangramClient(gateway.url, namespace=NS) as client:
+        with pytest.raises(NotFoundError, match="ghost"):
+            client.run_code("1", pool="ghost")
+        with pytest.raises(InvalidRequest) as bad:
+            client.run({"type": "code", "target": POOL, "payload": {"code": "1"}, "timeoutSeconds": -1})
+        assert bad.value.status == 422 and bad.value.field == "timeoutSeconds"
+
+
+def test_a_thousand_actions_through_one_stream_come_back_exactly_once(gateway: Gateway) -> None:
+    actions = [code_action(f"print({i})", id=f"a{i}") for i in range(1000)]
+    with TangramClient(gateway.url, namespace=NS, pool=POOL) as client:
+        results = list(client.run_many(actions))
+    assert len(results) == 1000
+    assert sorted(r.id for r in results if r.id) == sorted(f"a{i}" for i in range(1000))
+    assert all(r.ok and r.stdout == f"{r.id[1:]}\n" for r in results if r.id)
+
+
+def test_sessions_as_context_managers_and_rewards(gateway: Gateway) -> None:
+    with TangramClient(gateway.url, namespace=NS, pool=POOL) as client:
+        with client.session(ttl_s=60) as session:
+            session.run_code("open('state', 'w').write('kept')")
+            assert session.run_code("print(open('state').read())").stdout == "kept\n"
+            sid = session.id
+        assert requests.get(f"{gateway.url}/v1/sessions/{sid}", timeout=10).status_code == 404
+        assert client.score([{"prompt": "p", "response": "r" * 25}], service=SERVICE) == [0.25]
+
+
+async def test_the_async_client(gateway: Gateway) -> None:
+    async with AsyncTangramClient(gateway.url, namespace=NS, pool=POOL) as client:
+        assert (await client.run_code("print('async')")).stdout == "async\n"
+        seen = [r.stdout async for r in client.run_many([code_action(f"print({i})") for i in range(20)])]
+        assert sorted(seen) == sorted(f"{i}\n" for i in range(20))
+        async with client.session() as session:
+            assert (await session.run_code("print(1)")).ok
+
+
+def test_a_gateway_killed_mid_stream_is_replaced_and_nothing_runs_twice(hosts: list[Agent]) -> None:
+    """The gateway process is SIGKILLed after some results; a new one starts on the same address
+    (as a new leader behind the Service). The client re-sends what was unanswered with the same
+    keys: every action comes back exactly once and the agent ran each exactly once."""
+    agent = hosts[0]
+    port = free_port()
+    first = start_gateway(agent.url, port)
+    replacement = None
+    before = ran(agent)
+    actions = [code_action(f"import time; time.sleep(0.2); print({i})", id=f"k{i}") for i in range(40)]
+    results = []
+    retry = RetryPolicy(attempts=12, backoff_s=0.2, max_backoff_s=2.0)
+    try:
+        with TangramClient(f"http://127.0.0.1:{port}", namespace="bench", pool="py", retry=retry) as client:
+            for result in client.run_many(actions):
+                results.append(result)
+                if len(results) == 10:
+                    os.kill(first.pid, signal.SIGKILL)
+                    first.wait()
+                    replacement = start_gateway(agent.url, port)
+    finally:
+        if first.poll() is None:
+            first.kill()
+        if replacement is not None:
+            stop_process(replacement)
+    assert replacement is not None
+    assert sorted(r.id or "" for r in results) == sorted(f"k{i}" for i in range(40))
+    assert all(r.ok and r.stdout == f"{(r.id or 'k')[1:]}\n" for r in results), results
+    assert ran(agent) - before == 40, "an action ran twice (or never)"
