@@ -64,22 +64,35 @@ def is_contiguous(feasible: Sequence[int]) -> bool:
     return feasible[-1] - feasible[0] + 1 == len(feasible)
 
 
-def greedy_arrange(actions: Sequence[Action], free_units: int) -> tuple[float, list[int]] | None:
+def greedy_arrange(
+    actions: Sequence[Action], free_units: int, hold_cost: float = 0.0
+) -> tuple[float, list[int]] | None:
     """Marginal-gain allocation of ``free_units`` over actions with contiguous feasible ranges.
 
-    Starts everyone at the minimum and repeatedly gives one unit to the action whose duration drops
-    most. Exactly optimal for convex non-increasing durations (see the module docstring).
+    Starts everyone at the minimum and repeatedly gives one unit to the action whose cost drops
+    most, while some cost still drops. An action's cost with m units is its duration plus what
+    holding the units costs the queue behind it, ``hold_cost * m * dur(m)`` (each waiting action
+    delayed by the unit-seconds placed ahead of it over the pool's units: ``hold_cost`` is the
+    number waiting over the units). With ``hold_cost`` 0 it is the summed duration, exactly
+    optimal for convex non-increasing durations (see the module docstring); ``m * dur(m)`` is
+    convex for Amdahl's law, so the greedy stays exact for the priced cost. Returns the summed
+    durations and the units.
     """
     units = [a.min_units for a in actions]
     left = free_units - sum(units)
     if left < 0:
         return None
+
+    def gain(a: Action, m: int) -> float:
+        d0, d1 = a.model.duration(m), a.model.duration(m + 1)
+        return d0 - d1 - hold_cost * ((m + 1) * d1 - m * d0)
+
     heap: list[tuple[float, int]] = []
     for i, a in enumerate(actions):
         if units[i] < a.feasible[-1]:
-            gain = a.model.duration(units[i]) - a.model.duration(units[i] + 1)
-            if gain > 1e-12:
-                heap.append((-gain, i))
+            g = gain(a, units[i])
+            if g > 1e-12:
+                heap.append((-g, i))
     heapq.heapify(heap)
     while left > 0 and heap:
         _, i = heapq.heappop(heap)
@@ -87,7 +100,7 @@ def greedy_arrange(actions: Sequence[Action], free_units: int) -> tuple[float, l
         left -= 1
         a = actions[i]
         if units[i] < a.feasible[-1]:
-            gain = a.model.duration(units[i]) - a.model.duration(units[i] + 1)
-            if gain > 1e-12:
-                heapq.heappush(heap, (-gain, i))
+            g = gain(a, units[i])
+            if g > 1e-12:
+                heapq.heappush(heap, (-g, i))
     return sum(a.model.duration(u) for a, u in zip(actions, units, strict=True)), units

@@ -134,6 +134,10 @@ class Pinning(Protocol):
         """In ``scratch``, pin no new session to ``host`` (an earlier action waits for its cores)."""
         ...
 
+    def host_free(self, scratch: Scratch, host: str) -> int:
+        """Units of ``host`` still free in ``scratch``."""
+        ...
+
 
 @runtime_checkable
 class Clocked(Protocol):

@@ -256,6 +256,12 @@ class CpuManager:
         if isinstance(scratch, _CpuScratch):
             scratch.held.add(host)
 
+    def host_free(self, scratch: Scratch, host: str) -> int:
+        """Cores of ``host`` still free in ``scratch`` (a scratch of another manager: free now)."""
+        if isinstance(scratch, _CpuScratch):
+            return scratch.free.get(host, 0)
+        return self.hosts[host].free_cores
+
     def end_trajectory(self, trajectory: str) -> None:
         """Unpin a finished trajectory and free its memory on its host."""
         host = self.pins.pop(trajectory, None)

@@ -19,7 +19,7 @@ import yaml
 from arl_tangram.core.action import Amdahl, DurationModel, EfficiencyCurve, Fixed, feasible_range
 from arl_tangram.errors import InvalidSpec
 
-BUILTIN = ("ai-coding", "reward-gpu", "deepsearch", "mixed", "memory-tight")
+BUILTIN = ("ai-coding", "reward-gpu", "deepsearch", "mixed", "memory-tight", "swe")
 
 
 # ---- reading helpers: each names the field it complains about ---------------------------------------

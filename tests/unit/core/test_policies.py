@@ -68,8 +68,9 @@ def check_invariants(
     FCFS is global (``fcfs-min``, ``paper``). With ``before`` (pins and free session memory per
     host as the decision began), it is exactly ``tangram``'s promise, per lane: a waiting action
     whose session is on a host (pinned before, or by an action admitted in this decision) holds
-    back every later action on that host; one without a session holds back every later new session
-    and every later action on a host that had memory for its session."""
+    back every later action on that host except one that backfills (expected to end before the
+    units a deferred action there waits for return); one without a session holds back every later
+    new session and every later action on a host that had memory for its session."""
     seen: dict[str, set[int]] = {}
     for g in sched.running.values():
         assert g.units in g.action.feasible
@@ -91,7 +92,10 @@ def check_invariants(
                 pins, mem = before
                 host = mgr.pins.get(w.trajectory)
                 if host is not None:
-                    same = host == g.host  # pinned elsewhere: it never competes for g's cores
+                    # Pinned elsewhere, it never competes for g's cores; on g's host, g may only
+                    # backfill: end before the units a deferred action there waits for return.
+                    until = getattr(sched, "backfill_until", {}).get(host)
+                    same = host == g.host and not (until is not None and g.est_end <= until + 1e-9)
                 else:
                     new_session = a.trajectory not in pins
                     same = new_session or mem[g.host] >= w.memory_gib - 1e-9
@@ -358,3 +362,39 @@ def test_tangram_places_each_session_where_the_scan_saw_it() -> None:
     # h1 (where e, behind w, would then run on the host w's session waits for).
     assert started == {"x": "h0", "e": "h1"}
     assert mgr.pins["T"] == "h0"
+
+
+def test_tangram_waits_for_cores_released_soon_rather_than_starting_on_one_and_backfills() -> None:
+    mgr = cpu_pool(1, 16)
+    sched = TangramPolicy({"cpu": mgr})
+    sched.submit(Action("big", "tb", "cpu", (15,), Fixed(2.0), memory_gib=2.0), 0.0)
+    sched.submit(Action("t0", "tt", "cpu", (1,), Fixed(0.1), memory_gib=2.0), 0.0)  # pins tt
+    (big, first) = sched.schedule(0.0)
+    sched.complete(first, 0.1)
+    assert sched.schedule(0.1) == []
+    test = Action("test", "tt", "cpu", feasible_range(1, 16), Amdahl(100.0, 0.99), memory_gib=2.0)
+    sched.submit(test, 0.2)
+    sched.submit(Action("quick", "tb", "cpu", (1,), Fixed(0.5), memory_gib=2.0), 0.2)
+    sched.submit(Action("slow", "tb", "cpu", (1,), Fixed(5.0), memory_gib=2.0), 0.2)
+    started = [g.action.id for g in sched.schedule(0.2)]
+    # One core now: 100 s. The 15 cores back at 2 s: 1.8 s + 7.2 s on 16. The test waits, and of
+    # the two behind it only the one expected to end by then takes the free core.
+    assert started == ["quick"]
+    assert sched.backfill_until == {"h0": pytest.approx(2.0)}
+    sched.complete(big, 2.0)
+    (g,) = [g for g in sched.schedule(2.0) if g.action.id == "test"]
+    assert g.units >= 15
+
+
+def test_tangram_never_waits_longer_than_starting_at_once_would_take() -> None:
+    mgr = cpu_pool(1, 4)
+    sched = TangramPolicy({"cpu": mgr})
+    sched.submit(Action("big", "tb", "cpu", (3,), Fixed(50.0), memory_gib=2.0), 0.0)
+    sched.submit(Action("t0", "tt", "cpu", (1,), Fixed(0.1), memory_gib=2.0), 0.0)
+    (_, first) = sched.schedule(0.0)
+    sched.complete(first, 0.1)
+    sched.schedule(0.1)
+    # 4 cores at 50 s: 6 s + 50 s; one core now: 10.9 s. It starts at once on the one core.
+    sched.submit(Action("test", "tt", "cpu", feasible_range(1, 4), Amdahl(12.0, 0.1), memory_gib=2.0), 1.0)
+    (g,) = sched.schedule(1.0)
+    assert g.action.id == "test" and g.units == 1
