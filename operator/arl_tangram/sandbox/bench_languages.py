@@ -1,14 +1,15 @@
 """``tangram bench exec``'s language cases: preloaded numpy and the compiled languages, side by side.
 
 Against an agent of its own started with ``--preload numpy`` (the main cases keep the default,
-lean zygote), one run measures, at concurrency 1:
-- ``numpy``: ``import numpy`` and a small computation through ``/run_code`` (numpy preloaded in the
-  zygote) against ``python3 -c`` of the same code, a fresh interpreter per call;
-- for each language the agent found: ``/run_code`` with the compile cache warm (the same program
-  each call: a hit), with it cold (a program new to the cache each call: a real compile in the
-  sandbox), and ``fresh``: the same compile and run commands as plain processes in a new directory
-  per call, with no cache, on one core as an action gets (what a sandbox that compiles every
-  request pays, before any isolation).
+lean zygote), one run measures:
+- ``numpy``, at concurrency 1 and 16: ``import numpy`` and a small computation through
+  ``/run_code`` (numpy preloaded in the zygote) against ``python3 -c`` of the same code, a fresh
+  interpreter per call;
+- for each language the agent found, at concurrency 1: ``/run_code`` with the compile cache warm
+  (the same program each call: a hit), with it cold (a program new to the cache each call: a
+  real compile in the sandbox), and ``fresh``: the same compile and run commands as plain
+  processes in a new directory per call, with no cache, on one core as an action gets (what a
+  sandbox that compiles every request pays, before any isolation).
 
 Commands come from ``languages.py`` (one table for the agent and this baseline).
 """
@@ -33,6 +34,8 @@ from arl_tangram.sandbox.languages import Detection, Toolchain, detect, jvm_heap
 NUMPY_CODE = "import numpy as np\nprint(int(np.arange(1000).sum()))\n"
 NUMPY_OUT = "499500\n"
 AGENT_ARGS = ["--preload", "numpy"]
+# One caller, and as many as the main cases' throughput target uses.
+NUMPY_CONCURRENCY = (1, 16)
 STDIN, EXPECTED = "20 22\n", "42\n"
 # A program per language reading "a b" and printing a + b; {tag} makes a program new to the cache.
 PROGRAMS = {
@@ -76,6 +79,7 @@ class LanguageCase:
 
     language: str  # a language, or "numpy"
     method: str  # run_code-warm | run_code-cold | fresh (languages); run_code-preloaded | fresh-process
+    concurrency: int
     requests: int
     p50_ms: float
     p99_ms: float
@@ -83,23 +87,32 @@ class LanguageCase:
     errors: int
 
 
-async def _measure(language: str, method: str, call: Call, requests: int) -> LanguageCase:
+async def _measure(
+    language: str, method: str, call: Call, requests: int, concurrency: int = 1
+) -> LanguageCase:
     latencies: list[float] = []
     errors = 0
+    todo = iter(range(requests))
+
+    async def worker() -> None:
+        nonlocal errors
+        for i in todo:
+            t0 = time.perf_counter()
+            try:
+                ok = await call(i)
+            except Exception:
+                ok = False
+            latencies.append(time.perf_counter() - t0)
+            errors += 0 if ok else 1
+
     start = time.perf_counter()
-    for i in range(requests):
-        t0 = time.perf_counter()
-        try:
-            ok = await call(i)
-        except Exception:
-            ok = False
-        latencies.append(time.perf_counter() - t0)
-        errors += 0 if ok else 1
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
     elapsed = time.perf_counter() - start
     latencies.sort()
     return LanguageCase(
         language=language,
         method=method,
+        concurrency=concurrency,
         requests=requests,
         p50_ms=round(percentile(latencies, 50) * 1000, 2),
         p99_ms=round(percentile(latencies, 99) * 1000, 2),
@@ -135,7 +148,9 @@ def _one_core() -> None:
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
 
-async def _process(argv: list[str], cwd: str, env: dict[str, str], stdin: bytes | None) -> tuple[int, bytes]:
+async def _process(
+    argv: list[str], cwd: str, env: dict[str, str], stdin: bytes | None, one_core: bool = True
+) -> tuple[int, bytes]:
     proc = await asyncio.create_subprocess_exec(
         *argv,
         cwd=cwd,
@@ -143,7 +158,7 @@ async def _process(argv: list[str], cwd: str, env: dict[str, str], stdin: bytes 
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
-        preexec_fn=_one_core,
+        preexec_fn=_one_core if one_core else None,
     )
     out, _ = await proc.communicate(stdin)
     return proc.returncode or 0, out
@@ -173,7 +188,8 @@ def _fresh_toolchain(toolchain: Toolchain, code_for: Callable[[int], str]) -> Ca
 
 def _fresh_python(code: str, expected: str) -> Call:
     async def call(i: int) -> bool:
-        code_, out = await _process([sys.executable, "-c", code], os.getcwd(), dict(os.environ), None)
+        # Unpinned, as the main cases' fresh process: its many callers spread over every core.
+        code_, out = await _process([sys.executable, "-c", code], os.getcwd(), dict(os.environ), None, False)
         return code_ == 0 and out.decode() == expected
 
     return call
@@ -191,7 +207,11 @@ async def run_language_bench(
             fresh = _fresh_python(NUMPY_CODE, NUMPY_OUT)
             for method, call in (("run_code-preloaded", preloaded), ("fresh-process", fresh)):
                 await _measure("numpy", method, call, 2)  # warm-up, not reported
-                cases.append(await _measure("numpy", method, call, requests))
+            for concurrency in NUMPY_CONCURRENCY:  # the two methods take turns in each cell
+                for method, call in (("run_code-preloaded", preloaded), ("fresh-process", fresh)):
+                    # Enough calls to keep every caller busy (the cheap case of the two).
+                    count = max(requests, 4 * concurrency)
+                    cases.append(await _measure("numpy", method, call, count, concurrency))
         run = 0  # a tag no other run of this bench used: cold programs are new to the cache
         stamp = f"{os.getpid()}-{time.time_ns()}"
         for name, toolchain in sorted(detection.found.items()):
@@ -221,26 +241,31 @@ async def run_language_bench(
 
 def render_languages(cases: list[LanguageCase], missing: dict[str, str]) -> str:
     """The language table, then the ratios the targets are about."""
-    index = {(c.language, c.method): c for c in cases}
-    lines = ["", "language cases (concurrency 1; p50 ms, errors in brackets):"]
-    numpy_pre, numpy_fresh = index.get(("numpy", "run_code-preloaded")), index.get(("numpy", "fresh-process"))
-    if numpy_pre and numpy_fresh:
-        ratio = numpy_pre.rps / numpy_fresh.rps if numpy_fresh.rps > 0 else 0.0
+    index = {(c.language, c.method, c.concurrency): c for c in cases}
+    lines = ["", "language cases (p50 ms, errors in brackets):"]
+    numpy_cells = sorted({c.concurrency for c in cases if c.language == "numpy"})
+    for conc in numpy_cells:
+        pre, fresh = (
+            index.get(("numpy", "run_code-preloaded", conc)),
+            index.get(("numpy", "fresh-process", conc)),
+        )
+        if not (pre and fresh):
+            continue
+        ratio = pre.rps / fresh.rps if fresh.rps > 0 else 0.0
         lines.append(
-            f"  numpy    run_code (numpy preloaded) p50 {numpy_pre.p50_ms:.2f} ms, {numpy_pre.rps:.1f} rps "
-            f"[{numpy_pre.errors}]; fresh-process p50 {numpy_fresh.p50_ms:.2f} ms, {numpy_fresh.rps:.1f} rps "
-            f"[{numpy_fresh.errors}]"
+            f"  numpy c={conc:<3} run_code (numpy preloaded) p50 {pre.p50_ms:.2f} ms, {pre.rps:.1f} rps "
+            f"[{pre.errors}]; fresh-process p50 {fresh.p50_ms:.2f} ms, {fresh.rps:.1f} rps [{fresh.errors}]"
         )
         lines.append(
-            f"target run_code rps with numpy preloaded >= 20x fresh-process: {ratio:.1f}x -> "
+            f"target run_code rps with numpy preloaded >= 20x fresh-process (c={conc}): {ratio:.1f}x -> "
             f"{'met' if ratio >= 20 else 'NOT met'}"
         )
-    else:
+    if not numpy_cells:
         lines.append("  numpy    not measured (numpy is not installed where the bench runs)")
     columns = ("warm cache", "cold cache", "fresh", "fresh/warm", "fresh/cold")
-    lines.append(f"  {'language':<11}" + "".join(f"{c:>12}" for c in columns))
+    lines.append(f"  {'language':<11}" + "".join(f"{c:>12}" for c in columns) + "   (concurrency 1)")
     for language in sorted({c.language for c in cases if c.language != "numpy"}):
-        warm, cold, fresh = (index.get((language, m)) for m in ("run_code-warm", "run_code-cold", "fresh"))
+        warm, cold, fresh = (index.get((language, m, 1)) for m in ("run_code-warm", "run_code-cold", "fresh"))
         if not (warm and cold and fresh):
             continue
 
@@ -253,7 +278,7 @@ def render_languages(cases: list[LanguageCase], missing: dict[str, str]) -> str:
         )
     for language, why in sorted(missing.items()):
         lines.append(f"  {language:<11}not measured: {why}")
-    cpp = [index.get(("cpp", m)) for m in ("run_code-warm", "run_code-cold", "fresh")]
+    cpp = [index.get(("cpp", m, 1)) for m in ("run_code-warm", "run_code-cold", "fresh")]
     if all(cpp):
         warm, cold, fresh = cpp
         assert warm and cold and fresh
