@@ -28,11 +28,14 @@ runAsUser/runAsGroup, runAsNonRoot and readOnlyRootFilesystem are honoured under
 enforced: memory limits, seccomp profiles, images (there is no image: a container needs a command, or
 an entry in --entrypoints mapping its image to one).
 
-The package, module by module: `podspec` (pure: $(VAR) expansion, quantities, the downward API, a
-container's environment and command line), `probes` (kubelet's thresholds and the three probe
-actions), `isolation` (the bubblewrap command line), `volumes`, `network` (pod IPs), `resize`
-(in-place resize: cores, fit, conditions), `container` and `worker` (one thread per pod: the container
-state machine and the status it reports), `node` (registration, heartbeats, the pod watch),
-`kubelet_api` (container logs for `kubectl logs`) and `cli`. Run it as `python -m node_runner` with
-this package's parent directory on PYTHONPATH (cluster-up.sh does).
+The package, module by module. Pure (unit-tested without a cluster): `podspec` ($(VAR) expansion,
+quantities, the downward API, a container's environment and command line), `lifecycle` (restart
+policy, crash-loop back-off, phase, readiness), `status` (the kubelet's conditions and status object),
+`probes` (thresholds, and the three probe actions), `isolation` (the bubblewrap command line, users),
+`resize` (in-place resize: cores, fit, conditions, and the affinity of a process tree). With side
+effects: `volumes`, `network` (pod IPs), `processes` (start and stop), `podapi` (one pod's API calls),
+`container` (one container's state), `worker` (one thread per pod: the state machine that uses all the
+above), `node` (registration, heartbeats, the pod watch), `kubelet_api` (container logs for
+`kubectl logs`) and `cli`. Run it as `python -m node_runner` with this package's parent directory on
+PYTHONPATH (cluster-up.sh does).
 """

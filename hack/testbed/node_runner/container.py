@@ -1,4 +1,4 @@
-"""One container of a pod: its process, its state as the API reports it, its probes."""
+"""One container of a pod: its process, its state as the API reports it, its probes, its resources."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import hashlib
 import subprocess
 from dataclasses import dataclass, field
 
-from .api import Json
+from . import lifecycle
+from .api import Json, now_rfc3339
 from .probes import Prober
 
 
@@ -53,6 +54,74 @@ class Container:
             return False
         readiness = self.probes.get("readiness")
         return readiness is None or readiness.result is True
+
+    @property
+    def has_run(self) -> bool:
+        return self.proc is not None or self.done
+
+    @property
+    def waiting_to_restart(self) -> bool:
+        """Ran, ended, and waits out its back-off (not: waits for its config to appear)."""
+        return self.restart_at is not None and "terminated" in self.last_state
+
+    # -- transitions ---------------------------------------------------------------------------------
+
+    def began(self, proc: subprocess.Popen[bytes], pod_uid: str, now: float, cores: tuple[int, ...]) -> None:
+        """Its process was started with `cores` and the allocated resources."""
+        self.proc = proc
+        self.started_at, self.started_iso = now, now_rfc3339()
+        run = f"{pod_uid}/{self.name}/{self.restart_count}"
+        self.container_id = "testbed://" + hashlib.sha256(run.encode()).hexdigest()
+        self.state = {"running": {"startedAt": self.started_iso}}
+        self.restart_at = None
+        self.cores, self.actual = cores, dict(self.allocated)
+
+    def terminated(self, code: int, reason: str = "") -> Json:
+        """The terminated state of its current (or last) run, ending now."""
+        return lifecycle.terminated(
+            code, self.started_iso or now_rfc3339(), now_rfc3339(), self.container_id, reason
+        )
+
+    def exited(self, terminated: Json, restart: bool, now: float, pod_ref: str) -> None:
+        """Its process ended in `terminated`: done for good, or waiting out the crash-loop back-off."""
+        self.proc = None
+        if not restart:
+            self.state, self.done = {"terminated": terminated}, True
+            return
+        self.backoff_s = lifecycle.next_backoff(
+            self.backoff_s, now - self.started_at if self.started_at else 0.0
+        )
+        self.restart_at = now + self.backoff_s
+        self.last_state = {"terminated": terminated}
+        self.state = lifecycle.crash_loop_waiting(self.backoff_s, self.name, pod_ref)
+        self.restart_count += 1
+
+    def restarting(self, terminated: Json) -> None:
+        """Stopped to start again at once (a resize with resizePolicy RestartContainer): a counted
+        restart without back-off."""
+        self.proc, self.restart_at = None, None
+        self.last_state = {"terminated": terminated}
+        self.restart_count += 1
+        self.state = {"waiting": {"reason": "ContainerCreating"}}
+
+    def stopped(self) -> None:
+        """The pod is going: its state is final (a process already stopped has its return code)."""
+        if self.proc is not None:
+            code = self.proc.wait()
+            self.proc = None
+            self.state = {"terminated": self.terminated(lifecycle.exit_code(code))}
+        elif "terminated" not in self.state:
+            self.state = {
+                "terminated": {
+                    "exitCode": 137 if self.started_iso else 0,
+                    "reason": "ContainerStatusUnknown",
+                    "message": "the pod was deleted before the container ran again",
+                    "finishedAt": now_rfc3339(),
+                    "startedAt": self.started_iso or now_rfc3339(),
+                }
+            }
+        self.done = True
+        self.probes = {}
 
     def status(self) -> Json:
         image = str(self.spec.get("image", ""))
