@@ -33,6 +33,7 @@ from arl_tangram.errors import NotFound
 from arl_tangram.gateway import GatewayConfig, build_gateway_app
 from arl_tangram.gateway.admission import Admission
 from arl_tangram.gateway.auth import Authenticator
+from arl_tangram.gateway.review_server import ReviewServer
 from arl_tangram.gateway.state import STATE, BatchResults, Readiness, always_leader
 
 NS = "team-a"
@@ -202,6 +203,25 @@ def serve_gateway(
         yield Gateway(f"http://127.0.0.1:{port}", loop, service, apps[0], scored)
     finally:
         asyncio.run_coroutine_threadsafe(stop(service), loop).result(60)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+@contextmanager
+def serve_reviews(server: ReviewServer) -> Iterator[str]:
+    """Serve the stand-in TokenReview / SubjectAccessReview endpoints on loopback; yields the URL."""
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(server.app())
+    port = free_port()
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    thread = threading.Thread(target=loop.run_forever, name="reviews", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
 import requests
 from aiohttp import web
-from gateway_harness import NS, POOL, Gateway, free_port, serve_gateway
+from gateway_harness import NS, POOL, Gateway, free_port, serve_gateway, serve_reviews
 from sandbox_agent_harness import Agent, start_agent, stop_agent
 
 from arl_tangram.gateway import GatewayConfig, KubernetesAuthenticator, build_gateway_app
@@ -44,17 +43,8 @@ def reviews() -> Iterator[tuple[ReviewServer, str]]:
     }
     server.grant("system:serviceaccount:team-a:alice", [NS])
     server.grant("system:serviceaccount:team-b:carol", ["team-b"])
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(server.app())
-    port = free_port()
-    loop.run_until_complete(runner.setup())
-    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield server, f"http://127.0.0.1:{port}"
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(10)
+    with serve_reviews(server) as url:
+        yield server, url
 
 
 @pytest.fixture(scope="module")
