@@ -33,6 +33,7 @@ from arl_tangram.planner import (
     placement_cost,
     solve_placement,
 )
+from arl_tangram.planner.milp import highs_available
 
 # PLANNER_PROPERTY_EXAMPLES raises the example count for a deeper run by hand; 100 take about 4 s.
 PROPS = settings(
@@ -306,8 +307,8 @@ def check_report(report: PlacementReport, solver: str) -> None:
         assert report.sol_status == "not-run" and report.solver is None, report
         assert report.method == ("none" if report.message == "nothing to place" else "greedy"), report
         return
-    assert report.solver == {"highs": "HiGHS", "cbc": "CBC"}.get(solver, report.solver)
-    assert report.solver in ("HiGHS", "CBC")
+    auto = "HiGHS" if highs_available() else "CBC"
+    assert report.solver == {"highs": "HiGHS", "cbc": "CBC", "auto": auto}[solver], report
     # Placing nothing satisfies the model and every variable is bounded: never infeasible or unbounded;
     # both solvers are installed: never an error.
     methods = {
