@@ -422,7 +422,7 @@ def test_a_resize_policy_of_restart_container_restarts_it_with_the_new_resources
 # Stands in for `tangram operator` in the operator's own Deployment: answers the Deployment's probes
 # (/healthz, /readyz on the gateway port) and reports what the process was given.
 OPERATOR_STAND_IN = """
-import http.server, json, os, shutil, ssl, urllib.request
+import http.server, json, os, shutil, ssl, subprocess, urllib.request
 SA = "/var/run/secrets/kubernetes.io/serviceaccount"
 def status(field):
     return next(l.split(":", 1)[1].strip() for l in open("/proc/self/status") if l.startswith(field + ":"))
@@ -455,6 +455,7 @@ class Operator(http.server.BaseHTTPRequestHandler):
                 "cwd_writable": writable(os.getcwd()), "tmp_writable": writable("/tmp"),
                 "home": os.environ.get("HOME"), "pod_name": os.environ.get("POD_NAME"),
                 "pod_namespace": os.environ.get("POD_NAMESPACE"), "tangram": shutil.which("tangram"),
+                "tangram_help": subprocess.run(["tangram", "--help"], capture_output=True).returncode,
                 "username": username(),
             }).encode()
         self.send_response(200)
@@ -512,6 +513,7 @@ def test_the_operator_deployment_runs_as_its_manifest_says(cluster: Cluster, nam
     assert facts["home"] == "/tmp"
     assert (facts["pod_name"], facts["pod_namespace"]) == (pod.metadata.name, namespace)
     assert facts["tangram"], "tangram should be on PATH (the project's virtual environment)"
+    assert facts["tangram_help"] == 0, "the pod's user should be able to run tangram (and its Python)"
     assert facts["username"] == f"system:serviceaccount:{namespace}:{template['serviceAccountName']}"
 
 
