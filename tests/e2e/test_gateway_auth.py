@@ -1,0 +1,165 @@
+"""The gateway authenticates against the real API server: real ServiceAccount tokens from
+TokenRequest, checked with TokenReview (audience bound) and a SubjectAccessReview for ``create
+actionbatches.tangram.arl.dev`` in the pool's namespace, decided by real RBAC.
+
+The gateway runs in this test process (real HTTP on loopback) in front of the real dispatcher and
+a real sandbox agent process; its authenticator uses the test bed's kubeconfig credentials.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+from kubernetes import client
+from testbed import Cluster
+
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS / "integration" / "sandbox"))
+sys.path.insert(0, str(TESTS / "integration" / "gateway"))
+
+from gateway_harness import Gateway, serve_gateway  # noqa: E402
+from sandbox_agent_harness import Agent, start_agent, stop_agent  # noqa: E402
+
+from arl_tangram.gateway import GatewayConfig, KubernetesAuthenticator  # noqa: E402
+from arl_tangram.gateway.state import STATE  # noqa: E402
+
+AUDIENCE = "tangram-gateway"
+POOL = "py"
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    running = start_agent(tmp_path_factory.mktemp("e2e-gw") / "work")
+    yield running
+    stop_agent(running)
+
+
+@pytest.fixture
+def other_namespace(cluster: Cluster) -> Iterator[str]:
+    name = f"e2e-gw-other-{secrets.token_hex(3)}"
+    cluster.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    yield name
+    cluster.core.delete_namespace(name, propagation_policy="Background")
+
+
+def _service_account(cluster: Cluster, namespace: str, name: str) -> None:
+    cluster.core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+
+
+def _grant(cluster: Cluster, namespace: str, sa_namespace: str, sa: str) -> None:
+    rbac = client.RbacAuthorizationV1Api(cluster.api)
+    rbac.create_namespaced_role(
+        namespace,
+        {
+            "metadata": {"name": f"run-actions-{sa}"},
+            "rules": [
+                {"apiGroups": ["tangram.arl.dev"], "resources": ["actionbatches"], "verbs": ["create"]}
+            ],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": f"run-actions-{sa}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"run-actions-{sa}"},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": sa_namespace}],
+        },
+    )
+
+
+def _wait_rbac(cluster: Cluster, user: str, namespace: str, allowed: bool) -> None:
+    """Until the API server's RBAC authorizer has seen the new bindings (its informers lag a little)."""
+    authz = client.AuthorizationV1Api(cluster.api)
+    attrs = {
+        "group": "tangram.arl.dev",
+        "resource": "actionbatches",
+        "verb": "create",
+        "namespace": namespace,
+    }
+    deadline = time.monotonic() + 30
+    while True:
+        review = authz.create_subject_access_review(
+            {"spec": {"user": user, "groups": ["system:serviceaccounts"], "resourceAttributes": attrs}}
+        )
+        if review.status.allowed == allowed:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"RBAC for {user} in {namespace} did not become allowed={allowed}")
+        time.sleep(0.1)
+
+
+def _token(cluster: Cluster, namespace: str, sa: str, audiences: list[str] | None = None) -> str:
+    spec: dict[str, object] = {"expirationSeconds": 600}
+    if audiences is not None:
+        spec["audiences"] = audiences
+    review = cluster.core.create_namespaced_service_account_token(sa, namespace, {"spec": spec})
+    token: str = review.status.token
+    return token
+
+
+@pytest.fixture
+def gateway(cluster: Cluster, namespace: str, agent: Agent) -> Iterator[Gateway]:
+    auth = KubernetesAuthenticator(cluster.api, AUDIENCE)
+    config = GatewayConfig(default_namespace=namespace, default_pools={namespace: POOL})
+    with serve_gateway([agent], auth=auth, config=config, pools=((namespace, POOL),)) as gw:
+        yield gw
+
+
+def _run(gw: Gateway, namespace: str, token: str | None) -> requests.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    action = {"namespace": namespace, "type": "code", "target": POOL, "payload": {"code": "print('ran')"}}
+    return requests.post(gw.url + "/v1/actions", json=action, headers=headers, timeout=60)
+
+
+def test_rbac_decides_who_runs_actions(
+    cluster: Cluster, namespace: str, other_namespace: str, gateway: Gateway
+) -> None:
+    for sa in ("trainer", "stranger", "elsewhere"):
+        _service_account(cluster, namespace, sa)
+    _grant(cluster, namespace, namespace, "trainer")
+    _grant(cluster, other_namespace, namespace, "elsewhere")
+    _wait_rbac(cluster, f"system:serviceaccount:{namespace}:trainer", namespace, True)
+    _wait_rbac(cluster, f"system:serviceaccount:{namespace}:elsewhere", other_namespace, True)
+
+    allowed = _run(gateway, namespace, _token(cluster, namespace, "trainer", [AUDIENCE]))
+    assert allowed.status_code == 200, allowed.text
+    assert allowed.json()["state"] == "Succeeded" and allowed.json()["stdout"] == "ran\n"
+
+    missing = _run(gateway, namespace, None)
+    assert missing.status_code == 401 and "missing bearer token" in missing.json()["error"]
+
+    no_rbac = _run(gateway, namespace, _token(cluster, namespace, "stranger", [AUDIENCE]))
+    assert no_rbac.status_code == 403, no_rbac.text
+    assert (
+        f"system:serviceaccount:{namespace}:stranger may not create actionbatches" in no_rbac.json()["error"]
+    )
+
+    only_elsewhere = _run(gateway, namespace, _token(cluster, namespace, "elsewhere", [AUDIENCE]))
+    assert only_elsewhere.status_code == 403 and f"namespace {namespace!r}" in only_elsewhere.json()["error"]
+
+    # A token for the API server's own audience (the pod's default token) is not the gateway's.
+    wrong_audience = _run(gateway, namespace, _token(cluster, namespace, "trainer"))
+    assert wrong_audience.status_code == 401 and AUDIENCE in wrong_audience.json()["error"]
+
+    forged = _run(gateway, namespace, "eyJhbGciOiJSUzI1NiJ9.e30.c2ln")
+    assert forged.status_code == 401
+
+
+def test_a_warm_token_makes_no_api_call(cluster: Cluster, namespace: str, gateway: Gateway) -> None:
+    _service_account(cluster, namespace, "trainer")
+    _grant(cluster, namespace, namespace, "trainer")
+    _wait_rbac(cluster, f"system:serviceaccount:{namespace}:trainer", namespace, True)
+    token = _token(cluster, namespace, "trainer", [AUDIENCE])
+    assert _run(gateway, namespace, token).status_code == 200
+    authenticator = gateway.app[STATE].auth
+    assert isinstance(authenticator, KubernetesAuthenticator)
+    calls = authenticator.api_calls
+    for _ in range(5):
+        assert _run(gateway, namespace, token).status_code == 200
+    assert authenticator.api_calls == calls
