@@ -34,6 +34,7 @@ BENCH: dict[str, tuple[str, str]] = {
     "sim": ("arl_tangram.sim.bench:main_sim", "simulated workloads under each scheduler policy"),
     "sched": ("arl_tangram.sim.bench:main_sched", "scheduler decision latency, paper vs tangram"),
     "plan": ("arl_tangram.planner.bench:main", "capacity planner: MILP (HiGHS, CBC) vs greedy placement"),
+    "gpu": ("arl_tangram.gpu.bench:main", "GPUs for equal ACT with MIG on/off; NVLink-aware vs naive chunks"),
     "gateway": ("arl_tangram.gateway.bench:main", "/run_code through the gateway vs straight to an agent"),
 }
 
