@@ -1,6 +1,6 @@
 """The trainer's client of ARL-Tangram: the gateway (sync and async) and ActionBatches in a cluster.
 
->>> with TangramClient("http://tangram-gateway.tangram-system:8080", pool="py") as client:
+>>> with TangramClient("http://tangram-operator.tangram-system:8080", pool="py") as client:
 ...     result = client.run_code("print(1 + 1)")
 ...     assert result.ok and result.stdout == "2\\n"
 """

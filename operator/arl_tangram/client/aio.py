@@ -20,6 +20,7 @@ import aiohttp
 
 from arl_tangram.client.errors import (
     Overloaded,
+    SessionLost,
     TangramClientError,
     Unavailable,
     error_for,
@@ -322,7 +323,11 @@ class AsyncSession:
             raise RuntimeError("the session is not open (use it inside `async with`)")
         body = {k: v for k, v in action.items() if k not in ("target", "namespace", "sessionId")}
         body.setdefault("key", uuid.uuid4().hex)
-        return await self.client._run_keyed(f"/v1/sessions/{self.id}/actions", body, body["key"])
+        result = await self.client._run_keyed(f"/v1/sessions/{self.id}/actions", body, body["key"])
+        if result.reason == "SessionLost":
+            # The state this trajectory built is gone: the caller must know, not read a fresh one.
+            raise SessionLost(result.message or f"session {self.id} was lost", 410, result.response)
+        return result
 
     async def run_code(self, code: str, **kwargs: Any) -> ActionResult:
         return await self.run(code_action(code, **kwargs))
