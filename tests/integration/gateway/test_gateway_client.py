@@ -7,10 +7,11 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import requests
-from gateway_harness import NS, POOL, SERVICE, Gateway, free_port, serve_gateway
+from gateway_harness import NS, POOL, SERVICE, Gateway, endpoint, free_port, serve_gateway
 from sandbox_agent_harness import Agent, start_agent, stop_agent
 
 from arl_tangram.client import (
@@ -18,6 +19,7 @@ from arl_tangram.client import (
     InvalidRequest,
     NotFoundError,
     RetryPolicy,
+    SessionLost,
     TangramClient,
     code_action,
 )
@@ -120,3 +122,22 @@ def test_a_gateway_killed_mid_stream_is_replaced_and_nothing_runs_twice(hosts: l
     assert sorted(r.id or "" for r in results) == sorted(f"k{i}" for i in range(40))
     assert all(r.ok and r.stdout == f"{(r.id or 'k')[1:]}\n" for r in results), results
     assert ran(agent) - before == 40, "an action ran twice (or never)"
+
+
+def test_a_session_whose_host_is_lost_raises_session_lost(tmp_path: Path) -> None:
+    doomed, survivor = start_agent(tmp_path / "doomed"), start_agent(tmp_path / "survivor")
+    try:
+        with serve_gateway([doomed]) as gw, TangramClient(gw.url, namespace=NS, pool=POOL) as client:
+            with client.session() as session:
+                assert session.run_code("x = 1").ok
+                doomed.proc.kill()
+                doomed.proc.wait()
+                # The operator sees the pod gone and hands the dispatcher the hosts that remain.
+                gw.call(gw.service.dispatcher.sync_hosts(f"{NS}/{POOL}", [endpoint(survivor, "survivor")]))
+                with pytest.raises(SessionLost, match="lost"):
+                    session.run_code("print(x)")
+            assert client.run_code("print('elsewhere')").stdout == "elsewhere\n"
+    finally:
+        stop_agent(survivor)
+        if doomed.proc.poll() is None:
+            stop_agent(doomed)
