@@ -13,7 +13,10 @@ How the controller is meant to call it, on each reconcile of a RewardModelServic
 3. new = ``place_service(rms, inventories, want - len(kept), taken)``; ``unplaced`` > 0 sets a
    condition (``Ready=False``, reason ``InsufficientGPUs``) naming what is missing;
 4. each new placement becomes a reward runtime pod from ``device_request(p, strategy)`` (node name,
-   resources, environment), and ``to_status`` writes ``status.placements``.
+   resources, environment) whose services file holds ``rewards.runtime.service_entry(rms, ...)``, and
+   ``to_status`` writes ``status.placements``;
+5. for MIG nodes, ``migplan.plan_mig([mig_demand(rms, rate, t) ...], migplan.mig_gpus(inventories)[m])``
+   gives the layouts to request through ``nodeinfo`` (``MigRequest``, ``mig_parted_config``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from arl_tangram.api.rewardmodelservice import Placement, PlacementState, Reward
 from arl_tangram.core.action import Action, EfficiencyCurve
 from arl_tangram.core.pool import Grant
 from arl_tangram.gpu.inventory import NodeInventory
+from arl_tangram.gpu.migplan import ServiceDemand
 from arl_tangram.managers.gpu import GpuManager, GpuNode
 
 DeviceStrategy = Literal["device-plugin", "visible-devices"]
@@ -146,6 +150,29 @@ def _place_mig(mgr: GpuManager, invs: Mapping[str, NodeInventory], action: Actio
     finally:
         for g in held:
             mgr.release(g, 0.0)
+
+
+def mig_demand(rms: RewardModelService, rate_per_s: float, service_s: float) -> ServiceDemand:
+    """The MIG planner's demand of a service from its spec and its observed load (arrivals per second
+    and mean execution on its profile): memory from ``gpu.memory`` (else the profile's size), compute
+    slices from ``gpu.migProfile`` (else 1), ``minReplicas`` kept."""
+    gpu = rms.spec.gpu
+    need = _need_bytes(rms)
+    slices = 1
+    if gpu.mig_profile is not None:
+        slices = int(gpu.mig_profile.split("g.")[0])
+        if not need:
+            need = int(float(gpu.mig_profile.split(".")[1].removesuffix("+me").removesuffix("gb")) * 1e9)
+    if not need:
+        raise ValueError(f"{rms.metadata.name}: MIG planning needs gpu.memory or gpu.migProfile")
+    return ServiceDemand(
+        rms.metadata.name or "service",
+        need / 1e9,
+        slices,
+        rate_per_s,
+        service_s,
+        min_replicas=rms.spec.scaling.min_replicas,
+    )
 
 
 def device_request(p: ReplicaPlacement, strategy: DeviceStrategy = "device-plugin") -> DeviceRequest:

@@ -20,10 +20,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from arl_tangram.api.rewardmodelservice import Batching, RewardModelService, ServiceScaling
 from arl_tangram.rewards.backends import BackendError, ServiceBackend
 from arl_tangram.rewards.cache import DeviceCache, pick_next
 
 log = logging.getLogger("tangram.reward-runtime")
+
+# Batching and queue defaults are the RewardModelService API's (one source for both).
+DEFAULT_MAX_BATCH = int(Batching.model_fields["max_batch_size"].default)
+DEFAULT_MAX_WAIT_MS = int(Batching.model_fields["max_wait_millis"].default)
+DEFAULT_MAX_QUEUE = int(ServiceScaling.model_fields["max_queue_length"].default)
 
 # How long a request of an evicted service may be passed over for resident ones (seconds): about
 # the cost of one small restore, so that preferring residents saves more than it delays.
@@ -43,14 +49,38 @@ class ServiceSpec:
     """Batching and queueing of one service."""
 
     name: str
-    max_batch_size: int = 32
-    max_wait_s: float = 0.01
-    max_queue: int = 1024
+    max_batch_size: int = DEFAULT_MAX_BATCH
+    max_wait_s: float = DEFAULT_MAX_WAIT_MS / 1000
+    max_queue: int = DEFAULT_MAX_QUEUE
     keep_resident: bool = False
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.max_queue < 1 or self.max_wait_s < 0:
             raise ValueError(f"service {self.name}: batch size and queue must be >= 1, wait >= 0")
+
+
+def service_entry(rms: RewardModelService, url: str | None = None, path: str | None = None) -> dict[str, Any]:
+    """The services-file entry of a RewardModelService (what the controller writes into the reward
+    runtime's ConfigMap): ``path`` of the weights for the built-in backend, ``url`` of the server for
+    vLLM and SGLang. Services with replicas that must stay resident (``minReplicas`` > 0) are kept."""
+    spec = rms.spec
+    entry: dict[str, Any] = {
+        "name": rms.metadata.name,
+        "backend": spec.server.runtime,
+        "maxBatchSize": spec.batching.max_batch_size,
+        "maxWaitMillis": spec.batching.max_wait_millis,
+        "maxQueueLength": spec.scaling.max_queue_length,
+        "keepResident": spec.scaling.min_replicas > 0,
+    }
+    if spec.server.runtime == "builtin":
+        entry["path"] = path if path is not None else spec.model.uri.removeprefix("file://")
+    else:
+        if url is None or spec.gpu.memory is None:
+            raise ValueError(
+                f"{rms.metadata.name}: a {spec.server.runtime} service needs its url and gpu.memory"
+            )
+        entry.update(url=url, model=spec.model.name, deviceMemory=str(spec.gpu.memory))
+    return entry
 
 
 @dataclass(frozen=True)

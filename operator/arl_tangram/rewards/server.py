@@ -50,7 +50,15 @@ from arl_tangram.rewards.backends import (
 )
 from arl_tangram.rewards.builtin import BuiltinScorer, ModelError
 from arl_tangram.rewards.cache import DoesNotFit
-from arl_tangram.rewards.runtime import QueueFull, RewardRuntime, ServiceSpec, UnknownService
+from arl_tangram.rewards.runtime import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_MAX_WAIT_MS,
+    QueueFull,
+    RewardRuntime,
+    ServiceSpec,
+    UnknownService,
+)
 
 log = logging.getLogger("tangram.reward-runtime")
 
@@ -105,9 +113,9 @@ def _spec(entry: dict[str, Any]) -> ServiceSpec:
     try:
         return ServiceSpec(
             entry["name"],
-            int(entry.get("maxBatchSize", 32)),
-            float(entry.get("maxWaitMillis", 10)) / 1000,
-            int(entry.get("maxQueueLength", 1024)),
+            int(entry.get("maxBatchSize", DEFAULT_MAX_BATCH)),
+            float(entry.get("maxWaitMillis", DEFAULT_MAX_WAIT_MS)) / 1000,
+            int(entry.get("maxQueueLength", DEFAULT_MAX_QUEUE)),
             bool(entry.get("keepResident", False)),
         )
     except (TypeError, ValueError) as exc:

@@ -91,3 +91,16 @@ def test_nothing_asked_nothing_placed(replicas: int) -> None:
 def test_without_inventories_the_reason_says_so() -> None:
     got = place_service(_rms({"count": [1]}), [], 2)
     assert got.unplaced == 2 and "inventory" in got.reason
+
+
+def test_mig_demand_from_the_sample() -> None:
+    from arl_tangram.gpu.placement import mig_demand
+
+    rms = RewardModelService.model_validate(yaml.safe_load(SAMPLE.read_text()))
+    d = mig_demand(rms, rate_per_s=10.0, service_s=0.1)
+    assert d.memory_gb == pytest.approx(6 * 2**30 / 1e9) and d.compute_slices == 1
+    assert d.replicas() == 2  # 1 busy instance at a 0.7 target
+    sized = mig_demand(_rms({"count": [1], "migProfile": "3g.40gb", "nvlink": "None"}), 1.0, 0.5)
+    assert sized.memory_gb == 40.0 and sized.compute_slices == 3
+    with pytest.raises(ValueError, match=r"gpu\.memory"):
+        mig_demand(_rms({"count": [1]}), 1.0, 0.1)

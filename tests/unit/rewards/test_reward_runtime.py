@@ -186,3 +186,40 @@ def test_services_that_cannot_fit_are_refused_at_start(tmp_path: Path) -> None:
     s = BuiltinScorer.from_file(write_model(tmp_path / "m.npz", buckets=1024, dim=16))
     with pytest.raises(DoesNotFit):
         RewardRuntime([(ServiceSpec("a"), BuiltinBackend("a", s))], s.nbytes - 1)
+
+
+def test_services_file_entries_come_from_the_api() -> None:
+    import yaml
+
+    from arl_tangram.api.rewardmodelservice import RewardModelService
+    from arl_tangram.rewards.runtime import service_entry
+    from arl_tangram.rewards.server import parse_services
+
+    sample = Path(__file__).resolve().parents[3] / "manifests" / "samples" / "rewardmodelservice-small.yaml"
+    rms = RewardModelService.model_validate(yaml.safe_load(sample.read_text()))
+    entry = service_entry(rms, path="/models/rm.npz")
+    assert entry == {
+        "name": "skywork-reward-small",
+        "backend": "builtin",
+        "path": "/models/rm.npz",
+        "maxBatchSize": 64,
+        "maxWaitMillis": 5,
+        "maxQueueLength": 4096,
+        "keepResident": False,
+    }
+    vllm = RewardModelService.model_validate(
+        {
+            "metadata": {"name": "judge"},
+            "spec": {
+                "model": {"name": "Qwen/Qwen3-8B", "uri": "hf://Qwen/Qwen3-8B"},
+                "server": {"runtime": "vllm", "image": "vllm/vllm-openai:v0.8.0"},
+                "gpu": {"memory": "20Gi"},
+                "scaling": {"minReplicas": 1},
+            },
+        }
+    )
+    e = service_entry(vllm, url="http://127.0.0.1:8001")
+    assert e["deviceMemory"] == "20Gi" and e["keepResident"] is True and e["model"] == "Qwen/Qwen3-8B"
+    assert [x["name"] for x in parse_services({"services": [entry, e]})] == ["skywork-reward-small", "judge"]
+    with pytest.raises(ValueError, match="url"):
+        service_entry(vllm)
