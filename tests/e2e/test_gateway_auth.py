@@ -163,3 +163,50 @@ def test_a_warm_token_makes_no_api_call(cluster: Cluster, namespace: str, gatewa
     for _ in range(5):
         assert _run(gateway, namespace, token).status_code == 200
     assert authenticator.api_calls == calls
+
+
+def test_the_client_batch_helper_creates_waits_by_watch_and_reads_results(
+    cluster: Cluster, namespace: str
+) -> None:
+    """``ActionBatches`` against the real API server. No operator runs in this test: the test itself
+    writes the finished status (as the operator would, through the status subresource) while the
+    helper waits on its watch, so what is checked is the helper's create, watch and read."""
+    import threading
+
+    from pydantic import ValidationError
+
+    from arl_tangram.client import ActionBatches
+
+    batches = ActionBatches(namespace, api_client=cluster.api)
+    created = batches.create(
+        [{"id": "a1", "type": "code", "target": POOL, "payload": {"code": "print(1)"}}], name="step-1"
+    )
+    assert created["metadata"]["name"] == "step-1"
+    with pytest.raises(ValidationError, match="actions"):
+        batches.create([], name="empty")  # the API model refuses it before the API server sees it
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    status = {
+        "status": {
+            "conditions": [
+                {
+                    "type": "Complete",
+                    "status": "True",
+                    "reason": "AllFinished",
+                    "message": "1 of 1",
+                    "lastTransitionTime": now,
+                }
+            ],
+            "counts": {"total": 1, "succeeded": 1},
+            "results": [{"id": "a1", "state": "Succeeded", "exitCode": 0, "attempts": 1, "output": "1\n"}],
+        }
+    }
+    waited: list[dict[str, object]] = []
+    waiter = threading.Thread(target=lambda: waited.append(batches.wait("step-1", timeout_s=60)))
+    waiter.start()
+    cluster.custom.patch_namespaced_custom_object_status(
+        "tangram.arl.dev", "v1alpha1", namespace, "actionbatches", "step-1", status
+    )
+    waiter.join(90)
+    assert waited and waited[0]["metadata"]["name"] == "step-1"  # type: ignore[index]
+    # The API server's defaulting adds truncated: false.
+    assert batches.results("step-1") == [{**status["status"]["results"][0], "truncated": False}]
