@@ -182,7 +182,12 @@ def main(argv: list[str]) -> int:
     if args.interval <= 0:
         print("tangram node-agent: --interval must be > 0", file=sys.stderr)
         return 2
-    agent = NodeAgent(KubernetesNodeClient(args.kubeconfig), node, args.fake, args.refresh)
+    try:
+        client = KubernetesNodeClient(args.kubeconfig)
+    except Exception as exc:  # no in-cluster credentials and no kubeconfig: say so in one line
+        print(f"tangram node-agent: cannot reach Kubernetes: {exc}", file=sys.stderr)
+        return 2
+    agent = NodeAgent(client, node, args.fake, args.refresh)
 
     async def serve() -> None:
         stop = asyncio.Event()

@@ -284,6 +284,8 @@ class RewardRuntime:
                 continue
             try:
                 await self._run_batch(name)
+            except BackendError as exc:  # the batch's requests got it (503); the chunk serves on
+                log.warning("batch of %s failed: %s", name, exc)
             except Exception:  # a bug must not stop the chunk serving others; the batch got the error
                 log.exception("batch of %s failed", name)
 

@@ -206,8 +206,12 @@ def _device_capacity(device: str, flag: str | None) -> int:
         return quantity_bytes(flag)
     if device == "cpu":
         raise ConfigError("--device-memory is required with --device cpu (the budget the cache keeps to)")
-    import torch
-
+    try:
+        import torch
+    except ImportError:
+        raise ConfigError(
+            f"--device {device} without PyTorch: give the budget with --device-memory"
+        ) from None
     free, _total = torch.cuda.mem_get_info(torch.device(device))
     # What is free now, less a margin for the CUDA context and activations of the running batch.
     return int(free * 0.9)
