@@ -132,26 +132,22 @@ def _rollout(
     gone: set[str],
     stats: PoolStats | None,
 ) -> list[Operation]:
-    """Replace hosts built from an older template: starting ones at once, idle ready ones by a drain
-    (the planner removes them once drained and adds new ones), busy ones by a drain once no idle
-    outdated host is left; at most ``maxStarting`` hosts rolling at a time."""
+    """Replace hosts built from an older template. The planner never sees them (see
+    :func:`snapshot`), so it adds hosts of the new template as if they were not there (a surge);
+    meanwhile an outdated host is deleted once it holds nothing (a starting or idle one at once,
+    a busy one is drained first and deleted when its running actions and sessions are done). No
+    running action is killed, and capacity never drops below what the new hosts give."""
     ops: list[Operation] = []
-    rolling = sum(1 for h in live if h.name in outdated and h.phase == "draining")
     loads = stats.hosts if stats else {}
-    idle: list[HostObservation] = []
-    busy: list[HostObservation] = []
     for h in live:
         if h.name not in outdated or h.name in gone:
             continue
-        if h.phase == "starting":
-            ops.append(DeleteHost(h.name, "built from an older template (still starting)"))
+        load = loads.get(h.name)
+        busy = load is not None and (load.running > 0 or load.sessions > 0)
+        if h.phase == "starting" or not busy:
+            ops.append(DeleteHost(h.name, "built from an older template: replaced by the new one"))
         elif h.phase == "ready":
-            load = loads.get(h.name)
-            (busy if load and (load.running or load.sessions) else idle).append(h)
-    for h in [*idle, *busy][: max(0, cfg.max_starting - rolling)]:
-        if h in busy and idle:
-            break
-        ops.append(SetDraining(h.name, True, "built from an older template: rolling to the new one"))
+            ops.append(SetDraining(h.name, True, "built from an older template: draining before replacement"))
     return ops
 
 
@@ -173,6 +169,7 @@ def _status(
     queue = stats.queued_actions if stats else 0
     lo, _ = cfg.desired_bounds
     stuck = bool(pending) and observed.unschedulable_for_s >= UNSCHEDULABLE_AFTER_S
+    unplaceable = _unplaceable(cfg, observed.plan)
     if ready:
         conds = set_condition(
             conds,
@@ -182,6 +179,10 @@ def _status(
             f"{len(ready)} host(s) ready",
             gen,
             now,
+        )
+    elif unplaceable and not starting:
+        conds = set_condition(
+            conds, ConditionType.READY, False, ConditionReason.UNSCHEDULABLE, unplaceable, gen, now
         )
     elif stuck:
         conds = set_condition(
@@ -257,7 +258,11 @@ def _status(
             now,
         )
     unhealthy = sorted(stats.unhealthy) if stats else []
-    if stuck:
+    if unplaceable:
+        conds = set_condition(
+            conds, ConditionType.DEGRADED, True, ConditionReason.UNSCHEDULABLE, unplaceable, gen, now
+        )
+    elif stuck:
         conds = set_condition(
             conds,
             ConditionType.DEGRADED,
@@ -312,6 +317,24 @@ def _status(
     }
 
 
+def _unplaceable(cfg: PoolConfig, plan: ScalingPlan | None) -> str | None:
+    """The planner's word that no node has room for a host of this pool, as a message to act on."""
+    if plan is None:
+        return None
+    try:
+        decision = plan.pool(cfg.key)
+    except KeyError:
+        return None
+    for reason in decision.reasons:
+        if reason.code == "Unplaceable":
+            gib = cfg.host_memory_bytes / (1 << 30)
+            return (
+                f"no node can hold a host of {cfg.host_cores} cores and {gib:g}Gi "
+                f"(spec.template.resources): {reason.message}"
+            )
+    return None
+
+
 def invalid_status(
     generation: int | None, conditions: Sequence[Mapping[str, Any]], message: str, now: datetime
 ) -> dict[str, Any]:
@@ -354,8 +377,8 @@ def snapshot(
     instances = []
     pending_node = "(unscheduled)"
     for h in hosts:
-        if h.phase == "terminating":
-            continue
+        if h.phase == "terminating" or h.template_hash != cfg.template_hash:
+            continue  # outdated hosts are the rollout's to remove (see _rollout)
         load = loads.get(h.name)
         instances.append(
             InstanceSnapshot(

@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 
 from arl_tangram.api.meta import GROUP, VERSION
 from arl_tangram.controllers.errors import adapted
@@ -89,6 +90,8 @@ async def pool_loop(
             await adapted(lambda: state.reconcile_pool(body))
         except kopf.TemporaryError as exc:
             logger.warning("pool reconcile: %s (retrying in %ss)", exc, exc.delay)
+        except ApiException as exc:  # e.g. 403 while the namespace terminates, 409 on a stale write
+            logger.warning("pool reconcile: the API server answered %s %s; retrying", exc.status, exc.reason)
         except Exception:  # one pool's failure must never stop its loop
             logger.exception("pool reconcile failed; retrying")
         await asyncio.sleep(POOL_PERIOD_S)

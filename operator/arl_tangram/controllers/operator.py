@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import kopf
 from aiohttp import web
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -31,7 +32,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from arl_tangram.api.actionpool import ActionPool
 from arl_tangram.api.meta import GROUP, VERSION
 from arl_tangram.controllers.actionbatch import BatchManager
-from arl_tangram.controllers.actionpool import PoolController, node_snapshot
+from arl_tangram.controllers.actionpool import Event, PoolController, node_snapshot
 from arl_tangram.controllers.leader import LeaseElector
 from arl_tangram.controllers.metrics import OperatorMetrics
 from arl_tangram.dispatch.agent import AgentClient
@@ -234,6 +235,12 @@ class OperatorState:
         self.metrics.reconcile.labels("ActionPool").observe(time.perf_counter() - t0)
         meta = body.get("metadata") or {}
         key = pool_key(str(meta.get("namespace")), str(meta.get("name")))
+        cfg = self.dispatcher.pool_config(str(meta.get("namespace")), str(meta.get("name")))
+        if cfg is not None:
+            await self.runtime.ensure_network_policy(cfg, self.settings.namespace)
+        for op in ops:
+            if isinstance(op, Event):
+                kopf.event(body, type=op.type, reason=op.reason, message=op.message)
         self._export_pool(key, status, ops)
         if self._written_pool_status.get(key) == status:
             return

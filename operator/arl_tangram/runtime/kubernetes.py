@@ -1,3 +1,5 @@
+# mypy: disable-error-code="arg-type"
+# The kubernetes client types request bodies as models; plain dicts are valid JSON for the same calls.
 """The Kubernetes runtime: sandbox hosts are pods the operator creates, owns and deletes itself.
 
 Observations come from a kopf index of the operator's pods (no list calls); changes are single API
@@ -17,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from arl_tangram.domain.pools import PoolConfig
 from arl_tangram.runtime.interface import HostObservation
-from arl_tangram.runtime.pods import DRAINING_ANNOTATION, host_pod, observe_host
+from arl_tangram.runtime.pods import DRAINING_ANNOTATION, host_pod, network_policy, observe_host
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,8 @@ class KubernetesRuntime:
 
     def __init__(self, api: client.ApiClient, count_write: WriteCounter | None = None) -> None:
         self.core = client.CoreV1Api(api)
+        self.networking = client.NetworkingV1Api(api)
+        self._policies: dict[str, str] = {}  # pool key -> template hash its policy was written for
         self._index: Mapping[str, Iterable[Mapping[str, Any]]] = {}
         self._count = count_write or (lambda verb, resource: None)
 
@@ -45,7 +49,7 @@ class KubernetesRuntime:
         self._count("create", "pods")
         try:
             # The client's stubs want a V1Pod; a dict is valid JSON for the same call.
-            await asyncio.to_thread(self.core.create_namespaced_pod, pool.namespace, body)  # type: ignore[arg-type]
+            await asyncio.to_thread(self.core.create_namespaced_pod, pool.namespace, body)
         except ApiException as exc:
             if exc.status != 409:  # already there: a retried create
                 raise
@@ -68,3 +72,21 @@ class KubernetesRuntime:
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+    async def ensure_network_policy(self, pool: PoolConfig, operator_namespace: str) -> None:
+        """Create or update the pool's NetworkPolicy (once per change of the pool's template)."""
+        if self._policies.get(pool.key) == pool.template_hash:
+            return
+        body = network_policy(pool, operator_namespace)
+        name = body["metadata"]["name"]
+        try:
+            self._count("create", "networkpolicies")
+            await asyncio.to_thread(self.networking.create_namespaced_network_policy, pool.namespace, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            self._count("patch", "networkpolicies")
+            await asyncio.to_thread(
+                self.networking.patch_namespaced_network_policy, name, pool.namespace, body
+            )
+        self._policies[pool.key] = pool.template_hash

@@ -218,3 +218,52 @@ def _bytes(value: Any) -> int:
         return int(parse_quantity(str(value)))
     except (ValueError, InvalidSpec):
         return 0
+
+
+OPERATOR_LABELS = {"app.kubernetes.io/name": "arl-tangram-operator"}
+
+
+def network_policy(pool: PoolConfig, operator_namespace: str) -> dict[str, Any]:
+    """The pool's NetworkPolicy: only the operator reaches the agents (their port), and with
+    ``isolation.network: Disabled`` (the default) nothing leaves a host pod at all. The agent keeps
+    actions off the network by itself too; this holds even against an agent that is compromised."""
+    policy_types = ["Ingress"] if pool.network else ["Ingress", "Egress"]
+    spec: dict[str, Any] = {
+        "podSelector": {"matchLabels": {POOL_LABEL: pool.name, ROLE_LABEL: ROLE_SANDBOX_HOST}},
+        "policyTypes": policy_types,
+        "ingress": [
+            {
+                "from": [
+                    {
+                        "namespaceSelector": {
+                            "matchLabels": {"kubernetes.io/metadata.name": operator_namespace}
+                        },
+                        "podSelector": {"matchLabels": dict(OPERATOR_LABELS)},
+                    }
+                ],
+                "ports": [{"port": AGENT_PORT, "protocol": "TCP"}],
+            }
+        ],
+    }
+    if not pool.network:
+        spec["egress"] = []
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": f"tangram-pool-{pool.name}",
+            "namespace": pool.namespace,
+            "labels": {**MANAGED_BY, POOL_LABEL: pool.name},
+            "ownerReferences": [
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": "ActionPool",
+                    "name": pool.name,
+                    "uid": pool.uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": spec,
+    }

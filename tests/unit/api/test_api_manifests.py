@@ -97,7 +97,8 @@ def test_rbac_grants_what_the_operator_needs_and_no_wildcards() -> None:
         ("tangram.arl.dev", "actionbatches/status", "patch"),
         ("", "pods", "create"),
         ("", "pods", "delete"),
-        ("", "nodes", "patch"),
+        ("", "nodes", "watch"),
+        ("networking.k8s.io", "networkpolicies", "create"),
         ("", "events", "create"),
         ("coordination.k8s.io", "leases", "create"),
     ]:

@@ -156,9 +156,9 @@ CASES = [
         [host("old1", template="x"), host("old2", template="x"), host("new")],
         stats({"old1": (1, 0), "old2": (0, 0), "new": (0, 0)}),
         plan(),
-        [("drain", "old2")],
+        [("drain", "old1"), ("delete", "old2")],
         ("True", "HostsReady"),
-        id="rollout-drains-idle-outdated-first-and-never-the-busy-one-then",
+        id="rollout-deletes-idle-outdated-hosts-and-drains-busy-ones",
     ),
     pytest.param(
         [host("old1", template="x")],
@@ -166,7 +166,7 @@ CASES = [
         plan(),
         [("drain", "old1")],
         ("True", "HostsReady"),
-        id="rollout-drains-a-busy-host-when-no-idle-one-is-left",
+        id="rollout-drains-a-busy-host-with-a-session",
     ),
     pytest.param(
         [host("s", "starting", template="x")],
