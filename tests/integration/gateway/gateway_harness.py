@@ -86,8 +86,18 @@ class RewardRouting:
     reward_url: str
     services: frozenset[str]
     http: aiohttp.ClientSession | None = None
+    running: int = 0
+    peak: int = 0  # the most actions this service held at once (back-pressure tests read it)
 
     async def run(self, request: ActionRequest) -> ActionOutcome:
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        try:
+            return await self._run(request)
+        finally:
+            self.running -= 1
+
+    async def _run(self, request: ActionRequest) -> ActionOutcome:
         if request.kind != "reward":
             return await self.dispatcher.run(request)
         if request.target not in self.services:

@@ -3,6 +3,7 @@ is answered 429 with Retry-After, and another tenant's requests are still admitt
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -59,3 +60,18 @@ def test_the_dispatchers_queue_bound_is_429_too(hosts: list[Agent]) -> None:
         assert refused.status_code == 429 and refused.headers["Retry-After"] == "1"
         assert refused.json()["status"] == "SandboxError" and "waiting" in refused.json()["error"]
         assert all(f.result().status_code == 200 for f in busy)
+
+
+def test_a_stream_holds_at_most_its_in_flight_bound(hosts: list[Agent]) -> None:
+    """A stream of 40 actions with a bound of 3: never more than 3 reach the queue at once (the rest
+    wait unread in the request), and every action still comes back once."""
+    config = GatewayConfig(default_namespace=NS, default_pools={NS: POOL}, stream_in_flight=3)
+    lines = [
+        json.dumps({"id": f"s{i}", "type": "code", "target": POOL, "payload": {"code": f"print({i})"}})
+        for i in range(40)
+    ]
+    with serve_gateway(hosts, config=config) as gw:
+        resp = requests.post(gw.url + "/v1/actions:stream", data="\n".join(lines).encode(), timeout=120)
+        out = [json.loads(line) for line in resp.text.splitlines()]
+        assert sorted(o["id"] for o in out) == sorted(f"s{i}" for i in range(40))
+        assert 1 <= gw.service.peak <= 3
