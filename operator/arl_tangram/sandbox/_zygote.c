@@ -21,6 +21,18 @@
  *   last descriptor.
  * zygote -> manager: "S" i64 id i32 pid + the child's pidfd; "E" i64 id + message;
  *   "X" i32 pid i32 status (-1: unknown) f64 cpu_s i64 max_rss_kb.
+ *
+ * In a PID namespace the action must not be the namespace's init: the kernel ignores the signals an
+ * init sends itself (kill(getpid(), SIGKILL) would carry on, and abort() would end as SIGSEGV). So
+ * the namespace's first process is a minimal init and the action its second, both children of this
+ * loop, which reaps the action itself: its status is the true one, read by no process the action
+ * can reach. The init is cheap: a clone sharing this process's memory (no page tables copied) that
+ * runs a few raw system calls on a stack of its own, drops every descriptor, has its orphans reaped
+ * by the kernel (SIGCHLD ignored) and sleeps. When the action has exited the init is killed, which
+ * kills what is left in the namespace; the action's exit record is sent once the init is reaped,
+ * that is, once nothing of the action is left (the kernel reaps a namespace before its init).
+ * The action's own memory is a fork of this loop's, as before: it can neither see nor touch the
+ * init's. (On other architectures than x86-64 and arm64 the action stays the init, as before.)
  */
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE
@@ -48,6 +60,9 @@
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
 #endif
+#ifndef SYS_pidfd_send_signal
+#define SYS_pidfd_send_signal 424
+#endif
 #ifndef SYS_close_range
 #define SYS_close_range 436
 #endif
@@ -60,7 +75,6 @@
 extern char **environ;
 
 static unsigned char dgram[DGRAM_MAX];
-static int kid_of_pidfd[MAX_PIDFD];
 
 typedef struct {
     const unsigned char *p, *end;
@@ -128,6 +142,79 @@ static void child_fail(const char *what) {
     }
     _exit(SETUP_FAILED);
 }
+
+#if defined(__x86_64__) || defined(__aarch64__)
+#define CHEAP_INIT 1
+/* System calls that touch no libc state: the init shares this process's memory, thread-local
+ * errno included, and must leave every byte of it alone. */
+static inline long raw_syscall(long n, long a1, long a2, long a3, long a4) {
+#if defined(__x86_64__)
+    long ret;
+    register long r10 __asm__("r10") = a4;
+    __asm__ volatile("syscall" : "=a"(ret) : "a"(n), "D"(a1), "S"(a2), "d"(a3), "r"(r10) : "rcx", "r11", "memory");
+    return ret;
+#else
+    register long x8 __asm__("x8") = n;
+    register long x0 __asm__("x0") = a1;
+    register long x1 __asm__("x1") = a2;
+    register long x2 __asm__("x2") = a3;
+    register long x3 __asm__("x3") = a4;
+    __asm__ volatile("svc #0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3) : "memory");
+    return x0;
+#endif
+}
+
+#define INIT_STACK (32 * 1024)
+#define MAX_FREE_STACKS 64
+
+/* The namespace's init (see the header): never returns. */
+static int ns_init(void *unused) {
+    raw_syscall(SYS_close_range, 0, ~0u, 0, 0);
+    raw_syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0);
+    /* A kernel sigaction: handler, flags, restorer, mask. SIG_IGN: exited children are reaped. */
+    unsigned long act[4] = {(unsigned long)SIG_IGN, 0, 0, 0};
+    raw_syscall(SYS_rt_sigaction, SIGCHLD, (long)act, 0, 8);
+    for (;;) raw_syscall(SYS_ppoll, 0, 0, 0, 0);
+    return 0;
+}
+
+static void *free_stacks[MAX_FREE_STACKS];
+static int nfree_stacks;
+
+static void *take_stack(void) {
+    if (nfree_stacks > 0) return free_stacks[--nfree_stacks];
+    void *st = mmap(NULL, INIT_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    return st == MAP_FAILED ? NULL : st;
+}
+
+static void give_stack(void *st) {
+    if (nfree_stacks < MAX_FREE_STACKS) free_stacks[nfree_stacks++] = st;
+    else munmap(st, INIT_STACK);
+}
+#endif
+
+static void give_stack_if(void *st) {
+#ifdef CHEAP_INIT
+    if (st != NULL) give_stack(st);
+#else
+    (void)st;
+#endif
+}
+
+/* Per tracked pidfd: the action (with its init, while one runs) or an init. */
+typedef struct {
+    pid_t pid;
+    int init_pidfd;   /* an action's: its init's pidfd, or -1 */
+    int action_pidfd; /* an init's: its action's pidfd */
+    int is_init;
+    int exited;       /* an action that has exited and waits for its init's end */
+    int32_t status;
+    double cpu_s;
+    int64_t max_rss_kb;
+    void *stack;
+} kid;
+
+static kid kids[MAX_PIDFD];
 
 /* In the child: everything _child_main does in Python, up to running the action. */
 static void child_setup(int interp, int *fds, int nfds, int devnull, int32_t uid, const int32_t *cores,
@@ -351,6 +438,25 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
         send_error(sock, id, "unshare(CLONE_NEWPID)", err);
         return 0;
     }
+    pid_t init_pid = -1;
+    void *init_stack = NULL;
+#ifdef CHEAP_INIT
+    if (pid_namespace && !interp) {
+        /* The namespace's first process, so its init: the action comes second (see the header). */
+        init_stack = take_stack();
+        if (init_stack != NULL)
+            init_pid = clone(ns_init, (char *)init_stack + INIT_STACK, CLONE_VM | SIGCHLD, NULL);
+        if (init_pid < 0) {
+            int err = errno;
+            if (init_stack != NULL) give_stack(init_stack);
+            setns(own_pidns, CLONE_NEWPID);
+            for (int i = 0; i < nfds; i++) close(fds[i]);
+            free(big);
+            send_error(sock, id, "clone (the namespace's init)", err);
+            return 0;
+        }
+    }
+#endif
     PyOS_BeforeFork();
     pid_t pid = fork();
     if (pid == 0) {
@@ -366,24 +472,56 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
     if (pid_namespace) setns(own_pidns, CLONE_NEWPID); /* only one child may be a namespace's init */
     for (int i = 0; i < nfds; i++) close(fds[i]);
     free(big);
-    if (pid < 0) {
-        send_error(sock, id, "fork", err);
-        return 0;
-    }
-    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-    if (pidfd < 0 || pidfd >= MAX_PIDFD) {
-        /* Out of descriptors: the child must not run untracked. */
-        err = pidfd < 0 ? errno : EMFILE;
-        if (pidfd >= 0) close(pidfd);
-        kill(pid, SIGKILL);
-        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
+    int pidfd = -1, init_pidfd = -1;
+    if (pid >= 0) {
+        pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+        if (pidfd < 0 || pidfd >= MAX_PIDFD) {
+            err = pidfd < 0 ? errno : EMFILE;
+            if (pidfd >= 0) close(pidfd);
+            pidfd = -1;
         }
-        send_error(sock, id, "pidfd_open", err);
+    }
+    if (pidfd >= 0 && init_pid > 0) {
+        init_pidfd = (int)syscall(SYS_pidfd_open, init_pid, 0);
+        if (init_pidfd < 0 || init_pidfd >= MAX_PIDFD) {
+            err = init_pidfd < 0 ? errno : EMFILE;
+            if (init_pidfd >= 0) close(init_pidfd);
+            init_pidfd = -1;
+        }
+    }
+    if (pid < 0 || pidfd < 0 || (init_pid > 0 && init_pidfd < 0)) {
+        /* No fork, or out of descriptors: nothing may run untracked. */
+        if (pid > 0) kill(pid, SIGKILL);
+        if (init_pid > 0) kill(init_pid, SIGKILL);
+        if (pid > 0)
+            while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
+            }
+        if (init_pid > 0) {
+            while (waitpid(init_pid, NULL, __WALL) < 0 && errno == EINTR) {
+            }
+            give_stack_if(init_stack);
+        }
+        if (pidfd >= 0) close(pidfd);
+        send_error(sock, id, pid < 0 ? "fork" : "pidfd_open", err);
         return 0;
     }
-    kid_of_pidfd[pidfd] = pid;
+    kid *k = &kids[pidfd];
+    memset(k, 0, sizeof *k);
+    k->pid = pid;
+    k->init_pidfd = init_pidfd;
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = pidfd};
     epoll_ctl(ep, EPOLL_CTL_ADD, pidfd, &ev);
+    if (init_pidfd >= 0) {
+        kid *ki = &kids[init_pidfd];
+        memset(ki, 0, sizeof *ki);
+        ki->pid = init_pid;
+        ki->is_init = 1;
+        ki->action_pidfd = pidfd;
+        ki->init_pidfd = -1;
+        ki->stack = init_stack;
+        struct epoll_event iev = {.events = EPOLLIN, .data.fd = init_pidfd};
+        epoll_ctl(ep, EPOLL_CTL_ADD, init_pidfd, &iev);
+    }
     unsigned char rec[13];
     rec[0] = 'S';
     memcpy(rec + 1, &id, 8);
@@ -393,28 +531,51 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
     return 0;
 }
 
+static void send_exit(int sock, const kid *k) {
+    unsigned char rec[25];
+    rec[0] = 'X';
+    int32_t pid32 = k->pid;
+    memcpy(rec + 1, &pid32, 4);
+    memcpy(rec + 5, &k->status, 4);
+    memcpy(rec + 9, &k->cpu_s, 8);
+    memcpy(rec + 17, &k->max_rss_kb, 8);
+    send_record(sock, rec, sizeof rec, -1);
+}
+
 static void on_exit_of(int sock, int ep, int pidfd) {
-    int pid = kid_of_pidfd[pidfd];
+    kid *k = &kids[pidfd];
     int status = 0;
     struct rusage ru;
     memset(&ru, 0, sizeof ru);
-    pid_t got = wait4(pid, &status, WNOHANG, &ru);
+    pid_t got = wait4(k->pid, &status, WNOHANG | (k->is_init ? __WALL : 0), &ru);
     if (got == 0) return; /* not yet reapable (the pidfd said it exited: should not happen) */
-    int32_t st = got < 0 ? -1 : status;
     epoll_ctl(ep, EPOLL_CTL_DEL, pidfd, NULL);
+    if (k->is_init) {
+        /* The namespace is empty now. The action's pidfd was kept open until here, so that its
+         * number (its slot in kids) is not reused while its record waits. */
+        close(pidfd);
+        give_stack_if(k->stack);
+        int apidfd = k->action_pidfd;
+        kid *action = &kids[apidfd];
+        action->init_pidfd = -1;
+        if (action->exited) {
+            close(apidfd);
+            send_exit(sock, action);
+        }
+        return;
+    }
+    k->status = got < 0 ? -1 : status;
+    k->cpu_s = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+               ru.ru_stime.tv_usec / 1e6;
+    k->max_rss_kb = ru.ru_maxrss;
+    if (k->init_pidfd >= 0) {
+        /* Whatever the action left in its namespace goes with the init; the record waits for it. */
+        k->exited = 1;
+        syscall(SYS_pidfd_send_signal, k->init_pidfd, SIGKILL, NULL, 0);
+        return;
+    }
     close(pidfd);
-    kid_of_pidfd[pidfd] = 0;
-    unsigned char rec[25];
-    rec[0] = 'X';
-    int32_t pid32 = pid;
-    double cpu = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
-                 ru.ru_stime.tv_usec / 1e6;
-    int64_t rss = ru.ru_maxrss;
-    memcpy(rec + 1, &pid32, 4);
-    memcpy(rec + 5, &st, 4);
-    memcpy(rec + 9, &cpu, 8);
-    memcpy(rec + 17, &rss, 8);
-    send_record(sock, rec, sizeof rec, -1);
+    send_exit(sock, k);
 }
 
 static PyObject *zygote_serve(PyObject *self, PyObject *args) {

@@ -618,7 +618,9 @@ class ForkServer:
         os.close(call.pidfd)
         call.exited = True
         call.ended_at = time.monotonic()
-        self._set_status(call, status)
+        # The action's own status, as its init reported it (when it ran under one and got that far).
+        true_status = self.zy.statuses.pop(call.id, None)
+        self._set_status(call, status if true_status is None else true_status)
         call.cpu_s = cpu_s
         call.max_rss_kb = max_rss_kb
         if call.pgid_fallback:
@@ -868,6 +870,9 @@ def _parse_record(data: bytes) -> tuple[Any, ...]:
     if kind == b"E":
         (rid,) = struct.unpack_from("<q", data, 1)
         return ("e", rid, data[9:].decode("utf-8", "replace"))
+    if kind == b"W":
+        rid, status = struct.unpack_from("<qi", data, 1)
+        return ("w", rid, None if status < 0 else status)
     if kind == b"R":
         notes, loop = marshal.loads(data[1:])
         return ("r", notes, loop)
@@ -882,6 +887,10 @@ def _error_record(rid: int, message: str) -> bytes:
     return b"E" + struct.pack("<q", rid) + message.encode()
 
 
+def _status_record(rid: int, status: int | None) -> bytes:
+    return b"W" + struct.pack("<qi", rid, -1 if status is None else status)
+
+
 def _exit_record(pid: int, status: int | None, cpu_s: float, max_rss_kb: int) -> bytes:
     return b"X" + struct.pack("<iidq", pid, -1 if status is None else status, cpu_s, max_rss_kb)
 
@@ -892,13 +901,14 @@ class _ZygoteLink:
     A datagram socket (SOCK_SEQPACKET) keeps each request together with the descriptors it carries.
     Records back (as tuples): ``("s", id, pid)`` with the child's pidfd, ``("e", id, message)`` when
     the fork failed, ``("x", pid, status, cpu_s, max_rss_kb)`` when a child exited (the zygote, its
-    parent, reaps it).
+    parent, reaps it), and ``("w", id, status)`` from a PID namespace's init: the wait status of the
+    action under it (the truth; the init's own exit status can only approximate it).
 
     An exit record is matched to its call (``owners``) the moment it is read, even while waiting
     for a fork: the pid is free again once reaped, and the very fork being waited for may reuse it.
     """
 
-    __slots__ = ("base_env", "loop", "notes", "owners", "pending", "pid", "sock")
+    __slots__ = ("base_env", "loop", "notes", "owners", "pending", "pid", "sock", "statuses")
 
     def __init__(
         self, sock: socket.socket, pid: int, ready: tuple[Any, ...], base_env: dict[str, str]
@@ -910,6 +920,7 @@ class _ZygoteLink:
         self.base_env = base_env  # the zygote's own environment
         self.owners: dict[int, Any] = {}  # pid -> the Call or Interp whose process it is
         self.pending: deque[tuple[Any, ...]] = deque()  # (owner, status, cpu_s, max_rss_kb) to handle
+        self.statuses: dict[int, int | None] = {}  # action id -> its true wait status (its init's report)
 
     @classmethod
     def start(cls, config: dict[str, Any], pid_namespace: bool, agent_fd: int) -> _ZygoteLink:
@@ -949,6 +960,9 @@ class _ZygoteLink:
             if record[0] == "x":
                 self._exited(record)
                 continue
+            if record[0] == "w":
+                self.statuses[record[1]] = record[2]
+                continue
             # One request at a time: the first answer that is not an exit record is this one's.
             if record[0] == "s" and got:
                 return int(record[2]), got[0]
@@ -969,6 +983,8 @@ class _ZygoteLink:
                 os.close(fd)
             if record[0] == "x":
                 self._exited(record)
+            elif record[0] == "w":
+                self.statuses[record[1]] = record[2]
 
     def wait_exit(self, owner: Any) -> tuple[Any, ...]:
         """Block until ``owner``'s process (killed just now) is reported gone; returns its
@@ -1118,6 +1134,8 @@ class _Zygote:
         if pid == 0:
             if req["interp"]:
                 _child_main(req, self.devnull, self.devnull, self.devnull, fds[0])
+            if self.pid_namespace:
+                _split_off_init(self.sockfd, req["id"])
             stdin_fd = fds[2] if len(fds) > 2 else self.devnull
             _child_main(req, stdin_fd, fds[0], fds[1], None)
         for fd in fds:
@@ -1187,6 +1205,55 @@ class _Zygote:
             # Back to our own namespace for the next unshare (only one child may be its init).
             isolation.setns(self.own_pidns, isolation.CLONE_NEWPID)
         return pid
+
+
+def _init_forward(sig: int, frame: object) -> None:
+    with _suppress(OSError):
+        os.kill(_INIT_ACTION[0], sig)
+
+
+_INIT_ACTION = [0]
+_INIT_FORWARDED = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+
+
+def _split_off_init(sockfd: int, rid: int) -> None:
+    """In a fresh PID namespace's first process: fork the action (returns in it) and be the
+    namespace's init (never returns there). The Python loop's twin of _zygote.c's split_off_init
+    (whose comment says why)."""
+    action = os.fork()
+    if action == 0:
+        return
+    try:
+        _INIT_ACTION[0] = action
+        os.closerange(0, sockfd)
+        os.closerange(sockfd + 1, _MAX_FD)
+        _SET_PDEATHSIG_KILL()
+        with _suppress(OSError):
+            isolation.prctl(isolation.PR_SET_DUMPABLE, 0)
+        for sig in _INIT_FORWARDED:
+            signal.signal(sig, _init_forward)
+        status = None
+        while True:
+            try:
+                pid, st = os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+            if pid == action:
+                status = st
+                break
+        os.write(sockfd, _status_record(rid, status))
+        if status is not None and os.WIFEXITED(status):
+            os._exit(os.WEXITSTATUS(status))
+        os._exit(128 + os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else 1)
+    finally:
+        os._exit(1)
 
 
 def _output_pipes() -> tuple[int, int, int, int]:

@@ -48,7 +48,9 @@ def test_environment_cwd_uid_and_cores_are_the_actions(loop_agent: Agent) -> Non
     first, second, third = body["stdout"].splitlines()
     cores = body["cores"]
     assert first == f"True {','.join(map(str, cores))} True"
-    assert second == f"{cores} 1 False"  # PID 1 of its own namespace; the fork server's env is gone
+    # PID 2 of its own namespace, under the init that reports its true status; the fork server's
+    # env is gone.
+    assert second == f"{cores} 2 False"
     assert third == "True"  # what the action executes sees the same environment
 
 

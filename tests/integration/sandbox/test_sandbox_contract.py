@@ -1,0 +1,70 @@
+"""SandboxFusion-style ``/run_code`` cases on the semantics a reward depends on, against a real agent
+(both fork loops). Written from SandboxFusion's documented behaviour: a program's verdict is what it
+would get run directly (``python file.py``, ``bash -c``), whatever the sandbox does around it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from sandbox_agent_harness import Agent, start_agent, stop_agent
+
+
+@pytest.fixture(scope="module", params=["c", "python"])
+def agent(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    running = start_agent(tmp_path_factory.mktemp("contract") / "work", "--fork-loop", request.param)
+    yield running
+    stop_agent(running)
+
+
+def _run(agent: Agent, code: str, language: str = "python", **fields: object) -> dict[str, object]:
+    resp = agent.post("/run_code", {"code": code, "language": language, **fields})
+    assert resp.status_code == 200, resp.text
+    body: dict[str, object] = resp.json()
+    return body
+
+
+def _result(body: dict[str, object]) -> dict[str, object]:
+    run = body["run_result"]
+    assert isinstance(run, dict)
+    return run
+
+
+@pytest.mark.parametrize(
+    ("code", "language", "signal"),
+    [
+        # The answer is printed, then the program kills itself: a runtime error, not a success.
+        ("import os, signal\nprint(42, flush=True)\nos.kill(os.getpid(), signal.SIGKILL)", "python", 9),
+        ("import os\nprint(42, flush=True)\nos.abort()", "python", 6),
+        ("import os, signal\nprint(42, flush=True)\nos.kill(os.getpid(), signal.SIGTERM)", "python", 15),
+        ("echo 42; kill -9 $$", "bash", 9),
+        ("echo 42; kill -SEGV $$", "bash", 11),
+    ],
+)
+def test_a_program_that_kills_itself_fails_with_its_own_signal(
+    agent: Agent, code: str, language: str, signal: int
+) -> None:
+    body = _run(agent, code, language)
+    run = _result(body)
+    assert body["status"] == "Failed", body
+    assert run["status"] == "Finished"
+    assert run["stdout"] == "42\n"
+    assert run["signal"] == signal
+    assert run["return_code"] == -signal
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "code_out"), [("print(1)", "Success", 0), ("raise SystemExit(3)", "Failed", 3)]
+)
+def test_exit_statuses_are_the_programs_own(agent: Agent, code: str, status: str, code_out: int) -> None:
+    body = _run(agent, code)
+    assert (body["status"], _result(body)["return_code"], _result(body)["signal"]) == (status, code_out, None)
+
+
+def test_what_a_program_leaves_running_still_ends_with_it(agent: Agent) -> None:
+    # A child that outlives the program (and ignores SIGTERM) must not keep the call open.
+    code = "trap '' TERM; (trap '' TERM; sleep 300) & echo started"
+    body = _run(agent, code, "bash", run_timeout=20)
+    assert body["status"] == "Success", body
+    assert _result(body)["stdout"] == "started\n"
