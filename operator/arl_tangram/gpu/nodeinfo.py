@@ -20,8 +20,9 @@ Written by the operator (the agent acts on it): ``tangram.arl.dev/mig-layout`` (
 ``{"config": NAME, "gpus": {"INDEX": ["3g.40gb", ...] or null}}``. NAME must be a config the operator
 wrote into the NVIDIA MIG manager's ConfigMap with the same layout (``mig_parted_config`` renders
 it). The agent checks the layout against its own GPUs, then sets the MIG manager's label
-``nvidia.com/mig.config=NAME`` and mirrors ``nvidia.com/mig.config.state`` (``pending``,
-``rebooting``, ``success``, ``failed``) into its status annotation. Without a request it never
+``nvidia.com/mig.config=NAME`` (removing the previous config's ``nvidia.com/mig.config.state``)
+and mirrors the state the MIG manager then writes (``pending``, ``rebooting``, ``success``,
+``failed``) into its status annotation. Without a request it never
 touches ``nvidia.com/mig.config``.
 """
 
@@ -229,6 +230,9 @@ def reconcile_node(
     else:
         if labels.get(MIG_CONFIG_LABEL) != request.config:
             patch.labels[MIG_CONFIG_LABEL] = request.config
+            if MIG_STATE_LABEL in labels:
+                # The state is the previous config's: a stale "success" must not read as this one's.
+                patch.labels[MIG_STATE_LABEL] = None
             status = _status(request.config, "requested")
         else:
             state = labels.get(MIG_STATE_LABEL, "pending")

@@ -98,6 +98,13 @@ ANN = {ni.ANNOTATION_INVENTORY: INV.to_json()}
             {},
             "failed",
         ),
+        # A previous config's state is removed with the new request: its "success" is not this one's.
+        (
+            {**PUBLISHED, ni.MIG_CONFIG_LABEL: "old", ni.MIG_STATE_LABEL: "success"},
+            {**ANN, ni.ANNOTATION_MIG_REQUEST: _request("t-1", {"3": ["3g.40gb", "3g.40gb"]})},
+            {ni.MIG_CONFIG_LABEL: "t-1", ni.MIG_STATE_LABEL: None},
+            "requested",
+        ),
         # Requests this node cannot follow are rejected and change nothing.
         (
             PUBLISHED,
@@ -148,11 +155,12 @@ def test_mig_parted_config_renders_the_request() -> None:
 
 def test_fake_agent_publishes_then_follows_a_request_to_success() -> None:
     nodes = MemoryNodes()
-    nodes.nodes["n1"] = NodeView({"kubernetes.io/hostname": "n1"}, {})
+    # As on a node the MIG manager configured before: a config and its state.
+    nodes.nodes["n1"] = NodeView({ni.MIG_CONFIG_LABEL: "old", ni.MIG_STATE_LABEL: "success"}, {})
     agent = NodeAgent(nodes, "n1", fake="mig-a100")
     agent.step_blocking(0.0)
     view = nodes.read("n1")
-    assert view.labels[ni.LABEL_MIG] == "true" and ni.MIG_CONFIG_LABEL not in view.labels
+    assert view.labels[ni.LABEL_MIG] == "true" and view.labels[ni.MIG_CONFIG_LABEL] == "old"
     published = ni.inventory_from_annotations(view.annotations)
     assert published is not None and not published.gpus[3].mig_enabled
     before = nodes.patches
