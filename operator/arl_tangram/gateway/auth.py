@@ -14,7 +14,10 @@ client is only ever called through :func:`asyncio.to_thread`.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hashlib
+import json
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -92,7 +95,8 @@ class TtlCache(Generic[K, V]):
     def __len__(self) -> int:
         return len(self._entries)
 
-    async def get(self, key: K, lookup: Callable[[], Awaitable[V]]) -> V:
+    async def get(self, key: K, lookup: Callable[[], Awaitable[V]], ttl_s: float | None = None) -> V:
+        """The cached value of ``key``, else ``lookup()``'s, kept for ``ttl_s`` (at most the cache's)."""
         now = self.clock()
         entry = self._entries.get(key)
         if entry is not None and entry[0] > now:
@@ -125,7 +129,8 @@ class TtlCache(Generic[K, V]):
             raise
         finally:
             self._pending.pop(key, None)
-        self._store(key, self.clock() + self.ttl_s, value, None)
+        keep = self.ttl_s if ttl_s is None else max(0.0, min(self.ttl_s, ttl_s))
+        self._store(key, self.clock() + keep, value, None)
         future.set_result(value)
         return value
 
@@ -134,6 +139,20 @@ class TtlCache(Generic[K, V]):
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
+
+
+def token_expiry(token: str) -> float | None:
+    """The ``exp`` claim (Unix seconds) of a JWT, read without verifying it (the TokenReview
+    verifies); None when the token is not a JWT with one."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (ValueError, binascii.Error):
+        return None
+    exp = claims.get("exp") if isinstance(claims, dict) else None
+    return float(exp) if isinstance(exp, int | float) and not isinstance(exp, bool) else None
 
 
 class AuthUnavailable(TangramError):
@@ -171,7 +190,10 @@ class KubernetesAuthenticator:
     async def authenticate(self, token: str) -> Principal:
         # The cache is keyed by a digest: the tokens themselves are not kept in memory.
         digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
-        return await self.tokens.get(digest, lambda: self._review_token(token))
+        expires = token_expiry(token)
+        # A token is never trusted from the cache past its own expiry.
+        left = None if expires is None else expires - time.time()
+        return await self.tokens.get(digest, lambda: self._review_token(token), left)
 
     async def authorize(self, principal: Principal, namespace: str, verb: str) -> None:
         await self.reviews.get(

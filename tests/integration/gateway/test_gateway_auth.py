@@ -5,6 +5,8 @@ TokenReview and SubjectAccessReview endpoints (real HTTP, the real kubernetes cl
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import socket
 from collections.abc import Iterator
 
@@ -15,7 +17,7 @@ from gateway_harness import NS, POOL, Gateway, free_port, serve_gateway, serve_r
 from sandbox_agent_harness import Agent, start_agent, stop_agent
 
 from arl_tangram.gateway import GatewayConfig, KubernetesAuthenticator, build_gateway_app
-from arl_tangram.gateway.auth import Forbidden, TtlCache
+from arl_tangram.gateway.auth import Forbidden, TtlCache, token_expiry
 from arl_tangram.gateway.review_server import ReviewServer, StandInToken, api_client_for
 
 AUD = "tangram-gateway"
@@ -195,3 +197,32 @@ async def test_anonymous_access_needs_the_flag_and_loopback() -> None:
     finally:
         await runner.cleanup()
     assert resp.status_code == 403 and "only from loopback" in resp.json()["error"]
+
+
+def test_a_token_is_not_cached_past_its_own_expiry() -> None:
+    def jwt(claims: dict[str, object]) -> str:
+        payload = base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=")
+        return f"eyJhbGciOiJSUzI1NiJ9.{payload}.c2ln"
+
+    assert token_expiry(jwt({"exp": 1700000000, "aud": ["x"]})) == 1700000000.0
+    assert token_expiry(jwt({"aud": ["x"]})) is None
+    assert token_expiry("not-a-jwt") is None
+    assert token_expiry("a.!!!.c") is None
+
+
+async def test_a_short_lived_entry_expires_before_the_cache_ttl() -> None:
+    now = [0.0]
+    cache: TtlCache[str, int] = TtlCache(ttl_s=60, negative_ttl_s=1, max_entries=10, clock=lambda: now[0])
+    calls: list[int] = []
+
+    async def lookup() -> int:
+        calls.append(1)
+        return 1
+
+    await cache.get("t", lookup, ttl_s=2)
+    now[0] = 1.0
+    await cache.get("t", lookup, ttl_s=2)
+    assert len(calls) == 1
+    now[0] = 2.5
+    await cache.get("t", lookup, ttl_s=2)
+    assert len(calls) == 2
