@@ -17,7 +17,6 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from tqdm import tqdm
 
@@ -40,6 +39,7 @@ from arl_tangram.sim.workload import (
     load,
     with_overrides,
 )
+from arl_tangram.sim.workload_file import SCALING_KEYS
 
 DEFAULT_POLICIES = "static,fcfs-min,paper,tangram"
 
@@ -119,25 +119,38 @@ def gpus_needed(curve: Sequence[GpuPoint], target: float, p99: bool) -> int | No
 
 
 def with_planner(wl: Workload, settings: list[str]) -> Workload:
-    """The workload with ``KEY=VALUE`` overrides of its planner section (numbers or the solver)."""
+    """The workload with ``KEY=VALUE`` overrides of its planner section: a field of the file's
+    planner section (docs/workloads.md), numbers or the solver."""
     if not settings:
         return wl
     if wl.planner is None:
         raise InvalidSpec("--planner-set", f"workload {wl.name} has no planner section")
-    fields = {f.name: f for f in dataclasses.fields(wl.planner)}
-    changes: dict[str, Any] = {}
+    spec = wl.planner
+    scalars = {f.name for f in dataclasses.fields(spec) if f.name not in ("cpu_scaling", "gpu_scaling")}
+    known = sorted(scalars | set(SCALING_KEYS))
     for item in settings:
         key, sep, value = item.partition("=")
-        if not sep or key not in fields:
-            raise InvalidSpec(
-                "--planner-set", f"{item!r}: expected KEY=VALUE with KEY one of {', '.join(fields)}"
-            )
-        kind = type(getattr(wl.planner, key))
-        try:
-            changes[key] = kind(value)
-        except ValueError as exc:
-            raise InvalidSpec(f"--planner-set {key}", f"{value!r} is not a {kind.__name__}") from exc
-    return dataclasses.replace(wl, planner=dataclasses.replace(wl.planner, **changes))
+        if not sep or key not in known:
+            expected = f"{item!r}: expected KEY=VALUE with KEY one of {', '.join(known)}"
+            raise InvalidSpec("--planner-set", expected)
+        if key in scalars:
+            kind = type(getattr(spec, key))
+            try:
+                spec = dataclasses.replace(spec, **{key: kind(value)})
+            except ValueError as exc:
+                raise InvalidSpec(f"--planner-set {key}", f"{value!r} is not a {kind.__name__}") from exc
+            continue
+        pools, field = SCALING_KEYS[key]
+        for pool in pools:
+            attr = f"{pool}_scaling"
+            policy = getattr(spec, attr)
+            kind = type(getattr(policy, field))
+            try:
+                changed = dataclasses.replace(policy, **{field: kind(value)})
+                spec = dataclasses.replace(spec, **{attr: changed})
+            except ValueError as exc:
+                raise InvalidSpec(f"--planner-set {key}", f"{value!r} is not a {kind.__name__}") from exc
+    return dataclasses.replace(wl, planner=spec)
 
 
 def _workload(args: argparse.Namespace) -> Workload:

@@ -469,7 +469,8 @@ class Simulation:
         for gid in finished:
             del node.active[gid]
             grant, _, _ = self._grant_of[gid]
-            self._done((grant, "ok"), now)
+            # The exec path into the pod (a fresh process per action) adds its latency, no cores.
+            self._push(now + self.wl.static.exec_s, "done", (grant, "ok"))
         self._reshare(host, now)
 
     def _done(self, payload: tuple[Grant, str], now: float) -> None:
@@ -498,6 +499,8 @@ class Simulation:
         overhead = grant.restore_s
         if not isinstance(self.scheduler, StaticPolicy):
             overhead += self.wl.cluster.dispatch_overhead_s
+        elif "shared" in grant.extra:
+            overhead += self.wl.static.exec_s
         arrival = st.first_arrival
         pod_wait = max(0.0, min(started, st.pod_ready_at) - arrival) if "shared" in grant.extra else 0.0
         self._records.append(

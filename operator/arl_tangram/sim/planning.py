@@ -10,6 +10,7 @@ Provisioned capacity is accounted in unit-seconds (cores or GPUs, starting ones 
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 from typing import cast
@@ -26,7 +27,6 @@ from arl_tangram.planner.snapshot import (
     PoolDemand,
     RewardServiceSpec,
     SandboxPoolSpec,
-    ScalingPolicy,
 )
 from arl_tangram.sim.engine import Simulation
 from arl_tangram.sim.workload import PlannerSpec
@@ -84,15 +84,7 @@ class SimPlanner:
         if sim.cpu is not None:
             per_node = max(1, c.cores_per_host // s.host_cores)
             self.host_memory = int(c.memory_gib_per_host * GIB * s.host_cores / c.cores_per_host)
-            policy = ScalingPolicy(
-                max_instances=per_node * c.cpu_hosts,
-                min_instances=s.min_hosts,
-                warm_instances=s.warm_hosts,
-                max_starting=s.max_starting,
-                idle_timeout_s=s.idle_timeout_s,
-                cold_start_s=s.host_cold_start_s,
-                target_utilisation=s.target_utilisation,
-            )
+            policy = dataclasses.replace(s.cpu_scaling, max_instances=per_node * c.cpu_hosts)
             self.sessions_per_host = int(s.host_cores * s.sessions_per_core)
             if s.sessions_per_core > 0:
                 self.sessions_per_host = max(1, self.sessions_per_host)
@@ -104,15 +96,7 @@ class SimPlanner:
             for name in list(sim.cpu.hosts):
                 del sim.cpu.hosts[name]
         if sim.gpu is not None:
-            policy = ScalingPolicy(
-                max_instances=c.gpu_nodes,
-                min_instances=s.min_gpu_nodes,
-                warm_instances=s.warm_gpu_nodes,
-                max_starting=s.max_starting,
-                idle_timeout_s=s.idle_timeout_s,
-                cold_start_s=s.gpu_cold_start_s,
-                target_utilisation=s.target_utilisation,
-            )
+            policy = dataclasses.replace(s.gpu_scaling, max_instances=c.gpu_nodes)
             self._services.append(
                 RewardServiceSpec("gpu", (c.gpus_per_node,), int(c.gpu_memory_gb * 1e9), policy)
             )
@@ -138,7 +122,8 @@ class SimPlanner:
         for u in plan.undrains:
             self._set_draining(sim, u.name, False)
         for a in plan.adds:
-            cold = self.spec.host_cold_start_s if a.pool == "cpu" else self.spec.gpu_cold_start_s
+            scaling = self.spec.cpu_scaling if a.pool == "cpu" else self.spec.gpu_scaling
+            cold = scaling.cold_start_s
             self._add(sim, a.pool, a.node, a.units, a.cpu_millicores, a.memory_bytes, a.gpus, now, cold)
 
     def finish(self, sim: Simulation, end: float) -> None:

@@ -18,45 +18,9 @@ import yaml
 
 from arl_tangram.core.action import Amdahl, DurationModel, EfficiencyCurve, Fixed, feasible_range
 from arl_tangram.errors import InvalidSpec
+from arl_tangram.planner.snapshot import ScalingPolicy
 
 BUILTIN = ("ai-coding", "reward-gpu", "deepsearch", "mixed", "memory-tight", "swe")
-
-
-# ---- reading helpers: each names the field it complains about ---------------------------------------
-def _get(d: dict[str, Any], key: str, where: str, kind: type | tuple[type, ...] = (int, float)) -> Any:
-    if key not in d:
-        raise InvalidSpec(f"{where}.{key}", "is required")
-    value = d[key]
-    if kind in ((int, float), float) and isinstance(value, bool):
-        raise InvalidSpec(f"{where}.{key}", f"must be a number, got {value!r}")
-    if not isinstance(value, kind):
-        raise InvalidSpec(f"{where}.{key}", f"has the wrong type: {value!r}")
-    return value
-
-
-def _num(d: dict[str, Any], key: str, where: str, lo: float = 0.0, default: float | None = None) -> float:
-    if key not in d and default is not None:
-        return default
-    value = float(_get(d, key, where))
-    if value < lo or math.isnan(value):
-        raise InvalidSpec(f"{where}.{key}", f"must be >= {lo}, got {value}")
-    return value
-
-
-def _int(d: dict[str, Any], key: str, where: str, lo: int = 0, default: int | None = None) -> int:
-    if key not in d and default is not None:
-        return default
-    value = _get(d, key, where, int)
-    if value < lo:
-        raise InvalidSpec(f"{where}.{key}", f"must be >= {lo}, got {value}")
-    return int(value)
-
-
-def _dict(d: dict[str, Any], key: str, where: str) -> dict[str, Any]:
-    value = d.get(key, {})
-    if not isinstance(value, dict):
-        raise InvalidSpec(f"{where}.{key}", "must be a mapping")
-    return value
 
 
 @dataclass(frozen=True)
@@ -72,10 +36,6 @@ class LogNormal:
 
     def sample(self, rng: random.Random) -> float:
         return self.median * math.exp(rng.gauss(0.0, self.sigma)) if self.sigma > 0 else self.median
-
-    @classmethod
-    def parse(cls, d: dict[str, Any], where: str) -> LogNormal:
-        return cls(_num(d, "median_s", where, 1e-9), _num(d, "sigma", where, 0.0))
 
 
 # ---- the cluster -------------------------------------------------------------------------------------
@@ -118,6 +78,7 @@ class StaticSpec:
     pod_limit_cores: float
     pod_admission_per_s: float
     pod_start: LogNormal
+    exec_s: float  # per action, the exec path into the trajectory's pod (a fresh process)
     gpus_per_replica: int
     api_fail_s: float
     api_backoff_s: float
@@ -187,23 +148,20 @@ Source = CodingSource | RewardSource | SearchSource
 
 @dataclass(frozen=True)
 class PlannerSpec:
-    """How the capacity planner scales the pools when a run uses it (``bench sim --planner``)."""
+    """How the capacity planner scales the pools when a run uses it (``bench sim --planner``).
+
+    The scaling of each pool is the planner's own :class:`ScalingPolicy` (its defaults read from
+    the API models); ``max_instances`` is what the cluster holds, set again where the simulation
+    attaches (a GPU override changes it)."""
 
     period_s: float
     host_cores: int
-    host_cold_start_s: float
-    gpu_cold_start_s: float
-    min_hosts: int
-    warm_hosts: int
-    min_gpu_nodes: int
-    warm_gpu_nodes: int
-    max_starting: int
-    idle_timeout_s: float
     time_limit_s: float
     solver: str
-    target_utilisation: float = 0.8
-    target_efficiency: float = 0.5
-    sessions_per_core: float = 0.0
+    target_efficiency: float
+    sessions_per_core: float
+    cpu_scaling: ScalingPolicy
+    gpu_scaling: ScalingPolicy
 
 
 @dataclass(frozen=True)
@@ -221,225 +179,11 @@ class Workload:
         return any(isinstance(s, RewardSource | SearchSource) for s in self.sources)
 
 
-def _cluster(d: dict[str, Any]) -> ClusterSpec:
-    w = "cluster"
-    cpu = _dict(d, "cpu_hosts", w)
-    gpu = _dict(d, "gpu_nodes", w)
-    apis = []
-    for i, a in enumerate(d.get("apis", []) or []):
-        where = f"cluster.apis[{i}]"
-        if not isinstance(a, dict):
-            raise InvalidSpec(where, "must be a mapping")
-        apis.append(
-            ApiSpec(
-                str(_get(a, "name", where, str)),
-                _int(a, "concurrency", where, 1),
-                _num(a, "rate_per_s", where, 1e-9),
-                _num(a, "burst", where, 1.0),
-            )
-        )
-    nvlink = str(gpu.get("nvlink", "all"))
-    if nvlink not in ("all", "pairs"):
-        raise InvalidSpec("cluster.gpu_nodes.nvlink", f"must be 'all' or 'pairs', got {nvlink!r}")
-    mig_raw = gpu.get("mig", {}) or {}
-    if not isinstance(mig_raw, dict):
-        raise InvalidSpec("cluster.gpu_nodes.mig", "must map a GPU index to a list of MIG profiles")
-    mig = {int(k): [str(p) for p in v] for k, v in mig_raw.items()}
-    per = _int(gpu, "gpus", f"{w}.gpu_nodes", 1, 8)
-    last = _int(gpu, "last_node_gpus", f"{w}.gpu_nodes", 0, 0)
-    if last > per:
-        raise InvalidSpec(f"{w}.gpu_nodes.last_node_gpus", f"must be at most gpus ({per}), got {last}")
-    return ClusterSpec(
-        cpu_hosts=_int(cpu, "count", f"{w}.cpu_hosts", 0, 0),
-        cores_per_host=_int(cpu, "cores", f"{w}.cpu_hosts", 1, 1),
-        numa_per_host=_int(cpu, "numa_nodes", f"{w}.cpu_hosts", 1, 1),
-        memory_gib_per_host=_num(cpu, "memory_gib", f"{w}.cpu_hosts", 0.0, 0.0),
-        gpu_nodes=_int(gpu, "count", f"{w}.gpu_nodes", 0, 0),
-        gpus_per_node=_int(gpu, "gpus", f"{w}.gpu_nodes", 1, 8),
-        gpu_memory_gb=_num(gpu, "memory_gb", f"{w}.gpu_nodes", 1.0, 80.0),
-        nvlink=nvlink,
-        mig=mig,
-        restore_gbps=_num(gpu, "restore_gbps", f"{w}.gpu_nodes", 1e-9, 20.0),
-        memory_headroom=_num(gpu, "memory_headroom", f"{w}.gpu_nodes", 1.0, 1.2),
-        apis=tuple(apis),
-        dispatch_overhead_s=_num(d, "dispatch_overhead_s", w, 0.0, 0.0),
-        last_node_gpus=0 if last == per else last,
-    )
-
-
-def _static(d: dict[str, Any]) -> StaticSpec:
-    w = "static"
-    return StaticSpec(
-        dop=_int(d, "dop", w, 1, 4),
-        pod_request_cores=_num(d, "pod_request_cores", w, 0.0, 0.5),
-        pod_limit_cores=_num(d, "pod_limit_cores", w, 1e-9, 4.0),
-        pod_admission_per_s=_num(d, "pod_admission_per_s", w, 1e-9, 20.0),
-        pod_start=LogNormal.parse(_dict(d, "pod_start", w), f"{w}.pod_start")
-        if "pod_start" in d
-        else LogNormal(5.0, 0.0),
-        gpus_per_replica=_int(d, "gpus_per_replica", w, 1, 4),
-        api_fail_s=_num(d, "api_fail_s", w, 0.0, 0.05),
-        api_backoff_s=_num(d, "api_backoff_s", w, 0.0, 1.0),
-        max_failures=_int(d, "max_failures", w, 1, 3),
-    )
-
-
-def _efficiency(d: dict[str, Any], where: str) -> dict[int, float]:
-    raw = _dict(d, "efficiency", where)
-    if not raw:
-        raise InvalidSpec(f"{where}.efficiency", "must give E(m) for each feasible GPU count")
-    out = {int(k): float(v) for k, v in raw.items()}
-    for k, e in out.items():
-        if k not in (1, 2, 4, 8) or not 0 < e <= 1:
-            raise InvalidSpec(f"{where}.efficiency", f"need m in 1,2,4,8 and 0 < E <= 1, got E({k})={e}")
-    return out
-
-
-def _services(d: dict[str, Any], where: str) -> tuple[ServiceSpec, ...]:
-    raw = d.get("services")
-    if not isinstance(raw, list) or not raw:
-        raise InvalidSpec(f"{where}.services", "must be a non-empty list of {name, params_b}")
-    out = []
-    for i, s in enumerate(raw):
-        sw = f"{where}.services[{i}]"
-        if not isinstance(s, dict):
-            raise InvalidSpec(sw, "must be a mapping")
-        out.append(ServiceSpec(str(_get(s, "name", sw, str)), _num(s, "params_b", sw, 1e-9)))
-    return tuple(out)
-
-
-def _source(d: dict[str, Any], i: int) -> Source:
-    w = f"sources[{i}]"
-    kind = d.get("kind")
-    tenant = str(d.get("tenant", "default"))
-    priority = _int(d, "priority", w, 0, 0)
-    if kind == "coding":
-        tool = _dict(d, "tool", w)
-        test = _dict(d, "test", w)
-        acts = _dict(d, "actions", w)
-        src = CodingSource(
-            trajectories=_int(d, "trajectories", w, 1),
-            release_at_s=_num(d, "release_at_s", w, 0.0, 0.0),
-            actions_min=_int(acts, "min", f"{w}.actions", 1),
-            actions_max=_int(acts, "max", f"{w}.actions", 1),
-            think=LogNormal.parse(_dict(d, "think", w), f"{w}.think"),
-            tool_cores=_int(tool, "cores", f"{w}.tool", 1),
-            tool=LogNormal.parse(tool, f"{w}.tool"),
-            test_every=_int(test, "every", f"{w}.test", 1),
-            test_last=bool(test.get("last", True)),
-            test_cores_min=_int(test, "cores_min", f"{w}.test", 1),
-            test_cores_max=_int(test, "cores_max", f"{w}.test", 1),
-            test_p_min=_num(test, "p_min", f"{w}.test"),
-            test_p_max=_num(test, "p_max", f"{w}.test"),
-            test_t1=LogNormal(
-                _num(test, "t1_median_s", f"{w}.test", 1e-9), _num(test, "t1_sigma", f"{w}.test")
-            ),
-            memory_gib=_num(d, "memory_gib", w, 0.0, 0.0),
-            tenant=tenant,
-            priority=priority,
-        )
-        if src.actions_max < src.actions_min:
-            raise InvalidSpec(f"{w}.actions", "max must be >= min")
-        if src.test_cores_max < src.test_cores_min:
-            raise InvalidSpec(f"{w}.test.cores_max", "must be >= cores_min")
-        if not 0 <= src.test_p_min <= src.test_p_max <= 1:
-            raise InvalidSpec(f"{w}.test.p_min", "need 0 <= p_min <= p_max <= 1")
-        return src
-    if kind == "reward":
-        src_r = RewardSource(
-            services=_services(d, w),
-            bytes_per_param=_num(d, "bytes_per_param", w, 1e-9, 2.0),
-            efficiency=_efficiency(d, w),
-            t1=LogNormal.parse(_dict(d, "t1", w), f"{w}.t1"),
-            period_s=_num(d, "period_s", w, 1e-9),
-            on_fraction=_num(d, "on_fraction", w, 1e-9),
-            on_utilization=_num(d, "on_utilization", w, 1e-9),
-            horizon_s=_num(d, "horizon_s", w, 1e-9),
-            tenant=tenant,
-            priority=priority,
-        )
-        if src_r.on_fraction > 1:
-            raise InvalidSpec(f"{w}.on_fraction", "must be <= 1")
-        return src_r
-    if kind == "search":
-        calls = _dict(d, "calls", w)
-        judge = _dict(d, "judge", w)
-        apis = d.get("apis")
-        if not isinstance(apis, list) or not apis:
-            raise InvalidSpec(f"{w}.apis", "must list the API names calls go to")
-        return SearchSource(
-            trajectories=_int(d, "trajectories", w, 1),
-            calls_min=_int(calls, "min", f"{w}.calls", 1),
-            calls_max=_int(calls, "max", f"{w}.calls", 1),
-            apis=tuple(str(a) for a in apis),
-            call=LogNormal.parse(_dict(d, "call", w), f"{w}.call"),
-            think=LogNormal.parse(_dict(d, "think", w), f"{w}.think"),
-            judge=ServiceSpec(
-                str(_get(judge, "name", f"{w}.judge", str)), _num(judge, "params_b", f"{w}.judge", 1e-9)
-            ),
-            bytes_per_param=_num(judge, "bytes_per_param", f"{w}.judge", 1e-9, 2.0),
-            efficiency=_efficiency(judge, f"{w}.judge"),
-            judge_t1=LogNormal.parse(_dict(judge, "t1", f"{w}.judge"), f"{w}.judge.t1"),
-            tenant=tenant,
-            priority=priority,
-        )
-    raise InvalidSpec(f"{w}.kind", f"must be coding, reward or search, got {kind!r}")
-
-
-def _planner(d: dict[str, Any]) -> PlannerSpec:
-    w = "planner"
-    spec = PlannerSpec(
-        period_s=_num(d, "period_s", w, 1e-3, 10.0),
-        host_cores=_int(d, "host_cores", w, 1, 64),
-        host_cold_start_s=_num(d, "host_cold_start_s", w, 0.0, 10.0),
-        gpu_cold_start_s=_num(d, "gpu_cold_start_s", w, 0.0, 60.0),
-        min_hosts=_int(d, "min_hosts", w, 1, 1),
-        warm_hosts=_int(d, "warm_hosts", w, 0, 1),
-        min_gpu_nodes=_int(d, "min_gpu_nodes", w, 1, 1),
-        warm_gpu_nodes=_int(d, "warm_gpu_nodes", w, 0, 0),
-        max_starting=_int(d, "max_starting", w, 1, 4),
-        idle_timeout_s=_num(d, "idle_timeout_s", w, 0.0, 60.0),
-        time_limit_s=_num(d, "time_limit_s", w, 0.0, 1.0),
-        solver=str(d.get("solver", "greedy")),
-        target_utilisation=_num(d, "target_utilisation", w, 1e-3, 0.8),
-        target_efficiency=_num(d, "target_efficiency", w, 1e-3, 0.5),
-        sessions_per_core=_num(d, "sessions_per_core", w, 0.0, 0.0),
-    )
-    for name in ("target_utilisation", "target_efficiency"):
-        if getattr(spec, name) > 1.0:
-            raise InvalidSpec(f"planner.{name}", f"must be in (0, 1], got {getattr(spec, name)}")
-    if spec.solver not in ("auto", "highs", "cbc", "greedy"):
-        raise InvalidSpec("planner.solver", f"must be auto, highs, cbc or greedy, got {spec.solver!r}")
-    return spec
-
-
 def parse(doc: Any, origin: str = "<workload>") -> Workload:
-    """Validate a parsed YAML document into a Workload."""
-    if not isinstance(doc, dict):
-        raise InvalidSpec("workload", f"{origin}: the top level must be a mapping")
-    sources = doc.get("sources")
-    if not isinstance(sources, list) or not sources:
-        raise InvalidSpec("sources", f"{origin}: must be a non-empty list")
-    wl = Workload(
-        name=str(doc.get("name", origin)),
-        seed=_int(doc, "seed", "workload", 0, 0),
-        cluster=_cluster(_dict(doc, "cluster", "workload")),
-        static=_static(_dict(doc, "static", "workload")),
-        sources=tuple(_source(s if isinstance(s, dict) else {}, i) for i, s in enumerate(sources)),
-        description=str(doc.get("description", "")),
-        planner=_planner(_dict(doc, "planner", "workload")),
-    )
-    api_names = {a.name for a in wl.cluster.apis}
-    for i, s in enumerate(wl.sources):
-        if isinstance(s, SearchSource):
-            missing = set(s.apis) - api_names
-            if missing:
-                raise InvalidSpec(f"sources[{i}].apis", f"not declared under cluster.apis: {sorted(missing)}")
-        if isinstance(s, CodingSource) and wl.cluster.cpu_hosts == 0:
-            raise InvalidSpec("cluster.cpu_hosts.count", "a coding source needs sandbox hosts")
-        if isinstance(s, RewardSource | SearchSource) and wl.cluster.gpu_nodes == 0:
-            raise InvalidSpec("cluster.gpu_nodes.count", "reward and judge actions need GPU nodes")
-    return wl
+    """Validate a parsed YAML document into a Workload (an unknown or wrong field is named)."""
+    from arl_tangram.sim.workload_file import WorkloadFile  # the file format builds these specs
+
+    return WorkloadFile.parse(doc, origin)
 
 
 def load(path: str | Path) -> Workload:

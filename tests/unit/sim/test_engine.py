@@ -112,7 +112,7 @@ def test_planner_scales_hosts_with_demand_and_every_action_completes() -> None:
     assert 0 < hook.unit_seconds["cpu"] < full
     # It never scales below its floor: when the run ends min_hosts CPU hosts (at least) are still up.
     live = [i for i in hook.instances.values() if i.phase != "failed"]
-    assert len(live) >= wl.planner.min_hosts >= 1
+    assert len(live) >= wl.planner.cpu_scaling.min_instances >= 1
     assert all(i.pool == "cpu" for i in live)
 
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import yaml
 
 from arl_tangram.errors import InvalidSpec
-from arl_tangram.sim.workload import BUILTIN, builtin, generate, load, parse, with_overrides
+from arl_tangram.planner.snapshot import ScalingPolicy
+from arl_tangram.sim.calibration import calibration
+from arl_tangram.sim.workload import BUILTIN, LogNormal, builtin, generate, load, parse, with_overrides
 
 
 @pytest.mark.parametrize("name", BUILTIN)
@@ -107,3 +110,58 @@ def test_planner_targets_are_fractions() -> None:
     doc["planner"]["target_efficiency"] = 1.5
     with pytest.raises(InvalidSpec, match=r"planner\.target_efficiency"):
         parse(doc)
+
+
+def _doc(name: str) -> dict:  # type: ignore[type-arg]
+    path = Path(__file__).parents[3] / f"operator/arl_tangram/sim/workloads/{name}.yaml"
+    return yaml.safe_load(path.read_text())  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda d: d["planner"].update(peroid_s=5), "planner.peroid_s"),
+        (lambda d: d["sources"][0]["test"].update(cores_mx=8), "sources[0].test.cores_mx"),
+        (lambda d: d["cluster"]["cpu_hosts"].update(cors=8), "cluster.cpu_hosts.cors"),
+        (lambda d: d.update(sedd=3), "sedd"),
+    ],
+)
+def test_unknown_fields_are_refused_by_name(mutate: object, field: str) -> None:
+    doc = _doc("ai-coding")
+    mutate(doc)  # type: ignore[operator]
+    with pytest.raises(InvalidSpec) as err:
+        parse(doc)
+    assert (err.value.field, err.value.message) == (field, "unknown field")
+
+
+def test_a_bool_is_not_a_number() -> None:
+    doc = _doc("ai-coding")
+    doc["cluster"]["cpu_hosts"]["count"] = True
+    with pytest.raises(InvalidSpec, match="count"):
+        parse(doc)
+
+
+def test_scaling_left_out_takes_the_planners_defaults_and_given_fields_win() -> None:
+    doc = _doc("ai-coding")
+    for key in ("min_hosts", "warm_hosts", "max_starting", "idle_timeout_s"):
+        doc["planner"].pop(key)
+    wl = parse(doc)
+    assert wl.planner is not None
+    default = ScalingPolicy(max_instances=wl.planner.cpu_scaling.max_instances)
+    assert wl.planner.cpu_scaling == dataclasses.replace(
+        default, cold_start_s=10.0, target_utilisation=default.target_utilisation
+    )
+    doc["planner"]["min_hosts"] = 2
+    assert parse(doc).planner.cpu_scaling.min_instances == 2  # type: ignore[union-attr]
+    assert parse(doc).planner.gpu_scaling.min_instances == doc["planner"]["min_gpu_nodes"]  # type: ignore[union-attr]
+
+
+def test_static_takes_the_measured_calibration_unless_the_file_sets_figures() -> None:
+    cal = calibration()
+    wl = builtin("ai-coding")
+    assert wl.static.pod_start == LogNormal(cal.pod_start.median_s, cal.pod_start.sigma)
+    assert (wl.static.pod_admission_per_s, wl.static.exec_s) == (cal.pod_admission_per_s, cal.exec_s)
+    doc = _doc("ai-coding")
+    doc["static"].update(pod_start={"median_s": 5.0, "sigma": 0.3}, exec_s=0.0)
+    own = parse(doc).static
+    assert (own.pod_start, own.exec_s) == (LogNormal(5.0, 0.3), 0.0)

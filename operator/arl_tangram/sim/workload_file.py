@@ -1,0 +1,439 @@
+"""The workload file format (docs/workloads.md): pydantic models that refuse unknown fields and
+build the simulator's domain specs (``sim.workload``) and the planner's (``ScalingPolicy``).
+
+A wrong field raises :class:`InvalidSpec` naming its path, e.g. ``planner.peroid_s: unknown
+field``. Scaling fields left out take the planner's defaults (which read the API models'); the
+static baseline's pod start-up and exec figures left out take the measured ``calibration.yaml``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import StrictInt as _StrictInt
+
+from arl_tangram.errors import InvalidSpec
+from arl_tangram.planner.snapshot import ScalingPolicy
+from arl_tangram.sim.calibration import calibration
+from arl_tangram.sim.workload import (
+    ApiSpec,
+    ClusterSpec,
+    CodingSource,
+    LogNormal,
+    PlannerSpec,
+    RewardSource,
+    SearchSource,
+    ServiceSpec,
+    Source,
+    StaticSpec,
+    Workload,
+)
+
+# YAML numbers: an int is a fine float, a bool is not a number (pydantic's lax mode would take it).
+Num = Annotated[float, Field(strict=False, allow_inf_nan=False)]
+Int = _StrictInt
+TP_SIZES = (1, 2, 4, 8)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bools(cls, data: Any) -> Any:
+        # A bool where a number belongs is a mistake (``count: yes``), not 1.
+        if isinstance(data, dict):
+            for name, field in cls.model_fields.items():
+                if isinstance(data.get(name), bool) and field.annotation not in (bool, "bool"):
+                    raise ValueError(f"{name}: must be a number, got {data[name]!r}")
+        return data
+
+
+class LogNormalModel(_Model):
+    median_s: Num = Field(gt=0)
+    sigma: Num = Field(ge=0)
+
+    def spec(self) -> LogNormal:
+        return LogNormal(self.median_s, self.sigma)
+
+
+class Range(_Model):
+    min: Int = Field(ge=1)
+    max: Int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Range:
+        if self.max < self.min:
+            raise ValueError("max must be >= min")
+        return self
+
+
+# ---- cluster -----------------------------------------------------------------------------------------
+class CpuHosts(_Model):
+    count: Int = Field(0, ge=0)
+    cores: Int = Field(1, ge=1)
+    numa_nodes: Int = Field(1, ge=1)
+    memory_gib: Num = Field(0.0, ge=0)
+
+
+class GpuNodes(_Model):
+    count: Int = Field(0, ge=0)
+    gpus: Int = Field(8, ge=1)
+    last_node_gpus: Int = Field(0, ge=0)
+    memory_gb: Num = Field(80.0, ge=1)
+    nvlink: Literal["all", "pairs"] = "all"
+    mig: dict[int, list[str]] = Field(default_factory=dict)
+    restore_gbps: Num = Field(20.0, gt=0)
+    memory_headroom: Num = Field(1.2, ge=1)
+
+    @model_validator(mode="after")
+    def _last(self) -> GpuNodes:
+        if self.last_node_gpus > self.gpus:
+            raise ValueError(f"last_node_gpus must be at most gpus ({self.gpus}), got {self.last_node_gpus}")
+        return self
+
+
+class Api(_Model):
+    name: str
+    concurrency: Int = Field(ge=1)
+    rate_per_s: Num = Field(gt=0)
+    burst: Num = Field(ge=1)
+
+
+class Cluster(_Model):
+    cpu_hosts: CpuHosts = CpuHosts()
+    gpu_nodes: GpuNodes = GpuNodes()
+    apis: list[Api] = Field(default_factory=list)
+    dispatch_overhead_s: Num = Field(0.0, ge=0)
+
+    def spec(self) -> ClusterSpec:
+        c, g = self.cpu_hosts, self.gpu_nodes
+        return ClusterSpec(
+            cpu_hosts=c.count,
+            cores_per_host=c.cores,
+            numa_per_host=c.numa_nodes,
+            memory_gib_per_host=c.memory_gib,
+            gpu_nodes=g.count,
+            gpus_per_node=g.gpus,
+            gpu_memory_gb=g.memory_gb,
+            nvlink=g.nvlink,
+            mig={k: list(v) for k, v in g.mig.items()},
+            restore_gbps=g.restore_gbps,
+            memory_headroom=g.memory_headroom,
+            apis=tuple(ApiSpec(a.name, a.concurrency, a.rate_per_s, a.burst) for a in self.apis),
+            dispatch_overhead_s=self.dispatch_overhead_s,
+            last_node_gpus=0 if g.last_node_gpus == g.gpus else g.last_node_gpus,
+        )
+
+
+class Static(_Model):
+    """The baseline; pod start-up, admission and exec default to the measured calibration."""
+
+    dop: Int = Field(4, ge=1)
+    pod_request_cores: Num = Field(0.5, ge=0)
+    pod_limit_cores: Num = Field(4.0, gt=0)
+    pod_admission_per_s: Num | None = Field(None, gt=0)
+    pod_start: LogNormalModel | None = None
+    exec_s: Num | None = Field(None, ge=0)
+    gpus_per_replica: Int = Field(4, ge=1)
+    api_fail_s: Num = Field(0.05, ge=0)
+    api_backoff_s: Num = Field(1.0, ge=0)
+    max_failures: Int = Field(3, ge=1)
+
+    def spec(self) -> StaticSpec:
+        cal = calibration()
+        return StaticSpec(
+            dop=self.dop,
+            pod_request_cores=self.pod_request_cores,
+            pod_limit_cores=self.pod_limit_cores,
+            pod_admission_per_s=cal.pod_admission_per_s
+            if self.pod_admission_per_s is None
+            else self.pod_admission_per_s,
+            pod_start=LogNormal(cal.pod_start.median_s, cal.pod_start.sigma)
+            if self.pod_start is None
+            else self.pod_start.spec(),
+            exec_s=cal.exec_s if self.exec_s is None else self.exec_s,
+            gpus_per_replica=self.gpus_per_replica,
+            api_fail_s=self.api_fail_s,
+            api_backoff_s=self.api_backoff_s,
+            max_failures=self.max_failures,
+        )
+
+
+# ---- sources -----------------------------------------------------------------------------------------
+class _Source(_Model):
+    tenant: str = "default"
+    priority: Int = Field(0, ge=0)
+
+
+class Tool(_Model):
+    cores: Int = Field(ge=1)
+    median_s: Num = Field(gt=0)
+    sigma: Num = Field(ge=0)
+
+
+class Test(_Model):
+    every: Int = Field(ge=1)
+    last: bool = True
+    cores_min: Int = Field(ge=1)
+    cores_max: Int = Field(ge=1)
+    p_min: Num = Field(ge=0, le=1)
+    p_max: Num = Field(ge=0, le=1)
+    t1_median_s: Num = Field(gt=0)
+    t1_sigma: Num = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Test:
+        if self.cores_max < self.cores_min:
+            raise ValueError("cores_max must be >= cores_min")
+        if self.p_max < self.p_min:
+            raise ValueError("need p_min <= p_max")
+        return self
+
+
+class Coding(_Source):
+    kind: Literal["coding"]
+    trajectories: Int = Field(ge=1)
+    release_at_s: Num = Field(0.0, ge=0)
+    actions: Range
+    think: LogNormalModel
+    tool: Tool
+    test: Test
+    memory_gib: Num = Field(0.0, ge=0)
+
+    def spec(self) -> CodingSource:
+        t = self.test
+        return CodingSource(
+            trajectories=self.trajectories,
+            release_at_s=self.release_at_s,
+            actions_min=self.actions.min,
+            actions_max=self.actions.max,
+            think=self.think.spec(),
+            tool_cores=self.tool.cores,
+            tool=LogNormal(self.tool.median_s, self.tool.sigma),
+            test_every=t.every,
+            test_last=t.last,
+            test_cores_min=t.cores_min,
+            test_cores_max=t.cores_max,
+            test_p_min=t.p_min,
+            test_p_max=t.p_max,
+            test_t1=LogNormal(t.t1_median_s, t.t1_sigma),
+            memory_gib=self.memory_gib,
+            tenant=self.tenant,
+            priority=self.priority,
+        )
+
+
+def _efficiency(eff: dict[int, float]) -> dict[int, float]:
+    if not eff:
+        raise ValueError("must give E(m) for each feasible GPU count")
+    for k, e in eff.items():
+        if k not in TP_SIZES or not 0 < e <= 1:
+            raise ValueError(f"need m in 1, 2, 4, 8 and 0 < E <= 1, got E({k})={e}")
+    return dict(eff)
+
+
+class Service(_Model):
+    name: str
+    params_b: Num = Field(gt=0)
+
+
+class Reward(_Source):
+    kind: Literal["reward"]
+    services: list[Service] = Field(min_length=1)
+    bytes_per_param: Num = Field(2.0, gt=0)
+    efficiency: dict[int, Num]
+    t1: LogNormalModel
+    period_s: Num = Field(gt=0)
+    on_fraction: Num = Field(gt=0, le=1)
+    on_utilization: Num = Field(gt=0)
+    horizon_s: Num = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _eff(self) -> Reward:
+        _efficiency(self.efficiency)
+        return self
+
+    def spec(self) -> RewardSource:
+        return RewardSource(
+            services=tuple(ServiceSpec(s.name, s.params_b) for s in self.services),
+            bytes_per_param=self.bytes_per_param,
+            efficiency=dict(self.efficiency),
+            t1=self.t1.spec(),
+            period_s=self.period_s,
+            on_fraction=self.on_fraction,
+            on_utilization=self.on_utilization,
+            horizon_s=self.horizon_s,
+            tenant=self.tenant,
+            priority=self.priority,
+        )
+
+
+class Judge(_Model):
+    name: str
+    params_b: Num = Field(gt=0)
+    bytes_per_param: Num = Field(2.0, gt=0)
+    efficiency: dict[int, Num]
+    t1: LogNormalModel
+
+    @model_validator(mode="after")
+    def _eff(self) -> Judge:
+        _efficiency(self.efficiency)
+        return self
+
+
+class Search(_Source):
+    kind: Literal["search"]
+    trajectories: Int = Field(ge=1)
+    calls: Range
+    apis: list[str] = Field(min_length=1)
+    call: LogNormalModel
+    think: LogNormalModel
+    judge: Judge
+
+    def spec(self) -> SearchSource:
+        j = self.judge
+        return SearchSource(
+            trajectories=self.trajectories,
+            calls_min=self.calls.min,
+            calls_max=self.calls.max,
+            apis=tuple(self.apis),
+            call=self.call.spec(),
+            think=self.think.spec(),
+            judge=ServiceSpec(j.name, j.params_b),
+            bytes_per_param=j.bytes_per_param,
+            efficiency=dict(j.efficiency),
+            judge_t1=j.t1.spec(),
+            tenant=self.tenant,
+            priority=self.priority,
+        )
+
+
+SourceModel = Annotated[Coding | Reward | Search, Field(discriminator="kind")]
+
+
+# ---- planner -----------------------------------------------------------------------------------------
+# A planner field of the file and the ScalingPolicy field(s) it sets: which pools, which field.
+SCALING_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
+    "min_hosts": (("cpu",), "min_instances"),
+    "warm_hosts": (("cpu",), "warm_instances"),
+    "host_cold_start_s": (("cpu",), "cold_start_s"),
+    "min_gpu_nodes": (("gpu",), "min_instances"),
+    "warm_gpu_nodes": (("gpu",), "warm_instances"),
+    "gpu_cold_start_s": (("gpu",), "cold_start_s"),
+    "max_starting": (("cpu", "gpu"), "max_starting"),
+    "idle_timeout_s": (("cpu", "gpu"), "idle_timeout_s"),
+    "target_utilisation": (("cpu", "gpu"), "target_utilisation"),
+}
+
+
+def scaling_policy(max_instances: int, settings: dict[str, Any], pool: str) -> ScalingPolicy:
+    """The ScalingPolicy of ``pool`` ("cpu" or "gpu") from the file's planner ``settings``: the
+    fields given there, ScalingPolicy's own defaults for the rest."""
+    kwargs = {
+        field: value
+        for key, value in settings.items()
+        if value is not None
+        for pools, field in [SCALING_KEYS[key]]
+        if pool in pools
+    }
+    return ScalingPolicy(max_instances=max(max_instances, kwargs.get("min_instances", 0)), **kwargs)
+
+
+class Planner(_Model):
+    period_s: Num = Field(10.0, ge=1e-3)
+    host_cores: Int = Field(64, ge=1)
+    time_limit_s: Num = Field(1.0, ge=0)
+    solver: Literal["auto", "highs", "cbc", "greedy"] = "greedy"
+    target_efficiency: Num = Field(0.5, gt=0, le=1)
+    sessions_per_core: Num = Field(0.0, ge=0)
+    # Scaling: None takes ScalingPolicy's default (see SCALING_KEYS).
+    min_hosts: Int | None = Field(None, ge=0)
+    warm_hosts: Int | None = Field(None, ge=0)
+    min_gpu_nodes: Int | None = Field(None, ge=0)
+    warm_gpu_nodes: Int | None = Field(None, ge=0)
+    max_starting: Int | None = Field(None, ge=1)
+    idle_timeout_s: Num | None = Field(None, ge=0)
+    host_cold_start_s: Num | None = Field(None, ge=0)
+    gpu_cold_start_s: Num | None = Field(None, ge=0)
+    target_utilisation: Num | None = Field(None, gt=0, le=1)
+
+    def spec(self, cluster: ClusterSpec) -> PlannerSpec:
+        settings = {k: getattr(self, k) for k in SCALING_KEYS}
+        per_node = max(1, cluster.cores_per_host // self.host_cores)
+        return PlannerSpec(
+            period_s=self.period_s,
+            host_cores=self.host_cores,
+            time_limit_s=self.time_limit_s,
+            solver=self.solver,
+            target_efficiency=self.target_efficiency,
+            sessions_per_core=self.sessions_per_core,
+            cpu_scaling=scaling_policy(per_node * cluster.cpu_hosts, settings, "cpu"),
+            gpu_scaling=scaling_policy(cluster.gpu_nodes, settings, "gpu"),
+        )
+
+
+# ---- the file ----------------------------------------------------------------------------------------
+class WorkloadFile(_Model):
+    name: str | None = None
+    description: str = ""
+    seed: Int = Field(0, ge=0)
+    cluster: Cluster = Cluster()
+    static: Static = Static()
+    sources: list[SourceModel] = Field(min_length=1)
+    planner: Planner = Planner()
+
+    @classmethod
+    def parse(cls, doc: Any, origin: str = "<workload>") -> Workload:
+        """Validate a parsed YAML document into a Workload."""
+        if not isinstance(doc, dict):
+            raise InvalidSpec("workload", f"{origin}: the top level must be a mapping")
+        try:
+            model = cls.model_validate(doc)
+        except ValidationError as exc:
+            raise _invalid(exc) from None
+        return model.workload(origin)
+
+    def workload(self, origin: str) -> Workload:
+        cluster = self.cluster.spec()
+        sources: tuple[Source, ...] = tuple(s.spec() for s in self.sources)
+        api_names = {a.name for a in cluster.apis}
+        for i, s in enumerate(sources):
+            if isinstance(s, SearchSource):
+                missing = set(s.apis) - api_names
+                if missing:
+                    declared = f"not declared under cluster.apis: {sorted(missing)}"
+                    raise InvalidSpec(f"sources[{i}].apis", declared)
+            if isinstance(s, CodingSource) and cluster.cpu_hosts == 0:
+                raise InvalidSpec("cluster.cpu_hosts.count", "a coding source needs sandbox hosts")
+            if isinstance(s, RewardSource | SearchSource) and cluster.gpu_nodes == 0:
+                raise InvalidSpec("cluster.gpu_nodes.count", "reward and judge actions need GPU nodes")
+        try:
+            planner = self.planner.spec(cluster)
+        except InvalidSpec as exc:
+            raise InvalidSpec(f"planner ({exc.field})", exc.message) from None
+        return Workload(
+            name=self.name or origin,
+            seed=self.seed,
+            cluster=cluster,
+            static=self.static.spec(),
+            sources=sources,
+            description=self.description,
+            planner=planner,
+        )
+
+
+def _invalid(exc: ValidationError) -> InvalidSpec:
+    """The first error as an InvalidSpec naming the field's path (``sources[0].think.median_s``)."""
+    err = exc.errors()[0]
+    loc = list(err["loc"])
+    if err["type"] == "union_tag_invalid":
+        loc.append("kind")
+    elif len(loc) > 2 and loc[0] == "sources" and loc[2] in ("coding", "reward", "search"):
+        del loc[2]  # the union's tag, not a field of the file
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    message = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+    return InvalidSpec(path or "workload", message)
