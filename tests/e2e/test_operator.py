@@ -523,6 +523,52 @@ def test_kubectl_scale_sets_the_hosts_within_bounds(
     )
 
 
+def test_a_dedicated_pool_runs_one_pod_per_session_and_removes_it_after(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    _pool(
+        cluster,
+        namespace,
+        mode="dedicated",
+        dedicated={"maxSessions": 8},
+        sessions={"ttlSeconds": 3},
+        scaling={"maxHosts": 8},
+    )
+    actions = [
+        {
+            "id": f"t{t}.{k}",
+            "type": "code",
+            "target": "py",
+            "sessionId": f"traj-{t}",
+            "payload": {"command": f"echo {t}{k} >> turns; cat turns | tr -d '\\n'; echo; hostname"},
+        }
+        for k in range(2)
+        for t in range(3)
+    ]
+    _create(cluster, namespace, "actionbatches", batch_manifest("dedicated", actions))
+    batch = _wait_batch(cluster, namespace, "dedicated", timeout=180)
+    results = {r["id"]: r for r in batch["status"]["results"]}
+    pods_of = {}
+    for t in range(3):
+        first, second = results[f"t{t}.0"], results[f"t{t}.1"]
+        assert first["state"] == second["state"] == "Succeeded", (first, second)
+        assert second["output"].splitlines()[0] == f"{t}0{t}1"  # the session's own files, in order
+        host_a, host_b = first["output"].splitlines()[1], second["output"].splitlines()[1]
+        assert host_a == host_b
+        pods_of[t] = host_a
+    assert len(set(pods_of.values())) == 3, f"sessions shared pods: {pods_of}"
+    wait_for(
+        cluster.custom.list_namespaced_custom_object,
+        lambda o: o.get("status", {}).get("replicas") == 0,
+        group=GROUP,
+        version=VERSION,
+        namespace=namespace,
+        plural="actionpools",
+        description="every session pod removed after its session's TTL",
+        timeout=90,
+    )
+
+
 # Grants that the tests above do not exercise, each with the code path that needs it.
 UNEXERCISED: dict[tuple[str, str, str], str] = {}
 

@@ -113,6 +113,8 @@ def reconcile_actionpool(
         for a in plan.adds:
             if a.pool == cfg.key:
                 ops.append(CreateHost(a.node, a.reason.message))
+    if cfg.mode == "dedicated":
+        ops += _dedicated(cfg, live, gone, stats)
     ops += _rollout(cfg, live, outdated, gone, stats)
     for op in ops:
         if isinstance(op, CreateHost):
@@ -123,6 +125,31 @@ def reconcile_actionpool(
             kind = "Warning" if op.reason.startswith("host ") else "Normal"
             ops.append(Event(kind, "HostRemoved", f"removing host {op.name}: {op.reason}"))
     return _status(cfg, live, observed, ops, now), ops
+
+
+def _dedicated(
+    cfg: PoolConfig, live: Sequence[HostObservation], gone: set[str], stats: PoolStats | None
+) -> list[Operation]:
+    """One pod per session, created for a session that waits for one and deleted when its session
+    has ended (a pod is never handed to a second trajectory: that is the layout this mode keeps)."""
+    ops: list[Operation] = []
+    loads = stats.hosts if stats else {}
+    used = {h for h, load in loads.items() if load.running or load.sessions}
+    for h in live:
+        if h.name in gone:
+            continue
+        retired = h.phase == "draining" or (stats is not None and h.name in stats.retired)
+        if retired and h.name not in used:
+            ops.append(DeleteHost(h.name, "its session ended"))
+            gone.add(h.name)
+    fresh = [
+        h for h in live if h.name not in gone and h.name not in used and h.phase in ("starting", "ready")
+    ]
+    waiting = stats.waiting_trajectories if stats else 0
+    room = (cfg.max_sessions or cfg.max_hosts) - sum(1 for h in live if h.name not in gone)
+    for _ in range(max(0, min(waiting - len(fresh), room))):
+        ops.append(CreateHost(None, "a session waits for its pod"))
+    return ops
 
 
 def _rollout(
@@ -487,6 +514,10 @@ class PoolController:
             conditions=status.get("conditions") or (),
             unschedulable_for_s=time.monotonic() - self._pending_since.get(cfg.key, time.monotonic()),
         )
+        if cfg.mode == "dedicated":  # pods follow sessions one to one; there is nothing to plan
+            observed = PoolObservation(
+                observed.hosts, stats, None, observed.conditions, observed.unschedulable_for_s
+            )
         new_status, ops = reconcile_actionpool(cfg, observed, now_dt)
         await self._apply(cfg, ops)
         return new_status, ops

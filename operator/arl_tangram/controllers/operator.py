@@ -156,8 +156,10 @@ class OperatorState:
             await self._runner.cleanup()
 
     async def _sessions_janitor(self) -> None:
+        # Often enough that a dedicated pool's pod goes soon after its session's TTL; each round
+        # only looks at the sessions in memory.
         while True:
-            await asyncio.sleep(10)
+            await asyncio.sleep(2)
             await self.dispatcher.expire_sessions()
 
     # ---- what the batch manager needs ---------------------------------------------------------

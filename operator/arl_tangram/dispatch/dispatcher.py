@@ -104,6 +104,7 @@ class _Pool:
     sessions: dict[str, _Session] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)
     unhealthy: set[str] = field(default_factory=set)
+    retired: set[str] = field(default_factory=set)  # dedicated pods whose trajectory ended
     # Agent keys each host reported running or finished when it was first seen (re-attachment).
     known_running: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     known_finished: dict[str, str] = field(default_factory=dict)
@@ -141,6 +142,8 @@ class PoolStats:
     last_active: float | None
     hosts: dict[str, HostLoad]
     unhealthy: frozenset[str]
+    waiting_trajectories: int = 0
+    retired: frozenset[str] = frozenset()
 
 
 class Dispatcher:
@@ -230,7 +233,9 @@ class Dispatcher:
             )
         for name, host in wanted.items():
             if name in pool.cpu.hosts:
-                pool.cpu.hosts[name].draining = host.draining or name in pool.unhealthy
+                pool.cpu.hosts[name].draining = (
+                    host.draining or name in pool.unhealthy or name in pool.retired
+                )
         pool.synced.set()
         self._pump()
 
@@ -257,6 +262,7 @@ class Dispatcher:
         pool.endpoints.pop(name, None)
         pool.failures.pop(name, None)
         pool.unhealthy.discard(name)
+        pool.retired.discard(name)
         for k in [k for k, (h, _) in pool.known_running.items() if h == name]:
             del pool.known_running[k]
         for k in [k for k, h in pool.known_finished.items() if h == name]:
@@ -265,11 +271,16 @@ class Dispatcher:
             if sess.lost is not None:
                 self._drain_lost_session(pool, sess)
 
+    @staticmethod
+    def _retire(pool: _Pool, host: str) -> None:
+        pool.retired.add(host)
+        pool.cpu.hosts[host].draining = True
+
     def drain(self, key: str, host: str, draining: bool = True) -> None:
         """Cordon (or uncordon) a host: it takes no new action or session."""
         pool = self._pools.get(key)
         if pool is not None and host in pool.cpu.hosts:
-            pool.cpu.hosts[host].draining = draining or host in pool.unhealthy
+            pool.cpu.hosts[host].draining = draining or host in pool.unhealthy or host in pool.retired
             self._pump()
 
     def stats(self, key: str) -> PoolStats | None:
@@ -297,6 +308,8 @@ class Dispatcher:
                 per_host[sess.host][1] += 1
         durations = [act for _, act in pool.acts]
         runs = [run for _, run in pool.runs]
+        # Trajectories with a queued action and no host yet (dedicated pools start one pod for each).
+        waiting_trajectories = len({a.trajectory for a in queued if a.trajectory not in pool.cpu.pins})
         return PoolStats(
             queued_actions=len(queued) + sum(len(s.backlog) for s in pool.sessions.values()),
             queued_units=sum(a.min_units for a in queued),
@@ -310,6 +323,8 @@ class Dispatcher:
             last_active=pool.last_active,
             hosts={h: HostLoad(*v) for h, v in per_host.items()},
             unhealthy=frozenset(pool.unhealthy),
+            waiting_trajectories=waiting_trajectories,
+            retired=frozenset(pool.retired),
         )
 
     async def shutdown(self) -> None:
@@ -424,6 +439,8 @@ class Dispatcher:
 
     async def _close_session(self, pool: _Pool, sess: _Session) -> None:
         pool.sessions.pop(sess.name, None)
+        if pool.config.mode == "dedicated" and sess.host in pool.cpu.hosts:
+            self._retire(pool, sess.host)  # its pod served this trajectory only
         for job in list(sess.backlog):
             self._fail(job, Reason.SESSION_LOST, f"session {sess.name!r} was closed")
         pool.cpu.end_trajectory(self._trajectory(sess.name, ""))
@@ -579,6 +596,8 @@ class Dispatcher:
             self.scheduler.complete(grant, self.clock())
             if not req.session:
                 pool.cpu.end_trajectory(grant.action.trajectory)
+                if pool.config.mode == "dedicated" and grant.host in pool.cpu.hosts:
+                    self._retire(pool, grant.host)  # one action, one pod
             job.grant = None
             job.task = None
         if outcome is not None:

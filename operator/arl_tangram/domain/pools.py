@@ -181,7 +181,8 @@ def pool_config(pool: ActionPool, uid: str = "") -> PoolConfig:
         replicas=spec.replicas,
         session_ttl_s=float(spec.sessions.ttl_seconds),
         persistent_interpreter=spec.sessions.persistent_interpreter,
-        sessions_per_host=spec.sessions.max_per_host,
+        # Dedicated mode is one pod per session (the pod-per-trajectory layout).
+        sessions_per_host=1 if spec.mode == "dedicated" else spec.sessions.max_per_host,
         max_sessions=dedicated.max_sessions if dedicated else None,
         idle_cpu_millicores=millicores(dedicated.idle_cpu) if dedicated else None,
         allowed_image_prefixes=tuple(dedicated.allowed_image_prefixes) if dedicated else (),
