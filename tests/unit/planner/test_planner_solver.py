@@ -24,6 +24,8 @@ from arl_tangram.planner import (
     PoolRequest,
     check_placement,
     make_solver,
+    place_greedy,
+    placement_cost,
     solve_placement,
 )
 
@@ -157,6 +159,31 @@ def test_time_limited_run_is_judged_by_sol_status_not_status(
     assert not overcommitted_nodes(snap, plan)
     for pool in snap.sandbox_pools:
         assert sum(1 for a in plan.adds if a.pool == pool.name) <= 6
+
+
+@pytest.mark.parametrize("solver", ["highs", "cbc"])
+def test_byte_sized_memory_does_not_mislead_the_solver(solver: str) -> None:
+    """Memory counts in bytes (16 GiB = 1.7e10): CBC once called a placement "optimal" that left a
+    GPU replica unplaced where greedy placed everything. The optimum places both pools."""
+    problem = PlacementProblem(
+        (
+            PoolRequest("p0", (InstanceShape(8, 8000, 16 * GiB),), 10, 2, frozenset({"n0", "n1"})),
+            PoolRequest(
+                "p1", (InstanceShape(1, 2000, 16 * GiB, 1, 20 * GiB),), 1, 1, frozenset({"n1", "n2"})
+            ),
+        ),
+        (
+            NodeCapacity("n0", 16_000, 32 * GiB, 0, 40 * GiB, False),
+            NodeCapacity("n1", 17_000, 34 * GiB, 1, 40 * GiB, True),
+            NodeCapacity("n2", 2_000, 16 * GiB, 1, 40 * GiB, False),
+        ),
+    )
+    greedy = placement_cost(problem, place_greedy(problem))
+    outcome = solve_placement(problem, make_solver(solver, 20))  # type: ignore[arg-type]
+    assert outcome.sol_status == "optimal" and outcome.placement is not None
+    best = placement_cost(problem, outcome.placement)
+    assert best.unplaced_units == 0 and best.total <= greedy.total
+    assert outcome.placement.units_of("p1") == 1
 
 
 def test_bad_planner_settings_are_named() -> None:
