@@ -187,12 +187,21 @@ class Builder:
             return await self._compile(toolchain, command, msg, dispatch, timeout, None)
         # The JVM's heap flag follows the memory limit, which the key holds already.
         key = build_key(language.name, toolchain.fingerprint, command, files, memory_mb)
-        async with self.cache.single_flight(key):
-            entry = self.cache.get(key)
-            # Kept, but built more slowly than this action's compile timeout allows: build anew.
-            if entry is not None and entry.compile_s <= timeout:
-                return self._from_cache(toolchain, entry, msg, timeout)
+        entry = self._usable(key, timeout)
+        if entry is None and await self.cache.wait_for_build(key):
+            # Another action was building the same program: its build is this one's.
+            entry = self._usable(key, timeout)
+            if entry is None:  # it kept none (a timeout): build here, beside any other waiter
+                return await self._compile(toolchain, command, msg, dispatch, timeout, key)
+        if entry is not None:
+            return self._from_cache(toolchain, entry, msg, timeout)
+        async with self.cache.building(key):
             return await self._compile(toolchain, command, msg, dispatch, timeout, key)
+
+    def _usable(self, key: str, timeout_s: float) -> CompiledBuild | None:
+        """The kept build of ``key``, unless it took longer than this action's compile may."""
+        entry = self.cache.get(key)
+        return entry if entry is not None and entry.compile_s <= timeout_s else None
 
     async def _compile(
         self,

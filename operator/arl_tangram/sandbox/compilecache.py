@@ -12,7 +12,8 @@ every time. What depends on the moment (a timeout, a sandbox error) is never kep
 Entries live in the agent's memory (bounded in bytes, least recently used go first), never on a
 path an action could reach: a build that one tenant made is served to another only for the very
 same inputs, and nobody can read or replace an entry. Concurrent builds of one key are made once:
-the first builds, the others wait for its entry (``single_flight``).
+the first builds, the others wait for its entry (``building``, ``wait_for_build``); when it keeps
+none (it timed out), they build side by side rather than one after another.
 
 A build in a session's workdir is never cached: files left there by earlier calls may change it.
 """
@@ -127,19 +128,25 @@ class CompileCache:
         return True
 
     @asynccontextmanager
-    async def single_flight(self, key: str) -> AsyncIterator[None]:
-        """Hold the right to build ``key``: a second holder waits until the first is done (it then
-        finds the first one's entry, or builds itself when the first kept nothing)."""
-        while (event := self._building.get(key)) is not None:
-            self.stats.waits += 1
-            await event.wait()
+    async def building(self, key: str) -> AsyncIterator[None]:
+        """Mark ``key`` as being built for as long as the block runs (``wait_for_build`` waits)."""
         event = asyncio.Event()
         self._building[key] = event
         try:
             yield
         finally:
-            del self._building[key]
+            if self._building.get(key) is event:
+                del self._building[key]
             event.set()
+
+    async def wait_for_build(self, key: str) -> bool:
+        """Wait until the build of ``key`` under way ends; ``False`` when none was under way."""
+        event = self._building.get(key)
+        if event is None:
+            return False
+        self.stats.waits += 1
+        await event.wait()
+        return True
 
     def describe(self) -> dict[str, object]:
         """JSON view for ``/v1/health``."""

@@ -66,36 +66,37 @@ def test_cache_refuses_a_negative_bound() -> None:
         CompileCache(max_bytes=-1)
 
 
-def test_single_flight_lets_one_builder_per_key_at_a_time() -> None:
+def test_a_build_under_way_is_waited_for_and_other_keys_are_not() -> None:
     async def scenario() -> list[str]:
         cache = CompileCache()
         order: list[str] = []
-        first_in = asyncio.Event()
+        started = asyncio.Event()
         release = asyncio.Event()
 
-        async def first() -> None:
-            async with cache.single_flight("k"):
-                order.append("first in")
-                first_in.set()
+        async def builder() -> None:
+            async with cache.building("k"):
+                order.append("build k")
+                started.set()
                 await release.wait()
-                order.append("first out")
+                cache.put("k", entry(10))
+            order.append("k kept")
 
-        async def second() -> None:
-            await first_in.wait()
-            async with cache.single_flight("k"):
-                order.append("second in")
+        async def waiter() -> None:
+            await started.wait()
+            assert await cache.wait_for_build("k")
+            order.append("waiter finds k" if cache.get("k") else "waiter finds nothing")
 
         async def other_key() -> None:
-            await first_in.wait()
-            async with cache.single_flight("other"):
-                order.append("other key in")
+            await started.wait()
+            assert not await cache.wait_for_build("other"), "nothing builds 'other'"
+            order.append("other key free")
             release.set()
 
-        await asyncio.gather(first(), second(), other_key())
+        await asyncio.gather(builder(), waiter(), other_key())
         assert cache.stats.waits == 1
         return order
 
-    assert asyncio.run(scenario()) == ["first in", "other key in", "first out", "second in"]
+    assert asyncio.run(scenario()) == ["build k", "other key free", "k kept", "waiter finds k"]
 
 
 def test_zygote_modules_add_what_every_action_would_import() -> None:
