@@ -115,13 +115,20 @@ def place_service(
         if gpu.mig_profile is not None:
             grant = _place_mig(mgr, invs, action, need)
         else:
-            for k in sorted(gpu.count):
-                grant = mgr.place(action, k, 0.0)
+            # NVLink cliques first at every size; a service that does not require NVLink then takes
+            # GPUs across PCIe rather than wait.
+            passes = (False,) if gpu.nvlink == "Required" else (False, True)
+            for across in passes:
+                for k in sorted(gpu.count):
+                    grant = mgr.place(action, k, 0.0, across_pcie=across)
+                    if grant is not None:
+                        break
                 if grant is not None:
                     break
         if grant is None:
             out.unplaced = replicas - i
-            kind = f"MIG {gpu.mig_profile}" if gpu.mig_profile else f"{sorted(gpu.count)} NVLink-joined GPUs"
+            joined = "NVLink-joined " if gpu.nvlink == "Required" else ""
+            kind = f"MIG {gpu.mig_profile}" if gpu.mig_profile else f"{sorted(gpu.count)} {joined}GPUs"
             out.reason = (
                 f"{out.unplaced} of {replicas} replicas found no free {kind} with {need / 2**30:.1f} GiB"
             )

@@ -275,6 +275,18 @@ def _pick_block(
     return None if best is None else (best[1], best[2])
 
 
+def _pick_any_block(nodes: Sequence[GpuNode], k: int) -> tuple[GpuNode, int] | None:
+    """The first aligned block of size k whose GPUs are all free whole GPUs of the pool, whether or
+    not they form an NVLink clique."""
+    for node in nodes:
+        if node.draining:
+            continue
+        for start in range(0, node.gpus, k):
+            if node.block_free(start, k, node.busy):
+                return node, start
+    return None
+
+
 class _GpuScratch:
     def __init__(self, mgr: GpuManager) -> None:
         self._mgr = mgr
@@ -520,7 +532,12 @@ class GpuManager:
         """A residency-aware view for one decision (see ``GpuPlan``)."""
         return GpuPlan(self, now, heat, busy_until)
 
-    def place(self, action: Action, units: int, now: float, plan: Scratch | None = None) -> Grant | None:
+    def place(
+        self, action: Action, units: int, now: float, plan: Scratch | None = None, across_pcie: bool = False
+    ) -> Grant | None:
+        """Grant ``units`` GPUs (or one MIG slice) to ``action``, or None. ``across_pcie``: when no
+        NVLink clique of that size is free, take an aligned block that is not one (a service whose
+        NVLink need is Preferred or None); its GPUs are still the most linked ones (``nvlink_order``)."""
         if action.mig_profile is not None:
             for node in self.nodes:
                 for s in node.slices:
@@ -546,6 +563,8 @@ class GpuManager:
                     picked = (node, chosen[1])
         if picked is None:
             picked = _pick_block(self.nodes, busy, units, key, self.per_gpu_gb(action, units))
+        if picked is None and across_pcie:
+            picked = _pick_any_block(self.nodes, units)
         if picked is None:
             return None
         node, start = picked

@@ -42,7 +42,7 @@ def test_the_sample_lands_on_mig_slices() -> None:
 
 def test_whole_gpu_replicas_are_nvlink_pairs_and_never_shared() -> None:
     inv = fake_inventory("pcie-pairs", "p")
-    got = place_service(_rms({"count": [2], "memory": "60Gi"}), [inv], 5)
+    got = place_service(_rms({"count": [2], "memory": "60Gi", "nvlink": "Required"}), [inv], 5)
     assert len(got.placements) == 4 and got.unplaced == 1 and "NVLink" in got.reason
     seen: set[str] = set()
     for p in got.placements:
@@ -104,3 +104,19 @@ def test_mig_demand_from_the_sample() -> None:
     assert sized.memory_gb == 40.0 and sized.compute_slices == 3
     with pytest.raises(ValueError, match=r"gpu\.memory"):
         mig_demand(_rms({"count": [1]}), 1.0, 0.1)
+
+
+@pytest.mark.parametrize(("need", "placed"), [("Required", 0), ("Preferred", 1), ("None", 1)])
+def test_nvlink_need_decides_whether_pcie_chunks_are_taken(need: str, placed: int) -> None:
+    inv = fake_inventory("ring4", "r")  # no four GPUs share NVLink
+    got = place_service(_rms({"count": [4], "nvlink": need}), [inv], 1)
+    assert len(got.placements) == placed
+    if placed:
+        assert sorted(got.placements[0].gpus) == [0, 1, 2, 3]
+
+
+def test_cliques_come_first_when_pcie_is_allowed() -> None:
+    inv = fake_inventory("pcie-pairs", "p")
+    got = place_service(_rms({"count": [2], "nvlink": "Preferred"}), [inv], 5)
+    assert len(got.placements) == 4  # the four bridged pairs; no fifth pair exists even across PCIe
+    assert all(inv.is_clique(p.gpus) for p in got.placements)

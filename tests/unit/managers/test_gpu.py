@@ -347,3 +347,15 @@ def test_resident_chunk_is_preferred_and_lru_is_evicted_on_an_inventory_node() -
         assert h is not None
         mgr.release(h, 20.0)
     assert ("a", 1, node.name, node.order.index(first.unit_ids[0])) not in node.cache[first.unit_ids[0]]
+
+
+def test_across_pcie_only_when_asked_and_only_when_no_clique_is_free() -> None:
+    mgr, invs = _inventory_manager("pcie-pairs")
+    inv = next(iter(invs.values()))
+    assert mgr.place(req(1), 4, 0.0) is None
+    g = mgr.place(req(1), 4, 0.0, across_pcie=True)
+    assert g is not None and not inv.is_clique(g.unit_ids)
+    # Its members are two bridged pairs (the most linked four), and the next TP-2 is still a pair.
+    assert sum(inv.linked(a, b) for a in g.unit_ids for b in g.unit_ids if a < b) == 2
+    pair = mgr.place(req(2), 2, 0.0, across_pcie=True)
+    assert pair is not None and inv.is_clique(pair.unit_ids)
