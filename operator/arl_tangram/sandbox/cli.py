@@ -35,7 +35,7 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command's options; their defaults are ``AgentConfig``'s and ``Limits``'s own."""
-    d, lim = AgentConfig, Limits
+    d, lim = AgentConfig, Limits()
     p = argparse.ArgumentParser(prog="tangram sandbox-agent", description=__doc__)
     p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT to serve on (default %(default)s)")
     p.add_argument("--cores", help="cores this agent hands out, e.g. 0-7 (default: all it may use)")

@@ -61,18 +61,29 @@ def default_workdir_root() -> str:
     return os.path.join(base, f"tangram-sandbox-{os.getpid()}")
 
 
+def host_memory_mb() -> int:
+    """This host's physical memory in MB: the default ceiling of one action's memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20
+
+
 @dataclass
 class Limits:
-    """Per-action limits: the defaults of a pool, and the ceilings a request may not exceed."""
+    """Per-action limits: the defaults of a pool, and the ceilings a request may not exceed.
+
+    The ceilings let through what SandboxFusion clients send (its own are the host's): a run of up
+    to an hour, as much memory as the host has (``memory_limit_MB: -1``, its default, asks for
+    that), and output large enough for a correct answer of several megabytes (clients such as verl
+    score ``stdout`` and ignore ``stdout_truncated``). A pool sets tighter ones with the flags.
+    """
 
     timeout_s: float = 10.0
-    max_timeout_s: float = 300.0
+    max_timeout_s: float = 3600.0
     memory_mb: int = 1024
-    max_memory_mb: int = 8192
+    max_memory_mb: int = field(default_factory=host_memory_mb)
     nproc: int = 128
     nofile: int = 256
     fsize_mb: int = 64
-    output_bytes: int = 1 << 20
+    output_bytes: int = 8 << 20
 
 
 @dataclass

@@ -156,15 +156,23 @@ async def _parse(request: web.Request, model: type[BaseModel]) -> Any:
 
 
 def _decode_files(files: dict[str, str] | dict[str, str | None]) -> dict[str, bytes]:
-    """A request's ``files`` (path -> base64), checked before anything runs."""
+    """A request's ``files`` (path -> base64), checked before anything runs.
+
+    As SandboxFusion does, a file whose content is null, or whose name contains
+    ``IGNORE_THIS_FILE``, is not written (clients use both as placeholders)."""
     out = {}
     for path, content in files.items():
+        if content is None or IGNORED_FILE_MARK in path:
+            continue
         workfiles.split_relpath(f"files[{path!r}]", path)
         try:
             out[path] = base64.b64decode(content or "", validate=True)
         except (binascii.Error, ValueError) as exc:
             raise InvalidSpec(f"files[{path!r}]", f"not valid base64: {exc}") from exc
     return out
+
+
+IGNORED_FILE_MARK = "IGNORE_THIS_FILE"
 
 
 def _checked_fetch_files(paths: list[str]) -> list[str]:
@@ -303,9 +311,12 @@ async def run_code(request: web.Request) -> web.Response:
         stdin=body.stdin,
         timeout_s=body.run_timeout,
         compile_timeout_s=body.compile_timeout,
-        memory_mb=body.memory_limit_MB if body.memory_limit_MB > 0 else None,
+        # SandboxFusion: -1 (its default) is no limit; here, the most this pool allows.
+        memory_mb=body.memory_limit_MB if body.memory_limit_MB > 0 else executor.config.limits.max_memory_mb,
         files=_decode_files(body.files),
-        fetch_files=_checked_fetch_files(body.fetch_files),
+        # Not refused here: as SandboxFusion leaves out a file it cannot return, a path outside the
+        # workdir is left out of ``files`` with a note saying why (the action still runs).
+        fetch_files=body.fetch_files,
         args=body.args,
         cores=cores,
     )
@@ -545,8 +556,8 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ping(request: web.Request) -> web.Response:
-    """``GET /v1/ping`` as in SandboxFusion."""
-    return web.Response(text="pong")
+    """``GET /v1/ping`` as in SandboxFusion: the JSON string ``"pong"``."""
+    return web.json_response("pong")
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -24,9 +24,15 @@ def split_relpath(field: str, path: str) -> list[str]:
         raise InvalidSpec(field, "must not contain NUL bytes")
     parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]
     if path.startswith("/"):
-        raise InvalidSpec(field, f"{path!r} is absolute; paths are relative to the workdir")
+        raise InvalidSpec(
+            field,
+            f"{path!r} is absolute: an action reads and writes only its own working directory (the "
+            "rest of the file system is read-only to it), so give the path relative to that directory",
+        )
     if any(p == ".." for p in parts):
-        raise InvalidSpec(field, f"{path!r} leaves the workdir ('..')")
+        raise InvalidSpec(
+            field, f"{path!r} leaves the working directory ('..'), the only place an action's files live"
+        )
     if not parts or len(parts) > MAX_PATH_PARTS:
         raise InvalidSpec(field, f"{path!r} is not a usable file path")
     return parts

@@ -225,7 +225,7 @@ def test_file_api_refuses_escapes(agent: Agent) -> None:
         assert bad.status_code in (400, 404)
         resp = agent.post("/v1/execute", {"code": "1", "files": {"../x": ""}})
         assert resp.status_code == 400
-        assert "leaves the workdir" in resp.json()["error"]
+        assert "leaves the working directory" in resp.json()["error"]
     finally:
         requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
 
@@ -254,7 +254,7 @@ def test_health_and_metrics(agent: Agent) -> None:
     text = requests.get(agent.url + "/metrics", timeout=10).text
     assert 'tangram_sandbox_actions_total{api="native",outcome="ok",runtime="python"}' in text
     assert "tangram_sandbox_cores " in text
-    assert requests.get(agent.url + "/v1/ping", timeout=10).text == "pong"
+    assert requests.get(agent.url + "/v1/ping", timeout=10).json() == "pong"  # SandboxFusion's JSON string
 
 
 def test_bad_requests_get_clear_errors(agent: Agent) -> None:

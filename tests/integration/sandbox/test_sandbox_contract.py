@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import requests
 from sandbox_agent_harness import Agent, start_agent, stop_agent
 
 
@@ -68,3 +69,41 @@ def test_what_a_program_leaves_running_still_ends_with_it(agent: Agent) -> None:
     body = _run(agent, code, "bash", run_timeout=20)
     assert body["status"] == "Success", body
     assert _result(body)["stdout"] == "started\n"
+
+
+def test_defaults_let_what_sandboxfusion_clients_send_through(agent: Agent) -> None:
+    # A correct answer of 3 MB is returned whole (clients score stdout and ignore truncation).
+    body = _run(agent, "import sys\nsys.stdout.write('7' * 3_000_000)")
+    assert body["status"] == "Success"
+    assert len(str(_result(body)["stdout"])) == 3_000_000 and _result(body)["stdout_truncated"] is False
+    # memory_limit_MB: -1 (SandboxFusion's default) is no limit below the host's: 2 GiB can be had.
+    body = _run(agent, "x = bytearray(2 << 30)\nprint(len(x) >> 30)", memory_limit_MB=-1)
+    assert body["status"] == "Success", body
+    assert _result(body)["stdout"] == "2\n"
+    # Long runs and large limits are not refused up front.
+    body = _run(agent, "print('ok')", run_timeout=1200, memory_limit_MB=16384)
+    assert body["status"] == "Success", body
+
+
+def test_small_differences_match_sandboxfusion(agent: Agent) -> None:
+    import base64
+
+    assert requests.get(agent.url + "/v1/ping", timeout=10).json() == "pong"
+    data = base64.b64encode(b"hi").decode()
+    code = "import os\nprint(sorted(os.listdir('.')))\nprint(open('a.txt').read())"
+    files = {"a.txt": data, "none.txt": None, "x/IGNORE_THIS_FILE.txt": data}
+    body = _run(agent, code, files=files)
+    assert body["status"] == "Success", body
+    # Null content and IGNORE_THIS_FILE names are placeholders: nothing is written for them.
+    listing = str(_result(body)["stdout"]).splitlines()[0]
+    assert listing == "['a.txt']"
+    # A fetch path outside the workdir leaves that file out, saying why; the action still ran.
+    body = _run(agent, "print(1)", fetch_files=["/etc/passwd", "../up.txt"])
+    assert body["status"] == "Success" and body["files"] == {}
+    notes = body["notes"]
+    assert isinstance(notes, list) and len(notes) == 2
+    assert "absolute" in notes[0] and "leaves the working directory" in notes[1]
+    # An absolute path to write is refused before anything runs, naming the reason.
+    resp = agent.post("/run_code", {"code": "print(1)", "language": "python", "files": {"/tmp/x": data}})
+    assert resp.status_code == 400
+    assert resp.json()["status"] == "SandboxError" and "absolute" in resp.json()["message"]

@@ -17,6 +17,8 @@ import pytest
 import requests
 from sandbox_agent_harness import Agent, agent, processes_of, rss_kb, wait_until
 
+from arl_tangram.sandbox.config import Limits
+
 __all__ = ["agent"]
 
 FORK_BOMB = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
@@ -128,7 +130,7 @@ def test_100mb_of_output_is_capped_and_flagged(agent: Agent) -> None:
     body = agent.execute(FLOOD, timeout_s=30)
     assert body["status"] == "ok"
     assert body["stdout_truncated"] is True
-    assert len(str(body["stdout"])) == 1 << 20
+    assert len(str(body["stdout"])) == Limits().output_bytes
     assert body["stderr_truncated"] is False
 
 
