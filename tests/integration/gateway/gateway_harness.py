@@ -1,10 +1,11 @@
 """A gateway served on loopback from a thread of its own, in front of the real dispatcher.
 
-The gateway, the dispatcher and the stand-in reward runtime share one event loop in a background
-thread, so that tests (and the trainer-side clients they run, most of them blocking) talk to it over
-real HTTP exactly as a trainer would. The dispatcher does not serve ``reward`` actions yet (the GPU
-work builds the reward runtime), so :class:`RewardRouting` sends those to a small stand-in reward
-runtime speaking the internal protocol documented on :func:`standin_reward_app`; every other
+The gateway and the dispatcher share one event loop in a background thread, so that tests (and the
+trainer-side clients they run, most of them blocking) talk to it over real HTTP exactly as a trainer
+would. Reward actions go to a real ``tangram reward-runtime`` process (a built-in model on CPU,
+:func:`start_reward_runtime`). The dispatcher does not route ``reward`` actions yet, so
+:class:`RewardRouting`, a test-only stand-in for that one path, sends them to the runtime's
+``POST /v1/score`` (docs/gpu.md) with the sample's prompt and response as one text; every other
 action goes to the real dispatcher.
 """
 
@@ -12,15 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import threading
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
 import requests
+import yaml
 from aiohttp import web
 from sandbox_agent_harness import Agent
 
@@ -35,6 +40,7 @@ from arl_tangram.gateway.admission import Admission
 from arl_tangram.gateway.auth import Authenticator
 from arl_tangram.gateway.review_server import ReviewServer
 from arl_tangram.gateway.state import STATE, BatchResults, Readiness, always_leader
+from arl_tangram.rewards.builtin import BuiltinScorer, write_model
 
 NS = "team-a"
 POOL = "py"
@@ -61,21 +67,61 @@ def endpoint(agent: Agent, name: str) -> HostEndpoint:
     return HostEndpoint(name, f"127.0.0.1:{agent.port}", tuple(health["cores"]["ids"]), 4 << 30)
 
 
-def standin_reward_app(scored: list[dict[str, Any]]) -> web.Application:
-    """A stand-in reward runtime. Internal protocol: ``POST /v1/score`` with ``{"service", "prompt",
-    "response", "label"}`` answers ``{"reward": float}``: 1.0 when the label occurs in the response,
-    0.0 when it does not, and len(response)/100 when there is no label. Each call is recorded."""
+def sample_text(payload: Mapping[str, Any]) -> str:
+    """What a reward model scores for a sample: the prompt (a chat's contents joined) and the response."""
+    prompt = payload.get("prompt") or ""
+    if isinstance(prompt, list):
+        prompt = "\n".join(str(m.get("content", "")) for m in prompt if isinstance(m, dict))
+    return f"{prompt}{payload.get('response', '')}"
 
-    async def score(request: web.Request) -> web.Response:
-        body = await request.json()
-        scored.append(body)
-        label, response = body.get("label"), body["response"]
-        reward = len(response) / 100 if label is None else float(str(label) in response)
-        return web.json_response({"reward": reward})
 
-    app = web.Application()
-    app.router.add_post("/v1/score", score)
-    return app
+@dataclass
+class RewardRuntime:
+    """A running ``tangram reward-runtime`` with one built-in model (:data:`SERVICE`)."""
+
+    url: str
+    proc: subprocess.Popen[str]
+    model: Path
+
+    def expected(self, texts: list[str]) -> list[float]:
+        """The scores the model gives ``texts``, computed here from the same model file."""
+        scorer = BuiltinScorer.from_file(self.model)
+        scorer.restore()
+        return [float(x) for x in scorer.score(texts)]
+
+
+@contextmanager
+def start_reward_runtime(workdir: Path) -> Iterator[RewardRuntime]:
+    model = write_model(workdir / "rm.npz", buckets=1024, dim=16, seed=7)
+    config = workdir / "services.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {"services": [{"name": SERVICE, "backend": "builtin", "path": str(model), "maxWaitMillis": 1}]}
+        )
+    )
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "arl_tangram", "reward-runtime", "--config", str(config)),
+            *("--listen", "127.0.0.1:0", "--device", "cpu", "--device-memory", "64Mi"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if "listening on" not in line:
+        proc.kill()
+        raise AssertionError(f"reward runtime did not start: {line!r} {proc.communicate(timeout=30)[1]}")
+    try:
+        yield RewardRuntime("http://" + line.split("listening on ")[1].split()[0], proc, model)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @dataclass
@@ -83,7 +129,7 @@ class RewardRouting:
     """An ActionService: ``reward`` actions to the stand-in runtime, the rest to the dispatcher."""
 
     dispatcher: Dispatcher
-    reward_url: str
+    reward_url: str | None
     services: frozenset[str]
     http: aiohttp.ClientSession | None = None
     running: int = 0
@@ -102,15 +148,16 @@ class RewardRouting:
             return await self.dispatcher.run(request)
         if request.target not in self.services:
             raise NotFound("RewardModelService", request.target)
-        assert self.http is not None
-        async with self.http.post(
-            f"{self.reward_url}/v1/score", json={"service": request.target, **request.payload}
-        ) as resp:
+        assert self.http is not None and self.reward_url is not None
+        body = {"service": request.target, "inputs": [sample_text(request.payload)]}
+        async with self.http.post(f"{self.reward_url}/v1/score", json=body) as resp:
+            if resp.status == 404:
+                raise NotFound("RewardModelService", request.target)
             if resp.status != 200:
                 return ActionOutcome(request.key, Outcome.FAILED, Reason.SANDBOX_ERROR, await resp.text())
-            body = await resp.json()
+            answer = await resp.json()
         return ActionOutcome(
-            request.key, Outcome.SUCCEEDED, reward=float(body["reward"]), response=body, attempts=1
+            request.key, Outcome.SUCCEEDED, reward=float(answer["scores"][0]), response=answer, attempts=1
         )
 
     async def cancel(self, key: str) -> bool:
@@ -138,7 +185,7 @@ class Gateway:
     loop: asyncio.AbstractEventLoop
     service: RewardRouting
     app: web.Application
-    scored: list[dict[str, Any]] = field(default_factory=list)
+    rewards: RewardRuntime | None = None
 
     def admission(self) -> Admission:
         """The gateway's counts of held actions (read from the test thread: plain dict reads)."""
@@ -160,15 +207,15 @@ def serve_gateway(
     batch_results: BatchResults | None = None,
     pools: tuple[tuple[str, str], ...] = ((NS, POOL),),
     setup: Callable[[Dispatcher], None] | None = None,
+    rewards: RewardRuntime | None = None,
 ) -> Iterator[Gateway]:
-    """Serve a gateway (and the stand-in reward runtime) until the block ends."""
+    """Serve a gateway until the block ends (reward actions go to ``rewards`` when given)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="gateway", daemon=True)
     thread.start()
     runners: list[web.AppRunner] = []
     apps: list[web.Application] = []
-    scored: list[dict[str, Any]] = []
-    port, reward_port = free_port(), free_port()
+    port = free_port()
 
     async def start() -> RewardRouting:
         client = AgentClient()
@@ -181,7 +228,10 @@ def serve_gateway(
         if setup is not None:
             setup(dispatcher)
         service = RewardRouting(
-            dispatcher, f"http://127.0.0.1:{reward_port}", frozenset({SERVICE}), aiohttp.ClientSession()
+            dispatcher,
+            rewards.url if rewards else None,
+            frozenset({SERVICE} if rewards else ()),
+            aiohttp.ClientSession(),
         )
         app = build_gateway_app(
             service,
@@ -192,11 +242,10 @@ def serve_gateway(
             allow_anonymous=auth is None,
             session_check_s=0.05,
         )
-        for application, p in ((app, port), (standin_reward_app(scored), reward_port)):
-            runner = web.AppRunner(application)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", p).start()
-            runners.append(runner)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        runners.append(runner)
         apps.append(app)
         return service
 
@@ -210,7 +259,7 @@ def serve_gateway(
 
     service = asyncio.run_coroutine_threadsafe(start(), loop).result(60)
     try:
-        yield Gateway(f"http://127.0.0.1:{port}", loop, service, apps[0], scored)
+        yield Gateway(f"http://127.0.0.1:{port}", loop, service, apps[0], rewards)
     finally:
         asyncio.run_coroutine_threadsafe(stop(service), loop).result(60)
         loop.call_soon_threadsafe(loop.stop)

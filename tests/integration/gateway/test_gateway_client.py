@@ -11,7 +11,16 @@ from pathlib import Path
 
 import pytest
 import requests
-from gateway_harness import NS, POOL, SERVICE, Gateway, endpoint, free_port, serve_gateway
+from gateway_harness import (
+    NS,
+    POOL,
+    SERVICE,
+    Gateway,
+    endpoint,
+    free_port,
+    serve_gateway,
+    start_reward_runtime,
+)
 from sandbox_agent_harness import Agent, start_agent, stop_agent
 
 from arl_tangram.client import (
@@ -36,9 +45,12 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
 
 
 @pytest.fixture(scope="module")
-def gateway(hosts: list[Agent]) -> Iterator[Gateway]:
+def gateway(hosts: list[Agent], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     config = GatewayConfig(default_namespace=NS, default_pools={NS: POOL}, default_services={NS: SERVICE})
-    with serve_gateway(hosts, config=config) as gw:
+    with (
+        start_reward_runtime(tmp_path_factory.mktemp("rm")) as rewards,
+        serve_gateway(hosts, config=config, rewards=rewards) as gw,
+    ):
         yield gw
 
 
@@ -81,7 +93,9 @@ def test_sessions_as_context_managers_and_rewards(gateway: Gateway) -> None:
             assert session.run_code("print(open('state').read())").stdout == "kept\n"
             sid = session.id
         assert requests.get(f"{gateway.url}/v1/sessions/{sid}", timeout=10).status_code == 404
-        assert client.score([{"prompt": "p", "response": "r" * 25}], service=SERVICE) == [0.25]
+        assert gateway.rewards is not None
+        want = gateway.rewards.expected(["p" + "r" * 25])
+        assert client.score([{"prompt": "p", "response": "r" * 25}], service=SERVICE) == want
 
 
 async def test_the_async_client(gateway: Gateway) -> None:

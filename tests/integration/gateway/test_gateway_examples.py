@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from gateway_harness import NS, POOL, SERVICE, Gateway, serve_gateway, serve_reviews
+from gateway_harness import NS, POOL, SERVICE, Gateway, serve_gateway, serve_reviews, start_reward_runtime
 from sandbox_agent_harness import Agent, start_agent, stop_agent
 
 from arl_tangram.gateway import GatewayConfig, KubernetesAuthenticator
@@ -29,9 +29,9 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     reviews.grant(USER, [NS])
     config = GatewayConfig(default_namespace="default", default_services={NS: SERVICE})
     try:
-        with serve_reviews(reviews) as url:
+        with serve_reviews(reviews) as url, start_reward_runtime(tmp_path_factory.mktemp("rm")) as rewards:
             auth = KubernetesAuthenticator(api_client_for(url), "tangram-gateway")
-            with serve_gateway(hosts, auth=auth, config=config) as gw:
+            with serve_gateway(hosts, auth=auth, config=config, rewards=rewards) as gw:
                 yield gw
     finally:
         stop_agent(hosts[0])
@@ -67,7 +67,7 @@ def test_the_trainer_call_path_works_through_the_gateway(gateway: Gateway, train
 
 
 def test_openrlhf_against_a_reward_model_service(gateway: Gateway) -> None:
-    """The model-based door of the same path (the stand-in reward runtime scores label-in-response)."""
+    """The model-based door of the same path: a real reward runtime scores prompt + response."""
     url = _with_token(gateway, f"/get_reward?namespace={NS}")
     body = {
         "query": ["q: colour? a: blue", "q: colour? a: red"],
@@ -75,4 +75,6 @@ def test_openrlhf_against_a_reward_model_service(gateway: Gateway) -> None:
         "labels": ["blue"] * 2,
     }
     resp = requests.post(url, json=body, headers={"Content-Type": "application/json"}, timeout=60)
-    assert resp.status_code == 200 and resp.json()["rewards"] == [1.0, 0.0]
+    assert gateway.rewards is not None
+    want = gateway.rewards.expected(body["query"])
+    assert resp.status_code == 200 and resp.json()["rewards"] == want

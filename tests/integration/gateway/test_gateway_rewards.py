@@ -1,5 +1,6 @@
-"""Reward endpoints in each trainer's shape, scored by the stand-in reward runtime (model-based) or
-by tests run in a real sandbox (test-based), through the same gateway."""
+"""Reward endpoints in each trainer's shape, scored by a real reward runtime process (model-based:
+each answer must be the runtime's own score of that sample, in order) or by tests run in a real
+sandbox (test-based), through the same gateway."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import requests
-from gateway_harness import NS, POOL, SERVICE, Gateway, serve_gateway
+from gateway_harness import NS, POOL, SERVICE, Gateway, serve_gateway, start_reward_runtime
 from sandbox_agent_harness import Agent, start_agent, stop_agent
 
 from arl_tangram.gateway import GatewayConfig
@@ -30,10 +31,18 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
 
 
 @pytest.fixture(scope="module")
-def gateway(hosts: list[Agent]) -> Iterator[Gateway]:
+def gateway(hosts: list[Agent], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     config = GatewayConfig(default_namespace=NS, default_pools={NS: POOL}, default_services={NS: SERVICE})
-    with serve_gateway(hosts, config=config) as gw:
+    with (
+        start_reward_runtime(tmp_path_factory.mktemp("rm")) as rewards,
+        serve_gateway(hosts, config=config, rewards=rewards) as gw,
+    ):
         yield gw
+
+
+def expected(gw: Gateway, texts: list[str]) -> list[float]:
+    assert gw.rewards is not None
+    return gw.rewards.expected(texts)
 
 
 def test_openrlhf_get_reward(gateway: Gateway) -> None:
@@ -44,9 +53,10 @@ def test_openrlhf_get_reward(gateway: Gateway) -> None:
     }
     resp = requests.post(gateway.url + "/get_reward", json=body, timeout=60)
     assert resp.status_code == 200, resp.text
-    assert resp.json()["rewards"] == [1.0, 0.0] == resp.json()["scores"]
-    # The runtime was given the response alone (the query minus its prompt), with its label.
-    assert {(s["response"], s["label"]) for s in gateway.scored[-2:]} == {(" 4", "4"), (" 7", "6")}
+    # The prompt and the response (the query minus its prompt) are scored, in order.
+    want = expected(gateway, ["Q: 2+2? A: 4", "Q: 3+3? A: 7"])
+    assert resp.json()["rewards"] == want == resp.json()["scores"]
+    assert want[0] != want[1]
 
 
 def test_slime_reward_is_a_bare_number(gateway: Gateway) -> None:
@@ -55,7 +65,7 @@ def test_slime_reward_is_a_bare_number(gateway: Gateway) -> None:
         json={"prompt": "p", "response": "yes it is 42", "label": "42"},
         timeout=60,
     )
-    assert resp.status_code == 200 and resp.json() == 1.0
+    assert resp.status_code == 200 and resp.json() == expected(gateway, ["pyes it is 42"])[0]
 
 
 def test_vllm_score_classify_pooling_and_sglang_classify(gateway: Gateway) -> None:
@@ -64,15 +74,19 @@ def test_vllm_score_classify_pooling_and_sglang_classify(gateway: Gateway) -> No
         json={"model": SERVICE, "text_1": "q", "text_2": ["a" * 10, "b" * 20]},
         timeout=60,
     ).json()
-    assert [d["score"] for d in score["data"]] == [0.1, 0.2] and score["object"] == "list"
+    assert [d["score"] for d in score["data"]] == expected(gateway, ["q" + "a" * 10, "q" + "b" * 20])
+    assert score["object"] == "list" and score["model"] == SERVICE
     classify = requests.post(
         gateway.url + "/classify", json={"model": SERVICE, "input": ["x" * 30]}, timeout=60
     ).json()
-    assert classify["data"][0]["probs"] == [0.3] and classify["data"][0]["num_classes"] == 1
+    assert (
+        classify["data"][0]["probs"] == expected(gateway, ["x" * 30])
+        and classify["data"][0]["num_classes"] == 1
+    )
     pooling = requests.post(gateway.url + "/pooling", json={"input": "y" * 40}, timeout=60).json()
-    assert pooling["data"][0]["data"] == [0.4]
+    assert pooling["data"][0]["data"] == expected(gateway, ["y" * 40])
     sglang = requests.post(gateway.url + "/classify", json={"text": ["z" * 50, "z" * 60]}, timeout=60).json()
-    assert [item["embedding"][0] for item in sglang] == [0.5, 0.6]
+    assert [item["embedding"][0] for item in sglang] == expected(gateway, ["z" * 50, "z" * 60])
 
 
 def test_test_based_rewards_are_pass_fractions(gateway: Gateway) -> None:
