@@ -48,7 +48,7 @@ from arl_tangram.rewards.backends import (
     SglangBackend,
     VllmBackend,
 )
-from arl_tangram.rewards.builtin import BuiltinScorer, ModelError
+from arl_tangram.rewards.builtin import BuiltinScorer, ModelError, write_model
 from arl_tangram.rewards.cache import DoesNotFit
 from arl_tangram.rewards.runtime import (
     DEFAULT_MAX_BATCH,
@@ -255,11 +255,28 @@ async def serve(args: argparse.Namespace, entries: list[dict[str, Any]]) -> int:
 
 def main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="tangram reward-runtime", description=__doc__.splitlines()[0])
-    p.add_argument("--config", required=True, help="services file (YAML)")
+    p.add_argument("--config", help="services file (YAML)")
     p.add_argument("--listen", default="0.0.0.0:8000", help="HOST:PORT")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (the chunk's first GPU)")
     p.add_argument("--device-memory", default=None, help="device memory budget, e.g. 70Gi (cuda: 90%% free)")
+    p.add_argument(
+        "--write-model",
+        metavar="PATH",
+        help="write a built-in scorer model of --model-mib and exit (demos, tests)",
+    )
+    p.add_argument("--model-mib", type=float, default=16.0, help="size of the model --write-model writes")
+    p.add_argument("--seed", type=int, default=0, help="seed of the model --write-model writes")
     args = p.parse_args(list(argv))
+    if args.write_model:
+        if args.model_mib <= 0:
+            p.error("--model-mib must be > 0")
+        dim = 64
+        buckets = max(1, int(args.model_mib * 2**20 / (4 * dim)))
+        out = write_model(args.write_model, buckets=buckets, dim=dim, hidden=64, seed=args.seed)
+        print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB)")
+        return 0
+    if not args.config:
+        p.error("--config is required")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         return asyncio.run(serve(args, read_services(args.config)))

@@ -177,3 +177,25 @@ def test_a_bad_services_file_is_one_clear_line(tmp_path: Path) -> None:
     )
     assert out.returncode == 2
     assert out.stderr.strip() == "tangram reward-runtime: services[0].model is required for backend vllm"
+
+
+def test_write_model_makes_a_file_the_runtime_serves(tmp_path: Path) -> None:
+    path = tmp_path / "demo.npz"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "arl_tangram",
+            "reward-runtime",
+            "--write-model",
+            str(path),
+            "--model-mib",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=STARTUP_S,
+    )
+    assert out.returncode == 0, out.stderr
+    scorer = BuiltinScorer.from_file(path)
+    assert 1.9 * 2**20 < scorer.nbytes < 2.1 * 2**20
