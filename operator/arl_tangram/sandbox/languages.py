@@ -65,10 +65,12 @@ SANDBOXFUSION_LANGUAGES = (
 )
 
 # What the JVM reserves beyond its heap when its arenas are limited as below (code cache, class
-# space, metaspace, thread stacks), measured: about 320 MB. The address-space limit an action gets
-# covers heap plus this; the heap is what is left.
+# space, metaspace, thread stacks), measured: about 320 MB, plus GC tables that grow with the heap
+# (a 23 GB heap did not fit a 24 GB limit less 384 MB). The address-space limit an action gets
+# covers heap plus these; the heap is what is left, at most three quarters of the limit.
 JVM_RESERVE_MB = 384
 JVM_MIN_HEAP_MB = 32
+JVM_MAX_HEAP_SHARE = 0.75
 # The JVM's own reservations, kept small so that it starts under an address-space limit at all
 # (by default it reserves several GB and fails to start under 1 GiB).
 _JVM_LIMITS = (
@@ -344,7 +346,7 @@ def artifact_names(language: Language, names: list[str]) -> list[str]:
 
 def jvm_heap_mb(memory_mb: int) -> int:
     """The JVM heap that fits an address-space limit of ``memory_mb`` (see ``JVM_RESERVE_MB``)."""
-    return max(JVM_MIN_HEAP_MB, memory_mb - JVM_RESERVE_MB)
+    return max(JVM_MIN_HEAP_MB, min(memory_mb - JVM_RESERVE_MB, int(memory_mb * JVM_MAX_HEAP_SHARE)))
 
 
 def unavailable_language(

@@ -176,3 +176,13 @@ def test_the_sandbox_image_installs_every_toolchain_and_the_scientific_set() -> 
             )
     for module in ("numpy", "pandas", "scipy", "sympy", "networkx", "scikit-learn"):
         assert module in text
+
+
+def test_the_jvm_heap_leaves_room_for_what_the_jvm_reserves_besides() -> None:
+    from arl_tangram.sandbox.languages import JVM_RESERVE_MB, jvm_heap_mb
+
+    for memory in (256, 512, 1024, 4096, 24000, 200_000):
+        heap = jvm_heap_mb(memory)
+        assert heap >= 32
+        assert memory <= 416 or memory - heap >= JVM_RESERVE_MB
+        assert heap <= 0.75 * memory or heap == 32
