@@ -30,6 +30,7 @@ from arl_tangram.managers.cpu import CpuManager, SandboxHost
 from arl_tangram.sim.engine import SimResult, Simulation
 from arl_tangram.sim.metrics import Summary, common_acts, gpu_act, gpu_act_p99, summarise
 from arl_tangram.sim.planning import SimPlanner
+from arl_tangram.sim.steps import StepStats, run_steps
 from arl_tangram.sim.workload import (
     RewardSource,
     SearchSource,
@@ -318,6 +319,41 @@ def _table_curve(curves: dict[str, list[GpuPoint]], static: Summary | None) -> s
     return "\n".join([head, *_grid(rows)])
 
 
+def _table_steps(wl: Workload, steps: dict[str, StepStats]) -> str:
+    """Step time per policy, and each policy's steps per hour over static's (the paper: 1.5x)."""
+    assert wl.training is not None
+    tr = wl.training
+    ref = steps.get("static")
+    rows = [["policy", "state", "rollout s", "step s", "steps/h", "done/step", "lost/step"]]
+    rows[0] += ["resampled/step", "cut/step", "steps/h x static", "rollout x static"]
+    for name, st in steps.items():
+        faster = rollout = "-"
+        if ref is not None and st.complete and ref.complete and st.step_mean_s > 0:
+            faster = f"{ref.step_mean_s / st.step_mean_s:.2f}x"
+            rollout = f"{ref.rollout_mean_s / st.rollout_mean_s:.2f}x" if st.rollout_mean_s > 0 else "-"
+        rows.append(
+            [
+                name,
+                "complete" if st.complete else "INCOMPLETE",
+                f"{st.rollout_mean_s:.1f}",
+                f"{st.step_mean_s:.1f}",
+                f"{st.steps_per_h:.2f}",
+                f"{st.completed_per_step:.1f}",
+                f"{st.lost_per_step:.1f}",
+                f"{st.resampled_per_step:.1f}",
+                f"{st.cut_per_step:.1f}",
+                faster,
+                rollout,
+            ]
+        )
+    bound = "none" if tr.staleness_s is None else f"{tr.staleness_s:g} s"
+    head = (
+        f"RL steps: {tr.steps} batches, training {tr.train_s:g} s per step, staleness bound {bound}, "
+        f"lost trajectories {'re-sampled' if tr.resample else 'not replaced'} (the paper: 1.5x faster steps)"
+    )
+    return "\n".join([head, *_grid(rows)])
+
+
 def main_sim(argv: list[str]) -> int:
     """``tangram bench sim``."""
     ap = argparse.ArgumentParser(prog="tangram bench sim", description=__doc__)
@@ -330,7 +366,10 @@ def main_sim(argv: list[str]) -> int:
     ap.add_argument(
         "--scale", type=float, help="fraction of trajectories (or of the horizon) for quick looks"
     )
-    ap.add_argument("--no-gpu-search", action="store_true", help="skip the GPU-count search")
+    ap.add_argument("--no-gpu-search", action="store_true", help="skip the GPU-count curve")
+    ap.add_argument(
+        "--no-steps", action="store_true", help="skip the RL step model (workloads with a training section)"
+    )
     ap.add_argument(
         "--planner",
         action="store_true",
@@ -359,6 +398,9 @@ def main_sim(argv: list[str]) -> int:
             quiet=args.json and not sys.stderr.isatty(),
             gpu_search=not args.no_gpu_search,
             planner=args.planner,
+        )
+        steps = (
+            {} if wl.training is None or args.no_steps else {name: run_steps(wl, name) for name in policies}
         )
     except TangramError as exc:
         print(f"tangram bench sim: {exc}", file=sys.stderr)
@@ -392,6 +434,7 @@ def main_sim(argv: list[str]) -> int:
                 {
                     "workload": wl.name,
                     "policies": {n: {k: getattr(s, k) for k in keys} for n, s in res.items()},
+                    "steps": {n: dataclasses.asdict(st) for n, st in steps.items()},
                 }
             )
         )
@@ -400,6 +443,8 @@ def main_sim(argv: list[str]) -> int:
         print(_table_kinds(res))
         if curves:
             print(_table_curve(curves, res.get("static")))
+        if steps:
+            print(_table_steps(wl, steps))
         if wl.cluster.apis:
             calls = [
                 f"{n} {x.api_failures} failed / {x.api_violations} let beyond a limit" for n, x in res.items()

@@ -90,6 +90,8 @@ class SimResult:
     trajectories: int = 0
     unfinished_trajectories: int = 0
     queued_at_end: int = 0
+    resampled: int = 0  # lost trajectories replaced by new ones (RL steps)
+    cut_at: float | None = None  # the staleness bound stopped the rollout (unfinished ones cut)
 
     @property
     def complete(self) -> bool:
@@ -185,6 +187,8 @@ class Simulation:
         planner: PlannerHook | None = None,
         progress: Callable[[int], None] | None = None,
         policy_options: dict[str, Any] | None = None,
+        resample: list[Trajectory] | None = None,
+        deadline_s: float | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise InvalidSpec("--policies", f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
@@ -256,6 +260,11 @@ class Simulation:
         # Static pods no node can hold yet, in creation order: they bind as pods are deleted, as
         # the kube-scheduler retries pending pods (the overload regime of the paper's baseline).
         self._pending_pods: list[_TrajState] = []
+        # An RL step: a lost trajectory is replaced by the next of ``resample`` (the trainer samples
+        # another prompt), and the rollout stops at ``deadline_s`` (a staleness bound).
+        self._reserve = list(resample or [])
+        self.resampled = 0
+        self.deadline_s = deadline_s
 
     # ---- set-up -------------------------------------------------------------------------------------
     def _static(self, pools: dict[str, PoolManager]) -> StaticPolicy:
@@ -304,8 +313,12 @@ class Simulation:
             self.planner.attach(self)
             self._push(0.0, "plan", None)
         now = 0.0
+        cut_at: float | None = None
         while self._events:
             now = self._events[0][0]
+            if self.deadline_s is not None and now > self.deadline_s:
+                cut_at = self.deadline_s  # the staleness bound: what still runs is cut from the step
+                break
             while self._events and self._events[0][0] <= now + 1e-12:
                 _, _, kind, payload = heapq.heappop(self._events)
                 self._handle(kind, payload, now)
@@ -334,6 +347,8 @@ class Simulation:
             trajectories=len(self._state),
             unfinished_trajectories=unfinished,
             queued_at_end=self.scheduler.queued() + len(self._pending_pods),
+            resampled=self.resampled,
+            cut_at=cut_at,
         )
 
     def trajectory_states(self) -> list[_TrajState]:
@@ -488,6 +503,7 @@ class Simulation:
                     st.lost = True
                     self.lost += 1
                     self._end_traj(st, now)
+                    self._resample(st, now)
                     return
                 backoff = self.wl.static.api_backoff_s * 2 ** (st.failures - 1)
                 self._push(now + backoff, "arrive", st)
@@ -524,6 +540,24 @@ class Simulation:
             self._end_traj(st, now)
         else:
             self._push(now + st.traj.steps[st.step].think_s, "arrive", st)
+
+    def _resample(self, lost: _TrajState, now: float) -> None:
+        """Start a replacement for a lost trajectory (the next one of the reserve, from now)."""
+        if not self._reserve:
+            return
+        tr = self._reserve.pop(0)
+        self.resampled += 1
+        new = Trajectory(
+            f"{lost.traj.id}~{self.resampled}",
+            now,
+            tr.steps,
+            tr.memory_gib,
+            tr.tenant,
+            tr.priority,
+            tr.needs_pod,
+        )
+        st = self._state[new.id] = _TrajState(new)
+        self._push(now, "start", st)
 
     def _end_traj(self, st: _TrajState, now: float) -> None:
         st.done = True

@@ -165,6 +165,19 @@ class PlannerSpec:
 
 
 @dataclass(frozen=True)
+class TrainingSpec:
+    """RL steps (``bench sim`` reports step time when a workload has them): each step releases the
+    workload's trajectories as one batch (a fresh sample: the seed advances per step), rolls out
+    until they end or ``staleness_s`` after the release (the rest are cut), replaces each lost
+    trajectory by a new one when ``resample``, then trains ``train_s`` with no external demand."""
+
+    steps: int
+    train_s: float
+    staleness_s: float | None
+    resample: bool
+
+
+@dataclass(frozen=True)
 class Workload:
     name: str
     seed: int
@@ -173,6 +186,7 @@ class Workload:
     sources: tuple[Source, ...]
     description: str = ""
     planner: PlannerSpec | None = None
+    training: TrainingSpec | None = None
 
     @property
     def has_gpu(self) -> bool:

@@ -27,6 +27,7 @@ from arl_tangram.sim.workload import (
     ServiceSpec,
     Source,
     StaticSpec,
+    TrainingSpec,
     Workload,
 )
 
@@ -374,6 +375,16 @@ class Planner(_Model):
         )
 
 
+class Training(_Model):
+    steps: Int = Field(ge=1)
+    train_s: Num = Field(ge=0)
+    staleness_s: Num | None = Field(None, gt=0)
+    resample: bool = True
+
+    def spec(self) -> TrainingSpec:
+        return TrainingSpec(self.steps, self.train_s, self.staleness_s, self.resample)
+
+
 # ---- the file ----------------------------------------------------------------------------------------
 class WorkloadFile(_Model):
     name: str | None = None
@@ -383,6 +394,7 @@ class WorkloadFile(_Model):
     static: Static = Static()
     sources: list[SourceModel] = Field(min_length=1)
     planner: Planner = Planner()
+    training: Training | None = None
 
     @classmethod
     def parse(cls, doc: Any, origin: str = "<workload>") -> Workload:
@@ -421,6 +433,7 @@ class WorkloadFile(_Model):
             sources=sources,
             description=self.description,
             planner=planner,
+            training=None if self.training is None else self.training.spec(),
         )
 
 

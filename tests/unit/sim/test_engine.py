@@ -11,6 +11,7 @@ import yaml
 from arl_tangram.sim.engine import Simulation
 from arl_tangram.sim.metrics import summarise
 from arl_tangram.sim.planning import SimPlanner
+from arl_tangram.sim.steps import run_steps
 from arl_tangram.sim.workload import Workload, builtin, generate, parse, with_overrides
 
 
@@ -145,3 +146,25 @@ def test_a_session_cap_sizes_hosts_by_sessions_and_caps_each_host() -> None:
     assert len(res.records) == sum(len(t.steps) for t in generate(wl))
     # One session per core: 320 sessions need 5 hosts of 64 where their memory alone needs 3.
     assert max(p.pool("cpu").need_units for p in hook.rounds) >= 320
+
+
+def test_rl_steps_add_training_and_cut_at_the_staleness_bound() -> None:
+    wl = with_overrides(builtin("ai-coding"), scale=0.02)
+    assert wl.training is not None
+    st = run_steps(wl, "tangram")
+    assert st.complete and st.completed_per_step == len(generate(wl))
+    assert st.step_mean_s == st.rollout_mean_s + wl.training.train_s
+    bounded = dataclasses.replace(wl, training=dataclasses.replace(wl.training, staleness_s=30.0))
+    cut = run_steps(bounded, "tangram")
+    # No trajectory of 10-40 turns ends within 30 s: all are cut, the rollout lasts the bound.
+    assert cut.rollout_mean_s == 30.0 and cut.cut_per_step == len(generate(wl))
+
+
+def test_a_lost_trajectory_is_replaced_by_a_new_sample() -> None:
+    wl = _small_deepsearch()
+    batch = generate(wl)
+    reserve = generate(dataclasses.replace(wl, seed=wl.seed + 99))
+    res = Simulation(wl, "static", trajectories=batch, resample=reserve).run()
+    assert res.lost_trajectories > 0 and res.resampled == min(res.lost_trajectories, len(reserve))
+    assert res.trajectories == len(batch) + res.resampled
+    assert {r.key[0] for r in res.records} - {t.id for t in batch}  # replacements ran actions
