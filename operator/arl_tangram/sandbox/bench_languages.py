@@ -63,6 +63,7 @@ PROGRAMS = {
         'const [a, b] = require("fs").readFileSync(0, "utf8").trim().split(/\\s+/).map(Number);\n'
         "console.log(a + b);\n"
     ),
+    "perl": '# {tag}\nmy ($a, $b) = split " ", <STDIN>;\nprint $a + $b, "\\n";\n',
     "typescript": (
         "// {tag}\n"
         "const v: number[] = require('fs').readFileSync(0, 'utf8').trim().split(/\\s+/).map(Number);\n"

@@ -1,5 +1,8 @@
 """The languages beyond Python: how each is compiled and run, and which of them this host can run.
 
+cpp, c, java, go, rust, nodejs (js), typescript (ts) and perl; ``c`` is ours (SandboxFusion has
+no plain C), the others carry SandboxFusion's names.
+
 Each ``Language`` names the file its code is written to, the toolchain binaries it needs, the
 argv of its compile step (none for interpreted languages) and of its run, and which files the
 compile leaves behind (what the compile cache keeps). The argv are templates: ``{cc}``-style
@@ -169,6 +172,14 @@ LANGUAGES: tuple[Language, ...] = (
         run=("{node}", "main.js"),
         aliases=("js",),
         version_tool="node",
+    ),
+    Language(
+        name="perl",
+        source="main.pl",
+        tools={"perl": "perl"},
+        run=("{perl}", "main.pl"),
+        version_tool="perl",
+        version_args=("-e", "print qq(perl $^V)"),
     ),
     Language(
         name="typescript",

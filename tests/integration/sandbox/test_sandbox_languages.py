@@ -147,6 +147,14 @@ PROGRAMS: dict[str, Programs] = {
             'console.log(out.join("\\n"));\n'
         ),
     ),
+    "perl": Programs(
+        sum_stdin='my ($a, $b) = split " ", <STDIN>;\nprint $a + $b, "\\n";\n',
+        wrong='my ($a, $b) = split " ", <STDIN>;\nprint $a + $b + 1, "\\n";\n',
+        runtime_error='die "boom\\n";\n',
+        compile_error="sub f { \n",  # interpreted: a syntax error fails the run
+        loop="1 while 1;\n",
+        large=f'print "line $_\\n" for 0 .. {LARGE_LINES - 1};\n',
+    ),
     "typescript": Programs(
         sum_stdin=(
             "const parts: number[] = require('fs').readFileSync(0, 'utf8').split(/\\s+/).map(Number);\n"

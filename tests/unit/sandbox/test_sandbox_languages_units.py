@@ -162,6 +162,7 @@ IMAGE_PACKAGES = {
     "rustc": "rustc",
     "node": "nodejs",
     "esbuild": "esbuild",
+    "perl": "perl",
 }
 
 
