@@ -32,6 +32,7 @@ from arl_tangram.client import (
     TangramClient,
     code_action,
 )
+from arl_tangram.client.tokens import token_source
 from arl_tangram.gateway import GatewayConfig
 from arl_tangram.gateway.bench import start_gateway, stop_process
 
@@ -155,3 +156,22 @@ def test_a_session_whose_host_is_lost_raises_session_lost(tmp_path: Path) -> Non
         stop_agent(survivor)
         if doomed.proc.poll() is None:
             stop_agent(doomed)
+
+
+def test_the_token_comes_from_the_argument_the_environment_or_a_rotating_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TANGRAM_TOKEN", raising=False)
+    monkeypatch.delenv("TANGRAM_TOKEN_FILE", raising=False)
+    assert token_source("given")() == "given"
+    monkeypatch.setenv("TANGRAM_TOKEN", "from-env")
+    assert token_source(None)() == "from-env"
+    monkeypatch.delenv("TANGRAM_TOKEN")
+    path = tmp_path / "token"
+    path.write_text("first\n")
+    monkeypatch.setenv("TANGRAM_TOKEN_FILE", str(path))
+    source = token_source(None)
+    assert source() == "first"
+    path.write_text("rotated")
+    os.utime(path, (1, 1))  # a new mtime, as the kubelet's atomic swap gives
+    assert source() == "rotated"

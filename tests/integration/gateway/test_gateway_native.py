@@ -10,6 +10,8 @@ import requests
 from gateway_harness import NS, POOL, Gateway, serve_gateway
 from sandbox_agent_harness import Agent, start_agent, stop_agent
 
+from arl_tangram.client import NotFoundError, TangramClient
+
 
 @pytest.fixture(scope="module")
 def agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
@@ -175,6 +177,10 @@ def test_batch_results_stream_as_ndjson(gateway: Gateway) -> None:
     assert rows == BATCH
     missing = requests.get(f"{gateway.url}/v1/batches/{NS}/nope/results", timeout=30)
     assert missing.status_code == 404 and "nope" in missing.json()["error"]
+    with TangramClient(gateway.url, namespace=NS) as client:
+        assert list(client.batch_results("step-1")) == BATCH
+        with pytest.raises(NotFoundError):
+            list(client.batch_results("nope"))
 
 
 def test_health_readiness_metrics_and_openapi(gateway: Gateway) -> None:
