@@ -22,7 +22,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "arl_tangram.controllers.main:main",
         "run the operator (controllers, scheduler, dispatcher)",
     ),
-    "demo": ("arl_tangram.sim.demo:main", "show the win of action-level scheduling on a workload"),
+    "up": (
+        "arl_tangram.embedded.up:main",
+        "run ActionPools/RewardModelServices from YAML on this machine (no cluster) until Ctrl-C",
+    ),
+    "demo": (
+        "arl_tangram.demo.main:main",
+        "a HumanEval rollout: pod-per-trajectory vs tangram, really executed (--simulate: the simulator)",
+    ),
     "node-agent": ("arl_tangram.gpu.agent:main", "publish this node's GPU inventory; follow MIG requests"),
     "reward-runtime": (
         "arl_tangram.rewards.server:main",
@@ -30,6 +37,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
 }
 BENCH: dict[str, tuple[str, str]] = {
+    "e2e": (
+        "arl_tangram.controllers.bench:main",
+        "the operator on an API server: batch vs direct, dedicated vs shared",
+    ),
     "exec": ("arl_tangram.sandbox.bench:main", "code execution: native API vs /run_code vs fresh process"),
     "sim": ("arl_tangram.sim.bench:main_sim", "simulated workloads under each scheduler policy"),
     "sched": ("arl_tangram.sim.bench:main_sched", "scheduler decision latency, paper vs tangram"),

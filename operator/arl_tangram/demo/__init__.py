@@ -1,0 +1,1 @@
+"""The real demo: a HumanEval rollout run pod-per-trajectory and with ARL-Tangram, side by side."""
