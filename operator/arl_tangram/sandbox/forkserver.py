@@ -61,6 +61,9 @@ EOF_GRACE_S = 0.5  # after the action's process is gone, how long to wait for it
 PIPE_WATCH_DELAY_S = 0.005
 _MEMORY_MARKERS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc", b"out of memory")
 _CTRL_FD = 3  # the persistent interpreter's control socket, after the child's fd clean-up
+# The file a Python action's code runs from, in its workdir (the next names if the request brought
+# a file of that name); removed with the workdir.
+MAIN_FILES = ("main.py", "main_.py", "main__.py")
 _MAX_FD = 1 << 30  # closerange's upper bound: everything
 
 
@@ -768,6 +771,8 @@ class ForkServer:
         if call.remove_workdir is not None:
             # The common case (nothing left behind) costs one rmdir here; anything else goes to the
             # agent's janitor thread so that this loop never walks a tree an action filled.
+            with _suppress(OSError):
+                os.unlink(call.remove_workdir + "/" + MAIN_FILES[0])  # the usual content, if any
             try:
                 os.rmdir(call.remove_workdir)
                 reply["workdir_removed"] = True
@@ -1583,10 +1588,11 @@ def _exit_code_of(exc: SystemExit) -> int:
     return 1
 
 
-def _run_code(source: str, namespace: dict[str, Any]) -> int:
-    """Run ``source`` like ``python -c`` would, in ``namespace``; returns the exit status."""
+def _run_code(source: str, namespace: dict[str, Any], filename: str = "<string>") -> int:
+    """Run ``source`` like ``python -c`` (or ``python FILENAME``) would, in ``namespace``; returns
+    the exit status."""
     try:
-        exec(compile(source, "<string>", "exec"), namespace)
+        exec(compile(source, filename, "exec"), namespace)
         return 0
     except SystemExit as exc:
         return _exit_code_of(exc)
@@ -1605,16 +1611,45 @@ def _flush_std_streams() -> None:
             stream.flush()
 
 
+def _source_file(source: str) -> str:
+    """Write the action's code as ``main.py`` in its workdir (another name if the request brought a
+    file of that name) and return its path: run from there, it looks as under ``python main.py``
+    (``__file__``, ``sys.argv``, tracebacks with their source lines, ``inspect.getsource``)."""
+    data = source.encode("utf-8", "surrogatepass")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for name in MAIN_FILES:
+        try:
+            fd = os.open(name, flags, 0o644)
+        except FileExistsError:
+            continue
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        return os.path.join(os.getcwd(), name)
+    return "<string>"  # every name taken by the request's files: run it as ``python -c`` would
+
+
 def _run_python_and_exit(source: str) -> NoReturn:
     namespace = _CHILD_MAIN
     if namespace is None:
         namespace = _fresh_main_module()
         _fresh_std_streams()
+    filename = "<string>"
+    with _suppress(OSError):  # a full disk or file limit: run it as ``python -c`` would
+        filename = _source_file(source)
+    if filename != "<string>":
+        namespace["__file__"] = filename
+        sys.argv = [filename]
+        if sys.path:
+            sys.path[0] = os.path.dirname(filename)
     if "numpy" in sys.modules:
         # numpy's global generator is not reseeded at fork, unlike the random module's.
         with _suppress(Exception):
             sys.modules["numpy"].random.seed()
-    code = _run_code(source, namespace)
+    code = _run_code(source, namespace, filename)
     threading = sys.modules.get("threading")
     if threading is not None:  # only code that imported it can have started threads
         with _suppress(BaseException):

@@ -122,8 +122,9 @@ def test_native_execute_reports_cores_uid_and_fresh_workdir(agent: Agent) -> Non
     uid, cores, listing, cwd = json.loads(str(first["stdout"]))
     assert uid in agent.uids  # non-root, from this agent's range
     assert cores == [0]  # exactly the granted core
-    # A fresh workdir per action: a different directory, empty at start.
-    assert listing == []
+    # A fresh workdir per action: a different directory, holding only the program's own file
+    # (as under SandboxFusion, whose script lies in the directory it runs in).
+    assert listing == ["main.py"]
     assert cwd != json.loads(str(second["stdout"]))[3]
 
 

@@ -96,7 +96,7 @@ def test_small_differences_match_sandboxfusion(agent: Agent) -> None:
     assert body["status"] == "Success", body
     # Null content and IGNORE_THIS_FILE names are placeholders: nothing is written for them.
     listing = str(_result(body)["stdout"]).splitlines()[0]
-    assert listing == "['a.txt']"
+    assert listing == "['a.txt', 'main.py']"
     # A fetch path outside the workdir leaves that file out, saying why; the action still ran.
     body = _run(agent, "print(1)", fetch_files=["/etc/passwd", "../up.txt"])
     assert body["status"] == "Success" and body["files"] == {}
@@ -107,3 +107,32 @@ def test_small_differences_match_sandboxfusion(agent: Agent) -> None:
     resp = agent.post("/run_code", {"code": "print(1)", "language": "python", "files": {"/tmp/x": data}})
     assert resp.status_code == 400
     assert resp.json()["status"] == "SandboxError" and "absolute" in resp.json()["message"]
+
+
+def test_python_runs_as_a_file_so_tracebacks_show_source(agent: Agent) -> None:
+    code = (
+        "import inspect, os, sys\n"
+        "def answer():\n"
+        "    return 42\n"
+        "assert __file__ == sys.argv[0] == os.path.join(os.getcwd(), 'main.py'), (__file__, sys.argv)\n"
+        "print(inspect.getsource(answer), end='')\n"
+        "raise ValueError('boom')\n"
+    )
+    body = _run(agent, code)
+    run = _result(body)
+    assert body["status"] == "Failed" and run["return_code"] == 1
+    assert run["stdout"] == "def answer():\n    return 42\n"
+    # As under `python main.py`: the file and line, then the line itself.
+    assert "main.py\", line 6, in <module>\n    raise ValueError('boom')\n" in str(run["stderr"])
+    assert str(run["stderr"]).endswith("ValueError: boom\n")
+
+
+def test_a_request_file_named_like_the_program_is_kept(agent: Agent) -> None:
+    import base64
+
+    files = {"main.py": base64.b64encode(b"VALUE = 7\n").decode()}
+    body = _run(
+        agent, "import os\nfrom main import VALUE\nprint(VALUE, os.path.basename(__file__))", files=files
+    )
+    assert body["status"] == "Success", body
+    assert _result(body)["stdout"] == "7 main_.py\n"
