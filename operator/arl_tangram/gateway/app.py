@@ -38,7 +38,6 @@ from arl_tangram.gateway.models import (
     SessionAction,
     SessionBody,
     SessionCreate,
-    SglangClassifyItem,
     SlimeRewardRequest,
     VllmClassifyRequest,
     VllmClassifyResponse,
@@ -214,8 +213,6 @@ def _docs() -> list[Route]:
 
 
 ROUTES = _docs()
-# SGLang's classify answer is documented beside vLLM's: one path, two shapes.
-SGLANG_CLASSIFY = SglangClassifyItem
 OPEN_PATHS = frozenset(r.doc.path for r in ROUTES if r.doc.open) | {"/openapi.json"}
 
 

@@ -18,6 +18,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -55,13 +56,13 @@ from arl_tangram.gateway.state import GatewayState, authorize, state_of
 _PROGRAM_FAILURES = frozenset({Reason.NON_ZERO_EXIT, Reason.TIMEOUT, Reason.OUT_OF_MEMORY, Reason.SIGNALLED})
 
 
+@dataclass(frozen=True)
 class Target:
     """Where a request's samples are scored: a RewardModelService or (test-based) an ActionPool."""
 
-    def __init__(self, namespace: str, service: str | None = None, pool: str | None = None) -> None:
-        self.namespace = namespace
-        self.service = service
-        self.pool = pool
+    namespace: str
+    service: str | None = None
+    pool: str | None = None
 
 
 def target_of(request: web.Request, namespace: str, model: str | None = None) -> Target:

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
+from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Reason
 from arl_tangram.gateway.admission import retry_after_header
 from arl_tangram.gateway.errors import INFRASTRUCTURE_REASONS, REASON_STATUS
 from arl_tangram.gateway.native import caller_key, run_action, scoped_key
@@ -41,24 +41,19 @@ def answer(outcome: ActionOutcome, retry_after_s: float) -> web.Response:
     """The agent's body when it ran the code; else SandboxFusion's error shape with the status the
     reason calls for."""
     body = outcome.response
-    if (
-        outcome.reason is None
-        or outcome.state is Outcome.SUCCEEDED
-        or (
-            outcome.reason in (Reason.NON_ZERO_EXIT, Reason.TIMEOUT, Reason.OUT_OF_MEMORY, Reason.SIGNALLED)
-            and body.get("status") in ("Success", "Failed")
-        )
-    ):
+    if body.get("status") in ("Success", "Failed"):
+        # The code ran (and passed, failed, or timed out): SandboxFusion's verdict, as the agent gave it.
         return web.json_response(dict(body))
-    status = REASON_STATUS.get(outcome.reason, 500)
-    message = outcome.message or outcome.reason.value
+    reason = outcome.reason or Reason.SANDBOX_ERROR
+    status = REASON_STATUS.get(reason, 500)
+    message = outcome.message or reason.value
     if body.get("status") == "SandboxError":
         # The agent refused it (an unknown language, a bad file path): its own words, and its own
         # status, which the outcome does not carry but the body tells: the agent answers 422 with
         # ``detail`` for a request that fails validation, 400 for a value it cannot use.
         return web.json_response(dict(body), status=422 if "detail" in body else status)
-    response = web.json_response(sandbox_error(message, {"reason": outcome.reason.value}), status=status)
-    if outcome.reason in INFRASTRUCTURE_REASONS:
+    response = web.json_response(sandbox_error(message, {"reason": reason.value}), status=status)
+    if reason in INFRASTRUCTURE_REASONS:
         response.headers["Retry-After"] = retry_after_header(retry_after_s)
     return response
 
