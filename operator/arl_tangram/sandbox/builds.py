@@ -172,7 +172,8 @@ class Builder:
         if toolchain is None:
             return NO_BUILD
         language = toolchain.language
-        memory_mb = int(msg["limits"].get("as", 0)) >> 20
+        # No address-space limit: the JVM may take what the host has.
+        memory_mb = int(msg["limits"].get("as", 0)) >> 20 or _physical_mb()
         values = {
             "heap_mb": str(jvm_heap_mb(memory_mb)),
             "jars": ":".join([".", *sorted(p for p in files if p.endswith(".jar"))]),
@@ -288,6 +289,10 @@ class Builder:
             "missing": dict(sorted(self.detection.missing.items())),
             "compile_cache": self.cache.describe(),
         }
+
+
+def _physical_mb() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
 
 
 def _make_executable(workdir: str, name: str) -> None:
