@@ -13,7 +13,7 @@ from aiohttp import web
 
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Reason
 from arl_tangram.domain.batches import LANGUAGE_RUNTIMES, native_payload
-from arl_tangram.errors import InvalidSpec, NotFound
+from arl_tangram.errors import CapacityExceeded, InvalidSpec, NotFound
 from arl_tangram.gateway.config import ACTION_KEY_HEADER
 from arl_tangram.gateway.errors import HttpError, as_http
 from arl_tangram.gateway.models import (
@@ -111,10 +111,13 @@ async def run_action(state: GatewayState, request: ActionRequest, door: str) -> 
 
 
 def refused_payload(outcome: ActionOutcome) -> ActionOutcome:
-    """The outcome, unless the target refused the payload: that is the caller's bad input, answered
-    400 naming it, as any other bad input (the native doors only; trainers' shapes keep theirs)."""
+    """The outcome, unless the target refused the payload (400) or the action asks for more units than
+    the pool can ever grant (422): that is the caller's bad input, answered as any other (the native
+    doors only; trainers' shapes keep theirs)."""
     if outcome.reason is Reason.INVALID_PAYLOAD:
         raise InvalidSpec("payload", outcome.message or "the target refused the payload")
+    if outcome.reason is Reason.CAPACITY_EXCEEDED:
+        raise CapacityExceeded(f"units: {outcome.message or 'more than the pool can ever grant'}")
     return outcome
 
 

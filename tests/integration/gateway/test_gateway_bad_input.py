@@ -55,6 +55,13 @@ CASES: list[tuple[str, str, bytes, int, str]] = [
     ("/v1/actions", "bad units", json.dumps({**ACTION, "units": {"min": 4, "max": 2}}).encode(), 422, "min"),
     (
         "/v1/actions",
+        "more units than a host",
+        json.dumps({**ACTION, "units": {"min": 64, "max": 64}}).encode(),
+        422,
+        "units",
+    ),
+    (
+        "/v1/actions",
         "lone surrogate",
         b'{"type": "code", "target": "py", "payload": {"code": "\\ud800"}}',
         400,
