@@ -579,9 +579,16 @@ class Dispatcher:
             outcome = interpret(req.key, req.kind, req.wire, body)
             pool.failures[grant.host] = 0
         except AgentRefused as exc:
+            if req.session and exc.body.get("field") == "session_id":
+                # The agent no longer has the session's state (it restarted, or expired it): lost.
+                sess = pool.sessions.get(req.session)
+                if sess is not None:
+                    sess.lost = sess.lost or f"session {req.session!r} is gone from host {grant.host}: {exc}"
             outcome = ActionOutcome(
                 req.key, Outcome.FAILED, Reason.INVALID_PAYLOAD, str(exc), response=dict(exc.body)
             )
+            if req.session and exc.body.get("field") == "session_id":
+                outcome.reason = Reason.SESSION_LOST
         except InfrastructureError as exc:
             failure = str(exc)
             self._count_failure(pool, grant.host)
@@ -684,7 +691,9 @@ class Dispatcher:
         if sess is None:
             return
         sess.last_used = self.clock()
-        if sess.backlog and sess.lost is None:
+        if sess.lost is not None:
+            self._drain_lost_session(pool, sess)
+        elif sess.backlog:
             self._queue(pool, sess.backlog.popleft())
         else:
             sess.busy = False

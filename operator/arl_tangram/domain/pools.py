@@ -81,6 +81,13 @@ class PoolConfig:
         return pool_key(self.namespace, self.name)
 
     @property
+    def agent_session_ttl_s(self) -> float:
+        """The TTL agents keep an idle session for. The operator closes sessions itself at
+        ``session_ttl_s``; the agents' own clock only cleans up after an operator that is gone, so it
+        runs well behind (an agent must never drop a session the operator still counts as open)."""
+        return 2 * self.session_ttl_s + 60
+
+    @property
     def desired_bounds(self) -> tuple[int, int]:
         """``[min, max]`` hosts, with ``/scale``'s replicas (when set) pinning both, clamped."""
         if self.replicas is None:

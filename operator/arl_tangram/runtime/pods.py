@@ -49,7 +49,7 @@ def agent_args(pool: PoolConfig) -> list[str]:
         f"--nproc={lim.max_processes}",
         f"--output-bytes={lim.max_output_bytes}",
         f"--max-sessions={pool.sessions_per_host}",
-        f"--session-ttl={pool.session_ttl_s:g}",
+        f"--session-ttl={pool.agent_session_ttl_s:g}",
     ]
     if pool.network:
         args.append("--network-allowed")
