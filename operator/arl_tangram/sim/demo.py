@@ -38,9 +38,13 @@ def report(results: dict[str, dict[str, SimResult]]) -> str:
     for name, by_policy in results.items():
         s, t = summarise(by_policy["static"]), summarise(by_policy["tangram"])
         lines.append(f"{name}: {s.actions} actions")
+        for label, x in (("static", s), ("tangram", t)):
+            if not x.complete:
+                lines.append(f"  {label} did not finish: {x.queued_at_end} queued at the end")
         lines.append(f"  {'':24}{'static':>12}{'tangram':>12}{'static/tangram':>16}")
         rows = [
             ("mean ACT (s)", s.act_mean_s, t.act_mean_s),
+            ("  pod start (s)", s.pod_mean_s, t.pod_mean_s),
             ("  queueing (s)", s.queue_mean_s, t.queue_mean_s),
             ("  execution (s)", s.exec_mean_s, t.exec_mean_s),
             ("  overhead (s)", s.overhead_mean_s, t.overhead_mean_s),
