@@ -31,7 +31,7 @@ system-deps: ## install the Debian packages the sandbox and the test bed use (bu
 
 # ---- the main job ---------------------------------------------------------------------------------
 .PHONY: demo
-demo: install ## show the win on a workload (the scheduler simulation until the embedded mode lands)
+demo: install ## a HumanEval rollout really run: pod per trajectory vs tangram (charts in tangram-demo/)
 	$(BIN)/tangram demo
 
 # ---- tests ----------------------------------------------------------------------------------------

@@ -53,13 +53,17 @@ def servable(svc: RewardModelService) -> str | None:
 
 
 def text_of(payload: Mapping[str, Any]) -> str:
-    """The text a reward action asks to score (see the module docstring)."""
+    """The text a reward action asks to score: the prompt (a chat's contents joined) followed by the
+    response, or an ActionBatch action's ``messages`` joined."""
     if isinstance(payload.get("messages"), list):
         return "\n".join(str(m.get("content", "")) for m in payload["messages"] if isinstance(m, Mapping))
-    prompt, response = payload.get("prompt"), payload.get("response")
+    prompt = payload.get("prompt") or ""
+    if isinstance(prompt, list):
+        prompt = "\n".join(str(m.get("content", "")) for m in prompt if isinstance(m, Mapping))
+    response = payload.get("response")
     if not isinstance(response, str):
         raise InvalidSpec("payload.response", "a reward action needs a response (text) or messages")
-    return f"{prompt}{response}" if isinstance(prompt, str) else response
+    return f"{prompt}{response}"
 
 
 @dataclass

@@ -158,6 +158,7 @@ class Embedded:
                 "address": h.address,
                 "cores": list(lh.cores),
                 "pid": lh.proc.pid,
+                "uids": [lh.uids.start, lh.uids.stop],
             }
             for h in self.runtime.hosts(key)
             if (lh := self.runtime.host(h.name)) is not None
