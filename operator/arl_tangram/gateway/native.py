@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
@@ -208,7 +209,7 @@ async def post_stream(request: web.Request) -> web.StreamResponse:
     state = state_of(request)
     limit = state.config.max_body_bytes
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-    await response.prepare(request)
+    listening = await _begin(response, request)
     slots = asyncio.Semaphore(state.config.stream_in_flight)
     done: asyncio.Queue[bytes | None] = asyncio.Queue()
     tasks: set[asyncio.Task[None]] = set()
@@ -233,23 +234,41 @@ async def post_stream(request: web.Request) -> web.StreamResponse:
                 task = asyncio.create_task(one(number, raw))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
-            while tasks:
-                # wait, not gather: a cancelled reader (the client left) must not cancel the actions.
-                await asyncio.wait(set(tasks))
+        except Exception as exc:
+            # The request stream broke (the client died mid-upload): what arrived still runs.
+            log.info("stream from %s broke after some lines: %r", request.remote, exc)
         finally:
+            while tasks:
+                # wait, not gather: nothing here may cancel an action that has begun.
+                await asyncio.wait(set(tasks))
             await done.put(None)
 
     reader = asyncio.create_task(read())
-    try:
-        while (line := await done.get()) is not None:
-            await response.write(line)
-            slots.release()
-        await reader  # its errors (a broken request stream) surface here
-    finally:
-        if not reader.done():
-            reader.cancel()
-    await response.write_eof()
+    # A client that left is no reason to stop: its actions run on (and the lines still unread are
+    # read), so that a retry with the same keys finds them done instead of half of them never begun.
+    while (line := await done.get()) is not None:
+        if listening:
+            try:
+                await response.write(line)
+            except ConnectionError as exc:
+                listening = False
+                log.info("stream client %s left: %r", request.remote, exc)
+        slots.release()
+    await reader
+    if listening:
+        with contextlib.suppress(ConnectionError):  # it left just as the stream ended
+            await response.write_eof()
     return response
+
+
+async def _begin(response: web.StreamResponse, request: web.Request) -> bool:
+    """Send the answer's headers; False when the client has already gone."""
+    try:
+        await response.prepare(request)
+    except ConnectionError as exc:
+        log.info("stream client %s left before the answer began: %r", request.remote, exc)
+        return False
+    return True
 
 
 # ---- sessions ------------------------------------------------------------------------------------------
@@ -335,7 +354,10 @@ async def batch_results(request: web.Request) -> web.StreamResponse:
         raise NotFound("ActionBatch", f"{namespace}/{name}", f"no ActionBatch {namespace}/{name} is known")
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)
-    async for item in results:
-        await response.write(json.dumps(item).encode() + b"\n")
-    await response.write_eof()
+    try:
+        async for item in results:
+            await response.write(json.dumps(item).encode() + b"\n")
+        await response.write_eof()
+    except ConnectionError as exc:
+        log.info("batch results to %s cut short: %r", request.remote, exc)
     return response

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -201,3 +202,37 @@ def test_health_readiness_metrics_and_openapi(gateway: Gateway) -> None:
         assert path in spec["paths"], path
     action = spec["components"]["schemas"]["GatewayAction"]
     assert {"type", "target", "payload", "timeoutSeconds", "sessionId"} <= set(action["properties"])
+
+
+def test_a_client_that_leaves_a_stream_does_not_cancel_its_actions(
+    gateway: Gateway, agents: list[Agent]
+) -> None:
+    """The client sends four keyed actions and hangs up once the gateway has taken them; they run to
+    their end, and a retry of each key gets its result without running it again. (Lines the gateway
+    had not read when the client left are lost with the connection: the client re-sends them.)"""
+    from sandbox_agent_harness import wait_until
+
+    def ran() -> int:
+        return sum(requests.get(agents[0].url + "/v1/health", timeout=10).json()["outcomes"].values())
+
+    before = ran()
+    actions = [
+        {
+            "key": f"left-{i}",
+            "type": "code",
+            "target": POOL,
+            "payload": {"code": f"import time; time.sleep(0.5); print({i})"},
+        }
+        for i in range(4)
+    ]
+    body = "\n".join(json.dumps(a) for a in actions).encode() + b"\n"
+    host, port = gateway.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as conn:
+        head = f"POST /v1/actions:stream HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(body)}\r\n\r\n"
+        conn.sendall(head.encode() + body)
+        wait_until(lambda: gateway.service.running == 4, 30, "the gateway to take all four")
+    wait_until(lambda: ran() == before + 4, 30, "the four actions to run")
+    for i, action in enumerate(actions):
+        again = requests.post(gateway.url + "/v1/actions", json=action, timeout=60).json()
+        assert again["stdout"] == f"{i}\n"
+    assert ran() == before + 4, "a retry ran an action again"
