@@ -47,11 +47,13 @@ test-e2e: install ## the e2e tier only
 
 # ---- generated files and static checks -------------------------------------------------------------
 .PHONY: crds verify lint typecheck
-crds: install ## regenerate crds/ from the pydantic models in arl_tangram/api
+crds: install ## regenerate crds/ and docs/crd-reference.md from the pydantic models in arl_tangram/api
 	$(BIN)/tangram crds --out crds
+	$(BIN)/tangram crds --docs docs/crd-reference.md
 
 verify: install ## CRDs have no drift; ruff, mypy and the import layering are clean
 	$(BIN)/tangram crds --out crds --check
+	$(BIN)/tangram crds --docs docs/crd-reference.md --check
 	$(BIN)/ruff check operator tests
 	$(BIN)/ruff format --check operator tests
 	$(BIN)/mypy

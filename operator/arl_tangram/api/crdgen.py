@@ -267,7 +267,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--check", action="store_true", help="write nothing; exit 1 with a diff when the files differ"
     )
+    parser.add_argument(
+        "--docs",
+        type=Path,
+        metavar="FILE",
+        help="the CRD reference in Markdown instead (docs/crd-reference.md)",
+    )
     args = parser.parse_args(argv)
+    if args.docs is not None:
+        from arl_tangram.api.docgen import write_or_check
+
+        return write_or_check(args.docs, args.check)
     files = render()
     out: Path = args.out
     if args.check:
