@@ -73,10 +73,12 @@ class Replica:
     @property
     def leads(self) -> bool:
         answer = self.readyz()
-        return answer is not None and answer.get("role") == "leader"
+        return answer is not None and answer.get("status") == "leader"
 
-    def get(self, path: str, timeout: float = 10) -> bytes:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=timeout) as resp:
+    def get(self, path: str, token: str | None = None, timeout: float = 10) -> bytes:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", headers=headers)
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             data: bytes = resp.read()
             return data
 
@@ -178,3 +180,30 @@ def batch_manifest(name: str, actions: list[dict[str, Any]], **spec: Any) -> dic
         "metadata": {"name": name},
         "spec": {"actions": actions, **spec},
     }
+
+
+def trainer_token(cluster: Cluster, namespace: str, name: str = "trainer") -> str:
+    """A ServiceAccount in ``namespace`` that may create and read ActionBatches there, and a token of
+    it for the gateway's audience."""
+    cluster.kubectl("create", "serviceaccount", name, "-n", namespace)
+    cluster.kubectl(
+        "create",
+        "role",
+        f"{name}-batches",
+        "-n",
+        namespace,
+        "--verb=create,get,list",
+        "--resource=actionbatches.tangram.arl.dev",
+    )
+    cluster.kubectl(
+        "create",
+        "rolebinding",
+        f"{name}-batches",
+        "-n",
+        namespace,
+        f"--role={name}-batches",
+        f"--serviceaccount={namespace}:{name}",
+    )
+    return cluster.kubectl(
+        "create", "token", name, "-n", namespace, "--audience=tangram-gateway"
+    ).stdout.strip()

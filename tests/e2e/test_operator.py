@@ -19,7 +19,7 @@ import pytest
 import yaml
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
-from operator_harness import Operator, batch_manifest, install, pool_manifest, sa_kubeconfig
+from operator_harness import Operator, batch_manifest, install, pool_manifest, sa_kubeconfig, trainer_token
 from testbed import REPO, Cluster, condition, http_get_json, wait_for
 
 from arl_tangram.workloads.humaneval import local_verdict, programs
@@ -159,7 +159,8 @@ def test_a_humaneval_batch_gets_each_programs_own_verdict(
         "failed": 100,
         "cancelled": 0,
     }
-    full = operator.leader().get(f"/v1/batches/{namespace}/he/results").decode().splitlines()
+    token = trainer_token(cluster, namespace)
+    full = operator.leader().get(f"/v1/batches/{namespace}/he/results", token).decode().splitlines()
     assert len(full) == 200 and all(json.loads(line)["state"] in ("Succeeded", "Failed") for line in full)
 
 
@@ -567,6 +568,69 @@ def test_a_dedicated_pool_runs_one_pod_per_session_and_removes_it_after(
         description="every session pod removed after its session's TTL",
         timeout=90,
     )
+
+
+def test_the_leaders_gateway_serves_run_code_to_a_token_with_rbac_only(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    """Trainers reach the operator's gateway with their ServiceAccount's token; RBAC on
+    ActionBatches in the pool's namespace decides (the gateway's own suite covers the cases in
+    depth; this checks the operator serves it with its own credentials)."""
+    import urllib.error
+    import urllib.request
+
+    _pool(cluster, namespace, scaling={"minHosts": 1})
+    cluster.kubectl("create", "serviceaccount", "trainer", "-n", namespace)
+    cluster.kubectl(
+        "create",
+        "role",
+        "submit",
+        "-n",
+        namespace,
+        "--verb=create",
+        "--resource=actionbatches.tangram.arl.dev",
+    )
+    cluster.kubectl(
+        "create",
+        "rolebinding",
+        "submit",
+        "-n",
+        namespace,
+        "--role=submit",
+        f"--serviceaccount={namespace}:trainer",
+    )
+    token = cluster.kubectl(
+        "create", "token", "trainer", "-n", namespace, "--audience=tangram-gateway"
+    ).stdout.strip()
+    leader = operator.leader()
+    body = json.dumps({"code": "print(sum(range(10)))", "language": "python"}).encode()
+
+    def call(headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{leader.port}/run_code",
+            data=body,
+            method="POST",
+            headers={
+                "Content-Type": "application/json",
+                "X-Tangram-Namespace": namespace,
+                "X-Tangram-Pool": "py",
+                **headers,
+            },
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
+    status, answer = call({"Authorization": f"Bearer {token}"})
+    assert status == 200 and answer["status"] == "Success", answer
+    assert answer["run_result"]["stdout"].strip() == "45"
+    assert call({})[0] == 401
+    other = cluster.kubectl(
+        "create", "token", "default", "-n", namespace, "--audience=tangram-gateway"
+    ).stdout.strip()
+    assert call({"Authorization": f"Bearer {other}"})[0] == 403
 
 
 # Grants that the tests above do not exercise, each with the code path that needs it.

@@ -12,7 +12,6 @@ and a ``/readyz`` that says who leads.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -26,8 +25,6 @@ import kopf
 from aiohttp import web
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
-from prometheus_client import generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from arl_tangram.api.actionpool import ActionPool
 from arl_tangram.api.meta import GROUP, VERSION
@@ -40,6 +37,10 @@ from arl_tangram.dispatch.dispatcher import Dispatcher
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest
 from arl_tangram.domain.pools import pool_config, pool_key
 from arl_tangram.errors import InvalidSpec
+from arl_tangram.gateway import build_gateway_app
+from arl_tangram.gateway.auth import KubernetesAuthenticator
+from arl_tangram.gateway.metrics import GatewayMetrics
+from arl_tangram.gateway.state import Leadership
 from arl_tangram.planner.capacity_planner import CapacityPlanner, PlannerConfig
 from arl_tangram.planner.snapshot import NodeSnapshot
 from arl_tangram.runtime.interface import HostObservation
@@ -65,6 +66,8 @@ class OperatorSettings:
     listen_port: int = 8080
     policy: str = "tangram"
     leader_election: bool = True
+    # No authentication: only for a test bed's loopback (the gateway then serves loopback callers only).
+    anonymous: bool = False
 
     @classmethod
     def from_env(cls) -> OperatorSettings:
@@ -78,6 +81,7 @@ class OperatorSettings:
             listen_port=int(port),
             policy=os.environ.get("TANGRAM_POLICY", "tangram"),
             leader_election=os.environ.get("TANGRAM_LEADER_ELECTION", "true").lower() not in ("0", "false"),
+            anonymous=os.environ.get("TANGRAM_GATEWAY_ANONYMOUS", "").lower() in ("1", "true"),
         )
 
 
@@ -283,46 +287,25 @@ class OperatorState:
         self._written_pool_status.pop(pool_key(namespace, name), None)
         await self.pools.deleted(namespace, name)
 
-    # ---- HTTP: health, readiness, metrics, full batch results ----------------------------------
+    # ---- HTTP: the gateway (actions, /run_code, rewards, sessions), health, readiness, metrics ----
+    def _leadership(self) -> Leadership:
+        return Leadership(leader=self.elector.is_leader, leader_address=self.elector.holder)
+
     async def _serve(self) -> None:
-        app = web.Application()
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/v1/batches/{namespace}/{name}/results", self._results)
+        """The gateway in front of the dispatcher, on one port with health, readiness, metrics and
+        the full batch results. A standby serves it too: its readiness says standby (so a Service
+        sends trainers to the leader) and its action routes answer 503 naming the leader."""
+        auth = None if self.settings.anonymous else KubernetesAuthenticator(self.api)
+        app = build_gateway_app(
+            self.dispatcher,
+            auth,
+            readiness=self._leadership,
+            batch_results=self.batches,
+            allow_anonymous=self.settings.anonymous,
+            metrics=GatewayMetrics(self.metrics.registry),
+        )
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.listen_host, self.settings.listen_port)
         await site.start()
-        log.info("serving health and results on %s:%d", self.settings.listen_host, self.settings.listen_port)
-
-    async def _healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    async def _readyz(self, request: web.Request) -> web.Response:
-        if self.elector.is_leader:
-            return web.json_response({"role": "leader", "identity": self.settings.identity})
-        return web.json_response(
-            {"role": "standby", "identity": self.settings.identity, "leader": self.elector.holder}, status=503
-        )
-
-    async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
-
-    async def _results(self, request: web.Request) -> web.StreamResponse:
-        if not self.elector.is_leader:
-            return web.json_response({"error": "standby", "leader": self.elector.holder}, status=503)
-        ns, name = request.match_info["namespace"], request.match_info["name"]
-        rows = await self.batches.results(ns, name)
-        if rows is None:
-            return web.json_response(
-                {"error": f"no ActionBatch {ns}/{name} is known to this operator"}, status=404
-            )
-        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        await resp.prepare(request)
-        async for row in rows:
-            await resp.write(json.dumps(row).encode() + b"\n")
-        await resp.write_eof()
-        return resp
+        log.info("gateway on %s:%d", self.settings.listen_host, self.settings.listen_port)
