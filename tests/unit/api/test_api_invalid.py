@@ -3,7 +3,10 @@
 Every row starts from a valid sample and breaks one thing. The models must raise InvalidSpec naming the
 field; rows the OpenAPI part of the schema can catch are also checked against the generated CRD schema
 (with a JSON Schema validator), and every CEL rule of every model has at least one row, so the intent of
-each server-side rule is tested here too.
+each server-side rule is tested here too. Every CEL rule also has edge rows (EDGES): objects exactly on
+its boundary (min == max, a name of the longest length, the other branch of an implication) that must be
+accepted, each with the one step past the edge that must be refused; test_api_apiserver.py sends both
+to the API server's own validation code.
 """
 
 from __future__ import annotations
