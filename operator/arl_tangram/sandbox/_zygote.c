@@ -12,7 +12,8 @@
  * a tuple of (name, value or None) to bring os.environ (the zygote's) to the action's.
  *
  * Wire format (little-endian), manager -> zygote, one datagram per action:
- *   "TZR1" i64 id, i32 uid (-1: keep), u32 flags (1: interpreter), u32 ncores, i32 cores[],
+ *   "TZR1" i64 id, i32 uid (-1: keep), u32 flags (1: interpreter, 2: private /tmp and /dev/shm),
+ *   u32 ncores, i32 cores[],
  *   u32 nlimits, {i32 resource, i64 value}[], then five spans of u32 len + bytes: workdir (NUL
  *   included), env ("K=V\0"...: the whole environment), env delta ("K=V\0" sets, "K\0" unsets),
  *   code (UTF-8, surrogates passed), argv ("arg\0"...; empty: none).
@@ -49,6 +50,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -216,10 +218,63 @@ typedef struct {
 
 static kid kids[MAX_PIDFD];
 
+/* A private, writable /tmp and /dev/shm for this action: fresh tmpfs mounts in a mount namespace of
+ * its own (gone with its last process), each at most its memory limit. Where the workdir root lies
+ * under one of them (by default it is on /dev/shm), it is bound back at its own path. */
+static void private_tmp(const char *workdir, const unsigned char *limits, uint32_t nlimits) {
+    long long size = 0;
+    for (uint32_t i = 0; i < nlimits; i++) {
+        int32_t res;
+        int64_t value;
+        memcpy(&res, limits + i * 12, 4);
+        memcpy(&value, limits + i * 12 + 4, 8);
+        if (res == RLIMIT_AS) size = value;
+    }
+    char root[4096];
+    size_t wlen = strlen(workdir);
+    if (wlen >= sizeof root) {
+        errno = ENAMETOOLONG;
+        child_fail("private /tmp");
+    }
+    memcpy(root, workdir, wlen + 1);
+    char *slash = strrchr(root, '/');
+    if (slash == NULL || slash == root) {
+        errno = EINVAL;
+        child_fail("private /tmp");
+    }
+    *slash = '\0';
+    if (syscall(SYS_unshare, CLONE_NEWNS) < 0) child_fail("unshare(CLONE_NEWNS)");
+    /* Taken in the new namespace (a bind source must belong to it), before the covering mounts. */
+    int rootfd = open(root, O_PATH | O_CLOEXEC);
+    if (rootfd < 0) child_fail("open(workdir root)");
+    char opts[64];
+    if (size > 0) snprintf(opts, sizeof opts, "size=%lld,mode=1777", size);
+    else snprintf(opts, sizeof opts, "mode=1777");
+    static const char *const points[] = {"/tmp", "/dev/shm"};
+    for (size_t i = 0; i < 2; i++) {
+        if (mount("tangram", points[i], "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) child_fail("mount tmpfs");
+        size_t plen = strlen(points[i]);
+        if (strncmp(root, points[i], plen) == 0 && root[plen] == '/') {
+            /* Recreate the root's path inside the fresh tmpfs, then bind the real root there. */
+            for (char *p = root + plen + 1; *p; p++) {
+                if (*p != '/') continue;
+                *p = '\0';
+                mkdir(root, 0755);
+                *p = '/';
+            }
+            if (mkdir(root, 0711) < 0 && errno != EEXIST) child_fail("mkdir(workdir root)");
+            char src[64];
+            snprintf(src, sizeof src, "/proc/self/fd/%d", rootfd);
+            if (mount(src, root, NULL, MS_BIND | MS_REC, NULL) < 0) child_fail("bind(workdir root)");
+        }
+    }
+    close(rootfd);
+}
+
 /* In the child: everything _child_main does in Python, up to running the action. */
 static void child_setup(int interp, int *fds, int nfds, int devnull, int32_t uid, const int32_t *cores,
                         uint32_t ncores, const unsigned char *limits, uint32_t nlimits,
-                        const char *workdir, const char *env, uint32_t env_len) {
+                        const char *workdir, const char *env, uint32_t env_len, int private_mounts) {
     if (setsid() < 0) child_fail("setsid");
     int in_fd = devnull, out_fd = devnull, err_fd = devnull, ctrl = -1;
     if (interp) {
@@ -249,6 +304,7 @@ static void child_setup(int interp, int *fds, int nfds, int devnull, int32_t uid
         }
         if (sched_setaffinity(0, sizeof set, &set) < 0) child_fail("sched_setaffinity");
     }
+    if (private_mounts) private_tmp(workdir, limits, nlimits);
     if (chdir(workdir) < 0) child_fail("chdir");
     umask(022);
     if (uid >= 0) {
@@ -462,7 +518,7 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
     if (pid == 0) {
         PyOS_AfterFork_Child();
         child_setup(interp, fds, nfds, devnull, uid, cores, ncores, limits, nlimits, (const char *)workdir,
-                    (const char *)env, elen);
+                    (const char *)env, elen, !interp && (flags & 2u));
         *result = child_result(interp, code, clen, argv, alen, delta, dlen);
         if (*result == NULL) child_fail("building the request's objects");
         return 1;

@@ -51,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="clean up leftover processes by uid/process group instead of a PID namespace per action",
     )
+    p.add_argument(
+        "--no-private-tmp",
+        action="store_true",
+        help="no private writable /tmp and /dev/shm per action (saves a mount namespace per action; "
+        "both are then read-only to actions)",
+    )
     p.add_argument("--preload", default=",".join(DEFAULT_PRELOAD), help="modules the fork server pre-imports")
     p.add_argument(
         "--no-infra-affinity",
@@ -145,6 +151,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         runtimes=tuple(r.strip() for r in args.runtimes.split(",") if r.strip()),
         network_allowed=args.network_allowed,
         no_pid_namespace=args.no_pid_namespace,
+        private_tmp=not args.no_private_tmp,
         preload=tuple(m.strip() for m in args.preload.split(",") if m.strip()),
         fork_loop=args.fork_loop,
         infra_affinity=not args.no_infra_affinity,

@@ -97,6 +97,9 @@ class AgentConfig:
     runtimes: tuple[str, ...] = RUNTIMES
     network_allowed: bool = False
     no_pid_namespace: bool = False  # e.g. under gVisor/Kata, or to compare the fallback clean-up
+    # A private tmpfs /tmp and /dev/shm per action (a mount namespace each: about 0.1 ms of CPU per
+    # action, measured here); off, both stay read-only to actions.
+    private_tmp: bool = True
     preload: tuple[str, ...] = DEFAULT_PRELOAD
     # "c": the fork loop in C (fails to start when it is not built), "python", or "auto" (C when built)
     fork_loop: str = "auto"

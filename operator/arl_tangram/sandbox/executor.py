@@ -190,6 +190,7 @@ class Executor:
         fs_config = {
             "network_allowed": self.config.network_allowed,
             "no_pid_namespace": self.config.no_pid_namespace,
+            "private_tmp": self.config.private_tmp,
             "preload": zygote_modules(self.config.preload),
             "zygote": self.config.fork_loop,
             "infra_cores": self._place_infra(),

@@ -220,6 +220,7 @@ class ForkServer:
         self.outq: list[bytes] = []
         self.pool = CorePool(list(config.get("cores", [])))
         self.queue: deque[dict[str, Any]] = deque()
+        self.private_tmp = False  # per action (see _zygote.c's private_tmp), set in ``prepare``
         # Made in ``prepare``, after the zygote is forked: it must inherit none of them.
         self.zy: _ZygoteLink
         self.sel: _Poller
@@ -254,6 +255,7 @@ class ForkServer:
             # inherited by the zygote: the orphans of its children come here.)
             with _suppress(OSError):
                 isolation.prctl(isolation.PR_SET_CHILD_SUBREAPER, 1)
+        self.private_tmp = bool(self.config.get("private_tmp")) and self.iso.private_tmp
         self.zy = _ZygoteLink.start(self.config, self.iso.pid_namespace, self.sock)
         if self.zy.notes:
             self.iso.notes = (*self.iso.notes, *self.zy.notes)
@@ -417,6 +419,9 @@ class ForkServer:
             r_out, w_out, r_err, w_err = _output_pipes()
             opened += [r_out, w_out, r_err, w_err]
             fds = [w_out, w_err] if stdin_fd == self.devnull else [w_out, w_err, stdin_fd]
+            # A private /tmp and /dev/shm needs what the fork server's own mount namespace needed
+            # (and root, which an action of its own uid implies).
+            msg["private_tmp"] = self.private_tmp and msg.get("uid") is not None
             started = time.monotonic()
             pid, pidfd = self.zy.spawn(msg, fds)
         except BaseException:
@@ -816,10 +821,11 @@ def encode_request(msg: dict[str, Any], interp: bool, base_env: dict[str, str]) 
     code = msg.get("code") or ""
     argv = msg.get("argv") or []
     uid = msg.get("uid")
+    flags = (1 if interp else 0) | (2 if msg.get("private_tmp") and not interp else 0)
     return b"".join(
         (
             _REQUEST,
-            struct.pack("<qiI", int(msg["id"]), -1 if uid is None else int(uid), 1 if interp else 0),
+            struct.pack("<qiI", int(msg["id"]), -1 if uid is None else int(uid), flags),
             struct.pack(f"<I{len(cores)}i", len(cores), *cores),
             struct.pack("<I", len(limits)),
             b"".join(struct.pack("<iq", res, value) for res, value in limits),
@@ -855,6 +861,7 @@ def decode_request(data: bytes) -> dict[str, Any]:
         "id": rid,
         "uid": None if uid < 0 else uid,
         "interp": bool(flags & 1),
+        "private_tmp": bool(flags & 2),
         "cores": cores,
         "limits": limits,
         "workdir": workdir.rstrip(b"\0").decode(),
@@ -1445,6 +1452,8 @@ def _child_main(
             os.sched_setaffinity(0, cores)
         workdir = req["workdir"]
         uid = req.get("uid")
+        if req.get("private_tmp"):
+            _private_tmp(workdir, dict(req.get("limits", ())).get(resource.RLIMIT_AS, 0))
         os.chdir(workdir)  # created by the fork server before the fork
         os.umask(0o022)
         if uid is not None:
@@ -1469,6 +1478,20 @@ def _child_main(
             os.write(2, f"tangram: sandbox set-up failed: {exc.__class__.__name__}: {exc}\n".encode())
         os._exit(SETUP_FAILED)
     _run_action(req, ctrl_fd)
+
+
+def _private_tmp(workdir: str, size: int) -> None:
+    """The Python loop's twin of _zygote.c's private_tmp (whose comment says what and why)."""
+    root = os.path.dirname(workdir)
+    isolation.unshare(isolation.CLONE_NEWNS)
+    rootfd = os.open(root, os.O_PATH | os.O_CLOEXEC)  # in the new namespace: a bind source must be
+    opts = f"size={size},mode=1777" if size > 0 else "mode=1777"
+    for point in ("/tmp", "/dev/shm"):
+        isolation.mount("tangram", point, "tmpfs", isolation.MS_NOSUID | isolation.MS_NODEV, opts)
+        if root.startswith(point + "/"):
+            os.makedirs(root, mode=0o711, exist_ok=True)
+            isolation.mount(f"/proc/self/fd/{rootfd}", root, None, isolation.MS_BIND | isolation.MS_REC)
+    os.close(rootfd)
 
 
 def _child_after_c_setup(

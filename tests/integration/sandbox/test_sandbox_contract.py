@@ -136,3 +136,38 @@ def test_a_request_file_named_like_the_program_is_kept(agent: Agent) -> None:
     )
     assert body["status"] == "Success", body
     assert _result(body)["stdout"] == "7 main_.py\n"
+
+
+def test_tmp_and_dev_shm_are_private_writable_and_gone_at_the_end(agent: Agent) -> None:
+    # Writable (multiprocessing's semaphores live in /dev/shm): a Pool works, forked and spawned.
+    for method in ("fork", "spawn"):
+        code = (
+            "import multiprocessing as mp\n"
+            "if __name__ == '__main__':\n"
+            f"    mp.set_start_method('{method}')\n"
+            "    with mp.Pool(2) as pool:\n"
+            "        print(pool.map(abs, [-1, -2, 3]))\n"
+        )
+        body = _run(agent, code, run_timeout=60)
+        assert body["status"] == "Success", body
+        assert _result(body)["stdout"] == "[1, 2, 3]\n"
+    # Private: what one action leaves in /tmp and /dev/shm is not there for the next.
+    leave = "open('/tmp/left', 'w').write('x')\nopen('/dev/shm/left', 'w').write('x')\nprint('left')"
+    assert _result(_run(agent, leave))["stdout"] == "left\n"
+    look = "import os\nprint(os.path.exists('/tmp/left'), os.path.exists('/dev/shm/left'))"
+    assert _result(_run(agent, look))["stdout"] == "False False\n"
+
+
+def test_tmp_is_bounded_by_the_actions_memory(agent: Agent) -> None:
+    code = (
+        "try:\n"
+        "    with open('/tmp/big', 'wb') as f:\n"
+        "        for _ in range(200):\n"
+        "            f.write(b'x' * (1 << 20))\n"
+        "    print('wrote 200 MB')\n"
+        "except OSError as e:\n"
+        "    print('full', e.errno)\n"
+    )
+    # 48 MB: below the 64 MB a single file may grow to, so the tmpfs fills first.
+    body = _run(agent, code, memory_limit_MB=48)
+    assert _result(body)["stdout"] == "full 28\n", body  # ENOSPC: the tmpfs holds 48 MB at most
