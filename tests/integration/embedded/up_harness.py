@@ -52,9 +52,9 @@ def pool_doc(name: str = "py", **scaling: Any) -> dict[str, Any]:
         "kind": "ActionPool",
         "metadata": {"name": name},
         "spec": {
-            "template": {"image": "local", "resources": {"cpu": "1", "memory": "1Gi"}},
+            "template": {"image": "local", "resources": {"cpu": "1", "memory": "2Gi"}},
             "languages": ["python", "bash"],
-            "limits": {"timeoutSeconds": 60, "memory": "512Mi", "maxCores": 1},
+            "limits": {"timeoutSeconds": 60, "memory": "1Gi", "maxCores": 1},  # verl asks 1024 MB
             "scaling": {"minHosts": 1, "maxHosts": 1, "warmHosts": 0, **scaling},
         },
     }
