@@ -21,9 +21,11 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import asdict
 from typing import Any
 
+from arl_tangram.core.stats import percentile
 from arl_tangram.sandbox.bench import Case, CpuProbe, HttpClient, _tree_cpu_s, measure, start_agent
 
 NAMESPACE, POOL, AUDIENCE, TOKEN = "bench", "py", "tangram-gateway", "bench-token"
@@ -153,23 +155,76 @@ def _run_code_call(client: HttpClient, token: str | None) -> Any:
     return call
 
 
+ROUNDS = 10
+
+
+async def _round(call: Any, concurrency: int, requests: int) -> tuple[list[float], float, int]:
+    """``requests`` calls with ``concurrency`` in flight: each latency, the elapsed time, errors."""
+    latencies: list[float] = []
+    errors = 0
+    remaining = requests
+
+    async def worker() -> None:
+        nonlocal remaining, errors
+        while remaining > 0:
+            remaining -= 1
+            t0 = time.perf_counter()
+            try:
+                ok = await call("print(1+1)", "2\n")
+            except Exception:
+                ok = False
+            latencies.append(time.perf_counter() - t0)
+            errors += 0 if ok else 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies, time.perf_counter() - start, errors
+
+
 async def run_cases(
     urls: dict[str, tuple[str, str | None]],
     requests: int,
     cpu: dict[str, CpuProbe],
     cpu_ms: dict[tuple[str, str, int], float],
 ) -> list[Case]:
-    """Every case; ``cpu_ms`` receives the server side's CPU per call (agent, plus gateway), which,
-    unlike throughput on a shared machine, other load hardly moves."""
+    """Every case. The methods take turns in :data:`ROUNDS` rounds of ``requests / ROUNDS`` calls, so
+    that load from elsewhere on a shared machine, which comes and goes, hits each method alike.
+    ``cpu_ms`` receives the server side's CPU per call (agent, plus gateway), which other load
+    hardly moves."""
     clients = {m: HttpClient(url) for m, (url, _) in urls.items()}
     calls = {m: _run_code_call(clients[m], token) for m, (_, token) in urls.items()}
     cases: list[Case] = []
+    per_round = max(1, requests // ROUNDS)
     try:
         for method in METHODS:  # warm connections, fork servers and the auth cache
             await measure(calls[method], method, "print", max(CONCURRENCY), max(CONCURRENCY) * 4)
         for c in CONCURRENCY:
+            latencies: dict[str, list[float]] = {m: [] for m in METHODS}
+            elapsed = dict.fromkeys(METHODS, 0.0)
+            errors = dict.fromkeys(METHODS, 0)
+            cpu_s = dict.fromkeys(METHODS, 0.0)
+            for _ in range(ROUNDS):
+                for method in METHODS:
+                    before = cpu[method]()
+                    lat, took, bad = await _round(calls[method], c, per_round)
+                    cpu_s[method] += cpu[method]() - before
+                    latencies[method] += lat
+                    elapsed[method] += took
+                    errors[method] += bad
             for method in METHODS:
-                cases.append(await measure(calls[method], method, "print", c, requests, cpu[method], cpu_ms))
+                done = sorted(latencies[method])
+                cpu_ms[(method, "print", c)] = cpu_s[method] * 1000 / len(done)
+                cases.append(
+                    Case(
+                        method=method,
+                        payload="print",
+                        concurrency=c,
+                        rps=round(len(done) / elapsed[method], 1),
+                        p50_ms=round(percentile(done, 50) * 1000, 2),
+                        p99_ms=round(percentile(done, 99) * 1000, 2),
+                        errors=errors[method],
+                    )
+                )
     finally:
         for client in clients.values():
             client.close()
