@@ -187,6 +187,8 @@ def test_batch_results_stream_as_ndjson(gateway: Gateway) -> None:
 def test_health_readiness_metrics_and_openapi(gateway: Gateway) -> None:
     assert requests.get(gateway.url + "/healthz", timeout=10).json() == {"status": "ok"}
     assert requests.get(gateway.url + "/readyz", timeout=10).json() == {"status": "leader"}
+    action = {"type": "code", "target": POOL, "payload": {"code": "1"}}
+    assert requests.post(gateway.url + "/v1/actions", json=action, timeout=60).status_code == 200
     metrics = requests.get(gateway.url + "/metrics", timeout=10).text
     assert 'tangram_gateway_requests_total{route="/v1/actions",status="200"}' in metrics
     spec = requests.get(gateway.url + "/openapi.json", timeout=10).json()
@@ -236,3 +238,24 @@ def test_a_client_that_leaves_a_stream_does_not_cancel_its_actions(
         again = requests.post(gateway.url + "/v1/actions", json=action, timeout=60).json()
         assert again["stdout"] == f"{i}\n"
     assert ran() == before + 4, "a retry ran an action again"
+
+
+def test_openapi_schemas_are_valid_and_describe_what_the_gateway_accepts(gateway: Gateway) -> None:
+    from jsonschema import Draft202012Validator
+
+    spec = requests.get(gateway.url + "/openapi.json", timeout=10).json()
+    for schema in spec["components"]["schemas"].values():
+        Draft202012Validator.check_schema(schema)  # raises on an invalid schema
+
+    def validator(name: str) -> Draft202012Validator:
+        return Draft202012Validator(
+            {"$ref": f"#/components/schemas/{name}", "components": spec["components"]}
+        )
+
+    action = {"type": "code", "target": POOL, "payload": {"code": "print(1)"}, "timeoutSeconds": 5}
+    assert validator("GatewayAction").is_valid(action)
+    assert not validator("GatewayAction").is_valid({**action, "colour": "red"})
+    assert not validator("GatewayAction").is_valid({**action, "timeoutSeconds": 0})
+    assert validator("OpenRLHFRewardRequest").is_valid({"query": ["q"], "labels": ["l"]})
+    ran = requests.post(gateway.url + "/v1/actions", json=action, timeout=60).json()
+    assert validator("ActionResultBody").is_valid(ran)
