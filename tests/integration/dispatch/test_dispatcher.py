@@ -156,6 +156,33 @@ async def test_a_new_dispatcher_reattaches_to_a_running_attempt_instead_of_runni
     assert _actions_run(agents) == before + 1, "the action ran twice (or not at all)"
 
 
+async def test_an_attempt_the_status_never_recorded_is_still_found_and_not_run_again(
+    agents: list[Agent],
+) -> None:
+    """The operator died after dispatching but before the batch status said Running: the new one
+    starts from attempt 0 and must still find attempt 1 on whichever host runs it."""
+    code = "import time; time.sleep(1.5); print('once')"
+    before = _actions_run(agents)
+    hosts = [_endpoint(a, f"host-{i}") for i, a in enumerate(agents) if a.proc.poll() is None]
+    first_client, second_client = AgentClient(), AgentClient()
+    first = Dispatcher(first_client)
+    first.upsert_pool(_pool())
+    await first.sync_hosts(f"{NS}/py", hosts)
+    running = asyncio.create_task(first.run(_req("unrecorded", code)))
+    await _wait(lambda: (s := first.stats(f"{NS}/py")) is not None and s.running_actions == 1)
+    await first.shutdown()
+    await first_client.close()
+    assert running.done()
+    second = Dispatcher(second_client)
+    second.upsert_pool(_pool())
+    # Many hosts' worth of chances to put it elsewhere: list the idle host first.
+    await second.sync_hosts(f"{NS}/py", list(reversed(hosts)))
+    out = await second.run(_req("unrecorded", code), attempts_so_far=0)
+    await second_client.close()
+    assert out.state is Outcome.SUCCEEDED and out.stdout.strip() == "once" and out.attempts == 1
+    assert _actions_run(agents) == before + 1, "the action ran twice"
+
+
 def _actions_run(agents: list[Agent]) -> int:
     total = 0
     for a in agents:
