@@ -71,7 +71,8 @@ async def run_code(request: web.Request) -> web.Response:
         target=pool,
         kind="code",
         payload=raw,
-        timeout_s=body.run_timeout,
+        # The agent compiles (compiled languages), then runs: the call may take both limits.
+        timeout_s=body.run_timeout + body.compile_timeout,
         wire="run_code",
     )
     outcome = await run_action(state, req, "run_code")
