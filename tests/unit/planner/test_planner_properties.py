@@ -35,6 +35,8 @@ from arl_tangram.planner import (
 )
 from arl_tangram.planner.milp import highs_available
 
+MiB = 2**20
+
 # PLANNER_PROPERTY_EXAMPLES raises the example count for a deeper run by hand; 100 take about 4 s.
 PROPS = settings(
     max_examples=int(os.environ.get("PLANNER_PROPERTY_EXAMPLES", "100")),
@@ -50,7 +52,8 @@ def placement_problems(draw: st.DrawFn) -> PlacementProblem:
         NodeCapacity(
             name=f"n{j}",
             free_cpu_millicores=draw(st.integers(0, 32)) * 1000,
-            free_memory_bytes=draw(st.integers(0, 128)) * GiB,
+            # Free memory as a node reports it: whole MiB, not whole GiB.
+            free_memory_bytes=draw(st.integers(0, 128 * 1024)) * MiB,
             free_gpus=draw(st.integers(0, 8)),
             gpu_memory_bytes=draw(st.sampled_from([40, 80])) * GiB,
             opened=draw(st.booleans()),
@@ -61,7 +64,9 @@ def placement_problems(draw: st.DrawFn) -> PlacementProblem:
     for i in range(draw(st.integers(1, 3))):
         if draw(st.booleans()):
             cores = draw(st.sampled_from([2, 4, 8]))
-            shapes: tuple[InstanceShape, ...] = (InstanceShape(cores, cores * 1000, cores * 2 * GiB),)
+            # Now and then a host of an odd size (2 GiB per core plus some MiB), as pod templates say.
+            memory = cores * 2 * GiB + draw(st.sampled_from([0, 0, 1, 300])) * MiB
+            shapes: tuple[InstanceShape, ...] = (InstanceShape(cores, cores * 1000, memory),)
         else:
             sizes = draw(st.sets(st.sampled_from([1, 2, 4, 8]), min_size=1))
             need = draw(st.sampled_from([20, 60, 140])) * GiB
