@@ -1,0 +1,96 @@
+"""What ``tangram up`` reads: the cluster's YAML, validated by the API models, bad objects named by
+file, document and field; other kinds skipped with a note; hosts larger than the machine shrunk
+to it (with a note), everything else as written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from arl_tangram.embedded.specs import load
+from arl_tangram.errors import InvalidSpec
+
+GIB = 1 << 30
+SAMPLES = Path(__file__).resolve().parents[3] / "manifests" / "samples"
+
+
+def pool(name: str = "py", cpu: str = "2", **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "tangram.arl.dev/v1alpha1",
+        "kind": "ActionPool",
+        "metadata": {"name": name},
+        "spec": {"template": {"image": "x", "resources": {"cpu": cpu, "memory": "1Gi"}}, **spec},
+    }
+
+
+def write(tmp_path: Path, *docs: Any, name: str = "specs.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump_all(docs))
+    return path
+
+
+def test_the_samples_load_shrunk_to_a_small_machine() -> None:
+    loaded = load([str(SAMPLES)], machine_cores=2, machine_memory_bytes=8 * GIB)
+    (body,) = loaded.pools
+    assert body["metadata"]["namespace"] == "default"
+    assert body["spec"]["template"]["resources"]["cpu"] == "2"
+    assert body["spec"]["limits"]["maxCores"] == 2
+    assert body["spec"]["scaling"]["maxHosts"] == 16, "everything but the host's size is as written"
+    assert [s.metadata.name for s in loaded.services] == ["skywork-reward-small"]
+    notes = "\n".join(loaded.notes)
+    assert "hosts of 16 cores do not fit the 2" in notes and "ActionBatch skipped" in notes
+
+
+def test_a_pool_that_fits_is_left_as_written(tmp_path: Path) -> None:
+    loaded = load([str(write(tmp_path, pool(cpu="2")))], machine_cores=4, machine_memory_bytes=8 * GIB)
+    assert loaded.pools[0]["spec"]["template"]["resources"] == {"cpu": "2", "memory": "1Gi"}
+    assert loaded.notes == ()
+
+
+def test_lists_and_several_files_and_namespaces(tmp_path: Path) -> None:
+    other = pool("b")
+    other["metadata"]["namespace"] = "team-b"
+    listed = write(tmp_path, {"apiVersion": "v1", "kind": "List", "items": [pool("a"), other]}, name="l.yaml")
+    single = write(tmp_path, pool("c"), name="c.yaml")
+    loaded = load([str(listed), str(single)], machine_cores=2, machine_memory_bytes=8 * GIB)
+    keys = [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in loaded.pools]
+    assert keys == ["default/a", "team-b/b", "default/c"]
+
+
+@pytest.mark.parametrize(
+    ("doc", "names"),
+    [
+        (pool(cpu="1500m"), "spec.template.resources.cpu"),
+        ({**pool(), "spec": {"template": {"image": "x"}, "scaling": {"maxHost": 2}}}, "maxHost"),
+        ({**pool(), "apiVersion": "tangram.arl.dev/v1"}, "apiVersion"),
+        (["not", "an", "object"], "must be a mapping"),
+    ],
+)
+def test_bad_objects_are_named(tmp_path: Path, doc: Any, names: str) -> None:
+    path = write(tmp_path, doc)
+    with pytest.raises(InvalidSpec) as err:
+        load([str(path)], machine_cores=2, machine_memory_bytes=8 * GIB)
+    assert names in str(err.value) and str(path) in str(err.value)
+
+
+def test_twice_the_same_pool_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, pool("a"), pool("a"))
+    with pytest.raises(InvalidSpec, match="declared twice"):
+        load([str(path)], machine_cores=2, machine_memory_bytes=8 * GIB)
+
+
+def test_nothing_to_run_and_missing_paths_are_errors(tmp_path: Path) -> None:
+    with pytest.raises(InvalidSpec, match="no such file"):
+        load([str(tmp_path / "missing.yaml")], 2, 8 * GIB)
+    with pytest.raises(InvalidSpec, match=r"no \.yaml"):
+        load([str(tmp_path)], 2, 8 * GIB)
+    batch_only = write(tmp_path, {"apiVersion": "tangram.arl.dev/v1alpha1", "kind": "ActionBatch"})
+    with pytest.raises(InvalidSpec, match="declares no ActionPool"):
+        load([str(batch_only)], 2, 8 * GIB)
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("a: [1, 2\n")
+    with pytest.raises(InvalidSpec, match="not valid YAML"):
+        load([str(bad_yaml)], 2, 8 * GIB)
