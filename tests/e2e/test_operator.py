@@ -546,8 +546,33 @@ def test_a_dedicated_pool_runs_one_pod_per_session_and_removes_it_after(
         for k in range(2)
         for t in range(3)
     ]
+    actions.append(
+        {
+            "id": "wide",
+            "type": "test",
+            "target": "py",
+            "sessionId": "traj-0",
+            "units": {"min": 2, "max": 2},
+            "payload": {"command": "nproc; echo $TANGRAM_DOP"},
+        }
+    )
     _create(cluster, namespace, "actionbatches", batch_manifest("dedicated", actions))
     batch = _wait_batch(cluster, namespace, "dedicated", timeout=180)
+    wide = {r["id"]: r for r in batch["status"]["results"]}["wide"]
+    assert wide["state"] == "Succeeded" and wide["output"].split() == ["2", "2"], wide
+    if cluster.local_dir is not None:  # the cores came by resizing the session's pod in place
+        from testbed import audit_events
+
+        resizes = [
+            e
+            for e in audit_events(cluster.local_dir, "system:serviceaccount:tangram-system:tangram-operator")
+            if (e.get("objectRef") or {}).get("subresource") == "resize"
+            and (e.get("objectRef") or {}).get("namespace") == namespace
+            and e.get("stage") == "ResponseComplete"
+        ]
+        assert resizes and all(e["responseStatus"]["code"] == 200 for e in resizes), resizes[:3]
+        pool = cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "actionpools", "py")
+        assert not any(c["reason"] == "InPlaceResizeUnsupported" for c in pool["status"]["conditions"])
     results = {r["id"]: r for r in batch["status"]["results"]}
     pods_of = {}
     for t in range(3):

@@ -74,6 +74,7 @@ class PoolObservation:
     plan: ScalingPlan | None
     conditions: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
     unschedulable_for_s: float = 0.0
+    resize_refusal: str | None = None
 
 
 # A pod waiting this long without a node means no node can hold the template (the minute,
@@ -309,6 +310,16 @@ def _status(
             gen,
             now,
         )
+    elif observed.resize_refusal:
+        conds = set_condition(
+            conds,
+            ConditionType.DEGRADED,
+            True,
+            ConditionReason.RESIZE_UNSUPPORTED,
+            f"{observed.resize_refusal}: dedicated pods keep the cores of spec.template.resources.cpu",
+            gen,
+            now,
+        )
     elif unhealthy:
         conds = set_condition(
             conds,
@@ -515,8 +526,14 @@ class PoolController:
             unschedulable_for_s=time.monotonic() - self._pending_since.get(cfg.key, time.monotonic()),
         )
         if cfg.mode == "dedicated":  # pods follow sessions one to one; there is nothing to plan
+            refusal = getattr(self.runtime, "resize_refusal", None)
             observed = PoolObservation(
-                observed.hosts, stats, None, observed.conditions, observed.unschedulable_for_s
+                observed.hosts,
+                stats,
+                None,
+                observed.conditions,
+                observed.unschedulable_for_s,
+                refusal(cfg.key) if callable(refusal) else None,
             )
         new_status, ops = reconcile_actionpool(cfg, observed, now_dt)
         await self._apply(cfg, ops)

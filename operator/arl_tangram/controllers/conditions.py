@@ -34,6 +34,7 @@ class ConditionReason(StrEnum):
     HOSTS_UNHEALTHY = "HostsUnhealthy"
     INVALID_SPEC = "InvalidSpec"
     HEALTHY = "Healthy"
+    RESIZE_UNSUPPORTED = "InPlaceResizeUnsupported"
     # ActionBatch
     QUEUED = "Queued"
     ACTIONS_RUNNING = "ActionsRunning"

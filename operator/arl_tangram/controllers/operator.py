@@ -116,6 +116,7 @@ class OperatorState:
             on_started=self.batches.started,
         )
         self.runtime = KubernetesRuntime(self.api, count_write=self.metrics.api_write)
+        self.dispatcher.resizer = self.runtime
         self.planner = CapacityPlanner(PlannerConfig(time_limit_s=PLANNER_TIME_LIMIT_S))
         self.pools = PoolController(self.dispatcher, self.runtime, self.planner)
         self.elector = LeaseElector(

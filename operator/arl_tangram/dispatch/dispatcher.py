@@ -35,6 +35,7 @@ from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Re
 from arl_tangram.domain.pools import PoolConfig, pool_key
 from arl_tangram.errors import CapacityExceeded, InfrastructureError, NotFound, QueueFull
 from arl_tangram.managers.cpu import CpuManager, SandboxHost
+from arl_tangram.runtime.interface import Resizer
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +160,7 @@ class Dispatcher:
         clock: Callable[[], float] = time.monotonic,
         on_host_unhealthy: Callable[[str, str], None] | None = None,
         on_started: Callable[[str, int], None] | None = None,
+        resizer: Resizer | None = None,
     ) -> None:
         self.agent = agent
         self.scheduler: Scheduler = POLICIES[policy]({})
@@ -168,6 +170,9 @@ class Dispatcher:
         self.on_host_unhealthy = on_host_unhealthy
         # Called with (request key, attempt) when an attempt starts or is re-attached to.
         self.on_started = on_started
+        # Dedicated pools get each action's cores by resizing its session's pod in place.
+        self.resizer = resizer
+        self._background: set[asyncio.Task[bool]] = set()
         self._pools: dict[str, _Pool] = {}
         self._jobs: dict[str, _Job] = {}
         self._by_action: dict[int, _Job] = {}
@@ -222,6 +227,8 @@ class Dispatcher:
             pool.known_running.update({k: (host.name, cores) for k, cores in running.items()})
             pool.known_finished.update(dict.fromkeys(finished, host.name))
             pool.endpoints[host.name] = host
+            if pool.config.mode == "dedicated":
+                self._idle(pool, host.name)
             cores = host.cores[: pool.config.host_cores]
             pool.cpu.add_host(
                 SandboxHost(
@@ -562,7 +569,10 @@ class Dispatcher:
         timeout_s = req.timeout_s or pool.config.limits.timeout_s
         outcome: ActionOutcome | None = None
         failure: str | None = None
+        resized = False
         try:
+            if self.resizer is not None and pool.config.mode == "dedicated":
+                resized = await self.resizer.resize_host(pool.config, grant.host, 1000 * grant.units)
             session_id = await self._session_on(pool, req.session, endpoint) if req.session else None
             payload = dict(req.payload)
             if req.wire == "native":
@@ -600,6 +610,8 @@ class Dispatcher:
             else:
                 raise
         finally:
+            if resized:
+                self._idle(pool, grant.host)
             self.scheduler.complete(grant, self.clock())
             if not req.session:
                 pool.cpu.end_trajectory(grant.action.trajectory)
@@ -612,6 +624,16 @@ class Dispatcher:
         else:
             await self._infra_failure(pool, job, failure or "unknown", grant.host)
         self._pump()
+
+    def _idle(self, pool: _Pool, host: str) -> None:
+        """Resize a dedicated pod back to its idle CPU between actions (in the background)."""
+        if self.resizer is None or pool.config.idle_cpu_millicores is None:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self.resizer.resize_host(pool.config, host, pool.config.idle_cpu_millicores)
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _session_on(self, pool: _Pool, session: str, endpoint: HostEndpoint) -> str:
         sess = pool.sessions[session]

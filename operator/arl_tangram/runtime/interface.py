@@ -34,6 +34,16 @@ class HostObservation:
     memory_bytes: int
     pending: str | None = None
     failure: str | None = None
+    cpu_applied_millicores: int | None = None  # the agent container's CPU limit as enacted (resize)
+
+
+class Resizer(Protocol):
+    """A runtime that can change a running host's CPU in place (dedicated pools' per-action cores)."""
+
+    async def resize_host(self, pool: PoolConfig, name: str, cpu_millicores: int) -> bool:
+        """Set the host's CPU to ``cpu_millicores`` and wait until it is enacted; False when this
+        cluster cannot resize pods in place (the pool's status says so and cores stay fixed)."""
+        ...
 
 
 class Runtime(Protocol):

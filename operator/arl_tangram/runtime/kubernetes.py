@@ -24,6 +24,9 @@ from arl_tangram.runtime.pods import DRAINING_ANNOTATION, host_pod, network_poli
 log = logging.getLogger(__name__)
 
 WriteCounter = Callable[[str, str], None]
+# A resize the kubelet has not enacted by then is taken as unsupported (measured on the test bed:
+# 20-45 ms from the patch to the status showing it).
+RESIZE_WAIT_S = 15.0
 
 
 class KubernetesRuntime:
@@ -33,6 +36,8 @@ class KubernetesRuntime:
         self.core = client.CoreV1Api(api)
         self.networking = client.NetworkingV1Api(api)
         self._policies: dict[str, str] = {}  # pool key -> template hash its policy was written for
+        self._resize_unsupported: dict[str, str] = {}
+        self._resize_target: dict[str, int] = {}  # host -> the CPU last asked for
         self._index: Mapping[str, Iterable[Mapping[str, Any]]] = {}
         self._count = count_write or (lambda verb, resource: None)
 
@@ -53,6 +58,50 @@ class KubernetesRuntime:
         except ApiException as exc:
             if exc.status != 409:  # already there: a retried create
                 raise
+
+    async def resize_host(self, pool: PoolConfig, name: str, cpu_millicores: int) -> bool:
+        """Patch the pod's ``resize`` subresource and wait (on the index) until it is enacted."""
+        if self._resize_unsupported.get(pool.key):
+            return False
+        cpu = f"{cpu_millicores}m"
+        self._resize_target[name] = cpu_millicores
+        patch = {
+            "spec": {
+                "containers": [
+                    {"name": "agent", "resources": {"requests": {"cpu": cpu}, "limits": {"cpu": cpu}}}
+                ]
+            }
+        }
+        self._count("patch", "pods/resize")
+        try:
+            await asyncio.to_thread(self.core.patch_namespaced_pod_resize, name, pool.namespace, patch)
+        except ApiException as exc:
+            if exc.status in (403, 404, 405, 422) and "not found" not in str(exc.body).lower():
+                log.warning("pool %s: in-place resize refused (%s): cores stay fixed", pool.key, exc.reason)
+                self._resize_unsupported[pool.key] = (
+                    f"the cluster refused an in-place resize: {exc.status} {exc.reason}"
+                )
+                return False
+            raise
+        deadline = asyncio.get_running_loop().time() + RESIZE_WAIT_S
+        while asyncio.get_running_loop().time() < deadline:
+            host = next((h for h in self.hosts(pool.key) if h.name == name), None)
+            if host is None or host.phase in ("failed", "terminating"):
+                return False
+            if host.cpu_applied_millicores == cpu_millicores:
+                return True
+            if self._resize_target.get(name) != cpu_millicores:
+                return True  # a later resize of the same host superseded this one
+            await asyncio.sleep(0.02)  # the index follows the pod's watch; nothing to wait on directly
+        self._resize_unsupported[pool.key] = (
+            f"a resize to {cpu} was not enacted within {RESIZE_WAIT_S:g} s (does the kubelet support "
+            "in-place pod resize?)"
+        )
+        return False
+
+    def resize_refusal(self, pool_key: str) -> str | None:
+        """Why in-place resize does not work for this pool, when it does not."""
+        return self._resize_unsupported.get(pool_key)
 
     async def set_draining(self, pool: PoolConfig, name: str, draining: bool) -> None:
         patch = {"metadata": {"annotations": {DRAINING_ANNOTATION: "true" if draining else None}}}

@@ -46,6 +46,10 @@ START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 20.0
 # How often a starting host's health is asked (a poll of a process that prints nothing we read).
 HEALTH_POLL_S = 0.05
+# How often a ready host's process is checked for having exited.
+EXIT_POLL_S = 0.5
+DEFAULT_UID_BASE = 200_000
+"""The first uid handed to hosts' actions unless told otherwise; each host takes a range above it."""
 # Actions one local agent runs at once, and the uids it keeps for them: a host of N cores never runs
 # more than N actions at once (the dispatcher grants whole cores), but it may hold sessions besides.
 MAX_CONCURRENT_PER_CORE = 8
@@ -149,7 +153,7 @@ class LocalRuntime:
         state_dir: Path,
         cores: Sequence[int] | None = None,
         *,
-        uid_base: int = 200_000,
+        uid_base: int = DEFAULT_UID_BASE,
         python: str = sys.executable,
         extra_args: Sequence[str] = (),
     ) -> None:
@@ -294,10 +298,12 @@ class LocalRuntime:
         finally:
             host.started.set()
         while host.phase == "ready":
-            # The process ending is the one thing to notice now; the dispatcher sees failed calls.
-            code = await asyncio.to_thread(_wait_quietly, host.proc, 1.0)
-            if code is not None and host.phase == "ready":
+            # The process ending is the one thing to notice now (the dispatcher sees failed calls):
+            # a poll each period, not a thread blocked in wait() per host.
+            if host.proc.poll() is not None:
                 host.phase, host.failure = "failed", self._exit_message(host)
+                break
+            await asyncio.sleep(EXIT_POLL_S)
 
     async def _watch_start(self, host: LocalHost) -> None:
         timeout = aiohttp.ClientTimeout(total=2)
@@ -350,10 +356,3 @@ class LocalRuntime:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.01)  # a poll interval while they die, not synchronisation
-
-
-def _wait_quietly(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None

@@ -89,6 +89,10 @@ def host_pod(pool: PoolConfig, name: str, node: str | None = None) -> dict[str, 
     }
     if pool.ephemeral_storage_bytes:
         container["resources"]["requests"]["ephemeral-storage"] = str(pool.ephemeral_storage_bytes)
+    if pool.mode == "dedicated":
+        # Cores per action by in-place resize: the pod starts with its ceiling (so the agent knows
+        # every core it may grant) and is resized to each action's cores, and to idleCpu between.
+        container["resizePolicy"] = [{"resourceName": "cpu", "restartPolicy": "NotRequired"}]
     work: dict[str, Any] = {"medium": "Memory"}
     if pool.ephemeral_storage_bytes:
         work["sizeLimit"] = str(pool.ephemeral_storage_bytes)
@@ -191,6 +195,11 @@ def observe_host(pod: Mapping[str, Any]) -> HostObservation | None:
     )
     requests = (container.get("resources") or {}).get("requests") or {}
     ip = status.get("podIP")
+    applied = None
+    for cs in status.get("containerStatuses") or ():
+        if cs.get("name") == "agent":
+            limit = ((cs.get("resources") or {}).get("limits") or {}).get("cpu")
+            applied = _millicores(limit) if limit is not None else None
     return HostObservation(
         name=str(meta.get("name")),
         pool=pool_key(str(meta.get("namespace")), str(labels[POOL_LABEL])),
@@ -203,6 +212,7 @@ def observe_host(pod: Mapping[str, Any]) -> HostObservation | None:
         memory_bytes=_bytes(requests.get("memory", "0")),
         pending=pending,
         failure=failure,
+        cpu_applied_millicores=applied,
     )
 
 
