@@ -12,7 +12,8 @@
  * a tuple of (name, value or None) to bring os.environ (the zygote's) to the action's.
  *
  * Wire format (little-endian), manager -> zygote, one datagram per action:
- *   "TZR1" i64 id, i32 uid (-1: keep), u32 flags (1: interpreter, 2: private /tmp and /dev/shm),
+ *   "TZR1" i64 id, i32 uid (-1: keep), u32 flags (1: interpreter, 2: private /tmp and /dev/shm,
+ *   4: a network namespace to enter comes as the last descriptor),
  *   u32 ncores, i32 cores[],
  *   u32 nlimits, {i32 resource, i64 value}[], then five spans of u32 len + bytes: workdir (NUL
  *   included), env ("K=V\0"...: the whole environment), env delta ("K=V\0" sets, "K\0" unsets),
@@ -70,7 +71,7 @@
 #endif
 
 #define SETUP_FAILED 249
-#define MAX_FDS 4
+#define MAX_FDS 5
 #define MAX_PIDFD 65536
 #define DGRAM_MAX (64 * 1024)
 
@@ -486,9 +487,12 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
     }
     int32_t cores[1024];
     memcpy(cores, cores_at, ncores * 4u);
+    int netns_fd = -1;
+    if ((flags & 4u) && nfds > (interp ? 1 : 2)) netns_fd = fds[--nfds];
 
     if (pid_namespace && syscall(SYS_unshare, CLONE_NEWPID) < 0) {
         int err = errno;
+        if (netns_fd >= 0) close(netns_fd);
         for (int i = 0; i < nfds; i++) close(fds[i]);
         free(big);
         send_error(sock, id, "unshare(CLONE_NEWPID)", err);
@@ -506,6 +510,7 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
             int err = errno;
             if (init_stack != NULL) give_stack(init_stack);
             setns(own_pidns, CLONE_NEWPID);
+            if (netns_fd >= 0) close(netns_fd);
             for (int i = 0; i < nfds; i++) close(fds[i]);
             free(big);
             send_error(sock, id, "clone (the namespace's init)", err);
@@ -517,6 +522,8 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
     pid_t pid = fork();
     if (pid == 0) {
         PyOS_AfterFork_Child();
+        /* The action's own network namespace (loopback up), made ahead by the manager. */
+        if (netns_fd >= 0 && setns(netns_fd, CLONE_NEWNET) < 0) child_fail("setns(network)");
         child_setup(interp, fds, nfds, devnull, uid, cores, ncores, limits, nlimits, (const char *)workdir,
                     (const char *)env, elen, !interp && (flags & 2u));
         *result = child_result(interp, code, clen, argv, alen, delta, dlen);
@@ -526,6 +533,7 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
     int err = errno;
     PyOS_AfterFork_Parent();
     if (pid_namespace) setns(own_pidns, CLONE_NEWPID); /* only one child may be a namespace's init */
+    if (netns_fd >= 0) close(netns_fd);
     for (int i = 0; i < nfds; i++) close(fds[i]);
     free(big);
     int pidfd = -1, init_pidfd = -1;

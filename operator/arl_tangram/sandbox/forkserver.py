@@ -123,6 +123,7 @@ class Call:
         "interp_stopped",
         "max_rss_kb",
         "memory_limited",
+        "netns",
         "open_pipes",
         "out",
         "out_truncated",
@@ -175,6 +176,7 @@ class Call:
         self.signal: int | None = None
         self.timed_out = False
         self.cancelled = False  # killed by the agent's cancel frame
+        self.netns = -1  # the network namespace it runs in, from the pool (-1: the fork server's)
         self.cpu_s: float | None = None
         self.max_rss_kb: int | None = None
         self.ended_at: float | None = None
@@ -221,6 +223,8 @@ class ForkServer:
         self.pool = CorePool(list(config.get("cores", [])))
         self.queue: deque[dict[str, Any]] = deque()
         self.private_tmp = False  # per action (see _zygote.c's private_tmp), set in ``prepare``
+        self.netns_free: list[int] = []  # network namespaces ready for actions (_fill_netns_pool)
+        self.netns_home = -1  # the fork server's own network namespace, while there is a pool
         # Made in ``prepare``, after the zygote is forked: it must inherit none of them.
         self.zy: _ZygoteLink
         self.sel: _Poller
@@ -257,6 +261,7 @@ class ForkServer:
                 isolation.prctl(isolation.PR_SET_CHILD_SUBREAPER, 1)
         self.private_tmp = bool(self.config.get("private_tmp")) and self.iso.private_tmp
         self.zy = _ZygoteLink.start(self.config, self.iso.pid_namespace, self.sock)
+        self._fill_netns_pool()
         if self.zy.notes:
             self.iso.notes = (*self.iso.notes, *self.zy.notes)
         self.iso.fork_loop = self.zy.loop
@@ -267,6 +272,39 @@ class ForkServer:
         self.rchunk = memoryview(bytearray(1 << 20))
         self.send({"op": "hello", "pid": os.getpid(), "isolation": self.iso.as_dict()})
         self.flush()
+
+    def _fill_netns_pool(self) -> None:
+        """Network namespaces for actions, made now so that an action pays nothing for its own.
+
+        Each action enters one (loopback up, nothing else): ports, abstract unix sockets and
+        loopback traffic are its own. One goes back to the pool when its action's exit record
+        comes, that is when every process of the action is gone (its PID namespace is empty), so
+        nothing of the last holder is in it. As many as there are cores, plus a few: an action
+        holds at least one core, so the pool never runs dry (if it does, one is made on the spot).
+        Where actions have no PID namespace (nothing proves a namespace empty) or may use the
+        network, they share the fork server's namespace, as before.
+        """
+        if not (self.iso.network_namespace and self.iso.pid_namespace):
+            return
+        try:
+            self.netns_home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            for _ in range(len(self.pool.cores) + 4):
+                self.netns_free.append(isolation.loopback_netns(self.netns_home))
+        except OSError as exc:
+            for fd in self.netns_free:
+                os.close(fd)
+            self.netns_free = []
+            self.netns_home = -1
+            self.iso.notes = (*self.iso.notes, f"no network namespace per action ({exc.strerror})")
+            return
+        self.iso.netns_per_action = True
+
+    def _take_netns(self) -> int:
+        if self.netns_home < 0:
+            return -1
+        if self.netns_free:
+            return self.netns_free.pop()
+        return isolation.loopback_netns(self.netns_home)
 
     # ---- the loop ---------------------------------------------------------------------------------
     def serve(self) -> None:
@@ -422,8 +460,17 @@ class ForkServer:
             # A private /tmp and /dev/shm needs what the fork server's own mount namespace needed
             # (and root, which an action of its own uid implies).
             msg["private_tmp"] = self.private_tmp and msg.get("uid") is not None
+            netns = self._take_netns()
+            if netns >= 0:
+                msg["netns"] = True
+                fds.append(netns)
             started = time.monotonic()
-            pid, pidfd = self.zy.spawn(msg, fds)
+            try:
+                pid, pidfd = self.zy.spawn(msg, fds)
+            except BaseException:
+                if netns >= 0:
+                    self.netns_free.append(netns)  # nothing entered it
+                raise
         except BaseException:
             # Out of descriptors or processes: report it (the caller does), leak nothing.
             for fd in opened:
@@ -444,6 +491,7 @@ class ForkServer:
             memory_limited=bool(msg.get("limits", {}).get("as")),
         )
         call.cores = msg["cores"]
+        call.netns = netns
         if msg.get("remove_workdir"):
             call.remove_workdir = msg["workdir"]
         call.uid = msg.get("uid")
@@ -626,6 +674,10 @@ class ForkServer:
         os.close(call.pidfd)
         call.exited = True
         call.ended_at = time.monotonic()
+        if call.netns >= 0:
+            # Its PID namespace is empty now, so is its network namespace: ready for the next.
+            self.netns_free.append(call.netns)
+            call.netns = -1
         # The action's own status, as its init reported it (when it ran under one and got that far).
         true_status = self.zy.statuses.pop(call.id, None)
         self._set_status(call, status if true_status is None else true_status)
@@ -822,6 +874,7 @@ def encode_request(msg: dict[str, Any], interp: bool, base_env: dict[str, str]) 
     argv = msg.get("argv") or []
     uid = msg.get("uid")
     flags = (1 if interp else 0) | (2 if msg.get("private_tmp") and not interp else 0)
+    flags |= 4 if msg.get("netns") else 0
     return b"".join(
         (
             _REQUEST,
@@ -862,6 +915,7 @@ def decode_request(data: bytes) -> dict[str, Any]:
         "uid": None if uid < 0 else uid,
         "interp": bool(flags & 1),
         "private_tmp": bool(flags & 2),
+        "netns": bool(flags & 4),
         "cores": cores,
         "limits": limits,
         "workdir": workdir.rstrip(b"\0").decode(),
@@ -1122,7 +1176,7 @@ class _Zygote:
                     self._on_exit(fd)
 
     def _on_request(self) -> bool:
-        data, fds, flags = _recv_with_fds(self.sock, 1 << 16, 4, 0)
+        data, fds, flags = _recv_with_fds(self.sock, 1 << 16, 5, 0)
         if not data:
             return False
         rid = struct.unpack_from("<q", data, 4)[0] if len(data) >= 12 else -1
@@ -1134,8 +1188,9 @@ class _Zygote:
                 data = os.pread(memfd, struct.unpack_from("<Q", data, 12)[0], 0)
                 os.close(memfd)
             req = decode_request(data)
-            if len(fds) < (1 if req["interp"] else 2):
+            if len(fds) < (1 if req["interp"] else 2) + (1 if req["netns"] else 0):
                 raise ValueError("malformed request")
+            netns_fd = fds.pop() if req["netns"] else -1
             self._apply_env(req["env"])
             pid = self._fork_isolated()
         except BaseException as exc:
@@ -1144,12 +1199,19 @@ class _Zygote:
             self.sock.send(_error_record(rid, f"{exc.__class__.__name__}: {exc}"))
             return True
         if pid == 0:
+            if netns_fd >= 0:
+                try:
+                    isolation.setns(netns_fd, isolation.CLONE_NEWNET)
+                except BaseException:
+                    os._exit(SETUP_FAILED)
             if req["interp"]:
                 _child_main(req, self.devnull, self.devnull, self.devnull, fds[0])
             if self.pid_namespace:
                 _split_off_init(self.sockfd, req["id"])
             stdin_fd = fds[2] if len(fds) > 2 else self.devnull
             _child_main(req, stdin_fd, fds[0], fds[1], None)
+        if netns_fd >= 0:
+            os.close(netns_fd)
         for fd in fds:
             os.close(fd)
         try:

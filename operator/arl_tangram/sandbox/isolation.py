@@ -61,6 +61,28 @@ def unshare(flags: int) -> None:
     _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
 
 
+SIOCSIFFLAGS = 0x8914
+IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x1, 0x8, 0x40
+
+
+def loopback_netns(home_fd: int) -> int:
+    """A new network namespace with its loopback up, as a descriptor; the caller stays in (is put
+    back into) the namespace ``home_fd`` names."""
+    import fcntl
+    import socket
+    import struct
+
+    unshare(CLONE_NEWNET)
+    try:
+        fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            ifreq = struct.pack("16sH22x", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING)
+            fcntl.ioctl(sock.fileno(), SIOCSIFFLAGS, ifreq)
+    finally:
+        setns(home_fd, CLONE_NEWNET)
+    return fd
+
+
 def setns(fd: int, nstype: int) -> None:
     """``setns(2)``: join (for PID: make the children join) the namespace behind ``fd``."""
     _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
@@ -147,6 +169,7 @@ class Isolation:
         network_allowed: bool = False,
         notes: tuple[str, ...] = (),
         fork_loop: str = "",
+        netns_per_action: bool = False,
     ) -> None:
         self.per_action_uid = per_action_uid
         self.pid_namespace = pid_namespace
@@ -155,6 +178,7 @@ class Isolation:
         self.network_allowed = network_allowed
         self.notes = notes
         self.fork_loop = fork_loop  # "c" or "python": which zygote loop forks the actions (forkserver)
+        self.netns_per_action = netns_per_action  # each action its own network namespace, lo up
 
     def as_dict(self) -> dict[str, object]:
         """Plain dict (for the wire and for /v1/health)."""
@@ -165,6 +189,7 @@ class Isolation:
             "private_tmp": self.private_tmp,
             "network_allowed": self.network_allowed,
             "fork_loop": self.fork_loop,
+            "netns_per_action": self.netns_per_action,
             "notes": list(self.notes),
         }
 
@@ -195,6 +220,11 @@ class Isolation:
             )
         if not self.network_allowed and not self.network_namespace:
             lines.append("no network namespace: actions CAN reach the network (no fallback can block it)")
+        elif not self.network_allowed and not self.netns_per_action:
+            lines.append(
+                "one network namespace for all actions, its loopback down: ports and abstract unix "
+                "sockets are shared between actions (needs a PID namespace per action to do better)"
+            )
         if not self.private_tmp:
             lines.append("no private mount namespace: actions can write to /tmp and /dev/shm")
         return lines

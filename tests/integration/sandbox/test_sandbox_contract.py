@@ -6,10 +6,11 @@ would get run directly (``python file.py``, ``bash -c``), whatever the sandbox d
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from sandbox_agent_harness import Agent, start_agent, stop_agent
+from sandbox_agent_harness import Agent, start_agent, stop_agent, wait_until
 
 
 @pytest.fixture(scope="module", params=["c", "python"])
@@ -171,3 +172,70 @@ def test_tmp_is_bounded_by_the_actions_memory(agent: Agent) -> None:
     # 48 MB: below the 64 MB a single file may grow to, so the tmpfs fills first.
     body = _run(agent, code, memory_limit_MB=48)
     assert _result(body)["stdout"] == "full 28\n", body  # ENOSPC: the tmpfs holds 48 MB at most
+
+
+LISTEN = (
+    "import socket, os\n"
+    "tcp = socket.socket()\n"
+    "tcp.bind(('127.0.0.1', 5555))\n"
+    "tcp.listen()\n"
+    "unix = socket.socket(socket.AF_UNIX)\n"
+    "unix.bind('\\0tangram-contract')\n"
+    "unix.listen()\n"
+    "open('listening', 'w').close()\n"
+    "while not os.path.exists('go'):\n"
+    "    os.sched_yield()\n"
+    "print('done')\n"
+)
+CONNECT = (
+    "import socket\n"
+    "targets = ((socket.AF_INET, ('127.0.0.1', 5555)), (socket.AF_UNIX, '\\0tangram-contract'))\n"
+    "for family, address in targets:\n"
+    "    s = socket.socket(family)\n"
+    "    try:\n"
+    "        s.connect(address)\n"
+    "        print('CONNECTED', family.name)\n"
+    "    except OSError as e:\n"
+    "        print('refused', family.name, e.errno)\n"
+    "loop = socket.socket()\n"
+    "loop.bind(('127.0.0.1', 5555))\n"
+    "loop.listen()\n"
+    "c = socket.create_connection(('127.0.0.1', 5555))\n"
+    "print('loopback', c.getpeername()[0])\n"
+)
+
+
+def test_each_action_has_its_own_network_with_loopback(agent: Agent) -> None:
+    """Loopback works, and what one action listens on (a TCP port, an abstract unix socket) is not
+    there for another running at the same time: each has a network namespace of its own."""
+    sid = agent.post("/v1/sessions", {}).json()["session_id"]
+    files = f"{agent.url}/v1/sessions/{sid}/files"
+    try:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            holder = pool.submit(agent.execute, LISTEN, session_id=sid, timeout_s=60)
+            wait_until(
+                lambda: requests.get(f"{files}/listening", timeout=10).status_code == 200,
+                what="the first action to listen",
+            )
+            body = agent.execute(CONNECT)
+            assert requests.put(f"{files}/go", data=b"", timeout=10).status_code == 201
+            assert holder.result()["stdout"] == "done\n"
+        assert body["status"] == "ok", body
+        assert body["stdout"] == ("refused AF_INET 111\nrefused AF_UNIX 111\nloopback 127.0.0.1\n"), body[
+            "stdout"
+        ]
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+
+
+def test_the_outside_network_stays_unreachable(agent: Agent) -> None:
+    code = (
+        "import socket\n"
+        "try:\n"
+        "    socket.create_connection(('10.255.255.1', 80), timeout=2)\n"
+        "    print('REACHED')\n"
+        "except OSError as e:\n"
+        "    print('unreachable', e.errno)\n"
+    )
+    body = _run(agent, code)
+    assert _result(body)["stdout"] == "unreachable 101\n", body  # ENETUNREACH: no route at all
