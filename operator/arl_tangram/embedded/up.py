@@ -35,7 +35,13 @@ from arl_tangram.errors import InvalidSpec
 from arl_tangram.gateway import GatewayConfig, build_gateway_app
 from arl_tangram.planner.capacity_planner import CapacityPlanner, PlannerConfig
 from arl_tangram.planner.snapshot import NodeSnapshot
-from arl_tangram.runtime.local import NODE, LocalRuntime, machine_memory_bytes, usable_cores
+from arl_tangram.runtime.local import (
+    DEFAULT_UID_BASE,
+    NODE,
+    LocalRuntime,
+    machine_memory_bytes,
+    usable_cores,
+)
 from arl_tangram.sandbox.config import parse_cores
 
 log = logging.getLogger("tangram.up")
@@ -81,7 +87,7 @@ class Embedded:
     cores: tuple[int, ...]
     state_dir: Path
     port: int = DEFAULT_PORT
-    uid_base: int = 200_000
+    uid_base: int = DEFAULT_UID_BASE
     period_s: float = PERIOD_S
     url: str = ""
     runtime: LocalRuntime = field(init=False)
@@ -102,14 +108,15 @@ class Embedded:
             labels={"kubernetes.io/hostname": NODE},
         )
 
-    async def start(self) -> None:
+    def __post_init__(self) -> None:
         self.runtime = LocalRuntime(self.state_dir / "hosts", self.cores, uid_base=self.uid_base)
-        self.runtime.state_dir.mkdir(parents=True, exist_ok=True)
         self.dispatcher = Dispatcher(AgentClient())
         planner = CapacityPlanner(PlannerConfig(time_limit_s=PLANNER_TIME_LIMIT_S))
         self.controller = PoolController(self.dispatcher, self.runtime, planner)
         self.rewards, notes = LocalRewards.plan(self.loaded.services, self.state_dir)
         self.notes.extend(notes)
+
+    async def start(self) -> None:
         await self.rewards.start()
         self._bodies = [dict(b) for b in self.loaded.pools]
         # Register the pools before the gateway answers, so that a first request finds its pool.
@@ -243,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--uid-base",
         type=int,
-        default=200_000,
+        default=DEFAULT_UID_BASE,
         help="first uid handed to hosts' actions (as root); each host takes a range above it",
     )
     p.add_argument("--log-level", default="INFO")
@@ -306,6 +313,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
     own_dir = args.state_dir is None
     state_dir = Path(args.state_dir or tempfile.mkdtemp(prefix="tangram-up-"))
+    state_dir.mkdir(parents=True, exist_ok=True)
     embedded = Embedded(loaded, cores, state_dir, port=args.port, uid_base=args.uid_base)
     try:
         return asyncio.run(serve(embedded))
