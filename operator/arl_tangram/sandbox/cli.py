@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import resource
 import signal
 import sys
+from typing import Any
 
 from aiohttp import web
 
 from arl_tangram.errors import InfrastructureError, InvalidSpec
-from arl_tangram.sandbox.config import (
-    DEFAULT_PRELOAD,
-    RUNTIMES,
-    AgentConfig,
-    Limits,
-    parse_cores,
-)
+from arl_tangram.sandbox.config import AgentConfig, Limits
 from arl_tangram.sandbox.server import build_app
 
 log = logging.getLogger("tangram.sandbox")
@@ -33,110 +29,53 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def _settings() -> list[tuple[str, dataclasses.Field[Any]]]:
+    """(where, field) of every setting with a flag: ``where`` is "" for ``AgentConfig``'s own and
+    "limits" for ``Limits``'."""
+    out: list[tuple[str, dataclasses.Field[Any]]] = []
+    for where, cls in (("", AgentConfig), ("limits", Limits)):
+        out += [(where, f) for f in dataclasses.fields(cls) if "flag" in f.metadata]
+    return out
+
+
+def _default_text(f: dataclasses.Field[Any]) -> str:
+    if f.default is dataclasses.MISSING:
+        return ""  # computed at start-up; the help says what
+    value = f.default
+    if f.metadata["per_mb"]:
+        value = value / (1 << 20)
+    if isinstance(value, tuple):
+        value = ",".join(value)
+    return f" (default {value})"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The command's options; their defaults are ``AgentConfig``'s and ``Limits``'s own."""
-    d, lim = AgentConfig, Limits()
+    """The command's options, made from the settings in ``config`` (their one source): a flag left
+    out keeps the setting's default."""
     p = argparse.ArgumentParser(prog="tangram sandbox-agent", description=__doc__)
     p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT to serve on (default %(default)s)")
-    p.add_argument("--cores", help="cores this agent hands out, e.g. 0-7 (default: all it may use)")
-    p.add_argument("--workdir-root", help="where workdirs live (default: a fresh dir on /dev/shm)")
-    p.add_argument("--runtimes", default=",".join(RUNTIMES), help="offered runtimes (default %(default)s)")
-    p.add_argument(
-        "--network-allowed",
-        action="store_true",
-        help="let actions use the network (they can then reach the agent too: set a token)",
-    )
-    p.add_argument(
-        "--no-pid-namespace",
-        action="store_true",
-        help="clean up leftover processes by uid/process group instead of a PID namespace per action",
-    )
-    p.add_argument(
-        "--no-private-tmp",
-        action="store_true",
-        help="no private writable /tmp and /dev/shm per action (saves a mount namespace per action; "
-        "both are then read-only to actions)",
-    )
-    p.add_argument("--preload", default=",".join(DEFAULT_PRELOAD), help="modules the fork server pre-imports")
-    p.add_argument(
-        "--no-infra-affinity",
-        action="store_true",
-        help="let the kernel place the HTTP loop and the fork server anywhere (by default they keep to "
-        "two disjoint halves of the cores, which on a busy host leaves fewer cores idle)",
-    )
-    p.add_argument(
-        "--fork-loop",
-        choices=("auto", "c", "python"),
-        default=d.fork_loop,
-        help="the zygote's fork loop: C (built at install when a compiler is present; about three "
-        "times the throughput), Python, or auto (C when built)",
-    )
-    p.add_argument(
-        "--uid-base",
-        type=int,
-        default=d.uid_base,
-        help="first uid given to actions (as root); agents sharing a host need disjoint ranges "
-        "of max-concurrent + max-sessions uids",
-    )
-    p.add_argument(
-        "--max-concurrent", type=int, default=d.max_concurrent, help="actions running at once (uids kept)"
-    )
-    p.add_argument(
-        "--max-waiting",
-        type=int,
-        default=d.max_waiting,
-        help="requests queued beyond --max-concurrent; more are answered 503 with Retry-After",
-    )
-    p.add_argument("--max-sessions", type=int, default=d.max_sessions)
-    p.add_argument(
-        "--session-ttl", type=float, default=d.session_ttl_s, help="idle seconds before a session closes"
-    )
-    p.add_argument(
-        "--timeout", type=float, default=lim.timeout_s, help="default wall-clock limit per action (s)"
-    )
-    p.add_argument("--max-timeout", type=float, default=lim.max_timeout_s)
-    p.add_argument(
-        "--memory-mb", type=int, default=lim.memory_mb, help="default address-space limit per action"
-    )
-    p.add_argument("--max-memory-mb", type=int, default=lim.max_memory_mb)
-    p.add_argument("--nproc", type=int, default=lim.nproc, help="processes (and threads) per action")
-    p.add_argument("--nofile", type=int, default=lim.nofile, help="open files per process")
-    p.add_argument("--fsize-mb", type=int, default=lim.fsize_mb, help="largest file an action may write")
-    p.add_argument("--output-bytes", type=int, default=lim.output_bytes, help="cap on stdout and on stderr")
-    p.add_argument(
-        "--max-body-mb", type=float, default=d.max_body_bytes / (1 << 20), help="largest request body"
-    )
-    p.add_argument(
-        "--max-file-mb",
-        type=float,
-        default=d.max_file_bytes / (1 << 20),
-        help="largest file uploaded or fetched",
-    )
-    p.add_argument(
-        "--max-fetch-mb",
-        type=float,
-        default=d.max_fetch_bytes / (1 << 20),
-        help="all of one response's fetch_files together (the rest come back empty, with a note)",
-    )
+    for _, f in _settings():
+        meta = f.metadata
+        help_text = meta["help"].replace("%", "%%")
+        if f.type in ("bool", bool):
+            p.add_argument(meta["flag"], dest=f.name, action="store_true", default=None, help=help_text)
+            continue
+        kind: Any = str if meta["parse"] is not None else (float if meta["per_mb"] else type(f.default))
+        if f.default is dataclasses.MISSING and meta["parse"] is None:
+            kind = int  # a computed numeric default (max_memory_mb)
+        p.add_argument(
+            meta["flag"],
+            dest=f.name,
+            type=kind,
+            default=None,
+            choices=meta["choices"],
+            metavar=None if meta["choices"] else meta["flag"].lstrip("-").upper().replace("-", "_"),
+            help=help_text + _default_text(f),
+        )
     p.add_argument(
         "--token",
         default=os.environ.get("TANGRAM_AGENT_TOKEN"),
         help="require this bearer token (prefer the env var TANGRAM_AGENT_TOKEN: argv is visible in /proc)",
-    )
-    p.add_argument(
-        "--action-key-ttl",
-        type=float,
-        default=d.action_key_ttl_s,
-        help="seconds a finished action's response is kept for a repeat of its X-Tangram-Action-Key",
-    )
-    p.add_argument(
-        "--action-keys-max", type=int, default=d.action_keys_max, help="finished keyed responses kept at most"
-    )
-    p.add_argument(
-        "--action-keys-max-mb",
-        type=float,
-        default=d.action_keys_max_bytes / (1 << 20),
-        help="bytes of finished keyed responses kept at most (the oldest are dropped first)",
     )
     p.add_argument("--log-level", default="INFO")
     return p
@@ -145,43 +84,22 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> AgentConfig:
     """Settings from parsed options; ``InvalidSpec`` names the bad option."""
     host, port = parse_listen(args.listen)
+    given: dict[str, dict[str, Any]] = {"": {}, "limits": {}}
+    for where, f in _settings():
+        value = getattr(args, f.name)
+        if value is None:
+            continue
+        meta = f.metadata
+        if meta["negated"]:
+            value = not value
+        elif meta["parse"] is not None:
+            value = meta["parse"](value)
+        elif meta["per_mb"]:
+            value = int(value * (1 << 20))
+        given[where][f.name] = value
     config = AgentConfig(
-        host=host,
-        port=port,
-        runtimes=tuple(r.strip() for r in args.runtimes.split(",") if r.strip()),
-        network_allowed=args.network_allowed,
-        no_pid_namespace=args.no_pid_namespace,
-        private_tmp=not args.no_private_tmp,
-        preload=tuple(m.strip() for m in args.preload.split(",") if m.strip()),
-        fork_loop=args.fork_loop,
-        infra_affinity=not args.no_infra_affinity,
-        uid_base=args.uid_base,
-        max_concurrent=args.max_concurrent,
-        max_waiting=args.max_waiting,
-        max_sessions=args.max_sessions,
-        session_ttl_s=args.session_ttl,
-        max_body_bytes=int(args.max_body_mb * (1 << 20)),
-        max_file_bytes=int(args.max_file_mb * (1 << 20)),
-        max_fetch_bytes=int(args.max_fetch_mb * (1 << 20)),
-        token=args.token or None,
-        action_key_ttl_s=args.action_key_ttl,
-        action_keys_max=args.action_keys_max,
-        action_keys_max_bytes=int(args.action_keys_max_mb * (1 << 20)),
-        limits=Limits(
-            timeout_s=args.timeout,
-            max_timeout_s=args.max_timeout,
-            memory_mb=args.memory_mb,
-            max_memory_mb=args.max_memory_mb,
-            nproc=args.nproc,
-            nofile=args.nofile,
-            fsize_mb=args.fsize_mb,
-            output_bytes=args.output_bytes,
-        ),
+        host=host, port=port, token=args.token or None, limits=Limits(**given["limits"]), **given[""]
     )
-    if args.cores:
-        config.cores = parse_cores(args.cores)
-    if args.workdir_root:
-        config.workdir_root = os.path.abspath(args.workdir_root)
     config.validate()
     return config
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field
+from typing import Any
 
 from arl_tangram.errors import InvalidSpec
 
@@ -66,6 +68,44 @@ def host_memory_mb() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20
 
 
+def _comma_list(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def _absolute(text: str) -> str:
+    return os.path.abspath(text)
+
+
+MB = 1 << 20
+
+
+def setting(
+    default: Any = MISSING,
+    *,
+    flag: str,
+    help: str,
+    factory: Callable[[], Any] | None = None,
+    parse: Callable[[str], Any] | None = None,
+    per_mb: bool = False,
+    negated: bool = False,
+    choices: tuple[str, ...] | None = None,
+) -> Any:
+    """A setting's one source: its default and the command-line flag that sets it (``cli`` makes
+    the argument parser from these). ``per_mb``: a byte count given in (fractional) MB; ``negated``:
+    a flag that turns a default-true setting off; ``parse``: text to value (else the default's type)."""
+    meta = {
+        "flag": flag,
+        "help": help,
+        "parse": parse,
+        "per_mb": per_mb,
+        "negated": negated,
+        "choices": choices,
+    }
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
 @dataclass
 class Limits:
     """Per-action limits: the defaults of a pool, and the ceilings a request may not exceed.
@@ -76,48 +116,121 @@ class Limits:
     score ``stdout`` and ignore ``stdout_truncated``). A pool sets tighter ones with the flags.
     """
 
-    timeout_s: float = 10.0
-    max_timeout_s: float = 3600.0
-    memory_mb: int = 1024
-    max_memory_mb: int = field(default_factory=host_memory_mb)
-    nproc: int = 128
-    nofile: int = 256
-    fsize_mb: int = 64
-    output_bytes: int = 8 << 20
+    timeout_s: float = setting(10.0, flag="--timeout", help="default wall-clock limit per action (s)")
+    max_timeout_s: float = setting(3600.0, flag="--max-timeout", help="the most a request may ask for (s)")
+    memory_mb: int = setting(1024, flag="--memory-mb", help="default address-space limit per action (MB)")
+    max_memory_mb: int = setting(
+        flag="--max-memory-mb",
+        help="the most a request may ask for (MB; default: the host's memory)",
+        factory=host_memory_mb,
+    )
+    nproc: int = setting(128, flag="--nproc", help="processes (and threads) per action")
+    nofile: int = setting(256, flag="--nofile", help="open files per process")
+    fsize_mb: int = setting(64, flag="--fsize-mb", help="largest file an action may write (MB)")
+    output_bytes: int = setting(8 << 20, flag="--output-bytes", help="cap on stdout and on stderr (bytes)")
 
 
 @dataclass
 class AgentConfig:
-    """Everything ``tangram sandbox-agent`` can be told."""
+    """Everything ``tangram sandbox-agent`` can be told (``--listen``, ``--token`` and
+    ``--log-level`` are the command's own; every other flag is made from a ``setting`` here)."""
 
     host: str = "127.0.0.1"
     port: int = 8080
-    cores: list[int] = field(default_factory=lambda: sorted(os.sched_getaffinity(0)))
-    workdir_root: str = field(default_factory=default_workdir_root)
-    runtimes: tuple[str, ...] = RUNTIMES
-    network_allowed: bool = False
-    no_pid_namespace: bool = False  # e.g. under gVisor/Kata, or to compare the fallback clean-up
+    cores: list[int] = setting(
+        flag="--cores",
+        help="cores this agent hands out, e.g. 0-7 (default: all it may use)",
+        factory=lambda: sorted(os.sched_getaffinity(0)),
+        parse=lambda text: parse_cores(text),
+    )
+    workdir_root: str = setting(
+        flag="--workdir-root",
+        help="where workdirs live (default: a fresh dir on /dev/shm)",
+        factory=default_workdir_root,
+        parse=_absolute,
+    )
+    runtimes: tuple[str, ...] = setting(
+        RUNTIMES, flag="--runtimes", help="offered runtimes", parse=_comma_list
+    )
+    network_allowed: bool = setting(
+        False,
+        flag="--network-allowed",
+        help="let actions use the network (they can then reach the agent too: set a token)",
+    )
+    # e.g. under gVisor/Kata, or to compare the fallback clean-up
+    no_pid_namespace: bool = setting(
+        False,
+        flag="--no-pid-namespace",
+        help="clean up leftover processes by uid/process group instead of a PID namespace per action",
+    )
     # A private tmpfs /tmp and /dev/shm per action (a mount namespace each: about 0.1 ms of CPU per
     # action, measured here); off, both stay read-only to actions.
-    private_tmp: bool = True
-    preload: tuple[str, ...] = DEFAULT_PRELOAD
+    private_tmp: bool = setting(
+        True,
+        flag="--no-private-tmp",
+        negated=True,
+        help="no private writable /tmp and /dev/shm per action (saves a mount namespace per action; "
+        "both are then read-only to actions)",
+    )
+    preload: tuple[str, ...] = setting(
+        DEFAULT_PRELOAD, flag="--preload", help="modules the fork server pre-imports", parse=_comma_list
+    )
     # "c": the fork loop in C (fails to start when it is not built), "python", or "auto" (C when built)
-    fork_loop: str = "auto"
-    infra_affinity: bool = True  # keep the HTTP loop and the fork server on disjoint cores (infra_cores)
-    uid_base: int = 40000
-    max_concurrent: int = 256
-    max_sessions: int = 1024
-    session_ttl_s: float = 1800.0
-    max_body_bytes: int = 16 << 20
-    max_file_bytes: int = 8 << 20
-    max_fetch_bytes: int = 32 << 20  # all of one response's fetch_files together
-    max_waiting: int = 1024  # requests queued for a slot beyond max_concurrent; more get 503
+    fork_loop: str = setting(
+        "auto",
+        flag="--fork-loop",
+        choices=("auto", "c", "python"),
+        help="the zygote's fork loop: C (built at install when a compiler is present; about three "
+        "times the throughput), Python, or auto (C when built)",
+    )
+    infra_affinity: bool = setting(
+        True,
+        flag="--no-infra-affinity",
+        negated=True,
+        help="let the kernel place the HTTP loop and the fork server anywhere (by default they keep to "
+        "two disjoint halves of the cores, which on a busy host leaves fewer cores idle)",
+    )
+    uid_base: int = setting(
+        40000,
+        flag="--uid-base",
+        help="first uid given to actions (as root); agents sharing a host need disjoint ranges "
+        "of max-concurrent + max-sessions uids",
+    )
+    max_concurrent: int = setting(256, flag="--max-concurrent", help="actions running at once (uids kept)")
+    max_sessions: int = setting(1024, flag="--max-sessions", help="sessions open at once")
+    session_ttl_s: float = setting(1800.0, flag="--session-ttl", help="idle seconds before a session closes")
+    max_body_bytes: int = setting(16 * MB, flag="--max-body-mb", per_mb=True, help="largest request body")
+    max_file_bytes: int = setting(
+        8 * MB, flag="--max-file-mb", per_mb=True, help="largest file uploaded or fetched"
+    )
+    max_fetch_bytes: int = setting(
+        32 * MB,
+        flag="--max-fetch-mb",
+        per_mb=True,
+        help="all of one response's fetch_files together (the rest come back empty, with a note)",
+    )
+    max_waiting: int = setting(
+        1024,
+        flag="--max-waiting",
+        help="requests queued beyond --max-concurrent; more are answered 503 with Retry-After",
+    )
     token: str | None = None
     # Exactly-once dispatch (actions.py): how long a finished keyed action's response is kept, and
     # how many responses / bytes of them at most (the oldest go first).
-    action_key_ttl_s: float = 600.0
-    action_keys_max: int = 10000
-    action_keys_max_bytes: int = 128 << 20
+    action_key_ttl_s: float = setting(
+        600.0,
+        flag="--action-key-ttl",
+        help="seconds a finished action's response is kept for a repeat of its X-Tangram-Action-Key",
+    )
+    action_keys_max: int = setting(
+        10000, flag="--action-keys-max", help="finished keyed responses kept at most"
+    )
+    action_keys_max_bytes: int = setting(
+        128 * MB,
+        flag="--action-keys-max-mb",
+        per_mb=True,
+        help="bytes of finished keyed responses kept at most (the oldest are dropped first)",
+    )
     limits: Limits = field(default_factory=Limits)
 
     def validate(self) -> None:
