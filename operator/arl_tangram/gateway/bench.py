@@ -184,13 +184,13 @@ async def _round(call: Any, concurrency: int, requests: int) -> tuple[list[float
 async def run_cases(
     urls: dict[str, tuple[str, str | None]],
     requests: int,
-    cpu: dict[str, CpuProbe],
+    cpu: dict[str, dict[str, CpuProbe]],
     cpu_ms: dict[tuple[str, str, int], float],
 ) -> list[Case]:
     """Every case. The methods take turns in :data:`ROUNDS` rounds of ``requests / ROUNDS`` calls, so
     that load from elsewhere on a shared machine, which comes and goes, hits each method alike.
-    ``cpu_ms`` receives the server side's CPU per call (agent, plus gateway), which other load
-    hardly moves."""
+    ``cpu_ms[(method, part, concurrency)]`` receives the CPU per call of each part of the server side
+    (``cpu[method]``: "agent", and "gateway" for the gateway cases), which other load hardly moves."""
     clients = {m: HttpClient(url) for m, (url, _) in urls.items()}
     calls = {m: _run_code_call(clients[m], token) for m, (_, token) in urls.items()}
     cases: list[Case] = []
@@ -202,18 +202,20 @@ async def run_cases(
             latencies: dict[str, list[float]] = {m: [] for m in METHODS}
             elapsed = dict.fromkeys(METHODS, 0.0)
             errors = dict.fromkeys(METHODS, 0)
-            cpu_s = dict.fromkeys(METHODS, 0.0)
+            cpu_s = {(m, part): 0.0 for m in METHODS for part in cpu[m]}
             for _ in range(ROUNDS):
                 for method in METHODS:
-                    before = cpu[method]()
+                    before = {part: probe() for part, probe in cpu[method].items()}
                     lat, took, bad = await _round(calls[method], c, per_round)
-                    cpu_s[method] += cpu[method]() - before
+                    for part, probe in cpu[method].items():
+                        cpu_s[(method, part)] += probe() - before[part]
                     latencies[method] += lat
                     elapsed[method] += took
                     errors[method] += bad
             for method in METHODS:
                 done = sorted(latencies[method])
-                cpu_ms[(method, "print", c)] = cpu_s[method] * 1000 / len(done)
+                for part in cpu[method]:
+                    cpu_ms[(method, part, c)] = cpu_s[(method, part)] * 1000 / len(done)
                 cases.append(
                     Case(
                         method=method,
@@ -253,7 +255,7 @@ def render(
     index = {(c.method, c.concurrency): c for c in cases}
     lines = [
         f"{'method':<14}{'conc':>5}{'rps':>10}{'ratio':>8}{'p50 ms':>10}{'+p50 ms':>9}"
-        f"{'p99 ms':>10}{'errors':>8}{'cpu ms/call':>13}"
+        f"{'p99 ms':>10}{'errors':>8}{'agent cpu ms':>14}{'gateway cpu ms':>16}"
     ]
     for c in sorted(cases, key=lambda c: (c.concurrency, METHODS.index(c.method))):
         base = index[("direct", c.concurrency)]
@@ -261,7 +263,8 @@ def render(
         lines.append(
             f"{c.method:<14}{c.concurrency:>5}{c.rps:>10.1f}{ratio:>8.2f}{c.p50_ms:>10.2f}"
             f"{c.p50_ms - base.p50_ms:>9.2f}{c.p99_ms:>10.2f}{c.errors:>8}"
-            f"{cpu_ms.get((c.method, c.payload, c.concurrency), 0.0):>13.2f}"
+            f"{cpu_ms.get((c.method, 'agent', c.concurrency), 0.0):>14.2f}"
+            f"{cpu_ms.get((c.method, 'gateway', c.concurrency), 0.0):>16.2f}"
         )
     lines.append("")
     for method, goal in goals.items():
@@ -309,13 +312,15 @@ def main(argv: list[str]) -> int:
             "gateway": (f"http://127.0.0.1:{plain_port}", None),
             "gateway+auth": (f"http://127.0.0.1:{auth_port}", TOKEN),
         }
-        agent_tree = agent.pid
 
-        def with_gateway(proc: subprocess.Popen[str]) -> CpuProbe:
-            return lambda: _tree_cpu_s(agent_tree) + _tree_cpu_s(proc.pid)
+        def tree(pid: int) -> CpuProbe:
+            return lambda: _tree_cpu_s(pid)
 
-        cpu = {"direct": lambda: _tree_cpu_s(agent_tree), "gateway": with_gateway(gateways[0])}
-        cpu["gateway+auth"] = with_gateway(gateways[1])
+        cpu = {
+            "direct": {"agent": tree(agent.pid)},
+            "gateway": {"agent": tree(agent.pid), "gateway": tree(gateways[0].pid)},
+            "gateway+auth": {"agent": tree(agent.pid), "gateway": tree(gateways[1].pid)},
+        }
         cases = asyncio.run(run_cases(urls, args.requests, cpu, cpu_ms))
     finally:
         outputs = [stop_process(g) for g in gateways]
@@ -332,7 +337,10 @@ def main(argv: list[str]) -> int:
     )
     goals = targets(cases)
     if args.json:
-        cpu_rows = [{"method": m, "concurrency": c, "cpu_ms_per_call": v} for (m, _, c), v in cpu_ms.items()]
+        cpu_rows = [
+            {"method": m, "part": part, "concurrency": c, "cpu_ms_per_call": v}
+            for (m, part, c), v in cpu_ms.items()
+        ]
         report = {"cases": [asdict(c) for c in cases], "cpu": cpu_rows, "targets": goals}
         print(json.dumps({**report, "review_calls": review_calls}))
     else:
