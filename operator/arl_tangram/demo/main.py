@@ -85,8 +85,9 @@ async def _run(args: argparse.Namespace, cores: tuple[int, ...], out: Path) -> i
     print("starting tangram up (the embedded mode) on a shared pool ...", flush=True)
     t_up = time.monotonic()
     up = await start_up(out, cores, UP_UID_BASE)
+    pool_start_s = time.monotonic() - t_up
     print(
-        f"tangram up: gateway on {up.url}; pool ready after {time.monotonic() - t_up:.1f}s (log: {up.log})",
+        f"tangram up: gateway on {up.url}; pool ready after {pool_start_s:.1f}s (log: {up.log})",
         flush=True,
     )
     try:
@@ -114,6 +115,12 @@ async def _run(args: argparse.Namespace, cores: tuple[int, ...], out: Path) -> i
         )
     print()
     print(table(base, ours))
+    print(
+        "ACT: from the moment a trajectory issues an action to its answer (waiting for a sandbox and its\n"
+        "start-up included). CPU-seconds held: each per-trajectory sandbox from its start to its stop;\n"
+        f"the shared host's {len(cores)} cores over the whole rollout (its start-up, "
+        f"{pool_start_s:.1f}s above, is once per pool, not per trajectory)."
+    )
     print()
     problems += check_rewards(base, trajectories) + check_rewards(ours, trajectories)
     act_png, cores_png = charts(base, ours, out)
