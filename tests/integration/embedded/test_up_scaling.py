@@ -34,7 +34,7 @@ def test_scales_up_within_the_machines_cores_and_back_to_zero(tmp_path: Path) ->
             return dict(resp.json())
 
         with ThreadPoolExecutor(8) as pool:
-            futures = [pool.submit(action, i) for i in range(4 * len(CORES))]
+            futures = [pool.submit(action, i) for i in range(6 * len(CORES))]
             while not all(f.done() for f in futures):
                 seen.append(up.hosts(POOL))
                 time.sleep(0.05)  # a poll interval while the actions run, not synchronisation
