@@ -8,16 +8,19 @@ a real sandbox agent process; its authenticator uses the test bed's kubeconfig c
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
 from kubernetes import client
-from testbed import Cluster
+from testbed import Cluster, wait_for
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "integration" / "sandbox"))
@@ -210,3 +213,131 @@ def test_the_client_batch_helper_creates_waits_by_watch_and_reads_results(
     assert waited and waited[0]["metadata"]["name"] == "step-1"  # type: ignore[index]
     # The API server's defaulting adds truncated: false.
     assert batches.results("step-1") == [{**status["status"]["results"][0], "truncated": False}]
+
+
+# ---- through the operator's own gateway ----------------------------------------------------------
+class LeaderProxy:
+    """What the operator Service does for trainers: every new connection goes to the replica that is
+    ready (the leader). On the test bed Services get no endpoints for pods on loopback addresses, and
+    the replicas here are processes; so this small TCP proxy stands in for the Service."""
+
+    def __init__(self, operator: Any) -> None:
+        self.operator = operator
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        self._thread = threading.Thread(target=self.loop.run_forever, name="leader-proxy", daemon=True)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            leader = await asyncio.to_thread(self.operator.leader, 30)
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", leader.port)
+        except (AssertionError, OSError):
+            writer.close()
+            return
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+
+    def __enter__(self) -> LeaderProxy:
+        async def start() -> asyncio.Server:
+            return await asyncio.start_server(self._serve, "127.0.0.1", 0)
+
+        self._thread.start()
+        self.server = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.close()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from operator_harness import Operator, install, sa_kubeconfig
+
+    install(cluster)
+    work = tmp_path_factory.mktemp("gw-operator")
+    op = Operator(cluster, work, sa_kubeconfig(cluster, work / "kubeconfig"))
+    op.start("gw-op-a")
+    op.start("gw-op-b")
+    try:
+        yield op
+    finally:
+        op.stop_all()
+
+
+def _host_pods_ran(cluster: Cluster, namespace: str) -> int:
+    """Actions the pool's live agents report having run: the side effect that proves "once"."""
+    from testbed import http_get_json
+
+    total = 0
+    for pod in cluster.core.list_namespaced_pod(namespace, label_selector="tangram.arl.dev/pool").items:
+        if pod.status.pod_ip and pod.metadata.deletion_timestamp is None and pod.status.phase == "Running":
+            total += sum(http_get_json(f"http://{pod.status.pod_ip}:8080/v1/health")["outcomes"].values())
+    return total
+
+
+def test_streams_through_the_operator_come_back_once_even_when_the_leader_dies(
+    cluster: Cluster, namespace: str, operator: Any
+) -> None:
+    """1,000 actions through the leader's ``/v1/actions:stream`` all come back exactly once; then the
+    leader is SIGKILLed mid-stream and the client's same-key retries finish the work on the new
+    leader with nothing run twice (the agents' own counts prove it)."""
+    from operator_harness import pool_manifest, trainer_token
+
+    from arl_tangram.client import RetryPolicy, TangramClient, code_action
+
+    cluster.custom.create_namespaced_custom_object(
+        "tangram.arl.dev",
+        "v1alpha1",
+        namespace,
+        "actionpools",
+        pool_manifest(POOL, scaling={"minHosts": 2, "maxHosts": 2}),
+    )
+    wait_for(
+        cluster.custom.list_namespaced_custom_object,
+        lambda o: o.get("status", {}).get("hostsReady", 0) >= 2,
+        group="tangram.arl.dev",
+        version="v1alpha1",
+        namespace=namespace,
+        plural="actionpools",
+        description="two hosts ready",
+        timeout=180,
+    )
+    token = trainer_token(cluster, namespace)
+    _wait_rbac(cluster, f"system:serviceaccount:{namespace}:trainer", namespace, True)
+    retry = RetryPolicy(attempts=15, backoff_s=0.5, max_backoff_s=4.0)
+    with (
+        LeaderProxy(operator) as proxy,
+        TangramClient(
+            f"http://127.0.0.1:{proxy.port}", namespace=namespace, pool=POOL, token=token, retry=retry
+        ) as client,
+    ):
+        results = list(client.run_many(code_action(f"print({i})", id=f"t{i}") for i in range(1000)))
+        assert sorted(r.id or "" for r in results) == sorted(f"t{i}" for i in range(1000))
+        assert all(r.ok and r.stdout == f"{(r.id or 't')[1:]}\n" for r in results)
+
+        before = _host_pods_ran(cluster, namespace)
+        sleepers = [code_action(f"import time; time.sleep(0.1); print({i})", id=f"s{i}") for i in range(200)]
+        seen = []
+        for result in client.run_many(sleepers):
+            seen.append(result)
+            if len(seen) == 50:
+                leader = operator.leader()
+                operator.kill(leader.name)
+                operator.start(leader.name)  # back, as the standby
+        assert sorted(r.id or "" for r in seen) == sorted(f"s{i}" for i in range(200))
+        assert all(r.ok and r.stdout == f"{(r.id or 's')[1:]}\n" for r in seen), [
+            r for r in seen if not r.ok
+        ][:3]
+        assert _host_pods_ran(cluster, namespace) - before == 200, "an action ran twice (or was lost)"
