@@ -35,7 +35,7 @@ demo: install ## a HumanEval rollout really run: pod per trajectory vs tangram (
 	$(BIN)/tangram demo
 
 # ---- tests ----------------------------------------------------------------------------------------
-.PHONY: test test-unit test-e2e
+.PHONY: test test-unit test-e2e test-chaos
 test: install ## run every test: unit, integration, and e2e on the local test bed (or KUBECONFIG)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
@@ -44,6 +44,9 @@ test-unit: install ## the fast tiers only (unit and integration)
 
 test-e2e: install ## the e2e tier only
 	$(BIN)/python -m pytest -q tests/e2e
+
+test-chaos: install ## the whole reliability suite (docs/reliability.md), its long faults and full load run included
+	TANGRAM_CHAOS=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m reliability tests/reliability
 
 # ---- generated files and static checks -------------------------------------------------------------
 .PHONY: crds verify lint typecheck
