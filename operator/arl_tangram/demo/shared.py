@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,9 +43,6 @@ class RunningUp:
     log: Path
 
     def pools(self) -> list[dict[str, Any]]:
-        import json
-        import urllib.request
-
         with urllib.request.urlopen(f"{self.url}/v1/pools", timeout=10) as resp:
             items: list[dict[str, Any]] = json.loads(resp.read())["items"]
             return items
@@ -89,19 +88,23 @@ async def start_up(out_dir: Path, cores: Sequence[int], uid_base: int) -> Runnin
     # Keep draining its output into the log, so that it never blocks on a full pipe.
     asyncio.get_running_loop().run_in_executor(None, _drain, proc.stdout, log)
     up = RunningUp(proc, url, log_path)
-    async with aiohttp.ClientSession() as http:
-        while True:
-            async with http.get(f"{url}/v1/pools") as resp:
-                items = (await resp.json())["items"]
-            if all((i.get("status") or {}).get("hostsReady", 0) >= 1 for i in items):
-                return up
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"tangram up's pool did not become ready (see {log_path})")
-            await asyncio.sleep(0.1)  # a poll interval while the host starts
+    try:
+        async with aiohttp.ClientSession() as http:
+            while True:
+                async with http.get(f"{url}/v1/pools") as resp:
+                    items = (await resp.json())["items"]
+                if all((i.get("status") or {}).get("hostsReady", 0) >= 1 for i in items):
+                    return up
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"tangram up's pool did not become ready (see {log_path})")
+                await asyncio.sleep(0.1)  # a poll interval while the host starts
+    except BaseException:
+        await asyncio.to_thread(stop_up, up)  # Ctrl-C: it stops what it started
+        raise
 
 
 def _drain(stdout: IO[str], log: IO[str]) -> None:
-    with contextlib.suppress(ValueError, OSError):
+    with log, contextlib.suppress(ValueError, OSError):
         for line in stdout:
             log.write(line)
             log.flush()
@@ -109,7 +112,10 @@ def _drain(stdout: IO[str], log: IO[str]) -> None:
 
 def stop_up(up: RunningUp) -> tuple[int, list[int]]:
     """SIGINT, as Ctrl-C; returns its exit status and the agent pids still alive after it."""
-    pids = [h["pid"] for item in up.pools() for h in item["hosts"]]
+    try:
+        pids = [h["pid"] for item in up.pools() for h in item["hosts"]]
+    except OSError:  # it no longer answers (it exited): there is nothing to list
+        pids = []
     up.proc.send_signal(signal.SIGINT)
     try:
         code = up.proc.wait(timeout=UP_STOP_TIMEOUT_S)
