@@ -1,4 +1,5 @@
-/* The zygote's fork loop in C (optional: forkserver.py has the same loop in Python).
+/* The zygote's fork loop in C (optional: zygote.py has the same loop in Python, child.py the
+ * same child set-up, zygote_wire.py the same wire format).
  *
  * Why C: every page a process writes after a fork is a copy-on-write fault while the child lives.
  * The Python loop writes about 175 pages between two forks (reference counts, frames, the

@@ -18,7 +18,12 @@ end of a socketpair. It enters its own network and mount namespaces and then spl
   notebook kernel); each call gets fresh pipes passed over a socket.
 
 The two run on different cores at once: the manager's bookkeeping for one action overlaps the
-zygote's fork of the next. Nothing here imports aiohttp or the agent: the zygote must stay small,
+zygote's fork of the next.
+
+This module is the manager. Beside it: ``zygote`` (the forking process), ``zygote_wire`` (the
+requests and records between the two, shared with the C loop in ``_zygote.c``), ``child`` (an
+action's process: its set-up, its namespace's init, running it) and ``reaping`` (leftover processes
+and a session interpreter's company). Nothing here imports aiohttp or the agent: the zygote must stay small,
 because every action pays for copying its page tables.
 """
 
@@ -27,30 +32,35 @@ from __future__ import annotations
 # Lean imports on purpose: every megabyte this process holds is copied (page tables) by each fork and
 # torn down by each child's exit. No typing, dataclasses, json, selectors, contextlib or traceback;
 # socket only where a session interpreter needs descriptor passing.
-import atexit
-import builtins  # imported here, not in each child (an import statement there costs page faults)
-import gc
 import heapq
 import marshal
 import os
-import resource
 import select
 import signal
 import socket
 import struct
 import sys
 import time
-import types
 from collections import deque
 
 from arl_tangram.sandbox import isolation, wire
+from arl_tangram.sandbox.child import MAIN_FILES, SETUP_FAILED
 from arl_tangram.sandbox.cores import CorePool
+from arl_tangram.sandbox.lean import suppress
+from arl_tangram.sandbox.reaping import all_stopped, company_of, kill_uid, rss_kb, sweep_without_pidns
+from arl_tangram.sandbox.zygote import base_env, zygote_main
+from arl_tangram.sandbox.zygote_wire import (
+    DATAGRAM_MAX,
+    REQUEST_IN_MEMFD,
+    encode_request,
+    parse_record,
+    recv_with_fds,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, NoReturn
+    from typing import Any
 
-SETUP_FAILED = 249  # exit status of a child whose sandbox could not be set up (reported as an error)
 READ_CHUNK = 65536
 EOF_GRACE_S = 0.5  # after the action's process is gone, how long to wait for its pipes to close
 # Output is read when the action has ended, or from this long after its start on. Reading as it
@@ -60,24 +70,6 @@ EOF_GRACE_S = 0.5  # after the action's process is gone, how long to wait for it
 # writes more waits at most this long for its first read.
 PIPE_WATCH_DELAY_S = 0.005
 _MEMORY_MARKERS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc", b"out of memory")
-_CTRL_FD = 3  # the persistent interpreter's control socket, after the child's fd clean-up
-# The file a Python action's code runs from, in its workdir (the next names if the request brought
-# a file of that name); removed with the workdir.
-MAIN_FILES = ("main.py", "main_.py", "main__.py")
-_MAX_FD = 1 << 30  # closerange's upper bound: everything
-
-
-class _suppress:  # contextlib.suppress without importing contextlib
-    __slots__ = ("kinds",)
-
-    def __init__(self, *kinds: type[BaseException]) -> None:
-        self.kinds = kinds
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, value: object, tb: object) -> bool:
-        return kind is not None and issubclass(kind, self.kinds)
 
 
 class _Poller:
@@ -238,7 +230,7 @@ class ForkServer:
         if self.config.get("infra_cores"):
             # Where this process and the zygote run (actions are pinned to their own grants): apart
             # from the agent's HTTP loop (see config.infra_cores).
-            with _suppress(OSError):
+            with suppress(OSError):
                 os.sched_setaffinity(0, self.config["infra_cores"])
         self.iso = isolation.enter_private_namespaces(
             bool(self.config.get("network_allowed")),
@@ -257,7 +249,7 @@ class ForkServer:
             # Without namespaces, orphaned action processes come to us (not to the host's init, which
             # may reap late), so that a clean-up can wait until they are really gone. (Not
             # inherited by the zygote: the orphans of its children come here.)
-            with _suppress(OSError):
+            with suppress(OSError):
                 isolation.prctl(isolation.PR_SET_CHILD_SUBREAPER, 1)
         self.private_tmp = bool(self.config.get("private_tmp")) and self.iso.private_tmp
         self.zy = _ZygoteLink.start(self.config, self.iso.pid_namespace, self.sock)
@@ -352,7 +344,7 @@ class ForkServer:
         self.outq.clear()
         # Usually the socket buffer takes it all at once: no switch to blocking and back (two
         # ioctls) for that.
-        with _suppress(BlockingIOError):
+        with suppress(BlockingIOError):
             view = view[os.write(self.sock, view) :]
         if not view:
             return
@@ -585,36 +577,36 @@ class ForkServer:
         """Kill the interpreter and all it started, and reap it now: a closed session leaves no
         process behind, and a stopped interpreter is known dead before the session's next call."""
         if interp.alive:
-            with _suppress(OSError):
+            with suppress(OSError):
                 signal.pidfd_send_signal(interp.pidfd, signal.SIGKILL)
             status = None
-            with _suppress(EOFError):  # a lost zygote: this process ends soon after
+            with suppress(EOFError):  # a lost zygote: this process ends soon after
                 status = self.zy.wait_exit(interp)[1]
             self._interp_gone(interp, status)
         if not self.iso.pid_namespace and interp.uid is not None:
             # What the interpreter started, now that no namespace takes it down.
-            _kill_uid(interp.uid, self._tracked_pids())
+            kill_uid(interp.uid, self._tracked_pids())
 
     def _freeze(self, interp: Interp) -> str | None:
         """SIGSTOP the interpreter and wait until every thread has stopped (a thread may have
         forked meanwhile: its company is looked at once more). ``"processes"`` when it must go."""
-        with _suppress(OSError):
+        with suppress(OSError):
             signal.pidfd_send_signal(interp.pidfd, signal.SIGSTOP)
         deadline = time.monotonic() + 0.05
-        while not _all_stopped(interp.pid):
+        while not all_stopped(interp.pid):
             if time.monotonic() >= deadline:
                 return "processes"
             time.sleep(0.0002)
         interp.frozen = True
-        return _company(interp.pid)
+        return company_of(interp.pid)
 
     def _thaw(self, interp: Interp, cores: list[int]) -> None:
         """Move every thread of a frozen interpreter to the call's cores, then let it run."""
-        with _suppress(OSError):
+        with suppress(OSError):
             for tid in os.listdir(f"/proc/{interp.pid}/task"):
-                with _suppress(OSError):
+                with suppress(OSError):
                     os.sched_setaffinity(int(tid), cores)
-        with _suppress(OSError):
+        with suppress(OSError):
             signal.pidfd_send_signal(interp.pidfd, signal.SIGCONT)
         interp.frozen = False
 
@@ -684,7 +676,7 @@ class ForkServer:
         call.cpu_s = cpu_s
         call.max_rss_kb = max_rss_kb
         if call.pgid_fallback:
-            _sweep_without_pidns(call.pid, call.id, call.uid, self._tracked_pids())
+            sweep_without_pidns(call.pid, call.id, call.uid, self._tracked_pids())
         if not call.watching:
             # What it wrote waits in its pipes, closed by now unless something else holds them.
             for fd in list(call.pipes):
@@ -745,10 +737,10 @@ class ForkServer:
             call.exited = True
             call.ended_at = time.monotonic()
             call.exit_code = int(reply.get("exit_code", 1))
-            call.max_rss_kb = _rss_kb(interp.pid)
+            call.max_rss_kb = rss_kb(interp.pid)
             # What the call left running in the interpreter would run on after its answer, past
             # its timeout and without a CPU limit, on cores handed to the next actions.
-            company = _company(interp.pid)
+            company = company_of(interp.pid)
             if company == "threads":
                 # Threads (a BLAS pool, an executor) are part of the session's state: the whole
                 # interpreter is stopped until its next call, which moves them to its own cores.
@@ -780,10 +772,10 @@ class ForkServer:
                 self._finish(call)
 
     def _kill(self, call: Call) -> None:
-        with _suppress(OSError):
+        with suppress(OSError):
             signal.pidfd_send_signal(call.pidfd, signal.SIGKILL)
         if call.pgid_fallback:
-            with _suppress(OSError):
+            with suppress(OSError):
                 os.killpg(call.pid, signal.SIGKILL)
 
     def _maybe_finish(self, call: Call) -> None:
@@ -828,7 +820,7 @@ class ForkServer:
         if call.remove_workdir is not None:
             # The common case (nothing left behind) costs one rmdir here; anything else goes to the
             # agent's janitor thread so that this loop never walks a tree an action filled.
-            with _suppress(OSError):
+            with suppress(OSError):
                 os.unlink(call.remove_workdir + "/" + MAIN_FILES[0])  # the usual content, if any
             try:
                 os.rmdir(call.remove_workdir)
@@ -838,127 +830,6 @@ class ForkServer:
             except OSError:
                 pass
         self.send(reply)
-
-
-# ---- the zygote ------------------------------------------------------------------------------------
-# The request format is shared with the C loop (_zygote.c, whose header comment describes it).
-_REQUEST = b"TZR1"
-_REQUEST_IN_MEMFD = b"TZRM"
-_DATAGRAM_MAX = 60 << 10  # a larger request travels in a memfd (a datagram must fit the buffer)
-
-
-def _env_block(items: Any) -> bytes:
-    block = bytearray()
-    for key, value in items:
-        if not key or "=" in key or "\0" in key or (value is not None and "\0" in value):
-            raise ValueError(f"environment variable {key!r} cannot be set (a NUL byte or '=' in its name)")
-        block += (key if value is None else f"{key}={value}").encode("utf-8", "surrogateescape") + b"\0"
-    return bytes(block)
-
-
-def _span(data: bytes) -> bytes:
-    return struct.pack("<I", len(data)) + data
-
-
-def encode_request(msg: dict[str, Any], interp: bool, base_env: dict[str, str]) -> bytes:
-    """The zygote's request for the action ``msg`` (see _zygote.c for the layout). ``base_env`` is
-    the zygote's own environment: the child's ``os.environ`` is brought from it to the action's by
-    the difference only (a handful of variables instead of all)."""
-    env = dict(msg.get("env") or {})
-    env["TANGRAM_ACTION_ID"] = str(msg["id"])
-    delta = [(k, v) for k, v in env.items() if base_env.get(k) != v]
-    delta += [(k, None) for k in base_env if k not in env]
-    cores = list(msg.get("cores") or [])
-    limits = [(_RLIMITS[name], int(value)) for name, value in (msg.get("limits") or {}).items() if value]
-    code = msg.get("code") or ""
-    argv = msg.get("argv") or []
-    uid = msg.get("uid")
-    flags = (1 if interp else 0) | (2 if msg.get("private_tmp") and not interp else 0)
-    flags |= 4 if msg.get("netns") else 0
-    return b"".join(
-        (
-            _REQUEST,
-            struct.pack("<qiI", int(msg["id"]), -1 if uid is None else int(uid), flags),
-            struct.pack(f"<I{len(cores)}i", len(cores), *cores),
-            struct.pack("<I", len(limits)),
-            b"".join(struct.pack("<iq", res, value) for res, value in limits),
-            _span(msg["workdir"].encode() + b"\0"),
-            _span(_env_block(env.items())),
-            _span(_env_block(delta)),
-            _span(code.encode("utf-8", "surrogatepass")),
-            _span(b"".join(os.fsencode(a) + b"\0" for a in argv)),
-        )
-    )
-
-
-def decode_request(data: bytes) -> dict[str, Any]:
-    """The inverse of ``encode_request`` (for the Python loop; the C loop reads it in C)."""
-    if data[:4] != _REQUEST:
-        raise ValueError("malformed request")
-    rid, uid, flags, ncores = struct.unpack_from("<qiII", data, 4)
-    at = 24
-    cores = list(struct.unpack_from(f"<{ncores}i", data, at))
-    at += 4 * ncores
-    (nlimits,) = struct.unpack_from("<I", data, at)
-    at += 4
-    limits = [struct.unpack_from("<iq", data, at + 12 * i) for i in range(nlimits)]
-    at += 12 * nlimits
-    spans = []
-    for _ in range(5):
-        (size,) = struct.unpack_from("<I", data, at)
-        spans.append(data[at + 4 : at + 4 + size])
-        at += 4 + size
-    workdir, env, _, code, argv = spans
-    pairs = [item.decode("utf-8", "surrogateescape").partition("=") for item in env.split(b"\0")[:-1]]
-    return {
-        "id": rid,
-        "uid": None if uid < 0 else uid,
-        "interp": bool(flags & 1),
-        "private_tmp": bool(flags & 2),
-        "netns": bool(flags & 4),
-        "cores": cores,
-        "limits": limits,
-        "workdir": workdir.rstrip(b"\0").decode(),
-        "env": {key: value for key, _, value in pairs},
-        "code": code.decode("utf-8", "surrogatepass"),
-        "argv": [os.fsdecode(a) for a in argv.split(b"\0")[:-1]] or None,
-    }
-
-
-def _parse_record(data: bytes) -> tuple[Any, ...]:
-    kind = data[:1]
-    if kind == b"S":
-        rid, pid = struct.unpack_from("<qi", data, 1)
-        return ("s", rid, pid)
-    if kind == b"X":
-        pid, status, cpu_s, max_rss_kb = struct.unpack_from("<iidq", data, 1)
-        return ("x", pid, None if status < 0 else status, cpu_s, max_rss_kb)
-    if kind == b"E":
-        (rid,) = struct.unpack_from("<q", data, 1)
-        return ("e", rid, data[9:].decode("utf-8", "replace"))
-    if kind == b"W":
-        rid, status = struct.unpack_from("<qi", data, 1)
-        return ("w", rid, None if status < 0 else status)
-    if kind == b"R":
-        notes, loop = marshal.loads(data[1:])
-        return ("r", notes, loop)
-    raise ValueError(f"unknown record from the zygote: {data[:16]!r}")
-
-
-def _spawn_record(rid: int, pid: int) -> bytes:
-    return b"S" + struct.pack("<qi", rid, pid)
-
-
-def _error_record(rid: int, message: str) -> bytes:
-    return b"E" + struct.pack("<q", rid) + message.encode()
-
-
-def _status_record(rid: int, status: int | None) -> bytes:
-    return b"W" + struct.pack("<qi", rid, -1 if status is None else status)
-
-
-def _exit_record(pid: int, status: int | None, cpu_s: float, max_rss_kb: int) -> bytes:
-    return b"X" + struct.pack("<iidq", pid, -1 if status is None else status, cpu_s, max_rss_kb)
 
 
 class _ZygoteLink:
@@ -998,24 +869,24 @@ class _ZygoteLink:
             # manager is gone, zygote or not.
             os.close(agent_fd)
             ours.close()
-            _zygote_main(theirs, config, pid_namespace)
+            zygote_main(theirs, config, pid_namespace)
         theirs.close()
         data = ours.recv(1 << 16)
         if not data:
             raise RuntimeError("the zygote exited while starting")
         if data[:1] == b"F":
             raise RuntimeError(data[1:].decode("utf-8", "replace"))
-        return cls(ours, pid, _parse_record(data), _base_env(config))
+        return cls(ours, pid, parse_record(data), base_env(config))
 
     def spawn(self, msg: dict[str, Any], fds: list[int], interp: bool = False) -> tuple[int, int]:
         """Have the zygote fork the child for ``msg`` with ``fds``; returns (pid, pidfd)."""
         request = encode_request(msg, interp, self.base_env)
         extra: list[int] = []
-        if len(request) > _DATAGRAM_MAX:
+        if len(request) > DATAGRAM_MAX:
             memfd = os.memfd_create("request", os.MFD_CLOEXEC)
             extra.append(memfd)
             os.write(memfd, request)
-            request = _REQUEST_IN_MEMFD + struct.pack("<qQ", int(msg["id"]), len(request))
+            request = REQUEST_IN_MEMFD + struct.pack("<qQ", int(msg["id"]), len(request))
         try:
             socket.send_fds(self.sock, [request], fds + extra)
         finally:
@@ -1073,261 +944,10 @@ class _ZygoteLink:
             self.pending.append((owner, status, cpu_s, max_rss_kb))
 
     def _recv(self, flags: int) -> tuple[tuple[Any, ...], list[int]]:
-        data, fds, _ = _recv_with_fds(self.sock, 4096, 1, flags)
+        data, fds, _ = recv_with_fds(self.sock, 4096, 1, flags)
         if not data:
             raise EOFError("the zygote exited")
-        return _parse_record(data), fds
-
-
-def _recv_with_fds(sock: socket.socket, size: int, max_fds: int, flags: int) -> tuple[bytes, list[int], int]:
-    """One datagram and the descriptors it carries: (data, fds, msg_flags). (``socket.recv_fds``
-    of Python 3.11 drops its ``flags`` argument, and imports ``array`` into the zygote.)"""
-    data, ancillary, msg_flags, _ = sock.recvmsg(size, socket.CMSG_SPACE(max_fds * 4), flags)
-    fds: list[int] = []
-    for level, kind, blob in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds += struct.unpack(f"{len(blob) // 4}i", blob[: len(blob) - len(blob) % 4])
-    return data, fds, msg_flags
-
-
-def _base_env(config: dict[str, Any]) -> dict[str, str]:
-    """The zygote's own environment: a typical action's (the agent sends one), so that a child's
-    differs from it in a few variables; the fork server's own when none is given."""
-    base = config.get("base_env")
-    return dict(os.environ) if base is None else dict(base)
-
-
-def _zygote_main(sock: socket.socket, config: dict[str, Any], pid_namespace: bool) -> NoReturn:
-    """The zygote's whole life: pre-import, warm up, then fork on request. Never returns."""
-    try:
-        # Should the manager be killed outright, this process goes too (and its children with it:
-        # each has the same setting towards us).
-        _SET_PDEATHSIG_KILL()
-        notes = []
-        failed = []
-        for name in config.get("preload", []):
-            try:
-                __import__(name)
-            except Exception as exc:  # a missing optional module must not stop the agent
-                failed.append(f"{name} ({exc.__class__.__name__}: {exc})")
-        if failed:
-            notes.append("preload failed: " + ", ".join(failed))
-        fast: Any = None
-        if config.get("zygote", "auto") != "python":
-            try:
-                fast = __import__("arl_tangram.sandbox._zygote", fromlist=["serve"])
-            except ImportError as exc:
-                if config.get("zygote") == "c":
-                    sock.send(b"F" + f"--fork-loop c: the C fork loop is not built ({exc})".encode())
-                    os._exit(1)
-                notes.append(
-                    f"the C fork loop is not built ({exc}); the Python one forks instead, at about "
-                    "a third of the throughput (install with a C compiler present to build it)"
-                )
-        # After the preloads, which may change the environment: from here on only the children's
-        # environments differ from this one.
-        os.environ.clear()
-        os.environ.update(_base_env(config))
-        zygote = _Zygote(sock, pid_namespace)
-        _warm_child_path()
-        _prepare_child_world()
-        # Keep the children's copy-on-write pages shared: the collector would otherwise touch them all.
-        gc.collect()
-        gc.freeze()
-        isolation.malloc_trim()
-        sock.send(b"R" + marshal.dumps((notes, "python" if fast is None else "c")))
-        if fast is None:
-            zygote.serve()
-        else:
-            forked = fast.serve(zygote.sockfd, int(pid_namespace), zygote.own_pidns, zygote.devnull)
-            if forked is not None:
-                # In a child: the C loop has set the sandbox up already.
-                _child_after_c_setup(*forked)
-    except BaseException:
-        pass
-    os._exit(0)
-
-
-class _Zygote:
-    """The forking process's loop in Python (the C loop in _zygote.c does the same, faster)."""
-
-    __slots__ = ("applied_env", "devnull", "ep", "kids", "own_pidns", "pid_namespace", "sock", "sockfd")
-
-    def __init__(self, sock: socket.socket, pid_namespace: bool) -> None:
-        self.sock = sock
-        self.sockfd = sock.fileno()
-        self.pid_namespace = pid_namespace
-        self.own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC) if pid_namespace else -1
-        self.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-        self.ep = select.epoll()
-        self.kids: dict[int, int] = {}  # pidfd -> pid
-        self.applied_env: dict[str, str] = dict(os.environ)  # what os.environ holds (see _apply_env)
-
-    def serve(self) -> None:
-        """Fork and reap until the manager closes its end."""
-        ep = self.ep
-        ep.register(self.sockfd, select.EPOLLIN)
-        while True:
-            for fd, _ in ep.poll():
-                if fd == self.sockfd:
-                    if not self._on_request():
-                        return
-                else:
-                    self._on_exit(fd)
-
-    def _on_request(self) -> bool:
-        data, fds, flags = _recv_with_fds(self.sock, 1 << 16, 5, 0)
-        if not data:
-            return False
-        rid = struct.unpack_from("<q", data, 4)[0] if len(data) >= 12 else -1
-        try:
-            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
-                raise OSError("the request was cut short")
-            if data[:4] == _REQUEST_IN_MEMFD:
-                memfd = fds.pop()
-                data = os.pread(memfd, struct.unpack_from("<Q", data, 12)[0], 0)
-                os.close(memfd)
-            req = decode_request(data)
-            if len(fds) < (1 if req["interp"] else 2) + (1 if req["netns"] else 0):
-                raise ValueError("malformed request")
-            netns_fd = fds.pop() if req["netns"] else -1
-            self._apply_env(req["env"])
-            pid = self._fork_isolated()
-        except BaseException as exc:
-            for fd in fds:
-                os.close(fd)
-            self.sock.send(_error_record(rid, f"{exc.__class__.__name__}: {exc}"))
-            return True
-        if pid == 0:
-            if netns_fd >= 0:
-                try:
-                    isolation.setns(netns_fd, isolation.CLONE_NEWNET)
-                except BaseException:
-                    os._exit(SETUP_FAILED)
-            if req["interp"]:
-                _child_main(req, self.devnull, self.devnull, self.devnull, fds[0])
-            if self.pid_namespace:
-                _split_off_init(self.sockfd, req["id"])
-            stdin_fd = fds[2] if len(fds) > 2 else self.devnull
-            _child_main(req, stdin_fd, fds[0], fds[1], None)
-        if netns_fd >= 0:
-            os.close(netns_fd)
-        for fd in fds:
-            os.close(fd)
-        try:
-            pidfd = os.pidfd_open(pid)
-        except OSError as exc:  # out of descriptors: the child must not run untracked
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            self.sock.send(_error_record(rid, f"{exc.__class__.__name__}: {exc}"))
-            return True
-        self.kids[pidfd] = pid
-        self.ep.register(pidfd, select.EPOLLIN)
-        socket.send_fds(self.sock, [_spawn_record(rid, pid)], [pidfd])
-        return True
-
-    def _on_exit(self, pidfd: int) -> None:
-        pid = self.kids[pidfd]
-        try:
-            got, status, rusage = os.wait4(pid, os.WNOHANG)
-        except ChildProcessError:
-            got, status, rusage = pid, None, None
-        if got == 0:
-            return  # not yet reapable (should not happen: the pidfd said it exited)
-        del self.kids[pidfd]
-        self.ep.unregister(pidfd)
-        os.close(pidfd)
-        cpu_s = 0.0 if rusage is None else rusage.ru_utime + rusage.ru_stime
-        self.sock.send(_exit_record(pid, status, cpu_s, 0 if rusage is None else rusage.ru_maxrss))
-
-    def _apply_env(self, env: dict[str, str]) -> None:
-        """Make the zygote's own environment the action's, so the child inherits it as is.
-
-        Actions differ in a handful of variables, so this is a few ``putenv`` calls here instead of
-        rebuilding the whole environment in every child (whose every write is a copy-on-write fault).
-        Nothing of ours lives in this environment: the fork server started with a minimal one.
-        """
-        current = os.environ
-        applied = self.applied_env
-        if len(current) != len(applied):
-            # Someone else changed the environment: compare against the real one (slower: reading
-            # os.environ decodes every key and value).
-            applied.clear()
-            applied.update(current)
-        # Compared with our own record of what we set, not with os.environ: reading that decodes
-        # every key and value, and the pages those fresh objects land on are copy-on-write again
-        # after each fork.
-        for key in [k for k in applied if k not in env]:
-            del current[key]
-            del applied[key]
-        for key, value in env.items():
-            if applied.get(key) != value:
-                current[key] = value
-                applied[key] = value
-
-    def _fork_isolated(self) -> int:
-        """Fork a child that is PID 1 of a new PID namespace (when available)."""
-        if not self.pid_namespace:
-            return os.fork()
-        isolation.unshare(isolation.CLONE_NEWPID)
-        try:
-            pid = os.fork()
-        except BaseException:
-            isolation.setns(self.own_pidns, isolation.CLONE_NEWPID)
-            raise
-        if pid:
-            # Back to our own namespace for the next unshare (only one child may be its init).
-            isolation.setns(self.own_pidns, isolation.CLONE_NEWPID)
-        return pid
-
-
-def _init_forward(sig: int, frame: object) -> None:
-    with _suppress(OSError):
-        os.kill(_INIT_ACTION[0], sig)
-
-
-_INIT_ACTION = [0]
-_INIT_FORWARDED = (
-    signal.SIGTERM,
-    signal.SIGINT,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-)
-
-
-def _split_off_init(sockfd: int, rid: int) -> None:
-    """In a fresh PID namespace's first process: fork the action (returns in it) and be the
-    namespace's init (never returns there). The Python loop's twin of _zygote.c's split_off_init
-    (whose comment says why)."""
-    action = os.fork()
-    if action == 0:
-        return
-    try:
-        _INIT_ACTION[0] = action
-        os.closerange(0, sockfd)
-        os.closerange(sockfd + 1, _MAX_FD)
-        _SET_PDEATHSIG_KILL()
-        with _suppress(OSError):
-            isolation.prctl(isolation.PR_SET_DUMPABLE, 0)
-        for sig in _INIT_FORWARDED:
-            signal.signal(sig, _init_forward)
-        status = None
-        while True:
-            try:
-                pid, st = os.waitpid(-1, 0)
-            except ChildProcessError:
-                break
-            if pid == action:
-                status = st
-                break
-        os.write(sockfd, _status_record(rid, status))
-        if status is not None and os.WIFEXITED(status):
-            os._exit(os.WEXITSTATUS(status))
-        os._exit(128 + os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else 1)
-    finally:
-        os._exit(1)
+        return parse_record(data), fds
 
 
 def _output_pipes() -> tuple[int, int, int, int]:
@@ -1345,444 +965,6 @@ def _output_pipes() -> tuple[int, int, int, int]:
     return r_out, w_out, r_err, w_err
 
 
-def _company(pid: int) -> str | None:
-    """What the interpreter ``pid`` runs beside its main thread once a call has answered:
-    ``"processes"`` (children that are more than unreaped zombies), ``"threads"``, or ``None``.
-    (A thread the call joined may still be leaving the kernel's list: it is frozen with the rest,
-    which costs nothing.)"""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-        children: list[bytes] = []
-        for tid in tasks:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
-                children += fh.read().split()
-    except OSError:
-        return None  # it is gone already: its exit is reported through the pidfd
-    for child in children:
-        if _state(b"/proc/%s/stat" % child) not in (b"Z", b""):
-            return "processes"
-    return "threads" if len(tasks) > 1 else None
-
-
-def _state(stat_path: bytes | str) -> bytes:
-    """The state letter in a /proc stat file (b"" when it is gone)."""
-    try:
-        with open(stat_path, "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return b""
-
-
-def _all_stopped(pid: int) -> bool:
-    """Whether every thread of ``pid`` is stopped (or already exiting)."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return True
-    return all(_state(f"/proc/{pid}/task/{tid}/stat") in (b"T", b"t", b"Z", b"X", b"") for tid in tasks)
-
-
-def _rss_kb(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status", "rb") as fh:
-            for line in fh:
-                if line.startswith(b"VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _sweep_without_pidns(pgid: int, call_id: int, uid: int | None, keep: set[int]) -> None:
-    """Clean-up when there is no PID namespace: the process group, then every process of the action's
-    own uid (as root; nothing can leave a uid). Without uids: processes carrying the action's env
-    marker (what it exec'd), and our orphans (we are the child subreaper) that carry no marker of
-    another action (Python-level forks show the environment block they were started with, ours).
-    The last may end another running action's daemon early; a start-up warning names this mode."""
-    with _suppress(OSError):
-        os.killpg(pgid, signal.SIGKILL)
-    if uid is not None:
-        _kill_uid(uid, keep)
-        return
-    me = os.getpid()
-    marker = f"TANGRAM_ACTION_ID={call_id}".encode()
-    for _ in range(50):  # orphans of killed orphans come to us in turn
-        found = False
-        for name in os.listdir("/proc"):
-            if not name.isdigit() or int(name) in keep:
-                continue
-            try:
-                with open(f"/proc/{name}/environ", "rb") as fh:
-                    env = fh.read().split(b"\0")
-                with open(f"/proc/{name}/stat", "rb") as fh:
-                    fields = fh.read().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            ours = int(fields[1]) == me and fields[0] != b"Z"
-            others = any(e.startswith(b"TANGRAM_ACTION_ID=") and e != marker for e in env)
-            if marker in env or (ours and not others):
-                with _suppress(OSError):
-                    os.kill(int(name), signal.SIGKILL)
-                found = True
-        _reap_orphans(keep)
-        if not found:
-            return
-
-
-def _uid_processes(uid: int, me: int) -> list[int]:
-    """PIDs (other than ``me``) whose real uid is ``uid``."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            if os.stat(f"/proc/{name}").st_uid == uid:
-                found.append(int(name))
-        except OSError:
-            continue
-    return found
-
-
-def _reap_orphans(keep: set[int]) -> None:
-    """Reap the exited children we do not track: orphans of actions, ours as the child subreaper."""
-    me = str(os.getpid())
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) in keep:
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[1].decode() == me:
-            with _suppress(ChildProcessError):
-                os.waitpid(int(name), os.WNOHANG)
-
-
-def _kill_uid(uid: int, keep: set[int]) -> None:
-    """SIGKILL every process of ``uid`` from a helper running as that uid: kill(-1) reaches exactly
-    the processes it may signal, which for a non-root uid are that uid's own (never the caller).
-    Killed orphans become our children (we are their subreaper): reaping them while the helper
-    repeats lets it see the uid empty. ``keep``: tracked children, reaped through their pidfds."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            # Repeat until no process of the uid is left: a fork bomb may create children while the
-            # kernel walks, and a killed process stays listed until its parent has reaped it.
-            # (kill(-1) itself cannot tell: it succeeds whenever any other process exists.)
-            deadline = time.monotonic() + 5.0
-            while time.monotonic() < deadline:
-                os.kill(-1, signal.SIGKILL)
-                if not _uid_processes(uid, os.getpid()):
-                    break
-                time.sleep(0.001)
-        except BaseException:
-            pass
-        os._exit(0)
-    keep = {*keep, pid}
-    while os.waitpid(pid, os.WNOHANG)[0] == 0:
-        _reap_orphans(keep)
-        time.sleep(0.0005)
-    _reap_orphans(keep)
-
-
-# ---- the child side ---------------------------------------------------------------------------------
-def _child_main(
-    req: dict[str, Any], stdin_fd: int, out_fd: int, err_fd: int, ctrl_fd: int | None
-) -> NoReturn:
-    """Set up the sandbox in the freshly forked child, then run the action (``req`` as
-    ``decode_request`` gives it). Never returns. (The C loop does this set-up in C.)"""
-    try:
-        atexit._clear()
-        os.setsid()
-        # The fork server never changes signal dispositions, so they are the interpreter's own, as
-        # `python -c` has them; exec'd runtimes get SIGPIPE/SIGXFSZ/SIGINT back to default below.
-        os.dup2(stdin_fd, 0)
-        os.dup2(out_fd, 1)
-        os.dup2(err_fd, 2)
-        # os.closerange is one close_range(2) here; everything above 2 (3 for an interpreter) goes.
-        if ctrl_fd is not None:
-            os.dup2(ctrl_fd, _CTRL_FD)
-            os.closerange(_CTRL_FD + 1, _MAX_FD)
-        else:
-            os.closerange(3, _MAX_FD)
-        cores = req.get("cores")
-        if cores:
-            os.sched_setaffinity(0, cores)
-        workdir = req["workdir"]
-        uid = req.get("uid")
-        if req.get("private_tmp"):
-            _private_tmp(workdir, dict(req.get("limits", ())).get(resource.RLIMIT_AS, 0))
-        os.chdir(workdir)  # created by the fork server before the fork
-        os.umask(0o022)
-        if uid is not None:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-        # The PID namespace's init must not outlive the fork server (say, if the agent is killed -9).
-        # Set after the uid change, which would clear it. (Should the fork server die in the few
-        # microseconds before, the action still ends at its CPU-time limit.)
-        with _suppress(OSError):
-            _SET_PDEATHSIG_KILL()
-        # No new privileges: inherited from the fork server, which set it once at start-up (it is
-        # inherited by every fork and can never be unset; one ctypes call less in each child).
-        for res, value in req.get("limits", ()):
-            # CPU time: SIGXCPU at the limit, SIGKILL a second later.
-            resource.setrlimit(res, (value, value + 1 if res == resource.RLIMIT_CPU else value))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        # The environment was made the action's in the zygote, just before the fork; the
-        # request's files were written by the agent before the action was sent.
-    except BaseException as exc:
-        with _suppress(Exception):
-            os.write(2, f"tangram: sandbox set-up failed: {exc.__class__.__name__}: {exc}\n".encode())
-        os._exit(SETUP_FAILED)
-    _run_action(req, ctrl_fd)
-
-
-def _private_tmp(workdir: str, size: int) -> None:
-    """The Python loop's twin of _zygote.c's private_tmp (whose comment says what and why)."""
-    root = os.path.dirname(workdir)
-    isolation.unshare(isolation.CLONE_NEWNS)
-    rootfd = os.open(root, os.O_PATH | os.O_CLOEXEC)  # in the new namespace: a bind source must be
-    opts = f"size={size},mode=1777" if size > 0 else "mode=1777"
-    for point in ("/tmp", "/dev/shm"):
-        isolation.mount("tangram", point, "tmpfs", isolation.MS_NOSUID | isolation.MS_NODEV, opts)
-        if root.startswith(point + "/"):
-            os.makedirs(root, mode=0o711, exist_ok=True)
-            isolation.mount(f"/proc/self/fd/{rootfd}", root, None, isolation.MS_BIND | isolation.MS_REC)
-    os.close(rootfd)
-
-
-def _child_after_c_setup(
-    kind: str,
-    code: str,
-    argv: tuple[str, ...] | None,
-    env_delta: tuple[tuple[str, str | None], ...],
-    ctrl_fd: int,
-) -> NoReturn:
-    """A child of the C loop, its sandbox set up there: adopt the environment, run the action."""
-    try:
-        atexit._clear()
-        _adopt_environment(env_delta)
-    except BaseException as exc:
-        with _suppress(Exception):
-            os.write(2, f"tangram: sandbox set-up failed: {exc.__class__.__name__}: {exc}\n".encode())
-        os._exit(SETUP_FAILED)
-    _run_action({"code": code, "argv": argv}, ctrl_fd if kind == "interp" else None)
-
-
-def _adopt_environment(delta: tuple[tuple[str, str | None], ...]) -> None:
-    """Make ``os.environ`` show the action's environment, which the C loop has made the process's
-    own already (``environ``): the mapping only (no ``putenv`` again), and only what differs from
-    the zygote's."""
-    environ: Any = os.environ
-    data = environ._data
-    for key, value in delta:
-        if value is None:
-            data.pop(environ.encodekey(key), None)
-        else:
-            data[environ.encodekey(key)] = environ.encodevalue(value)
-
-
-def _run_action(req: dict[str, Any], ctrl_fd: int | None) -> NoReturn:
-    """Run the action in this set-up child: a session's interpreter, an executable, or Python code."""
-    try:
-        if ctrl_fd is not None:
-            _interpreter_loop()
-        argv = req.get("argv")
-        if argv:
-            try:
-                for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
-                    signal.signal(sig, signal.SIG_DFL)
-                os.execve(argv[0], argv, os.environ)
-            except BaseException as exc:
-                with _suppress(Exception):
-                    os.write(2, f"tangram: cannot execute {argv[0]}: {exc}\n".encode())
-                os._exit(SETUP_FAILED)
-        _run_python_and_exit(req["code"])
-    finally:
-        # Whatever happens (say, user code closed the interpreter's control socket and the reply
-        # raised), the child must never return into the fork server's loop below its caller.
-        os._exit(1)
-
-
-def _prepare_child_world() -> None:
-    """Set up once, in the zygote, the Python world every child starts from: a fresh ``__main__``,
-    ``python -c``'s argv and path, the standard streams' names. The zygote runs none of its own
-    code in it, and each child gets a copy of its own: building these in every child cost about 35
-    of its copy-on-write faults."""
-    global _CHILD_MAIN
-    _CHILD_MAIN = _fresh_main_module()
-    _fresh_std_streams()
-
-
-_CHILD_MAIN: dict[str, Any] | None = None
-
-
-def _warm_child_path() -> None:
-    """Do once here what every child would otherwise do first, each in its own copy of the heap.
-
-    The first ``compile`` of source text in a process sets up the compiler's state (about 1.2 ms
-    and 185 copy-on-write page faults in each child, measured here), and the first use of a libc
-    function through ctypes looks it up and caches a function object (about 0.1 ms more). Done in
-    the fork server before ``gc.freeze``, children inherit both ready-made. Nothing here changes
-    the fork server's own state beyond those caches (no prctl is called, only looked up).
-    """
-    compile("pass", "<string>", "exec")
-    isolation.resolve_libc()
-
-
-_SET_PDEATHSIG_KILL = isolation.prepared_prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
-_RLIMITS = {
-    "cpu": resource.RLIMIT_CPU,
-    "as": resource.RLIMIT_AS,
-    "nproc": resource.RLIMIT_NPROC,
-    "fsize": resource.RLIMIT_FSIZE,
-    "nofile": resource.RLIMIT_NOFILE,
-}
-
-
-def _fresh_main_module() -> dict[str, Any]:
-    main = types.ModuleType("__main__")
-    main.__dict__["__builtins__"] = builtins
-    sys.modules["__main__"] = main
-    sys.argv = ["-c"]
-    if sys.path:
-        sys.path[0] = ""
-    return main.__dict__
-
-
-def _fresh_std_streams() -> None:
-    # The fork server's own streams already sit on descriptors 0, 1 and 2 (now the action's), with
-    # empty buffers (it never uses them) and UTF-8 (PYTHONIOENCODING): re-point the names only, as
-    # building new text streams costs a quarter of a millisecond.
-    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
-
-
-def _exit_code_of(exc: SystemExit) -> int:
-    code = exc.code
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    with _suppress(Exception):
-        print(code, file=sys.stderr)
-    return 1
-
-
-def _run_code(source: str, namespace: dict[str, Any], filename: str = "<string>") -> int:
-    """Run ``source`` like ``python -c`` (or ``python FILENAME``) would, in ``namespace``; returns
-    the exit status."""
-    try:
-        exec(compile(source, filename, "exec"), namespace)
-        return 0
-    except SystemExit as exc:
-        return _exit_code_of(exc)
-    except BaseException as exc:
-        # Skip our own frame, as the interpreter's own traceback would.
-        tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
-        # The interpreter's own C traceback printer: no traceback module to import in the child.
-        with _suppress(BaseException):
-            sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-        return 1
-
-
-def _flush_std_streams() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        with _suppress(Exception):
-            stream.flush()
-
-
-def _source_file(source: str) -> str:
-    """Write the action's code as ``main.py`` in its workdir (another name if the request brought a
-    file of that name) and return its path: run from there, it looks as under ``python main.py``
-    (``__file__``, ``sys.argv``, tracebacks with their source lines, ``inspect.getsource``)."""
-    data = source.encode("utf-8", "surrogatepass")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    for name in MAIN_FILES:
-        try:
-            fd = os.open(name, flags, 0o644)
-        except FileExistsError:
-            continue
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
-        return os.path.join(os.getcwd(), name)
-    return "<string>"  # every name taken by the request's files: run it as ``python -c`` would
-
-
-def _run_python_and_exit(source: str) -> NoReturn:
-    namespace = _CHILD_MAIN
-    if namespace is None:
-        namespace = _fresh_main_module()
-        _fresh_std_streams()
-    filename = "<string>"
-    with _suppress(OSError):  # a full disk or file limit: run it as ``python -c`` would
-        filename = _source_file(source)
-    if filename != "<string>":
-        namespace["__file__"] = filename
-        sys.argv = [filename]
-        if sys.path:
-            sys.path[0] = os.path.dirname(filename)
-    if "numpy" in sys.modules:
-        # numpy's global generator is not reseeded at fork, unlike the random module's.
-        with _suppress(Exception):
-            sys.modules["numpy"].random.seed()
-    code = _run_code(source, namespace, filename)
-    threading = sys.modules.get("threading")
-    if threading is not None:  # only code that imported it can have started threads
-        with _suppress(BaseException):
-            threading._shutdown()  # wait for non-daemon threads, as python -c does
-    with _suppress(BaseException):
-        atexit._run_exitfuncs()
-    _flush_std_streams()
-    os._exit(code)
-
-
-def _interpreter_loop() -> NoReturn:
-    """A session's persistent interpreter: run each call's code in the same globals."""
-    namespace = _CHILD_MAIN
-    if namespace is None:
-        namespace = _fresh_main_module()
-        _fresh_std_streams()
-    import socket
-
-    ctrl = socket.socket(fileno=_CTRL_FD)
-    devnull = os.open(os.devnull, os.O_RDWR)
-    while True:
-        try:
-            header, fds, _, _ = socket.recv_fds(ctrl, 4, 3)
-        except OSError:
-            os._exit(0)
-        if len(header) < 4:
-            os._exit(0)
-        (length,) = struct.unpack("<I", header)
-        payload = bytearray()
-        while len(payload) < length:
-            chunk = ctrl.recv(length - len(payload))
-            if not chunk:
-                os._exit(0)
-            payload += chunk
-        request = marshal.loads(bytes(payload))
-        for target, fd in zip((0, 1, 2), fds, strict=False):
-            os.dup2(fd, target)
-            os.close(fd)
-        if request.get("cores"):
-            os.sched_setaffinity(0, request["cores"])
-        os.environ.update(request.get("env") or {})
-        code = _run_code(request["code"], namespace)
-        _flush_std_streams()
-        for target in (0, 1, 2):
-            os.dup2(devnull, target)
-        ctrl.sendall(wire.encode({"exit_code": code}))
-
-
 def main(argv: list[str]) -> int:
     """Entry point: ``python -m arl_tangram.sandbox.forkserver FD CONFIG`` (marshal, hex)."""
     config = marshal.loads(bytes.fromhex(argv[1]))
@@ -1793,7 +975,7 @@ def main(argv: list[str]) -> int:
         # Tell the agent why, in a line a person can act on, rather than just ending.
         server.outq.clear()
         server.send({"op": "hello", "error": f"{exc.__class__.__name__}: {exc}"})
-        with _suppress(OSError):
+        with suppress(OSError):
             server.flush()
         return 1
     server.serve()

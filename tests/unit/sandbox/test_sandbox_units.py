@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from arl_tangram.errors import CapacityExceeded, InvalidSpec
-from arl_tangram.sandbox import isolation, wire, workfiles
+from arl_tangram.sandbox import isolation, wire, workfiles, zygote_wire
 from arl_tangram.sandbox.cli import build_parser, config_from_args, parse_listen
 from arl_tangram.sandbox.config import parse_cores
 from arl_tangram.sandbox.cores import CorePool
@@ -219,10 +219,9 @@ def _msg(**extra: object) -> dict[str, object]:
 
 
 def test_zygote_request_round_trips() -> None:
-    from arl_tangram.sandbox import forkserver
 
-    data = forkserver.encode_request(_msg(), interp=False, base_env={})
-    req = forkserver.decode_request(data)
+    data = zygote_wire.encode_request(_msg(), interp=False, base_env={})
+    req = zygote_wire.decode_request(data)
     assert req["id"] == 7 and req["uid"] == 40001 and req["interp"] is False
     assert req["cores"] == [1, 3] and req["workdir"] == "/srv/sandbox/a7"
     # Zero means "no limit": not sent; CPU and address space by their resource numbers.
@@ -236,8 +235,8 @@ def test_zygote_request_round_trips() -> None:
         "TANGRAM_ACTION_ID": "7",
     }
     assert req["code"] == "print('\u00e9\ud800')" and req["argv"] is None
-    bash = forkserver.decode_request(
-        forkserver.encode_request(
+    bash = zygote_wire.decode_request(
+        zygote_wire.encode_request(
             _msg(uid=None, argv=["/bin/bash", "-c", "echo hi"]), interp=True, base_env={}
         )
     )
@@ -245,38 +244,35 @@ def test_zygote_request_round_trips() -> None:
 
 
 def test_zygote_request_carries_only_the_environment_that_differs() -> None:
-    from arl_tangram.sandbox import forkserver
 
     base = {"PATH": "/usr/bin", "HOME": "/base", "GONE": "x"}
-    data = forkserver.encode_request(_msg(), interp=False, base_env=base)
+    data = zygote_wire.encode_request(_msg(), interp=False, base_env=base)
     # The spans after the limits: workdir, env, delta, code, argv.
-    assert forkserver._span(b"HOME=/srv/sandbox/a7\0TANGRAM_CORES=1,3\0TANGRAM_ACTION_ID=7\0GONE\0") in data
+    assert zygote_wire.span(b"HOME=/srv/sandbox/a7\0TANGRAM_CORES=1,3\0TANGRAM_ACTION_ID=7\0GONE\0") in data
     assert b"HOME=/srv/sandbox/a7\0PATH=/usr/bin\0" in data  # the whole environment too, for the C side
 
 
 @pytest.mark.parametrize("name", ["", "A=B", "NUL\0"])
 def test_zygote_request_refuses_environment_names_the_kernel_cannot_hold(name: str) -> None:
-    from arl_tangram.sandbox import forkserver
 
     with pytest.raises(ValueError, match="cannot be set"):
-        forkserver.encode_request(_msg(env={name: "v"}), interp=False, base_env={})
+        zygote_wire.encode_request(_msg(env={name: "v"}), interp=False, base_env={})
 
 
 def test_zygote_records_parse() -> None:
-    from arl_tangram.sandbox import forkserver
 
-    assert forkserver._parse_record(forkserver._spawn_record(5, 1234)) == ("s", 5, 1234)
-    assert forkserver._parse_record(forkserver._error_record(5, "fork: EAGAIN")) == ("e", 5, "fork: EAGAIN")
-    assert forkserver._parse_record(forkserver._exit_record(1234, 256, 0.5, 9000)) == (
+    assert zygote_wire.parse_record(zygote_wire.spawn_record(5, 1234)) == ("s", 5, 1234)
+    assert zygote_wire.parse_record(zygote_wire.error_record(5, "fork: EAGAIN")) == ("e", 5, "fork: EAGAIN")
+    assert zygote_wire.parse_record(zygote_wire.exit_record(1234, 256, 0.5, 9000)) == (
         "x",
         1234,
         256,
         0.5,
         9000,
     )
-    assert forkserver._parse_record(forkserver._exit_record(1234, None, 0.0, 0))[2] is None
+    assert zygote_wire.parse_record(zygote_wire.exit_record(1234, None, 0.0, 0))[2] is None
     with pytest.raises(ValueError, match="unknown record"):
-        forkserver._parse_record(b"?junk")
+        zygote_wire.parse_record(b"?junk")
 
 
 def test_infra_cores_split_the_pool_in_disjoint_halves() -> None:

@@ -1,0 +1,366 @@
+"""An action's process, from its fork to its end: the sandbox set-up the Python loop does (the C loop
+does it in C), the namespace's init, and running the action (Python code in-process, an
+executable, or a session's persistent interpreter).
+
+Runs in the zygote's children: imports only what the zygote holds already.
+"""
+
+from __future__ import annotations
+
+import atexit
+import builtins  # imported here, not in each child (an import statement there costs page faults)
+import marshal
+import os
+import resource
+import signal
+import struct
+import sys
+import types
+
+from arl_tangram.sandbox import isolation, wire
+from arl_tangram.sandbox.lean import suppress
+from arl_tangram.sandbox.zygote_wire import status_record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
+SETUP_FAILED = 249  # exit status of a child whose sandbox could not be set up (reported as an error)
+_CTRL_FD = 3  # the persistent interpreter's control socket, after the child's fd clean-up
+# The file a Python action's code runs from, in its workdir (the next names if the request brought
+# a file of that name); removed with the workdir.
+MAIN_FILES = ("main.py", "main_.py", "main__.py")
+_MAX_FD = 1 << 30  # closerange's upper bound: everything
+
+
+def _init_forward(sig: int, frame: object) -> None:
+    with suppress(OSError):
+        os.kill(_INIT_ACTION[0], sig)
+
+
+_INIT_ACTION = [0]
+_INIT_FORWARDED = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+
+
+def split_off_init(sockfd: int, rid: int) -> None:
+    """In a fresh PID namespace's first process: fork the action (returns in it) and be the
+    namespace's init (never returns there). The Python loop's twin of _zygote.c's split_off_init
+    (whose comment says why)."""
+    action = os.fork()
+    if action == 0:
+        return
+    try:
+        _INIT_ACTION[0] = action
+        os.closerange(0, sockfd)
+        os.closerange(sockfd + 1, _MAX_FD)
+        SET_PDEATHSIG_KILL()
+        with suppress(OSError):
+            isolation.prctl(isolation.PR_SET_DUMPABLE, 0)
+        for sig in _INIT_FORWARDED:
+            signal.signal(sig, _init_forward)
+        status = None
+        while True:
+            try:
+                pid, st = os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+            if pid == action:
+                status = st
+                break
+        os.write(sockfd, status_record(rid, status))
+        if status is not None and os.WIFEXITED(status):
+            os._exit(os.WEXITSTATUS(status))
+        os._exit(128 + os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else 1)
+    finally:
+        os._exit(1)
+
+
+def child_main(req: dict[str, Any], stdin_fd: int, out_fd: int, err_fd: int, ctrl_fd: int | None) -> NoReturn:
+    """Set up the sandbox in the freshly forked child, then run the action (``req`` as
+    ``decode_request`` gives it). Never returns. (The C loop does this set-up in C.)"""
+    try:
+        atexit._clear()
+        os.setsid()
+        # The fork server never changes signal dispositions, so they are the interpreter's own, as
+        # `python -c` has them; exec'd runtimes get SIGPIPE/SIGXFSZ/SIGINT back to default below.
+        os.dup2(stdin_fd, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        # os.closerange is one close_range(2) here; everything above 2 (3 for an interpreter) goes.
+        if ctrl_fd is not None:
+            os.dup2(ctrl_fd, _CTRL_FD)
+            os.closerange(_CTRL_FD + 1, _MAX_FD)
+        else:
+            os.closerange(3, _MAX_FD)
+        cores = req.get("cores")
+        if cores:
+            os.sched_setaffinity(0, cores)
+        workdir = req["workdir"]
+        uid = req.get("uid")
+        if req.get("private_tmp"):
+            _private_tmp(workdir, dict(req.get("limits", ())).get(resource.RLIMIT_AS, 0))
+        os.chdir(workdir)  # created by the fork server before the fork
+        os.umask(0o022)
+        if uid is not None:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+        # The PID namespace's init must not outlive the fork server (say, if the agent is killed -9).
+        # Set after the uid change, which would clear it. (Should the fork server die in the few
+        # microseconds before, the action still ends at its CPU-time limit.)
+        with suppress(OSError):
+            SET_PDEATHSIG_KILL()
+        # No new privileges: inherited from the fork server, which set it once at start-up (it is
+        # inherited by every fork and can never be unset; one ctypes call less in each child).
+        for res, value in req.get("limits", ()):
+            # CPU time: SIGXCPU at the limit, SIGKILL a second later.
+            resource.setrlimit(res, (value, value + 1 if res == resource.RLIMIT_CPU else value))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        # The environment was made the action's in the zygote, just before the fork; the
+        # request's files were written by the agent before the action was sent.
+    except BaseException as exc:
+        with suppress(Exception):
+            os.write(2, f"tangram: sandbox set-up failed: {exc.__class__.__name__}: {exc}\n".encode())
+        os._exit(SETUP_FAILED)
+    _run_action(req, ctrl_fd)
+
+
+def _private_tmp(workdir: str, size: int) -> None:
+    """The Python loop's twin of _zygote.c's private_tmp (whose comment says what and why)."""
+    root = os.path.dirname(workdir)
+    isolation.unshare(isolation.CLONE_NEWNS)
+    rootfd = os.open(root, os.O_PATH | os.O_CLOEXEC)  # in the new namespace: a bind source must be
+    opts = f"size={size},mode=1777" if size > 0 else "mode=1777"
+    for point in ("/tmp", "/dev/shm"):
+        isolation.mount("tangram", point, "tmpfs", isolation.MS_NOSUID | isolation.MS_NODEV, opts)
+        if root.startswith(point + "/"):
+            os.makedirs(root, mode=0o711, exist_ok=True)
+            isolation.mount(f"/proc/self/fd/{rootfd}", root, None, isolation.MS_BIND | isolation.MS_REC)
+    os.close(rootfd)
+
+
+def child_after_c_setup(
+    kind: str,
+    code: str,
+    argv: tuple[str, ...] | None,
+    env_delta: tuple[tuple[str, str | None], ...],
+    ctrl_fd: int,
+) -> NoReturn:
+    """A child of the C loop, its sandbox set up there: adopt the environment, run the action."""
+    try:
+        atexit._clear()
+        _adopt_environment(env_delta)
+    except BaseException as exc:
+        with suppress(Exception):
+            os.write(2, f"tangram: sandbox set-up failed: {exc.__class__.__name__}: {exc}\n".encode())
+        os._exit(SETUP_FAILED)
+    _run_action({"code": code, "argv": argv}, ctrl_fd if kind == "interp" else None)
+
+
+def _adopt_environment(delta: tuple[tuple[str, str | None], ...]) -> None:
+    """Make ``os.environ`` show the action's environment, which the C loop has made the process's
+    own already (``environ``): the mapping only (no ``putenv`` again), and only what differs from
+    the zygote's."""
+    environ: Any = os.environ
+    data = environ._data
+    for key, value in delta:
+        if value is None:
+            data.pop(environ.encodekey(key), None)
+        else:
+            data[environ.encodekey(key)] = environ.encodevalue(value)
+
+
+def _run_action(req: dict[str, Any], ctrl_fd: int | None) -> NoReturn:
+    """Run the action in this set-up child: a session's interpreter, an executable, or Python code."""
+    try:
+        if ctrl_fd is not None:
+            _interpreter_loop()
+        argv = req.get("argv")
+        if argv:
+            try:
+                for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
+                    signal.signal(sig, signal.SIG_DFL)
+                os.execve(argv[0], argv, os.environ)
+            except BaseException as exc:
+                with suppress(Exception):
+                    os.write(2, f"tangram: cannot execute {argv[0]}: {exc}\n".encode())
+                os._exit(SETUP_FAILED)
+        _run_python_and_exit(req["code"])
+    finally:
+        # Whatever happens (say, user code closed the interpreter's control socket and the reply
+        # raised), the child must never return into the fork server's loop below its caller.
+        os._exit(1)
+
+
+def prepare_child_world() -> None:
+    """Set up once, in the zygote, the Python world every child starts from: a fresh ``__main__``,
+    ``python -c``'s argv and path, the standard streams' names. The zygote runs none of its own
+    code in it, and each child gets a copy of its own: building these in every child cost about 35
+    of its copy-on-write faults."""
+    global _CHILD_MAIN
+    _CHILD_MAIN = _fresh_main_module()
+    _fresh_std_streams()
+
+
+_CHILD_MAIN: dict[str, Any] | None = None
+
+
+def warm_child_path() -> None:
+    """Do once here what every child would otherwise do first, each in its own copy of the heap.
+
+    The first ``compile`` of source text in a process sets up the compiler's state (about 1.2 ms
+    and 185 copy-on-write page faults in each child, measured here), and the first use of a libc
+    function through ctypes looks it up and caches a function object (about 0.1 ms more). Done in
+    the fork server before ``gc.freeze``, children inherit both ready-made. Nothing here changes
+    the fork server's own state beyond those caches (no prctl is called, only looked up).
+    """
+    compile("pass", "<string>", "exec")
+    isolation.resolve_libc()
+
+
+SET_PDEATHSIG_KILL = isolation.prepared_prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _fresh_main_module() -> dict[str, Any]:
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main
+    sys.argv = ["-c"]
+    if sys.path:
+        sys.path[0] = ""
+    return main.__dict__
+
+
+def _fresh_std_streams() -> None:
+    # The fork server's own streams already sit on descriptors 0, 1 and 2 (now the action's), with
+    # empty buffers (it never uses them) and UTF-8 (PYTHONIOENCODING): re-point the names only, as
+    # building new text streams costs a quarter of a millisecond.
+    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
+
+
+def _exit_code_of(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    with suppress(Exception):
+        print(code, file=sys.stderr)
+    return 1
+
+
+def _run_code(source: str, namespace: dict[str, Any], filename: str = "<string>") -> int:
+    """Run ``source`` like ``python -c`` (or ``python FILENAME``) would, in ``namespace``; returns
+    the exit status."""
+    try:
+        exec(compile(source, filename, "exec"), namespace)
+        return 0
+    except SystemExit as exc:
+        return _exit_code_of(exc)
+    except BaseException as exc:
+        # Skip our own frame, as the interpreter's own traceback would.
+        tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+        # The interpreter's own C traceback printer: no traceback module to import in the child.
+        with suppress(BaseException):
+            sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        return 1
+
+
+def _flush_std_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(Exception):
+            stream.flush()
+
+
+def _source_file(source: str) -> str:
+    """Write the action's code as ``main.py`` in its workdir (another name if the request brought a
+    file of that name) and return its path: run from there, it looks as under ``python main.py``
+    (``__file__``, ``sys.argv``, tracebacks with their source lines, ``inspect.getsource``)."""
+    data = source.encode("utf-8", "surrogatepass")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for name in MAIN_FILES:
+        try:
+            fd = os.open(name, flags, 0o644)
+        except FileExistsError:
+            continue
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        return os.path.join(os.getcwd(), name)
+    return "<string>"  # every name taken by the request's files: run it as ``python -c`` would
+
+
+def _run_python_and_exit(source: str) -> NoReturn:
+    namespace = _CHILD_MAIN
+    if namespace is None:
+        namespace = _fresh_main_module()
+        _fresh_std_streams()
+    filename = "<string>"
+    with suppress(OSError):  # a full disk or file limit: run it as ``python -c`` would
+        filename = _source_file(source)
+    if filename != "<string>":
+        namespace["__file__"] = filename
+        sys.argv = [filename]
+        if sys.path:
+            sys.path[0] = os.path.dirname(filename)
+    if "numpy" in sys.modules:
+        # numpy's global generator is not reseeded at fork, unlike the random module's.
+        with suppress(Exception):
+            sys.modules["numpy"].random.seed()
+    code = _run_code(source, namespace, filename)
+    threading = sys.modules.get("threading")
+    if threading is not None:  # only code that imported it can have started threads
+        with suppress(BaseException):
+            threading._shutdown()  # wait for non-daemon threads, as python -c does
+    with suppress(BaseException):
+        atexit._run_exitfuncs()
+    _flush_std_streams()
+    os._exit(code)
+
+
+def _interpreter_loop() -> NoReturn:
+    """A session's persistent interpreter: run each call's code in the same globals."""
+    namespace = _CHILD_MAIN
+    if namespace is None:
+        namespace = _fresh_main_module()
+        _fresh_std_streams()
+    import socket
+
+    ctrl = socket.socket(fileno=_CTRL_FD)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    while True:
+        try:
+            header, fds, _, _ = socket.recv_fds(ctrl, 4, 3)
+        except OSError:
+            os._exit(0)
+        if len(header) < 4:
+            os._exit(0)
+        (length,) = struct.unpack("<I", header)
+        payload = bytearray()
+        while len(payload) < length:
+            chunk = ctrl.recv(length - len(payload))
+            if not chunk:
+                os._exit(0)
+            payload += chunk
+        request = marshal.loads(bytes(payload))
+        for target, fd in zip((0, 1, 2), fds, strict=False):
+            os.dup2(fd, target)
+            os.close(fd)
+        if request.get("cores"):
+            os.sched_setaffinity(0, request["cores"])
+        os.environ.update(request.get("env") or {})
+        code = _run_code(request["code"], namespace)
+        _flush_std_streams()
+        for target in (0, 1, 2):
+            os.dup2(devnull, target)
+        ctrl.sendall(wire.encode({"exit_code": code}))

@@ -1,0 +1,229 @@
+"""The zygote: the process that pre-imports the configured modules once and then only forks, one
+child per action, each into its sandbox (see forkserver's docstring for the two processes).
+
+``zygote_main`` is its whole life; the fork loop is C (_zygote.c) where built, else ``Zygote``.
+"""
+
+from __future__ import annotations
+
+import gc
+import marshal
+import os
+import select
+import signal
+import socket
+import struct
+
+from arl_tangram.sandbox import isolation
+from arl_tangram.sandbox.child import (
+    SET_PDEATHSIG_KILL,
+    SETUP_FAILED,
+    child_after_c_setup,
+    child_main,
+    prepare_child_world,
+    split_off_init,
+    warm_child_path,
+)
+from arl_tangram.sandbox.zygote_wire import (
+    REQUEST_IN_MEMFD,
+    decode_request,
+    error_record,
+    exit_record,
+    recv_with_fds,
+    spawn_record,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
+
+def base_env(config: dict[str, Any]) -> dict[str, str]:
+    """The zygote's own environment: a typical action's (the agent sends one), so that a child's
+    differs from it in a few variables; the fork server's own when none is given."""
+    base = config.get("base_env")
+    return dict(os.environ) if base is None else dict(base)
+
+
+def zygote_main(sock: socket.socket, config: dict[str, Any], pid_namespace: bool) -> NoReturn:
+    """The zygote's whole life: pre-import, warm up, then fork on request. Never returns."""
+    try:
+        # Should the manager be killed outright, this process goes too (and its children with it:
+        # each has the same setting towards us).
+        SET_PDEATHSIG_KILL()
+        notes = []
+        failed = []
+        for name in config.get("preload", []):
+            try:
+                __import__(name)
+            except Exception as exc:  # a missing optional module must not stop the agent
+                failed.append(f"{name} ({exc.__class__.__name__}: {exc})")
+        if failed:
+            notes.append("preload failed: " + ", ".join(failed))
+        fast: Any = None
+        if config.get("zygote", "auto") != "python":
+            try:
+                fast = __import__("arl_tangram.sandbox._zygote", fromlist=["serve"])
+            except ImportError as exc:
+                if config.get("zygote") == "c":
+                    sock.send(b"F" + f"--fork-loop c: the C fork loop is not built ({exc})".encode())
+                    os._exit(1)
+                notes.append(
+                    f"the C fork loop is not built ({exc}); the Python one forks instead, at about "
+                    "a third of the throughput (install with a C compiler present to build it)"
+                )
+        # After the preloads, which may change the environment: from here on only the children's
+        # environments differ from this one.
+        os.environ.clear()
+        os.environ.update(base_env(config))
+        zygote = Zygote(sock, pid_namespace)
+        warm_child_path()
+        prepare_child_world()
+        # Keep the children's copy-on-write pages shared: the collector would otherwise touch them all.
+        gc.collect()
+        gc.freeze()
+        isolation.malloc_trim()
+        sock.send(b"R" + marshal.dumps((notes, "python" if fast is None else "c")))
+        if fast is None:
+            zygote.serve()
+        else:
+            forked = fast.serve(zygote.sockfd, int(pid_namespace), zygote.own_pidns, zygote.devnull)
+            if forked is not None:
+                # In a child: the C loop has set the sandbox up already.
+                child_after_c_setup(*forked)
+    except BaseException:
+        pass
+    os._exit(0)
+
+
+class Zygote:
+    """The forking process's loop in Python (the C loop in _zygote.c does the same, faster)."""
+
+    __slots__ = ("applied_env", "devnull", "ep", "kids", "own_pidns", "pid_namespace", "sock", "sockfd")
+
+    def __init__(self, sock: socket.socket, pid_namespace: bool) -> None:
+        self.sock = sock
+        self.sockfd = sock.fileno()
+        self.pid_namespace = pid_namespace
+        self.own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC) if pid_namespace else -1
+        self.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        self.ep = select.epoll()
+        self.kids: dict[int, int] = {}  # pidfd -> pid
+        self.applied_env: dict[str, str] = dict(os.environ)  # what os.environ holds (see _apply_env)
+
+    def serve(self) -> None:
+        """Fork and reap until the manager closes its end."""
+        ep = self.ep
+        ep.register(self.sockfd, select.EPOLLIN)
+        while True:
+            for fd, _ in ep.poll():
+                if fd == self.sockfd:
+                    if not self._on_request():
+                        return
+                else:
+                    self._on_exit(fd)
+
+    def _on_request(self) -> bool:
+        data, fds, flags = recv_with_fds(self.sock, 1 << 16, 5, 0)
+        if not data:
+            return False
+        rid = struct.unpack_from("<q", data, 4)[0] if len(data) >= 12 else -1
+        try:
+            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+                raise OSError("the request was cut short")
+            if data[:4] == REQUEST_IN_MEMFD:
+                memfd = fds.pop()
+                data = os.pread(memfd, struct.unpack_from("<Q", data, 12)[0], 0)
+                os.close(memfd)
+            req = decode_request(data)
+            if len(fds) < (1 if req["interp"] else 2) + (1 if req["netns"] else 0):
+                raise ValueError("malformed request")
+            netns_fd = fds.pop() if req["netns"] else -1
+            self._apply_env(req["env"])
+            pid = self._fork_isolated()
+        except BaseException as exc:
+            for fd in fds:
+                os.close(fd)
+            self.sock.send(error_record(rid, f"{exc.__class__.__name__}: {exc}"))
+            return True
+        if pid == 0:
+            if netns_fd >= 0:
+                try:
+                    isolation.setns(netns_fd, isolation.CLONE_NEWNET)
+                except BaseException:
+                    os._exit(SETUP_FAILED)
+            if req["interp"]:
+                child_main(req, self.devnull, self.devnull, self.devnull, fds[0])
+            if self.pid_namespace:
+                split_off_init(self.sockfd, req["id"])
+            stdin_fd = fds[2] if len(fds) > 2 else self.devnull
+            child_main(req, stdin_fd, fds[0], fds[1], None)
+        if netns_fd >= 0:
+            os.close(netns_fd)
+        for fd in fds:
+            os.close(fd)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError as exc:  # out of descriptors: the child must not run untracked
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            self.sock.send(error_record(rid, f"{exc.__class__.__name__}: {exc}"))
+            return True
+        self.kids[pidfd] = pid
+        self.ep.register(pidfd, select.EPOLLIN)
+        socket.send_fds(self.sock, [spawn_record(rid, pid)], [pidfd])
+        return True
+
+    def _on_exit(self, pidfd: int) -> None:
+        pid = self.kids[pidfd]
+        try:
+            got, status, rusage = os.wait4(pid, os.WNOHANG)
+        except ChildProcessError:
+            got, status, rusage = pid, None, None
+        if got == 0:
+            return  # not yet reapable (should not happen: the pidfd said it exited)
+        del self.kids[pidfd]
+        self.ep.unregister(pidfd)
+        os.close(pidfd)
+        cpu_s = 0.0 if rusage is None else rusage.ru_utime + rusage.ru_stime
+        self.sock.send(exit_record(pid, status, cpu_s, 0 if rusage is None else rusage.ru_maxrss))
+
+    def _apply_env(self, env: dict[str, str]) -> None:
+        """Make the zygote's own environment the action's, so the child inherits it as is.
+
+        Actions differ in a handful of variables, so this is a few ``putenv`` calls here instead of
+        rebuilding the whole environment in every child (whose every write is a copy-on-write fault).
+        Nothing of ours lives in this environment: the fork server started with a minimal one.
+        """
+        current = os.environ
+        applied = self.applied_env
+        if len(current) != len(applied):
+            # Someone else changed the environment: compare against the real one (slower: reading
+            # os.environ decodes every key and value).
+            applied.clear()
+            applied.update(current)
+        # Compared with our own record of what we set, not with os.environ: reading that decodes
+        # every key and value, and the pages those fresh objects land on are copy-on-write again
+        # after each fork.
+        for key in [k for k in applied if k not in env]:
+            del current[key]
+            del applied[key]
+        for key, value in env.items():
+            if applied.get(key) != value:
+                current[key] = value
+                applied[key] = value
+
+    def _fork_isolated(self) -> int:
+        """Fork a child that is PID 1 of a new PID namespace (when available)."""
+        if not self.pid_namespace:
+            return os.fork()
+        isolation.unshare(isolation.CLONE_NEWPID)
+        try:
+            pid = os.fork()
+        except BaseException:
+            isolation.setns(self.own_pidns, isolation.CLONE_NEWPID)
+            raise
+        if pid:
+            # Back to our own namespace for the next unshare (only one child may be its init).
+            isolation.setns(self.own_pidns, isolation.CLONE_NEWPID)
+        return pid
