@@ -102,6 +102,8 @@ class Operator:
             "POD_NAME": name,
             "TANGRAM_LISTEN_HOST": "127.0.0.1",
             "TANGRAM_LISTEN_PORT": str(port),
+            # The test bed's GPU nodes are simulated: reward runtimes score on the CPU.
+            "TANGRAM_REWARD_DEVICE": "cpu",
         }
         with open(log, "ab") as out:
             proc = subprocess.Popen(

@@ -658,6 +658,84 @@ def test_the_leaders_gateway_serves_run_code_to_a_token_with_rbac_only(
     assert call({"Authorization": f"Bearer {other}"})[0] == 403
 
 
+def test_a_reward_model_service_scores_batch_actions_and_scales_to_zero(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    from arl_tangram.rewards.builtin import BuiltinScorer, write_model
+
+    models = REPO / "artifacts" / "e2e" / "models"  # pods see the host's files read-only (not its /tmp)
+    models.mkdir(parents=True, exist_ok=True)
+    model = write_model(str(models / f"{namespace}.npz"), buckets=256, dim=16, hidden=16, seed=3)
+    rms = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "RewardModelService",
+        "metadata": {"name": "rm"},
+        "spec": {
+            "model": {"name": "tiny-scorer", "uri": f"file://{model}"},
+            "server": {"runtime": "builtin"},
+            "gpu": {"count": [1]},
+            "scaling": {
+                "minReplicas": 0,
+                "maxReplicas": 2,
+                "idleTimeoutSeconds": 5,
+                "coldStartBudgetSeconds": 60,
+            },
+        },
+    }
+    _create(cluster, namespace, "rewardmodelservices", rms)
+    wait_for(
+        cluster.custom.list_namespaced_custom_object,
+        lambda o: condition(o, "Ready") == "True" and o["status"].get("replicas") == 0,
+        group=GROUP,
+        version=VERSION,
+        namespace=namespace,
+        plural="rewardmodelservices",
+        description="the service Ready at zero replicas",
+        timeout=60,
+    )
+    samples = [
+        ("What is 2+2?", "4"),
+        ("Name a prime.", "9"),
+        ("Capital of France?", "Paris"),
+        ("hi", "hello"),
+    ]
+    actions = [
+        {"id": f"r{i}", "type": "reward", "target": "rm", "payload": {"prompt": p, "response": r}}
+        for i, (p, r) in enumerate(samples)
+    ]
+    _create(cluster, namespace, "actionbatches", batch_manifest("scores", actions))
+    serving = wait_for(
+        cluster.custom.list_namespaced_custom_object,
+        lambda o: o.get("status", {}).get("readyReplicas", 0) >= 1 and bool(o["status"].get("placements")),
+        group=GROUP,
+        version=VERSION,
+        namespace=namespace,
+        plural="rewardmodelservices",
+        description="a replica placed and serving",
+        timeout=120,
+    )
+    (place, *_) = serving["status"]["placements"]
+    assert place["node"].startswith("tb-gpu") or place["node"].startswith("tb-mig"), place
+    batch = _wait_batch(cluster, namespace, "scores", timeout=180)
+    scorer = BuiltinScorer.from_file(str(model))
+    scorer.restore()
+    expected = [float(x) for x in scorer.score([p + r for p, r in samples])]
+    results = {r["id"]: r for r in batch["status"]["results"]}
+    for i in range(len(samples)):
+        assert results[f"r{i}"]["state"] == "Succeeded", results[f"r{i}"]
+        assert results[f"r{i}"]["reward"] == pytest.approx(expected[i], rel=1e-5, abs=1e-6)
+    wait_for(
+        cluster.custom.list_namespaced_custom_object,
+        lambda o: o.get("status", {}).get("replicas") == 0 and condition(o, "Ready") == "True",
+        group=GROUP,
+        version=VERSION,
+        namespace=namespace,
+        plural="rewardmodelservices",
+        description="scaled back to zero after idle",
+        timeout=90,
+    )
+
+
 # Grants that the tests above do not exercise, each with the code path that needs it.
 UNEXERCISED: dict[tuple[str, str, str], str] = {}
 

@@ -18,9 +18,16 @@ from arl_tangram.api.meta import GROUP, VERSION
 from arl_tangram.controllers.errors import adapted
 from arl_tangram.controllers.operator import POOL_PERIOD_S, OperatorSettings, OperatorState
 from arl_tangram.domain.pools import pool_key
-from arl_tangram.runtime.pods import POOL_LABEL, ROLE_LABEL, ROLE_SANDBOX_HOST
+from arl_tangram.runtime.pods import (
+    POOL_LABEL,
+    ROLE_LABEL,
+    ROLE_REWARD_REPLICA,
+    ROLE_SANDBOX_HOST,
+    SERVICE_LABEL,
+)
 
 POOLS = (GROUP, VERSION, "actionpools")
+SERVICES = (GROUP, VERSION, "rewardmodelservices")
 BATCHES = (GROUP, VERSION, "actionbatches")
 
 
@@ -59,6 +66,13 @@ def host_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: 
     return {pool_key(namespace or "", labels.get(POOL_LABEL, "")): body}
 
 
+@kopf.index("pods", labels={ROLE_LABEL: ROLE_REWARD_REPLICA})
+def reward_pods(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> dict[str, kopf.Body]:
+    return {f"{namespace}/{labels.get(SERVICE_LABEL, '')}": body}
+
+
 @kopf.index("nodes")
 def nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, kopf.Body]:
     return {name: body}
@@ -75,6 +89,7 @@ def _bind(memo: kopf.Memo, indexes: dict[str, Any]) -> OperatorState:
     host_index = indexes["host_pods"]
     state.host_index, state.node_index, state.pool_index = host_index, indexes["nodes"], indexes["pools"]
     state.runtime.bind(host_index)
+    state.runtime.bind_replicas(indexes["reward_pods"])
     return state
 
 
@@ -100,6 +115,32 @@ async def pool_loop(
 @kopf.on.delete(*POOLS, id="release", optional=True)
 async def pool_deleted(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
     await memo["state"].pool_deleted(namespace or "", name)
+
+
+# ---- RewardModelService ----------------------------------------------------------------------------
+@kopf.daemon(*SERVICES, id="reconcile", cancellation_timeout=10)
+async def service_loop(
+    body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, logger: kopf.Logger, **kwargs: Any
+) -> None:
+    """Level-based, as the pools' loop."""
+    state = _bind(memo, kwargs)
+    while not stopped:
+        try:
+            await adapted(lambda: state.reconcile_service(body))
+        except kopf.TemporaryError as exc:
+            logger.warning("service reconcile: %s (retrying in %ss)", exc, exc.delay)
+        except ApiException as exc:
+            logger.warning(
+                "service reconcile: the API server answered %s %s; retrying", exc.status, exc.reason
+            )
+        except Exception:
+            logger.exception("service reconcile failed; retrying")
+        await asyncio.sleep(POOL_PERIOD_S)
+
+
+@kopf.on.delete(*SERVICES, id="release", optional=True)
+async def service_deleted(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    memo["state"].service_deleted(namespace or "", name)
 
 
 # ---- ActionBatch ----------------------------------------------------------------------------------

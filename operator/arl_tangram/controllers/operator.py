@@ -32,6 +32,7 @@ from arl_tangram.controllers.actionbatch import BatchManager
 from arl_tangram.controllers.actionpool import Event, PoolController, node_snapshot
 from arl_tangram.controllers.leader import LeaseElector
 from arl_tangram.controllers.metrics import OperatorMetrics
+from arl_tangram.controllers.rewardmodelservice import ServiceController
 from arl_tangram.dispatch.agent import AgentClient
 from arl_tangram.dispatch.dispatcher import Dispatcher
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest
@@ -66,6 +67,8 @@ class OperatorSettings:
     listen_port: int = 8080
     policy: str = "tangram"
     leader_election: bool = True
+    # The device reward runtimes score on: cuda in a cluster with GPUs; cpu on a test bed without.
+    reward_device: str = "cuda"
     # No authentication: only for a test bed's loopback (the gateway then serves loopback callers only).
     anonymous: bool = False
 
@@ -82,6 +85,7 @@ class OperatorSettings:
             policy=os.environ.get("TANGRAM_POLICY", "tangram"),
             leader_election=os.environ.get("TANGRAM_LEADER_ELECTION", "true").lower() not in ("0", "false"),
             anonymous=os.environ.get("TANGRAM_GATEWAY_ANONYMOUS", "").lower() in ("1", "true"),
+            reward_device=os.environ.get("TANGRAM_REWARD_DEVICE", "cuda"),
         )
 
 
@@ -119,6 +123,10 @@ class OperatorState:
         self.dispatcher.resizer = self.runtime
         self.planner = CapacityPlanner(PlannerConfig(time_limit_s=PLANNER_TIME_LIMIT_S))
         self.pools = PoolController(self.dispatcher, self.runtime, self.planner)
+        self.services = ServiceController(
+            self.dispatcher.rewards, self.runtime, self.agent, settings.reward_device
+        )
+        self._written_service_status: dict[str, dict[str, Any]] = {}
         self.elector = LeaseElector(
             self.api, settings.namespace, LEASE_NAME, settings.identity, count_write=self.metrics.api_write
         )
@@ -283,6 +291,32 @@ class OperatorState:
         self.dispatcher.decision_us.clear()
         if stats is not None:
             m.hosts.labels(key, "unhealthy").set(len(stats.unhealthy))
+
+    async def reconcile_service(self, body: Mapping[str, Any]) -> None:
+        """One round for one RewardModelService, status written only when it changed."""
+        t0 = time.perf_counter()
+        status = await self.services.reconcile(body)
+        self.metrics.reconcile.labels("RewardModelService").observe(time.perf_counter() - t0)
+        meta = body.get("metadata") or {}
+        ns, name = str(meta.get("namespace")), str(meta.get("name"))
+        key = f"{ns}/{name}"
+        if self._written_service_status.get(key) == status:
+            return
+        self.metrics.api_write("patch", "rewardmodelservices/status")
+        await asyncio.to_thread(
+            self.custom.patch_namespaced_custom_object_status,
+            GROUP,
+            VERSION,
+            ns,
+            "rewardmodelservices",
+            name,
+            {"status": status},
+        )
+        self._written_service_status[key] = status
+
+    def service_deleted(self, namespace: str, name: str) -> None:
+        self._written_service_status.pop(f"{namespace}/{name}", None)
+        self.dispatcher.rewards.remove(f"{namespace}/{name}")
 
     async def pool_deleted(self, namespace: str, name: str) -> None:
         self._written_pool_status.pop(pool_key(namespace, name), None)

@@ -174,6 +174,16 @@ class AgentClient:
             accept=(200, 204, 404),
         )
 
+    async def score(self, address: str, service: str, inputs: list[str], timeout_s: float) -> dict[str, Any]:
+        """``POST /v1/score`` on a reward runtime (docs/gpu.md)."""
+        _, parsed, _ = await self._call(
+            "POST",
+            f"http://{address}/v1/score",
+            timeout_s=timeout_s,
+            body={"service": service, "inputs": inputs},
+        )
+        return parsed
+
     async def health(self, address: str) -> dict[str, Any]:
         _, parsed, _ = await self._call("GET", f"http://{address}/v1/health", timeout_s=CONTROL_TIMEOUT_S)
         return parsed

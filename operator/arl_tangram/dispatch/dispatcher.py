@@ -31,6 +31,7 @@ from arl_tangram.core.pool import Grant
 from arl_tangram.core.scheduler import Scheduler
 from arl_tangram.dispatch.agent import AgentClient, AgentRefused
 from arl_tangram.dispatch.outcomes import interpret
+from arl_tangram.dispatch.rewards import RewardRouter
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
 from arl_tangram.domain.pools import PoolConfig, pool_key
 from arl_tangram.errors import CapacityExceeded, InfrastructureError, NotFound, QueueFull
@@ -174,6 +175,7 @@ class Dispatcher:
         self.resizer = resizer
         self._background: set[asyncio.Task[bool]] = set()
         self._pools: dict[str, _Pool] = {}
+        self.rewards = RewardRouter(agent, clock)
         self._jobs: dict[str, _Job] = {}
         self._by_action: dict[int, _Job] = {}
         self._tenant_waiting: dict[str, int] = {}
@@ -354,7 +356,7 @@ class Dispatcher:
         if existing is not None:
             return await asyncio.shield(existing.future)
         if request.kind == "reward":
-            raise NotFound("RewardModelService", request.target)
+            return await self.rewards.run(request)
         key = pool_key(request.namespace, request.target)
         pool = self._pools.get(key)
         if pool is None:

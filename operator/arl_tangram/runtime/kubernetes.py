@@ -18,8 +18,17 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from arl_tangram.domain.pools import PoolConfig
+from arl_tangram.domain.services import ServiceConfig
 from arl_tangram.runtime.interface import HostObservation
-from arl_tangram.runtime.pods import DRAINING_ANNOTATION, host_pod, network_policy, observe_host
+from arl_tangram.runtime.pods import (
+    DRAINING_ANNOTATION,
+    host_pod,
+    network_policy,
+    observe_host,
+    observe_replica,
+    reward_pod,
+    services_configmap,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +47,8 @@ class KubernetesRuntime:
         self._policies: dict[str, str] = {}  # pool key -> template hash its policy was written for
         self._resize_unsupported: dict[str, str] = {}
         self._resize_target: dict[str, int] = {}  # host -> the CPU last asked for
+        self._configmaps: dict[str, str] = {}
+        self._replica_index: Mapping[str, Iterable[Mapping[str, Any]]] = {}
         self._index: Mapping[str, Iterable[Mapping[str, Any]]] = {}
         self._count = count_write or (lambda verb, resource: None)
 
@@ -139,3 +150,47 @@ class KubernetesRuntime:
                 self.networking.patch_namespaced_network_policy, name, pool.namespace, body
             )
         self._policies[pool.key] = pool.template_hash
+
+    async def create_replica(self, svc: ServiceConfig, name: str, device: str) -> None:
+        self._count("create", "pods")
+        try:
+            await asyncio.to_thread(
+                self.core.create_namespaced_pod, svc.namespace, reward_pod(svc, name, device)
+            )
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    async def delete_replica(self, svc: ServiceConfig, name: str) -> None:
+        self._count("delete", "pods")
+        try:
+            await asyncio.to_thread(
+                self.core.delete_namespaced_pod, name, svc.namespace, grace_period_seconds=5
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def ensure_services_file(self, svc: ServiceConfig) -> None:
+        """Create or update the ConfigMap holding the replicas' services file (once per change)."""
+        if self._configmaps.get(svc.key) == svc.template_hash:
+            return
+        body = services_configmap(svc)
+        try:
+            self._count("create", "configmaps")
+            await asyncio.to_thread(self.core.create_namespaced_config_map, svc.namespace, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            self._count("patch", "configmaps")
+            await asyncio.to_thread(
+                self.core.patch_namespaced_config_map, body["metadata"]["name"], svc.namespace, body
+            )
+        self._configmaps[svc.key] = svc.template_hash
+
+    def bind_replicas(self, index: Mapping[str, Iterable[Mapping[str, Any]]]) -> None:
+        self._replica_index = index
+
+    def replicas(self, service_key: str) -> list[HostObservation]:
+        found = [observe_replica(body) for body in self._replica_index.get(service_key, ())]
+        return sorted((h for h in found if h is not None), key=lambda h: (h.created_at, h.name))

@@ -12,6 +12,7 @@ from typing import Any
 from arl_tangram.api.meta import API_VERSION, GROUP
 from arl_tangram.api.quantity import parse_quantity
 from arl_tangram.domain.pools import PoolConfig, pool_key
+from arl_tangram.domain.services import WEIGHTS_MOUNT, ServiceConfig
 from arl_tangram.errors import InvalidSpec
 from arl_tangram.runtime.interface import AGENT_PORT, HostObservation, HostPhase
 
@@ -21,6 +22,12 @@ TEMPLATE_LABEL = f"{GROUP}/template-hash"
 DRAINING_ANNOTATION = f"{GROUP}/draining"
 PLANNED_NODE_ANNOTATION = f"{GROUP}/planned-node"
 ROLE_SANDBOX_HOST = "sandbox-host"
+ROLE_REWARD_REPLICA = "reward-replica"
+SERVICE_LABEL = f"{GROUP}/service"
+PORT_ANNOTATION = f"{GROUP}/port"
+DEFAULT_REWARD_IMAGE = "arl-tangram-reward:0.1.0"
+SERVICES_FILE = "/etc/tangram/services.yaml"
+CPU_DEVICE_MEMORY = "8Gi"  # what a reward runtime on CPU may keep resident when gpu.memory is unset
 MANAGED_BY = {"app.kubernetes.io/managed-by": "arl-tangram", "app.kubernetes.io/name": "arl-tangram-sandbox"}
 # What the agent needs for full isolation (namespaces, uid switching, killing its actions' trees);
 # sandbox-images/README.md explains each. User code never runs with them: the agent drops to a uid
@@ -163,9 +170,21 @@ def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None
 
 def observe_host(pod: Mapping[str, Any]) -> HostObservation | None:
     """A host pod as an observation (None for a pod that is not a sandbox host)."""
+    return _observe(pod, ROLE_SANDBOX_HOST, POOL_LABEL, AGENT_PORT, "agent")
+
+
+def observe_replica(pod: Mapping[str, Any]) -> HostObservation | None:
+    """A reward replica pod as an observation (``pool`` is its service's key)."""
+    port = int(((pod.get("metadata") or {}).get("annotations") or {}).get(PORT_ANNOTATION, "8000"))
+    return _observe(pod, ROLE_REWARD_REPLICA, SERVICE_LABEL, port, "runtime")
+
+
+def _observe(
+    pod: Mapping[str, Any], role: str, owner_label: str, port: int, container_name: str
+) -> HostObservation | None:
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
-    if labels.get(ROLE_LABEL) != ROLE_SANDBOX_HOST or POOL_LABEL not in labels:
+    if labels.get(ROLE_LABEL) != role or owner_label not in labels:
         return None
     spec, status = pod.get("spec") or {}, pod.get("status") or {}
     annotations = meta.get("annotations") or {}
@@ -191,21 +210,21 @@ def observe_host(pod: Mapping[str, Any]) -> HostObservation | None:
             if term:
                 phase, failure = "failed", f"the agent exited {term.get('exitCode')}: {term.get('reason')}"
     container: Mapping[str, Any] = next(
-        (c for c in spec.get("containers") or () if c.get("name") == "agent"), {}
+        (c for c in spec.get("containers") or () if c.get("name") == container_name), {}
     )
     requests = (container.get("resources") or {}).get("requests") or {}
     ip = status.get("podIP")
     applied = None
     for cs in status.get("containerStatuses") or ():
-        if cs.get("name") == "agent":
+        if cs.get("name") == container_name:
             limit = ((cs.get("resources") or {}).get("limits") or {}).get("cpu")
             applied = _millicores(limit) if limit is not None else None
     return HostObservation(
         name=str(meta.get("name")),
-        pool=pool_key(str(meta.get("namespace")), str(labels[POOL_LABEL])),
+        pool=pool_key(str(meta.get("namespace")), str(labels[owner_label])),
         phase=phase,
         node=str(spec.get("nodeName") or ""),
-        address=f"{ip}:{AGENT_PORT}" if ip else None,
+        address=f"{ip}:{port}" if ip else None,
         template_hash=str(labels.get(TEMPLATE_LABEL, "")),
         created_at=_timestamp(meta.get("creationTimestamp")),
         cpu_millicores=_millicores(requests.get("cpu", "0")),
@@ -274,6 +293,96 @@ def network_policy(pool: PoolConfig, operator_namespace: str) -> dict[str, Any]:
                     "blockOwnerDeletion": True,
                 }
             ],
+        },
+        "spec": spec,
+    }
+
+
+def _owner(kind: str, name: str, uid: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "apiVersion": API_VERSION,
+            "kind": kind,
+            "name": name,
+            "uid": uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+
+
+def services_configmap(svc: ServiceConfig) -> dict[str, Any]:
+    """The services file of the service's replicas, as a ConfigMap it owns."""
+    import yaml
+
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": f"tangram-rms-{svc.name}",
+            "namespace": svc.namespace,
+            "labels": {**MANAGED_BY, SERVICE_LABEL: svc.name},
+            "ownerReferences": _owner("RewardModelService", svc.name, svc.uid),
+        },
+        "data": {"services.yaml": yaml.safe_dump(svc.services_file(), sort_keys=False)},
+    }
+
+
+def reward_pod(svc: ServiceConfig, name: str, device: str) -> dict[str, Any]:
+    """One replica: ``tangram reward-runtime`` with the service's GPUs (the device plugin's
+    resources: ``nvidia.com/gpu`` or the MIG profile's), the services file and the weights' claim."""
+    spec: dict[str, Any] = copy.deepcopy(dict(svc.pod_spec or {}))
+    gpu = {f"nvidia.com/mig-{svc.mig_profile}": "1"} if svc.mig_profile else {"nvidia.com/gpu": str(svc.gpus)}
+    mounts = [{"name": "services", "mountPath": SERVICES_FILE.rsplit("/", 1)[0], "readOnly": True}]
+    volumes: list[dict[str, Any]] = [{"name": "services", "configMap": {"name": f"tangram-rms-{svc.name}"}}]
+    if svc.claim:
+        mounts.append({"name": "weights", "mountPath": WEIGHTS_MOUNT, "readOnly": True})
+        volumes.append(
+            {"name": "weights", "persistentVolumeClaim": {"claimName": svc.claim, "readOnly": True}}
+        )
+    container: dict[str, Any] = {
+        "name": "runtime",
+        "image": svc.image or DEFAULT_REWARD_IMAGE,
+        "command": ["tangram", "reward-runtime"],
+        "args": [
+            f"--config={SERVICES_FILE}",
+            f"--listen=$(POD_IP):{svc.port}",
+            f"--device={device}",
+            # On a GPU the runtime takes 90% of free memory; on a CPU it needs a budget.
+            *([f"--device-memory={svc.gpu_memory or CPU_DEVICE_MEMORY}"] if device == "cpu" else []),
+        ],
+        "env": [
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            *({"name": k, "value": v} for k, v in svc.env),
+        ],
+        "ports": [{"name": "runtime", "containerPort": svc.port, "protocol": "TCP"}],
+        "resources": {"requests": dict(gpu), "limits": dict(gpu)},
+        "readinessProbe": {
+            "httpGet": {"path": "/v1/health", "port": "runtime"},
+            "periodSeconds": 2,
+            "failureThreshold": 2,
+        },
+        "volumeMounts": mounts,
+    }
+    spec["containers"] = [container, *[c for c in spec.get("containers", []) if c.get("name") != "runtime"]]
+    spec["volumes"] = [*volumes, *spec.get("volumes", [])]
+    spec["restartPolicy"] = "Never"
+    spec["automountServiceAccountToken"] = False
+    spec["enableServiceLinks"] = False
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": svc.namespace,
+            "labels": {
+                **MANAGED_BY,
+                SERVICE_LABEL: svc.name,
+                ROLE_LABEL: ROLE_REWARD_REPLICA,
+                TEMPLATE_LABEL: svc.template_hash,
+            },
+            "annotations": {PORT_ANNOTATION: str(svc.port)},
+            "ownerReferences": _owner("RewardModelService", svc.name, svc.uid),
         },
         "spec": spec,
     }

@@ -1,0 +1,158 @@
+"""RewardModelService -> the operator's view of a service, and reward payloads -> the text a reward
+model scores (pure). Defaults are the API models'."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from arl_tangram.api.rewardmodelservice import RewardModelService
+from arl_tangram.errors import InvalidSpec
+
+WEIGHTS_MOUNT = "/var/lib/tangram/weights"
+"""Where a ``pvc://`` model's claim is mounted in a replica pod."""
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """One RewardModelService as the operator works with it. ``weights_path`` is where the built-in
+    runtime reads the weights inside a replica; ``claim`` the PVC to mount for them, if any."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    runtime: str
+    image: str | None
+    port: int
+    gpus: int
+    mig_profile: str | None
+    min_replicas: int
+    max_replicas: int
+    idle_timeout_s: float
+    cold_start_budget_s: float
+    max_queue: int
+    max_batch: int
+    max_wait_ms: int
+    weights_path: str
+    claim: str | None
+    env: tuple[tuple[str, str], ...]
+    pod_spec: Mapping[str, Any] | None
+    template_hash: str
+    gpu_memory: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def services_file(self) -> dict[str, Any]:
+        """The reward runtime's services file for a replica of this service."""
+        return {
+            "services": [
+                {
+                    "name": self.name,
+                    "backend": "builtin",
+                    "path": self.weights_path,
+                    "maxBatchSize": self.max_batch,
+                    "maxWaitMillis": self.max_wait_ms,
+                    "maxQueueLength": self.max_queue,
+                    "keepResident": self.min_replicas > 0,
+                }
+            ]
+        }
+
+
+def service_config(rms: RewardModelService, uid: str = "") -> ServiceConfig:
+    """Translate a validated RewardModelService; InvalidSpec for what the operator cannot serve."""
+    meta, spec = rms.metadata, rms.spec
+    if not meta.name or not meta.namespace:
+        raise InvalidSpec("metadata", "a RewardModelService needs a name and a namespace")
+    if spec.server.runtime != "builtin":
+        raise InvalidSpec(
+            "spec.server.runtime",
+            f"{spec.server.runtime} servers are not run by this operator yet; use runtime: builtin "
+            "(the vLLM and SGLang adapters exist in the reward runtime, their pods do not)",
+        )
+    uri = spec.model.uri
+    scheme, _, rest = uri.partition("://")
+    claim: str | None = None
+    if scheme == "file":
+        path = "/" + rest.lstrip("/")
+    elif scheme == "pvc":
+        claim, _, inner = rest.partition("/")
+        if not claim or not inner:
+            raise InvalidSpec(
+                "spec.model.uri", f"pvc:// needs a claim and a path, e.g. pvc://weights/rm.npz; got {uri}"
+            )
+        path = f"{WEIGHTS_MOUNT}/{inner}"
+    else:
+        raise InvalidSpec(
+            "spec.model.uri",
+            f"{scheme}:// weights are never downloaded at run time: put them on a PersistentVolumeClaim "
+            "(pvc://CLAIM/PATH) or in the image (file:///PATH)",
+        )
+    relevant = json.dumps(
+        {
+            "server": spec.server.model_dump(mode="json"),
+            "gpu": spec.gpu.model_dump(mode="json"),
+            "model": spec.model.model_dump(mode="json"),
+            "batching": spec.batching.model_dump(mode="json"),
+        },
+        sort_keys=True,
+    )
+    return ServiceConfig(
+        namespace=meta.namespace,
+        name=meta.name,
+        uid=uid,
+        generation=meta.generation or 0,
+        runtime=spec.server.runtime,
+        image=spec.server.image,
+        port=spec.server.port,
+        gpus=min(spec.gpu.count),
+        mig_profile=spec.gpu.mig_profile,
+        min_replicas=spec.scaling.min_replicas,
+        max_replicas=spec.scaling.max_replicas,
+        idle_timeout_s=float(spec.scaling.idle_timeout_seconds),
+        cold_start_budget_s=float(spec.scaling.cold_start_budget_seconds),
+        max_queue=spec.scaling.max_queue_length,
+        max_batch=spec.batching.max_batch_size,
+        max_wait_ms=spec.batching.max_wait_millis,
+        weights_path=path,
+        claim=claim,
+        env=tuple((e.name, e.value) for e in spec.server.env),
+        pod_spec=spec.server.pod_spec,
+        template_hash=hashlib.sha256(relevant.encode()).hexdigest()[:16],
+        gpu_memory=str(spec.gpu.memory) if spec.gpu.memory else None,
+    )
+
+
+def reward_text(payload: Mapping[str, Any]) -> str:
+    """The one text a reward model scores for a reward action's payload: ``prompt`` (a string or a
+    chat's messages) and ``response``, or ``messages`` (a whole chat), or ``input``."""
+
+    def chat(messages: Any) -> str:
+        if not isinstance(messages, list):
+            raise InvalidSpec("payload.messages", "must be a list of {role, content}")
+        parts = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, Mapping) or not isinstance(m.get("content"), str):
+                raise InvalidSpec(f"payload.messages[{i}]", "must be {role, content} with text content")
+            parts.append(m["content"])
+        return "\n".join(parts)
+
+    if "input" in payload:
+        if not isinstance(payload["input"], str):
+            raise InvalidSpec("payload.input", "must be a string")
+        return payload["input"]
+    if "messages" in payload:
+        return chat(payload["messages"])
+    if "response" in payload:
+        prompt = payload.get("prompt") or ""
+        prompt_text = chat(prompt) if isinstance(prompt, list) else str(prompt)
+        if not isinstance(payload["response"], str):
+            raise InvalidSpec("payload.response", "must be a string")
+        return f"{prompt_text}{payload['response']}"
+    raise InvalidSpec("payload", "a reward action needs input, messages, or prompt and response")
