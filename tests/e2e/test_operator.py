@@ -734,6 +734,18 @@ def test_a_reward_model_service_scores_batch_actions_and_scales_to_zero(
         description="scaled back to zero after idle",
         timeout=90,
     )
+    # A change of the batching window reaches the replicas' services file.
+    cluster.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "rewardmodelservices", "rm", {"spec": {"batching": {"maxWaitMillis": 25}}}
+    )
+    wait_for(
+        cluster.core.list_namespaced_config_map,
+        lambda o: "maxWaitMillis: 25" in (o.get("data") or {}).get("services.yaml", ""),
+        namespace=namespace,
+        field_selector="metadata.name=tangram-rms-rm",
+        description="the services file updated",
+        timeout=60,
+    )
 
 
 # Grants that the tests above do not exercise, each with the code path that needs it.

@@ -487,14 +487,14 @@ def bench_rollout(
         spec = {
             "mode": "dedicated",
             "dedicated": {"maxSessions": trajectories},
-            "sessions": {"ttlSeconds": 2},
+            "sessions": {"ttlSeconds": 5},
             "scaling": {"maxHosts": trajectories, "maxStarting": trajectories},
         }
     else:
         spec = {
             # Kept warm with one host, as a platform keeps its pools; it grows with the load.
             "scaling": {"minHosts": 1, "maxHosts": 2, "maxStarting": 2, "idleTimeoutSeconds": 5},
-            "sessions": {"ttlSeconds": 2},
+            "sessions": {"ttlSeconds": 5},
         }
     custom.create_namespaced_custom_object(GROUP, VERSION, ns, "actionpools", _pool(name, **spec))
     _wait(f"{name} to be accepted", lambda: bool(_pool_status(custom, ns, name).get("conditions")))

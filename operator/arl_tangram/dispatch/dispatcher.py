@@ -81,6 +81,12 @@ class _Session:
     lost: str | None = None
     busy: bool = False
     backlog: deque[_Job] = field(default_factory=deque)
+    ttl_s: float | None = None  # None: the pool's sessions.ttlSeconds
+
+
+# Closed sessions remembered per pool, so that an action naming one is refused (SessionLost)
+# instead of silently starting an empty session of the same name.
+CLOSED_SESSIONS_KEPT = 100_000
 
 
 @dataclass(eq=False)
@@ -107,6 +113,7 @@ class _Pool:
     failures: dict[str, int] = field(default_factory=dict)
     unhealthy: set[str] = field(default_factory=set)
     retired: set[str] = field(default_factory=set)  # dedicated pods whose trajectory ended
+    closed: dict[str, str] = field(default_factory=dict)  # session -> why it closed (oldest first)
     # Agent keys each host reported running or finished when it was first seen (re-attachment).
     known_running: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     known_finished: dict[str, str] = field(default_factory=dict)
@@ -425,7 +432,7 @@ class Dispatcher:
         if state is None:
             raise NotFound("ActionPool", pool)
         name = f"s-{secrets.token_hex(8)}"
-        state.sessions[name] = _Session(name, self.clock())
+        state.sessions[name] = _Session(name, self.clock(), ttl_s=ttl_s)
         return name
 
     async def close_session(self, namespace: str, pool: str, session: str) -> None:
@@ -443,11 +450,15 @@ class Dispatcher:
         for pool in list(self._pools.values()):
             for sess in list(pool.sessions.values()):
                 idle = not sess.busy and not sess.backlog
-                if idle and now - sess.last_used > pool.config.session_ttl_s:
-                    await self._close_session(pool, sess)
+                ttl = sess.ttl_s if sess.ttl_s is not None else pool.config.session_ttl_s
+                if idle and now - sess.last_used > ttl:
+                    await self._close_session(pool, sess, f"idle for its TTL of {ttl:g} s")
 
-    async def _close_session(self, pool: _Pool, sess: _Session) -> None:
+    async def _close_session(self, pool: _Pool, sess: _Session, why: str = "closed") -> None:
         pool.sessions.pop(sess.name, None)
+        pool.closed[sess.name] = why
+        while len(pool.closed) > CLOSED_SESSIONS_KEPT:
+            del pool.closed[next(iter(pool.closed))]
         if pool.config.mode == "dedicated" and sess.host in pool.cpu.hosts:
             self._retire(pool, sess.host)  # its pod served this trajectory only
         for job in list(sess.backlog):
@@ -473,6 +484,13 @@ class Dispatcher:
         session = job.request.session
         if session is not None:
             sess = pool.sessions.get(session)
+            if sess is None and session in pool.closed:
+                self._fail(
+                    job,
+                    Reason.SESSION_LOST,
+                    f"session {session!r} was {pool.closed[session]}: its state is gone; start a new session",
+                )
+                return
             if sess is None:
                 sess = pool.sessions[session] = _Session(session, self.clock())
             if sess.lost is not None:

@@ -111,6 +111,15 @@ async def test_a_session_runs_its_actions_in_order_on_one_host(dispatcher: Dispa
     assert len({o.host for o in outcomes}) == 1
 
 
+async def test_a_closed_session_is_not_silently_recreated_empty(dispatcher: Dispatcher) -> None:
+    first = await dispatcher.run(_req("c-0", "open('f', 'w').write('x')", session="closing"))
+    assert first.state is Outcome.SUCCEEDED
+    await dispatcher.close_session(NS, "py", "closing")
+    again = await dispatcher.run(_req("c-1", "print(open('f').read())", session="closing"))
+    assert again.state is Outcome.FAILED and again.reason is Reason.SESSION_LOST
+    assert "closing" in (again.message or "") and "closed" in (again.message or "")
+
+
 async def test_unknown_pool_is_refused_by_name(dispatcher: Dispatcher) -> None:
     with pytest.raises(NotFound, match="nope"):
         await dispatcher.run(ActionRequest("k", NS, "nope", "code", {"runtime": "python", "code": "1"}))
