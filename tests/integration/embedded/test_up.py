@@ -145,7 +145,9 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path: Path) -> None:
         hosts = running.hosts(POOL)
         pids = [h["pid"] for h in hosts]
         uids = [range(*h["uids"]) for h in hosts]
-        assert pids and leftovers([], uids), "the running action runs under the host's uids"
+        assert pids
+        # Granted is not yet forked: wait for the action's own process, under the host's uids.
+        wait_until(lambda: leftovers([], uids), 30, "the action's process under the host's uids")
         running.proc.send_signal(signal.SIGINT)
         assert running.proc.wait(timeout=60) == 0, running.output()
         assert leftovers(pids, uids) == []
