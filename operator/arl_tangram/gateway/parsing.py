@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -37,11 +38,45 @@ def loads(raw: bytes | str) -> Any:
     if not raw:
         raise BadRequest(400, "empty body: a JSON object is expected")
     try:
-        return json.loads(raw)
+        data = json.loads(raw)
     except (ValueError, RecursionError) as exc:
         # ValueError: syntax, encoding, or an integer past Python's digit limit; RecursionError:
         # nesting deeper than the decoder goes.
         raise BadRequest(400, f"malformed JSON: {exc}") from exc
+    # JSON may escape a lone UTF-16 surrogate ("\\ud800"), which decodes to a str that cannot be
+    # encoded again, so it would fail later, far from here (a 500). Only bodies with such an escape
+    # pay for the walk.
+    if _SURROGATE_ESCAPE.search(raw if isinstance(raw, bytes) else raw.encode(errors="surrogatepass")):
+        where = _surrogate_at(data, "")
+        if where is not None:
+            raise BadRequest(
+                400,
+                f"{where or 'the body'}: invalid Unicode (a lone UTF-16 surrogate escape)",
+                field=where or None,
+            )
+    return data
+
+
+def _surrogate_at(value: Any, path: str) -> str | None:
+    """The dotted path of the first string (or key) holding a lone surrogate; None when none does."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return path
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        here = f"{path}.{key}" if path else str(key)
+        if isinstance(key, str) and _surrogate_at(key, here) is not None:
+            return here
+        found = _surrogate_at(item, here)
+        if found is not None:
+            return found
+    return None
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def validate(model: type[M], data: Any, where: str = "") -> M:
