@@ -9,6 +9,7 @@ busy one only by draining it, so no running action is killed), and the status an
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -75,6 +76,12 @@ class PoolObservation:
     conditions: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
     unschedulable_for_s: float = 0.0
     resize_refusal: str | None = None
+    # Hosts that failed in a row and how long since the last: no new host is started until the
+    # back-off has passed (5 s doubling to 5 min, as a kubelet's crash loop), so a template whose
+    # agent cannot start does not churn pods.
+    failures: int = 0
+    since_failure_s: float = float("inf")
+    last_failure: str | None = None
 
 
 # A pod waiting this long without a node means no node can hold the template (the issue's minute,
@@ -117,6 +124,8 @@ def reconcile_actionpool(
     if cfg.mode == "dedicated":
         ops += _dedicated(cfg, live, gone, stats)
     ops += _rollout(cfg, live, outdated, gone, stats)
+    if observed.since_failure_s < backoff_s(observed.failures):
+        ops = [op for op in ops if not isinstance(op, CreateHost)]
     for op in ops:
         if isinstance(op, CreateHost):
             ops.append(Event("Normal", "ScalingUp", f"adding a host: {op.reason}"))
@@ -300,13 +309,15 @@ def _status(
             gen,
             now,
         )
-    elif failed:
+    elif failed or observed.since_failure_s < backoff_s(observed.failures):
+        cause = failed[0].failure if failed else observed.last_failure
         conds = set_condition(
             conds,
             ConditionType.DEGRADED,
             True,
             ConditionReason.HOSTS_FAILED,
-            f"host {failed[0].name} failed: {failed[0].failure}; it is replaced",
+            f"{max(1, observed.failures)} host(s) failed in a row, last: {cause}; replaced, the next "
+            f"start after {backoff_s(observed.failures):g} s",
             gen,
             now,
         )
@@ -353,6 +364,11 @@ def _status(
         "queueDepth": queue,
         "act": act.model_dump(by_alias=True) if act else None,
     }
+
+
+def backoff_s(failures: int) -> float:
+    """How long after the last of ``failures`` failed hosts in a row the next one may start."""
+    return 0.0 if failures <= 0 else min(300.0, 5.0 * 2 ** (failures - 1))
 
 
 def _unplaceable(cfg: PoolConfig, plan: ScalingPlan | None) -> str | None:
@@ -486,6 +502,7 @@ class PoolController:
         self.planner = planner
         self._cores: dict[str, tuple[int, ...]] = {}  # host -> the core ids its agent grants
         self._pending_since: dict[str, float] = {}
+        self._failures: dict[str, tuple[int, float, str | None, frozenset[str]]] = {}
 
     async def reconcile(
         self,
@@ -518,22 +535,27 @@ class PoolController:
             self._pending_since.setdefault(cfg.key, time.monotonic())
         else:
             self._pending_since.pop(cfg.key, None)
+        count, when, why, seen = self._failures.get(cfg.key, (0, 0.0, None, frozenset()))
+        failed = [h for h in hosts if h.phase == "failed" and h.name not in seen]
+        if failed:
+            count, when, why = count + len(failed), time.monotonic(), failed[0].failure
+        elif any(h.phase == "ready" for h in hosts):
+            count = 0
+        self._failures[cfg.key] = (count, when, why, seen | {h.name for h in failed})
         observed = PoolObservation(
             hosts=hosts,
             stats=stats,
             plan=plan,
             conditions=status.get("conditions") or (),
             unschedulable_for_s=time.monotonic() - self._pending_since.get(cfg.key, time.monotonic()),
+            failures=count,
+            since_failure_s=time.monotonic() - when if count else float("inf"),
+            last_failure=why,
         )
         if cfg.mode == "dedicated":  # pods follow sessions one to one; there is nothing to plan
             refusal = getattr(self.runtime, "resize_refusal", None)
-            observed = PoolObservation(
-                observed.hosts,
-                stats,
-                None,
-                observed.conditions,
-                observed.unschedulable_for_s,
-                refusal(cfg.key) if callable(refusal) else None,
+            observed = dataclasses.replace(
+                observed, plan=None, resize_refusal=refusal(cfg.key) if callable(refusal) else None
             )
         new_status, ops = reconcile_actionpool(cfg, observed, now_dt)
         await self._apply(cfg, ops)

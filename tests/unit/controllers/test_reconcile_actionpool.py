@@ -242,3 +242,14 @@ def test_scale_replicas_pin_the_bounds_within_min_and_max() -> None:
     )
     assert pinned.desired_bounds == (4, 4)
     assert pinned.scaling_policy().max_instances == 4 and pinned.scaling_policy().min_instances == 4
+
+
+def test_hosts_that_keep_failing_are_replaced_with_back_off() -> None:
+    adds = plan(adds=(InstanceAdd(CFG.key, "n1", 4, 4000, 1, 0, R),))
+    held = PoolObservation([], stats(queued=1), adds, failures=3, since_failure_s=5.0, last_failure="exit 1")
+    status, ops = reconcile_actionpool(CFG, held, NOW)
+    assert _kinds(ops) == []
+    degraded = {c["type"]: c for c in status["conditions"]}["Degraded"]
+    assert degraded["status"] == "True" and "exit 1" in degraded["message"] and "20 s" in degraded["message"]
+    later = PoolObservation([], stats(queued=1), adds, failures=3, since_failure_s=21.0)
+    assert _kinds(reconcile_actionpool(CFG, later, NOW)[1]) == [("create", "n1")]
