@@ -41,6 +41,12 @@ pytest_runtest_makereport = _e2e.pytest_runtest_makereport
 CHAOS = os.environ.get("TANGRAM_CHAOS", "") not in ("", "0")
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The e2e tier's build of the control plane (first run only), before any test here starts."""
+    _e2e.E2E_DIR = HERE  # this private copy of the e2e conftest looks for this directory's items
+    _e2e.pytest_collection_finish(session)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "chaos_long: part of the reliability suite that only `make test-chaos` runs"

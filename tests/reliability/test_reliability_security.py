@@ -1,0 +1,306 @@
+# mypy: disable-error-code="no-untyped-call,attr-defined"
+"""Security from inside a pool on the test bed (docs/reliability.md): the sandbox's hostile-code
+list (tests/integration/sandbox/test_sandbox_hostile.py) as one ActionBatch through a pool, what a
+running action can see of another through /proc, memory and disk limits, and the control plane
+(sandbox pods without a ServiceAccount token, the pool's NetworkPolicy, the gateway across
+namespaces). The operator's RBAC against the calls it makes is
+tests/e2e/test_operator.py::test_the_operators_rbac_is_exactly_what_it_uses (the audit log).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chaos import (
+    agent_running,
+    host_pods,
+    live_agents,
+    make_pool,
+    record,
+    submit,
+    wait_complete,
+)
+from operator_harness import Operator, trainer_token
+from testbed import REPO, Cluster
+
+sys.path.insert(0, str(REPO / "tests" / "integration" / "sandbox"))
+from test_sandbox_hostile import (
+    DAEMON,
+    ESCAPE_WRITES,
+    FD_EXHAUSTION,
+    FLOOD,
+    FORK_BOMB,
+    MEMORY_BOMB,
+)
+
+DISK_FILL = (
+    "n = 0\n"
+    "try:\n"
+    "    with open('big', 'wb') as f:\n"
+    "        for _ in range(4096):\n"
+    "            f.write(b'x' * (1 << 20)); f.flush(); n += 1\n"
+    "    print('WROTE_MB', n)\n"
+    "except OSError as e:\n"
+    "    print('STOPPED_AT_MB', n, type(e).__name__)\n"
+)
+# Files under the per-file limit, one after another: what bounds an action's disk in all.
+DISK_MANY = (
+    "total = 0\n"
+    "try:\n"
+    "    for k in range(4):\n"
+    "        with open(f'f{k}', 'wb') as f:\n"
+    "            for _ in range(48):\n"
+    "                f.write(b'x' * (1 << 20)); total += 1\n"
+    "    print('TOTAL_MB', total)\n"
+    "except OSError as e:\n"
+    "    print('STOPPED_AT_MB', total, type(e).__name__)\n"
+)
+KILL_ALL = (
+    "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept OSError:\n    pass\nprint('survived')\n"
+)
+TOKEN = (
+    "import os\n"
+    "p = '/var/run/secrets/kubernetes.io/serviceaccount/token'\n"
+    "print('TOKEN', os.path.exists(p), 'KSH', 'KUBERNETES_SERVICE_HOST' in os.environ)\n"
+)
+SECRET = "s3cr3t-7f1d"
+HOLDER = (
+    "import os, sys, time\n"
+    "os.execve(sys.executable, [sys.executable, '-c', 'import time; time.sleep(8)', 'ARGV-" + SECRET + "'],"
+    " {'TOKEN_ENV': 'ENV-" + SECRET + "'})\n"
+)
+SNOOPER = (
+    "import os, time\n"
+    "time.sleep(3)\n"
+    "pids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+    "argv = env = 0\n"
+    "for p in pids:\n"
+    "    try:\n"
+    "        argv += b'ARGV-" + SECRET + "' in open(f'/proc/{p}/cmdline', 'rb').read()\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "    try:\n"
+    "        env += b'ENV-" + SECRET + "' in open(f'/proc/{p}/environ', 'rb').read()\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "print('PIDS', len(pids), 'ARGV', argv, 'ENV', env)\n"
+)
+
+
+def _cgroup_fs() -> str:
+    """cgroup2 when the unified hierarchy is mounted (a memory limit per action is possible)."""
+    for line in Path("/proc/mounts").read_text().splitlines():
+        parts = line.split()
+        if parts[1] == "/sys/fs/cgroup":
+            return parts[2]
+    return "none"
+
+
+def _code(aid: str, code: str, timeout_s: int = 20) -> dict[str, Any]:
+    return {
+        "id": aid,
+        "type": "code",
+        "target": "sec",
+        "timeoutSeconds": timeout_s,
+        "payload": {"language": "python", "code": code},
+    }
+
+
+def test_hostile_code_through_a_pool_is_contained_and_the_host_survives(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    make_pool(cluster, namespace, "sec", hosts=1, limits={"memory": "256Mi"})
+    [(host, ip)] = live_agents(cluster, namespace, "sec").items()
+    actions = [
+        _code("fork-bomb", FORK_BOMB, timeout_s=3),
+        _code("memory-bomb", MEMORY_BOMB),
+        _code("daemon", DAEMON),
+        _code("flood", FLOOD),
+        _code("escape-writes", ESCAPE_WRITES),
+        _code("fd-exhaustion", FD_EXHAUSTION),
+        _code("kill-all", KILL_ALL),
+        _code("disk-fill", DISK_FILL, timeout_s=60),
+        _code("disk-many-files", DISK_MANY, timeout_s=60),
+        _code("token", TOKEN),
+        _code("after", "print('fine')"),
+    ]
+    submit(cluster, namespace, "hostile", actions)
+    batch = wait_complete(cluster, namespace, "hostile", timeout=300)
+    r = {x["id"]: x for x in batch["status"]["results"]}
+    out = {k: (v.get("output") or "") for k, v in r.items()}
+    assert r["fork-bomb"]["state"] == "Failed" and r["fork-bomb"]["reason"] == "Timeout", r["fork-bomb"]
+    assert r["memory-bomb"]["state"] == "Failed" and r["memory-bomb"]["reason"] == "OutOfMemory", r[
+        "memory-bomb"
+    ]
+    assert r["daemon"]["state"] == "Succeeded" and out["daemon"].strip() == "parent done"
+    assert r["flood"]["state"] == "Succeeded" and r["flood"]["truncated"] is True
+    wrote = [line for line in out["escape-writes"].splitlines() if line.startswith("WROTE")]
+    assert wrote == ["WROTE /tmp/tangram-escape", "WROTE /dev/shm/tangram-escape"], out["escape-writes"]
+    assert r["fd-exhaustion"]["state"] == "Failed"
+    assert "survived" in out["kill-all"]
+    assert "STOPPED_AT_MB" in out["disk-fill"], out["disk-fill"]
+    # Known limit: the disk is bounded per file (RLIMIT_FSIZE), not per action: files under the
+    # limit add up (the row records how far).
+    assert out["disk-many-files"].startswith(("TOTAL_MB", "STOPPED_AT_MB")), out["disk-many-files"]
+    assert "TOKEN False" in out["token"], out["token"]
+    assert r["after"]["state"] == "Succeeded" and out["after"].strip() == "fine"
+    # The same host, alive, running nothing, and its agent never restarted.
+    pods = host_pods(cluster, namespace, "sec")
+    assert [p["metadata"]["name"] for p in pods] == [host]
+    assert all(cs.get("restartCount", 0) == 0 for cs in pods[0]["status"]["containerStatuses"])
+    assert agent_running(ip) == []
+    record(
+        "security-hostile-through-pool",
+        actions=len(actions),
+        outcomes={k: f"{v['state']}/{v.get('reason') or '-'}" for k, v in r.items()},
+        disk_fill=out["disk-fill"].strip(),
+        disk_many_files=out["disk-many-files"].strip(),
+        cgroup_fs=_cgroup_fs(),
+        token=out["token"].strip(),
+    )
+
+
+@pytest.mark.xfail(
+    reason="known limit: an action's PID namespace keeps the host pod's /proc mounted, so another "
+    "action's command line is readable (its environment is not: other uid); see docs/reliability.md",
+    strict=False,
+)
+def test_what_an_action_sees_of_another_through_proc(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    """Two actions on one host at once: the snooper looks through /proc for the holder's argv and
+    environment. It should see neither; today it sees the command line (a known limit)."""
+    make_pool(cluster, namespace, "sec", hosts=1)
+    submit(cluster, namespace, "proc", [_code("holder", HOLDER), _code("snooper", SNOOPER)])
+    batch = wait_complete(cluster, namespace, "proc", timeout=120)
+    r = {x["id"]: x for x in batch["status"]["results"]}
+    assert r["holder"]["state"] == "Succeeded", r["holder"]
+    seen = (r["snooper"].get("output") or "").split()
+    record("security-proc-visibility", snooper=" ".join(seen))
+    assert seen[:1] == ["PIDS"], r["snooper"]
+    assert seen[seen.index("ARGV") + 1] == "0", f"another action's command line is visible: {seen}"
+    assert seen[seen.index("ENV") + 1] == "0", f"another action's environment is visible: {seen}"
+
+
+def test_sandbox_pods_have_no_token_and_the_pools_network_policy_denies_egress(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    make_pool(cluster, namespace, "sec", hosts=1)
+    [pod] = host_pods(cluster, namespace, "sec")
+    assert pod["spec"].get("automountServiceAccountToken") is False
+    mounts = [m["mountPath"] for c in pod["spec"]["containers"] for m in c.get("volumeMounts", [])]
+    assert not [m for m in mounts if "serviceaccount" in m], mounts
+    pols = json.loads(cluster.kubectl("get", "networkpolicy", "-n", namespace, "-o", "json").stdout)["items"]
+    mine = [p for p in pols if p["spec"]["podSelector"]["matchLabels"].get("tangram.arl.dev/pool") == "sec"]
+    assert len(mine) == 1, pols
+    spec = mine[0]["spec"]
+    assert "Egress" in spec["policyTypes"] and spec.get("egress", []) == [], spec
+    assert [p["port"] for rule in spec["ingress"] for p in rule["ports"]] == [8080]
+    record(
+        "security-token-and-networkpolicy",
+        policy=mine[0]["metadata"]["name"],
+        policyTypes=spec["policyTypes"],
+    )
+
+
+def _call(port: int, ns: str, token: str | None) -> int:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/run_code",
+        data=json.dumps({"code": "print(1)", "language": "python"}).encode(),
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "X-Tangram-Namespace": ns,
+            "X-Tangram-Pool": "sec",
+            **({"Authorization": f"Bearer {token}"} if token else {}),
+        },
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def test_the_gateway_refuses_no_token_no_rbac_and_other_namespaces(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    make_pool(cluster, namespace, "sec", hosts=1)
+    other = f"{namespace[:50]}-other"
+    cluster.kubectl("create", "namespace", other)
+    try:
+        theirs = trainer_token(cluster, other)  # RBAC in the other namespace only
+        mine = trainer_token(cluster, namespace)
+        no_rbac = cluster.kubectl(
+            "create", "token", "default", "-n", namespace, "--audience=tangram-gateway"
+        ).stdout.strip()
+        wrong_audience = cluster.kubectl("create", "token", "trainer", "-n", namespace).stdout.strip()
+        port = operator.leader().port
+        got = {
+            "rbac": _call(port, namespace, mine),
+            "none": _call(port, namespace, None),
+            "garbage": _call(port, namespace, "not-a-token"),
+            "wrong-audience": _call(port, namespace, wrong_audience),
+            "no-rbac": _call(port, namespace, no_rbac),
+            "other-namespace": _call(port, namespace, theirs),
+        }
+    finally:
+        cluster.kubectl("delete", "namespace", other, "--wait=false")
+    record("security-gateway-authz", statuses=got)
+    assert got == {
+        "rbac": 200,
+        "none": 401,
+        "garbage": 401,
+        "wrong-audience": 401,
+        "no-rbac": 403,
+        "other-namespace": 403,
+    }
+
+
+SESSION_A = "import os\nopen('mine.txt', 'w').write('A-" + SECRET + "')\nprint(os.getcwd())\n"
+
+
+def _session_b(a_cwd: str) -> str:
+    return (
+        "import os\n"
+        f"a = {a_cwd!r}\n"
+        "print('CWD', os.getcwd(), 'SAME', os.getcwd() == a)\n"
+        "for what, f in [('READ', lambda: open(os.path.join(a, 'mine.txt')).read()),\n"
+        "                ('LIST', lambda: os.listdir(a)),\n"
+        "                ('PARENT', lambda: os.listdir(os.path.dirname(a)))]:\n"
+        "    try:\n"
+        "        print(what, 'OK', f())\n"
+        "    except OSError as e:\n"
+        "        print(what, 'refused', type(e).__name__)\n"
+    )
+
+
+def test_a_session_cannot_see_another_sessions_files_on_the_same_host(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    from arl_tangram.client import TangramClient
+
+    make_pool(cluster, namespace, "sec", hosts=1)
+    token = trainer_token(cluster, namespace)
+    client = TangramClient(
+        f"http://127.0.0.1:{operator.leader().port}", namespace=namespace, pool="sec", token=token
+    )
+    with client.session() as a, client.session() as b:
+        first = a.run_code(SESSION_A)
+        assert first.ok, first
+        a_cwd = first.stdout.strip()
+        seen = b.run_code(_session_b(a_cwd))
+        assert seen.ok, seen
+        again = a.run_code("print(open('mine.txt').read())")
+    lines = {line.split()[0]: line for line in seen.stdout.splitlines() if line.strip()}
+    record("security-session-isolation", a_cwd=a_cwd, b_sees=seen.stdout.strip().splitlines())
+    assert again.stdout.strip() == "A-" + SECRET, "a session lost its own file"
+    assert "SAME False" in lines["CWD"], lines
+    assert "refused" in lines["READ"], f"session B read session A's file: {lines['READ']}"
+    assert "refused" in lines["LIST"], f"session B listed session A's workdir: {lines['LIST']}"
