@@ -572,7 +572,8 @@ def test_a_dedicated_pool_runs_one_pod_per_session_and_removes_it_after(
         ]
         assert resizes and all(e["responseStatus"]["code"] == 200 for e in resizes), resizes[:3]
         pool = cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "actionpools", "py")
-        assert not any(c["reason"] == "InPlaceResizeUnsupported" for c in pool["status"]["conditions"])
+        refused = [c for c in pool["status"]["conditions"] if c["reason"] == "InPlaceResizeUnsupported"]
+        assert not refused, refused
     results = {r["id"]: r for r in batch["status"]["results"]}
     pods_of = {}
     for t in range(3):

@@ -661,7 +661,7 @@ class Dispatcher:
             sess.agent_id = await self.agent.create_session(
                 endpoint.address,
                 persistent=pool.config.persistent_interpreter,
-                ttl_s=pool.config.session_ttl_s,
+                ttl_s=pool.config.agent_session_ttl_s,
             )
             sess.host = endpoint.name
         return sess.agent_id

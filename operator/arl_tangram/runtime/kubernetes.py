@@ -33,9 +33,9 @@ from arl_tangram.runtime.pods import (
 log = logging.getLogger(__name__)
 
 WriteCounter = Callable[[str, str], None]
-# A resize the kubelet has not enacted by then is taken as unsupported (measured on the test bed:
+# How long a resize is waited for before the action runs anyway (measured on the test bed:
 # 20-45 ms from the patch to the status showing it).
-RESIZE_WAIT_S = 15.0
+RESIZE_WAIT_S = 5.0
 
 
 class KubernetesRuntime:
@@ -104,9 +104,14 @@ class KubernetesRuntime:
             if self._resize_target.get(name) != cpu_millicores:
                 return True  # a later resize of the same host superseded this one
             await asyncio.sleep(0.02)  # the index follows the pod's watch; nothing to wait on directly
-        self._resize_unsupported[pool.key] = (
-            f"a resize to {cpu} was not enacted within {RESIZE_WAIT_S:g} s (does the kubelet support "
-            "in-place pod resize?)"
+        # Not enacted in time: the node may be full for now (the kubelet defers the resize until
+        # room frees). The action runs on the cores it was granted; the next resize tries again.
+        log.info(
+            "pool %s: resize of %s to %s not enacted within %g s; running anyway",
+            pool.key,
+            name,
+            cpu,
+            RESIZE_WAIT_S,
         )
         return False
 
