@@ -54,6 +54,9 @@ PERIOD_S = 1.0
 # The planner's MILP runs every round: keep it well inside the period (greedy stands in on time-out).
 PLANNER_TIME_LIMIT_S = 0.3
 SESSION_SWEEP_S = 10.0
+# At Ctrl-C, requests in flight get this long to be answered (aiohttp's own default is a minute, too
+# long to wait at a terminal); then the hosts stop, and the actions still running with them.
+ANSWER_AT_STOP_S = 3.0
 
 
 @dataclass
@@ -129,7 +132,7 @@ class Embedded:
             allow_anonymous=True,
         )
         app.router.add_get("/v1/pools", self._pools)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=ANSWER_AT_STOP_S)
         await self._runner.setup()
         site = web.TCPSite(self._runner, LISTEN_HOST, self.port)
         await site.start()
