@@ -123,6 +123,8 @@ def tangram_up(*files: Path, extra: tuple[str, ...] = (), start_timeout_s: float
                 proc.wait()
         for t in collector:
             t.join(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def leftovers(pids: list[int], uid_ranges: list[range]) -> list[str]:
