@@ -135,7 +135,8 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path: Path) -> None:
         ended: list[str] = []
 
         def sleep_long() -> None:
-            body = {"code": "import time; time.sleep(120)", "language": "python", "run_timeout": 50}
+            code = "import time; time.sleep(120)"
+            body: dict[str, Any] = {"code": code, "language": "python", "run_timeout": 50}
             try:
                 ended.append(requests.post(running.url + "/run_code", json=body, timeout=180).text)
             except requests.RequestException as exc:  # Ctrl-C may cut it short: that is an end too
