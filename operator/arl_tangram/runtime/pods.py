@@ -29,10 +29,20 @@ DEFAULT_REWARD_IMAGE = "arl-tangram-reward:0.1.0"
 SERVICES_FILE = "/etc/tangram/services.yaml"
 CPU_DEVICE_MEMORY = "8Gi"  # what a reward runtime on CPU may keep resident when gpu.memory is unset
 MANAGED_BY = {"app.kubernetes.io/managed-by": "arl-tangram", "app.kubernetes.io/name": "arl-tangram-sandbox"}
-# What the agent needs for full isolation (namespaces, uid switching, killing its actions' trees);
+# What the agent needs for full isolation (namespaces, uid switching, killing its actions' trees;
+# SYS_CHROOT because joining a prepared mount namespace, setns(2), asks for it besides SYS_ADMIN);
 # sandbox-images/README.md explains each. User code never runs with them: the agent drops to a uid
 # of its own range for every action.
-AGENT_CAPABILITIES = ("SYS_ADMIN", "SETUID", "SETGID", "CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL")
+AGENT_CAPABILITIES = (
+    "SYS_ADMIN",
+    "SYS_CHROOT",
+    "SETUID",
+    "SETGID",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "KILL",
+)
 WORKDIR = "/var/lib/tangram/work"
 MIB = 1 << 20
 
