@@ -253,7 +253,12 @@ def test_a_host_deleted_mid_batch_loses_no_action(
         description="actions running",
         timeout=60,
     )
-    victim = _host_pods(cluster, namespace)[0]["metadata"]["name"]
+    victim = next(
+        p["metadata"]["name"]
+        for p in _host_pods(cluster, namespace)
+        if p.get("status", {}).get("podIP")
+        and http_get_json(f"http://{p['status']['podIP']}:8080/v1/actions")["running"]
+    )
     cluster.core.delete_namespaced_pod(victim, namespace, grace_period_seconds=0)
     batch = _wait_batch(cluster, namespace, "survive")
     results = batch["status"]["results"]
