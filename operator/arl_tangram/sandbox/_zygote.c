@@ -14,7 +14,8 @@
  *
  * Wire format (little-endian), manager -> zygote, one datagram per action:
  *   "TZR1" i64 id, i32 uid (-1: keep), u32 flags (1: interpreter, 2: private /tmp and /dev/shm,
- *   4: a network namespace to enter comes as the last descriptor),
+ *   4: a network namespace to enter comes as the last descriptor, 8: a mount namespace to enter
+ *   (with its private /tmp and /dev/shm) comes before it),
  *   u32 ncores, i32 cores[],
  *   u32 nlimits, {i32 resource, i64 value}[], then five spans of u32 len + bytes: workdir (NUL
  *   included), env ("K=V\0"...: the whole environment), env delta ("K=V\0" sets, "K\0" unsets),
@@ -488,12 +489,14 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
     }
     int32_t cores[1024];
     memcpy(cores, cores_at, ncores * 4u);
-    int netns_fd = -1;
+    int netns_fd = -1, mntns_fd = -1;
     if ((flags & 4u) && nfds > (interp ? 1 : 2)) netns_fd = fds[--nfds];
+    if ((flags & 8u) && nfds > (interp ? 1 : 2)) mntns_fd = fds[--nfds];
 
     if (pid_namespace && syscall(SYS_unshare, CLONE_NEWPID) < 0) {
         int err = errno;
         if (netns_fd >= 0) close(netns_fd);
+        if (mntns_fd >= 0) close(mntns_fd);
         for (int i = 0; i < nfds; i++) close(fds[i]);
         free(big);
         send_error(sock, id, "unshare(CLONE_NEWPID)", err);
@@ -512,6 +515,7 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
             if (init_stack != NULL) give_stack(init_stack);
             setns(own_pidns, CLONE_NEWPID);
             if (netns_fd >= 0) close(netns_fd);
+            if (mntns_fd >= 0) close(mntns_fd);
             for (int i = 0; i < nfds; i++) close(fds[i]);
             free(big);
             send_error(sock, id, "clone (the namespace's init)", err);
@@ -525,6 +529,8 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
         PyOS_AfterFork_Child();
         /* The action's own network namespace (loopback up), made ahead by the manager. */
         if (netns_fd >= 0 && setns(netns_fd, CLONE_NEWNET) < 0) child_fail("setns(network)");
+        /* Its own /tmp and /dev/shm: a mount namespace the manager made ahead (see forkserver). */
+        if (mntns_fd >= 0 && setns(mntns_fd, CLONE_NEWNS) < 0) child_fail("setns(mount)");
         child_setup(interp, fds, nfds, devnull, uid, cores, ncores, limits, nlimits, (const char *)workdir,
                     (const char *)env, elen, !interp && (flags & 2u));
         *result = child_result(interp, code, clen, argv, alen, delta, dlen);
@@ -535,6 +541,7 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
     PyOS_AfterFork_Parent();
     if (pid_namespace) setns(own_pidns, CLONE_NEWPID); /* only one child may be a namespace's init */
     if (netns_fd >= 0) close(netns_fd);
+    if (mntns_fd >= 0) close(mntns_fd);
     for (int i = 0; i < nfds; i++) close(fds[i]);
     free(big);
     int pidfd = -1, init_pidfd = -1;

@@ -105,7 +105,7 @@ def child_main(req: dict[str, Any], stdin_fd: int, out_fd: int, err_fd: int, ctr
         workdir = req["workdir"]
         uid = req.get("uid")
         if req.get("private_tmp"):
-            _private_tmp(workdir, dict(req.get("limits", ())).get(resource.RLIMIT_AS, 0))
+            private_tmp(workdir, dict(req.get("limits", ())).get(resource.RLIMIT_AS, 0))
         os.chdir(workdir)  # created by the fork server before the fork
         os.umask(0o022)
         if uid is not None:
@@ -132,7 +132,7 @@ def child_main(req: dict[str, Any], stdin_fd: int, out_fd: int, err_fd: int, ctr
     _run_action(req, ctrl_fd)
 
 
-def _private_tmp(workdir: str, size: int) -> None:
+def private_tmp(workdir: str, size: int) -> None:
     """The Python loop's twin of _zygote.c's private_tmp (whose comment says what and why)."""
     root = os.path.dirname(workdir)
     isolation.unshare(isolation.CLONE_NEWNS)

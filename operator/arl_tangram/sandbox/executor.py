@@ -191,6 +191,8 @@ class Executor:
             "network_allowed": self.config.network_allowed,
             "no_pid_namespace": self.config.no_pid_namespace,
             "private_tmp": self.config.private_tmp,
+            # Each action's private /tmp and /dev/shm hold at most the pool's default memory each.
+            "tmp_bytes": self.config.limits.memory_mb << 20,
             "preload": zygote_modules(self.config.preload),
             "zygote": self.config.fork_loop,
             "infra_cores": self._place_infra(),

@@ -136,9 +136,14 @@ class Zygote:
                 data = os.pread(memfd, struct.unpack_from("<Q", data, 12)[0], 0)
                 os.close(memfd)
             req = decode_request(data)
-            if len(fds) < (1 if req["interp"] else 2) + (1 if req["netns"] else 0):
+            extra = (1 if req["netns"] else 0) + (1 if req["mntns"] else 0)
+            if len(fds) < (1 if req["interp"] else 2) + extra:
                 raise ValueError("malformed request")
+            # The namespaces to enter come last: the network's, and before it the mount one's.
             netns_fd = fds.pop() if req["netns"] else -1
+            mntns_fd = fds.pop() if req["mntns"] else -1
+            namespaces = [fd for fd in (netns_fd, mntns_fd) if fd >= 0]
+            fds += namespaces  # closed with the rest below, in both processes
             self._apply_env(req["env"])
             pid = self._fork_isolated()
         except BaseException as exc:
@@ -147,19 +152,22 @@ class Zygote:
             self.sock.send(error_record(rid, f"{exc.__class__.__name__}: {exc}"))
             return True
         if pid == 0:
-            if netns_fd >= 0:
-                try:
+            try:
+                if netns_fd >= 0:
                     isolation.setns(netns_fd, isolation.CLONE_NEWNET)
-                except BaseException:
-                    os._exit(SETUP_FAILED)
+                if mntns_fd >= 0:
+                    isolation.setns(mntns_fd, isolation.CLONE_NEWNS)
+            except BaseException:
+                os._exit(SETUP_FAILED)
+            for fd in namespaces:
+                os.close(fd)
+                fds.remove(fd)
             if req["interp"]:
                 child_main(req, self.devnull, self.devnull, self.devnull, fds[0])
             if self.pid_namespace:
                 split_off_init(self.sockfd, req["id"])
             stdin_fd = fds[2] if len(fds) > 2 else self.devnull
             child_main(req, stdin_fd, fds[0], fds[1], None)
-        if netns_fd >= 0:
-            os.close(netns_fd)
         for fd in fds:
             os.close(fd)
         try:

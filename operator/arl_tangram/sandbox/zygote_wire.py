@@ -55,7 +55,7 @@ def encode_request(msg: dict[str, Any], interp: bool, base_env: dict[str, str]) 
     argv = msg.get("argv") or []
     uid = msg.get("uid")
     flags = (1 if interp else 0) | (2 if msg.get("private_tmp") and not interp else 0)
-    flags |= 4 if msg.get("netns") else 0
+    flags |= (4 if msg.get("netns") else 0) | (8 if msg.get("mntns") else 0)
     return b"".join(
         (
             REQUEST,
@@ -97,6 +97,7 @@ def decode_request(data: bytes) -> dict[str, Any]:
         "interp": bool(flags & 1),
         "private_tmp": bool(flags & 2),
         "netns": bool(flags & 4),
+        "mntns": bool(flags & 8),
         "cores": cores,
         "limits": limits,
         "workdir": workdir.rstrip(b"\0").decode(),

@@ -160,19 +160,29 @@ def test_tmp_and_dev_shm_are_private_writable_and_gone_at_the_end(agent: Agent) 
     assert _result(_run(agent, look))["stdout"] == "False False\n"
 
 
-def test_tmp_is_bounded_by_the_actions_memory(agent: Agent) -> None:
-    code = (
-        "try:\n"
-        "    with open('/tmp/big', 'wb') as f:\n"
-        "        for _ in range(200):\n"
-        "            f.write(b'x' * (1 << 20))\n"
-        "    print('wrote 200 MB')\n"
-        "except OSError as e:\n"
-        "    print('full', e.errno)\n"
-    )
-    # 48 MB: below the 64 MB a single file may grow to, so the tmpfs fills first.
-    body = _run(agent, code, memory_limit_MB=48)
-    assert _result(body)["stdout"] == "full 28\n", body  # ENOSPC: the tmpfs holds 48 MB at most
+def test_tmp_is_bounded_by_the_pools_memory_limit(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Each private tmpfs holds at most the pool's default memory limit (48 MB here, below the
+    64 MB one file may grow to, so the tmpfs fills first)."""
+    small = start_agent(tmp_path_factory.mktemp("small-tmp") / "work", "--memory-mb", "48")
+    try:
+        code = (
+            "try:\n"
+            "    with open('/tmp/big', 'wb') as f:\n"
+            "        for _ in range(200):\n"
+            "            f.write(b'x' * (1 << 20))\n"
+            "    print('wrote 200 MB')\n"
+            "except OSError as e:\n"
+            "    print('full', e.errno)\n"
+        )
+        look = "import os\nprint(os.listdir('/tmp'))"
+        fresh = _result(_run(small, look))["stdout"]  # (the workdir root's path, if it is under /tmp)
+        assert "big" not in str(fresh)
+        body = _run(small, code, run_timeout=60)
+        assert _result(body)["stdout"] == "full 28\n", body  # ENOSPC
+        # That namespace is not reused with the file in it: the next action finds /tmp as fresh.
+        assert _result(_run(small, look))["stdout"] == fresh
+    finally:
+        stop_agent(small)
 
 
 LISTEN = (
