@@ -61,6 +61,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from arl_tangram.sandbox.messages import RunMessage
+
 READ_CHUNK = 65536
 EOF_GRACE_S = 0.5  # after the action's process is gone, how long to wait for its pipes to close
 # Output is read when the action has ended, or from this long after its start on. Reading as it
@@ -277,7 +279,7 @@ class ForkServer:
         self.iso = isolation.Isolation()
         self.outq: list[bytes] = []
         self.pool = CorePool(list(config.get("cores", [])))
-        self.queue: deque[dict[str, Any]] = deque()
+        self.queue: deque[RunMessage] = deque()
         self.private_tmp = False  # per action (see _zygote.c's private_tmp), set in ``prepare``
         self.netns_free: list[int] = []  # network namespaces ready for actions (_fill_netns_pool)
         self.netns_home = -1  # the fork server's own network namespace, while there is a pool
@@ -458,6 +460,7 @@ class ForkServer:
         if not size:
             return False
         self.rbuf += self.rchunk[:size]
+        msg: Any  # a frame of messages.py: RunMessage, InterpStop or Cancel, told apart by "op"
         for msg in wire.decode_frames(self.rbuf):
             op = msg.get("op")
             try:
@@ -523,7 +526,7 @@ class ForkServer:
         os.lseek(fd, 0, os.SEEK_SET)
         return fd
 
-    def _make_workdir(self, msg: dict[str, Any]) -> None:
+    def _make_workdir(self, msg: RunMessage) -> None:
         # Here rather than in the child: a few system calls in this process, instead of the child's
         # copy-on-write faults on every Python object the same work touches there.
         uid = msg.get("uid")
@@ -534,7 +537,7 @@ class ForkServer:
         except FileExistsError:
             pass
 
-    def _start_run(self, msg: dict[str, Any]) -> None:
+    def _start_run(self, msg: RunMessage) -> None:
         self._make_workdir(msg)
         opened: list[int] = []
         try:
@@ -608,7 +611,7 @@ class ForkServer:
         for fd in call.pipes:
             self.sel.register(fd, (call.stream_of(fd), call))
 
-    def _start_interp_run(self, msg: dict[str, Any]) -> None:
+    def _start_interp_run(self, msg: RunMessage) -> None:
         sid = msg["sid"]
         interp = self.interps.get(sid)
         restarted = False
@@ -654,7 +657,7 @@ class ForkServer:
         interp.call = call
         self._track(call, r_out, r_err)
 
-    def _spawn_interp(self, msg: dict[str, Any]) -> Interp:
+    def _spawn_interp(self, msg: RunMessage) -> Interp:
         self._make_workdir(msg)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -984,7 +987,7 @@ class _ZygoteLink:
             raise RuntimeError(data[1:].decode("utf-8", "replace"))
         return cls(ours, pid, parse_record(data), base_env(config))
 
-    def spawn(self, msg: dict[str, Any], fds: list[int], interp: bool = False) -> tuple[int, int]:
+    def spawn(self, msg: RunMessage, fds: list[int], interp: bool = False) -> tuple[int, int]:
         """Have the zygote fork the child for ``msg`` with ``fds``; returns (pid, pidfd)."""
         request = encode_request(msg, interp, self.base_env)
         extra: list[int] = []

@@ -23,6 +23,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from arl_tangram.sandbox.messages import RunMessage
+
 REQUEST = b"TZR1"
 REQUEST_IN_MEMFD = b"TZRM"
 DATAGRAM_MAX = 60 << 10  # a larger request travels in a memfd (a datagram must fit the buffer)
@@ -41,13 +43,13 @@ def span(data: bytes) -> bytes:
     return struct.pack("<I", len(data)) + data
 
 
-def encode_request(msg: dict[str, Any], interp: bool, base_env: dict[str, str]) -> bytes:
+def encode_request(msg: RunMessage, interp: bool, base_env: dict[str, str]) -> bytes:
     """The zygote's request for the action ``msg`` (see _zygote.c for the layout). ``base_env`` is
     the zygote's own environment: the child's ``os.environ`` is brought from it to the action's by
     the difference only (a handful of variables instead of all)."""
     env = dict(msg.get("env") or {})
     env["TANGRAM_ACTION_ID"] = str(msg["id"])
-    delta = [(k, v) for k, v in env.items() if base_env.get(k) != v]
+    delta: list[tuple[str, str | None]] = [(k, v) for k, v in env.items() if base_env.get(k) != v]
     delta += [(k, None) for k in base_env if k not in env]
     cores = list(msg.get("cores") or [])
     limits = [(RLIMITS[name], int(value)) for name, value in (msg.get("limits") or {}).items() if value]

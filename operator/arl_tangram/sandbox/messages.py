@@ -1,0 +1,93 @@
+"""The frames between the agent and its fork server's manager (``wire`` encodes them), typed.
+
+Only for the type checker: at run time a frame is a plain dict (``marshal`` carries nothing else,
+and the fork server imports no ``typing``; it names these under ``TYPE_CHECKING`` only).
+
+Agent -> manager: ``RunMessage`` (``op`` "run", or "interp_run" for a session's interpreter),
+``InterpStop``, ``Cancel``. Manager -> agent: ``Hello`` once, then one ``Reply`` per run frame, a
+``Stopped`` per ``InterpStop`` and a ``Cancelled`` per ``Cancel``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NotRequired, TypedDict
+
+
+class RunMessage(TypedDict):
+    """Run one action (queued until the cores it wants are free)."""
+
+    op: Literal["run", "interp_run"]
+    id: int
+    code: str
+    argv: list[str] | None  # None: Python code, run in the child itself
+    stdin: bytes | None
+    uid: int | None
+    workdir: str
+    want: int | list[int]  # a number of cores, or exactly these
+    env: dict[str, str]
+    timeout: float
+    limits: dict[str, int]  # "cpu", "as", "nproc", "nofile", "fsize"
+    cap: int  # bytes kept of stdout and of stderr each
+    remove_workdir: NotRequired[bool]
+    sid: NotRequired[str]  # interp_run: the session
+    # Filled in by the manager before the zygote forks it:
+    cores: NotRequired[list[int]]
+    private_tmp: NotRequired[bool]
+    netns: NotRequired[bool]
+    mntns: NotRequired[bool]
+
+
+class InterpStop(TypedDict):
+    op: Literal["interp_stop"]
+    id: int
+    sid: str
+
+
+class Cancel(TypedDict):
+    """Kill action ``target`` (or drop it from the queue)."""
+
+    op: Literal["cancel"]
+    id: int
+    target: int
+
+
+class Reply(TypedDict, total=False):
+    """How a run went (``sandbox_error`` alone when it could not be started)."""
+
+    id: int
+    exit_code: int | None
+    signal: int | None
+    timed_out: bool
+    cancelled: bool
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+    wall_s: float
+    cpu_s: float | None
+    max_rss_kb: int | None
+    memory_error: bool
+    setup_error: bool
+    interp_restarted: bool
+    interp_stopped: bool
+    workdir_removed: bool
+    cores: list[int]
+    busy_cores: int
+    sandbox_error: str
+
+
+class Hello(TypedDict, total=False):
+    op: Literal["hello"]
+    pid: int
+    isolation: dict[str, object]
+    error: str  # the fork server could not start
+
+
+class Stopped(TypedDict):
+    id: int
+    stopped: bool
+
+
+class Cancelled(TypedDict):
+    id: int
+    found: bool
