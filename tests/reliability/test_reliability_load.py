@@ -79,7 +79,7 @@ async def _gateway_door(url: str, ns: str, token: str, n: int, seconds: float) -
 
 
 LOADS = [
-    pytest.param(Load("short", 1000, 60.0), id="1000-over-1-minute"),
+    pytest.param(Load("short", 1000, 60.0), id="1000-over-1-minute", marks=[pytest.mark.timeout(600)]),
     pytest.param(
         Load("full", 10000, 600.0, batch_every_s=10.0),
         id="10000-over-10-minutes",
@@ -88,7 +88,6 @@ LOADS = [
 ]
 
 
-@pytest.mark.timeout(600)
 @pytest.mark.parametrize("load", LOADS)
 def test_sustained_load_through_both_doors(
     cluster: Cluster, namespace: str, operator: Operator, load: Load
