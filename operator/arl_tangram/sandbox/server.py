@@ -547,7 +547,12 @@ async def health(request: web.Request) -> web.Response:
             "isolation": executor.isolation,
             "runtimes": list(executor.config.runtimes),
             "languages": executor.builder.describe(),
-            "cores": {"total": len(executor.cores.cores), "busy": executor.cores_busy},
+            # ids: the operator's scheduler grants these exact cores (see dispatch/).
+            "cores": {
+                "total": len(executor.cores.cores),
+                "busy": executor.cores_busy,
+                "ids": sorted(executor.cores.cores),
+            },
             "sessions": len(executor.sessions),
             "outcomes": executor.counts,
         },
