@@ -16,6 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -56,6 +57,10 @@ class LeaseElector:
         self._seen: tuple[Any, ...] | None = None
         self._seen_at = 0.0
         self._count = count_write or (lambda verb, resource: None)
+        # A thread of its own: on the shared default executor a renewal waits behind the operator's
+        # other blocking calls, and under load (1,000s of actions) the lease lapsed while the leader
+        # was alive (found by tests/reliability's load run).
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease")
 
     def _body(self, transitions: int, acquire: str | None) -> dict[str, Any]:
         now = _micro_time(datetime.now(UTC))
@@ -118,7 +123,7 @@ class LeaseElector:
         """Wait until this candidate leads."""
         while True:
             try:
-                if await asyncio.to_thread(self._try_once):
+                if await asyncio.get_running_loop().run_in_executor(self._thread, self._try_once):
                     self.is_leader = True
                     log.info("leading: lease %s/%s held by %s", self.namespace, self.name, self.identity)
                     return
@@ -132,7 +137,7 @@ class LeaseElector:
         while self.is_leader:
             await asyncio.sleep(self.renew_s)
             try:
-                if await asyncio.to_thread(self._try_once):
+                if await asyncio.get_running_loop().run_in_executor(self._thread, self._try_once):
                     last_ok = time.monotonic()
                     continue
                 log.error("lease %s/%s taken by %s", self.namespace, self.name, self.holder)
