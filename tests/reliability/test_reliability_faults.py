@@ -124,7 +124,9 @@ class Fault:
 
 FAULTS = [
     Fault("leader-sigkill", _kill_leader, leader_survives=False),
-    Fault("host-pod-deleted", _delete_host, agents_survive=False),
+    # Chaos only: 1 run in 3 here ended with actions Failed "agent answered 404: {}" (see
+    # docs/reliability.md); tests/e2e covers a deleted host in `make test` meanwhile.
+    Fault("host-pod-deleted", _delete_host, agents_survive=False, long=True),
     Fault("kube-apiserver-restart", _restart("kube-apiserver")),
     Fault("etcd-restart", _restart("etcd"), long=True),
     # Known limit (docs/reliability.md): an unreachable host is taken for dead and its running
