@@ -24,6 +24,9 @@ REPLAYED_HEADER = "X-Tangram-Replayed"
 # Beyond an action's own timeout, how long the agent may take to answer (kill, collect, respond)
 # before the host counts as unresponsive.
 ANSWER_MARGIN_S = 15.0
+# The statuses by which an agent refuses a request it understood (bad payload, conflict, too large):
+# a retry of the same request cannot help.
+REFUSALS = frozenset({400, 409, 413, 422})
 # Control calls (health, sessions, in-flight lists) are small: a host that takes longer is unhealthy.
 CONTROL_TIMEOUT_S = 5.0
 
@@ -89,9 +92,13 @@ class AgentClient:
         if not isinstance(parsed, dict):
             raise InfrastructureError(f"{method} {url}: the answer is not a JSON object: {raw[:200]!r}")
         if status not in accept:
-            if 400 <= status < 500:
+            if status in REFUSALS:
                 raise AgentRefused(status, parsed)
-            raise InfrastructureError(f"{method} {url}: unexpected status {status}")
+            # Anything else (404 for a route every agent has, 401, 405...) means whoever answered is
+            # not the agent this address was given to (a pod's address reused, a proxy in between).
+            raise InfrastructureError(
+                f"{method} {url}: unexpected status {status}: {json.dumps(parsed)[:200]}"
+            )
         return status, parsed, resp_headers
 
     async def execute(

@@ -200,9 +200,20 @@ def _actions_run(agents: list[Agent]) -> int:
     return total
 
 
-async def test_a_garbage_answer_is_an_infrastructure_failure_retried_elsewhere(agents: list[Agent]) -> None:
+@pytest.mark.parametrize(
+    "answer",
+    [
+        web.Response(text="<html>not an agent</html>", content_type="text/html"),
+        # What a reused pod address answered in the reliability suite: not the agent's own 404.
+        web.json_response({}, status=404),
+    ],
+    ids=["html", "404"],
+)
+async def test_a_garbage_answer_is_an_infrastructure_failure_retried_elsewhere(
+    agents: list[Agent], answer: web.Response
+) -> None:
     async def garbage(request: web.Request) -> web.Response:
-        return web.Response(text="<html>not an agent</html>", content_type="text/html")
+        return web.Response(body=answer.body, status=answer.status, content_type=answer.content_type)
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", garbage)
