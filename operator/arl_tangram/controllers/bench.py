@@ -41,11 +41,13 @@ from typing import Any
 import aiohttp
 import yaml
 from kubernetes import client, config, watch
+from kubernetes.client.exceptions import ApiException
 
 from arl_tangram.core.stats import percentile
 from arl_tangram.workloads.humaneval import programs
 
 GROUP, VERSION = "tangram.arl.dev", "v1alpha1"
+POLL_S = 0.1  # the pod clock's resolution
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -193,6 +195,13 @@ class BatchWatch:
 
     def _run(self) -> None:
         while not self._stop:
+            try:
+                self._watch()
+            except ApiException:  # a stale or too new resource version: list and watch again
+                continue
+
+    def _watch(self) -> None:
+        if not self._stop:
             w = watch.Watch()
             for event in w.stream(
                 self.custom.list_namespaced_custom_object,
@@ -244,24 +253,28 @@ class PodClock:
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
+        # Polled, not watched: the client's watch lists first and then asks the API server's watch
+        # cache for that resource version, which on a busy test bed answers 504 (too large version).
         while not self._stop:
-            w = watch.Watch()
-            for event in w.stream(
-                self.core.list_namespaced_pod,
-                self.ns,
-                label_selector="tangram.arl.dev/pool",
-                timeout_seconds=60,
-            ):
-                now = time.monotonic()
-                pod = event["object"]
+            now = time.monotonic()
+            try:
+                pods = self.core.list_namespaced_pod(self.ns, label_selector="tangram.arl.dev/pool").items
+            except ApiException:
+                time.sleep(POLL_S)
+                continue
+            seen = set()
+            for pod in pods:
                 name = pod.metadata.name
+                seen.add(name)
                 self.created.setdefault(name, now)
                 if any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or ()):
                     self.ready.setdefault(name, now)
-                if event["type"] == "DELETED" or pod.metadata.deletion_timestamp:
+                if pod.metadata.deletion_timestamp:
                     self.gone.setdefault(name, now)
-                if self._stop:
-                    return
+            for name in self.created:
+                if name not in seen:
+                    self.gone.setdefault(name, now)
+            time.sleep(POLL_S)
 
     def pod_seconds(self, since: float, until: float) -> float:
         total = 0.0
