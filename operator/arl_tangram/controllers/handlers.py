@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import kopf
@@ -100,15 +101,24 @@ async def pool_loop(
 ) -> None:
     """Level-based: one reconcile of the pool every period for as long as it exists."""
     state = _bind(memo, kwargs)
+    await _every_period(stopped, logger, "pool", lambda: state.reconcile_pool(body))
+
+
+async def _every_period(
+    stopped: kopf.DaemonStopped, logger: kopf.Logger, what: str, reconcile: Callable[[], Awaitable[None]]
+) -> None:
+    """Run ``reconcile`` every period until the object goes; one failure never stops the loop."""
     while not stopped:
         try:
-            await adapted(lambda: state.reconcile_pool(body))
+            await adapted(reconcile)
         except kopf.TemporaryError as exc:
-            logger.warning("pool reconcile: %s (retrying in %ss)", exc, exc.delay)
+            logger.warning("%s reconcile: %s (retrying in %ss)", what, exc, exc.delay)
         except ApiException as exc:  # e.g. 403 while the namespace terminates, 409 on a stale write
-            logger.warning("pool reconcile: the API server answered %s %s; retrying", exc.status, exc.reason)
-        except Exception:  # one pool's failure must never stop its loop
-            logger.exception("pool reconcile failed; retrying")
+            logger.warning(
+                "%s reconcile: the API server answered %s %s; retrying", what, exc.status, exc.reason
+            )
+        except Exception:
+            logger.exception("%s reconcile failed; retrying", what)
         await asyncio.sleep(POOL_PERIOD_S)
 
 
@@ -124,18 +134,7 @@ async def service_loop(
 ) -> None:
     """Level-based, as the pools' loop."""
     state = _bind(memo, kwargs)
-    while not stopped:
-        try:
-            await adapted(lambda: state.reconcile_service(body))
-        except kopf.TemporaryError as exc:
-            logger.warning("service reconcile: %s (retrying in %ss)", exc, exc.delay)
-        except ApiException as exc:
-            logger.warning(
-                "service reconcile: the API server answered %s %s; retrying", exc.status, exc.reason
-            )
-        except Exception:
-            logger.exception("service reconcile failed; retrying")
-        await asyncio.sleep(POOL_PERIOD_S)
+    await _every_period(stopped, logger, "service", lambda: state.reconcile_service(body))
 
 
 @kopf.on.delete(*SERVICES, id="release", optional=True)

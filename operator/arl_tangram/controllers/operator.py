@@ -126,14 +126,14 @@ class OperatorState:
         self.services = ServiceController(
             self.dispatcher.rewards, self.runtime, self.agent, settings.reward_device
         )
-        self._written_service_status: dict[str, dict[str, Any]] = {}
         self.elector = LeaseElector(
             self.api, settings.namespace, LEASE_NAME, settings.identity, count_write=self.metrics.api_write
         )
         self.pool_index: Mapping[str, Iterable[Mapping[str, Any]]] = {}
         self.node_index: Mapping[str, Iterable[Mapping[str, Any]]] = {}
         self.host_index: Mapping[str, Iterable[Mapping[str, Any]]] = {}
-        self._written_pool_status: dict[str, dict[str, Any]] = {}
+        # (plural, namespace, name) -> the status last written, so an unchanged one is not patched.
+        self._written_status: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self.started_at = time.time()
@@ -203,18 +203,31 @@ class OperatorState:
             return cfg.languages
         return None
 
+    async def _patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge-patch an object's status subresource (the one way status is written)."""
+        self.metrics.api_write("patch", f"{plural}/status")
+        await asyncio.to_thread(
+            self.custom.patch_namespaced_custom_object_status,
+            GROUP,
+            VERSION,
+            namespace,
+            plural,
+            name,
+            {"status": status},
+        )
+
+    async def _write_if_changed(self, plural: str, body: Mapping[str, Any], status: dict[str, Any]) -> None:
+        """Patch a pool's or a service's status unless it is what was last written."""
+        meta = body.get("metadata") or {}
+        ident = (plural, str(meta.get("namespace")), str(meta.get("name")))
+        if self._written_status.get(ident) == status:
+            return
+        await self._patch_status(*ident, status)
+        self._written_status[ident] = status
+
     async def _patch_batch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.metrics.api_write("patch", "actionbatches/status")
         try:
-            await asyncio.to_thread(
-                self.custom.patch_namespaced_custom_object_status,
-                GROUP,
-                VERSION,
-                namespace,
-                "actionbatches",
-                name,
-                {"status": status},
-            )
+            await self._patch_status("actionbatches", namespace, name, status)
         except ApiException as exc:
             if exc.status != 404:  # deleted meanwhile: nothing left to report to
                 raise
@@ -257,19 +270,7 @@ class OperatorState:
             if isinstance(op, Event):
                 kopf.event(body, type=op.type, reason=op.reason, message=op.message)
         self._export_pool(key, status, ops)
-        if self._written_pool_status.get(key) == status:
-            return
-        self.metrics.api_write("patch", "actionpools/status")
-        await asyncio.to_thread(
-            self.custom.patch_namespaced_custom_object_status,
-            GROUP,
-            VERSION,
-            str(meta.get("namespace")),
-            "actionpools",
-            str(meta.get("name")),
-            {"status": status},
-        )
-        self._written_pool_status[key] = status
+        await self._write_if_changed("actionpools", body, status)
 
     def _export_pool(self, key: str, status: Mapping[str, Any], ops: Iterable[Any]) -> None:
         from arl_tangram.controllers.actionpool import CreateHost, DeleteHost
@@ -297,29 +298,14 @@ class OperatorState:
         t0 = time.perf_counter()
         status = await self.services.reconcile(body)
         self.metrics.reconcile.labels("RewardModelService").observe(time.perf_counter() - t0)
-        meta = body.get("metadata") or {}
-        ns, name = str(meta.get("namespace")), str(meta.get("name"))
-        key = f"{ns}/{name}"
-        if self._written_service_status.get(key) == status:
-            return
-        self.metrics.api_write("patch", "rewardmodelservices/status")
-        await asyncio.to_thread(
-            self.custom.patch_namespaced_custom_object_status,
-            GROUP,
-            VERSION,
-            ns,
-            "rewardmodelservices",
-            name,
-            {"status": status},
-        )
-        self._written_service_status[key] = status
+        await self._write_if_changed("rewardmodelservices", body, status)
 
     def service_deleted(self, namespace: str, name: str) -> None:
-        self._written_service_status.pop(f"{namespace}/{name}", None)
+        self._written_status.pop(("rewardmodelservices", namespace, name), None)
         self.dispatcher.rewards.remove(f"{namespace}/{name}")
 
     async def pool_deleted(self, namespace: str, name: str) -> None:
-        self._written_pool_status.pop(pool_key(namespace, name), None)
+        self._written_status.pop(("actionpools", namespace, name), None)
         await self.pools.deleted(namespace, name)
 
     # ---- HTTP: the gateway (actions, /run_code, rewards, sessions), health, readiness, metrics ----

@@ -57,18 +57,40 @@ class KubernetesRuntime:
         self._index = index
 
     def hosts(self, pool_key: str) -> list[HostObservation]:
-        found = [observe_host(body) for body in self._index.get(pool_key, ())]
-        return sorted((h for h in found if h is not None), key=lambda h: (h.created_at, h.name))
+        return _observed(self._index.get(pool_key, ()), observe_host)
 
-    async def create_host(self, pool: PoolConfig, name: str, node: str | None) -> None:
-        body = host_pod(pool, name, node)
+    async def _create_pod(self, namespace: str, body: dict[str, Any]) -> None:
         self._count("create", "pods")
         try:
-            # The client's stubs want a V1Pod; a dict is valid JSON for the same call.
-            await asyncio.to_thread(self.core.create_namespaced_pod, pool.namespace, body)
+            await asyncio.to_thread(self.core.create_namespaced_pod, namespace, body)
         except ApiException as exc:
             if exc.status != 409:  # already there: a retried create
                 raise
+
+    async def _delete_pod(self, namespace: str, name: str) -> None:
+        self._count("delete", "pods")
+        try:
+            await asyncio.to_thread(self.core.delete_namespaced_pod, name, namespace, grace_period_seconds=5)
+        except ApiException as exc:
+            if exc.status != 404:  # gone already
+                raise
+
+    async def _create_or_patch(
+        self, resource: str, create: Callable[..., Any], patch: Callable[..., Any], body: dict[str, Any]
+    ) -> None:
+        """Create a namespaced object, or patch it to ``body`` when it exists."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            self._count("create", resource)
+            await asyncio.to_thread(create, namespace, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            self._count("patch", resource)
+            await asyncio.to_thread(patch, name, namespace, body)
+
+    async def create_host(self, pool: PoolConfig, name: str, node: str | None) -> None:
+        await self._create_pod(pool.namespace, host_pod(pool, name, node))
 
     async def resize_host(self, pool: PoolConfig, name: str, cpu_millicores: int) -> bool:
         """Patch the pod's ``resize`` subresource and wait (on the index) until it is enacted."""
@@ -129,73 +151,48 @@ class KubernetesRuntime:
                 raise
 
     async def delete_host(self, pool: PoolConfig, name: str) -> None:
-        self._count("delete", "pods")
-        try:
-            await asyncio.to_thread(
-                self.core.delete_namespaced_pod, name, pool.namespace, grace_period_seconds=5
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        await self._delete_pod(pool.namespace, name)
 
     async def ensure_network_policy(self, pool: PoolConfig, operator_namespace: str) -> None:
         """Create or update the pool's NetworkPolicy (once per change of the pool's template)."""
         if self._policies.get(pool.key) == pool.template_hash:
             return
-        body = network_policy(pool, operator_namespace)
-        name = body["metadata"]["name"]
-        try:
-            self._count("create", "networkpolicies")
-            await asyncio.to_thread(self.networking.create_namespaced_network_policy, pool.namespace, body)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            self._count("patch", "networkpolicies")
-            await asyncio.to_thread(
-                self.networking.patch_namespaced_network_policy, name, pool.namespace, body
-            )
+        await self._create_or_patch(
+            "networkpolicies",
+            self.networking.create_namespaced_network_policy,
+            self.networking.patch_namespaced_network_policy,
+            network_policy(pool, operator_namespace),
+        )
         self._policies[pool.key] = pool.template_hash
 
     async def create_replica(self, svc: ServiceConfig, name: str, device: str) -> None:
-        self._count("create", "pods")
-        try:
-            await asyncio.to_thread(
-                self.core.create_namespaced_pod, svc.namespace, reward_pod(svc, name, device)
-            )
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
+        await self._create_pod(svc.namespace, reward_pod(svc, name, device))
 
     async def delete_replica(self, svc: ServiceConfig, name: str) -> None:
-        self._count("delete", "pods")
-        try:
-            await asyncio.to_thread(
-                self.core.delete_namespaced_pod, name, svc.namespace, grace_period_seconds=5
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        await self._delete_pod(svc.namespace, name)
 
     async def ensure_services_file(self, svc: ServiceConfig) -> None:
         """Create or update the ConfigMap holding the replicas' services file (once per change)."""
         if self._configmaps.get(svc.key) == svc.template_hash:
             return
-        body = services_configmap(svc)
-        try:
-            self._count("create", "configmaps")
-            await asyncio.to_thread(self.core.create_namespaced_config_map, svc.namespace, body)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            self._count("patch", "configmaps")
-            await asyncio.to_thread(
-                self.core.patch_namespaced_config_map, body["metadata"]["name"], svc.namespace, body
-            )
+        await self._create_or_patch(
+            "configmaps",
+            self.core.create_namespaced_config_map,
+            self.core.patch_namespaced_config_map,
+            services_configmap(svc),
+        )
         self._configmaps[svc.key] = svc.template_hash
 
     def bind_replicas(self, index: Mapping[str, Iterable[Mapping[str, Any]]]) -> None:
         self._replica_index = index
 
     def replicas(self, service_key: str) -> list[HostObservation]:
-        found = [observe_replica(body) for body in self._replica_index.get(service_key, ())]
-        return sorted((h for h in found if h is not None), key=lambda h: (h.created_at, h.name))
+        return _observed(self._replica_index.get(service_key, ()), observe_replica)
+
+
+def _observed(
+    bodies: Iterable[Mapping[str, Any]], observe: Callable[[Mapping[str, Any]], HostObservation | None]
+) -> list[HostObservation]:
+    """Observations of the pods an index holds, oldest first."""
+    found = [observe(body) for body in bodies]
+    return sorted((h for h in found if h is not None), key=lambda h: (h.created_at, h.name))
