@@ -53,14 +53,25 @@ def _pool(cluster: Cluster, ns: str, name: str = "py", **spec: Any) -> None:
     _create(cluster, ns, "actionpools", pool_manifest(name, **spec))
 
 
-def _wait_batch(cluster: Cluster, ns: str, name: str, timeout: float = 240) -> dict[str, Any]:
+def _wait_for(cluster: Cluster, ns: str, plural: str, predicate: Any, **kwargs: Any) -> dict[str, Any]:
+    """The first of this namespace's objects of ``plural`` for which ``predicate`` holds (a watch)."""
     return wait_for(
         cluster.custom.list_namespaced_custom_object,
-        lambda o: condition(o, "Complete") == "True",
+        predicate,
         group=GROUP,
         version=VERSION,
         namespace=ns,
-        plural="actionbatches",
+        plural=plural,
+        **kwargs,
+    )
+
+
+def _wait_batch(cluster: Cluster, ns: str, name: str, timeout: float = 240) -> dict[str, Any]:
+    return _wait_for(
+        cluster,
+        ns,
+        "actionbatches",
+        lambda o: condition(o, "Complete") == "True",
         field_selector=f"metadata.name={name}",
         description=f"ActionBatch {name} Complete",
         timeout=timeout,
@@ -103,13 +114,11 @@ def test_samples_are_accepted_and_the_pool_becomes_ready(
 ) -> None:
     samples = REPO / "manifests" / "samples"
     cluster.kubectl("apply", "-n", namespace, "-f", str(samples / "actionpool-python.yaml"))
-    pool = wait_for(
-        cluster.custom.list_namespaced_custom_object,
+    pool = _wait_for(
+        cluster,
+        namespace,
+        "actionpools",
         lambda o: condition(o, "Ready") == "True" and o["status"].get("hostsReady", 0) >= 1,
-        group=GROUP,
-        version=VERSION,
-        namespace=namespace,
-        plural="actionpools",
         description="sample ActionPool Ready with a host",
         timeout=120,
     )
@@ -210,13 +219,11 @@ def test_a_pool_scales_from_zero_within_max_starting_and_back_after_idle(
     assert batch["status"]["counts"]["succeeded"] == 48
     assert watcher.max_pods >= 3, f"the pool grew to only {watcher.max_pods} host(s) under a burst"
     assert watcher.max_starting <= 2, f"{watcher.max_starting} hosts were starting at once (maxStarting 2)"
-    wait_for(
-        cluster.custom.list_namespaced_custom_object,
+    _wait_for(
+        cluster,
+        namespace,
+        "actionpools",
         lambda o: o.get("status", {}).get("replicas") == 0,
-        group=GROUP,
-        version=VERSION,
-        namespace=namespace,
-        plural="actionpools",
         description="pool back to zero hosts after idle",
         timeout=90,
     )
@@ -227,13 +234,11 @@ def test_a_host_deleted_mid_batch_loses_no_action(
     cluster: Cluster, namespace: str, operator: Operator
 ) -> None:
     _pool(cluster, namespace, scaling={"minHosts": 2, "maxHosts": 3})
-    wait_for(
-        cluster.custom.list_namespaced_custom_object,
+    _wait_for(
+        cluster,
+        namespace,
+        "actionpools",
         lambda o: o.get("status", {}).get("hostsReady", 0) >= 2,
-        group=GROUP,
-        version=VERSION,
-        namespace=namespace,
-        plural="actionpools",
         description="two hosts ready",
         timeout=120,
     )
@@ -243,13 +248,11 @@ def test_a_host_deleted_mid_batch_loses_no_action(
         "actionbatches",
         batch_manifest("survive", _sleepers(12, 3.0), retryPolicy={"maxRetries": 3, "backoffSeconds": 0}),
     )
-    wait_for(
-        cluster.custom.list_namespaced_custom_object,
+    _wait_for(
+        cluster,
+        namespace,
+        "actionbatches",
         lambda o: (o.get("status", {}).get("counts") or {}).get("running", 0) >= 2,
-        group=GROUP,
-        version=VERSION,
-        namespace=namespace,
-        plural="actionbatches",
         description="actions running",
         timeout=60,
     )
@@ -272,13 +275,11 @@ def test_deleting_a_batch_stops_its_running_actions(
 ) -> None:
     _pool(cluster, namespace, scaling={"minHosts": 1})
     _create(cluster, namespace, "actionbatches", batch_manifest("doomed", _sleepers(4, 120.0)))
-    wait_for(
-        cluster.custom.list_namespaced_custom_object,
+    _wait_for(
+        cluster,
+        namespace,
+        "actionbatches",
         lambda o: (o.get("status", {}).get("counts") or {}).get("running", 0) >= 1,
-        group=GROUP,
-        version=VERSION,
-        namespace=namespace,
-        plural="actionbatches",
         description="actions running",
         timeout=90,
     )
@@ -300,26 +301,22 @@ def test_the_standby_takes_over_when_the_leader_dies_and_nothing_runs_twice(
     cluster: Cluster, namespace: str, operator: Operator
 ) -> None:
     _pool(cluster, namespace, scaling={"minHosts": 2, "maxHosts": 2})
-    wait_for(
-        cluster.custom.list_namespaced_custom_object,
+    _wait_for(
+        cluster,
+        namespace,
+        "actionpools",
         lambda o: o.get("status", {}).get("hostsReady", 0) >= 2,
-        group=GROUP,
-        version=VERSION,
-        namespace=namespace,
-        plural="actionpools",
         description="two hosts ready",
         timeout=120,
     )
     before = _agents_ran(cluster, namespace)
     n = 24
     _create(cluster, namespace, "actionbatches", batch_manifest("ha", _sleepers(n, 2.0)))
-    wait_for(
-        cluster.custom.list_namespaced_custom_object,
+    _wait_for(
+        cluster,
+        namespace,
+        "actionbatches",
         lambda o: (o.get("status", {}).get("counts") or {}).get("succeeded", 0) >= 2,
-        group=GROUP,
-        version=VERSION,
-        namespace=namespace,
-        plural="actionbatches",
         description="some actions done",
         timeout=120,
     )
@@ -341,26 +338,22 @@ def test_an_operator_killed_and_restarted_completes_the_batch_running_nothing_tw
     cluster: Cluster, namespace: str, operator: Operator
 ) -> None:
     _pool(cluster, namespace, scaling={"minHosts": 2, "maxHosts": 2})
-    wait_for(
-        cluster.custom.list_namespaced_custom_object,
+    _wait_for(
+        cluster,
+        namespace,
+        "actionpools",
         lambda o: o.get("status", {}).get("hostsReady", 0) >= 2,
-        group=GROUP,
-        version=VERSION,
-        namespace=namespace,
-        plural="actionpools",
         description="two hosts ready",
         timeout=120,
     )
     before = _agents_ran(cluster, namespace)
     n = 16
     _create(cluster, namespace, "actionbatches", batch_manifest("restart", _sleepers(n, 2.0)))
-    wait_for(
-        cluster.custom.list_namespaced_custom_object,
+    _wait_for(
+        cluster,
+        namespace,
+        "actionbatches",
         lambda o: (o.get("status", {}).get("counts") or {}).get("running", 0) >= 2,
-        group=GROUP,
-        version=VERSION,
-        namespace=namespace,
-        plural="actionbatches",
         description="actions running",
         timeout=120,
     )
@@ -400,25 +393,21 @@ def test_a_template_change_rolls_the_hosts_without_killing_a_running_action(
     cluster: Cluster, namespace: str, operator: Operator
 ) -> None:
     _pool(cluster, namespace, scaling={"minHosts": 1, "maxHosts": 2})
-    wait_for(
-        cluster.custom.list_namespaced_custom_object,
+    _wait_for(
+        cluster,
+        namespace,
+        "actionpools",
         lambda o: o.get("status", {}).get("hostsReady", 0) >= 1,
-        group=GROUP,
-        version=VERSION,
-        namespace=namespace,
-        plural="actionpools",
         description="a host ready",
         timeout=120,
     )
     old = {p["metadata"]["name"] for p in _host_pods(cluster, namespace)}
     _create(cluster, namespace, "actionbatches", batch_manifest("long", _sleepers(1, 8.0)))
-    wait_for(
-        cluster.custom.list_namespaced_custom_object,
+    _wait_for(
+        cluster,
+        namespace,
+        "actionbatches",
         lambda o: (o.get("status", {}).get("counts") or {}).get("running", 0) == 1,
-        group=GROUP,
-        version=VERSION,
-        namespace=namespace,
-        plural="actionbatches",
         description="the action running",
         timeout=60,
     )
@@ -433,16 +422,14 @@ def test_a_template_change_rolls_the_hosts_without_killing_a_running_action(
     batch = _wait_batch(cluster, namespace, "long")
     (result,) = batch["status"]["results"]
     assert result["state"] == "Succeeded" and result["attempts"] == 1, result
-    pool = wait_for(
-        cluster.custom.list_namespaced_custom_object,
+    pool = _wait_for(
+        cluster,
+        namespace,
+        "actionpools",
         lambda o: (
             o.get("status", {}).get("hostsReady", 0) >= 1
             and not old & {p["metadata"]["name"] for p in _host_pods(cluster, namespace)}
         ),
-        group=GROUP,
-        version=VERSION,
-        namespace=namespace,
-        plural="actionpools",
         description="every host replaced by one of the new template",
         timeout=120,
     )
@@ -484,16 +471,14 @@ def test_a_pool_no_node_can_hold_says_so(cluster: Cluster, namespace: str, opera
         limits={"maxCores": 8},
         scaling={"minHosts": 1},
     )
-    pool = wait_for(
-        cluster.custom.list_namespaced_custom_object,
+    pool = _wait_for(
+        cluster,
+        namespace,
+        "actionpools",
         lambda o: (
             condition(o, "Ready") == "False"
             and any(c["reason"] == "Unschedulable" for c in o.get("status", {}).get("conditions", []))
         ),
-        group=GROUP,
-        version=VERSION,
-        namespace=namespace,
-        plural="actionpools",
         description="Ready=False Unschedulable",
         timeout=60,
     )
@@ -506,24 +491,20 @@ def test_kubectl_scale_sets_the_hosts_within_bounds(
 ) -> None:
     _pool(cluster, namespace, scaling={"minHosts": 0, "maxHosts": 3})
     cluster.kubectl("scale", "-n", namespace, "actionpool/py", "--replicas=2")
-    wait_for(
-        cluster.custom.list_namespaced_custom_object,
+    _wait_for(
+        cluster,
+        namespace,
+        "actionpools",
         lambda o: o.get("status", {}).get("hostsReady") == 2 and o["status"].get("replicas") == 2,
-        group=GROUP,
-        version=VERSION,
-        namespace=namespace,
-        plural="actionpools",
         description="two hosts after kubectl scale --replicas=2",
         timeout=120,
     )
     cluster.kubectl("scale", "-n", namespace, "actionpool/py", "--replicas=9")  # clamped to maxHosts
-    wait_for(
-        cluster.custom.list_namespaced_custom_object,
+    _wait_for(
+        cluster,
+        namespace,
+        "actionpools",
         lambda o: o.get("status", {}).get("hostsReady") == 3,
-        group=GROUP,
-        version=VERSION,
-        namespace=namespace,
-        plural="actionpools",
         description="three hosts (maxHosts) after --replicas=9",
         timeout=120,
     )
@@ -589,13 +570,11 @@ def test_a_dedicated_pool_runs_one_pod_per_session_and_removes_it_after(
         assert host_a == host_b
         pods_of[t] = host_a
     assert len(set(pods_of.values())) == 3, f"sessions shared pods: {pods_of}"
-    wait_for(
-        cluster.custom.list_namespaced_custom_object,
+    _wait_for(
+        cluster,
+        namespace,
+        "actionpools",
         lambda o: o.get("status", {}).get("replicas") == 0,
-        group=GROUP,
-        version=VERSION,
-        namespace=namespace,
-        plural="actionpools",
         description="every session pod removed after its session's TTL",
         timeout=90,
     )
@@ -689,13 +668,11 @@ def test_a_reward_model_service_scores_batch_actions_and_scales_to_zero(
         },
     }
     _create(cluster, namespace, "rewardmodelservices", rms)
-    wait_for(
-        cluster.custom.list_namespaced_custom_object,
+    _wait_for(
+        cluster,
+        namespace,
+        "rewardmodelservices",
         lambda o: condition(o, "Ready") == "True" and o["status"].get("replicas") == 0,
-        group=GROUP,
-        version=VERSION,
-        namespace=namespace,
-        plural="rewardmodelservices",
         description="the service Ready at zero replicas",
         timeout=60,
     )
@@ -710,13 +687,11 @@ def test_a_reward_model_service_scores_batch_actions_and_scales_to_zero(
         for i, (p, r) in enumerate(samples)
     ]
     _create(cluster, namespace, "actionbatches", batch_manifest("scores", actions))
-    serving = wait_for(
-        cluster.custom.list_namespaced_custom_object,
+    serving = _wait_for(
+        cluster,
+        namespace,
+        "rewardmodelservices",
         lambda o: o.get("status", {}).get("readyReplicas", 0) >= 1 and bool(o["status"].get("placements")),
-        group=GROUP,
-        version=VERSION,
-        namespace=namespace,
-        plural="rewardmodelservices",
         description="a replica placed and serving",
         timeout=120,
     )
@@ -730,13 +705,11 @@ def test_a_reward_model_service_scores_batch_actions_and_scales_to_zero(
     for i in range(len(samples)):
         assert results[f"r{i}"]["state"] == "Succeeded", results[f"r{i}"]
         assert results[f"r{i}"]["reward"] == pytest.approx(expected[i], rel=1e-5, abs=1e-6)
-    wait_for(
-        cluster.custom.list_namespaced_custom_object,
+    _wait_for(
+        cluster,
+        namespace,
+        "rewardmodelservices",
         lambda o: o.get("status", {}).get("replicas") == 0 and condition(o, "Ready") == "True",
-        group=GROUP,
-        version=VERSION,
-        namespace=namespace,
-        plural="rewardmodelservices",
         description="scaled back to zero after idle",
         timeout=90,
     )
