@@ -283,6 +283,13 @@ def test_deleting_a_batch_stops_its_running_actions(
         description="actions running",
         timeout=90,
     )
+    # Nothing of kopf's is written on a batch (each write of a big batch costs the API server): the
+    # deletion below is heard from the watch, with no finalizer.
+    meta = cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "actionbatches", "doomed")[
+        "metadata"
+    ]
+    assert not meta.get("finalizers"), meta.get("finalizers")
+    assert not [a for a in meta.get("annotations") or {} if a.startswith(GROUP)], meta.get("annotations")
     cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "actionbatches", "doomed")
     deadline = time.monotonic() + 15
     while True:
@@ -294,6 +301,29 @@ def test_deleting_a_batch_stops_its_running_actions(
         if not running:
             break
         assert time.monotonic() < deadline, f"still running 15 s after the batch was deleted: {running}"
+        time.sleep(0.2)
+
+
+def test_a_batch_left_with_an_earlier_operators_finalizer_is_still_deleted(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    """Operators before this one put kopf's finalizer on every batch; one of those batches must not
+    hang in Terminating now that nothing of this operator adds or needs it."""
+    body = batch_manifest("inherited", _sleepers(1, 0.0, prefix="i"))
+    body["metadata"]["finalizers"] = [f"{GROUP}/finalizer"]
+    _create(cluster, namespace, "actionbatches", body)
+    _wait_batch(cluster, namespace, "inherited", timeout=90)  # no pool named py: it fails, and ends
+    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "actionbatches", "inherited")
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            cluster.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, "actionbatches", "inherited"
+            )
+        except ApiException as exc:
+            assert exc.status == 404
+            break
+        assert time.monotonic() < deadline, "the batch is still Terminating 30 s after its deletion"
         time.sleep(0.2)
 
 

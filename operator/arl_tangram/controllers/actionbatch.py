@@ -10,12 +10,14 @@ second per batch while it runs, plus the final write.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from arl_tangram.api.actionbatch import Action as BatchAction
 from arl_tangram.api.actionbatch import ActionBatchSpec, ActionResult
 from arl_tangram.controllers.conditions import ConditionReason, ConditionType, set_condition
 from arl_tangram.domain.actions import ActionOutcome, Outcome, Reason
@@ -32,6 +34,8 @@ from arl_tangram.errors import InvalidSpec, NotFound, QueueFull
 log = logging.getLogger(__name__)
 
 FINAL_STATES = frozenset({"Succeeded", "Failed", "Cancelled"})
+# A running batch's status is written at most once per period; the write that completes it goes out
+# at once (a trainer waits on it).
 STATUS_PERIOD_S = 1.0
 """The longest a finished result waits before it is written (and the shortest gap between writes)."""
 
@@ -135,11 +139,16 @@ def reconcile_actionbatch(
         "startTime": rfc3339(observed.start_time) if observed.start_time else None,
         "completionTime": rfc3339(completion) if completion else None,
     }
-    ops: list[DeleteBatch] = []
+    due = deletion_due(spec, completion, now)
+    return status, [due] if due else []
+
+
+def deletion_due(spec: ActionBatchSpec, completion: datetime | None, now: datetime) -> DeleteBatch | None:
+    """A finished batch whose ``ttlSecondsAfterFinished`` has passed is deleted."""
     ttl = spec.ttl_seconds_after_finished
     if completion is not None and ttl is not None and now >= completion + timedelta(seconds=ttl):
-        ops.append(DeleteBatch(f"finished {ttl}s ago (ttlSecondsAfterFinished)"))
-    return status, ops
+        return DeleteBatch(f"finished {ttl}s ago (ttlSecondsAfterFinished)")
+    return None
 
 
 def _failure_summary(results: Sequence[ActionResult]) -> str:
@@ -208,6 +217,7 @@ class BatchManager:
         self._batches: dict[tuple[str, str], _Batch] = {}
         self._by_key: dict[str, tuple[_Batch, str]] = {}
         self.writes = 0
+        self._finished = asyncio.Event()  # a batch's last action ended: write without waiting
 
     def ensure(self, body: Mapping[str, Any]) -> None:
         """Start (or resume) the batch in ``body``: every action without a final result is run."""
@@ -237,7 +247,7 @@ class BatchManager:
                 continue
             attempts = prior.attempts if prior is not None else 0
             batch.tasks[action.id] = asyncio.get_running_loop().create_task(
-                self._one(batch, action.id, attempts), name=f"{ident[0]}/{ident[1]}/{action.id}"
+                self._one(batch, action, attempts), name=f"{ident[0]}/{ident[1]}/{action.id}"
             )
         batch.dirty = True
 
@@ -255,8 +265,8 @@ class BatchManager:
             batch.start_time = datetime.now(UTC)
         batch.dirty = True
 
-    async def _one(self, batch: _Batch, action_id: str, attempts: int) -> None:
-        action = next(a for a in batch.spec.actions if a.id == action_id)
+    async def _one(self, batch: _Batch, action: BatchAction, attempts: int) -> None:
+        action_id = action.id
         started = asyncio.get_running_loop().time()
         languages = self._pool_languages(batch.namespace, action.target) if action.type != "reward" else ()
         outcome: ActionOutcome
@@ -319,6 +329,8 @@ class BatchManager:
         if batch.start_time is None:
             batch.start_time = datetime.now(UTC)
         batch.dirty = True
+        if not batch.tasks:
+            self._finished.set()
 
     def status_of(self, batch: _Batch, now: datetime) -> tuple[dict[str, Any], list[DeleteBatch]]:
         observed = BatchObservation(
@@ -340,13 +352,19 @@ class BatchManager:
         for batch in list(self._batches.values()):
             if batch.deleting:
                 continue
-            status, ops = self.status_of(batch, now)
+            if batch.dirty:
+                status, ops = self.status_of(batch, now)
+            else:
+                # Nothing changed since the last write: only its TTL can have come (computing the
+                # status of every finished batch each period would cost per result, forever).
+                due = deletion_due(batch.spec, batch.completion_time, now)
+                status, ops = {}, [due] if due else []
             if ops:
                 batch.deleting = True
                 log.info("deleting batch %s/%s: %s", batch.namespace, batch.name, ops[0].reason)
                 await self._delete(batch.namespace, batch.name)
                 continue
-            if not batch.dirty and status == batch.written:
+            if not batch.dirty:
                 continue
             batch.dirty = False
             if status == batch.written:
@@ -363,7 +381,9 @@ class BatchManager:
     async def run_writer(self) -> None:
         """Flush every period, forever (one place writes every batch status)."""
         while True:
-            await asyncio.sleep(STATUS_PERIOD_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._finished.wait(), STATUS_PERIOD_S)
+            self._finished.clear()
             await self.flush()
 
     async def forget(self, namespace: str, name: str) -> None:

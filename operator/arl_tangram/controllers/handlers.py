@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import kopf
@@ -32,13 +32,27 @@ SERVICES = (GROUP, VERSION, "rewardmodelservices")
 BATCHES = (GROUP, VERSION, "actionbatches")
 
 
+class _DiffBase(kopf.AnnotationsDiffBaseStorage):
+    """kopf's last-handled configuration, but none for ActionBatches: no handler of theirs reads a
+    diff (they take events as they come), and kopf builds one on every event by deep-copying the
+    whole object, thousands of actions and results."""
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[kopf.FieldSpec] | None = None
+    ) -> kopf.BodyEssence:
+        if body.get("kind") == "ActionBatch":
+            return kopf.BodyEssence()
+        return super().build(body=body, extra_fields=extra_fields)
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None if body.get("kind") == "ActionBatch" else super().fetch(body=body)
+
+
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = _DiffBase(prefix=GROUP, key="last-handled-configuration")
     # Leadership is ours (a Lease), not kopf's peering objects.
     settings.peering.standalone = True
     # The API server ends watches after its own timeout; ask for 5 minutes so a quiet watch is
@@ -143,13 +157,21 @@ async def service_deleted(namespace: str | None, name: str, memo: kopf.Memo, **_
 
 
 # ---- ActionBatch ----------------------------------------------------------------------------------
-@kopf.on.resume(*BATCHES, id="run")
-@kopf.on.create(*BATCHES, id="run")
-async def batch_run(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+# Straight from the watch's events, with no kopf state on the object: a batch's progress is its
+# status, which the BatchManager writes. kopf's create and delete handlers would first add a
+# finalizer and then a last-handled-configuration annotation (a copy of the whole spec), two more
+# writes of an object that can hold thousands of actions, before and after its first action
+# starts. Deletion needs no finalizer either: a batch's actions run in this process, which hears
+# the deletion and cancels them; a batch deleted while no operator runs has nothing running here.
+@kopf.on.event(*BATCHES, id="run")
+async def batch_event(
+    type: str | None, body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, **kwargs: Any
+) -> None:
     state = _bind(memo, kwargs)
+    namespace, name = meta.get("namespace") or "", meta.get("name") or ""
+    if type == "DELETED" or meta.get("deletionTimestamp"):
+        # (A batch left with the finalizer earlier operators put on batches loses it to kopf, which
+        # takes its finalizer off objects no handler needs it for.)
+        await state.batches.forget(namespace, name)
+        return
     state.batches.ensure(body)
-
-
-@kopf.on.delete(*BATCHES, id="cancel")
-async def batch_deleted(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-    await memo["state"].batches.forget(namespace or "", name)

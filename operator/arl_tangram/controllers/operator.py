@@ -163,7 +163,8 @@ class OperatorState:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.elector.release()
+        if self.settings.leader_election:  # without it, there is no Lease to give up
+            await self.elector.release()
         await self.agent.close()
         if self._runner is not None:
             await self._runner.cleanup()

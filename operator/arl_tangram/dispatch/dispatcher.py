@@ -54,6 +54,12 @@ ACT_WINDOW_S = 300.0
 # The arrival rate the planner's steady-state term sees: short, so a burst's capacity is released
 # soon after the burst ends (the idle timeout still holds hosts against flapping).
 RATE_WINDOW_S = 60.0
+# Actions of a kind expected to end within this long have their cores booked for the next action as
+# soon as they are sent: the agent queues the booked call behind the running one (its fork server
+# starts it the moment the cores are free, and its clock starts then), so a core does not sit idle
+# for the round trip between one action's answer and the next call. One booking per core, and only
+# behind short actions: a booked action waits for the one ahead of it even if another core frees.
+BOOK_AHEAD_MAX_S = 0.1
 
 
 def agent_key(key: str, attempt: int) -> str:
@@ -102,6 +108,8 @@ class _Job:
     queued_since: float = 0.0
     cancelled: bool = False
     host_lost: bool = False
+    # Its grant went back to the scheduler when it was sent (its cores booked for the next action).
+    released: bool = False
 
 
 @dataclass
@@ -124,6 +132,9 @@ class _Pool:
     runs: deque[tuple[float, float]] = field(default_factory=deque)
     last_active: float | None = None
     arrivals: deque[float] = field(default_factory=deque)
+    # (host, core) -> the jobs sent to the agent on that core, oldest first (at most two: the one
+    # running there, and the one booked behind it).
+    holders: dict[tuple[str, int], list[_Job]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -187,6 +198,7 @@ class Dispatcher:
         self._by_action: dict[int, _Job] = {}
         self._tenant_waiting: dict[str, int] = {}
         self.decision_us: deque[float] = deque(maxlen=4096)
+        self.booked_ahead = 0  # grants sent while the action before them still ran on their cores
 
     # ---- pools and hosts ------------------------------------------------------------------------
     def upsert_pool(self, config: PoolConfig) -> None:
@@ -564,20 +576,68 @@ class Dispatcher:
         self._tenant_waiting[tenant] = self._tenant_waiting.get(tenant, 1) - 1
 
     def _pump(self) -> None:
-        """Admit what the scheduler grants now; each grant becomes a task calling its host."""
-        t0 = time.perf_counter()
-        grants = self.scheduler.schedule(self.clock())
-        self.decision_us.append((time.perf_counter() - t0) * 1e6)
-        for grant in grants:
-            job = self._by_action.get(id(grant.action))
-            pool = self._pools.get(grant.action.pool)
-            if job is None or pool is None:  # cannot happen: every queued action has its job
-                self.scheduler.complete(grant, self.clock())
+        """Admit what the scheduler grants now; each grant becomes a task calling its host. Grants
+        booked ahead (see ``BOOK_AHEAD_MAX_S``) free their cores for one more round of decisions."""
+        booked = True
+        while booked:
+            booked = False
+            t0 = time.perf_counter()
+            grants = self.scheduler.schedule(self.clock())
+            self.decision_us.append((time.perf_counter() - t0) * 1e6)
+            for grant in grants:
+                job = self._by_action.get(id(grant.action))
+                pool = self._pools.get(grant.action.pool)
+                if job is None or pool is None:  # cannot happen: every queued action has its job
+                    self.scheduler.complete(grant, self.clock())
+                    continue
+                self._left_queue(pool, job)
+                job.grant = grant
+                job.queued_s += self.clock() - job.queued_since
+                job.task = asyncio.get_running_loop().create_task(self._execute(pool, job, grant))
+                for core in grant.unit_ids:
+                    pool.holders.setdefault((grant.host, core), []).append(job)
+                booked |= self._book_ahead(pool, job)
+
+    def _book_ahead(self, pool: _Pool, job: _Job) -> bool:
+        """Give a short action's grant back to the scheduler now, so that its cores go to the next
+        action at once (queued behind it on the agent), if it is alone on every one of them."""
+        grant = job.grant
+        if (
+            grant is None
+            or job.released
+            or pool.config.mode == "dedicated"
+            or pool.estimates.get(job.request.kind, BOOK_AHEAD_MAX_S + 1) > BOOK_AHEAD_MAX_S
+            or any(pool.holders.get((grant.host, c)) != [job] for c in grant.unit_ids)
+        ):
+            return False
+        job.released = True
+        self.booked_ahead += 1
+        self._release(pool, job, grant)
+        return True
+
+    def _release(self, pool: _Pool, job: _Job, grant: Grant) -> None:
+        """The scheduler's side of an action's end: its cores (and, outside a session, its
+        trajectory's pin) are free for other actions."""
+        self.scheduler.complete(grant, self.clock())
+        if not job.request.session:
+            pool.cpu.end_trajectory(grant.action.trajectory)
+
+    def _unhold(self, pool: _Pool, job: _Job, grant: Grant) -> None:
+        """The agent is done with the job: whoever was booked behind it on its cores runs there now,
+        and may in turn book its cores ahead."""
+        behind: list[_Job] = []
+        for core in grant.unit_ids:
+            held = pool.holders.get((grant.host, core))
+            if held is None:
                 continue
-            self._left_queue(pool, job)
-            job.grant = grant
-            job.queued_s += self.clock() - job.queued_since
-            job.task = asyncio.get_running_loop().create_task(self._execute(pool, job, grant))
+            if job in held:
+                held.remove(job)
+            if not held:
+                del pool.holders[(grant.host, core)]
+            elif held[0] not in behind:
+                behind.append(held[0])
+        for other in behind:
+            self._book_ahead(pool, other)
 
     # ---- running ----------------------------------------------------------------------------------
     async def _execute(self, pool: _Pool, job: _Job, grant: Grant) -> None:
@@ -632,11 +692,12 @@ class Dispatcher:
         finally:
             if resized:
                 self._idle(pool, grant.host)
-            self.scheduler.complete(grant, self.clock())
-            if not req.session:
-                pool.cpu.end_trajectory(grant.action.trajectory)
-                if pool.config.mode == "dedicated" and grant.host in pool.cpu.hosts:
-                    self._retire(pool, grant.host)  # one action, one pod
+            if not job.released:
+                self._release(pool, job, grant)
+            job.released = False
+            if not req.session and pool.config.mode == "dedicated" and grant.host in pool.cpu.hosts:
+                self._retire(pool, grant.host)  # one action, one pod
+            self._unhold(pool, job, grant)
             job.grant = None
             job.task = None
         if outcome is not None:
@@ -809,6 +870,10 @@ class Dispatcher:
             return None
         req = job.request
         taken = tuple(c for c in cores if any(c in free for free in host.free))
+        if not taken:
+            # Booked behind another re-attached action on the same cores (see BOOK_AHEAD_MAX_S):
+            # that one holds them here; this one waits for its result without holding any.
+            return None
         for free in host.free:
             free.difference_update(taken)
         trajectory = self._trajectory(req.session, req.key)

@@ -5,6 +5,7 @@ cancellation kills, and a new dispatcher (an operator restart) re-attaches inste
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -283,3 +284,34 @@ async def _wait(predicate: object, deadline_s: float = 20.0) -> None:
         if loop.time() > end:
             raise AssertionError("timed out")
         await asyncio.sleep(0.02)
+
+
+async def test_short_actions_book_their_core_for_the_next_one_and_never_share_it(
+    agents: list[Agent],
+) -> None:
+    """Once a pool has measured its actions as short, a core's next action is sent while the one
+    before it still runs (the agent queues it until the core is free): no idle round trip between
+    them, and still never two actions on one core at once (each program reports when it ran)."""
+    client = AgentClient()
+    d = Dispatcher(client)
+    d.upsert_pool(_pool())
+    await d.sync_hosts(f"{NS}/py", [_endpoint(agents[0], "host-0")])
+    code = "import time; t0 = time.time(); time.sleep(0.005); print(t0, time.time())"
+    warm = await asyncio.gather(*(d.run(_req(f"warm-{i}", code)) for i in range(4)))
+    assert all(o.state is Outcome.SUCCEEDED for o in warm)
+    before = d.booked_ahead
+    outs = await asyncio.gather(*(d.run(_req(f"short-{i}", code)) for i in range(40)))
+    await client.close()
+    assert all(o.state is Outcome.SUCCEEDED and o.attempts == 1 for o in outs), outs
+    assert d.booked_ahead > before, "no action was booked behind a running one"
+    per_core: dict[int, list[tuple[float, float]]] = {}
+    for o in outs:
+        assert len(o.cores) == 1
+        start, end = map(float, o.stdout.split())
+        per_core.setdefault(o.cores[0], []).append((start, end))
+    for core, spans in per_core.items():
+        spans.sort()
+        for (_, end), (start, _) in itertools.pairwise(spans):
+            assert start >= end, f"two actions ran on core {core} at once"
+    stats = d.stats(f"{NS}/py")
+    assert stats is not None and stats.running_actions == 0 and stats.queued_actions == 0

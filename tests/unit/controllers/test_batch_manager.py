@@ -1,0 +1,104 @@
+"""The BatchManager's writes: a batch's last result goes out at once, a finished batch is not
+written again, and its TTL still deletes it.
+
+The dispatcher and the API server are replaced by functions that record what they are asked (the
+dispatcher's own tests run it against real agents; the e2e tier runs the manager on a real API
+server); what is checked here is when and what the manager writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from arl_tangram.controllers import actionbatch
+from arl_tangram.controllers.actionbatch import BatchManager
+from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.writes: list[dict[str, Any]] = []
+        self.deleted: list[tuple[str, str]] = []
+
+    async def run(self, request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        await asyncio.sleep(0)
+        return ActionOutcome(request.key, Outcome.SUCCEEDED, stdout="ok\n", exit_code=0, attempts=1)
+
+    async def cancel(self, key: str) -> bool:
+        return False
+
+    async def patch(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.writes.append(status)
+
+    async def delete(self, namespace: str, name: str) -> None:
+        self.deleted.append((namespace, name))
+
+
+def _manager(rec: Recorder) -> BatchManager:
+    return BatchManager(rec.run, rec.cancel, lambda ns, pool: ("python",), rec.patch, rec.delete)
+
+
+def _body(n: int, **spec: Any) -> dict[str, Any]:
+    actions = [{"id": f"a{i}", "type": "code", "target": "py", "payload": {"code": "1"}} for i in range(n)]
+    return {
+        "metadata": {"namespace": "ns", "name": "b", "uid": "u-1", "generation": 1},
+        "spec": {"actions": actions, **spec},
+    }
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+def _complete(status: dict[str, Any]) -> bool:
+    return any(c["type"] == "Complete" and c["status"] == "True" for c in status["conditions"])
+
+
+async def test_the_write_that_completes_a_batch_does_not_wait_for_the_period(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(actionbatch, "STATUS_PERIOD_S", 3600.0)  # only the completion can wake it
+    rec = Recorder()
+    mgr = _manager(rec)
+    writer = asyncio.create_task(mgr.run_writer())
+    try:
+        mgr.ensure(_body(5))
+        await _until(lambda: any(_complete(w) for w in rec.writes))
+    finally:
+        writer.cancel()
+    assert len(rec.writes) == 1
+    assert rec.writes[0]["counts"]["succeeded"] == 5 and len(rec.writes[0]["results"]) == 5
+
+
+async def test_a_finished_batch_is_written_once_and_its_ttl_still_deletes_it() -> None:
+    rec = Recorder()
+    mgr = _manager(rec)
+    mgr.ensure(_body(3, ttlSecondsAfterFinished=1))
+    await _until(lambda: mgr.pending_count() == 0)
+    await mgr.flush()
+    assert len(rec.writes) == 1 and _complete(rec.writes[0]) and rec.deleted == []
+    deadline = time.monotonic() + 10
+    while not rec.deleted:  # clean from now on: never written again, deleted once its TTL has passed
+        assert time.monotonic() < deadline, "the TTL never deleted the batch"
+        await mgr.flush()
+        await asyncio.sleep(0.05)
+    assert len(rec.writes) == 1
+    assert rec.deleted == [("ns", "b")]
+
+
+async def test_a_finished_batch_without_a_ttl_is_left_alone() -> None:
+    rec = Recorder()
+    mgr = _manager(rec)
+    mgr.ensure(_body(2))
+    await _until(lambda: mgr.pending_count() == 0)
+    for _ in range(3):
+        await mgr.flush()
+    assert len(rec.writes) == 1 and rec.deleted == []
