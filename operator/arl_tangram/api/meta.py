@@ -8,6 +8,7 @@ that the intent of every server-side rule is also a unit test of the models.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -98,6 +99,14 @@ def field_error(field: str, message: str) -> PydanticCustomError:
     return PydanticCustomError("tangram_field", "{message}", {"field": field, "message": message})
 
 
+@functools.cache
+def _collection_fields(model: type[BaseModel]) -> tuple[tuple[str, str | None], ...]:
+    """(name, alias) of a model's list and map fields that default to empty, once per class: every
+    status write serializes each result, and pydantic's ``model_fields`` is slow to reach."""
+    fields = model.model_fields.items()
+    return tuple((name, f.alias) for name, f in fields if f.default_factory in (list, dict))
+
+
 class TangramModel(BaseModel):
     """Base of every API model: camelCase aliases, no unknown fields, CEL rules checked on validation."""
 
@@ -124,9 +133,9 @@ class TangramModel(BaseModel):
         data = handler(self)
         if not isinstance(data, dict):
             return data
-        for name, field in type(self).model_fields.items():
-            key = field.alias if info.by_alias and field.alias else name
-            if field.default_factory in (list, dict) and data.get(key, None) in ([], {}):
+        for name, alias in _collection_fields(type(self)):
+            key = alias if info.by_alias and alias else name
+            if data.get(key, None) in ([], {}):
                 del data[key]
         return data
 
