@@ -9,17 +9,21 @@
  *
  * serve(sock, pid_namespace, own_pidns, devnull) runs the loop. In the zygote it returns None once
  * the manager closes its end. In each forked child it returns (kind, code, argv, env_delta,
- * ctrl_fd) with the sandbox set up: code is a str or None, argv a tuple of str or None, env_delta
- * a tuple of (name, value or None) to bring os.environ (the zygote's) to the action's.
+ * ctrl_fd, main_file, compiled) with the sandbox set up: code is a str or None, argv a tuple of
+ * str or None, env_delta a tuple of (name, value or None) to bring os.environ (the zygote's) to
+ * the action's; main_file the path the code was written to (None: it runs as `python -c`) and
+ * compiled a read-only buffer of its code object, marshalled (None: compile it here).
  *
  * Wire format (little-endian), manager -> zygote, one datagram per action:
  *   "TZR1" i64 id, i32 uid (-1: keep), u32 flags (1: interpreter, 2: private /tmp and /dev/shm,
  *   4: a network namespace to enter comes as the last descriptor, 8: a mount namespace to enter
- *   (with its private /tmp and /dev/shm) comes before it),
+ *   (with its private /tmp and /dev/shm) comes before it, 16: the code is written to a main file
+ *   and two more spans follow),
  *   u32 ncores, i32 cores[],
  *   u32 nlimits, {i32 resource, i64 value}[], then five spans of u32 len + bytes: workdir (NUL
  *   included), env ("K=V\0"...: the whole environment), env delta ("K=V\0" sets, "K\0" unsets),
- *   code (UTF-8, surrogates passed), argv ("arg\0"...; empty: none).
+ *   code (UTF-8, surrogates passed), argv ("arg\0"...; empty: none); with flag 16 also the main
+ *   file's path (NUL included) and the code compiled by the manager (marshal; empty: none).
  *   Descriptors: run [stdout, stderr, (stdin)], interpreter [ctrl]. A request too large for one
  *   datagram is sent as "TZRM" i64 id u64 size with a memfd holding the whole request as the
  *   last descriptor.
@@ -41,6 +45,7 @@
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE
 #include <Python.h>
+#include <marshal.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -106,6 +111,17 @@ static const unsigned char *take_span(reader *r, uint32_t *len) {
     const unsigned char *at = r->p;
     r->p += *len;
     return at;
+}
+
+/* The exception being raised, normalised, with its traceback; the error indicator cleared. */
+static PyObject *raised_exception(void) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (value != NULL && tb != NULL) PyException_SetTraceback(value, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    return value;
 }
 
 static void send_record(int sock, const void *data, size_t len, int fd) {
@@ -365,14 +381,131 @@ static PyObject *strings(const unsigned char *at, uint32_t len) {
     return out;
 }
 
-/* (kind, code, argv, env_delta, ctrl_fd) for the child's Python side. */
+/* The action's code as its main file, written as the action's uid (after the set-up, so within its
+ * limits): what `python main.py` would run, for tracebacks, __file__ and inspect. Here in C rather
+ * than in the child's Python, where the same few system calls cost a dozen copy-on-write faults.
+ * 0 when it could not be written (a full disk, a file limit): the code then runs as `python -c`. */
+static int write_main(const char *path, const unsigned char *code, uint32_t clen) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) return 0;
+    uint32_t done = 0;
+    while (done < clen) {
+        ssize_t n = write(fd, code + done, clen - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            close(fd);
+            unlink(path);
+            return 0;
+        }
+        done += (uint32_t)n;
+    }
+    close(fd);
+    return 1;
+}
+
+/* What the straight path below needs, given to serve() by the zygote (NULL: not given). */
+static PyObject *run_namespace;  /* the fresh __main__ every child starts from (child.py) */
+static PyObject *environ_data;   /* os.environ._data, the mapping os.environ reads */
+static PyObject *on_exception;   /* child.py's handler of an exception the code raised */
+
+static void put_environ(const unsigned char *delta, uint32_t dlen) {
+    for (uint32_t i = 0; i < dlen;) {
+        const char *item = (const char *)delta + i;
+        size_t n = strlen(item);
+        const char *eq = memchr(item, '=', n);
+        PyObject *key = PyBytes_FromStringAndSize(item, eq ? eq - item : (Py_ssize_t)n);
+        if (key == NULL) child_fail("the environment");
+        if (eq) {
+            PyObject *value = PyBytes_FromStringAndSize(eq + 1, (Py_ssize_t)(n - (size_t)(eq - item) - 1));
+            if (value == NULL || PyDict_SetItem(environ_data, key, value) < 0) child_fail("the environment");
+            Py_DECREF(value);
+        } else if (PyDict_DelItem(environ_data, key) < 0) {
+            PyErr_Clear();
+        }
+        Py_DECREF(key);
+        i += (uint32_t)n + 1;
+    }
+}
+
+static void flush_stream(const char *name) {
+    PyObject *stream = PySys_GetObject(name); /* borrowed */
+    if (stream != NULL && stream != Py_None) {
+        PyObject *r = PyObject_CallMethod(stream, "flush", NULL);
+        Py_XDECREF(r);
+    }
+    PyErr_Clear();
+}
+
+/* Python code compiled by the manager, written to its main file: run it here, as `python main.py`
+ * would, and exit. The same as child.py's _run_python_and_exit, without the Python function calls
+ * in between: each of those wrote pages of its own (frames, reference counts, the interpreter's
+ * per-instruction counters) and every page written is a copy-on-write fault in the child. An
+ * exception goes to child.py's handler, which prints it as Python does. Never returns. */
+static void run_straight(const char *main_file, const unsigned char *compiled, uint32_t cblen,
+                         const unsigned char *delta, uint32_t dlen) {
+    put_environ(delta, dlen);
+    PyObject *file = PyUnicode_DecodeFSDefault(main_file);
+    const char *slash = strrchr(main_file, '/');
+    PyObject *dir = PyUnicode_DecodeFSDefaultAndSize(main_file, slash ? slash - main_file : 0);
+    PyObject *argv = file ? PyList_New(1) : NULL;
+    if (file == NULL || dir == NULL || argv == NULL || PyDict_SetItemString(run_namespace, "__file__", file) < 0)
+        child_fail("the main module");
+    PyList_SET_ITEM(argv, 0, Py_NewRef(file));
+    PyObject *path = PySys_GetObject("path"); /* borrowed */
+    if (PySys_SetObject("argv", argv) < 0 ||
+        (path != NULL && PyList_Check(path) && PyList_GET_SIZE(path) > 0 && PyList_SetItem(path, 0, Py_NewRef(dir)) < 0))
+        child_fail("the main module");
+    PyObject *modules = PySys_GetObject("modules"); /* borrowed */
+    PyObject *numpy = modules ? PyDict_GetItemString(modules, "numpy") : NULL;
+    if (numpy != NULL) {
+        /* numpy's global generator is not reseeded at fork, unlike the random module's. */
+        PyObject *random = PyObject_GetAttrString(numpy, "random");
+        PyObject *r = random ? PyObject_CallMethod(random, "seed", NULL) : NULL;
+        Py_XDECREF(r);
+        Py_XDECREF(random);
+        PyErr_Clear();
+    }
+    PyObject *code = PyMarshal_ReadObjectFromString((const char *)compiled, (Py_ssize_t)cblen);
+    PyObject *done = code ? PyEval_EvalCode(code, run_namespace, run_namespace) : NULL;
+    if (done == NULL) {
+        /* Its exit status comes from the handler, which never returns (nor does this). */
+        PyObject *exc = raised_exception();
+        PyObject *r = PyObject_CallOneArg(on_exception, exc ? exc : Py_None);
+        Py_XDECREF(r);
+        _exit(1);
+    }
+    PyObject *threading = modules ? PyDict_GetItemString(modules, "threading") : NULL;
+    if (threading != NULL) { /* only code that imported it can have started threads */
+        PyObject *r = PyObject_CallMethod(threading, "_shutdown", NULL); /* waits for them, as Python does */
+        Py_XDECREF(r);
+        PyErr_Clear();
+    }
+    PyObject *atexit = modules ? PyDict_GetItemString(modules, "atexit") : NULL;
+    if (atexit != NULL) {
+        PyObject *r = PyObject_CallMethod(atexit, "_run_exitfuncs", NULL);
+        Py_XDECREF(r);
+        PyErr_Clear();
+    }
+    flush_stream("stdout");
+    flush_stream("stderr");
+    _exit(0);
+}
+
+/* (kind, code, argv, env_delta, ctrl_fd, main_file, compiled) for the child's Python side. */
 static PyObject *child_result(int interp, const unsigned char *code, uint32_t clen, const unsigned char *argv,
-                              uint32_t alen, const unsigned char *delta, uint32_t dlen) {
-    PyObject *py_code = PyUnicode_DecodeUTF8((const char *)code, (Py_ssize_t)clen, "surrogatepass");
+                              uint32_t alen, const unsigned char *delta, uint32_t dlen, const char *main_file,
+                              const unsigned char *compiled, uint32_t cblen) {
+    /* Compiled code needs no source text (tracebacks read the main file): no str to build. */
+    PyObject *py_code = main_file && cblen ? Py_NewRef(Py_None)
+                                           : PyUnicode_DecodeUTF8((const char *)code, (Py_ssize_t)clen, "surrogatepass");
+    PyObject *py_main = main_file ? PyUnicode_DecodeFSDefault(main_file) : Py_NewRef(Py_None);
+    /* A view of the request's bytes (this copy of them is the child's): no copy to fault in. */
+    PyObject *py_compiled = main_file && cblen ? PyMemoryView_FromMemory((char *)compiled, (Py_ssize_t)cblen, PyBUF_READ)
+                                               : Py_NewRef(Py_None);
     PyObject *py_argv = alen ? strings(argv, alen) : Py_NewRef(Py_None);
     PyObject *pairs = strings(delta, dlen);
     PyObject *result = NULL;
-    if (py_code && py_argv && pairs) {
+    if (py_code && py_argv && pairs && py_main && py_compiled) {
         Py_ssize_t n = PyTuple_GET_SIZE(pairs);
         PyObject *py_delta = PyTuple_New(n);
         for (Py_ssize_t k = 0; py_delta != NULL && k < n; k++) {
@@ -388,8 +521,11 @@ static PyObject *child_result(int interp, const unsigned char *code, uint32_t cl
             PyTuple_SET_ITEM(py_delta, k, pair);
         }
         if (py_delta != NULL)
-            result = Py_BuildValue("(sOONi)", interp ? "interp" : "run", py_code, py_argv, py_delta, interp ? 3 : -1);
+            result = Py_BuildValue("(sOONiOO)", interp ? "interp" : "run", py_code, py_argv, py_delta, interp ? 3 : -1,
+                                   py_main, py_compiled);
     }
+    Py_XDECREF(py_main);
+    Py_XDECREF(py_compiled);
     Py_XDECREF(py_code);
     Py_XDECREF(py_argv);
     Py_XDECREF(pairs);
@@ -478,10 +614,17 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
     const unsigned char *delta = take_span(&r, &dlen);
     const unsigned char *code = take_span(&r, &clen);
     const unsigned char *argv = take_span(&r, &alen);
+    uint32_t mlen = 0, cblen = 0;
+    const unsigned char *main_file = NULL, *compiled = NULL;
+    if (flags & 16u) {
+        main_file = take_span(&r, &mlen);
+        compiled = take_span(&r, &cblen);
+    }
     int interp = (int)(flags & 1u);
     if (r.bad || memcmp(magic, "TZR1", 4) != 0 || wlen == 0 || workdir[wlen - 1] != '\0' ||
         (elen > 0 && env[elen - 1] != '\0') || (dlen > 0 && delta[dlen - 1] != '\0') ||
-        (alen > 0 && argv[alen - 1] != '\0') || (interp ? nfds < 1 : nfds < 2)) {
+        (alen > 0 && argv[alen - 1] != '\0') || (main_file != NULL && (mlen < 2 || main_file[mlen - 1] != '\0')) ||
+        (interp ? nfds < 1 : nfds < 2)) {
         for (int i = 0; i < nfds; i++) close(fds[i]);
         free(big);
         send_error(sock, id, "malformed request", EINVAL);
@@ -533,7 +676,12 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
         if (mntns_fd >= 0 && setns(mntns_fd, CLONE_NEWNS) < 0) child_fail("setns(mount)");
         child_setup(interp, fds, nfds, devnull, uid, cores, ncores, limits, nlimits, (const char *)workdir,
                     (const char *)env, elen, !interp && (flags & 2u));
-        *result = child_result(interp, code, clen, argv, alen, delta, dlen);
+        const char *written = NULL;
+        if (main_file != NULL && !interp && alen == 0 && write_main((const char *)main_file, code, clen))
+            written = (const char *)main_file;
+        if (written != NULL && cblen > 0 && run_namespace != NULL)
+            run_straight(written, compiled, cblen, delta, dlen);
+        *result = child_result(interp, code, clen, argv, alen, delta, dlen, written, compiled, cblen);
         if (*result == NULL) child_fail("building the request's objects");
         return 1;
     }
@@ -652,7 +800,19 @@ static void on_exit_of(int sock, int ep, int pidfd) {
 
 static PyObject *zygote_serve(PyObject *self, PyObject *args) {
     int sock, pid_namespace, own_pidns, devnull;
-    if (!PyArg_ParseTuple(args, "iiii", &sock, &pid_namespace, &own_pidns, &devnull)) return NULL;
+    PyObject *ns = NULL, *env = NULL, *handler = NULL;
+    if (!PyArg_ParseTuple(args, "iiii|OOO", &sock, &pid_namespace, &own_pidns, &devnull, &ns, &env, &handler))
+        return NULL;
+    if (ns != NULL && ns != Py_None) {
+        if (!PyDict_Check(ns) || env == NULL || !PyDict_Check(env) || handler == NULL || !PyCallable_Check(handler)) {
+            PyErr_SetString(PyExc_TypeError, "serve: namespace, environ data and handler must be a dict, a dict and a callable");
+            return NULL;
+        }
+        /* Kept for the process's life (the children's copies are theirs). */
+        run_namespace = Py_NewRef(ns);
+        environ_data = Py_NewRef(env);
+        on_exception = Py_NewRef(handler);
+    }
     int ep = epoll_create1(EPOLL_CLOEXEC);
     if (ep < 0) return PyErr_SetFromErrno(PyExc_OSError);
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = sock};

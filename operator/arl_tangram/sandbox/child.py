@@ -148,12 +148,15 @@ def private_tmp(workdir: str, size: int) -> None:
 
 def child_after_c_setup(
     kind: str,
-    code: str,
+    code: str | None,
     argv: tuple[str, ...] | None,
     env_delta: tuple[tuple[str, str | None], ...],
     ctrl_fd: int,
+    main_file: str | None,
+    compiled: memoryview | None,
 ) -> NoReturn:
-    """A child of the C loop, its sandbox set up there: adopt the environment, run the action."""
+    """A child of the C loop, its sandbox set up there (the main file written, when it could be):
+    adopt the environment, run the action."""
     try:
         atexit._clear()
         _adopt_environment(env_delta)
@@ -161,7 +164,8 @@ def child_after_c_setup(
         with suppress(Exception):
             os.write(2, f"tangram: sandbox set-up failed: {exc.__class__.__name__}: {exc}\n".encode())
         os._exit(SETUP_FAILED)
-    _run_action({"code": code, "argv": argv}, ctrl_fd if kind == "interp" else None)
+    req = {"code": code, "argv": argv, "main_file": main_file, "compiled": compiled, "main_written": True}
+    _run_action(req, ctrl_fd if kind == "interp" else None)
 
 
 def _adopt_environment(delta: tuple[tuple[str, str | None], ...]) -> None:
@@ -192,7 +196,7 @@ def _run_action(req: dict[str, Any], ctrl_fd: int | None) -> NoReturn:
                 with suppress(Exception):
                     os.write(2, f"tangram: cannot execute {argv[0]}: {exc}\n".encode())
                 os._exit(SETUP_FAILED)
-        _run_python_and_exit(req["code"])
+        _run_python_and_exit(req)
     finally:
         # Whatever happens (say, user code closed the interpreter's control socket and the reply
         # raised), the child must never return into the fork server's loop below its caller.
@@ -210,6 +214,14 @@ def prepare_child_world() -> None:
 
 
 _CHILD_MAIN: dict[str, Any] | None = None
+
+
+def straight_path() -> tuple[Any, ...]:
+    """What the C loop's straight path for compiled Python code needs (_zygote.c's run_straight):
+    the prepared ``__main__`` namespace, the mapping behind ``os.environ``, and the handler of an
+    exception the code raises."""
+    environ: Any = os.environ
+    return (_CHILD_MAIN, environ._data, exit_after_exception)
 
 
 def warm_child_path() -> None:
@@ -256,11 +268,18 @@ def _exit_code_of(exc: SystemExit) -> int:
     return 1
 
 
-def _run_code(source: str, namespace: dict[str, Any], filename: str = "<string>") -> int:
+def _run_code(
+    source: str | None, namespace: dict[str, Any], filename: str = "<string>", compiled: Any = None
+) -> int:
     """Run ``source`` like ``python -c`` (or ``python FILENAME``) would, in ``namespace``; returns
-    the exit status."""
+    the exit status. ``compiled``: its code object (marshalled), compiled already by the manager."""
     try:
-        exec(compile(source, filename, "exec"), namespace)
+        if compiled is not None:
+            exec(marshal.loads(compiled), namespace)
+        else:
+            # dont_inherit: not this module's ``from __future__ import annotations``, which
+            # ``python file.py`` does not have either (annotations would come back as strings).
+            exec(compile(source or "", filename, "exec", dont_inherit=True), namespace)
         return 0
     except SystemExit as exc:
         return _exit_code_of(exc)
@@ -279,45 +298,74 @@ def _flush_std_streams() -> None:
             stream.flush()
 
 
-def _source_file(source: str) -> str:
-    """Write the action's code as ``main.py`` in its workdir (another name if the request brought a
-    file of that name) and return its path: run from there, it looks as under ``python main.py``
-    (``__file__``, ``sys.argv``, tracebacks with their source lines, ``inspect.getsource``)."""
+def _write_main(path: str, source: str) -> bool:
+    """Write the action's code to its main file (the Python loop's twin of _zygote.c's
+    write_main): run from there, it looks as under ``python main.py`` (``__file__``, ``sys.argv``,
+    tracebacks with their source lines, ``inspect.getsource``). ``False`` when it could not be."""
     data = source.encode("utf-8", "surrogatepass")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    for name in MAIN_FILES:
-        try:
-            fd = os.open(name, flags, 0o644)
-        except FileExistsError:
-            continue
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
-        return os.path.join(os.getcwd(), name)
-    return "<string>"  # every name taken by the request's files: run it as ``python -c`` would
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return False
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError:
+        with suppress(OSError):
+            os.unlink(path)
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
-def _run_python_and_exit(source: str) -> NoReturn:
+def _run_python_and_exit(req: dict[str, Any]) -> NoReturn:
     namespace = _CHILD_MAIN
     if namespace is None:
         namespace = _fresh_main_module()
         _fresh_std_streams()
-    filename = "<string>"
-    with suppress(OSError):  # a full disk or file limit: run it as ``python -c`` would
-        filename = _source_file(source)
-    if filename != "<string>":
+    # The main file the manager named (``main.py``, or another name where the request brought a
+    # file of that name); none, or one that could not be written (a full disk, a file limit): run
+    # as ``python -c`` would.
+    filename = req.get("main_file") or "<string>"
+    compiled = req.get("compiled")
+    written = req.get("main_written") or filename == "<string>" or _write_main(filename, req["code"])
+    if not written:
+        filename = "<string>"
+    if filename == "<string>":
+        compiled = None  # compiled under the file's name: compile again, as `python -c` would
+    else:
         namespace["__file__"] = filename
         sys.argv = [filename]
         if sys.path:
-            sys.path[0] = os.path.dirname(filename)
+            sys.path[0] = filename.rpartition("/")[0]
     if "numpy" in sys.modules:
         # numpy's global generator is not reseeded at fork, unlike the random module's.
         with suppress(Exception):
             sys.modules["numpy"].random.seed()
-    code = _run_code(source, namespace, filename)
+    _finish_and_exit(_run_code(req["code"], namespace, filename, compiled))
+
+
+def exit_after_exception(exc: BaseException | None) -> NoReturn:
+    """The C loop's straight path (_zygote.c's run_straight): the action's code raised ``exc``.
+    Say it as ``python main.py`` would, and exit as it would."""
+    code = 1
+    try:
+        if isinstance(exc, SystemExit):
+            code = _exit_code_of(exc)
+        elif exc is not None:
+            # The interpreter's own C traceback printer (its first entry is the code's own frame:
+            # run from C, no frame of ours is on it).
+            with suppress(BaseException):
+                sys.excepthook(type(exc), exc, exc.__traceback__)
+    finally:
+        _finish_and_exit(code)
+
+
+def _finish_and_exit(code: int) -> NoReturn:
+    """What Python does after a program's main module: its threads, its exit functions, its
+    streams; then the exit."""
     threading = sys.modules.get("threading")
     if threading is not None:  # only code that imported it can have started threads
         with suppress(BaseException):

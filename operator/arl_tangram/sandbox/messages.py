@@ -35,6 +35,8 @@ class RunMessage(TypedDict):
     private_tmp: NotRequired[bool]
     netns: NotRequired[bool]
     mntns: NotRequired[bool]
+    main_file: NotRequired[str]  # Python code: the file it is written to and run from
+    compiled: NotRequired[bytes]  # ... and its code object (marshal), when the manager compiled it
 
 
 class InterpStop(TypedDict):

@@ -6,6 +6,7 @@ child per action, each into its sandbox (see forkserver's docstring for the two 
 
 from __future__ import annotations
 
+import atexit
 import gc
 import marshal
 import os
@@ -22,6 +23,7 @@ from arl_tangram.sandbox.child import (
     child_main,
     prepare_child_world,
     split_off_init,
+    straight_path,
     warm_child_path,
 )
 from arl_tangram.sandbox.zygote_wire import (
@@ -79,6 +81,9 @@ def zygote_main(sock: socket.socket, config: dict[str, Any], pid_namespace: bool
         zygote = Zygote(sock, pid_namespace)
         warm_child_path()
         prepare_child_world()
+        # Once here rather than in every child: the zygote itself never runs them (it ends with
+        # os._exit), and an action's program must not run ours.
+        atexit._clear()
         # Keep the children's copy-on-write pages shared: the collector would otherwise touch them all.
         gc.collect()
         gc.freeze()
@@ -87,7 +92,9 @@ def zygote_main(sock: socket.socket, config: dict[str, Any], pid_namespace: bool
         if fast is None:
             zygote.serve()
         else:
-            forked = fast.serve(zygote.sockfd, int(pid_namespace), zygote.own_pidns, zygote.devnull)
+            forked = fast.serve(
+                zygote.sockfd, int(pid_namespace), zygote.own_pidns, zygote.devnull, *straight_path()
+            )
             if forked is not None:
                 # In a child: the C loop has set the sandbox up already.
                 child_after_c_setup(*forked)

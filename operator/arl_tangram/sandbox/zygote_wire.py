@@ -58,6 +58,11 @@ def encode_request(msg: RunMessage, interp: bool, base_env: dict[str, str]) -> b
     uid = msg.get("uid")
     flags = (1 if interp else 0) | (2 if msg.get("private_tmp") and not interp else 0)
     flags |= (4 if msg.get("netns") else 0) | (8 if msg.get("mntns") else 0)
+    main_file = msg.get("main_file")
+    extra = b""
+    if main_file and not interp and not argv:
+        flags |= 16
+        extra = span(os.fsencode(main_file) + b"\0") + span(msg.get("compiled") or b"")
     return b"".join(
         (
             REQUEST,
@@ -70,6 +75,7 @@ def encode_request(msg: RunMessage, interp: bool, base_env: dict[str, str]) -> b
             span(_env_block(delta)),
             span(code.encode("utf-8", "surrogatepass")),
             span(b"".join(os.fsencode(a) + b"\0" for a in argv)),
+            extra,
         )
     )
 
@@ -87,11 +93,12 @@ def decode_request(data: bytes) -> dict[str, Any]:
     limits = [struct.unpack_from("<iq", data, at + 12 * i) for i in range(nlimits)]
     at += 12 * nlimits
     spans = []
-    for _ in range(5):
+    for _ in range(7 if flags & 16 else 5):
         (size,) = struct.unpack_from("<I", data, at)
         spans.append(data[at + 4 : at + 4 + size])
         at += 4 + size
-    workdir, env, _, code, argv = spans
+    workdir, env, _, code, argv = spans[:5]
+    main_file, compiled = spans[5:] or (b"", b"")
     pairs = [item.decode("utf-8", "surrogateescape").partition("=") for item in env.split(b"\0")[:-1]]
     return {
         "id": rid,
@@ -106,6 +113,8 @@ def decode_request(data: bytes) -> dict[str, Any]:
         "env": {key: value for key, _, value in pairs},
         "code": code.decode("utf-8", "surrogatepass"),
         "argv": [os.fsdecode(a) for a in argv.split(b"\0")[:-1]] or None,
+        "main_file": os.fsdecode(main_file.rstrip(b"\0")) or None,
+        "compiled": compiled or None,
     }
 
 

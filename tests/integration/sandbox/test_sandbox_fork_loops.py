@@ -65,6 +65,41 @@ def test_exit_codes_stdin_and_stderr(loop_agent: Agent) -> None:
     assert loop_agent.execute("echo $((6*7))", runtime="bash")["stdout"] == "42\n"
 
 
+def test_python_code_runs_as_python_main_py_would(loop_agent: Agent) -> None:
+    """Compiled by the manager or in the child, run from C or from Python: what the program sees and
+    what it prints are Python's own."""
+    # No __future__ of the sandbox's own: annotations are objects, as under `python main.py`.
+    body = loop_agent.execute("def f(x: int) -> str: ...\nprint(f.__annotations__)")
+    assert body["stdout"] == "{'x': <class 'int'>, 'return': <class 'str'>}\n"
+    # A traceback holds the program's frames only, each with its source line.
+    body = loop_agent.execute("def g():\n    return 1 / 0\ng()\n")
+    lines = body["stderr"].splitlines()
+    assert body["exit_code"] == 1 and lines[0] == "Traceback (most recent call last):", body
+    assert [line.strip() for line in lines[1:] if not line.strip().startswith("~")] == [
+        lines[1].strip(),
+        "g()",
+        lines[3].strip(),
+        "return 1 / 0",
+        "ZeroDivisionError: division by zero",
+    ], body["stderr"]
+    assert lines[1].endswith('main.py", line 3, in <module>') and lines[3].endswith('main.py", line 2, in g')
+    # What the compiler says (a warning, an error) comes on the program's stderr, as Python says it.
+    body = loop_agent.execute("x = 1\nprint(x is 1)")
+    assert body["stdout"] == "True\n" and 'main.py:2: SyntaxWarning: "is" with a literal' in body["stderr"]
+    body = loop_agent.execute("def f(:\n    pass")
+    assert body["exit_code"] == 1 and body["stderr"].endswith("SyntaxError: invalid syntax\n")
+    assert 'main.py", line 1\n' in body["stderr"]
+    # After the main module: non-daemon threads are waited for, exit functions run, streams flushed.
+    code = (
+        "import atexit, sys, threading, time\n"
+        "atexit.register(lambda: print('atexit'))\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()\n"
+        "sys.stdout.write('main ')\n"
+    )
+    assert loop_agent.execute(code)["stdout"] == "main thread\natexit\n"
+    assert loop_agent.execute("import sys\nprint('x')\nsys.exit('bye')")["stderr"] == "bye\n"
+
+
 def test_timeouts_kill_the_tree(loop_agent: Agent) -> None:
     body = loop_agent.execute(
         "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(600)\ntime.sleep(600)",
