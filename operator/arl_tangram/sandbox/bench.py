@@ -47,6 +47,10 @@ PAYLOADS = {
     ),
 }
 CONCURRENCY = (1, 4, 16, 64)
+# Each cell is measured in this many rounds, the methods taking turns round by round: load from
+# elsewhere on a shared machine comes in bursts of seconds, and a burst that fell on one method's
+# whole block moved the ratios by a third from run to run.
+ROUNDS = 5
 
 
 @dataclass
@@ -151,6 +155,28 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return percentile(sorted_values, q * 100)  # the one definition every benchmark prints
 
 
+@dataclass
+class Tally:
+    """What one method's rounds of a cell add up to."""
+
+    latencies: list[float]
+    elapsed_s: float = 0.0
+    errors: int = 0
+    cpu_s: float = 0.0
+
+    def case(self, method: str, payload: str, concurrency: int) -> Case:
+        self.latencies.sort()
+        return Case(
+            method=method,
+            payload=payload,
+            concurrency=concurrency,
+            rps=round(len(self.latencies) / self.elapsed_s, 1) if self.elapsed_s > 0 else 0.0,
+            p50_ms=round(_percentile(self.latencies, 0.50) * 1000, 2),
+            p99_ms=round(_percentile(self.latencies, 0.99) * 1000, 2),
+            errors=self.errors,
+        )
+
+
 async def measure(
     call: Call,
     method: str,
@@ -162,8 +188,19 @@ async def measure(
 ) -> Case:
     """Run ``requests`` calls with ``concurrency`` in flight; latency of each, throughput of all.
     With ``cpu``, also the server-side CPU milliseconds per call, into ``cpu_ms``."""
+    tally = Tally([])
+    await measure_round(call, payload, concurrency, requests, tally, cpu)
+    if cpu is not None and cpu_ms is not None:
+        cpu_ms[(method, payload, concurrency)] = tally.cpu_s * 1000 / max(1, len(tally.latencies))
+    return tally.case(method, payload, concurrency)
+
+
+async def measure_round(
+    call: Call, payload: str, concurrency: int, requests: int, tally: Tally, cpu: CpuProbe | None = None
+) -> None:
+    """``requests`` calls with ``concurrency`` in flight, added to ``tally``."""
     code, expected = PAYLOADS[payload]
-    latencies: list[float] = []
+    latencies = tally.latencies
     errors = 0
     remaining = requests
 
@@ -182,19 +219,10 @@ async def measure(
     cpu0 = cpu() if cpu else 0.0
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - start
-    if cpu is not None and cpu_ms is not None:
-        cpu_ms[(method, payload, concurrency)] = (cpu() - cpu0) * 1000 / max(1, len(latencies))
-    latencies.sort()
-    return Case(
-        method=method,
-        payload=payload,
-        concurrency=concurrency,
-        rps=round(len(latencies) / elapsed, 1),
-        p50_ms=round(_percentile(latencies, 0.50) * 1000, 2),
-        p99_ms=round(_percentile(latencies, 0.99) * 1000, 2),
-        errors=errors,
-    )
+    tally.elapsed_s += time.perf_counter() - start
+    tally.errors += errors
+    if cpu is not None:
+        tally.cpu_s += cpu() - cpu0
 
 
 class HttpError(Exception):
@@ -393,8 +421,9 @@ async def run_bench(
     agent: CpuProbe | None = None,
     cpu_ms: dict[tuple[str, str, int], float] | None = None,
 ) -> list[Case]:
-    """Every case. The methods take turns within each (payload, concurrency) cell, so that a burst of
-    load from elsewhere on a shared machine hits all of them alike rather than one method's block.
+    """Every case. The methods take turns within each (payload, concurrency) cell, round by round
+    (``ROUNDS``), so that a burst of load from elsewhere on a shared machine hits all of them alike
+    rather than one method's block.
     ``cpu_ms`` receives the server-side CPU per call (the agent's process tree; the fresh processes),
     which, unlike throughput, other load on the machine hardly moves."""
     cases: list[Case] = []
@@ -416,8 +445,18 @@ async def run_bench(
             await measure(call, method, "print", max(concurrency), max(concurrency))
         for payload in PAYLOADS:
             for c in concurrency:
-                for method, call, cpu in methods:
-                    cases.append(await measure(call, method, payload, c, requests, cpu, cpu_ms))
+                # Rounds of at least a full wave of calls each (fewer rounds for a small --requests).
+                rounds = max(1, min(ROUNDS, requests // max(1, c)))
+                tallies = {method: Tally([]) for method, _, _ in methods}
+                for r in range(rounds):
+                    share = requests // rounds + (1 if r < requests % rounds else 0)
+                    for method, call, cpu in methods:
+                        await measure_round(call, payload, c, share, tallies[method], cpu)
+                for method, _, cpu in methods:
+                    tally = tallies[method]
+                    cases.append(tally.case(method, payload, c))
+                    if cpu is not None and cpu_ms is not None:
+                        cpu_ms[(method, payload, c)] = tally.cpu_s * 1000 / max(1, len(tally.latencies))
     finally:
         ours.close()
         if theirs is not None:
