@@ -89,7 +89,8 @@ gpu-check: ## on an NVIDIA GPU: read-only NVML inventory; restore/evict GB/s vs 
 
 # ---- images and clusters ------------------------------------------------------------------------------
 .PHONY: images cluster-up cluster-down kind-up kind-down deploy-kind e2e-kind
-images: ## build the container images (needs a Docker engine)
+images: ## build the sandbox, operator and reward images with Docker, without a registry if need be (docs/images.md)
+	@IMAGES=1 bash hack/system-deps.sh
 	bash hack/images.sh
 
 cluster-up: install ## start the local test bed (control plane built from source + simulated nodes)

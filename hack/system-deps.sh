@@ -22,7 +22,13 @@ command -v openssl >/dev/null 2>&1 || need+=(openssl)
 command -v curl >/dev/null 2>&1 || need+=(curl)
 command -v ps >/dev/null 2>&1 || need+=(procps)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
-# The opt-in real node (TESTBED_REAL_NODE=1, hack/testbed/real-node.sh): containerd, runc, CNI plugins.
+# The images (IMAGES=1: `make images`, hack/images.sh): Debian's Docker engine where none answers,
+# and debootstrap for the base made where no registry is reachable (hack/images/base.sh).
+if [ "${IMAGES:-0}" = 1 ]; then
+  { command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; } || command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
+  command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+fi
+# The real node (TESTBED_REAL_NODE=1, hack/testbed/real-node.sh; CI turns it on): containerd, runc, CNI plugins.
 if [ "${TESTBED_REAL_NODE:-0}" = 1 ]; then
   command -v containerd >/dev/null 2>&1 || need+=(containerd)
   command -v runc >/dev/null 2>&1 || need+=(runc)
