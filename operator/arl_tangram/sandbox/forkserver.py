@@ -41,6 +41,7 @@ import socket
 import struct
 import sys
 import time
+import types
 from collections import deque
 
 from arl_tangram.sandbox import isolation, wire
@@ -74,6 +75,9 @@ PIPE_WATCH_DELAY_S = 0.005
 # Python code up to this size is compiled here (see _main_file); larger code, in its own child,
 # where the compile's time counts against the action and blocks no other action.
 COMPILE_HERE_MAX = 32 << 10
+# Code objects kept by source text (see _main_file): the same program is often run many times in a
+# row (one solution against each of a problem's tests).
+COMPILED_KEPT = 128
 _MEMORY_MARKERS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc", b"out of memory")
 
 
@@ -292,6 +296,7 @@ class ForkServer:
         self.mntns_failed = False
         self.tmp_root = ""  # the workdir root, bound back into each private /dev/shm
         self.tmp_bytes = 0  # each private tmpfs's size (0: the kernel's default, half the memory)
+        self.compiled: dict[str, types.CodeType] = {}  # source -> its code object (_main_file)
         # Made in ``prepare``, after the zygote is forked: it must inherit none of them.
         self.zy: _ZygoteLink
         self.sel: _Poller
@@ -566,15 +571,21 @@ class ForkServer:
         code = msg["code"]
         if len(code) > COMPILE_HERE_MAX:
             return
-        import warnings  # here, in the manager only (the zygote, forked already, stays lean)
+        kept = self.compiled.pop(code, None)
+        if kept is None:
+            import warnings  # here, in the manager only (the zygote, forked already, stays lean)
 
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error")  # a warning must be the action's to print: see above
-                # dont_inherit: not this module's ``from __future__`` (``python file.py`` has none).
-                msg["compiled"] = marshal.dumps(compile(code, path, "exec", dont_inherit=True))
-        except Exception:
-            pass  # the child compiles it again and reports the error as Python would
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")  # a warning must be the action's to print: see above
+                    # dont_inherit: not this module's ``from __future__`` (``python file.py`` has none).
+                    kept = compile(code, path, "exec", dont_inherit=True)
+            except Exception:
+                return  # the child compiles it again and reports the error as Python would
+            if len(self.compiled) >= COMPILED_KEPT:
+                del self.compiled[next(iter(self.compiled))]  # the least recently used
+        self.compiled[code] = kept
+        msg["compiled"] = marshal.dumps(_with_filename(kept, path))
 
     def _start_run(self, msg: RunMessage) -> None:
         fresh = self._make_workdir(msg)
@@ -1100,6 +1111,16 @@ class _ZygoteLink:
         if not data:
             raise EOFError("the zygote exited")
         return parse_record(data), fds
+
+
+def _with_filename(code: types.CodeType, path: str) -> types.CodeType:
+    """``code`` as if compiled from ``path``: its own file name and that of every code object in
+    it (functions, classes, comprehensions), which tracebacks and ``inspect`` read."""
+    consts = code.co_consts
+    if any(isinstance(c, types.CodeType) for c in consts):
+        consts = tuple(_with_filename(c, path) if isinstance(c, types.CodeType) else c for c in consts)
+        return code.replace(co_filename=path, co_consts=consts)
+    return code.replace(co_filename=path)
 
 
 def _output_pipes() -> tuple[int, int, int, int]:

@@ -100,6 +100,28 @@ def test_python_code_runs_as_python_main_py_would(loop_agent: Agent) -> None:
     assert loop_agent.execute("import sys\nprint('x')\nsys.exit('bye')")["stderr"] == "bye\n"
 
 
+def test_the_same_program_twice_is_each_time_its_own_file(loop_agent: Agent) -> None:
+    """A program run again (the manager keeps its code object) names its own main file each time,
+    in every code object of it, and its tracebacks read their lines from there."""
+    code = (
+        "import sys\n"
+        "class C:\n"
+        "    def m(self):\n"
+        "        return [sys._getframe().f_code.co_filename for _ in (1,)]\n"
+        "print(__file__, C().m()[0], C.m.__code__.co_filename)\n"
+        "C.m(None)[5]\n"
+    )
+    files = set()
+    for _ in range(2):
+        body = loop_agent.execute(code)
+        main, in_method, method = body["stdout"].split()
+        assert main == in_method == method and main.endswith("/main.py"), body
+        assert f'File "{main}", line 6, in <module>\n    C.m(None)[5]\n' in body["stderr"], body
+        assert body["stderr"].endswith("IndexError: list index out of range\n")
+        files.add(main)
+    assert len(files) == 2
+
+
 def test_timeouts_kill_the_tree(loop_agent: Agent) -> None:
     body = loop_agent.execute(
         "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(600)\ntime.sleep(600)",
