@@ -509,13 +509,28 @@ class ForkServer:
         The fork server owns the cores: an action's cores are free again the moment its process
         is reaped, and the next action is forked in the same loop turn, with no round trip to the
         agent in between (which on two cores cost a third of the throughput).
+
+        An action granted exact cores (the operator's scheduler sends the grant, and may send the
+        next action for a core while the one before still runs there) waits for those cores only:
+        it starts ahead of earlier actions waiting for other cores, never ahead of an earlier one
+        that wants one of its cores. An action asking for a number of cores keeps strict order: it,
+        and everything behind it, waits until enough cores are free, so a wide one is not starved.
         """
-        while self.queue:
-            msg = self.queue[0]
-            cores = self.pool.take(msg["want"])
-            if cores is None:
-                return
-            self.queue.popleft()
+        queue = self.queue
+        waited: set[int] = set()  # cores that earlier, still waiting, actions granted exactly want
+        i = 0
+        while i < len(queue):
+            msg = queue[i]
+            want = msg["want"]
+            if isinstance(want, int):
+                cores = None if waited else self.pool.take(want)
+                if cores is None:
+                    return
+            elif waited.intersection(want) or (cores := self.pool.take(want)) is None:
+                waited.update(want)
+                i += 1
+                continue
+            del queue[i]
             msg["cores"] = cores
             msg["env"]["TANGRAM_CORES"] = ",".join(map(str, cores))
             try:
