@@ -30,6 +30,7 @@ class PodStart(_Strict):
     median_s: Positive
     sigma: NonNegative
     samples: int = Field(ge=1)
+    source: str = Field(min_length=1)  # which measurement the figures are copied from
 
 
 class Provenance(_Strict):
