@@ -398,3 +398,18 @@ def test_tangram_never_waits_longer_than_starting_at_once_would_take() -> None:
     sched.submit(Action("test", "tt", "cpu", feasible_range(1, 4), Amdahl(12.0, 0.1), memory_gib=2.0), 1.0)
     (g,) = sched.schedule(1.0)
     assert g.action.id == "test" and g.units == 1
+
+
+def test_tangram_on_an_idle_pool_starts_a_test_sized_for_more_cores_than_its_host_has() -> None:
+    """The estimate once let such a test wait for the 48 cores the pool's four hosts hold together
+    (its session is pinned to one of 32): it waited with nothing running, so no completion ever
+    woke the decision again and the run ended with it queued."""
+    mgr = cpu_pool(4, 32)
+    sched = TangramPolicy({"cpu": mgr})
+    sched.submit(Action("t0", "tt", "cpu", (1,), Fixed(0.5), memory_gib=2.0), 0.0)  # pins tt
+    (first,) = sched.schedule(0.0)
+    sched.complete(first, 0.5)
+    test = Action("test", "tt", "cpu", feasible_range(1, 48), Amdahl(83.0, 0.966), memory_gib=2.0)
+    sched.submit(test, 1.0)
+    (g,) = sched.schedule(1.0)
+    assert g.action.id == "test" and g.units == 32 and g.host == first.host

@@ -373,7 +373,11 @@ class TangramPolicy(Scheduler):
                     break
                 blocked.append(action)
             best = total + self._waiting_cost(mgr, cands, units, blocked, now)
-            for t in range(1, min(self.max_evict, len(cands)) + 1):
+            # Admitting nothing is an option only while something runs in the pool: with the pool
+            # idle no completion would come to wake the decision again (the estimate's optimism,
+            # e.g. a test sized for more cores than its host has, must not stall the pool).
+            most = len(cands) if self._running_by_pool.get(pool) else len(cands) - 1
+            for t in range(1, min(self.max_evict, most) + 1):
                 trial = self._arrange(mgr, cands[:-t])
                 if trial is None:
                     break
@@ -472,13 +476,19 @@ class TangramPolicy(Scheduler):
         left = mgr.free_units() - used
         if left > 0:
             heap.append((now, left))
-        cost = list_schedule(heap, waiting, now, self.depth, total_units=mgr.total_units(), branch=_ladder)
+        # The heap is the pool's: a pinned action cannot gather more units than one host has.
+        host_cap = getattr(mgr, "max_host_cores", None)
+        top = host_cap() if callable(host_cap) else mgr.total_units()
+        cost = list_schedule(
+            heap, waiting, now, self.depth, total_units=mgr.total_units(), branch=lambda a: _ladder(a, top)
+        )
         return cost if math.isfinite(cost) else 1e18
 
 
-def _ladder(action: Action) -> list[int]:
+def _ladder(action: Action, top: int) -> list[int]:
     """The allocations the first waiting action tries in the estimate: its minimum, powers of two
-    and its maximum (a handful instead of every count; durations are smooth in m)."""
-    feas = action.feasible
+    and its largest that one host can give (a handful instead of every count; durations are smooth
+    in m)."""
+    feas = [k for k in action.feasible if k <= top] or [action.feasible[0]]
     out = [k for k in feas if k == feas[0] or k == feas[-1] or k & (k - 1) == 0]
     return out
