@@ -31,6 +31,7 @@ from arl_tangram.sim.engine import SimResult, Simulation
 from arl_tangram.sim.metrics import Summary, common_acts, gpu_act, gpu_act_p99, summarise
 from arl_tangram.sim.planning import SimPlanner
 from arl_tangram.sim.steps import StepStats, run_steps
+from arl_tangram.sim.sweep import SWEEP_POLICIES, run_variant, swe_variants
 from arl_tangram.sim.workload import (
     RewardSource,
     SearchSource,
@@ -325,7 +326,7 @@ def _table_steps(wl: Workload, steps: dict[str, StepStats]) -> str:
     tr = wl.training
     ref = steps.get("static")
     rows = [["policy", "state", "rollout s", "step s", "steps/h", "done/step", "lost/step"]]
-    rows[0] += ["resampled/step", "cut/step", "steps/h x static", "rollout x static"]
+    rows[0] += ["resampled/step", "cut/step", "ext share", "steps/h x static", "rollout x static"]
     for name, st in steps.items():
         faster = rollout = "-"
         if ref is not None and st.complete and ref.complete and st.step_mean_s > 0:
@@ -342,6 +343,7 @@ def _table_steps(wl: Workload, steps: dict[str, StepStats]) -> str:
                 f"{st.lost_per_step:.1f}",
                 f"{st.resampled_per_step:.1f}",
                 f"{st.cut_per_step:.1f}",
+                f"{st.critical_external_share:.3f}",
                 faster,
                 rollout,
             ]
@@ -349,7 +351,9 @@ def _table_steps(wl: Workload, steps: dict[str, StepStats]) -> str:
     bound = "none" if tr.staleness_s is None else f"{tr.staleness_s:g} s"
     head = (
         f"RL steps: {tr.steps} batches, training {tr.train_s:g} s per step, staleness bound {bound}, "
-        f"lost trajectories {'re-sampled' if tr.resample else 'not replaced'} (the paper: 1.5x faster steps)"
+        f"lost trajectories {'re-sampled' if tr.resample else 'not replaced'} "
+        "(the paper: 1.5x faster steps); ext share = share of the last trajectory's life spent in "
+        "external actions (the rest is LLM time)"
     )
     return "\n".join([head, *_grid(rows)])
 
@@ -384,7 +388,16 @@ def main_sim(argv: list[str]) -> int:
         help="override a field of the workload's planner section (repeatable), e.g. host_cores=256",
     )
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    ap.add_argument(
+        "--sweep",
+        choices=["swe"],
+        help="instead of one workload, random variants of a family (static, paper, tangram on each) "
+        "and the issue's targets per variant",
+    )
+    ap.add_argument("--variants", type=int, default=12, help="variants of --sweep (default 12)")
     args = ap.parse_args(argv)
+    if args.sweep:
+        return _main_sweep(args.variants, 0 if args.seed is None else args.seed, args.json)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
@@ -450,6 +463,50 @@ def main_sim(argv: list[str]) -> int:
                 f"{n} {x.api_failures} failed / {x.api_violations} let beyond a limit" for n, x in res.items()
             ]
             print("API calls: " + ", ".join(calls))
+    return 0
+
+
+def _main_sweep(n: int, seed: int, as_json: bool) -> int:
+    """``bench sim --sweep swe``: per variant, mean and p99 ACT over the common actions of each
+    policy, tangram over static, and which targets hold."""
+    if n < 1:
+        print("tangram bench sim: --variants must be at least 1", file=sys.stderr)
+        return 2
+    rows = [["variant", *[f"{p} mean/p99" for p in SWEEP_POLICIES], "static/tangram", "targets", "what"]]
+    met = 0
+    out = []
+    for i, (what, wl) in enumerate(swe_variants(n, seed)):
+        if not as_json:
+            print(f"variant {i + 1}/{n}: {what}", file=sys.stderr)
+        v = run_variant(wl.name, what, wl)
+        targets = v.targets()
+        ok = all(targets.values())
+        met += ok
+        out.append({"name": v.name, "what": what, "mean": v.mean, "p99": v.p99, "targets": targets})
+        missed = [k for k, good in targets.items() if not good]
+        rows.append(
+            [
+                v.name,
+                *[f"{v.mean[p]:.2f}/{v.p99[p]:.1f}" for p in SWEEP_POLICIES],
+                f"{v.mean['static'] / v.mean['tangram']:.2f}x mean, "
+                f"{v.p99['static'] / v.p99['tangram']:.2f}x p99",
+                "all met" if ok else "missed: " + ", ".join(missed),
+                what,
+            ]
+        )
+    if as_json:
+        print(json.dumps({"sweep": "swe", "seed": seed, "variants": out, "met": met}))
+        return 0
+    print(f"sweep swe (seed {seed}): ACT over the actions every policy completed (s)")
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print(
+            "  ".join(
+                c.ljust(w) if i in (0, len(r) - 1) else c.rjust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
+    print(f"variants meeting every target: {met} of {n}")
     return 0
 
 

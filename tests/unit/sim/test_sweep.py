@@ -1,0 +1,51 @@
+"""The SWE-style sweep: variants drawn from a seed, and the issue's targets judged per variant."""
+
+from __future__ import annotations
+
+import math
+
+from arl_tangram.sim.sweep import SWEEP_POLICIES, VariantResult, run_variant, swe_variants
+from arl_tangram.sim.workload import CodingSource, with_overrides
+
+
+def test_variants_are_fixed_by_the_seed_and_differ_in_the_pool_and_the_tests() -> None:
+    a, b = swe_variants(8, seed=3), swe_variants(8, seed=3)
+    assert [w for w, _ in a] == [w for w, _ in b]
+    assert [w for w, _ in a] != [w for w, _ in swe_variants(8, seed=4)]
+    pools = {(wl.cluster.cpu_hosts, wl.cluster.cores_per_host) for _, wl in a}
+    assert len(pools) > 1
+    for _, wl in a:
+        srcs = [s for s in wl.sources if isinstance(s, CodingSource)]
+        assert len(srcs) == 3 and len({s.release_at_s for s in srcs}) == 3
+
+
+def test_targets_name_what_a_variant_misses() -> None:
+    ok = VariantResult(
+        "v",
+        "",
+        {"static": 10.0, "paper": 9.0, "tangram": 8.0},
+        {"static": 50.0, "paper": 40.0, "tangram": 40.2},
+        dict.fromkeys(SWEEP_POLICIES, True),
+    )
+    assert all(ok.targets().values())
+    worse = VariantResult(
+        "v",
+        "",
+        {"static": 7.0, "paper": 9.0, "tangram": 9.2},
+        {"static": 30.0, "paper": 40.0, "tangram": 41.0},
+        {"static": True, "paper": True, "tangram": False},
+    )
+    assert worse.targets() == {
+        "complete": False,
+        "lowest mean": False,
+        "p99 <= static": False,
+        "within 1% of paper": False,
+    }
+
+
+def test_a_variant_runs_every_policy_over_the_common_actions() -> None:
+    what, wl = swe_variants(1, seed=0)[0]
+    small = with_overrides(wl, scale=0.1)
+    v = run_variant(small.name, what, small)
+    assert all(v.complete.values())
+    assert all(math.isfinite(v.mean[p]) and v.p99[p] >= v.mean[p] > 0 for p in SWEEP_POLICIES)
