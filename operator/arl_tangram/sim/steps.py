@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from arl_tangram.errors import InvalidSpec
-from arl_tangram.sim.engine import Simulation
+from arl_tangram.sim.engine import ActionRecord, Simulation
 from arl_tangram.sim.workload import Workload, generate
 
 RESERVE_SEED_OFFSET = 1_000_003  # replacement prompts come from a stream no step's batch uses
@@ -37,6 +38,10 @@ class StepStats:
     # Every step ended with nothing left over (a cut by the bound is not left over) and, with
     # re-sampling, with its whole batch completed.
     complete: bool
+    # The trajectory that ended its step last (the step's critical path): the share of its life
+    # spent in external actions (ACT), the rest being LLM time. A policy can only shorten that
+    # share, so it bounds the step speed-up: at most 1 / (1 - share) with ACT brought to zero.
+    critical_external_share: float = 0.0
 
 
 def run_steps(wl: Workload, policy: str) -> StepStats:
@@ -45,6 +50,7 @@ def run_steps(wl: Workload, policy: str) -> StepStats:
     if tr is None:
         raise InvalidSpec("training", f"workload {wl.name} has no training section")
     rollouts: list[float] = []
+    shares: list[float] = []
     done = lost = resampled = cut = 0
     complete = True
     for k in range(tr.steps):
@@ -63,6 +69,7 @@ def run_steps(wl: Workload, policy: str) -> StepStats:
             step_wl, policy, trajectories=batch, resample=reserve, deadline_s=tr.staleness_s
         ).run()
         rollouts.append(res.cut_at if res.cut_at is not None else res.makespan_s)
+        shares.append(critical_share(res.records, {t.id: t.start for t in batch}))
         if res.cut_at is not None:
             cut += res.unfinished_trajectories
         elif not res.complete or (tr.resample and res.completed_trajectories < len(batch)):
@@ -84,4 +91,17 @@ def run_steps(wl: Workload, policy: str) -> StepStats:
         resampled / n,
         cut / n,
         complete,
+        statistics.fmean(shares) if shares else 0.0,
     )
+
+
+def critical_share(records: Sequence[ActionRecord], starts: Mapping[str, float]) -> float:
+    """Of the trajectory whose last action ended last: its summed ACT over its life (release to
+    last completion; a re-sampled one from its first action's arrival)."""
+    if not records:
+        return 0.0
+    last = max(records, key=lambda r: r.end)
+    mine = [r for r in records if r.key[0] == last.key[0]]
+    born = starts.get(last.key[0], min(r.arrival for r in mine))
+    life = last.end - born
+    return sum(r.act for r in mine) / life if life > 0 else 0.0

@@ -6,12 +6,13 @@ from __future__ import annotations
 import dataclasses
 from importlib import resources
 
+import pytest
 import yaml
 
-from arl_tangram.sim.engine import Simulation
+from arl_tangram.sim.engine import ActionRecord, Simulation
 from arl_tangram.sim.metrics import summarise
 from arl_tangram.sim.planning import SimPlanner
-from arl_tangram.sim.steps import run_steps
+from arl_tangram.sim.steps import critical_share, run_steps
 from arl_tangram.sim.workload import Workload, builtin, generate, parse, with_overrides
 
 
@@ -168,3 +169,15 @@ def test_a_lost_trajectory_is_replaced_by_a_new_sample() -> None:
     assert res.lost_trajectories > 0 and res.resampled == min(res.lost_trajectories, len(reserve))
     assert res.trajectories == len(batch) + res.resampled
     assert {r.key[0] for r in res.records} - {t.id for t in batch}  # replacements ran actions
+
+
+def test_the_critical_share_is_the_last_trajectorys_act_over_its_life() -> None:
+    def rec(traj: str, arrival: float, end: float) -> ActionRecord:
+        return ActionRecord("tool", "cpu", arrival, arrival, end, end - arrival, 0.0, (traj, 0))
+
+    # "b" ends last: released at 0, actions 10-12 and 30-40 (13 s of ACT in a life of 40 s).
+    records = [rec("a", 1.0, 50.0 - 20.0), rec("b", 10.0, 12.0), rec("b", 30.0, 40.0 + 1.0)]
+    assert critical_share(records, {"a": 0.0, "b": 0.0}) == pytest.approx(13.0 / 41.0)
+    # A re-sampled trajectory (no release time known) counts from its first arrival.
+    assert critical_share(records, {}) == pytest.approx(13.0 / 31.0)
+    assert critical_share([], {}) == 0.0
