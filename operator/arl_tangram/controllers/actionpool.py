@@ -563,10 +563,14 @@ class PoolController:
 
     async def _sync(self, cfg: PoolConfig, hosts: Sequence[HostObservation]) -> None:
         """Tell the dispatcher which hosts take work: ready ones (and draining ones, which finish
-        what they hold), each with the core ids its agent reports."""
+        what they hold), each with the core ids its agent reports. A host that was ready and is not
+        now (its readiness probe fails: the agent hung, or the node cannot reach it) is kept as a
+        draining one: it takes no new work, but what it runs is not given up for lost while its pod
+        lives (it may still be running, and finish; see the dispatcher's ``_settle``)."""
         endpoints = []
         for h in hosts:
-            if h.phase not in ("ready", "draining") or h.address is None:
+            was_ready = h.phase == "starting" and h.name in self._cores
+            if not (h.phase in ("ready", "draining") or was_ready) or h.address is None:
                 continue
             cores = self._cores.get(h.name)
             if cores is None:
@@ -578,7 +582,8 @@ class PoolController:
                     log.info("host %s of %s is not answering health yet: %s", h.name, cfg.key, exc)
                     continue
                 self._cores[h.name] = cores
-            endpoints.append(HostEndpoint(h.name, h.address, cores, h.memory_bytes, h.phase == "draining"))
+            draining = h.phase != "ready"
+            endpoints.append(HostEndpoint(h.name, h.address, cores, h.memory_bytes, draining))
         live = {h.name for h in hosts}
         for name in [n for n in self._cores if n not in live]:
             del self._cores[name]

@@ -2,16 +2,19 @@
 
 Every failure is one of two kinds, and the dispatcher treats them differently:
 - :class:`~arl_tangram.errors.InfrastructureError`: the host could not be reached, answered 5xx or
-  answered something that is not the agent's JSON. The action may be retried elsewhere.
+  answered something that is not the agent's JSON. The action may be retried elsewhere, except
+  after :class:`Unreachable` (the call may have reached the agent, which may still run it): that
+  agent is asked by the action's key first (see the dispatcher's ``_settle``).
 - :class:`AgentRefused`: the agent understood the request and refused it (4xx). Retrying the same
   request cannot help; the action fails with the agent's message.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 
@@ -29,6 +32,22 @@ ANSWER_MARGIN_S = 15.0
 REFUSALS = frozenset({400, 409, 413, 422})
 # Control calls (health, sessions, in-flight lists) are small: a host that takes longer is unhealthy.
 CONTROL_TIMEOUT_S = 5.0
+
+Lookup = Literal["done", "running", "unknown"]
+
+
+class ConnectFailed(InfrastructureError):
+    """No connection to the agent: the call never reached it. ``refused``: the host answered that
+    nothing listens on the agent's port (the agent is gone, and the actions it ran died with it,
+    by their parent-death signal); otherwise the host itself did not answer."""
+
+    def __init__(self, message: str, refused: bool) -> None:
+        super().__init__(message)
+        self.refused = refused
+
+
+class Unreachable(InfrastructureError):
+    """The connection failed or timed out once the call was on its way: the agent may have it."""
 
 
 class AgentRefused(Exception):
@@ -80,8 +99,11 @@ class AgentClient:
             ) as resp:
                 raw = await resp.read()
                 status, resp_headers = resp.status, resp.headers
+        except aiohttp.ClientConnectorError as exc:
+            refused = exc.os_error.errno == errno.ECONNREFUSED
+            raise ConnectFailed(f"{method} {url}: {type(exc).__name__}: {exc}", refused) from exc
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise InfrastructureError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+            raise Unreachable(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
         try:
             parsed = json.loads(raw) if raw else {}
         except ValueError:
@@ -129,14 +151,23 @@ class AgentClient:
 
     async def result(self, address: str, key: str, wait_s: float) -> dict[str, Any] | None:
         """The stored response of a keyed action (None while it still runs, or when it is unknown:
-        ``known`` tells the two apart through :meth:`inflight`)."""
+        :meth:`inflight` or :meth:`lookup` tell the two apart)."""
+        _, body = await self.lookup(address, key, wait_s)
+        return body
+
+    async def lookup(self, address: str, key: str, wait_s: float) -> tuple[Lookup, dict[str, Any] | None]:
+        """Where a keyed action stands on the agent, waiting up to ``wait_s`` for it to finish:
+        ``done`` with its stored response, ``running``, or ``unknown`` (the agent never got it, or
+        its result has expired there)."""
         status, parsed, _ = await self._call(
             "GET",
             f"http://{address}/v1/actions/{key}?wait={wait_s:g}",
             timeout_s=wait_s + CONTROL_TIMEOUT_S,
             accept=(200, 202, 404),
         )
-        return parsed if status == 200 else None
+        if status == 200:
+            return "done", parsed
+        return ("running" if status == 202 else "unknown"), None
 
     async def inflight(self, address: str) -> tuple[dict[str, tuple[int, ...]], set[str]]:
         """Keys running on the agent (with the cores each holds), and keys it finished recently (and

@@ -24,12 +24,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from arl_tangram.core.action import Action, Amdahl, DurationModel, Fixed
 from arl_tangram.core.policies.registry import POLICIES
 from arl_tangram.core.pool import Grant
 from arl_tangram.core.scheduler import Scheduler
-from arl_tangram.dispatch.agent import AgentClient, AgentRefused
+from arl_tangram.dispatch.agent import ANSWER_MARGIN_S, AgentClient, AgentRefused, ConnectFailed, Unreachable
 from arl_tangram.dispatch.outcomes import interpret
 from arl_tangram.dispatch.rewards import RewardRouter
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
@@ -54,12 +55,18 @@ ACT_WINDOW_S = 300.0
 # The arrival rate the planner's steady-state term sees: short, so a burst's capacity is released
 # soon after the burst ends (the idle timeout still holds hosts against flapping).
 RATE_WINDOW_S = 60.0
-# Actions of a kind expected to end within this long have their cores booked for the next action as
-# soon as they are sent: the agent queues the booked call behind the running one (its fork server
-# starts it the moment the cores are free, and its clock starts then), so a core does not sit idle
-# for the round trip between one action's answer and the next call. One booking per core, and only
-# behind short actions: a booked action waits for the one ahead of it even if another core frees.
+# When actions wait and a host has no free core, a core running an action of a kind whose recent
+# runs all ended within this long is booked for the next action: the agent queues the booked call
+# behind the running one (its fork server starts it the moment the core is free, and its clock
+# starts then), so the core does not sit idle for the round trip between one action's answer and
+# the next call. One booking per core. The cost: an action booked behind one that turns out long
+# waits for it even if another core frees first (the recent runs are the only forecast there is).
 BOOK_AHEAD_MAX_S = 0.1
+BOOK_AHEAD_RUNS = 16  # how many recent runs of a kind must all have been that short
+# A call cut off on its way (see ``_settle``) is settled by asking its agent again, first after this
+# long, then twice as long each time up to the second figure.
+SETTLE_FIRST_S = 0.5
+SETTLE_MAX_S = 5.0
 
 
 def agent_key(key: str, attempt: int) -> str:
@@ -135,6 +142,10 @@ class _Pool:
     # (host, core) -> the jobs sent to the agent on that core, oldest first (at most two: the one
     # running there, and the one booked behind it).
     holders: dict[tuple[str, int], list[_Job]] = field(default_factory=dict)
+    # The latest run times of each action kind (the forecast for booking ahead).
+    recent_runs: dict[str, deque[float]] = field(default_factory=dict)
+    # Hosts with calls in doubt (cut off on their way, being settled): not replaced meanwhile.
+    in_doubt: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -350,7 +361,9 @@ class Dispatcher:
             mean_action_s=sum(runs) / len(runs) if runs else 0.0,
             last_active=pool.last_active,
             hosts={h: HostLoad(*v) for h, v in per_host.items()},
-            unhealthy=frozenset(pool.unhealthy),
+            # A host whose calls are being settled stays (drained): replacing it would kill what it
+            # may still run, and lose the results it keeps.
+            unhealthy=frozenset(h for h in pool.unhealthy if not pool.in_doubt.get(h)),
             waiting_trajectories=waiting_trajectories,
             retired=frozenset(pool.retired),
         )
@@ -576,11 +589,9 @@ class Dispatcher:
         self._tenant_waiting[tenant] = self._tenant_waiting.get(tenant, 1) - 1
 
     def _pump(self) -> None:
-        """Admit what the scheduler grants now; each grant becomes a task calling its host. Grants
-        booked ahead (see ``BOOK_AHEAD_MAX_S``) free their cores for one more round of decisions."""
-        booked = True
-        while booked:
-            booked = False
+        """Admit what the scheduler grants now; each grant becomes a task calling its host. Then, if
+        cores were booked ahead (see ``BOOK_AHEAD_MAX_S``), the scheduler decides once more."""
+        while True:
             t0 = time.perf_counter()
             grants = self.scheduler.schedule(self.clock())
             self.decision_us.append((time.perf_counter() - t0) * 1e6)
@@ -596,24 +607,37 @@ class Dispatcher:
                 job.task = asyncio.get_running_loop().create_task(self._execute(pool, job, grant))
                 for core in grant.unit_ids:
                     pool.holders.setdefault((grant.host, core), []).append(job)
-                booked |= self._book_ahead(pool, job)
+            if not self._book_ahead():
+                return
 
-    def _book_ahead(self, pool: _Pool, job: _Job) -> bool:
-        """Give a short action's grant back to the scheduler now, so that its cores go to the next
-        action at once (queued behind it on the agent), if it is alone on every one of them."""
-        grant = job.grant
-        if (
-            grant is None
-            or job.released
-            or pool.config.mode == "dedicated"
-            or pool.estimates.get(job.request.kind, BOOK_AHEAD_MAX_S + 1) > BOOK_AHEAD_MAX_S
-            or any(pool.holders.get((grant.host, c)) != [job] for c in grant.unit_ids)
-        ):
-            return False
-        job.released = True
-        self.booked_ahead += 1
-        self._release(pool, job, grant)
-        return True
+    def _book_ahead(self) -> bool:
+        """Give the grants of short actions on full hosts of pools with waiting actions back to the
+        scheduler, so that their cores go to the next actions at once (queued behind them on the
+        agent). Only an action alone on every one of its cores is booked behind. True if any was."""
+        booked = False
+        for pool in self._pools.values():
+            if not pool.waiting or pool.config.mode == "dedicated" or not pool.holders:
+                continue
+            heads = {id(held[0]): held[0] for held in pool.holders.values() if len(held) == 1}
+            for job in heads.values():
+                grant = job.grant
+                if grant is None or job.released or not self._short(pool, job.request.kind):
+                    continue
+                host = pool.cpu.hosts.get(grant.host)
+                if host is None or host.free_cores:
+                    continue  # a core is free there: nothing waits for this one
+                if any(pool.holders.get((grant.host, c)) != [job] for c in grant.unit_ids):
+                    continue
+                job.released = True
+                self.booked_ahead += 1
+                self._release(pool, job, grant)
+                booked = True
+        return booked
+
+    @staticmethod
+    def _short(pool: _Pool, kind: str) -> bool:
+        runs = pool.recent_runs.get(kind)
+        return runs is not None and len(runs) == BOOK_AHEAD_RUNS and max(runs) <= BOOK_AHEAD_MAX_S
 
     def _release(self, pool: _Pool, job: _Job, grant: Grant) -> None:
         """The scheduler's side of an action's end: its cores (and, outside a session, its
@@ -622,10 +646,10 @@ class Dispatcher:
         if not job.request.session:
             pool.cpu.end_trajectory(grant.action.trajectory)
 
-    def _unhold(self, pool: _Pool, job: _Job, grant: Grant) -> None:
-        """The agent is done with the job: whoever was booked behind it on its cores runs there now,
-        and may in turn book its cores ahead."""
-        behind: list[_Job] = []
+    @staticmethod
+    def _unhold(pool: _Pool, job: _Job, grant: Grant) -> None:
+        """The agent is done with the job: whoever was booked behind it on its cores runs there now
+        (and may be booked behind in turn, at the next decision)."""
         for core in grant.unit_ids:
             held = pool.holders.get((grant.host, core))
             if held is None:
@@ -634,10 +658,6 @@ class Dispatcher:
                 held.remove(job)
             if not held:
                 del pool.holders[(grant.host, core)]
-            elif held[0] not in behind:
-                behind.append(held[0])
-        for other in behind:
-            self._book_ahead(pool, other)
 
     # ---- running ----------------------------------------------------------------------------------
     async def _execute(self, pool: _Pool, job: _Job, grant: Grant) -> None:
@@ -657,17 +677,25 @@ class Dispatcher:
             payload = dict(req.payload)
             if req.wire == "native":
                 payload.setdefault("timeout_s", timeout_s)
-            body = await self.agent.execute(
-                endpoint.address,
-                payload,
-                key=agent_key(req.key, job.attempts),
-                cores=grant.unit_ids,
-                wire=req.wire,
-                timeout_s=timeout_s,
-                session_id=session_id,
-            )
+            key = agent_key(req.key, job.attempts)
+            sent = self.clock()
+            try:
+                body = await self.agent.execute(
+                    endpoint.address,
+                    payload,
+                    key=key,
+                    cores=grant.unit_ids,
+                    wire=req.wire,
+                    timeout_s=timeout_s,
+                    session_id=session_id,
+                )
+            except Unreachable as exc:
+                self._count_failure(pool, grant.host)
+                # By the agent's own clock, the action is over this long after it was sent.
+                until = max(sent + timeout_s + ANSWER_MARGIN_S, self.clock() + ANSWER_MARGIN_S)
+                body = await self._settle(pool, endpoint, key, until, str(exc))
             outcome = interpret(req.key, req.kind, req.wire, body)
-            pool.failures[grant.host] = 0
+            self._answered(pool, grant.host)
         except AgentRefused as exc:
             if req.session and exc.body.get("field") == "session_id":
                 # The agent no longer has the session's state (it restarted, or expired it): lost.
@@ -727,6 +755,60 @@ class Dispatcher:
             sess.host = endpoint.name
         return sess.agent_id
 
+    async def _settle(
+        self, pool: _Pool, endpoint: HostEndpoint, key: str, until: float, why: str
+    ) -> dict[str, Any]:
+        """A call was cut off on its way: the agent may have it, and may be running it. Running it
+        elsewhere now could run it twice, so that agent is asked by the action's key until it
+        answers (with the stored response; or that it never got the call, and then the action runs
+        elsewhere) or until ``until``, when the action is over there by its own timeout. Meanwhile
+        the host takes no new work and is not replaced; if it is lost (its pod deleted, which kills
+        what it runs), this task is cancelled and the action runs elsewhere."""
+        pool.in_doubt[endpoint.name] = pool.in_doubt.get(endpoint.name, 0) + 1
+        delay = SETTLE_FIRST_S
+        try:
+            while True:
+                wait_s = min(REATTACH_SLICE_S, max(0.0, until - self.clock()))
+                try:
+                    state, body = await self.agent.lookup(endpoint.address, key, wait_s)
+                except (Unreachable, ConnectFailed) as exc:
+                    self._count_failure(pool, endpoint.name)
+                    if isinstance(exc, ConnectFailed) and exc.refused:
+                        raise InfrastructureError(
+                            f"{why}; nothing listens on {endpoint.name}'s agent port now (its actions "
+                            "ended with it)"
+                        ) from exc
+                    if self.clock() >= until:
+                        raise InfrastructureError(
+                            f"{why}; host {endpoint.name} was still unreachable when the action's time "
+                            "was up there (it may have run there too)"
+                        ) from exc
+                    await asyncio.sleep(delay)
+                    delay = min(2 * delay, SETTLE_MAX_S)
+                    continue
+                self._answered(pool, endpoint.name)
+                if state == "done":
+                    assert body is not None
+                    log.info("settled %s on %s after: %s", key, endpoint.name, why)
+                    return body
+                if state == "unknown":
+                    raise InfrastructureError(f"{why}; the agent on {endpoint.name} never got the call")
+        finally:
+            pool.in_doubt[endpoint.name] -= 1
+            if not pool.in_doubt[endpoint.name]:
+                del pool.in_doubt[endpoint.name]
+
+    def _answered(self, pool: _Pool, host: str) -> None:
+        """The host's agent answered: its failures are forgotten, and it takes work again if only
+        its failures had stopped it."""
+        pool.failures[host] = 0
+        if host in pool.unhealthy:
+            pool.unhealthy.discard(host)
+            endpoint = pool.endpoints.get(host)
+            if host in pool.cpu.hosts and endpoint is not None:
+                pool.cpu.hosts[host].draining = endpoint.draining or host in pool.retired
+            log.info("host %s of %s answers again", host, pool.config.key)
+
     def _count_failure(self, pool: _Pool, host: str) -> None:
         pool.failures[host] = pool.failures.get(host, 0) + 1
         if pool.failures[host] >= UNHEALTHY_AFTER and host not in pool.unhealthy:
@@ -783,6 +865,8 @@ class Dispatcher:
             pool.estimates[job.request.kind] = (
                 t1 if old is None else (1 - EWMA_WEIGHT) * old + EWMA_WEIGHT * t1
             )
+            recent = pool.recent_runs.setdefault(job.request.kind, deque(maxlen=BOOK_AHEAD_RUNS))
+            recent.append(t1)
         pool.acts.append((now, now - job.submitted))
         pool.runs.append((now, outcome.duration_s))
         pool.last_active = now

@@ -9,6 +9,7 @@ import itertools
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 import requests
 from aiohttp import web
@@ -16,7 +17,7 @@ from sandbox_agent_harness import Agent, processes_of, start_agent, stop_agent, 
 
 from arl_tangram.api.actionpool import ActionPool
 from arl_tangram.dispatch.agent import AgentClient
-from arl_tangram.dispatch.dispatcher import Dispatcher, HostEndpoint
+from arl_tangram.dispatch.dispatcher import BOOK_AHEAD_RUNS, Dispatcher, HostEndpoint
 from arl_tangram.domain.actions import ActionRequest, Outcome, Reason
 from arl_tangram.domain.pools import PoolConfig, pool_config
 from arl_tangram.errors import NotFound
@@ -297,7 +298,7 @@ async def test_short_actions_book_their_core_for_the_next_one_and_never_share_it
     d.upsert_pool(_pool())
     await d.sync_hosts(f"{NS}/py", [_endpoint(agents[0], "host-0")])
     code = "import time; t0 = time.time(); time.sleep(0.005); print(t0, time.time())"
-    warm = await asyncio.gather(*(d.run(_req(f"warm-{i}", code)) for i in range(4)))
+    warm = await asyncio.gather(*(d.run(_req(f"warm-{i}", code)) for i in range(BOOK_AHEAD_RUNS)))
     assert all(o.state is Outcome.SUCCEEDED for o in warm)
     before = d.booked_ahead
     outs = await asyncio.gather(*(d.run(_req(f"short-{i}", code)) for i in range(40)))
@@ -315,3 +316,130 @@ async def test_short_actions_book_their_core_for_the_next_one_and_never_share_it
             assert start >= end, f"two actions ran on core {core} at once"
     stats = d.stats(f"{NS}/py")
     assert stats is not None and stats.running_actions == 0 and stats.queued_actions == 0
+
+
+async def test_booking_never_passes_over_a_free_core_and_costs_at_most_one_action_per_core(
+    agents: list[Agent],
+) -> None:
+    """An action the forecast took for short may run long: an action booked behind it waits for it.
+    No action is booked while a core is free, and at most one waits behind each long one."""
+    client = AgentClient()
+    d = Dispatcher(client)
+    d.upsert_pool(_pool())
+    await d.sync_hosts(f"{NS}/py", [_endpoint(agents[0], "host-0")])
+    fast = "print('fast')"
+    await asyncio.gather(*(d.run(_req(f"w-{i}", fast)) for i in range(BOOK_AHEAD_RUNS)))
+    done: list[str] = []
+
+    async def run(key: str, code: str) -> None:
+        out = await d.run(_req(key, code))
+        assert out.state is Outcome.SUCCEEDED, out
+        done.append(key)
+
+    # Alone with a free core beside it: the fast action takes that core, not a booking.
+    slow = asyncio.create_task(run("slow-1", "import time; time.sleep(1.5)"))
+    await _wait(lambda: (s := d.stats(f"{NS}/py")) is not None and s.running_actions == 1)
+    await run("fast-1", fast)
+    await slow
+    assert done == ["fast-1", "slow-1"]
+    # Under pressure (more waiting than cores): at most one action is booked behind the slow one.
+    done.clear()
+    slow = asyncio.create_task(run("slow-2", "import time; time.sleep(1.5)"))
+    await _wait(lambda: (s := d.stats(f"{NS}/py")) is not None and s.running_actions == 1)
+    await asyncio.gather(slow, *(run(f"f-{i}", fast) for i in range(20)))
+    await client.close()
+    assert len(done[done.index("slow-2") + 1 :]) <= 1, done
+
+
+class _Cutter:
+    """A proxy in front of a real agent that cuts chosen calls off, as a partition does mid-call: a
+    cut call is dropped with no answer, before or after the agent got it. (The connection is real;
+    the partition is the proxy's, since cutting loopback itself needs the reliability suite's
+    test bed, which runs it too.)"""
+
+    def __init__(self, agent: Agent) -> None:
+        self.target = agent.url
+        self.cut_execute: str | None = None  # "before" or "after" the agent gets it, once
+        self.cut_lookups = 0  # how many of the next result lookups are cut
+        self.runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.http = aiohttp.ClientSession()
+
+    async def stop(self) -> None:
+        await self.http.close()
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        cut = False
+        if request.path == "/v1/execute" and self.cut_execute:
+            cut, when, self.cut_execute = True, self.cut_execute, None
+            if when == "before":
+                return self._drop(request)
+        elif request.path.startswith("/v1/actions/") and self.cut_lookups:
+            self.cut_lookups -= 1
+            return self._drop(request)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        async with self.http.request(
+            request.method, self.target + request.path_qs, data=await request.read(), headers=headers
+        ) as resp:
+            body = await resp.read()
+            if cut:
+                return self._drop(request)
+            return web.Response(body=body, status=resp.status, content_type=resp.content_type)
+
+    @staticmethod
+    def _drop(request: web.Request) -> web.StreamResponse:
+        assert request.transport is not None
+        request.transport.abort()
+        return web.Response()
+
+
+async def _cut_setup(agent: Agent) -> tuple[Dispatcher, AgentClient, _Cutter]:
+    cutter = _Cutter(agent)
+    await cutter.start()
+    client = AgentClient()
+    d = Dispatcher(client)
+    d.upsert_pool(_pool())
+    host = HostEndpoint("cut", f"127.0.0.1:{cutter.port}", tuple(_endpoint(agent, "x").cores), 4 << 30)
+    await d.sync_hosts(f"{NS}/py", [host])
+    return d, client, cutter
+
+
+async def test_a_call_cut_off_after_the_agent_got_it_is_settled_there_not_run_again(
+    agents: list[Agent],
+) -> None:
+    """The answer is lost and the host stays unreachable for a while: the agent is asked by the
+    action's key until it answers, and its stored result is the outcome; the host serves again."""
+    d, client, cutter = await _cut_setup(agents[0])
+    before = _actions_run(agents[:1])
+    cutter.cut_execute, cutter.cut_lookups = "after", 2
+    out = await d.run(_req("cut-after", "print('ran')", max_retries=3))
+    again = await d.run(_req("cut-next", "print('next')"))
+    stats = d.stats(f"{NS}/py")
+    await client.close()
+    await cutter.stop()
+    assert out.state is Outcome.SUCCEEDED and out.stdout == "ran\n" and out.attempts == 1, out
+    assert again.state is Outcome.SUCCEEDED and again.host == "cut"
+    assert _actions_run(agents[:1]) == before + 2, "the cut action ran twice (or not at all)"
+    assert stats is not None and not stats.unhealthy
+
+
+async def test_a_call_cut_off_before_the_agent_got_it_runs_as_a_new_attempt(agents: list[Agent]) -> None:
+    d, client, cutter = await _cut_setup(agents[0])
+    before = _actions_run(agents[:1])
+    cutter.cut_execute = "before"
+    out = await d.run(_req("cut-before", "print('ran')", max_retries=3))
+    await client.close()
+    await cutter.stop()
+    assert out.state is Outcome.SUCCEEDED and out.stdout == "ran\n" and out.attempts == 2, out
+    assert _actions_run(agents[:1]) == before + 1
