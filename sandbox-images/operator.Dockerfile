@@ -31,8 +31,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PATH=/opt/tangram/bin:${PATH}
 COPY --from=build /opt/tangram /opt/tangram
-RUN useradd --system --uid 10001 --user-group --no-create-home tangram
-USER 10001
+# The uid manifests/deployment.yaml runs it as: kopf names its peer after the user's name, and an
+# unnamed uid stops the operator at start-up (getpwuid: uid not found).
+RUN useradd --system --uid 65532 --user-group --no-create-home tangram
+USER 65532
 EXPOSE 8080
 # /healthz on the port TANGRAM_LISTEN_PORT names (hack/images/healthcheck.py).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 CMD ["tangram-healthcheck"]
