@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One real node for the test bed: a kubelet (built from the same release as the control plane) with
-# containerd, runc and a CNI bridge, running real OCI images. Opt-in: `TESTBED_REAL_NODE=1 make
-# cluster-up` calls `real-node.sh up`; cluster-down calls `real-node.sh down` first.
+# containerd, runc and a CNI bridge, running real OCI images. `TESTBED_REAL_NODE=1 make
+# cluster-up` (CI sets it) calls `real-node.sh up`; cluster-down calls `real-node.sh down` first.
 #
 # The node is tb-real-0, labelled tangram.arl.dev/real-node=true and tainted with it (NoSchedule), so
-# only pods that ask for it land there. There is no registry and no Docker engine: its images are
+# only pods that ask for it land there. There is no registry: its images are
 # imported from OCI archives made by mkimage.py (the pause image, and tangram.test/tb-echo:0.1,
-# an HTTP server on :8080 for tests); use imagePullPolicy: Never or IfNotPresent.
+# an HTTP server on :8080 for tests) and from the Docker engine that `make images` built the
+# project's images with; use imagePullPolicy: Never or IfNotPresent.
 # Needs root and Debian's containerd, runc and containernetworking-plugins (hack/system-deps.sh with
 # TESTBED_REAL_NODE=1). What this machine needed: cgroup v1 (failCgroupV1: false), no
 # CAP_SYS_RESOURCE (containerd's restrict_oom_score_adj; the kubelet logs that it cannot lower its
@@ -88,6 +89,7 @@ EOF
   done
   ctr_ images import "$D/images/pause.tar" >/dev/null
   ctr_ images import "$D/images/echo.tar" >/dev/null
+  import_project_images
 
   # The node's identity: a client (and serving) certificate from the test bed's CA, bound to the
   # system:node role (the API server runs RBAC only, without the Node authorizer).
@@ -155,6 +157,31 @@ EOF
   log "real node $node Ready (kubelet $(basename "$bin"), containerd $(containerd --version | awk '{print $3}'))"
 }
 
+# The project's images (`make images`), from the Docker engine that built them, so that sandbox host
+# pods and the operator run from them here (imagePullPolicy Never or IfNotPresent). Which ones:
+# TESTBED_NODE_IMAGES (default the sandbox's and the operator's, at the package version). One not
+# built, or no engine, is named and left out: the tests that need it say so.
+import_project_images() {
+  local version images img t0
+  version="$(sed -nE 's/^version = "([^"]+)"/\1/p' "$testbed_root/pyproject.toml" | head -n1)"
+  images="${TESTBED_NODE_IMAGES:-arl-tangram-sandbox:$version arl-tangram-operator:$version}"
+  if ! command -v docker >/dev/null 2>&1 || ! docker info >/dev/null 2>&1; then
+    log "real node: no Docker engine answers: $images not imported (make images builds them)"
+    return 0
+  fi
+  for img in $images; do
+    if ! docker image inspect "$img" >/dev/null 2>&1; then
+      log "real node: $img is not built (make images): not imported"
+      continue
+    fi
+    t0=$SECONDS
+    # `docker save` names it arl-tangram-sandbox:0.1.0; containerd stores it as docker.io/library/...,
+    # which is the name the kubelet resolves a pod's short image name to.
+    docker save "$img" | ctr_ images import - >/dev/null
+    log "real node: imported $img ($((SECONDS - t0)) s)"
+  done
+}
+
 stop_recorded() { # NAME
   local f="$CLUSTER_DIR/pids/$1" pid deadline=$((SECONDS + 15))
   [ -f "$f" ] || return 0
@@ -199,5 +226,7 @@ down() {
 case "${1:-}" in
   up) up ;;
   down) down ;;
-  *) echo "usage: real-node.sh up|down" >&2; exit 2 ;;
+  # After `make images` on a running test bed: the new images, without restarting the node.
+  import-images) import_project_images ;;
+  *) echo "usage: real-node.sh up|down|import-images" >&2; exit 2 ;;
 esac
