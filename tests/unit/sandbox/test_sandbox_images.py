@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import subprocess
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -29,10 +31,38 @@ def test_sandbox_image_is_non_root_with_base_arg_entrypoint_and_healthcheck() ->
     assert ("FROM", "${BASE_IMAGE}") in steps
     users = [rest for word, rest in steps if word == "USER"]
     assert users and users[-1] not in ("0", "root")
-    assert any(word == "HEALTHCHECK" and "/v1/health" in rest for word, rest in steps)
+    # The health check is a script that asks the agent on the address its --listen names (a fixed
+    # port in the Dockerfile was a defect: an agent started on another port was reported unhealthy).
+    assert any(word == "HEALTHCHECK" and "tangram-healthcheck" in rest for word, rest in steps)
+    assert any(word == "COPY" and rest.startswith("hack/images/healthcheck.py ") for word, rest in steps)
     assert ("ENTRYPOINT", '["tangram", "sandbox-agent"]') in steps
     install = " ".join(rest for word, rest in steps if word == "RUN")
     assert "pytest-xdist" in install
+
+
+def _healthcheck() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "tangram_healthcheck", ROOT / "hack" / "images" / "healthcheck.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--listen", "0.0.0.0:9123", "--workdir-root", "/w"], ("0.0.0.0", 9123)),
+        (["--listen=127.0.0.1:7001"], ("127.0.0.1", 7001)),
+        (["--listen", "[::1]:8088"], ("[::1]", 8088)),
+        (["--workdir-root", "/w"], ("", 8080)),
+    ],
+)
+def test_the_health_check_asks_the_agent_where_it_listens(args: list[str], expected: tuple[str, int]) -> None:
+    check = _healthcheck()
+    assert check.address("sandbox-agent", args) == expected
+    assert check.SERVERS["sandbox-agent"][0] == "/v1/health"
 
 
 def test_operator_image_runs_the_operator() -> None:
