@@ -24,6 +24,8 @@ $(STAMP): pyproject.toml setup.py operator/arl_tangram/sandbox/_zygote.c hack/sy
 	$(BIN)/python -m pip install -q -e '.[test]'
 	@$(BIN)/python -c 'import arl_tangram.sandbox._zygote' 2>/dev/null \
 	  || echo "install: the C fork loop did not build (no C compiler?); the sandbox forks from Python, slower" >&2
+	@# Fills what the sandbox agent would fill on its first start (Go's standard library, compiled).
+	$(BIN)/python -m arl_tangram.sandbox.languages
 	@touch $@
 
 system-deps: ## install the Debian packages the sandbox and the test bed use (bubblewrap, ...)

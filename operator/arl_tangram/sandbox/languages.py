@@ -277,6 +277,48 @@ def _probe(argv: list[str], env: Mapping[str, str] | None = None) -> str:
     return "unknown"
 
 
+# The system part of an action's PATH (the executor puts the agent's Python first).
+ACTION_SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+# Compiling the whole standard library on a cold cache: about a minute on two busy cores.
+GO_STD_BUILD_TIMEOUT_S = 900
+
+
+def _warm_go_cache(go: str, env: Mapping[str, str]) -> str | None:
+    """Compile the standard library into the build cache that actions read (and cannot write).
+
+    A cold or partial cache (a fresh host, or one whose cache only other builds filled) would fail
+    every action that imports a package not yet in it (``package bufio is not in std``). Done here
+    as the agent, with the actions' own build settings (so the cache keys are theirs): a minute
+    when cold, under a second when warm. A cache the agent cannot write was filled by whoever made
+    it so (the sandbox image runs ``go build std`` as root) and is left alone. Returns why Go
+    cannot be offered, or None.
+    """
+    cache = env["GOCACHE"]
+    if not os.access(cache, os.W_OK):
+        return None
+    build_env = {
+        "PATH": f"{os.path.dirname(go)}:{ACTION_SYSTEM_PATH}",
+        "HOME": os.environ.get("HOME", "/"),
+        **env,
+    }
+    try:
+        done = subprocess.run(
+            [go, "build", "std"],
+            capture_output=True,
+            text=True,
+            timeout=GO_STD_BUILD_TIMEOUT_S,
+            env=build_env,
+            cwd="/",
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"`go build std` (to fill the build cache {cache}) failed: {exc}"
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"`go build std` (to fill the build cache {cache}) failed: {why}"
+    return None
+
+
 def _real_rustc(path: str) -> str:
     """A rustup proxy's toolchain ``rustc`` (the proxy needs RUSTUP_HOME and reads its settings:
     actions run the toolchain's own binary)."""
@@ -322,6 +364,9 @@ def _detect_one(language: Language, path: str) -> Toolchain | str:
             os.makedirs(cache, exist_ok=True)
             env["GOCACHE"] = cache
             readable.add(cache)
+            failed = _warm_go_cache(binaries["go"], env)
+            if failed:
+                return failed
     return Toolchain(
         language=language,
         binaries=binaries,
@@ -392,3 +437,15 @@ def unavailable_language(
         "executor_pod_name": os.environ.get("MY_POD_NAME") or os.environ.get("POD_NAME"),
         "files": {},
     }
+
+
+def main() -> int:
+    """``python -m arl_tangram.sandbox.languages``: what an agent started here would offer. Run by
+    ``make install`` so that the build caches an agent fills on its first start (Go's standard
+    library) are filled once, at install, rather than in the first test's agent."""
+    print(f"sandbox: {detect().summary()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -132,6 +132,42 @@ def test_detect_names_the_missing_binary_and_reads_the_version(tmp_path: Path) -
     assert "languages found: cpp (g++ (Fake) 99.1)" in found.summary()
 
 
+def _fake_go(tmp_path: Path, build_exit: int) -> tuple[Path, Path]:
+    """A ``go`` that reports a cache, logs each call with its GOCACHE, and builds with ``build_exit``."""
+    cache, log = tmp_path / "cache", tmp_path / "calls.log"
+    fake = tmp_path / "bin" / "go"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$* GOCACHE=$GOCACHE GOTOOLCHAIN=$GOTOOLCHAIN" >>{log}\n'
+        'case "$1" in\n'
+        "  version) echo 'go version go9.9 linux/amd64';;\n"
+        f"  env) echo {cache};;\n"
+        f"  build) echo 'compile: out of disk' >&2; exit {build_exit};;\n"
+        "esac\n"
+    )
+    fake.chmod(0o755)
+    return fake, log
+
+
+def test_go_detection_fills_the_build_cache_actions_read(tmp_path: Path) -> None:
+    """Actions cannot write Go's build cache, so a cold one would fail every import of a standard
+    package not yet in it: detection compiles the standard library there first, with the actions'
+    own settings (the cache keys are theirs)."""
+    fake, log = _fake_go(tmp_path, build_exit=0)
+    found = detect(path=str(fake.parent))
+    assert "go" in found.found, found.missing
+    builds = [line for line in log.read_text().splitlines() if line.startswith("build ")]
+    assert builds == [f"build std GOCACHE={tmp_path / 'cache'} GOTOOLCHAIN=local"]
+
+
+def test_go_is_not_offered_when_its_standard_library_does_not_build(tmp_path: Path) -> None:
+    fake, _ = _fake_go(tmp_path, build_exit=1)
+    found = detect(path=str(fake.parent))
+    assert "go" not in found.found
+    assert "go build std" in found.missing["go"] and "compile: out of disk" in found.missing["go"]
+
+
 def test_a_changed_toolchain_changes_its_fingerprint(tmp_path: Path) -> None:
     fake = tmp_path / "gcc"
     fake.write_text("#!/bin/sh\necho 'gcc 1'\n")
