@@ -7,7 +7,8 @@
  * child's sandbox up (session, descriptors, cores, uid, rlimits, environment) before the child
  * runs a line of Python, which spares the child the faults of doing that in Python.
  *
- * serve(sock, pid_namespace, own_pidns, devnull) runs the loop. In the zygote it returns None once
+ * serve(sock, pid_namespace, own_pidns, devnull[, namespace, environ_data, handler[, seccomp]]) runs
+ * the loop (seccomp: the actions' filter as sock_filter bytes, or None). In the zygote it returns None once
  * the manager closes its end. In each forked child it returns (kind, code, argv, env_delta,
  * ctrl_fd, main_file, compiled) with the sandbox set up: code is a str or None, argv a tuple of
  * str or None, env_delta a tuple of (name, value or None) to bring os.environ (the zygote's) to
@@ -18,7 +19,7 @@
  *   "TZR1" i64 id, i32 uid (-1: keep), u32 flags (1: interpreter, 2: private /tmp and /dev/shm,
  *   4: a network namespace to enter comes as the last descriptor, 8: a mount namespace to enter
  *   (with its private /tmp and /dev/shm) comes before it, 16: the code is written to a main file
- *   and two more spans follow),
+ *   and two more spans follow, 32: a /proc of its own PID namespace),
  *   u32 ncores, i32 cores[],
  *   u32 nlimits, {i32 resource, i64 value}[], then five spans of u32 len + bytes: workdir (NUL
  *   included), env ("K=V\0"...: the whole environment), env delta ("K=V\0" sets, "K\0" unsets),
@@ -66,6 +67,8 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
@@ -290,10 +293,23 @@ static void private_tmp(const char *workdir, const unsigned char *limits, uint32
     close(rootfd);
 }
 
+/* A /proc of the action's own PID namespace (it is the namespace's second process, in a mount
+ * namespace of its own): it sees its own processes only, under the PIDs they have there, and none
+ * of another action's command lines. What was mounted there before goes first: the host's /proc,
+ * or the last action's in a reused mount namespace (so mounts never pile up). */
+static void own_proc(void) {
+    if (umount2("/proc", MNT_DETACH) < 0 && errno != EINVAL) child_fail("umount /proc");
+    if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) child_fail("mount /proc");
+}
+
+/* The actions' seccomp filter (serve's last argument; none when it is None). */
+static struct sock_fprog seccomp_prog = {0, NULL};
+
 /* In the child: everything _child_main does in Python, up to running the action. */
 static void child_setup(int interp, int *fds, int nfds, int devnull, int32_t uid, const int32_t *cores,
                         uint32_t ncores, const unsigned char *limits, uint32_t nlimits,
-                        const char *workdir, const char *env, uint32_t env_len, int private_mounts) {
+                        const char *workdir, const char *env, uint32_t env_len, int private_mounts,
+                        int proc_of_its_own) {
     if (setsid() < 0) child_fail("setsid");
     int in_fd = devnull, out_fd = devnull, err_fd = devnull, ctrl = -1;
     if (interp) {
@@ -324,6 +340,7 @@ static void child_setup(int interp, int *fds, int nfds, int devnull, int32_t uid
         if (sched_setaffinity(0, sizeof set, &set) < 0) child_fail("sched_setaffinity");
     }
     if (private_mounts) private_tmp(workdir, limits, nlimits);
+    if (proc_of_its_own) own_proc();
     if (chdir(workdir) < 0) child_fail("chdir");
     umask(022);
     if (uid >= 0) {
@@ -345,6 +362,10 @@ static void child_setup(int interp, int *fds, int nfds, int devnull, int32_t uid
     }
     struct rlimit nocore = {0, 0};
     setrlimit(RLIMIT_CORE, &nocore);
+    /* Last of the set-up, which needs calls it refuses (mounts): the actions' seccomp filter
+     * (seccomp.py; no_new_privs, which it needs, the fork server set for all its children). */
+    if (seccomp_prog.filter != NULL && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &seccomp_prog, 0, 0) < 0)
+        child_fail("prctl(PR_SET_SECCOMP)");
     /* The action's environment: pointers into the request (this copy of it is the child's). */
     size_t count = 0;
     for (uint32_t i = 0; i < env_len; i++)
@@ -675,7 +696,7 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
         /* Its own /tmp and /dev/shm: a mount namespace the manager made ahead (see forkserver). */
         if (mntns_fd >= 0 && setns(mntns_fd, CLONE_NEWNS) < 0) child_fail("setns(mount)");
         child_setup(interp, fds, nfds, devnull, uid, cores, ncores, limits, nlimits, (const char *)workdir,
-                    (const char *)env, elen, !interp && (flags & 2u));
+                    (const char *)env, elen, !interp && (flags & 2u), !interp && (flags & 32u));
         const char *written = NULL;
         if (main_file != NULL && !interp && alen == 0 && write_main((const char *)main_file, code, clen))
             written = (const char *)main_file;
@@ -800,9 +821,25 @@ static void on_exit_of(int sock, int ep, int pidfd) {
 
 static PyObject *zygote_serve(PyObject *self, PyObject *args) {
     int sock, pid_namespace, own_pidns, devnull;
-    PyObject *ns = NULL, *env = NULL, *handler = NULL;
-    if (!PyArg_ParseTuple(args, "iiii|OOO", &sock, &pid_namespace, &own_pidns, &devnull, &ns, &env, &handler))
+    PyObject *ns = NULL, *env = NULL, *handler = NULL, *filter = NULL;
+    if (!PyArg_ParseTuple(args, "iiii|OOOO", &sock, &pid_namespace, &own_pidns, &devnull, &ns, &env, &handler,
+                          &filter))
         return NULL;
+    if (filter != NULL && filter != Py_None) {
+        if (!PyBytes_Check(filter) || PyBytes_GET_SIZE(filter) == 0 ||
+            PyBytes_GET_SIZE(filter) % (Py_ssize_t)sizeof(struct sock_filter) != 0 ||
+            PyBytes_GET_SIZE(filter) / (Py_ssize_t)sizeof(struct sock_filter) > BPF_MAXINSNS) {
+            PyErr_SetString(PyExc_ValueError, "serve: the seccomp filter must be bytes of whole sock_filter entries");
+            return NULL;
+        }
+        /* Kept for the process's life: every child installs it. */
+        size_t size = (size_t)PyBytes_GET_SIZE(filter);
+        struct sock_filter *copy = malloc(size);
+        if (copy == NULL) return PyErr_NoMemory();
+        memcpy(copy, PyBytes_AS_STRING(filter), size);
+        seccomp_prog.len = (unsigned short)(size / sizeof(struct sock_filter));
+        seccomp_prog.filter = copy;
+    }
     if (ns != NULL && ns != Py_None) {
         if (!PyDict_Check(ns) || env == NULL || !PyDict_Check(env) || handler == NULL || !PyCallable_Check(handler)) {
             PyErr_SetString(PyExc_TypeError, "serve: namespace, environ data and handler must be a dict, a dict and a callable");

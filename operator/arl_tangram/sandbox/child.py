@@ -23,6 +23,7 @@ from arl_tangram.sandbox.zygote_wire import status_record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any, NoReturn
 
 SETUP_FAILED = 249  # exit status of a child whose sandbox could not be set up (reported as an error)
@@ -106,6 +107,8 @@ def child_main(req: dict[str, Any], stdin_fd: int, out_fd: int, err_fd: int, ctr
         uid = req.get("uid")
         if req.get("private_tmp"):
             private_tmp(workdir, dict(req.get("limits", ())).get(resource.RLIMIT_AS, 0))
+        if req.get("own_proc"):
+            isolation.own_proc()
         os.chdir(workdir)  # created by the fork server before the fork
         os.umask(0o022)
         if uid is not None:
@@ -123,6 +126,9 @@ def child_main(req: dict[str, Any], stdin_fd: int, out_fd: int, err_fd: int, ctr
             # CPU time: SIGXCPU at the limit, SIGKILL a second later.
             resource.setrlimit(res, (value, value + 1 if res == resource.RLIMIT_CPU else value))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        # Last, once nothing of the set-up needs a call it refuses (mounts above all).
+        if _INSTALL_SECCOMP is not None:
+            _INSTALL_SECCOMP()
         # The environment was made the action's in the zygote, just before the fork; the
         # request's files were written by the agent before the action was sent.
     except BaseException as exc:
@@ -214,6 +220,15 @@ def prepare_child_world() -> None:
 
 
 _CHILD_MAIN: dict[str, Any] | None = None
+# Installs the actions' seccomp filter (isolation.prepared_seccomp), built once in the zygote.
+_INSTALL_SECCOMP: Callable[[], None] | None = None
+
+
+def prepare_seccomp(program: bytes | None) -> None:
+    """In the zygote, before any fork: the filter each child of the Python loop installs last in its
+    set-up (the C loop installs the same program itself: _zygote.c's child_setup)."""
+    global _INSTALL_SECCOMP
+    _INSTALL_SECCOMP = isolation.prepared_seccomp(program) if program else None
 
 
 def straight_path() -> tuple[Any, ...]:

@@ -171,6 +171,14 @@ class AgentConfig:
         negated=True,
         help="no private writable /tmp and /dev/shm per action (both are then read-only to actions)",
     )
+    # A seccomp filter per action (seccomp.py: kernel modules, keyrings, bpf, mounts, new namespaces,
+    # ... answer EPERM); off, actions may make every call their uid and capabilities allow.
+    seccomp: bool = setting(
+        True,
+        flag="--no-seccomp",
+        negated=True,
+        help="no seccomp filter for actions (by default the calls no program needs are refused)",
+    )
     preload: tuple[str, ...] = setting(
         DEFAULT_PRELOAD, flag="--preload", help="modules the fork server pre-imports", parse=_comma_list
     )

@@ -29,7 +29,7 @@ from arl_tangram.sandbox.builds import Builder, CompileStep, Dispatch
 from arl_tangram.sandbox.config import AgentConfig, infra_cores
 from arl_tangram.sandbox.cores import CorePool
 from arl_tangram.sandbox.forkclient import ForkServerClient, next_id
-from arl_tangram.sandbox.languages import Detection, detect
+from arl_tangram.sandbox.languages import ACTION_SYSTEM_PATH, Detection, detect
 from arl_tangram.sandbox.preload import zygote_modules
 
 log = logging.getLogger(__name__)
@@ -191,6 +191,7 @@ class Executor:
             "network_allowed": self.config.network_allowed,
             "no_pid_namespace": self.config.no_pid_namespace,
             "private_tmp": self.config.private_tmp,
+            "seccomp": self.config.seccomp,
             # Each action's private /tmp and /dev/shm hold at most the pool's default memory each.
             "tmp_bytes": self.config.limits.memory_mb << 20,
             "preload": zygote_modules(self.config.preload),
@@ -338,7 +339,7 @@ class Executor:
     def _env(self, workdir: str, dop: int) -> dict[str, str]:
         bindir = os.path.dirname(sys.executable)
         return {
-            "PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin",
+            "PATH": f"{bindir}:{ACTION_SYSTEM_PATH}",
             "HOME": workdir,
             "TMPDIR": workdir,
             "LANG": "C.UTF-8",

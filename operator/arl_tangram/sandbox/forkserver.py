@@ -44,7 +44,7 @@ import time
 import types
 from collections import deque
 
-from arl_tangram.sandbox import isolation, wire
+from arl_tangram.sandbox import isolation, seccomp, wire
 from arl_tangram.sandbox.child import MAIN_FILES, SETUP_FAILED
 from arl_tangram.sandbox.cores import CorePool
 from arl_tangram.sandbox.lean import suppress
@@ -325,6 +325,7 @@ class ForkServer:
             isolation.prctl(isolation.PR_SET_NO_NEW_PRIVS, 1)
         except OSError as exc:
             self.iso.notes = (*self.iso.notes, f"no_new_privs failed ({exc.strerror})")
+        self._prepare_seccomp()
         if not self.iso.pid_namespace:
             # Without namespaces, orphaned action processes come to us (not to the host's init, which
             # may reap late), so that a clean-up can wait until they are really gone. (Not
@@ -332,6 +333,12 @@ class ForkServer:
             with suppress(OSError):
                 isolation.prctl(isolation.PR_SET_CHILD_SUBREAPER, 1)
         self.private_tmp = bool(self.config.get("private_tmp")) and self.iso.private_tmp
+        if self.private_tmp and self.iso.pid_namespace:
+            # Each action's /proc its own PID namespace's (mounted in the child: see own_proc).
+            why_not = isolation.probe_own_proc()
+            self.iso.own_proc = why_not is None
+            if why_not is not None:
+                self.iso.notes = (*self.iso.notes, f"no /proc per action ({why_not})")
         self.tmp_root = (self.config.get("writable") or [""])[0]
         self.tmp_bytes = int(self.config.get("tmp_bytes") or 0)
         self.zy = _ZygoteLink.start(self.config, self.iso.pid_namespace, self.sock)
@@ -346,6 +353,26 @@ class ForkServer:
         self.rchunk = memoryview(bytearray(1 << 20))
         self.send({"op": "hello", "pid": os.getpid(), "isolation": self.iso.as_dict()})
         self.flush()
+
+    def _prepare_seccomp(self) -> None:
+        """Decide whether actions run under the seccomp filter (seccomp.py); the zygote's children
+        install it (``seccomp_program`` in the config the zygote is started with)."""
+        if not self.config.get("seccomp", True):
+            self.iso.notes = (*self.iso.notes, "no seccomp filter for actions (turned off: --no-seccomp)")
+            return
+        why_not = None
+        if not seccomp.supported():
+            why_not = f"no table for {os.uname().machine}"
+        elif not isolation.no_new_privs():
+            why_not = "no_new_privs is not set"
+        else:
+            program = seccomp.program()
+            why_not = isolation.probe_seccomp(program)
+        if why_not is not None:
+            self.iso.notes = (*self.iso.notes, f"no seccomp filter for actions ({why_not})")
+            return
+        self.config["seccomp_program"] = program
+        self.iso.seccomp = True
 
     def _fill_netns_pool(self) -> None:
         """Network namespaces for actions, made now so that an action pays nothing for its own.
@@ -619,6 +646,7 @@ class ForkServer:
             private = self.private_tmp and msg.get("uid") is not None
             mnt = self._take_mntns() if private else None
             msg["private_tmp"] = private and mnt is None  # made in the child (a cold pool only)
+            msg["own_proc"] = private and self.iso.own_proc
             if mnt is not None:
                 msg["mntns"] = True
                 fds.append(mnt.ns)

@@ -20,7 +20,10 @@ What each primitive buys:
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
+
+from arl_tangram.sandbox import seccomp
 
 # No typing at run time: the fork server imports this module and stays lean (see forkserver).
 TYPE_CHECKING = False
@@ -33,6 +36,8 @@ CLONE_NEWNET = 0x40000000
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
+MS_NOEXEC = 8
+MNT_DETACH = 2
 MS_REMOUNT = 32
 MS_BIND = 4096
 MS_REC = 16384
@@ -102,10 +107,116 @@ def mount(source: str, target: str, fstype: str | None, flags: int, data: str | 
     )
 
 
+def umount2(target: str, flags: int) -> None:
+    """``umount2(2)``."""
+    _check(_libc.umount2(target.encode(), ctypes.c_int(flags)), f"umount {target}")
+
+
+def own_proc() -> None:
+    """Give the calling process, the first of its PID namespace's actions in a mount namespace of
+    its own, a /proc of that PID namespace: it sees its own processes only, under the PIDs they
+    have there. Whatever /proc was mounted before goes (the host's, or the last action's in a
+    reused namespace). The Python loop's twin of _zygote.c's own_proc."""
+    try:
+        umount2("/proc", MNT_DETACH)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:  # EINVAL: nothing mounted there any more
+            raise
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+def probe_own_proc() -> str | None:
+    """Whether an action can be given its own /proc here (tried in a throwaway child in fresh PID
+    and mount namespaces): ``None`` if so, else why not."""
+    pid = os.fork()
+    if pid == 0:
+        code = 100
+        try:
+            unshare(CLONE_NEWNS | CLONE_NEWPID)
+            inner = os.fork()
+            if inner == 0:
+                code = 101
+                try:
+                    own_proc()
+                    code = 0 if os.listdir("/proc/1") and os.readlink("/proc/self") == "1" else 102
+                except OSError as exc:
+                    code = exc.errno or 103
+                finally:
+                    os._exit(code)
+            code = os.waitstatus_to_exitcode(os.waitpid(inner, 0)[1])
+        except OSError as exc:
+            code = exc.errno or 104
+        finally:
+            os._exit(code)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if code == 0:
+        return None
+    return os.strerror(code) if 0 < code < 100 else f"the probe ended with status {code}"
+
+
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+
+
+def prepared_seccomp(program: bytes) -> Callable[[], None]:
+    """Install the seccomp filter ``program`` (``struct sock_filter``s, seccomp.program) in the
+    calling process, with its arguments built now (for a call in a forked child: see
+    ``prepared_prctl``)."""
+    buffer = ctypes.create_string_buffer(program, len(program))
+    fprog = _SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    func = _libc.prctl
+    args = (ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog), 0, 0)
+
+    def call(_keep: object = (buffer, fprog)) -> None:  # the filter's memory lives with the call
+        _check(func(*args), "prctl(PR_SET_SECCOMP)")
+
+    return call
+
+
+def probe_seccomp(program: bytes) -> str | None:
+    """Whether the filter installs here and refuses what it should (tried in a throwaway child that
+    drops to another uid first, as an action does): ``None`` if so, else why not."""
+    install = prepared_seccomp(program)
+    pid = os.fork()
+    if pid == 0:
+        code = 100
+        try:
+            if os.geteuid() == 0:
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+            install()
+            # keyctl(KEYCTL_GET_KEYRING_ID, ...): refused by the filter, not by its arguments.
+            nr = seccomp.DENIED_X86_64["keyrings"]["keyctl"]
+            refused = _libc.syscall(ctypes.c_long(nr), 0, -1, 0) == -1 and ctypes.get_errno() == errno.EPERM
+            code = 0 if refused else 101
+        except OSError as exc:
+            code = exc.errno or 102
+        finally:
+            os._exit(code)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if code == 0:
+        return None
+    return os.strerror(code) if 0 < code < 100 else f"the probe ended with status {code}"
+
+
+def no_new_privs() -> bool:
+    """Whether the calling process has ``no_new_privs`` set (a filter needs it once uid != 0)."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("NoNewPrivs:"):
+                return line.split()[1] == "1"
+    return False
+
+
 def resolve_libc() -> None:
     """Look up the libc functions an action's child calls, so that a forked child finds them cached
     (the first attribute access on a ``CDLL`` runs ``dlsym`` and builds a function object)."""
-    for name in ("prctl", "unshare", "setns"):
+    for name in ("prctl", "unshare", "setns", "mount", "umount2"):
         getattr(_libc, name)
 
 
@@ -170,6 +281,8 @@ class Isolation:
         notes: tuple[str, ...] = (),
         fork_loop: str = "",
         netns_per_action: bool = False,
+        own_proc: bool = False,
+        seccomp: bool = False,
     ) -> None:
         self.per_action_uid = per_action_uid
         self.pid_namespace = pid_namespace
@@ -179,6 +292,8 @@ class Isolation:
         self.notes = notes
         self.fork_loop = fork_loop  # "c" or "python": which zygote loop forks the actions (forkserver)
         self.netns_per_action = netns_per_action  # each action its own network namespace, lo up
+        self.own_proc = own_proc  # each action its own /proc (of its PID namespace)
+        self.seccomp = seccomp  # each action under the seccomp filter (seccomp.py)
 
     def as_dict(self) -> dict[str, object]:
         """Plain dict (for the wire and for /v1/health)."""
@@ -190,6 +305,8 @@ class Isolation:
             "network_allowed": self.network_allowed,
             "fork_loop": self.fork_loop,
             "netns_per_action": self.netns_per_action,
+            "own_proc": self.own_proc,
+            "seccomp": self.seccomp,
             "notes": list(self.notes),
         }
 
@@ -227,6 +344,11 @@ class Isolation:
             )
         if not self.private_tmp:
             lines.append("no private mount namespace: actions can write to /tmp and /dev/shm")
+        if self.pid_namespace and self.private_tmp and not self.own_proc:
+            lines.append(
+                "no /proc per action: actions see the host pod's /proc (other actions' command lines "
+                "among it; their environments stay unreadable, another uid)"
+            )
         return lines
 
 

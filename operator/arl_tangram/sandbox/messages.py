@@ -35,6 +35,7 @@ class RunMessage(TypedDict):
     private_tmp: NotRequired[bool]
     netns: NotRequired[bool]
     mntns: NotRequired[bool]
+    own_proc: NotRequired[bool]  # a /proc of its own PID namespace (in its own mount namespace)
     main_file: NotRequired[str]  # Python code: the file it is written to and run from
     compiled: NotRequired[bytes]  # ... and its code object (marshal), when the manager compiled it
 

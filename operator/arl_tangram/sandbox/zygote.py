@@ -22,6 +22,7 @@ from arl_tangram.sandbox.child import (
     child_after_c_setup,
     child_main,
     prepare_child_world,
+    prepare_seccomp,
     split_off_init,
     straight_path,
     warm_child_path,
@@ -81,6 +82,9 @@ def zygote_main(sock: socket.socket, config: dict[str, Any], pid_namespace: bool
         zygote = Zygote(sock, pid_namespace)
         warm_child_path()
         prepare_child_world()
+        # The actions' seccomp filter (the fork server probed it: forkserver._prepare_seccomp).
+        program = config.get("seccomp_program")
+        prepare_seccomp(program)
         # Once here rather than in every child: the zygote itself never runs them (it ends with
         # os._exit), and an action's program must not run ours.
         atexit._clear()
@@ -93,7 +97,12 @@ def zygote_main(sock: socket.socket, config: dict[str, Any], pid_namespace: bool
             zygote.serve()
         else:
             forked = fast.serve(
-                zygote.sockfd, int(pid_namespace), zygote.own_pidns, zygote.devnull, *straight_path()
+                zygote.sockfd,
+                int(pid_namespace),
+                zygote.own_pidns,
+                zygote.devnull,
+                *straight_path(),
+                program,
             )
             if forked is not None:
                 # In a child: the C loop has set the sandbox up already.

@@ -1,0 +1,167 @@
+"""What an action can reach of the host and of other actions: its own /proc, the system calls no
+program needs, its disk, its memory (issue 15's sandbox rows; docs/reliability.md).
+
+Real actions in a real agent, as root here (a uid per action, a PID namespace per action, private
+mounts), from the C fork loop and from the Python one.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import json
+import os
+import signal
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+from sandbox_agent_harness import Agent, processes_of, start_agent, stop_agent, wait_until
+
+C_BUILT = importlib.util.find_spec("arl_tangram.sandbox._zygote") is not None
+SECRET = "s3cr3t-51f0"
+
+# Holds a secret in its command line and its environment, and waits to be killed.
+HOLDER = (
+    "import os, sys\n"
+    "os.execve(sys.executable, [sys.executable, '-c', 'import time; time.sleep(120)', 'ARGV-" + SECRET + "'],"
+    " {'TOKEN_ENV': 'ENV-" + SECRET + "'})\n"
+)
+# Looks for it through /proc: every process it can see there, the first PIDs of any namespace, and
+# the holder's PID on the host (HOLDER_PIDS, filled in by the test).
+SNOOPER = (
+    "import json, os\n"
+    "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+    "argv = env = 0\n"
+    "for p in [*range(1, 1024), *HOLDER_PIDS]:\n"
+    "    for name in ('cmdline', 'environ'):\n"
+    "        try:\n"
+    "            data = open(f'/proc/{p}/{name}', 'rb').read()\n"
+    "        except OSError:\n"
+    "            continue\n"
+    "        argv += b'ARGV-" + SECRET + "' in data\n"
+    "        env += b'ENV-" + SECRET + "' in data\n"
+    "print(json.dumps({'pids': pids, 'me': os.getpid(), 'self': os.readlink('/proc/self'),\n"
+    "                  'argv': argv, 'env': env}))\n"
+)
+
+
+@pytest.fixture(scope="module", params=["c", "python"])
+def loop_agent(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    if request.param == "c" and not C_BUILT:
+        pytest.skip("the C fork loop is not built here (no C compiler at install)")
+    running = start_agent(
+        tmp_path_factory.mktemp(f"sec-{request.param}") / "work", "--fork-loop", request.param
+    )
+    yield running
+    stop_agent(running)
+    assert processes_of(running.uids) == []
+
+
+def _host_pids_with(marker: bytes) -> list[int]:
+    """Host PIDs whose command line holds ``marker`` (the test runs as root, outside the sandbox)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as fh:
+                    if marker in fh.read():
+                        found.append(int(name))
+            except OSError:
+                continue
+    return found
+
+
+def test_an_action_sees_only_its_own_processes_in_proc(loop_agent: Agent) -> None:
+    """Two actions at once: the holder keeps a secret in its argv and environment; the snooper,
+    running meanwhile, finds neither through /proc. Its /proc is its own PID namespace's: itself as
+    PID 2 under its init, and /proc/<its getpid()> is itself."""
+    marker = f"ARGV-{SECRET}".encode()
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(loop_agent.execute, HOLDER, timeout_s=60)
+        wait_until(lambda: _host_pids_with(marker), what="the holder to run")
+        holders = _host_pids_with(marker)
+        snooper = f"HOLDER_PIDS = {holders!r}\n" + SNOOPER
+        seen = json.loads(str(loop_agent.execute(snooper)["stdout"]))
+        for pid in holders:
+            os.kill(pid, signal.SIGKILL)
+        assert held.result(timeout=60)["signal"] == signal.SIGKILL
+    assert (seen["argv"], seen["env"]) == (0, 0), seen
+    assert seen["pids"] == [1, 2] and seen["me"] == 2 and seen["self"] == "2", seen
+
+
+# Tries every call the filter refuses (with harmless arguments: each would fail anyway, or do
+# nothing, were it allowed, so a miss shows as some other errno, never as harm), plus the namespace
+# flags of clone and unshare and clone3; prints {name: errno}.
+PROBE = (
+    "import ctypes, json, os\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "libc.syscall.restype = ctypes.c_long\n"
+    "def call(nr, *args):\n"
+    "    ctypes.set_errno(0)\n"
+    "    got = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])\n"
+    "    return ctypes.get_errno() if got == -1 else 0\n"
+    "out = {name: call(nr, 0, 0, 0, 0, 0) for name, nr in CALLS.items()}\n"
+    "out['unshare(CLONE_NEWUSER)'] = call(272, 0x10000000)\n"
+    "out['unshare(CLONE_NEWNET)'] = call(272, 0x40000000)\n"
+    "out['clone(CLONE_NEWUSER)'] = call(56, 0x10000000 | 17, 0, 0, 0, 0)\n"
+    "out['clone3'] = call(435, 0, 0)\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    os._exit(7)\n"
+    "out['fork'] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])\n"
+    "print(json.dumps(out))\n"
+)
+
+
+def _probe(agent: Agent, **fields: object) -> dict[str, int]:
+    from arl_tangram.sandbox import seccomp
+
+    calls = {name: nr for group in seccomp.DENIED_X86_64.values() for name, nr in group.items()}
+    out = agent.execute(f"CALLS = {calls!r}\n" + PROBE, **fields)
+    assert out["status"] == "ok", out
+    result: dict[str, int] = json.loads(str(out["stdout"]))
+    return result
+
+
+def test_the_calls_no_program_needs_are_refused_and_ordinary_ones_work(loop_agent: Agent) -> None:
+    """Each refused call answers EPERM (the program carries on, as a probing program expects);
+    clone3 answers ENOSYS, upon which libc falls back to clone; fork still works."""
+    health = requests.get(loop_agent.url + "/v1/health", timeout=10).json()
+    if not health["isolation"]["seccomp"]:
+        pytest.fail(f"no seccomp filter here: {health['isolation']['notes']}")
+    got = _probe(loop_agent)
+    assert got.pop("clone3") == errno.ENOSYS
+    assert got.pop("fork") == 7
+    assert {name: code for name, code in got.items() if code != errno.EPERM} == {}
+    # Threads (clone3 falling back to clone) and subprocesses, as programs use them.
+    code = (
+        "import subprocess, sys, threading\n"
+        "t = threading.Thread(target=print, args=('thread',)); t.start(); t.join()\n"
+        "print(subprocess.run([sys.executable, '-c', 'print(6*7)'], capture_output=True, text=True).stdout)\n"
+    )
+    out = loop_agent.execute(code)
+    assert (out["status"], out["stdout"]) == ("ok", "thread\n42\n\n"), out
+
+
+def test_a_session_interpreter_is_filtered_too(loop_agent: Agent) -> None:
+    sid = loop_agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    try:
+        got = _probe(loop_agent, session_id=sid)
+        assert got["keyctl"] == got["bpf"] == got["unshare(CLONE_NEWUSER)"] == errno.EPERM, got
+    finally:
+        requests.delete(f"{loop_agent.url}/v1/sessions/{sid}", timeout=10)
+
+
+def test_no_seccomp_turns_the_filter_off(tmp_path: Path) -> None:
+    """``--no-seccomp``: health says so, and keyctl is no longer refused by a filter."""
+    running = start_agent(tmp_path / "work", "--no-seccomp")
+    try:
+        iso = requests.get(running.url + "/v1/health", timeout=10).json()["isolation"]
+        assert iso["seccomp"] is False
+        assert any("--no-seccomp" in note for note in iso["notes"]), iso["notes"]
+        assert _probe(running)["keyctl"] != errno.EPERM
+    finally:
+        stop_agent(running)
