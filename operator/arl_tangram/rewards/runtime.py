@@ -149,6 +149,10 @@ class RewardRuntime:
         self._wake = asyncio.Event()
         self._device = asyncio.Lock()  # one batch, restore or eviction on the chunk at a time
         self._task: asyncio.Task[None] | None = None
+        # The service whose weights are being copied to the device now, and the score requests not
+        # yet answered (queued or in the running batch): what a health check shows of the chunk.
+        self.restoring: str | None = None
+        self.pending = 0
 
     async def start(self) -> None:
         """Learn which services already hold device memory, evict what does not fit, start serving."""
@@ -188,7 +192,11 @@ class RewardRuntime:
         fut: asyncio.Future[ScoreResult] = asyncio.get_running_loop().create_future()
         svc.queue.append(_Request(list(inputs), self.clock(), fut))
         self._wake.set()
-        return await fut
+        self.pending += 1
+        try:
+            return await fut
+        finally:
+            self.pending -= 1
 
     async def evict(self, service: str) -> bool:
         """Take a service off the device (scale to zero); False when it was not resident."""
@@ -215,6 +223,7 @@ class RewardRuntime:
             {
                 "name": name,
                 "resident": self.cache.is_resident(name),
+                "restoring": self.restoring == name,
                 "keep_resident": name in self.cache.keep,
                 "device_bytes": self.cache.sizes[name],
                 "queued": len(svc.queue),
@@ -243,7 +252,11 @@ class RewardRuntime:
             await self._evict(v)
         svc = self.services[name]
         t0 = self.clock()
-        await svc.backend.restore()
+        self.restoring = name
+        try:
+            await svc.backend.restore()
+        finally:
+            self.restoring = None
         seconds = self.clock() - t0
         self.cache.mark_resident(name)
         svc.restores += 1

@@ -5,7 +5,8 @@ API (docs/gpu.md has the full shapes):
 - ``POST /v1/score`` ``{"service": NAME, "inputs": [TEXT, ...]}`` -> ``{"service", "scores": [...],
   "restore_s", "queue_s", "exec_s", "batch_size", "evicted": [...]}``; 404 unknown service, 400 bad
   body, 429 queue full (``Retry-After``), 503 backend failure.
-- ``GET /v1/health`` -> ``{"status": "ok", "device", "capacity_bytes", "used_bytes", "resident"}``.
+- ``GET /v1/health`` -> ``{"status": "ok", "device", "capacity_bytes", "used_bytes", "resident",
+  "restoring", "requests"}``.
 - ``GET /v1/services`` -> ``{"services": [{"name", "resident", "device_bytes", "queued", ...}]}``.
 - ``POST /v1/services/{name}/evict`` and ``/restore``: scale a service to zero, or pre-warm it.
 
@@ -174,6 +175,9 @@ def make_app(runtime: RewardRuntime, device: str) -> web.Application:
                 "capacity_bytes": runtime.cache.capacity,
                 "used_bytes": runtime.cache.used,
                 "resident": runtime.cache.resident,
+                # The services being restored now ([] or one) and the requests not yet answered.
+                "restoring": [runtime.restoring] if runtime.restoring else [],
+                "requests": runtime.pending,
             }
         )
 

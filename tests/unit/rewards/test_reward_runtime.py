@@ -182,6 +182,33 @@ async def test_queue_limit_refuses_at_once(tmp_path: Path) -> None:
             await t
 
 
+async def test_a_restore_in_progress_and_the_unanswered_requests_are_shown(tmp_path: Path) -> None:
+    """What a health check sees while a service's weights are being copied to the device."""
+    rt, _, backends = _setup(tmp_path, ["a"], fit=1, max_wait_s=0.0)
+    entered, release = asyncio.Event(), asyncio.Event()
+    copy = backends[0].restore
+
+    async def slow_restore() -> None:
+        entered.set()
+        await release.wait()
+        await copy()
+
+    backends[0].restore = slow_restore  # type: ignore[method-assign]
+    await rt.start()
+    try:
+        assert rt.restoring is None and rt.pending == 0
+        calls = [asyncio.create_task(rt.score("a", [f"x{i}"])) for i in range(3)]
+        await asyncio.wait_for(entered.wait(), 10)
+        assert rt.restoring == "a" and rt.pending == 3
+        assert rt.describe()[0]["restoring"] is True
+        release.set()
+        await asyncio.gather(*calls)
+        assert rt.restoring is None and rt.pending == 0
+        assert rt.describe()[0]["restoring"] is False
+    finally:
+        await rt.stop()
+
+
 def test_services_that_cannot_fit_are_refused_at_start(tmp_path: Path) -> None:
     s = BuiltinScorer.from_file(write_model(tmp_path / "m.npz", buckets=1024, dim=16))
     with pytest.raises(DoesNotFit):
