@@ -3,18 +3,23 @@
 The runtime in each replica batches requests within its window, keeps weights in host memory and
 restores them on demand (evict-on-execution); the router's part is to hold actions while a service
 scales from zero (within its bounded queue), spread them over replicas, and retry on another replica
-when one fails.
+when one fails. A replica whose call failed gets no request until the controller's next view of the
+service drops it (its pod failed or went unready) or, when something still listened there, for
+``SUSPECT_S``: scoring has no side effect, so a request it may still hold runs again elsewhere, and
+the retries of a replica that died go to its replacement instead of spending every attempt on it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from arl_tangram.dispatch.agent import AgentClient, AgentRefused
+from arl_tangram.dispatch.agent import AgentClient, AgentRefused, ConnectFailed
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
 from arl_tangram.domain.services import ServiceConfig, reward_text
 from arl_tangram.errors import InfrastructureError, NotFound, QueueFull
@@ -22,6 +27,9 @@ from arl_tangram.errors import InfrastructureError, NotFound, QueueFull
 # A request waits this long for a replica beyond the service's cold-start budget before it fails.
 WAIT_MARGIN_S = 60.0
 ACT_WINDOW_S = 300.0
+# How long a replica whose call failed (timeout, 5xx, connection cut) gets no request, unless the
+# controller's view drops it first; one where nothing listens any more waits for that view.
+SUSPECT_S = 5.0
 
 
 @dataclass
@@ -29,7 +37,10 @@ class _Service:
     config: ServiceConfig
     endpoints: dict[str, str] = field(default_factory=dict)
     inflight: dict[str, int] = field(default_factory=dict)
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    # Replica -> until when (the loop's clock) it gets no request; math.inf: until it is gone.
+    suspect: dict[str, float] = field(default_factory=dict)
+    # Set (and replaced) at every change of the replicas: what a request waiting for one waits on.
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
     waiting: int = 0
     running: int = 0
     last_active: float | None = None
@@ -48,9 +59,12 @@ class ServiceStats:
 class RewardRouter:
     """The reward half of the dispatcher."""
 
-    def __init__(self, client: AgentClient, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, client: AgentClient, clock: Callable[[], float] = time.monotonic, suspect_s: float = SUSPECT_S
+    ) -> None:
         self.client = client
         self.clock = clock
+        self.suspect_s = suspect_s
         self._services: dict[str, _Service] = {}
 
     def upsert(self, config: ServiceConfig) -> None:
@@ -71,12 +85,39 @@ class RewardRouter:
         svc = self._services.get(key)
         if svc is None:
             return
+        before = svc.endpoints
         svc.endpoints = dict(ready)
         svc.inflight = {name: svc.inflight.get(name, 0) for name in svc.endpoints}
-        if svc.endpoints:
-            svc.ready.set()
-        else:
-            svc.ready.clear()
+        # A replica no longer listed (or listed at another address) is no longer suspect: it is gone.
+        svc.suspect = {
+            n: until
+            for n, until in svc.suspect.items()
+            if n in svc.endpoints and before.get(n) == svc.endpoints[n]
+        }
+        if svc.endpoints != before:
+            svc.changed.set()
+            svc.changed = asyncio.Event()
+
+    async def _replica(self, svc: _Service, patience_s: float) -> str | None:
+        """The least busy replica that is not suspect, waiting up to ``patience_s`` for one (a new
+        replica listed, or a suspicion lapsed); None when none came."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + patience_s
+        while True:
+            now = loop.time()
+            usable = [n for n in svc.endpoints if svc.suspect.get(n, -math.inf) <= now]
+            if usable:
+                return min(usable, key=lambda n: svc.inflight.get(n, 0))
+            if now >= deadline:
+                return None
+            lapse = min((svc.suspect[n] for n in svc.endpoints if n in svc.suspect), default=math.inf)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(svc.changed.wait(), min(deadline, lapse) - now)
+
+    def _suspect(self, svc: _Service, replica: str, exc: Exception) -> None:
+        gone = isinstance(exc, ConnectFailed) and exc.refused  # nothing listens there any more
+        until = math.inf if gone else asyncio.get_running_loop().time() + self.suspect_s
+        svc.suspect[replica] = max(svc.suspect.get(replica, -math.inf), until)
 
     def stats(self, key: str) -> ServiceStats | None:
         svc = self._services.get(key)
@@ -111,19 +152,17 @@ class RewardRouter:
         try:
             while attempts <= request.max_retries:
                 patience = cfg.cold_start_budget_s + WAIT_MARGIN_S
-                try:
-                    await asyncio.wait_for(svc.ready.wait(), patience)
-                except TimeoutError:
+                replica = await self._replica(svc, patience)
+                if replica is None:
                     return ActionOutcome(
                         request.key,
                         Outcome.FAILED,
                         Reason.RETRIES_EXHAUSTED if attempts else Reason.SANDBOX_ERROR,
-                        f"no replica of {key} became ready within {patience:g} s "
+                        f"no replica of {key} ready to serve within {patience:g} s "
                         f"(coldStartBudgetSeconds {cfg.cold_start_budget_s:g} + {WAIT_MARGIN_S:g})",
                         attempts=attempts,
                         queued_s=self.clock() - submitted,
                     )
-                replica = min(svc.endpoints, key=lambda n: svc.inflight.get(n, 0))
                 address = svc.endpoints[replica]
                 attempts += 1
                 if waiting:
@@ -136,6 +175,9 @@ class RewardRouter:
                     body = await self.client.score(address, cfg.name, [text], request.timeout_s or 300.0)
                 except InfrastructureError as exc:
                     last_error = str(exc)
+                    self._suspect(svc, replica, exc)
+                    svc.waiting += 1  # waiting for a replica again
+                    waiting = True
                     await asyncio.sleep(request.backoff_s * 2 ** (attempts - 1))
                     continue
                 except AgentRefused as exc:
@@ -154,7 +196,10 @@ class RewardRouter:
                 scores = body.get("scores")
                 if not isinstance(scores, list) or not scores or not isinstance(scores[0], int | float):
                     last_error = f"replica {replica} answered without a score: {body!r}"[:300]
+                    svc.waiting += 1
+                    waiting = True
                     continue
+                svc.suspect.pop(replica, None)  # it answered
                 now = self.clock()
                 svc.acts.append((now, now - submitted))
                 svc.last_active = now

@@ -1,0 +1,109 @@
+"""The reward router's retries (no cluster, no server): a replica whose call failed gets no request
+until the controller's view drops it or, when it still listened, for a short while; the retries of a
+request go to the replacement instead of spending every attempt on the dead replica."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from arl_tangram.api.rewardmodelservice import RewardModelService
+from arl_tangram.dispatch.agent import ConnectFailed, Unreachable
+from arl_tangram.dispatch.rewards import RewardRouter
+from arl_tangram.domain.actions import ActionRequest, Outcome
+from arl_tangram.domain.services import service_config
+from arl_tangram.errors import InfrastructureError
+
+
+class FakeReplicas:
+    """Score calls by address: each address answers from its script of errors, then scores."""
+
+    def __init__(self, scripts: dict[str, list[Exception]]) -> None:
+        self.scripts = scripts
+        self.calls: list[str] = []
+        self.called = asyncio.Event()
+
+    async def score(self, address: str, service: str, inputs: list[str], timeout_s: float) -> dict[str, Any]:
+        self.calls.append(address)
+        script = self.scripts.get(address, [])
+        error = (script.pop(0) if len(script) > 1 else script[0]) if script else None
+        self.called.set()
+        await asyncio.sleep(0)
+        if error is not None:
+            raise error
+        return {"scores": [0.5], "restore_s": 0.0, "queue_s": 0.0, "exec_s": 0.001}
+
+
+def _router(client: FakeReplicas, suspect_s: float = 5.0) -> RewardRouter:
+    rms = RewardModelService.model_validate(
+        {
+            "metadata": {"name": "rm", "namespace": "ns"},
+            "spec": {
+                "model": {"name": "m", "uri": "file:///w/rm.npz"},
+                "scaling": {"coldStartBudgetSeconds": 5},
+            },
+        }
+    )
+    router = RewardRouter(client, suspect_s=suspect_s)  # type: ignore[arg-type]
+    router.upsert(service_config(rms, uid="u"))
+    return router
+
+
+def _request(max_retries: int = 3) -> ActionRequest:
+    return ActionRequest(
+        "b/r0", "ns", "rm", "reward", {"prompt": "p", "response": "r"}, max_retries=max_retries, backoff_s=0.0
+    )
+
+
+async def test_retries_after_a_replica_dies_go_to_its_replacement() -> None:
+    # The runtime at A is killed mid-request (the connection is cut), and nothing listens there after.
+    dead: list[Exception] = [
+        Unreachable("POST http://a/v1/score: ServerDisconnectedError"),
+        ConnectFailed("refused", True),
+    ]
+    client = FakeReplicas({"a:8000": dead})
+    router = _router(client)
+    router.sync("ns/rm", [("a", "a:8000")])
+    task = asyncio.create_task(router.run(_request()))
+    await asyncio.wait_for(client.called.wait(), 5)
+    # The controller has not seen the pod fail yet: A is still listed for a while.
+    await asyncio.sleep(0.2)
+    assert not task.done(), await task  # (without the fix: every attempt spent on A at once)
+    router.sync("ns/rm", [("b", "b:8000")])  # A's pod failed; its replacement B is ready
+    outcome = await asyncio.wait_for(task, 5)
+    assert outcome.state is Outcome.SUCCEEDED and outcome.host == "b" and outcome.attempts == 2, outcome
+    assert client.calls == ["a:8000", "b:8000"]
+    stats = router.stats("ns/rm")
+    assert stats is not None and stats.queued == 0 and stats.running == 0
+
+
+async def test_a_replica_where_nothing_listens_waits_for_the_controllers_view() -> None:
+    client = FakeReplicas({"a:8000": [ConnectFailed("refused", True)]})
+    router = _router(client, suspect_s=0.05)
+    router.sync("ns/rm", [("a", "a:8000"), ("b", "b:8000")])
+    first = await router.run(_request())
+    assert first.host == "b" and first.attempts == 2, first
+    await asyncio.sleep(0.1)  # past suspect_s: a refused replica stays out all the same
+    second = await router.run(_request())
+    assert second.host == "b" and second.attempts == 1, second
+    router.sync("ns/rm", [("a", "a:8001")])  # the controller lists a new address for it
+    client.scripts.clear()
+    third = await router.run(_request())
+    assert third.host == "a" and third.attempts == 1, third
+
+
+async def test_the_only_replica_is_tried_again_once_its_suspicion_lapses() -> None:
+    # A 503 (a backend failed once) on the only replica: after suspect_s it is used again.
+    client = FakeReplicas({"a:8000": [InfrastructureError("agent answered 503")]})
+    router = _router(client, suspect_s=0.1)
+    router.sync("ns/rm", [("a", "a:8000")])
+
+    async def heal() -> None:
+        await client.called.wait()
+        client.scripts.clear()
+
+    healer = asyncio.create_task(heal())
+    outcome = await asyncio.wait_for(router.run(_request()), 5)
+    await healer
+    assert outcome.state is Outcome.SUCCEEDED and outcome.attempts == 2, outcome
+    assert client.calls == ["a:8000", "a:8000"]
