@@ -23,6 +23,7 @@ from arl_tangram.api.actionpool import ActionPool
 from arl_tangram.api.meta import ActStats
 from arl_tangram.api.validation import invalid_spec
 from arl_tangram.controllers.conditions import ConditionReason, ConditionType, set_condition
+from arl_tangram.controllers.failures import FailureStreaks
 from arl_tangram.dispatch.dispatcher import Dispatcher, HostEndpoint, PoolStats
 from arl_tangram.domain.batches import act_stats
 from arl_tangram.domain.pools import PoolConfig, pool_config, pool_key
@@ -502,7 +503,7 @@ class PoolController:
         self.planner = planner
         self._cores: dict[str, tuple[int, ...]] = {}  # host -> the core ids its agent grants
         self._pending_since: dict[str, float] = {}
-        self._failures: dict[str, tuple[int, float, str | None, frozenset[str]]] = {}
+        self._failures = FailureStreaks()
 
     async def reconcile(
         self,
@@ -535,22 +536,16 @@ class PoolController:
             self._pending_since.setdefault(cfg.key, time.monotonic())
         else:
             self._pending_since.pop(cfg.key, None)
-        count, when, why, seen = self._failures.get(cfg.key, (0, 0.0, None, frozenset()))
-        failed = [h for h in hosts if h.phase == "failed" and h.name not in seen]
-        if failed:
-            count, when, why = count + len(failed), time.monotonic(), failed[0].failure
-        elif any(h.phase == "ready" for h in hosts):
-            count = 0
-        self._failures[cfg.key] = (count, when, why, seen | {h.name for h in failed})
+        streak = self._failures.observe(cfg.key, hosts)
         observed = PoolObservation(
             hosts=hosts,
             stats=stats,
             plan=plan,
             conditions=status.get("conditions") or (),
             unschedulable_for_s=time.monotonic() - self._pending_since.get(cfg.key, time.monotonic()),
-            failures=count,
-            since_failure_s=time.monotonic() - when if count else float("inf"),
-            last_failure=why,
+            failures=streak.count,
+            since_failure_s=streak.since_s,
+            last_failure=streak.last,
         )
         if cfg.mode == "dedicated":  # pods follow sessions one to one; there is nothing to plan
             refusal = getattr(self.runtime, "resize_refusal", None)

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from arl_tangram.api.rewardmodelservice import RewardModelService
 from arl_tangram.api.validation import invalid_spec
 from arl_tangram.controllers.conditions import ConditionReason, ConditionType, set_condition
+from arl_tangram.controllers.failures import FailureStreaks
 from arl_tangram.dispatch.agent import AgentClient
 from arl_tangram.dispatch.rewards import RewardRouter, ServiceStats
 from arl_tangram.domain.batches import act_stats
@@ -194,7 +195,9 @@ class ServiceController:
         self.runtime = runtime
         self.client = client
         self.device = device
-        self._failures: dict[str, tuple[int, float, str | None]] = {}  # key -> (in a row, when, why)
+        # Replicas that failed in a row: the reconcile's crash-loop back-off (it was never fed, so a
+        # replica that could not start was recreated at once, every time).
+        self._failures = FailureStreaks()
 
     async def reconcile(self, body: Mapping[str, Any]) -> dict[str, Any]:
         meta, status = body.get("metadata") or {}, body.get("status") or {}
@@ -214,8 +217,16 @@ class ServiceController:
         replicas = self.runtime.replicas(cfg.key)
         self.router.sync(cfg.key, [(r.name, r.address) for r in replicas if r.phase == "ready" and r.address])
         resident = await self._residency(cfg, replicas)
+        streak = self._failures.observe(cfg.key, replicas)
         observed = ServiceObservation(
-            replicas, self.router.stats(cfg.key), self.router.clock(), conditions, resident
+            replicas,
+            self.router.stats(cfg.key),
+            self.router.clock(),
+            conditions,
+            resident,
+            failures=streak.count,
+            since_failure_s=streak.since_s,
+            last_failure=streak.last,
         )
         new_status, ops = reconcile_rewardmodelservice(cfg, observed, now)
         for op in ops:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -138,3 +139,73 @@ def test_reward_payloads_become_the_text_scored(payload: dict[str, Any], text: s
 def test_a_reward_payload_without_a_text_is_refused() -> None:
     with pytest.raises(InvalidSpec):
         reward_text({"label": "x"})
+
+
+class _Replicas:
+    """A runtime whose replicas are what the test says (the controller's calls are recorded)."""
+
+    def __init__(self) -> None:
+        self.listed: list[HostObservation] = []
+        self.created: list[str] = []
+        self.deleted: list[str] = []
+
+    async def ensure_services_file(self, svc: Any) -> None:
+        return None
+
+    def replicas(self, key: str) -> list[HostObservation]:
+        return list(self.listed)
+
+    async def create_replica(self, svc: Any, name: str, device: str) -> None:
+        self.created.append(name)
+        self.listed.append(rep(name, "starting"))
+
+    async def delete_replica(self, svc: Any, name: str) -> None:
+        self.deleted.append(name)
+        self.listed = [r for r in self.listed if r.name != name]
+
+
+def test_the_controller_backs_off_after_failed_replicas_instead_of_recreating_at_once() -> None:
+    """The controller feeds the reconcile its failure streak: a replica that fails is replaced
+    only after the back-off (before, the streak was never counted and the replacement came at once,
+    every time, for a replica that could never start)."""
+    from arl_tangram.controllers.rewardmodelservice import ServiceController
+    from arl_tangram.dispatch.rewards import RewardRouter
+
+    clock = [1000.0]
+    body = {
+        "metadata": {"name": "rm", "namespace": "ns", "generation": 1, "uid": "u"},
+        "spec": {"model": {"name": "m", "uri": "file:///w/rm.npz"}, "scaling": {"minReplicas": 1}},
+    }
+
+    async def run() -> None:
+        runtime = _Replicas()
+        ctl = ServiceController(RewardRouter(client=None, clock=lambda: clock[0]), runtime, None, "cpu")  # type: ignore[arg-type]
+        ctl._failures.clock = lambda: clock[0]
+        await ctl.reconcile(body)
+        assert len(runtime.created) == 1
+        first = runtime.created[0]
+        runtime.listed = [rep(first, "failed", failure="exit 2")]
+        status = await ctl.reconcile(body)  # deleted, and no replacement within the back-off
+        assert runtime.deleted == [first] and len(runtime.created) == 1
+        degraded = {c["type"]: c for c in status["conditions"]}["Degraded"]
+        assert degraded["status"] == "True" and "exit 2" in degraded["message"], degraded
+        clock[0] += backoff_s(1) + 0.1
+        await ctl.reconcile(body)
+        assert len(runtime.created) == 2
+
+    asyncio.run(run())
+
+
+def test_a_failure_streak_counts_each_failed_pod_once_and_ends_at_a_ready_one() -> None:
+    from arl_tangram.controllers.failures import FailureStreaks
+
+    now = [0.0]
+    streaks = FailureStreaks(clock=lambda: now[0])
+    assert streaks.observe("k", [rep("a", "starting")]).count == 0
+    assert streaks.observe("k", [rep("a", "failed", failure="oom")]).count == 1
+    now[0] = 3.0
+    again = streaks.observe("k", [rep("a", "failed", failure="oom")])  # still listed: not twice
+    assert (again.count, again.since_s, again.last) == (1, 3.0, "oom")
+    assert streaks.observe("k", [rep("b", "failed", failure="exit 1")]).count == 2
+    assert streaks.observe("k", [rep("c")]).count == 0
+    assert streaks.observe("other", []).since_s == float("inf")
