@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import urllib3
 import yaml
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
@@ -186,6 +187,15 @@ class _PodWatcher:
         self._thread.start()
 
     def _run(self) -> None:
+        # Watched again when the stream ends or is cut (a watch the API server closes early), so no
+        # pod start is missed while the test runs.
+        while not self._stop.is_set():
+            try:
+                self._watch()
+            except (ApiException, urllib3.exceptions.HTTPError, OSError):
+                self._stop.wait(0.5)
+
+    def _watch(self) -> None:
         w = watch.Watch()
         for event in w.stream(
             self.cluster.core.list_namespaced_pod, self.ns, label_selector=POOL_LABEL, timeout_seconds=600

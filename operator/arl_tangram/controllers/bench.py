@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import urllib3
 import yaml
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
@@ -199,6 +200,11 @@ class BatchWatch:
                 self._watch()
             except ApiException:  # a stale or too new resource version: list and watch again
                 continue
+            except (urllib3.exceptions.HTTPError, OSError):
+                # The stream was cut: the API server went away (at the end, when the bench stops the
+                # test bed) or restarted; watch again unless stopped.
+                if not self._stop:
+                    time.sleep(0.5)
 
     def _watch(self) -> None:
         if not self._stop:
