@@ -23,7 +23,7 @@ from arl_tangram.api.actionpool import ActionPool
 from arl_tangram.api.meta import ActStats
 from arl_tangram.api.validation import invalid_spec
 from arl_tangram.controllers.conditions import ConditionReason, ConditionType, set_condition
-from arl_tangram.controllers.failures import FailureStreaks
+from arl_tangram.controllers.failures import FailureStreaks, backoff_s
 from arl_tangram.dispatch.dispatcher import Dispatcher, HostEndpoint, PoolStats
 from arl_tangram.domain.batches import act_stats
 from arl_tangram.domain.pools import PoolConfig, pool_config, pool_key
@@ -365,11 +365,6 @@ def _status(
         "queueDepth": queue,
         "act": act.model_dump(by_alias=True) if act else None,
     }
-
-
-def backoff_s(failures: int) -> float:
-    """How long after the last of ``failures`` failed hosts in a row the next one may start."""
-    return 0.0 if failures <= 0 else min(300.0, 5.0 * 2 ** (failures - 1))
 
 
 def _unplaceable(cfg: PoolConfig, plan: ScalingPlan | None) -> str | None:

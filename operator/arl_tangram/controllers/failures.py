@@ -10,6 +10,12 @@ from dataclasses import dataclass
 from arl_tangram.runtime.interface import HostObservation
 
 
+def backoff_s(failures: int) -> float:
+    """How long after the last of ``failures`` failed pods in a row the next one may start: 5 s
+    doubling to 5 min, as a kubelet's crash loop."""
+    return 0.0 if failures <= 0 else min(300.0, 5.0 * 2 ** (failures - 1))
+
+
 @dataclass(frozen=True)
 class Streak:
     count: int = 0  # failures since the last ready one

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from arl_tangram.api.rewardmodelservice import RewardModelService
 from arl_tangram.api.validation import invalid_spec
 from arl_tangram.controllers.conditions import ConditionReason, ConditionType, set_condition
-from arl_tangram.controllers.failures import FailureStreaks
+from arl_tangram.controllers.failures import FailureStreaks, backoff_s
 from arl_tangram.dispatch.agent import AgentClient
 from arl_tangram.dispatch.rewards import RewardRouter, ServiceStats
 from arl_tangram.domain.batches import act_stats
@@ -61,10 +61,6 @@ class ServiceObservation:
     failures: int = 0
     since_failure_s: float = float("inf")
     last_failure: str | None = None
-
-
-def backoff_s(failures: int) -> float:
-    return 0.0 if failures <= 0 else min(300.0, 5.0 * 2 ** (failures - 1))
 
 
 def reconcile_rewardmodelservice(
