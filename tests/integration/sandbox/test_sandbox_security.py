@@ -1,5 +1,5 @@
-"""What an action can reach of the host and of other actions: its own /proc, the system calls no
-program needs, its disk, its memory (issue 15's sandbox rows; docs/reliability.md).
+"""What an action can reach of the host and of other actions: its own /proc, and the system calls no
+program needs (issue 15's sandbox rows; docs/reliability.md).
 
 Real actions in a real agent, as root here (a uid per action, a PID namespace per action, private
 mounts), from the C fork loop and from the Python one.
