@@ -125,33 +125,41 @@ def own_proc() -> None:
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
-def probe_own_proc() -> str | None:
-    """Whether an action can be given its own /proc here (tried in a throwaway child in fresh PID
-    and mount namespaces): ``None`` if so, else why not."""
+def _in_child(body: Callable[[], int]) -> int:
+    """Run ``body`` in a throwaway forked child; its exit status: what ``body`` returned, the errno
+    of an OSError it raised, or 100 for anything else."""
     pid = os.fork()
     if pid == 0:
         code = 100
         try:
-            unshare(CLONE_NEWNS | CLONE_NEWPID)
-            inner = os.fork()
-            if inner == 0:
-                code = 101
-                try:
-                    own_proc()
-                    code = 0 if os.listdir("/proc/1") and os.readlink("/proc/self") == "1" else 102
-                except OSError as exc:
-                    code = exc.errno or 103
-                finally:
-                    os._exit(code)
-            code = os.waitstatus_to_exitcode(os.waitpid(inner, 0)[1])
+            code = body()
         except OSError as exc:
-            code = exc.errno or 104
+            code = exc.errno or 100
         finally:
             os._exit(code)
-    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def _why_not(code: int) -> str | None:
+    """A probe child's exit status as a probe's answer: ``None`` (it works), or why not."""
     if code == 0:
         return None
     return os.strerror(code) if 0 < code < 100 else f"the probe ended with status {code}"
+
+
+def probe_own_proc() -> str | None:
+    """Whether an action can be given its own /proc here (tried in a throwaway child in fresh PID
+    and mount namespaces): ``None`` if so, else why not."""
+
+    def mounted() -> int:
+        own_proc()
+        return 0 if os.listdir("/proc/1") and os.readlink("/proc/self") == "1" else 102
+
+    def in_namespaces() -> int:
+        unshare(CLONE_NEWNS | CLONE_NEWPID)
+        return _in_child(mounted)  # the namespace's first process
+
+    return _why_not(_in_child(in_namespaces))
 
 
 PR_SET_SECCOMP = 22
@@ -181,27 +189,19 @@ def probe_seccomp(program: bytes) -> str | None:
     """Whether the filter installs here and refuses what it should (tried in a throwaway child that
     drops to another uid first, as an action does): ``None`` if so, else why not."""
     install = prepared_seccomp(program)
-    pid = os.fork()
-    if pid == 0:
-        code = 100
-        try:
-            if os.geteuid() == 0:
-                os.setgroups([])
-                os.setgid(65534)
-                os.setuid(65534)
-            install()
-            # keyctl(KEYCTL_GET_KEYRING_ID, ...): refused by the filter, not by its arguments.
-            nr = seccomp.DENIED_X86_64["keyrings"]["keyctl"]
-            refused = _libc.syscall(ctypes.c_long(nr), 0, -1, 0) == -1 and ctypes.get_errno() == errno.EPERM
-            code = 0 if refused else 101
-        except OSError as exc:
-            code = exc.errno or 102
-        finally:
-            os._exit(code)
-    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    if code == 0:
-        return None
-    return os.strerror(code) if 0 < code < 100 else f"the probe ended with status {code}"
+
+    def filtered() -> int:
+        if os.geteuid() == 0:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+        install()
+        # keyctl(KEYCTL_GET_KEYRING_ID, ...): refused by the filter, not by its arguments.
+        nr = seccomp.DENIED_X86_64["keyrings"]["keyctl"]
+        refused = _libc.syscall(ctypes.c_long(nr), 0, -1, 0) == -1 and ctypes.get_errno() == errno.EPERM
+        return 0 if refused else 101
+
+    return _why_not(_in_child(filtered))
 
 
 def no_new_privs() -> bool:

@@ -3,32 +3,15 @@ actions the same way: real agents, real processes, real HTTP."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
 from sandbox_agent_harness import Agent, processes_of, start_agent, stop_agent, wait_until
-
-C_BUILT = importlib.util.find_spec("arl_tangram.sandbox._zygote") is not None
-
-
-@pytest.fixture(scope="module", params=["c", "python"])
-def loop_agent(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
-    if request.param == "c" and not C_BUILT:
-        pytest.skip("the C fork loop is not built here (no C compiler at install)")
-    running = start_agent(
-        tmp_path_factory.mktemp(f"loop-{request.param}") / "work", "--fork-loop", request.param
-    )
-    running.loop = request.param  # type: ignore[attr-defined]
-    yield running
-    stop_agent(running)
-    assert processes_of(running.uids) == []
 
 
 def test_health_names_the_loop(loop_agent: Agent) -> None:

@@ -8,19 +8,16 @@ mounts), from the C fork loop and from the Python one.
 from __future__ import annotations
 
 import errno
-import importlib.util
 import json
 import os
 import signal
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import requests
-from sandbox_agent_harness import Agent, processes_of, start_agent, stop_agent, wait_until
+from sandbox_agent_harness import Agent, start_agent, stop_agent, wait_until
 
-C_BUILT = importlib.util.find_spec("arl_tangram.sandbox._zygote") is not None
 SECRET = "s3cr3t-51f0"
 
 # Holds a secret in its command line and its environment, and waits to be killed.
@@ -46,18 +43,6 @@ SNOOPER = (
     "print(json.dumps({'pids': pids, 'me': os.getpid(), 'self': os.readlink('/proc/self'),\n"
     "                  'argv': argv, 'env': env}))\n"
 )
-
-
-@pytest.fixture(scope="module", params=["c", "python"])
-def loop_agent(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
-    if request.param == "c" and not C_BUILT:
-        pytest.skip("the C fork loop is not built here (no C compiler at install)")
-    running = start_agent(
-        tmp_path_factory.mktemp(f"sec-{request.param}") / "work", "--fork-loop", request.param
-    )
-    yield running
-    stop_agent(running)
-    assert processes_of(running.uids) == []
 
 
 def _host_pids_with(marker: bytes) -> list[int]:
