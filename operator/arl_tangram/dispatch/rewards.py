@@ -176,8 +176,6 @@ class RewardRouter:
                 except InfrastructureError as exc:
                     last_error = str(exc)
                     self._suspect(svc, replica, exc)
-                    svc.waiting += 1  # waiting for a replica again
-                    waiting = True
                     await asyncio.sleep(request.backoff_s * 2 ** (attempts - 1))
                     continue
                 except AgentRefused as exc:
@@ -193,11 +191,12 @@ class RewardRouter:
                     svc.running -= 1
                     if replica in svc.inflight:
                         svc.inflight[replica] -= 1
+                    # Waiting again (for a retry) until it ends: the outer finally settles it.
+                    svc.waiting += 1
+                    waiting = True
                 scores = body.get("scores")
                 if not isinstance(scores, list) or not scores or not isinstance(scores[0], int | float):
                     last_error = f"replica {replica} answered without a score: {body!r}"[:300]
-                    svc.waiting += 1
-                    waiting = True
                     continue
                 svc.suspect.pop(replica, None)  # it answered
                 now = self.clock()
