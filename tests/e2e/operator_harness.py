@@ -175,6 +175,22 @@ def pool_manifest(name: str, **spec: Any) -> dict[str, Any]:
     return body
 
 
+def service_manifest(name: str, model: str, model_name: str, **scaling: Any) -> dict[str, Any]:
+    """A RewardModelService of the built-in scorer over the weights file ``model`` (a path the
+    test bed's pods can read), on one GPU, with ``scaling`` as given."""
+    return {
+        "apiVersion": "tangram.arl.dev/v1alpha1",
+        "kind": "RewardModelService",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": model_name, "uri": f"file://{model}"},
+            "server": {"runtime": "builtin"},
+            "gpu": {"count": [1]},
+            "scaling": scaling,
+        },
+    }
+
+
 def batch_manifest(name: str, actions: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
     return {
         "apiVersion": "tangram.arl.dev/v1alpha1",

@@ -20,7 +20,15 @@ import urllib3
 import yaml
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
-from operator_harness import Operator, batch_manifest, install, pool_manifest, sa_kubeconfig, trainer_token
+from operator_harness import (
+    Operator,
+    batch_manifest,
+    install,
+    pool_manifest,
+    sa_kubeconfig,
+    service_manifest,
+    trainer_token,
+)
 from testbed import REPO, Cluster, condition, http_get_json, wait_for
 
 from arl_tangram.workloads.humaneval import local_verdict, programs
@@ -691,22 +699,15 @@ def test_a_reward_model_service_scores_batch_actions_and_scales_to_zero(
     models = REPO / "artifacts" / "e2e" / "models"  # pods see the host's files read-only (not its /tmp)
     models.mkdir(parents=True, exist_ok=True)
     model = write_model(str(models / f"{namespace}.npz"), buckets=256, dim=16, hidden=16, seed=3)
-    rms = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "RewardModelService",
-        "metadata": {"name": "rm"},
-        "spec": {
-            "model": {"name": "tiny-scorer", "uri": f"file://{model}"},
-            "server": {"runtime": "builtin"},
-            "gpu": {"count": [1]},
-            "scaling": {
-                "minReplicas": 0,
-                "maxReplicas": 2,
-                "idleTimeoutSeconds": 5,
-                "coldStartBudgetSeconds": 60,
-            },
-        },
-    }
+    rms = service_manifest(
+        "rm",
+        model,
+        "tiny-scorer",
+        minReplicas=0,
+        maxReplicas=2,
+        idleTimeoutSeconds=5,
+        coldStartBudgetSeconds=60,
+    )
     _create(cluster, namespace, "rewardmodelservices", rms)
     _wait_for(
         cluster,

@@ -31,7 +31,7 @@ from chaos import (
     wait_complete,
     wait_until,
 )
-from operator_harness import Operator
+from operator_harness import Operator, service_manifest
 from testbed import REPO, Cluster, condition, http_get_json, wait_for
 
 from arl_tangram.rewards.builtin import load_model, score_numpy, write_model
@@ -122,23 +122,16 @@ def _run(cluster: Cluster, ns: str, operator: Operator, model: Path) -> None:
     meta, arrays = load_model(model)
     expected = score_numpy(arrays, meta, [p + r for p, r in samples])  # the model, computed here
     del arrays
-    rms = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "RewardModelService",
-        "metadata": {"name": SERVICE},
-        "spec": {
-            "model": {"name": "builtin-scorer", "uri": f"file://{model}"},
-            "server": {"runtime": "builtin"},
-            "gpu": {"count": [1]},
-            # From zero: the replica restores the weights on its first batch, not at start.
-            "scaling": {
-                "minReplicas": 0,
-                "maxReplicas": 1,
-                "idleTimeoutSeconds": 600,
-                "coldStartBudgetSeconds": 120,
-            },
-        },
-    }
+    # From zero: the replica restores the weights on its first batch, not at start.
+    rms = service_manifest(
+        SERVICE,
+        model,
+        "builtin-scorer",
+        minReplicas=0,
+        maxReplicas=1,
+        idleTimeoutSeconds=600,
+        coldStartBudgetSeconds=120,
+    )
     create(cluster, ns, "rewardmodelservices", rms)
     wait_for(
         cluster.custom.list_namespaced_custom_object,
