@@ -43,6 +43,3 @@ class FailureStreaks:
         listed = {p.name for p in pods}
         self._state[key] = (count, when, why, (seen & listed) | {p.name for p in failed})
         return Streak(count, self.clock() - when if count else float("inf"), why)
-
-    def forget(self, key: str) -> None:
-        self._state.pop(key, None)

@@ -176,8 +176,3 @@ def program() -> bytes:
 
         out += struct.pack("<HBBI", op, offset(jt), offset(jf), k)
     return bytes(out)
-
-
-def denied_names() -> list[str]:
-    """Every call the filter refuses outright (``clone``/``unshare`` only with namespace flags)."""
-    return sorted(name for calls in DENIED_X86_64.values() for name in calls)
