@@ -413,3 +413,24 @@ def test_tangram_on_an_idle_pool_starts_a_test_sized_for_more_cores_than_its_hos
     sched.submit(test, 1.0)
     (g,) = sched.schedule(1.0)
     assert g.action.id == "test" and g.units == 32 and g.host == first.host
+
+
+def test_tangram_pins_a_new_session_where_fewest_sessions_live_not_where_cores_are_free_now() -> None:
+    """A session stays on its host for its whole life: pinning it where a few cores happened to be
+    free put whole bursts of sessions on one host of a saturated pool while the others ran few."""
+    mgr = cpu_pool(2, 4)
+    sched = TangramPolicy({"cpu": mgr})
+    sched.submit(Action("a", "ta", "cpu", (4,), Fixed(10.0), memory_gib=2.0), 0.0)
+    (a,) = sched.schedule(0.0)
+    assert a.host == "h0"
+    for t in ("tb", "tc"):
+        sched.submit(Action(t, t, "cpu", (1,), Fixed(10.0), memory_gib=2.0), 1.0)
+    assert {g.action.id: g.host for g in sched.schedule(1.0)} == {"tb": "h1", "tc": "h1"}
+    # h0: one session, no core free; h1: two sessions, two cores free. The new session goes to h0
+    # and waits there for its cores.
+    sched.submit(Action("td", "td", "cpu", (1,), Fixed(1.0), memory_gib=2.0), 2.0)
+    assert mgr.pins["td"] == "h0"
+    assert sched.schedule(2.0) == []
+    sched.complete(a, 10.0)
+    (g,) = sched.schedule(10.0)
+    assert g.action.id == "td" and g.host == "h0"
