@@ -59,6 +59,7 @@ class ForkServerClient:
         self.hello: asyncio.Future[dict[str, Any]] | None = None
         self._task: asyncio.Task[None] | None = None
         self._outq: list[bytes] = []
+        self._lost = False  # the read loop has ended: nothing more will be answered
 
     async def start(self) -> dict[str, Any]:
         """Start the process; returns its hello (pid and isolation report)."""
@@ -114,6 +115,7 @@ class ForkServerClient:
                 # chunk, not a loop turn later.
                 self._flush()
         finally:
+            self._lost = True
             err = InfrastructureError("the fork server exited")
             if self.hello is not None and not self.hello.done():
                 self.hello.set_exception(err)
@@ -129,7 +131,10 @@ class ForkServerClient:
     def submit(self, msg: dict[str, Any], answer: Answer) -> None:
         """Send ``msg`` (which carries an ``id``); ``answer`` is called exactly once, synchronously,
         with the reply dict, or with an ``InfrastructureError`` if the fork server is lost."""
-        if self.writer is None or not self.alive:
+        # Not ``alive`` (a waitpid per call; the caller has just asked it): a fork server that died
+        # since is answered for by the read loop, which ends at its socket's end and answers
+        # everything still waiting; once it has ended, nothing would be.
+        if self.writer is None or self._lost:
             answer(InfrastructureError("the fork server is not running"))
             return
         self.waiting[msg["id"]] = answer

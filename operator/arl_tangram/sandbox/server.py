@@ -88,10 +88,22 @@ class Metrics:
             "tangram_sandbox_waiting_requests", "Requests queued for a slot", registry=self.registry
         )
 
+        # The labelled children, looked up once each (``labels`` costs more than the count itself;
+        # the label sets are few: APIs x runtimes x outcomes).
+        self._counted: dict[tuple[str, str, str], Any] = {}
+        self._timed: dict[str, Any] = {}
+
     def record(self, api: str, runtime: str, result: ActionResult) -> None:
         """Count one finished action."""
-        self.actions.labels(api, runtime, result.outcome).inc()
-        self.seconds.labels(runtime).observe(result.wall_s)
+        key = (api, runtime, result.outcome)
+        counter = self._counted.get(key)
+        if counter is None:
+            counter = self._counted[key] = self.actions.labels(*key)
+        counter.inc()
+        timer = self._timed.get(runtime)
+        if timer is None:
+            timer = self._timed[runtime] = self.seconds.labels(runtime)
+        timer.observe(result.wall_s)
 
 
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
