@@ -126,6 +126,10 @@ class Pinning(Protocol):
         """Hosts taking work (not draining)."""
         ...
 
+    def hosts_total(self) -> int:
+        """Every host, draining ones included (they still run their pinned sessions' actions)."""
+        ...
+
     def session_hosts(self, action: Action) -> list[str]:
         """Open hosts with memory left for the session of an unpinned action."""
         ...
@@ -136,6 +140,11 @@ class Pinning(Protocol):
 
     def host_free(self, scratch: Scratch, host: str) -> int:
         """Units of ``host`` still free in ``scratch``."""
+        ...
+
+    def pin_session(self, action: Action) -> str | None:
+        """Pin the session of an unpinned action now, before it has any units, to the open host
+        the pool spreads sessions onto; its memory is held there. None where no host has room."""
         ...
 
 

@@ -43,6 +43,11 @@ class ActionQueue:
         if not lane:
             del lanes[key]
 
+    def is_waiting(self, action: Action) -> bool:
+        """Whether the action is still in the queue (not admitted, not removed)."""
+        waiting = self._fcfs.get(action.pool)
+        return waiting is not None and waiting.get(action.seq) is action
+
     def fcfs(self, pool: str) -> Iterator[Action]:
         """The pool's waiting actions in arrival order."""
         return iter(self._fcfs.get(pool, {}).values())

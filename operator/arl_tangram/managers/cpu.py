@@ -1,8 +1,10 @@
 """CPU manager (allocate-on-execution): exclusive cores per action on shared sandbox hosts.
 
-A trajectory is pinned to one host at its first action: a host with cores for that action and memory
-for the whole trajectory, chosen by load balance (most free cores). Each action then gets an exact,
-exclusive core set on that host, NUMA-local when one NUMA node can hold it.
+A trajectory is pinned to one host for its life: at its first action, to a host with cores for that
+action and memory for the whole trajectory, chosen by load balance (most free cores); or before it, on
+arrival, through ``pin_session`` (fewest live sessions per core), as the ``tangram`` policy does.
+Each action then gets an exact, exclusive core set on that host, NUMA-local when one NUMA node can
+hold it.
 """
 
 from __future__ import annotations
@@ -242,6 +244,10 @@ class CpuManager:
         """Hosts that are not draining."""
         return sum(1 for h in self.hosts.values() if not h.draining)
 
+    def hosts_total(self) -> int:
+        """Every host, draining ones included."""
+        return len(self.hosts)
+
     def session_hosts(self, action: Action) -> list[str]:
         """Open hosts with memory left for the trajectory of an unpinned action and cores enough
         for it (a host too small for the action never takes its session)."""
@@ -261,6 +267,30 @@ class CpuManager:
         if isinstance(scratch, _CpuScratch):
             return scratch.free.get(host, 0)
         return self.hosts[host].free_cores
+
+    def pin_session(self, action: Action) -> str | None:
+        """Pin the action's session now, before its first cores, to the host with the fewest live
+        sessions per core (ties: the most free cores) among those with memory for it. A session
+        stays on its host for its whole life, so a host's load over the next minutes is its
+        sessions, not the cores free this instant: pinning where most cores were free put a whole
+        burst of sessions on the one host that had a few idle cores. This is the kube-scheduler's
+        least-requested spreading, which the static baseline's pods get."""
+        host = self.pins.get(action.trajectory)
+        if host is not None:
+            return host
+        names = self.session_hosts(action)
+        if not names:
+            return None
+        hosts = self.hosts
+
+        def load(name: str) -> tuple[float, int]:
+            h = hosts[name]
+            return len(h.pinned) / max(1, h.cores), -h.free_cores
+
+        target = min(names, key=load)
+        self.pins[action.trajectory] = target
+        hosts[target].pin(action.trajectory, action.memory_gib)
+        return target
 
     def end_trajectory(self, trajectory: str) -> None:
         """Unpin a finished trajectory and free its memory on its host."""

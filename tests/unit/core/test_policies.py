@@ -434,3 +434,70 @@ def test_tangram_pins_a_new_session_where_fewest_sessions_live_not_where_cores_a
     sched.complete(a, 10.0)
     (g,) = sched.schedule(10.0)
     assert g.action.id == "td" and g.host == "h0"
+
+
+def test_tangram_keeps_new_sessions_in_order_while_an_earlier_one_waits_unpinned() -> None:
+    """A session that finds no memory on arrival stays unpinned, and so does every later new
+    session of its lane until it starts or leaves: new sessions start in order. Once it has gone,
+    the next arrival is pinned on arrival again."""
+    mgr = cpu_pool(2, 4, memory=4.0)
+    sched = TangramPolicy({"cpu": mgr})
+    for t in ("ta", "tb"):
+        sched.submit(Action(t, t, "cpu", (4,), Fixed(10.0), memory_gib=4.0), 0.0)
+    assert {mgr.pins["ta"], mgr.pins["tb"]} == {"h0", "h1"}
+    big = Action("big", "tbig", "cpu", (1,), Fixed(1.0), memory_gib=3.0)
+    sched.submit(big, 1.0)  # no host has 3 GiB free
+    small = Action("small", "tsmall", "cpu", (1,), Fixed(1.0), memory_gib=0.5)
+    sched.submit(small, 1.0)  # would fit nowhere either, but must not jump ahead in any case
+    assert "tbig" not in mgr.pins and "tsmall" not in mgr.pins
+    sched.queue.remove(big)  # withdrawn, as the dispatcher withdraws an action
+    late = Action("late", "tlate", "cpu", (1,), Fixed(1.0), memory_gib=0.0)
+    sched.submit(late, 2.0)
+    # "small" still waits unpinned ahead of it in the lane: "late" stays unpinned too.
+    assert "tlate" not in mgr.pins
+    sched.queue.remove(small)
+    sched.queue.remove(late)
+    again = Action("again", "tagain", "cpu", (1,), Fixed(1.0), memory_gib=0.0)
+    sched.submit(again, 3.0)
+    assert mgr.pins["tagain"] in {"h0", "h1"}
+
+
+class _CountingPins(CpuManager):
+    """A CPU manager that counts how often a decision asks for an action's host: the number of
+    waiting actions the scan looks at (a count of work, not a timing)."""
+
+    looked = 0
+
+    def pinned_host(self, action: Action, scratch: object = None) -> str | None:  # type: ignore[override]
+        self.looked += 1
+        return super().pinned_host(action, scratch)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("backfill", [False, True])
+def test_tangram_stops_scanning_once_every_host_is_closed(backfill: bool) -> None:
+    """With every session pinned on arrival, a scan that went on to the end of the queue made each
+    decision O(queue) (13 ms p99 at 10,000 queued). Once every host's head waits, only a backfill
+    can start: with none possible the scan stops, else it looks at most ``backfill_window`` more."""
+    looked: list[int] = []
+    for queued in (100, 2000):
+        mgr = _CountingPins([SandboxHost.uniform(f"h{i}", 4, 1, 1e6) for i in range(2)])
+        sched = TangramPolicy({"cpu": mgr}, backfill_window=16)
+        for i in range(2):
+            sched.submit(Action(f"run{i}", f"r{i}", "cpu", (3,), Fixed(5.0 if backfill else 100.0)), 0.0)
+        sched.schedule(0.0)
+        if backfill:
+            # A test that runs for 100 s on the one core left, or 2 s on 4 cores in 5 s: it waits
+            # for them, and its host is held for it (later short actions may backfill there).
+            curve = Amdahl(100.0, 1.0)
+            sched.submit(Action("wide0", "w0", "cpu", feasible_range(1, 4), curve), 0.0)
+            sched.submit(Action("wide1", "w1", "cpu", feasible_range(1, 4), curve), 0.0)
+        for i in range(queued):
+            sched.submit(Action(f"q{i}", f"q{i}", "cpu", (2,), Fixed(50.0)), 0.0)
+        mgr.looked = 0
+        admitted = sched.schedule(0.1)
+        assert admitted == [] or all(g.action.model.duration(1) < 5.0 for g in admitted)
+        looked.append(mgr.looked)
+        if backfill:
+            assert sched.backfill_until, "the wide tests were expected to defer"
+    assert looked[0] == looked[1], looked
+    assert looked[1] <= 2 + 2 + 16 + 1
