@@ -168,9 +168,13 @@ start() { # NAME ORDER CMD...
   log "started $name (pid $!, log $logs/$name.log)"
 }
 
-failed() { # NAME MESSAGE
-  log "$2; last lines of $logs/$1.log:"
-  tail -n 30 "$logs/$1.log" >&2 || true
+failed() { # NAME MESSAGE (NAME "": MESSAGE only, the caller said what failed and showed its log)
+  if [ -n "$1" ]; then
+    log "$2; last lines of $logs/$1.log:"
+    tail -n 30 "$logs/$1.log" >&2 || true
+  else
+    log "$2"
+  fi
   TESTBED_LOCKED=1 bash "$testbed_root/hack/cluster-down.sh" --keep-logs >&2 || true
   exit 1
 }
@@ -263,7 +267,8 @@ wait_for node-runner 5 "registered nodes" test -e "$CLUSTER_DIR/pods/.registered
 wait_for node-runner 5 "Ready nodes" k wait --for=condition=Ready node -l tangram.arl.dev/testbed=true --timeout=5s
 wait_for kube-controller-manager 3 "default ServiceAccount" k get serviceaccount default -n default
 if [ "${TESTBED_REAL_NODE:-0}" = 1 ]; then
-  PYTHON="$PYTHON" bash "$testbed_root/hack/testbed/real-node.sh" up || failed kubelet "the real node did not start"
+  PYTHON="$PYTHON" bash "$testbed_root/hack/testbed/real-node.sh" up ||
+    failed "" "the real node did not start (above: what did not come up, and its log in $logs)"
 fi
 log "up in $((SECONDS - t0)) s (binaries ${t_build} s, certificates ${t_pki} s, etcd+apiserver ${t_api} s); kubeconfig:"
 echo "$kubeconfig"
