@@ -448,13 +448,39 @@ static void put_environ(const unsigned char *delta, uint32_t dlen) {
     }
 }
 
-static void flush_stream(const char *name) {
-    PyObject *stream = PySys_GetObject(name); /* borrowed */
-    if (stream != NULL && stream != Py_None) {
-        PyObject *r = PyObject_CallMethod(stream, "flush", NULL);
-        Py_XDECREF(r);
-    }
+/* Names the straight path looks up, made once in the zygote (interned: the very objects the
+ * dictionaries hold as keys), and the sys module's dict. A look-up by C string makes and drops a
+ * str in every child, and each such allocation writes pages of the child's copy of the heap. */
+enum { K_ARGV, K_PATH, K_MODULES, K_STDOUT, K_STDERR, K_FLUSH, K_FILE, K_NUMPY, K_RANDOM, K_SEED, K_THREADING,
+       K_SHUTDOWN, K_ATEXIT, K_RUN_EXITFUNCS, N_NAMES };
+static const char *const name_text[N_NAMES] = {"argv", "path", "modules", "stdout", "stderr", "flush", "__file__",
+                                               "numpy", "random", "seed", "threading", "_shutdown", "atexit",
+                                               "_run_exitfuncs"};
+static PyObject *names[N_NAMES];
+static PyObject *sys_dict;
+
+static int prepare_names(void) {
+    for (int i = 0; i < N_NAMES; i++)
+        if ((names[i] = PyUnicode_InternFromString(name_text[i])) == NULL) return -1;
+    PyObject *sys = PyImport_ImportModule("sys");
+    if (sys == NULL) return -1;
+    sys_dict = Py_NewRef(PyModule_GetDict(sys));
+    Py_DECREF(sys);
+    return 0;
+}
+
+/* sys.<name>, borrowed (NULL when unset). */
+static PyObject *sys_get(int name) { return PyDict_GetItem(sys_dict, names[name]); }
+
+static void call_method(PyObject *obj, int name) {
+    PyObject *r = PyObject_CallMethodNoArgs(obj, names[name]);
+    Py_XDECREF(r);
     PyErr_Clear();
+}
+
+static void flush_stream(int name) {
+    PyObject *stream = sys_get(name);
+    if (stream != NULL && stream != Py_None) call_method(stream, K_FLUSH);
 }
 
 /* Python code compiled by the manager, written to its main file: run it here, as `python main.py`
@@ -468,21 +494,28 @@ static void run_straight(const char *main_file, const unsigned char *compiled, u
     PyObject *file = PyUnicode_DecodeFSDefault(main_file);
     const char *slash = strrchr(main_file, '/');
     PyObject *dir = PyUnicode_DecodeFSDefaultAndSize(main_file, slash ? slash - main_file : 0);
-    PyObject *argv = file ? PyList_New(1) : NULL;
-    if (file == NULL || dir == NULL || argv == NULL || PyDict_SetItemString(run_namespace, "__file__", file) < 0)
+    if (file == NULL || dir == NULL || PyDict_SetItem(run_namespace, names[K_FILE], file) < 0)
         child_fail("the main module");
-    PyList_SET_ITEM(argv, 0, Py_NewRef(file));
-    PyObject *path = PySys_GetObject("path"); /* borrowed */
-    if (PySys_SetObject("argv", argv) < 0 ||
-        (path != NULL && PyList_Check(path) && PyList_GET_SIZE(path) > 0 && PyList_SetItem(path, 0, Py_NewRef(dir)) < 0))
+    /* sys.argv becomes [main_file]: the zygote's list (python -c's ['-c']) is reused in place. */
+    PyObject *argv = sys_get(K_ARGV);
+    if (argv != NULL && PyList_CheckExact(argv) && PyList_GET_SIZE(argv) == 1) {
+        if (PyList_SetItem(argv, 0, Py_NewRef(file)) < 0) child_fail("the main module");
+    } else {
+        argv = PyList_New(1);
+        if (argv == NULL) child_fail("the main module");
+        PyList_SET_ITEM(argv, 0, Py_NewRef(file));
+        if (PyDict_SetItem(sys_dict, names[K_ARGV], argv) < 0) child_fail("the main module");
+        Py_DECREF(argv);
+    }
+    PyObject *path = sys_get(K_PATH);
+    if (path != NULL && PyList_Check(path) && PyList_GET_SIZE(path) > 0 && PyList_SetItem(path, 0, Py_NewRef(dir)) < 0)
         child_fail("the main module");
-    PyObject *modules = PySys_GetObject("modules"); /* borrowed */
-    PyObject *numpy = modules ? PyDict_GetItemString(modules, "numpy") : NULL;
+    PyObject *modules = sys_get(K_MODULES);
+    PyObject *numpy = modules ? PyDict_GetItem(modules, names[K_NUMPY]) : NULL;
     if (numpy != NULL) {
         /* numpy's global generator is not reseeded at fork, unlike the random module's. */
-        PyObject *random = PyObject_GetAttrString(numpy, "random");
-        PyObject *r = random ? PyObject_CallMethod(random, "seed", NULL) : NULL;
-        Py_XDECREF(r);
+        PyObject *random = PyObject_GetAttr(numpy, names[K_RANDOM]);
+        if (random != NULL) call_method(random, K_SEED);
         Py_XDECREF(random);
         PyErr_Clear();
     }
@@ -495,20 +528,13 @@ static void run_straight(const char *main_file, const unsigned char *compiled, u
         Py_XDECREF(r);
         _exit(1);
     }
-    PyObject *threading = modules ? PyDict_GetItemString(modules, "threading") : NULL;
-    if (threading != NULL) { /* only code that imported it can have started threads */
-        PyObject *r = PyObject_CallMethod(threading, "_shutdown", NULL); /* waits for them, as Python does */
-        Py_XDECREF(r);
-        PyErr_Clear();
-    }
-    PyObject *atexit = modules ? PyDict_GetItemString(modules, "atexit") : NULL;
-    if (atexit != NULL) {
-        PyObject *r = PyObject_CallMethod(atexit, "_run_exitfuncs", NULL);
-        Py_XDECREF(r);
-        PyErr_Clear();
-    }
-    flush_stream("stdout");
-    flush_stream("stderr");
+    /* Only code that imported threading can have started threads: wait for them, as Python does. */
+    PyObject *threading = modules ? PyDict_GetItem(modules, names[K_THREADING]) : NULL;
+    if (threading != NULL) call_method(threading, K_SHUTDOWN);
+    PyObject *atexit = modules ? PyDict_GetItem(modules, names[K_ATEXIT]) : NULL;
+    if (atexit != NULL) call_method(atexit, K_RUN_EXITFUNCS);
+    flush_stream(K_STDOUT);
+    flush_stream(K_STDERR);
     _exit(0);
 }
 
@@ -849,6 +875,7 @@ static PyObject *zygote_serve(PyObject *self, PyObject *args) {
         run_namespace = Py_NewRef(ns);
         environ_data = Py_NewRef(env);
         on_exception = Py_NewRef(handler);
+        if (prepare_names() < 0) return NULL;
     }
     int ep = epoll_create1(EPOLL_CLOEXEC);
     if (ep < 0) return PyErr_SetFromErrno(PyExc_OSError);
