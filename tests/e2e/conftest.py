@@ -57,8 +57,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Builds the control plane (first run only) before any test starts, outside the per-test timeout."""
-    global _build_error
+    """Builds the control plane (first run only) and starts the test bed before any test starts,
+    outside the per-test timeout."""
+    global _build_error, _testbed
     if _skip_requested() or os.environ.get("KUBECONFIG") or session.config.option.collectonly:
         return
     if not any(E2E_DIR in Path(str(item.fspath)).parents for item in session.items):
@@ -74,6 +75,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         done = subprocess.run(["bash", str(BUILD)], stdout=subprocess.DEVNULL, stderr=out, check=False)
     if done.returncode != 0:
         _build_error = f"building the test bed failed (exit {done.returncode}):\n{log.read_text()[-3000:]}"
+        return
+    # Started here too, outside the per-test timeout: with the real node (TESTBED_REAL_NODE=1) a
+    # start imports the sandbox image into its containerd (minutes), which would otherwise count
+    # against whichever test first asks for the cluster.
+    if reporter is not None:
+        reporter.write_line("e2e: starting the local test bed (or finding it up)")
+    try:
+        _testbed = _start_testbed()
+    except _TestbedError as e:
+        _testbed = e
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -128,10 +139,31 @@ def _apply_crds(cluster: Cluster) -> None:
         cluster.crds.append(f"{crd['spec']['names']['plural']}.{crd['spec']['group']}")
 
 
+class _TestbedError(Exception):
+    """The local test bed did not start; the message says why and where its logs are."""
+
+
+# The test bed started at collection (its kubeconfig and whether this session started it), or why not.
+_testbed: tuple[Path, bool] | _TestbedError | None = None
+
+
 def _local_testbed() -> tuple[Path, bool]:
-    """Starts the local test bed (or finds it up); returns its kubeconfig and whether we started it."""
+    """The local test bed, started at collection (or now); its kubeconfig and whether we started it."""
     if _build_error:
         pytest.fail(_build_error + "\n(TANGRAM_E2E_SKIP=1 skips the e2e tier on purpose)", pytrace=False)
+    bed = _testbed
+    if bed is None:
+        try:
+            bed = _start_testbed()
+        except _TestbedError as e:
+            bed = e
+    if isinstance(bed, _TestbedError):
+        pytest.fail(str(bed), pytrace=False)
+    return bed
+
+
+def _start_testbed() -> tuple[Path, bool]:
+    """Starts the local test bed (or finds it up); raises ``_TestbedError`` naming what failed."""
     cdir = _cluster_dir()
     kubeconfig = cdir / "kubeconfig"
     was_up = False
@@ -154,13 +186,12 @@ def _local_testbed() -> tuple[Path, bool]:
             check=False,
         )
     except subprocess.TimeoutExpired:
-        pytest.fail(f"the local test bed did not start within {START_TIMEOUT_S} s", pytrace=False)
+        raise _TestbedError(f"the local test bed did not start within {START_TIMEOUT_S} s") from None
     if done.returncode != 0:
-        pytest.fail(
+        raise _TestbedError(
             f"the local test bed did not start (hack/cluster-up.sh exit {done.returncode}); its output:\n"
             f"{done.stderr[-4000:]}\nLogs: {cdir / 'logs'}. "
-            "TANGRAM_E2E_SKIP=1 skips the e2e tier on purpose.",
-            pytrace=False,
+            "TANGRAM_E2E_SKIP=1 skips the e2e tier on purpose."
         )
     return Path(done.stdout.strip().splitlines()[-1]), not was_up
 
