@@ -28,7 +28,7 @@ if [ "${IMAGES:-0}" = 1 ]; then
   { command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; } || command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
   command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 fi
-# The real node (TESTBED_REAL_NODE=1, hack/testbed/real-node.sh; opt-in): containerd, runc, CNI plugins.
+# The real node (TESTBED_REAL_NODE=1, hack/testbed/real-node.sh; CI sets it): containerd, runc, CNI plugins.
 if [ "${TESTBED_REAL_NODE:-0}" = 1 ]; then
   command -v containerd >/dev/null 2>&1 || need+=(containerd)
   command -v runc >/dev/null 2>&1 || need+=(runc)

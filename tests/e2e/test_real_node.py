@@ -1,7 +1,7 @@
 # mypy: disable-error-code="arg-type,attr-defined"
 # The kubernetes client's stubs type request bodies as models (these tests pass plain dicts) and know
 # nothing of _preload_content=False (the raw response, read as JSON).
-"""The test bed's real node (TESTBED_REAL_NODE=1, opt-in): a kubelet with containerd and runc
+"""The test bed's real node (TESTBED_REAL_NODE=1, which CI sets): a kubelet with containerd and runc
 next to the simulated nodes, running real OCI images, the project's own among them.
 
 `make images` builds the images with Docker; real-node.sh imports the sandbox's and the operator's
