@@ -217,8 +217,7 @@ class CpuManager:
             host_name = scratch.host_of[id(action)]
         host = self.hosts[host_name]
         if action.trajectory not in self.pins:
-            self.pins[action.trajectory] = host.name
-            host.pin(action.trajectory, action.memory_gib)
+            self._pin(action, host)
         cores = host.take_cores(units)
         return Grant(action, units, now, host.name, cores)
 
@@ -288,9 +287,13 @@ class CpuManager:
             return len(h.pinned) / max(1, h.cores), -h.free_cores
 
         target = min(names, key=load)
-        self.pins[action.trajectory] = target
-        hosts[target].pin(action.trajectory, action.memory_gib)
+        self._pin(action, hosts[target])
         return target
+
+    def _pin(self, action: Action, host: SandboxHost) -> None:
+        """Tie the action's trajectory to ``host`` for its life and hold its memory there."""
+        self.pins[action.trajectory] = host.name
+        host.pin(action.trajectory, action.memory_gib)
 
     def end_trajectory(self, trajectory: str) -> None:
         """Unpin a finished trajectory and free its memory on its host."""
