@@ -41,10 +41,13 @@ class SandboxHost:
         self._numa_of = {c: i for i, node in enumerate(self.numa) for c in node}
         # The pinned sessions' memory, kept as a total: every scratch reads it for every host.
         self._pinned_gib = sum(self.pinned.values())
+        # The core count, kept: the NUMA layout is fixed for the host's life, and every decision
+        # reads it for every host (the pool's size, the largest host, where a session fits).
+        self._cores = len(ids)
 
     @property
     def cores(self) -> int:
-        return sum(len(n) for n in self.numa)
+        return self._cores
 
     @property
     def free_cores(self) -> int:
