@@ -104,7 +104,8 @@ def _bind(memo: kopf.Memo, indexes: dict[str, Any]) -> OperatorState:
     host_index = indexes["host_pods"]
     state.host_index, state.node_index, state.pool_index = host_index, indexes["nodes"], indexes["pools"]
     state.runtime.bind(host_index)
-    state.runtime.bind_replicas(indexes["reward_pods"])
+    state.replica_index = indexes["reward_pods"]
+    state.runtime.bind_replicas(state.replica_index)
     return state
 
 

@@ -42,6 +42,7 @@ from arl_tangram.gateway import build_gateway_app
 from arl_tangram.gateway.auth import KubernetesAuthenticator
 from arl_tangram.gateway.metrics import GatewayMetrics
 from arl_tangram.gateway.state import Leadership
+from arl_tangram.gpu.placement import DEVICE_STRATEGIES, DeviceStrategy
 from arl_tangram.planner.capacity_planner import CapacityPlanner, PlannerConfig
 from arl_tangram.planner.snapshot import NodeSnapshot
 from arl_tangram.runtime.interface import HostObservation
@@ -71,12 +72,22 @@ class OperatorSettings:
     reward_device: str = "cuda"
     # No authentication: only for a test bed's loopback (the gateway then serves loopback callers only).
     anonymous: bool = False
+    # How a reward replica's pod asks for the devices the operator chose for it (docs/gpu.md):
+    # "device-plugin" (the NVIDIA device plugin's resources on the chosen node) or "visible-devices"
+    # (the exact UUIDs, for GPUs the reward pool owns outside the device plugin). One setting for the
+    # whole operator: whether the device plugin manages the GPUs is the cluster's, not a service's.
+    gpu_devices: DeviceStrategy = "device-plugin"
 
     @classmethod
     def from_env(cls) -> OperatorSettings:
         port = os.environ.get("TANGRAM_LISTEN_PORT", "8080")
         if not port.isdigit() or not 0 <= int(port) < 65536:
             raise InvalidSpec("TANGRAM_LISTEN_PORT", f"must be a port number, got {port!r}")
+        devices = os.environ.get("TANGRAM_GPU_DEVICES", "device-plugin")
+        if devices not in DEVICE_STRATEGIES:
+            raise InvalidSpec(
+                "TANGRAM_GPU_DEVICES", f"must be one of {', '.join(DEVICE_STRATEGIES)}, got {devices!r}"
+            )
         return cls(
             namespace=os.environ.get("POD_NAMESPACE", "tangram-system"),
             identity=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
@@ -86,6 +97,7 @@ class OperatorSettings:
             leader_election=os.environ.get("TANGRAM_LEADER_ELECTION", "true").lower() not in ("0", "false"),
             anonymous=os.environ.get("TANGRAM_GATEWAY_ANONYMOUS", "").lower() in ("1", "true"),
             reward_device=os.environ.get("TANGRAM_REWARD_DEVICE", "cuda"),
+            gpu_devices=next(d for d in DEVICE_STRATEGIES if d == devices),
         )
 
 
@@ -124,7 +136,7 @@ class OperatorState:
         self.planner = CapacityPlanner(PlannerConfig(time_limit_s=PLANNER_TIME_LIMIT_S))
         self.pools = PoolController(self.dispatcher, self.runtime, self.planner)
         self.services = ServiceController(
-            self.dispatcher.rewards, self.runtime, self.agent, settings.reward_device
+            self.dispatcher.rewards, self.runtime, self.agent, settings.reward_device, settings.gpu_devices
         )
         self.elector = LeaseElector(
             self.api, settings.namespace, LEASE_NAME, settings.identity, count_write=self.metrics.api_write
@@ -132,6 +144,7 @@ class OperatorState:
         self.pool_index: Mapping[str, Iterable[Mapping[str, Any]]] = {}
         self.node_index: Mapping[str, Iterable[Mapping[str, Any]]] = {}
         self.host_index: Mapping[str, Iterable[Mapping[str, Any]]] = {}
+        self.replica_index: Mapping[str, Iterable[Mapping[str, Any]]] = {}  # service key -> reward pods
         # (plural, namespace, name) -> the status last written, so an unchanged one is not patched.
         self._written_status: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -297,7 +310,8 @@ class OperatorState:
     async def reconcile_service(self, body: Mapping[str, Any]) -> None:
         """One round for one RewardModelService, status written only when it changed."""
         t0 = time.perf_counter()
-        status = await self.services.reconcile(body)
+        nodes = [b for bodies in self.node_index.values() for b in bodies]
+        status = await self.services.reconcile(body, nodes, self.replica_index)
         self.metrics.reconcile.labels("RewardModelService").observe(time.perf_counter() - t0)
         await self._write_if_changed("rewardmodelservices", body, status)
 

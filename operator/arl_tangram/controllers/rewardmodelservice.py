@@ -1,8 +1,14 @@
-"""RewardModelService: the pure reconcile (replicas and demand in; status and operations out) and
-the controller that applies it.
+"""RewardModelService: the pure reconcile (replicas, demand and GPU inventories in; status and
+operations out) and the controller that gathers its inputs and applies it.
 
-Replicas are reward-runtime pods the operator owns, each with the service's GPUs as the device
-plugin's resources (``nvidia.com/gpu`` or the MIG profile's). The service scales to zero after
+Replicas are reward-runtime pods the operator owns. Where GPU nodes publish inventories (the node
+agent's annotation, docs/gpu.md), each new replica is placed by ``gpu.placement.place_service`` on a
+chunk of whole GPUs or one MIG instance that no other replica holds, and its pod is pinned to that
+node with the device request of the operator's strategy (``TANGRAM_GPU_DEVICES``: the device
+plugin's resources, or the exact UUIDs for GPUs the reward pool owns). A replica's devices are read
+back from its pod on every round, so they survive an operator restart. When no node has published
+an inventory (a cluster without the node agent), replicas ask the device plugin for the service's
+GPUs as before and the plugin picks which; the Ready condition says so. The service scales to zero after
 ``idleTimeoutSeconds`` without requests when ``minReplicas`` is 0 (its weights stay in host memory
 only in the sense that the next replica restores them: a scaled-to-zero service pays a cold start),
 comes back on the first request, and grows by a replica while more requests wait than its ready
@@ -13,14 +19,15 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
 
-from arl_tangram.api.rewardmodelservice import RewardModelService
+from arl_tangram.api.rewardmodelservice import PlacementState, RewardModelService
 from arl_tangram.api.validation import invalid_spec
 from arl_tangram.controllers.conditions import ConditionReason, ConditionType, set_condition
 from arl_tangram.controllers.failures import FailureStreaks, backoff_s
@@ -29,15 +36,36 @@ from arl_tangram.dispatch.rewards import RewardRouter, ServiceStats
 from arl_tangram.domain.batches import act_stats
 from arl_tangram.domain.services import ServiceConfig, service_config
 from arl_tangram.errors import InfrastructureError, InvalidSpec
+from arl_tangram.gpu.inventory import InventoryError, NodeInventory
+from arl_tangram.gpu.nodeinfo import ANNOTATION_INVENTORY, schedulable_inventory
+from arl_tangram.gpu.placement import (
+    DeviceStrategy,
+    ReplicaPlacement,
+    device_request,
+    place_service,
+    to_status,
+)
 from arl_tangram.runtime.interface import HostObservation
-from arl_tangram.runtime.pods import SERVICE_LABEL
+from arl_tangram.runtime.pods import SERVICE_LABEL, pinned, replica_devices
 
 log = logging.getLogger(__name__)
+
+
+# The Ready reason when no node has free devices for a replica. (Written over the reason of
+# set_condition, whose enum lacks it; the enum lives outside this controller.)
+INSUFFICIENT_GPUS = "InsufficientGPUs"
+PLACING_TTL_S = 60.0  # how long a created pod's devices stay taken before the watch shows the pod
+DEVICE_PLUGIN_CHOICE = (
+    "no node has published a GPU inventory (tangram node-agent, manifests/node-agent.yaml), so the "
+    "device plugin chose the replicas' GPUs"
+)
 
 
 @dataclass(frozen=True)
 class CreateReplica:
     reason: str
+    # The devices chosen for it; None: no inventory was published, the device plugin chooses.
+    placement: ReplicaPlacement | None = None
 
 
 @dataclass(frozen=True)
@@ -47,6 +75,54 @@ class DeleteReplica:
 
 
 ServiceOperation = CreateReplica | DeleteReplica
+
+
+@dataclass(frozen=True)
+class GpuView:
+    """What placing replicas needs: the inventories of the GPU nodes that take new pods, the devices
+    each replica pod of this service holds (read back from the pod, by pod name), the devices the
+    replica pods of every other service hold (UUIDs), inventories that could not be read, and how
+    many nodes published one at all (cordoned and NotReady ones too: 0 means no node agent runs)."""
+
+    inventories: Sequence[NodeInventory] = ()
+    held: Mapping[str, ReplicaPlacement] = field(default_factory=dict)
+    taken: frozenset[str] = frozenset()
+    problems: Sequence[str] = ()
+    published: int = -1  # -1: as many as ``inventories``
+
+    @property
+    def any_published(self) -> bool:
+        return self.published > 0 or (self.published < 0 and bool(self.inventories))
+
+
+def gpu_view(
+    key: str, nodes: Iterable[Mapping[str, Any]], replica_pods: Mapping[str, Iterable[Mapping[str, Any]]]
+) -> GpuView:
+    """The GPU view of service ``key`` from Node objects and every service's replica pods (plain
+    dicts, as the API returns them; ``replica_pods`` by service key)."""
+    inventories, problems, published = [], [], 0
+    for node in nodes:
+        published += ANNOTATION_INVENTORY in ((node.get("metadata") or {}).get("annotations") or {})
+        try:
+            inv = schedulable_inventory(node)
+        except InventoryError as exc:
+            problems.append(f"node {(node.get('metadata') or {}).get('name')}: {exc}")
+            continue
+        if inv is not None:
+            inventories.append(inv)
+    held: dict[str, ReplicaPlacement] = {}
+    taken: set[str] = set()
+    for service, pods in replica_pods.items():
+        for pod in pods:
+            devices = replica_devices(pod)
+            if devices is None:
+                continue
+            if service == key:
+                held[str((pod.get("metadata") or {}).get("name"))] = devices
+            else:
+                taken.update(devices.uuids)
+    inventories.sort(key=lambda inv: inv.node)
+    return GpuView(tuple(inventories), held, frozenset(taken), tuple(problems), published)
 
 
 @dataclass(frozen=True)
@@ -61,12 +137,14 @@ class ServiceObservation:
     failures: int = 0
     since_failure_s: float = float("inf")
     last_failure: str | None = None
+    gpu: GpuView = field(default_factory=GpuView)
 
 
 def reconcile_rewardmodelservice(
-    cfg: ServiceConfig, observed: ServiceObservation, now: datetime
+    rms: RewardModelService, cfg: ServiceConfig, observed: ServiceObservation, now: datetime
 ) -> tuple[dict[str, Any], list[ServiceOperation]]:
-    """Status and operations for one service (pure)."""
+    """Status and operations for one service (pure). ``rms`` is the validated object ``cfg`` was made
+    from (placement reads its ``spec.gpu``)."""
     live = [r for r in observed.replicas if r.phase != "terminating"]
     ops: list[ServiceOperation] = []
     failed = [r for r in live if r.phase == "failed"]
@@ -85,8 +163,28 @@ def reconcile_rewardmodelservice(
         desired = max(desired, len(serving) + 1)
     desired = min(desired, cfg.max_replicas)
     holding = observed.since_failure_s < backoff_s(observed.failures)
-    for _ in range(0 if holding else desired - len(serving)):
-        ops.append(CreateReplica(f"{queued} request(s) waiting" if queued else "minReplicas"))
+    wanted = 0 if holding else max(0, desired - len(serving))
+    why = f"{queued} request(s) waiting" if queued else "minReplicas"
+    gpu = observed.gpu
+    by_plugin = not gpu.any_published  # no inventory anywhere: the device plugin picks the devices
+    short = ""  # what placement could not find
+    if by_plugin:
+        ops.extend(CreateReplica(why) for _ in range(wanted))
+    elif wanted:
+        # Devices of this service's pods (even failed or terminating ones: held until the pod is
+        # gone) and of every other service's are not handed out again.
+        own = {u for r in observed.replicas if r.name in gpu.held for u in gpu.held[r.name].uuids}
+        placed = place_service(rms, gpu.inventories, wanted, gpu.taken | own)
+        ops.extend(CreateReplica(why, p) for p in placed.placements)
+        if placed.unplaced:
+            short = placed.reason
+            if not gpu.inventories:
+                short = (
+                    f"{wanted} replica(s) wait: none of the {gpu.published} node(s) with a GPU "
+                    "inventory takes new pods (cordoned or not Ready)"
+                )
+            if gpu.problems:
+                short += "; unreadable inventories: " + "; ".join(gpu.problems)
     if len(serving) > desired:
         inflight = stats.inflight if stats else {}
         idle = [r for r in reversed(serving) if not inflight.get(r.name)]
@@ -96,13 +194,15 @@ def reconcile_rewardmodelservice(
     gen = cfg.generation
     conds = [dict(c) for c in observed.conditions]
     pending = [r for r in serving if r.pending]
+    creating = sum(isinstance(o, CreateReplica) for o in ops)
+    chosen_by = f"; {DEVICE_PLUGIN_CHOICE}" if by_plugin and (serving or creating) else ""
     if ready:
         conds = set_condition(
             conds,
             ConditionType.READY,
             True,
             ConditionReason.HOSTS_READY,
-            f"{len(ready)} replica(s) serving",
+            f"{len(ready)} replica(s) serving{chosen_by}",
             gen,
             now,
         )
@@ -117,6 +217,13 @@ def reconcile_rewardmodelservice(
             gen,
             now,
         )
+    elif short and not serving and not creating:
+        conds = set_condition(
+            conds, ConditionType.READY, False, ConditionReason.UNSCHEDULABLE, short, gen, now
+        )
+        for c in conds:
+            if c["type"] == ConditionType.READY.value:
+                c["reason"] = INSUFFICIENT_GPUS
     elif pending:
         conds = set_condition(
             conds,
@@ -133,17 +240,17 @@ def reconcile_rewardmodelservice(
             ConditionType.READY,
             False,
             ConditionReason.HOSTS_STARTING,
-            f"{len(serving) + sum(isinstance(o, CreateReplica) for o in ops)} replica(s) starting",
+            f"{len(serving) + creating} replica(s) starting{chosen_by}",
             gen,
             now,
         )
-    scaling = any(isinstance(o, CreateReplica) for o in ops) or len(ready) < len(serving)
+    scaling = wanted > 0 or len(ready) < len(serving)
     conds = set_condition(
         conds,
         ConditionType.SCALING,
         scaling,
         ConditionReason.SCALING_UP if scaling else ConditionReason.STEADY,
-        f"{len(serving)} replica(s), {desired} wanted",
+        f"{len(serving)} replica(s), {desired} wanted" + (f"; {short}" if short else ""),
         gen,
         now,
     )
@@ -165,10 +272,15 @@ def reconcile_rewardmodelservice(
         )
     placements = []
     for r in serving:
-        if not r.node:
+        held = gpu.held.get(r.name)
+        node = r.node or (held.node if held else "")
+        if not node:
             continue
-        state = "Resident" if observed.resident.get(r.name, r.phase == "ready") else "Evicted"
-        placements.append({"node": r.node, "gpus": [], "state": state, "pod": r.name})
+        state: PlacementState = "Resident" if observed.resident.get(r.name, r.phase == "ready") else "Evicted"
+        uuids = held.uuids if held else ()  # none where the device plugin chose
+        placement = to_status(ReplicaPlacement(node, (), uuids), state, r.name)
+        # gpus always written, [] included: a merge patch leaves out what is not in it.
+        placements.append({**placement.model_dump(mode="json", exclude_none=True), "gpus": list(uuids)})
     act = act_stats(stats.act_recent_s, 300) if stats else None
     status = {
         "observedGeneration": gen,
@@ -186,16 +298,36 @@ def reconcile_rewardmodelservice(
 class ServiceController:
     """Gathers one service's observations, runs the reconcile and applies it."""
 
-    def __init__(self, router: RewardRouter, runtime: Any, client: AgentClient, device: str) -> None:
+    def __init__(
+        self,
+        router: RewardRouter,
+        runtime: Any,
+        client: AgentClient,
+        device: str,
+        strategy: DeviceStrategy = "device-plugin",
+    ) -> None:
         self.router = router
         self.runtime = runtime
         self.client = client
         self.device = device
+        self.strategy = strategy
         # Replicas that failed in a row: the reconcile's crash-loop back-off (it was never fed, so a
         # replica that could not start was recreated at once, every time).
         self._failures = FailureStreaks()
+        # Devices of pods created but not yet seen in the pod watch (pod name -> devices, when): taken
+        # for every service meanwhile, so that two services reconciled back to back are not given the
+        # same devices. Only for that gap: the pods themselves are the record.
+        self._placing: dict[str, tuple[ReplicaPlacement, float]] = {}
+        self.clock: Callable[[], float] = time.monotonic
 
-    async def reconcile(self, body: Mapping[str, Any]) -> dict[str, Any]:
+    async def reconcile(
+        self,
+        body: Mapping[str, Any],
+        nodes: Iterable[Mapping[str, Any]] = (),
+        replica_pods: Mapping[str, Iterable[Mapping[str, Any]]] | None = None,
+    ) -> dict[str, Any]:
+        """One round: ``nodes`` are the cluster's Node objects and ``replica_pods`` every service's
+        replica pods by service key (both from the operator's watches)."""
         meta, status = body.get("metadata") or {}, body.get("status") or {}
         now = datetime.now(UTC)
         conditions = status.get("conditions") or ()
@@ -214,6 +346,10 @@ class ServiceController:
         self.router.sync(cfg.key, [(r.name, r.address) for r in replicas if r.phase == "ready" and r.address])
         resident = await self._residency(cfg, replicas)
         streak = self._failures.observe(cfg.key, replicas)
+        gpu = gpu_view(cfg.key, nodes, replica_pods or {})
+        gpu = replace(gpu, taken=gpu.taken | self._in_flight(replica_pods or {}))
+        for problem in gpu.problems:
+            log.warning("service %s: %s", cfg.key, problem)
         observed = ServiceObservation(
             replicas,
             self.router.stats(cfg.key),
@@ -223,14 +359,31 @@ class ServiceController:
             failures=streak.count,
             since_failure_s=streak.since_s,
             last_failure=streak.last,
+            gpu=gpu,
         )
-        new_status, ops = reconcile_rewardmodelservice(cfg, observed, now)
+        new_status, ops = reconcile_rewardmodelservice(model, cfg, observed, now)
         for op in ops:
             if isinstance(op, CreateReplica):
-                await self.runtime.create_replica(cfg, f"{cfg.name}-{secrets.token_hex(3)}", self.device)
+                # A placed replica's pod carries its node and devices (read back next round).
+                name = f"{cfg.name}-{secrets.token_hex(3)}"
+                replica = cfg
+                if op.placement is not None:
+                    replica = pinned(cfg, device_request(op.placement, self.strategy))
+                    self._placing[name] = (op.placement, self.clock())
+                await self.runtime.create_replica(replica, name, self.device)
             else:
                 await self.runtime.delete_replica(cfg, op.name)
         return new_status
+
+    def _in_flight(self, replica_pods: Mapping[str, Iterable[Mapping[str, Any]]]) -> frozenset[str]:
+        """UUIDs of the pods this controller created that the watch has not shown yet (forgotten once
+        it has, or after ``PLACING_TTL_S`` for a create that failed)."""
+        seen = {str((p.get("metadata") or {}).get("name")) for pods in replica_pods.values() for p in pods}
+        now = self.clock()
+        for name, (_, since) in list(self._placing.items()):
+            if name in seen or now - since > PLACING_TTL_S:
+                del self._placing[name]
+        return frozenset(u for placement, _ in self._placing.values() for u in placement.uuids)
 
     async def _residency(self, cfg: ServiceConfig, replicas: Sequence[HostObservation]) -> dict[str, bool]:
         """Whether each ready replica holds the weights on its device (its runtime's own word)."""

@@ -161,6 +161,18 @@ def apply_layout(inv: NodeInventory, gpus: dict[int, tuple[str, ...] | None]) ->
     return NodeInventory(inv.node, tuple(out), inv.nvlink, inv.driver, inv.source)
 
 
+# The test bed's MIG node (hack/testbed/nodes.yaml, tb-mig-0): mig-parted's "all-1g.5gb" on GPU 0 and
+# "all-3g.20gb" on GPU 1, the resources the device plugin's mixed strategy advertises there.
+A100_40_MIG_LAYOUT: dict[int, tuple[str, ...]] = {0: ("1g.5gb",) * 7, 1: ("3g.20gb", "3g.20gb")}
+
+
+def mig_a100_40gb(node: str) -> NodeInventory:
+    """2 A100-SXM4-40GB joined by NVLink (12 links), both in MIG mode: seven 1g.5gb instances on GPU 0,
+    two 3g.20gb on GPU 1 (the test bed's ``tb-mig-0``)."""
+    gpus = tuple(_gpu(node, i, A100_SXM_40, 0, A100_40_MIG_LAYOUT[i]) for i in range(2))
+    return NodeInventory(node, gpus, _links(2, [(0, 1, 12)]), FAKE_DRIVER, "fake:mig-a100-40gb")
+
+
 TOPOLOGIES: dict[str, Callable[[str], NodeInventory]] = {
     "nvswitch-h100": nvswitch_board,
     "nvswitch-h200": h200_board,
@@ -168,6 +180,7 @@ TOPOLOGIES: dict[str, Callable[[str], NodeInventory]] = {
     "ring4": ring4,
     "mig-a100": mig_a100,
     "mig-h100": mig_h100,
+    "mig-a100-40gb": mig_a100_40gb,
 }
 
 

@@ -28,6 +28,7 @@ touches ``nvidia.com/mig.config``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -88,6 +89,22 @@ def inventory_from_annotations(annotations: Mapping[str, str]) -> NodeInventory 
     """The inventory an agent published on a Node, or None when there is none."""
     text = annotations.get(ANNOTATION_INVENTORY)
     return None if text is None else NodeInventory.from_json(text)
+
+
+def schedulable_inventory(node: Mapping[str, Any]) -> NodeInventory | None:
+    """The inventory published on a Node object (a plain dict, as the API returns it) when new pods
+    may go there: None when no agent published one, or the node is cordoned or not Ready. The
+    inventory carries the Node's own name (what a pod is pinned to), whatever name the agent was
+    given. ``InventoryError`` when the annotation is not an inventory."""
+    meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
+    inv = inventory_from_annotations(meta.get("annotations") or {})
+    if inv is None or spec.get("unschedulable"):
+        return None
+    ready = next((c for c in status.get("conditions") or () if c.get("type") == "Ready"), None)
+    if ready is None or ready.get("status") != "True":
+        return None
+    name = str(meta.get("name") or inv.node)
+    return inv if inv.node == name else dataclasses.replace(inv, node=name)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,9 @@ from arl_tangram.gpu.migplan import ServiceDemand
 from arl_tangram.managers.gpu import GpuManager, GpuNode
 
 DeviceStrategy = Literal["device-plugin", "visible-devices"]
+DEVICE_STRATEGIES: tuple[DeviceStrategy, ...] = ("device-plugin", "visible-devices")
+GPU_UUIDS_ENV = "TANGRAM_GPU_UUIDS"  # the planned devices, in the runtime's environment and read back
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # the device plugin's resource per MIG profile (mixed strategy)
 
 
 @dataclass(frozen=True)
@@ -191,13 +194,13 @@ def device_request(p: ReplicaPlacement, strategy: DeviceStrategy = "device-plugi
     exact UUIDs in ``NVIDIA_VISIBLE_DEVICES`` with the ``nvidia`` runtime class and no resource
     request: only for GPUs the reward pool owns outright (kept out of the device plugin), since the
     scheduler then does not count them."""
-    env = {"TANGRAM_GPU_UUIDS": ",".join(p.uuids)}
+    env = {GPU_UUIDS_ENV: ",".join(p.uuids)}
     if strategy == "visible-devices":
         env["NVIDIA_VISIBLE_DEVICES"] = ",".join(p.uuids)
         return DeviceRequest(p.node, {}, env, runtime_class="nvidia")
     if p.mig_profile is not None:
-        return DeviceRequest(p.node, {f"nvidia.com/mig-{p.mig_profile}": "1"}, env)
-    return DeviceRequest(p.node, {"nvidia.com/gpu": str(len(p.gpus))}, env)
+        return DeviceRequest(p.node, {f"{MIG_RESOURCE_PREFIX}{p.mig_profile}": "1"}, env)
+    return DeviceRequest(p.node, {"nvidia.com/gpu": str(len(p.uuids))}, env)
 
 
 def to_status(p: ReplicaPlacement, state: PlacementState, pod: str | None = None) -> Placement:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import secrets
 from collections.abc import Mapping
@@ -14,6 +15,7 @@ from arl_tangram.api.quantity import parse_quantity
 from arl_tangram.domain.pools import PoolConfig, pool_key
 from arl_tangram.domain.services import WEIGHTS_MOUNT, ServiceConfig
 from arl_tangram.errors import InvalidSpec
+from arl_tangram.gpu.placement import GPU_UUIDS_ENV, MIG_RESOURCE_PREFIX, DeviceRequest, ReplicaPlacement
 from arl_tangram.runtime.interface import AGENT_PORT, HostObservation, HostPhase
 
 POOL_LABEL = f"{GROUP}/pool"
@@ -338,11 +340,77 @@ def services_configmap(svc: ServiceConfig) -> dict[str, Any]:
     }
 
 
+def pinned(svc: ServiceConfig, request: DeviceRequest) -> ServiceConfig:
+    """The config of one replica placed by the operator: ``svc`` with its pod bound to the chosen node
+    (a required node affinity on the Node's name, so the scheduler still checks the node's room),
+    the request's environment (``TANGRAM_GPU_UUIDS``, and ``NVIDIA_VISIBLE_DEVICES`` for the
+    ``visible-devices`` strategy), its runtime class, and exactly its device-plugin resources (none
+    for ``visible-devices``). ``reward_pod`` of it is the replica's pod; ``replica_devices`` reads the
+    placement back from that pod."""
+    spec: dict[str, Any] = copy.deepcopy(dict(svc.pod_spec or {}))
+    on_node = {"key": "metadata.name", "operator": "In", "values": [request.node]}
+    required = (
+        spec.setdefault("affinity", {})
+        .setdefault("nodeAffinity", {})
+        .setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    )
+    # Terms are ORed: the node goes into every one of them (or is the only one).
+    terms = required.setdefault("nodeSelectorTerms", []) or [{}]
+    for term in terms:
+        term["matchFields"] = [*term.get("matchFields", []), on_node]
+    required["nodeSelectorTerms"] = terms
+    if request.runtime_class:
+        spec["runtimeClassName"] = request.runtime_class
+    gpus, profile = 0, None
+    for resource, count in request.resources.items():
+        if resource.startswith(MIG_RESOURCE_PREFIX):
+            profile = resource.removeprefix(MIG_RESOURCE_PREFIX)
+        elif resource == "nvidia.com/gpu":
+            gpus = int(count)
+    env = tuple((k, v) for k, v in svc.env if k not in request.env) + tuple(request.env.items())
+    return dataclasses.replace(svc, pod_spec=spec, env=env, gpus=gpus, mig_profile=profile)
+
+
+def replica_devices(pod: Mapping[str, Any]) -> ReplicaPlacement | None:
+    """The devices a reward replica's pod was placed on, read back from the pod (the operator keeps
+    no memory of them, so they survive its restart): the node of its required node affinity (or the
+    node it runs on), the UUIDs in its runtime container's ``TANGRAM_GPU_UUIDS`` and the MIG profile
+    of its resources. None for a pod the operator did not place (the device plugin's choice)."""
+    spec = pod.get("spec") or {}
+    container: Mapping[str, Any] = next(
+        (c for c in spec.get("containers") or () if c.get("name") == "runtime"), {}
+    )
+    uuids = next((e.get("value") for e in container.get("env") or () if e.get("name") == GPU_UUIDS_ENV), None)
+    if not uuids:
+        return None
+    node = str(spec.get("nodeName") or "")
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    for term in required.get("nodeSelectorTerms") or ():
+        for field in term.get("matchFields") or ():
+            if field.get("key") == "metadata.name" and field.get("operator") == "In" and field.get("values"):
+                node = node or str(field["values"][0])
+    if not node:
+        return None
+    requests = (container.get("resources") or {}).get("requests") or {}
+    profile = next(
+        (r.removeprefix(MIG_RESOURCE_PREFIX) for r in requests if r.startswith(MIG_RESOURCE_PREFIX)), None
+    )
+    return ReplicaPlacement(node, (), tuple(str(uuids).split(",")), profile)
+
+
 def reward_pod(svc: ServiceConfig, name: str, device: str) -> dict[str, Any]:
     """One replica: ``tangram reward-runtime`` with the service's GPUs (the device plugin's
-    resources: ``nvidia.com/gpu`` or the MIG profile's), the services file and the weights' claim."""
+    resources: ``nvidia.com/gpu`` or the MIG profile's; none when the config asks for no GPU, as a
+    ``visible-devices`` placement does), the services file and the weights' claim. A replica the
+    operator placed on chosen devices is ``reward_pod(pinned(svc, request), ...)``."""
     spec: dict[str, Any] = copy.deepcopy(dict(svc.pod_spec or {}))
-    gpu = {f"nvidia.com/mig-{svc.mig_profile}": "1"} if svc.mig_profile else {"nvidia.com/gpu": str(svc.gpus)}
+    gpu: dict[str, str] = {}
+    if svc.mig_profile:
+        gpu = {f"{MIG_RESOURCE_PREFIX}{svc.mig_profile}": "1"}
+    elif svc.gpus:
+        gpu = {"nvidia.com/gpu": str(svc.gpus)}
     mounts = [{"name": "services", "mountPath": SERVICES_FILE.rsplit("/", 1)[0], "readOnly": True}]
     volumes: list[dict[str, Any]] = [{"name": "services", "configMap": {"name": f"tangram-rms-{svc.name}"}}]
     if svc.claim:
@@ -366,7 +434,7 @@ def reward_pod(svc: ServiceConfig, name: str, device: str) -> dict[str, Any]:
             *({"name": k, "value": v} for k, v in svc.env),
         ],
         "ports": [{"name": "runtime", "containerPort": svc.port, "protocol": "TCP"}],
-        "resources": {"requests": dict(gpu), "limits": dict(gpu)},
+        "resources": {"requests": dict(gpu), "limits": dict(gpu)} if gpu else {},
         "readinessProbe": {
             "httpGet": {"path": "/v1/health", "port": "runtime"},
             "periodSeconds": 2,

@@ -24,18 +24,29 @@ from arl_tangram.runtime.interface import HostObservation
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
 
-def cfg(uri: str = "file:///w/rm.npz", **scaling: Any) -> Any:
-    rms = RewardModelService.model_validate(
+def rms_of(uri: str = "file:///w/rm.npz", gpu: dict[str, Any] | None = None, **scaling: Any) -> Any:
+    return RewardModelService.model_validate(
         {
             "metadata": {"name": "rm", "namespace": "ns", "generation": 2},
             "spec": {
                 "model": {"name": "m", "uri": uri},
                 "scaling": {"maxReplicas": 3, "idleTimeoutSeconds": 60, **scaling},
                 "batching": {"maxBatchSize": 4},
+                "gpu": gpu or {"count": [1]},
             },
         }
     )
-    return service_config(rms, uid="u")
+
+
+def cfg(uri: str = "file:///w/rm.npz", **scaling: Any) -> Any:
+    return service_config(rms_of(uri, **scaling), uid="u")
+
+
+def reconcile(
+    obs: ServiceObservation, gpu: dict[str, Any] | None = None, **scaling: Any
+) -> tuple[dict[str, Any], list[Any]]:
+    rms = rms_of(gpu=gpu, **scaling)
+    return reconcile_rewardmodelservice(rms, service_config(rms, uid="u"), obs, NOW)
 
 
 def rep(name: str, phase: str = "ready", **kw: Any) -> HostObservation:
@@ -71,7 +82,7 @@ def test_replicas_follow_demand(
     ops: list[Any],
     ready: tuple[str, str],
 ) -> None:
-    status, got = reconcile_rewardmodelservice(cfg(), ServiceObservation(replicas, load, now_mono), NOW)
+    status, got = reconcile(ServiceObservation(replicas, load, now_mono))
     kinds = [
         "create" if isinstance(o, CreateReplica) else ("delete", o.name)
         for o in got
@@ -84,7 +95,7 @@ def test_replicas_follow_demand(
 
 
 def test_min_replicas_keep_the_service_up_while_idle() -> None:
-    _, ops = reconcile_rewardmodelservice(cfg(minReplicas=1), ServiceObservation([], stats(), 10_000.0), NOW)
+    _, ops = reconcile(ServiceObservation([], stats(), 10_000.0), minReplicas=1)
     assert [type(o) for o in ops] == [CreateReplica]
 
 
@@ -97,17 +108,17 @@ def test_a_replica_that_keeps_failing_is_retried_with_back_off() -> None:
         since_failure_s=5.0,
         last_failure="the agent exited 2",
     )
-    status, ops = reconcile_rewardmodelservice(cfg(), obs, NOW)
+    status, ops = reconcile(obs)
     assert ops == [] and backoff_s(3) == 20.0
     degraded = {c["type"]: c for c in status["conditions"]}["Degraded"]
     assert degraded["status"] == "True" and "exited 2" in degraded["message"]
     later = ServiceObservation([], stats(queued=1, last=999.0), 1000.0, failures=3, since_failure_s=21.0)
-    assert [type(o) for o in reconcile_rewardmodelservice(cfg(), later, NOW)[1]] == [CreateReplica]
+    assert [type(o) for o in reconcile(later)[1]] == [CreateReplica]
 
 
 def test_placements_and_residency_in_status() -> None:
     obs = ServiceObservation([rep("a"), rep("b")], stats(), 1.0, resident={"a": True, "b": False})
-    status, _ = reconcile_rewardmodelservice(cfg(minReplicas=2), obs, NOW)
+    status, _ = reconcile(obs, minReplicas=2)
     assert [(p["pod"], p["state"]) for p in status["placements"]] == [("a", "Resident"), ("b", "Evicted")]
 
 
@@ -209,3 +220,371 @@ def test_a_failure_streak_counts_each_failed_pod_once_and_ends_at_a_ready_one() 
     assert streaks.observe("k", [rep("b", "failed", failure="exit 1")]).count == 2
     assert streaks.observe("k", [rep("c")]).count == 0
     assert streaks.observe("other", []).since_s == float("inf")
+
+
+# ---- GPU placement: replicas on the devices the GPU manager chose from the published inventories ----
+H100 = "nvswitch-h100"
+
+
+def _node(name: str, topology: str | None, ready: bool = True, cordoned: bool = False) -> dict[str, Any]:
+    """A Node object as the API returns it, with the node agent's inventory when ``topology``."""
+    from arl_tangram.gpu.fake import fake_inventory
+    from arl_tangram.gpu.nodeinfo import ANNOTATION_INVENTORY
+
+    notes = {ANNOTATION_INVENTORY: fake_inventory(topology, name).to_json()} if topology else {}
+    return {
+        "metadata": {"name": name, "annotations": notes},
+        "spec": {"unschedulable": True} if cordoned else {},
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def _view(*nodes: dict[str, Any], pods: dict[str, list[dict[str, Any]]] | None = None) -> Any:
+    from arl_tangram.controllers.rewardmodelservice import gpu_view
+
+    return gpu_view("ns/rm", nodes, pods or {})
+
+
+def _uuids(topology: str, node: str, mig_profile: str | None = None) -> list[str]:
+    from arl_tangram.gpu.fake import fake_inventory
+
+    inv = fake_inventory(topology, node)
+    if mig_profile is None:
+        return [g.uuid for g in inv.gpus]
+    return [m.uuid for g in inv.gpus for m in g.mig_instances if m.profile == mig_profile]
+
+
+def _pod(svc: Any, name: str, placement: Any, strategy: str = "device-plugin") -> dict[str, Any]:
+    """The pod the controller creates for a placed replica (as the API returns it)."""
+    from arl_tangram.gpu.placement import device_request
+    from arl_tangram.runtime.pods import pinned, reward_pod
+
+    return reward_pod(pinned(svc, device_request(placement, strategy)), name, "cpu")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("gpu", "nodes", "taken_by_others", "created", "ready_reason"),
+    [
+        # Whole GPUs, NVLink-joined pairs on the 8-GPU board; one request waiting starts one replica.
+        ({"count": [2]}, [("g", H100)], 0, [("g", 2)], "HostsStarting"),
+        # Six of its GPUs held by other services: the pair comes from the last two.
+        ({"count": [2]}, [("g", H100)], 6, [("g", 2)], "HostsStarting"),
+        # All eight held: nothing to place, Ready=False naming what is missing.
+        ({"count": [2]}, [("g", H100)], 8, [], "InsufficientGPUs"),
+        # A MIG profile goes to a node that has free instances of it, never to whole GPUs.
+        (
+            {"count": [1], "migProfile": "3g.20gb"},
+            [("g", H100), ("m", "mig-a100-40gb")],
+            0,
+            [("m", 1)],
+            "HostsStarting",
+        ),
+        # Cordoned and NotReady nodes take no new replica, whatever their inventory says.
+        ({"count": [1]}, [("c", "cordoned"), ("n", "notready")], 0, [], "InsufficientGPUs"),
+    ],
+)
+def test_new_replicas_are_placed_on_free_devices_of_the_published_inventories(
+    gpu: dict[str, Any],
+    nodes: list[tuple[str, str]],
+    taken_by_others: int,
+    created: list[tuple[str, int]],
+    ready_reason: str,
+) -> None:
+    from arl_tangram.gpu.fake import fake_inventory
+
+    node_objs = []
+    for name, kind in nodes:
+        if kind == "cordoned":
+            node_objs.append(_node(name, H100, cordoned=True))
+        elif kind == "notready":
+            node_objs.append(_node(name, H100, ready=False))
+        else:
+            node_objs.append(_node(name, kind))
+    view = _view(*node_objs)
+    others = frozenset(_uuids(H100, "g")[:taken_by_others])
+    view = type(view)(view.inventories, view.held, others, view.problems, view.published)
+    obs = ServiceObservation([], stats(queued=1, last=999.0), 1000.0, gpu=view)
+    status, ops = reconcile(obs, gpu=gpu)
+    placed = [o.placement for o in ops if isinstance(o, CreateReplica)]
+    assert [(p.node, len(p.uuids)) for p in placed] == created
+    for p in placed:
+        inv = fake_inventory(dict(nodes)[p.node], p.node)
+        assert not set(p.uuids) & others
+        if gpu.get("migProfile"):
+            assert p.mig_profile == gpu["migProfile"] and p.uuids[0] in _uuids(
+                "mig-a100-40gb", p.node, gpu["migProfile"]
+            )
+        else:
+            assert inv.is_clique(p.gpus) and set(p.uuids) <= {g.uuid for g in inv.gpus}
+    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+    assert ready["reason"] == ready_reason
+    if ready_reason == "InsufficientGPUs":
+        missing = "takes new pods" if not view.inventories else "found no free"
+        assert ready["status"] == "False" and missing in ready["message"], ready
+        scaling = {c["type"]: c for c in status["conditions"]}["Scaling"]
+        assert scaling["status"] == "True" and missing in scaling["message"]
+
+
+def test_without_any_inventory_the_device_plugin_chooses_and_status_says_so() -> None:
+    view = _view(_node("g", None))
+    obs = ServiceObservation([], stats(queued=1, last=999.0), 1000.0, gpu=view)
+    status, ops = reconcile(obs)
+    assert [(type(o), o.placement) for o in ops] == [(CreateReplica, None)]
+    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+    assert ready["reason"] == "HostsStarting" and "device plugin chose" in ready["message"]
+    # Serving: the placement names the node the scheduler chose, and no UUIDs (none were planned).
+    obs = ServiceObservation([rep("a")], stats(last=999.0), 1000.0, gpu=view)
+    status, _ = reconcile(obs)
+    assert status["placements"] == [{"node": "tb-gpu-0", "gpus": [], "state": "Resident", "pod": "a"}]
+    assert "device plugin chose" in {c["type"]: c for c in status["conditions"]}["Ready"]["message"]
+
+
+def test_a_placed_replicas_pod_carries_its_node_devices_and_env_and_reads_back() -> None:
+    from arl_tangram.gpu.placement import place_service
+    from arl_tangram.runtime.pods import replica_devices
+
+    inv_node = _node("g", H100)
+    for gpu, strategy, resources in [
+        ({"count": [2]}, "device-plugin", {"nvidia.com/gpu": "2"}),
+        ({"count": [1], "migProfile": "3g.20gb"}, "device-plugin", {"nvidia.com/mig-3g.20gb": "1"}),
+        ({"count": [2]}, "visible-devices", None),
+    ]:
+        rms = rms_of(gpu=gpu)
+        svc = service_config(rms, uid="u")
+        invs = _view(inv_node, _node("m", "mig-a100-40gb")).inventories
+        (p,) = place_service(rms, invs, 1).placements
+        pod = _pod(svc, "rm-1", p, strategy)
+        (runtime,) = pod["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in runtime["env"]}
+        assert env["TANGRAM_GPU_UUIDS"] == ",".join(p.uuids)
+        terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert terms["nodeSelectorTerms"] == [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [p.node]}]}
+        ]
+        if resources is None:  # exact devices by UUID, outside the device plugin
+            assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(p.uuids)
+            assert pod["spec"]["runtimeClassName"] == "nvidia" and runtime["resources"] == {}
+        else:
+            assert runtime["resources"] == {"requests": resources, "limits": resources}
+            assert "NVIDIA_VISIBLE_DEVICES" not in env and "runtimeClassName" not in pod["spec"]
+        back = replica_devices(pod)
+        assert back is not None and (back.node, back.uuids, back.mig_profile) == (
+            p.node,
+            p.uuids,
+            p.mig_profile if strategy == "device-plugin" else None,
+        )
+    # A pod the device plugin placed (no planned devices) reads back as None.
+    from arl_tangram.runtime.pods import reward_pod
+
+    assert replica_devices(reward_pod(cfg(), "rm-2", "cpu")) is None
+
+
+def test_the_node_pin_is_added_to_every_required_term_of_the_services_own_affinity() -> None:
+    from arl_tangram.gpu.placement import DeviceRequest
+    from arl_tangram.runtime.pods import pinned
+
+    own = {"key": "pool", "operator": "In", "values": ["rm"]}
+    rms = RewardModelService.model_validate(
+        {
+            "metadata": {"name": "rm", "namespace": "ns"},
+            "spec": {
+                "model": {"name": "m", "uri": "file:///w"},
+                "server": {
+                    "podSpec": {
+                        "affinity": {
+                            "nodeAffinity": {
+                                "requiredDuringSchedulingIgnoredDuringExecution": {
+                                    "nodeSelectorTerms": [
+                                        {"matchExpressions": [own]},
+                                        {"matchExpressions": [own]},
+                                    ]
+                                }
+                            }
+                        }
+                    }
+                },
+            },
+        }
+    )
+    svc = service_config(rms, uid="u")
+    placed = pinned(svc, DeviceRequest("g", {"nvidia.com/gpu": "1"}, {"TANGRAM_GPU_UUIDS": "GPU-1"}))
+    terms = placed.pod_spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    pin = {"key": "metadata.name", "operator": "In", "values": ["g"]}
+    assert terms["nodeSelectorTerms"] == [{"matchExpressions": [own], "matchFields": [pin]}] * 2
+    assert svc.pod_spec is not None and "matchFields" not in str(
+        svc.pod_spec
+    )  # the service's own is untouched
+
+
+def test_the_gpu_view_splits_held_and_taken_devices_by_service_and_names_unreadable_inventories() -> None:
+    from arl_tangram.gpu.nodeinfo import ANNOTATION_INVENTORY
+    from arl_tangram.gpu.placement import place_service
+
+    rms = rms_of(gpu={"count": [1]})
+    svc = service_config(rms, uid="u")
+    invs = _view(_node("g", H100)).inventories
+    a, b = place_service(rms, invs, 2).placements
+    broken = _node("x", None)
+    broken["metadata"]["annotations"] = {ANNOTATION_INVENTORY: "{not json"}
+    view = _view(
+        _node("g", H100), broken, pods={"ns/rm": [_pod(svc, "rm-a", a)], "ns/other": [_pod(svc, "o-b", b)]}
+    )
+    assert [i.node for i in view.inventories] == ["g"]
+    assert set(view.held) == {"rm-a"} and view.held["rm-a"].uuids == a.uuids
+    assert view.taken == frozenset(b.uuids)
+    assert len(view.problems) == 1 and view.problems[0].startswith("node x: inventory is not JSON")
+
+
+def test_status_placements_come_from_the_pods_and_their_devices_are_not_placed_twice() -> None:
+    """Placements are read back from the replica pods each round: a replica that still runs keeps
+    its devices in status, and a new replica never gets them (an operator restart loses nothing)."""
+    from arl_tangram.gpu.placement import place_service
+
+    rms = rms_of(gpu={"count": [4]})
+    svc = service_config(rms, uid="u")
+    (a,) = place_service(rms, _view(_node("tb-gpu-0", H100)).inventories, 1).placements
+    view = _view(_node("tb-gpu-0", H100), pods={"ns/rm": [_pod(svc, "rm-a", a)]})
+    obs = ServiceObservation(
+        [rep("rm-a")], stats(queued=9, last=999.0), 1000.0, resident={"rm-a": True}, gpu=view
+    )
+    status, ops = reconcile(obs, gpu={"count": [4]})
+    assert status["placements"] == [
+        {"node": "tb-gpu-0", "gpus": list(a.uuids), "state": "Resident", "pod": "rm-a"}
+    ]
+    (new,) = [o.placement for o in ops if isinstance(o, CreateReplica)]
+    assert new is not None and not set(new.uuids) & set(a.uuids) and len(new.uuids) == 4
+    # The board is now full: a third replica finds nothing and says so in Scaling (Ready stays True).
+    view2 = _view(_node("tb-gpu-0", H100), pods={"ns/rm": [_pod(svc, "rm-a", a), _pod(svc, "rm-b", new)]})
+    obs2 = ServiceObservation([rep("rm-a"), rep("rm-b")], stats(queued=99, last=999.0), 1000.0, gpu=view2)
+    status2, ops2 = reconcile(obs2, gpu={"count": [4]})
+    conds = {c["type"]: c for c in status2["conditions"]}
+    assert not [o for o in ops2 if isinstance(o, CreateReplica)]
+    assert conds["Ready"]["status"] == "True" and "found no free [4] GPUs" in conds["Scaling"]["message"]
+
+
+class _Pods:
+    """A runtime that keeps the pods the controller creates, as the operator's pod index would: its
+    observations are read from those pod bodies."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, dict[str, Any]] = {}
+
+    async def ensure_services_file(self, svc: Any) -> None:
+        return None
+
+    def replicas(self, key: str) -> list[HostObservation]:
+        from arl_tangram.runtime.pods import observe_replica
+
+        return [h for h in map(observe_replica, self.pods.values()) if h is not None and h.pool == key]
+
+    async def create_replica(self, svc: Any, name: str, device: str) -> None:
+        from arl_tangram.runtime.pods import reward_pod
+
+        pod = reward_pod(svc, name, device)
+        pod["status"] = {"phase": "Pending"}
+        self.pods[name] = pod
+
+    async def delete_replica(self, svc: Any, name: str) -> None:
+        self.pods.pop(name)
+
+
+def test_the_controller_pins_replicas_and_a_restarted_controller_reads_their_devices_back() -> None:
+    from arl_tangram.controllers.rewardmodelservice import ServiceController
+    from arl_tangram.dispatch.rewards import RewardRouter
+
+    body = {
+        "metadata": {"name": "rm", "namespace": "ns", "generation": 1, "uid": "u"},
+        "spec": {
+            "model": {"name": "m", "uri": "file:///w/rm.npz"},
+            "gpu": {"count": [1], "migProfile": "1g.5gb"},
+            "scaling": {"minReplicas": 2, "maxReplicas": 2},
+        },
+    }
+    nodes = [_node("m", "mig-a100-40gb"), _node("g", H100)]
+    runtime = _Pods()
+
+    def controller() -> ServiceController:
+        return ServiceController(RewardRouter(client=None), runtime, None, "cpu")  # type: ignore[arg-type]
+
+    async def run() -> None:
+        first = await controller().reconcile(body, nodes, {"ns/rm": runtime.pods.values()})
+        assert len(runtime.pods) == 2 and first["placements"] == [], first
+        status = await controller().reconcile(body, nodes, {"ns/rm": runtime.pods.values()})
+        got = sorted((p["node"], tuple(p["gpus"])) for p in status["placements"])
+        free = _uuids("mig-a100-40gb", "m", "1g.5gb")
+        assert [n for n, _ in got] == ["m", "m"] and {u for _, g in got for u in g} <= set(free)
+        assert len({g for _, g in got}) == 2
+        for pod in runtime.pods.values():
+            (c,) = pod["spec"]["containers"]
+            assert c["resources"]["requests"] == {"nvidia.com/mig-1g.5gb": "1"}
+        # A third controller (another restart) sees the same devices: nothing is created or moved.
+        before = dict(runtime.pods)
+        again = await controller().reconcile(body, nodes, {"ns/rm": runtime.pods.values()})
+        assert runtime.pods == before and again["placements"] == status["placements"]
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"), [(None, "device-plugin"), ("visible-devices", "visible-devices"), ("gpu", None)]
+)
+def test_the_device_strategy_is_one_operator_setting(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, ok: str | None
+) -> None:
+    from arl_tangram.controllers.operator import OperatorSettings
+
+    if value is None:
+        monkeypatch.delenv("TANGRAM_GPU_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("TANGRAM_GPU_DEVICES", value)
+    if ok is None:
+        with pytest.raises(InvalidSpec) as err:
+            OperatorSettings.from_env()
+        assert err.value.field == "TANGRAM_GPU_DEVICES" and "device-plugin" in err.value.message
+    else:
+        assert OperatorSettings.from_env().gpu_devices == ok
+
+
+def test_devices_of_pods_the_watch_has_not_shown_yet_are_not_given_to_another_service() -> None:
+    """Services are reconciled one after another; a pod just created may not be in the pod watch at
+    the next service's round. Its devices stay taken meanwhile (and are forgotten once it shows)."""
+    from arl_tangram.controllers.rewardmodelservice import PLACING_TTL_S, ServiceController
+    from arl_tangram.dispatch.rewards import RewardRouter
+
+    def body(name: str) -> dict[str, Any]:
+        return {
+            "metadata": {"name": name, "namespace": "ns", "generation": 1, "uid": name},
+            "spec": {
+                "model": {"name": "m", "uri": "file:///w/rm.npz"},
+                "gpu": {"count": [4]},
+                "scaling": {"minReplicas": 1},
+            },
+        }
+
+    runtime = _Pods()
+    ctl = ServiceController(RewardRouter(client=None), runtime, None, "cpu")  # type: ignore[arg-type]
+    clock = [0.0]
+    ctl.clock = lambda: clock[0]
+    nodes = [_node("g", H100)]
+
+    async def run() -> None:
+        await ctl.reconcile(body("a"), nodes, {})  # the watch shows no pod yet
+        await ctl.reconcile(body("b"), nodes, {})
+        status = await ctl.reconcile(body("c"), nodes, {})
+        assert status["conditions"][0]["reason"] == "InsufficientGPUs", status["conditions"]
+        from arl_tangram.runtime.pods import replica_devices
+
+        held = [replica_devices(p) for p in runtime.pods.values()]
+        assert len(held) == 2 and all(h is not None for h in held)
+        assert len({u for h in held if h for u in h.uuids}) == 8
+        # Once the watch shows the pods, they are the record; in-flight devices are forgotten.
+        await ctl.reconcile(body("c"), nodes, {"ns/other": list(runtime.pods.values())})
+        assert ctl._placing == {}
+        # A create that never shows up frees its devices after the TTL.
+        runtime.pods.clear()
+        await ctl.reconcile(body("d"), nodes, {})
+        clock[0] += PLACING_TTL_S + 1
+        await ctl.reconcile(body("e"), nodes, {})
+        assert len(ctl._placing) == 1  # only e's: d's expired
+
+    asyncio.run(run())

@@ -34,6 +34,7 @@ def test_fakes_on_two_nodes_have_distinct_uuids() -> None:
         ("nvswitch-h200", True, True),
         ("mig-h100", True, True),
         ("mig-a100", False, True),
+        ("mig-a100-40gb", False, True),
         ("pcie-pairs", False, False),
         ("ring4", False, False),
     ],
@@ -85,6 +86,38 @@ def test_fake_mig_instances_are_a_valid_layout(name: str) -> None:
             assert (mig.place(model, [prof] * free, taken) is not None) and (
                 mig.place(model, [prof] * (free + 1), taken) is None
             )
+
+
+def test_the_test_beds_gpu_nodes_have_the_fake_topologies_that_match_them() -> None:
+    """Each simulated GPU node of the test bed names the fake topology its node agent serves in the
+    e2e tests; the topology must be the node: GPU count, model and memory as GPU feature discovery
+    labelled it, whole GPUs and MIG instances per profile as the device plugin advertises them."""
+    from pathlib import Path
+
+    import yaml
+
+    from arl_tangram.gpu.nodeinfo import label_safe
+
+    nodes = yaml.safe_load((Path(__file__).resolve().parents[3] / "hack/testbed/nodes.yaml").read_text())
+    gpu_nodes = [n for n in nodes["nodes"] if n["labels"].get("nvidia.com/gpu.present") == "true"]
+    assert {n["name"] for n in gpu_nodes} == {"tb-gpu-0", "tb-mig-0"}
+    for n in gpu_nodes:
+        labels, capacity = n["labels"], n["capacity"]
+        inv = fake_inventory(labels["tangram.arl.dev/testbed-gpu-topology"], n["name"])
+        assert len(inv.gpus) == int(labels["nvidia.com/gpu.count"]), n["name"]
+        assert {label_safe(g.model) for g in inv.gpus} == {labels["nvidia.com/gpu.product"]}
+        assert {g.memory_mib for g in inv.gpus} == {int(labels["nvidia.com/gpu.memory"])}
+        assert len(inv.whole_gpus()) == int(capacity["nvidia.com/gpu"]), n["name"]
+        per_profile: dict[str, int] = {}
+        for g in inv.gpus:
+            for m in g.mig_instances:
+                per_profile[m.profile] = per_profile.get(m.profile, 0) + 1
+        advertised = {
+            k.removeprefix("nvidia.com/mig-"): int(v)
+            for k, v in capacity.items()
+            if k.startswith("nvidia.com/mig-")
+        }
+        assert per_profile == advertised, n["name"]
 
 
 def test_mixed_mig_board_has_room_left_on_a_gpu() -> None:
