@@ -1,8 +1,8 @@
 """The kopf wiring, and nothing else: every handler is one call into :class:`OperatorState`.
 
-Indexes (pods of sandbox hosts, nodes, ActionPools) are kept by kopf from its watches, so no
-handler lists anything. kopf's own state (progress, the last handled spec, the finalizer) lives
-under ``tangram.arl.dev``.
+Indexes (pods of sandbox hosts and reward replicas, nodes, ActionPools, RewardModelServices) are kept
+by kopf from its watches, so no handler lists anything. kopf's own state (progress, the last handled
+spec, the finalizer) lives under ``tangram.arl.dev``.
 """
 
 from __future__ import annotations
@@ -93,6 +93,11 @@ def nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, kopf.Body]:
     return {name: body}
 
 
+@kopf.index(*SERVICES)
+def services(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[str, kopf.Body]:
+    return {f"{namespace}/{name}": body}
+
+
 @kopf.index(*POOLS)
 def pools(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[str, kopf.Body]:
     return {pool_key(namespace or "", name): body}
@@ -104,7 +109,7 @@ def _bind(memo: kopf.Memo, indexes: dict[str, Any]) -> OperatorState:
     host_index = indexes["host_pods"]
     state.host_index, state.node_index, state.pool_index = host_index, indexes["nodes"], indexes["pools"]
     state.runtime.bind(host_index)
-    state.replica_index = indexes["reward_pods"]
+    state.replica_index, state.service_index = indexes["reward_pods"], indexes["services"]
     state.runtime.bind_replicas(state.replica_index)
     return state
 

@@ -28,6 +28,7 @@ from kubernetes.client.exceptions import ApiException
 
 from arl_tangram.api.actionpool import ActionPool
 from arl_tangram.api.meta import GROUP, VERSION
+from arl_tangram.api.rewardmodelservice import RewardModelService
 from arl_tangram.controllers.actionbatch import BatchManager
 from arl_tangram.controllers.actionpool import Event, PoolController, node_snapshot
 from arl_tangram.controllers.leader import LeaseElector
@@ -37,6 +38,7 @@ from arl_tangram.dispatch.agent import AgentClient
 from arl_tangram.dispatch.dispatcher import Dispatcher
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest
 from arl_tangram.domain.pools import pool_config, pool_key
+from arl_tangram.domain.services import service_config
 from arl_tangram.errors import InvalidSpec
 from arl_tangram.gateway import build_gateway_app
 from arl_tangram.gateway.auth import KubernetesAuthenticator
@@ -145,6 +147,7 @@ class OperatorState:
         self.node_index: Mapping[str, Iterable[Mapping[str, Any]]] = {}
         self.host_index: Mapping[str, Iterable[Mapping[str, Any]]] = {}
         self.replica_index: Mapping[str, Iterable[Mapping[str, Any]]] = {}  # service key -> reward pods
+        self.service_index: Mapping[str, Iterable[Mapping[str, Any]]] = {}  # service key -> its object
         # (plural, namespace, name) -> the status last written, so an unchanged one is not patched.
         self._written_status: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -192,6 +195,8 @@ class OperatorState:
     # ---- what the batch manager needs ---------------------------------------------------------
     async def _run(self, request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
         started = time.monotonic()
+        if request.kind == "reward":
+            self._know_service(request.namespace, request.target)
         outcome = await self.dispatcher.run(request, attempts_so_far)
         self.metrics.finished(
             pool_key(request.namespace, request.target), request, outcome, time.monotonic() - started
@@ -216,6 +221,24 @@ class OperatorState:
             self.dispatcher.upsert_pool(cfg)
             return cfg.languages
         return None
+
+    def _know_service(self, namespace: str, name: str) -> None:
+        """A batch's reward action may come before this process reconciled its service (just after a
+        start or a failover, while its daemon has not run yet): the router then learns the service
+        from the watch's copy and holds the action for a replica, instead of failing it as not found."""
+        key = f"{namespace}/{name}"
+        if self.dispatcher.rewards.has(key):
+            return
+        for body in self.service_index.get(key, ()):
+            meta = body.get("metadata") or {}
+            try:
+                model = RewardModelService.model_validate(
+                    {"metadata": dict(meta), "spec": body.get("spec") or {}}
+                )
+                cfg = service_config(model, uid=str(meta.get("uid", "")))
+            except (ValueError, InvalidSpec):
+                return  # its own reconcile reports what is wrong with it
+            self.dispatcher.rewards.upsert(cfg)
 
     async def _patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Merge-patch an object's status subresource (the one way status is written)."""
