@@ -17,15 +17,18 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
-from testbed import REPO, Cluster
+from testbed import REPO, Cluster, condition, wait_for
 
 OPERATOR_NS = "tangram-system"
 SA = "tangram-operator"
+GROUP, VERSION = "tangram.arl.dev", "v1alpha1"
 
 
 def _free_port() -> int:
@@ -150,6 +153,60 @@ class Operator:
         self.replicas.clear()
 
 
+@contextmanager
+def running_operator(
+    cluster: Cluster, work: Path, names: tuple[str, ...] = ("op-a", "op-b")
+) -> Iterator[Operator]:
+    """The operator installed and running as ``names`` (two replicas, as the Deployment has); stopped
+    afterwards, its logs kept under artifacts/e2e/operator/."""
+    install(cluster)
+    op = Operator(cluster, work, sa_kubeconfig(cluster, work / "kubeconfig"))
+    for name in names:
+        op.start(name)
+    try:
+        yield op
+    finally:
+        op.stop_all()
+        dest = REPO / "artifacts" / "e2e" / "operator"
+        dest.mkdir(parents=True, exist_ok=True)
+        for log in sorted(work.glob("*.log")):
+            (dest / log.name).write_text(log.read_text())
+
+
+def create(cluster: Cluster, namespace: str, plural: str, body: dict[str, Any]) -> None:
+    """Create one of the project's custom objects in ``namespace``."""
+    cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, plural, body)
+
+
+def wait_object(
+    cluster: Cluster, namespace: str, plural: str, predicate: Callable[[Any], bool], **kwargs: Any
+) -> dict[str, Any]:
+    """The first of the namespace's custom objects of ``plural`` for which ``predicate`` holds."""
+    found: dict[str, Any] = wait_for(
+        cluster.custom.list_namespaced_custom_object,
+        predicate,
+        group=GROUP,
+        version=VERSION,
+        namespace=namespace,
+        plural=plural,
+        **kwargs,
+    )
+    return found
+
+
+def wait_batch(cluster: Cluster, namespace: str, name: str, timeout: float = 240) -> dict[str, Any]:
+    """The ActionBatch ``name`` once it is Complete."""
+    return wait_object(
+        cluster,
+        namespace,
+        "actionbatches",
+        lambda o: condition(o, "Complete") == "True",
+        field_selector=f"metadata.name={name}",
+        description=f"ActionBatch {name} Complete",
+        timeout=timeout,
+    )
+
+
 def install(cluster: Cluster) -> None:
     """The namespace and RBAC of manifests/ (the CRDs are the e2e tier's own fixture)."""
     for name in ("namespace.yaml", "rbac.yaml"):
@@ -175,9 +232,11 @@ def pool_manifest(name: str, **spec: Any) -> dict[str, Any]:
     return body
 
 
-def service_manifest(name: str, model: str, model_name: str, **scaling: Any) -> dict[str, Any]:
+def service_manifest(
+    name: str, model: str, model_name: str, gpu: dict[str, Any] | None = None, **scaling: Any
+) -> dict[str, Any]:
     """A RewardModelService of the built-in scorer over the weights file ``model`` (a path the
-    test bed's pods can read), on one GPU, with ``scaling`` as given."""
+    test bed's pods can read), on ``gpu`` (default one GPU), with ``scaling`` as given."""
     return {
         "apiVersion": "tangram.arl.dev/v1alpha1",
         "kind": "RewardModelService",
@@ -185,7 +244,7 @@ def service_manifest(name: str, model: str, model_name: str, **scaling: Any) -> 
         "spec": {
             "model": {"name": model_name, "uri": f"file://{model}"},
             "server": {"runtime": "builtin"},
-            "gpu": {"count": [1]},
+            "gpu": gpu or {"count": [1]},
             "scaling": scaling,
         },
     }
