@@ -183,18 +183,27 @@ def _expected_scores(model: str) -> list[float]:
     return [float(x) for x in scorer.score([p + r for p, r in SAMPLES])]
 
 
-def _score_batch(cluster: Cluster, namespace: str, batch: str, service: str, model: str) -> None:
-    """Run a batch of reward actions against ``service``; every one gets the scorer's score."""
+def _start_batch(cluster: Cluster, namespace: str, batch: str, service: str) -> None:
+    """A batch of reward actions against ``service``."""
     actions = [
         {"id": f"r{i}", "type": "reward", "target": service, "payload": {"prompt": p, "response": r}}
         for i, (p, r) in enumerate(SAMPLES)
     ]
     create(cluster, namespace, "actionbatches", batch_manifest(batch, actions))
+
+
+def _check_scores(cluster: Cluster, namespace: str, batch: str, model: str) -> None:
+    """The batch completes and every action got the scorer's score."""
     done = wait_batch(cluster, namespace, batch, timeout=180)
     results = {r["id"]: r for r in done["status"]["results"]}
     for i, want in enumerate(_expected_scores(model)):
         assert results[f"r{i}"]["state"] == "Succeeded", results[f"r{i}"]
         assert results[f"r{i}"]["reward"] == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+
+def _score_batch(cluster: Cluster, namespace: str, batch: str, service: str, model: str) -> None:
+    _start_batch(cluster, namespace, batch, service)
+    _check_scores(cluster, namespace, batch, model)
 
 
 def _serving(
@@ -318,7 +327,7 @@ def test_a_whole_gpu_service_is_placed_on_published_gpus_and_scales_to_zero_and_
     board = gpu_nodes["tb-gpu-0"]
     for round_ in ("first", "again"):
         # Demand starts a replica on two NVLink-joined GPUs of the 8-GPU board.
-        _score_batch(cluster, namespace, f"scores-{round_}", "rm2", model)
+        _start_batch(cluster, namespace, f"scores-{round_}", "rm2")
         svc = _serving(cluster, namespace, "rm2", f"a replica placed and serving ({round_})")
         (place,) = svc["status"]["placements"]
         assert place["node"] == "tb-gpu-0", place
@@ -328,6 +337,7 @@ def test_a_whole_gpu_service_is_placed_on_published_gpus_and_scales_to_zero_and_
         (pod,) = _replica_pods(cluster, namespace, "rm2")
         assert pod["metadata"]["name"] == place["pod"]
         _check_pod_matches(pod, place, {"nvidia.com/gpu": "2"})
+        _check_scores(cluster, namespace, f"scores-{round_}", model)
         wait_object(
             cluster,
             namespace,
@@ -365,12 +375,15 @@ def test_a_mig_service_lands_on_a_mig_instance_and_keeps_it_across_an_operator_r
     _check_pod_matches(pod, place, {"nvidia.com/mig-3g.20gb": "1"})
     _score_batch(cluster, namespace, "scores", "rm-mig", model)
 
-    # Every operator replica dies; a new one reads the replica's devices back from its pod.
+    # Every operator replica dies, and a batch comes while none runs. The next operator reads the
+    # replica's devices back from its pod (same pod, same instance) and serves the batch, though it
+    # sees the batch before its first round of the service.
     for name in list(operator.replicas):
         operator.kill(name)
+    _start_batch(cluster, namespace, "scores-after-restart", "rm-mig")
     operator.start("op-c")
     operator.leader(timeout=60)
-    _score_batch(cluster, namespace, "scores-after-restart", "rm-mig", model)
+    _check_scores(cluster, namespace, "scores-after-restart", model)
     after = cluster.custom.get_namespaced_custom_object(
         GROUP, VERSION, namespace, "rewardmodelservices", "rm-mig"
     )
