@@ -96,15 +96,19 @@ class GpuView:
 
 
 def gpu_view(
-    key: str, nodes: Iterable[Mapping[str, Any]], replica_pods: Mapping[str, Iterable[Mapping[str, Any]]]
+    key: str,
+    nodes: Iterable[Mapping[str, Any]],
+    replica_pods: Mapping[str, Iterable[Mapping[str, Any]]],
+    tolerations: Sequence[Mapping[str, Any]] = (),
 ) -> GpuView:
     """The GPU view of service ``key`` from Node objects and every service's replica pods (plain
-    dicts, as the API returns them; ``replica_pods`` by service key)."""
+    dicts, as the API returns them; ``replica_pods`` by service key). Nodes whose taints the
+    service's pods do not tolerate (``tolerations`` of its pod spec) take none of its replicas."""
     inventories, problems, published = [], [], 0
     for node in nodes:
         published += ANNOTATION_INVENTORY in ((node.get("metadata") or {}).get("annotations") or {})
         try:
-            inv = schedulable_inventory(node)
+            inv = schedulable_inventory(node, tolerations)
         except InventoryError as exc:
             problems.append(f"node {(node.get('metadata') or {}).get('name')}: {exc}")
             continue
@@ -181,7 +185,7 @@ def reconcile_rewardmodelservice(
             if not gpu.inventories:
                 short = (
                     f"{wanted} replica(s) wait: none of the {gpu.published} node(s) with a GPU "
-                    "inventory takes new pods (cordoned or not Ready)"
+                    "inventory takes new pods (cordoned, not Ready, or tainted against the service's pods)"
                 )
             if gpu.problems:
                 short += "; unreadable inventories: " + "; ".join(gpu.problems)
@@ -346,7 +350,7 @@ class ServiceController:
         self.router.sync(cfg.key, [(r.name, r.address) for r in replicas if r.phase == "ready" and r.address])
         resident = await self._residency(cfg, replicas)
         streak = self._failures.observe(cfg.key, replicas)
-        gpu = gpu_view(cfg.key, nodes, replica_pods or {})
+        gpu = gpu_view(cfg.key, nodes, replica_pods or {}, (cfg.pod_spec or {}).get("tolerations") or ())
         gpu = replace(gpu, taken=gpu.taken | self._in_flight(replica_pods or {}))
         for problem in gpu.problems:
             log.warning("service %s: %s", cfg.key, problem)

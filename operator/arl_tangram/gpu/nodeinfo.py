@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,15 +91,34 @@ def inventory_from_annotations(annotations: Mapping[str, str]) -> NodeInventory 
     return None if text is None else NodeInventory.from_json(text)
 
 
-def schedulable_inventory(node: Mapping[str, Any]) -> NodeInventory | None:
-    """The inventory published on a Node object (a plain dict, as the API returns it) when new pods
-    may go there: None when no agent published one, or the node is cordoned or not Ready. The
-    inventory carries the Node's own name (what a pod is pinned to), whatever name the agent was
-    given. ``InventoryError`` when the annotation is not an inventory."""
+def tolerates(tolerations: Sequence[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
+    """Whether a pod with ``tolerations`` tolerates ``taint`` (Kubernetes' matching rules)."""
+    for t in tolerations:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        if t.get("operator") == "Exists":
+            if not t.get("key") or t.get("key") == taint.get("key"):
+                return True
+        elif t.get("key") == taint.get("key") and (t.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False
+
+
+def schedulable_inventory(
+    node: Mapping[str, Any], tolerations: Sequence[Mapping[str, Any]] = ()
+) -> NodeInventory | None:
+    """The inventory published on a Node object (a plain dict, as the API returns it) when a new pod
+    with ``tolerations`` may go there: None when no agent published one, or the node is cordoned,
+    not Ready or tainted ``NoSchedule``/``NoExecute`` against the pod. The inventory carries the
+    Node's own name (what a pod is pinned to), whatever name the agent was given.
+    ``InventoryError`` when the annotation is not an inventory."""
     meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
     inv = inventory_from_annotations(meta.get("annotations") or {})
     if inv is None or spec.get("unschedulable"):
         return None
+    for taint in spec.get("taints") or ():
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, taint):
+            return None
     ready = next((c for c in status.get("conditions") or () if c.get("type") == "Ready"), None)
     if ready is None or ready.get("status") != "True":
         return None

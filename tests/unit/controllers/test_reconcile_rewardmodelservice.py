@@ -588,3 +588,31 @@ def test_devices_of_pods_the_watch_has_not_shown_yet_are_not_given_to_another_se
         assert len(ctl._placing) == 1  # only e's: d's expired
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("tolerations", "placed"),
+    [
+        ([], False),
+        ([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}], True),
+        ([{"key": "nvidia.com/gpu", "operator": "Equal", "value": "present"}], True),
+        ([{"key": "nvidia.com/gpu", "operator": "Equal", "value": "other"}], False),
+        ([{"operator": "Exists"}], True),
+        ([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}], False),
+    ],
+)
+def test_a_gpu_node_tainted_against_the_services_pods_takes_none_of_its_replicas(
+    tolerations: list[dict[str, Any]], placed: bool
+) -> None:
+    tainted = _node("g", H100)
+    tainted["spec"]["taints"] = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+    from arl_tangram.controllers.rewardmodelservice import gpu_view
+
+    view = gpu_view("ns/rm", [tainted], {}, tolerations)
+    assert [i.node for i in view.inventories] == (["g"] if placed else [])
+    status, ops = reconcile(ServiceObservation([], stats(queued=1, last=999.0), 1000.0, gpu=view))
+    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+    if placed:
+        assert [o.placement.node for o in ops if isinstance(o, CreateReplica) and o.placement] == ["g"]
+    else:
+        assert not ops and ready["reason"] == "InsufficientGPUs" and "tainted" in ready["message"]
