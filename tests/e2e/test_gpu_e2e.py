@@ -391,3 +391,33 @@ def test_a_mig_service_lands_on_a_mig_instance_and_keeps_it_across_an_operator_r
     assert [p["metadata"]["name"] for p in _replica_pods(cluster, namespace, "rm-mig")] == [
         pod["metadata"]["name"]
     ]
+
+
+def test_a_service_no_node_has_devices_for_says_what_is_missing(
+    cluster: Cluster, namespace: str, operator: Operator, gpu_nodes: dict[str, NodeInventory]
+) -> None:
+    # No GPU of the test bed holds a 2g.10gb instance (tb-mig-0's are 1g.5gb and 3g.20gb; tb-gpu-0
+    # is not in MIG mode), and placement never changes a layout by itself.
+    rms = service_manifest(
+        "rm-none",
+        _model(namespace),
+        "tiny-scorer",
+        gpu={"count": [1], "migProfile": "2g.10gb"},
+        minReplicas=1,
+    )
+    create(cluster, namespace, "rewardmodelservices", rms)
+    svc = wait_object(
+        cluster,
+        namespace,
+        "rewardmodelservices",
+        lambda o: (
+            condition(o, "Ready") == "False"
+            and any(c.get("reason") == "InsufficientGPUs" for c in o["status"]["conditions"])
+        ),
+        description="the service not Ready for want of GPUs",
+        timeout=60,
+    )
+    (ready,) = [c for c in svc["status"]["conditions"] if c["type"] == "Ready"]
+    assert "found no free MIG 2g.10gb" in ready["message"], ready
+    assert svc["status"]["replicas"] == 0 and not svc["status"].get("placements")
+    assert _replica_pods(cluster, namespace, "rm-none") == []
