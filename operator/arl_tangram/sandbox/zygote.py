@@ -10,10 +10,9 @@ import atexit
 import gc
 import marshal
 import os
-import select
 import signal
-import socket
 import struct
+import sys
 
 from arl_tangram.sandbox import isolation
 from arl_tangram.sandbox.child import (
@@ -48,7 +47,7 @@ def base_env(config: dict[str, Any]) -> dict[str, str]:
     return dict(os.environ) if base is None else dict(base)
 
 
-def zygote_main(sock: socket.socket, config: dict[str, Any], pid_namespace: bool) -> NoReturn:
+def zygote_main(sock: int, config: dict[str, Any], pid_namespace: bool) -> NoReturn:
     """The zygote's whole life: pre-import, warm up, then fork on request. Never returns."""
     try:
         # Should the manager be killed outright, this process goes too (and its children with it:
@@ -69,7 +68,7 @@ def zygote_main(sock: socket.socket, config: dict[str, Any], pid_namespace: bool
                 fast = __import__("arl_tangram.sandbox._zygote", fromlist=["serve"])
             except ImportError as exc:
                 if config.get("zygote") == "c":
-                    sock.send(b"F" + f"--fork-loop c: the C fork loop is not built ({exc})".encode())
+                    os.write(sock, b"F" + f"--fork-loop c: the C fork loop is not built ({exc})".encode())
                     os._exit(1)
                 notes.append(
                     f"the C fork loop is not built ({exc}); the Python one forks instead, at about "
@@ -92,7 +91,7 @@ def zygote_main(sock: socket.socket, config: dict[str, Any], pid_namespace: bool
         gc.collect()
         gc.freeze()
         isolation.malloc_trim()
-        sock.send(b"R" + marshal.dumps((notes, "python" if fast is None else "c")))
+        os.write(sock, b"R" + marshal.dumps((notes, "python" if fast is None else "c")))
         if fast is None:
             zygote.serve()
         else:
@@ -117,19 +116,25 @@ class Zygote:
 
     __slots__ = ("applied_env", "devnull", "ep", "kids", "own_pidns", "pid_namespace", "sock", "sockfd")
 
-    def __init__(self, sock: socket.socket, pid_namespace: bool) -> None:
-        self.sock = sock
-        self.sockfd = sock.fileno()
+    def __init__(self, sock: int, pid_namespace: bool) -> None:
+        self.sockfd = sock
+        self.sock: Any = None  # a socket object on sockfd, made by ``serve`` (this loop's only)
         self.pid_namespace = pid_namespace
         self.own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC) if pid_namespace else -1
         self.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-        self.ep = select.epoll()
+        self.ep: Any = None
         self.kids: dict[int, int] = {}  # pidfd -> pid
         self.applied_env: dict[str, str] = dict(os.environ)  # what os.environ holds (see _apply_env)
 
     def serve(self) -> None:
         """Fork and reap until the manager closes its end."""
-        ep = self.ep
+        # Imported here, by this loop only: with the C loop the zygote holds neither module (see
+        # zygote_main on what every module the zygote holds costs each action).
+        import select
+        import socket
+
+        self.sock = socket.socket(fileno=self.sockfd)
+        self.ep = ep = select.epoll()
         ep.register(self.sockfd, select.EPOLLIN)
         while True:
             for fd, _ in ep.poll():
@@ -140,6 +145,9 @@ class Zygote:
                     self._on_exit(fd)
 
     def _on_request(self) -> bool:
+        import select
+        import socket
+
         data, fds, flags = recv_with_fds(self.sock, 1 << 16, 5, 0)
         if not data:
             return False
@@ -251,3 +259,13 @@ class Zygote:
             # Back to our own namespace for the next unshare (only one child may be its init).
             isolation.setns(self.own_pidns, isolation.CLONE_NEWPID)
         return pid
+
+
+def main(argv: list[str]) -> NoReturn:
+    """Entry point: ``python -m arl_tangram.sandbox.zygote FD CONFIG PIDNS`` (CONFIG marshal, hex;
+    PIDNS 1 or 0), started by the manager (forkserver._ZygoteLink.start)."""
+    zygote_main(int(argv[0]), marshal.loads(bytes.fromhex(argv[1])), argv[2] == "1")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -16,11 +16,11 @@ from __future__ import annotations
 import marshal
 import os
 import resource
-import socket
 import struct
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import socket
     from typing import Any
 
     from arl_tangram.sandbox.messages import RunMessage
@@ -159,6 +159,8 @@ def exit_record(pid: int, status: int | None, cpu_s: float, max_rss_kb: int) -> 
 def recv_with_fds(sock: socket.socket, size: int, max_fds: int, flags: int) -> tuple[bytes, list[int], int]:
     """One datagram and the descriptors it carries: (data, fds, msg_flags). (``socket.recv_fds``
     of Python 3.11 drops its ``flags`` argument, and imports ``array`` into the zygote.)"""
+    import socket  # here: the zygote's C loop never calls this, and must not hold the module
+
     data, ancillary, msg_flags, _ = sock.recvmsg(size, socket.CMSG_SPACE(max_fds * 4), flags)
     fds: list[int] = []
     for level, kind, blob in ancillary:

@@ -105,6 +105,21 @@ def test_the_same_program_twice_is_each_time_its_own_file(loop_agent: Agent) -> 
     assert len(files) == 2
 
 
+def test_the_zygote_holds_none_of_the_managers_modules(loop_agent: Agent) -> None:
+    """The zygote is a fresh interpreter, not a fork of the manager: every module it holds is copied
+    (page tables) into each action and torn down at its exit, so the manager's own (the fork
+    server's loop, and for the C loop the socket and select modules it alone uses) must not be
+    there. An action sees the zygote's modules as its own."""
+    body = loop_agent.execute(
+        "import sys\n"
+        "print(sorted(m for m in ('arl_tangram.sandbox.forkserver', 'arl_tangram.sandbox.reaping',\n"
+        "    'arl_tangram.sandbox.cores', 'socket', 'select', 'selectors') if m in sys.modules))\n"
+    )
+    # The Python loop itself needs socket (which imports selectors) and select.
+    held = "['select', 'selectors', 'socket']" if loop_agent.loop == "python" else "[]"  # type: ignore[attr-defined]
+    assert body["stdout"] == held + "\n", body
+
+
 def test_timeouts_kill_the_tree(loop_agent: Agent) -> None:
     body = loop_agent.execute(
         "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(600)\ntime.sleep(600)",
@@ -147,7 +162,7 @@ def test_http_loop_and_fork_server_keep_to_disjoint_cores(loop_agent: Agent) -> 
     agent_pid = loop_agent.proc.pid
     manager = [p for p in _children(agent_pid) if "forkserver" in _cmdline(p)]
     assert len(manager) == 1
-    zygote = [p for p in _children(manager[0]) if "forkserver" in _cmdline(p)]
+    zygote = [p for p in _children(manager[0]) if "arl_tangram.sandbox.zygote" in _cmdline(p)]
     http, server = _allowed(agent_pid), _allowed(manager[0])
     assert http and server and not http & server
     assert http | server == set(os.sched_getaffinity(0))
