@@ -12,7 +12,6 @@ import marshal
 import os
 import signal
 import struct
-import sys
 
 from arl_tangram.sandbox import isolation
 from arl_tangram.sandbox.child import (
@@ -262,10 +261,6 @@ class Zygote:
 
 
 def main(argv: list[str]) -> NoReturn:
-    """Entry point: ``python -m arl_tangram.sandbox.zygote FD CONFIG PIDNS`` (CONFIG marshal, hex;
-    PIDNS 1 or 0), started by the manager (forkserver._ZygoteLink.start)."""
+    """Entry point, with ``argv`` FD CONFIG PIDNS (CONFIG marshal, hex; PIDNS 1 or 0): see
+    forkserver._spawn_zygote, which starts it."""
     zygote_main(int(argv[0]), marshal.loads(bytes.fromhex(argv[1])), argv[2] == "1")
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
