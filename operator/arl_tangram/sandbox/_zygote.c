@@ -49,6 +49,9 @@
 #include <marshal.h>
 
 #include <errno.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <fcntl.h>
 #include <grp.h>
 #include <sched.h>
@@ -910,8 +913,24 @@ static PyObject *zygote_serve(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* What the zygote calls through ctypes where the loop is Python's: with this loop it imports no
+ * ctypes (nor libffi), whose memory and mappings every fork would copy and every exit tear down. */
+static PyObject *zygote_die_with_parent(PyObject *self, PyObject *unused) {
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+static PyObject *zygote_malloc_trim(PyObject *self, PyObject *unused) {
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"serve", zygote_serve, METH_VARARGS, "Run the zygote's fork loop (see the module's source)."},
+    {"die_with_parent", zygote_die_with_parent, METH_NOARGS, "prctl(PR_SET_PDEATHSIG, SIGKILL)."},
+    {"malloc_trim", zygote_malloc_trim, METH_NOARGS, "Give freed heap back to the system (glibc)."},
     {NULL, NULL, 0, NULL},
 };
 

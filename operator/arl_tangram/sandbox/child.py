@@ -2,7 +2,8 @@
 does it in C), the namespace's init, and running the action (Python code in-process, an
 executable, or a session's persistent interpreter).
 
-Runs in the zygote's children: imports only what the zygote holds already.
+Runs in the zygote's children: imports only what the zygote holds already. ``isolation`` (and with
+it ctypes) only where the Python loop's children need it: the zygote of the C loop never holds it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import struct
 import sys
 import types
 
-from arl_tangram.sandbox import isolation, wire
+from arl_tangram.sandbox import wire
 from arl_tangram.sandbox.lean import suppress
 from arl_tangram.sandbox.zygote_wire import status_record
 
@@ -57,11 +58,13 @@ def split_off_init(sockfd: int, rid: int) -> None:
     action = os.fork()
     if action == 0:
         return
+    from arl_tangram.sandbox import isolation  # the Python loop's zygote holds it already
+
     try:
         _INIT_ACTION[0] = action
         os.closerange(0, sockfd)
         os.closerange(sockfd + 1, _MAX_FD)
-        SET_PDEATHSIG_KILL()
+        _die_with_parent()
         with suppress(OSError):
             isolation.prctl(isolation.PR_SET_DUMPABLE, 0)
         for sig in _INIT_FORWARDED:
@@ -86,6 +89,8 @@ def split_off_init(sockfd: int, rid: int) -> None:
 def child_main(req: dict[str, Any], stdin_fd: int, out_fd: int, err_fd: int, ctrl_fd: int | None) -> NoReturn:
     """Set up the sandbox in the freshly forked child, then run the action (``req`` as
     ``decode_request`` gives it). Never returns. (The C loop does this set-up in C.)"""
+    from arl_tangram.sandbox import isolation  # the Python loop's zygote holds it already
+
     try:
         atexit._clear()
         os.setsid()
@@ -119,7 +124,7 @@ def child_main(req: dict[str, Any], stdin_fd: int, out_fd: int, err_fd: int, ctr
         # Set after the uid change, which would clear it. (Should the fork server die in the few
         # microseconds before, the action still ends at its CPU-time limit.)
         with suppress(OSError):
-            SET_PDEATHSIG_KILL()
+            _die_with_parent()
         # No new privileges: inherited from the fork server, which set it once at start-up (it is
         # inherited by every fork and can never be unset; one ctypes call less in each child).
         for res, value in req.get("limits", ()):
@@ -140,6 +145,8 @@ def child_main(req: dict[str, Any], stdin_fd: int, out_fd: int, err_fd: int, ctr
 
 def private_tmp(workdir: str, size: int) -> None:
     """The Python loop's twin of _zygote.c's private_tmp (whose comment says what and why)."""
+    from arl_tangram.sandbox import isolation
+
     root = os.path.dirname(workdir)
     isolation.unshare(isolation.CLONE_NEWNS)
     rootfd = os.open(root, os.O_PATH | os.O_CLOEXEC)  # in the new namespace: a bind source must be
@@ -220,15 +227,30 @@ def prepare_child_world() -> None:
 
 
 _CHILD_MAIN: dict[str, Any] | None = None
-# Installs the actions' seccomp filter (isolation.prepared_seccomp), built once in the zygote.
+# Made ready in the Python loop's zygote by prepare_python_children: installs the actions' seccomp
+# filter (isolation.prepared_seccomp); sets the parent-death signal (isolation.prepared_prctl).
 _INSTALL_SECCOMP: Callable[[], None] | None = None
+_SET_PDEATHSIG_KILL: Callable[[], None] | None = None
 
 
-def prepare_seccomp(program: bytes | None) -> None:
-    """In the zygote, before any fork: the filter each child of the Python loop installs last in its
-    set-up (the C loop installs the same program itself: _zygote.c's child_setup)."""
-    global _INSTALL_SECCOMP
+def prepare_python_children(program: bytes | None) -> None:
+    """In the zygote of the Python loop, before any fork: what its children's set-up calls through
+    ctypes, with the arguments built now (see ``isolation.prepared_prctl``), and the libc functions
+    looked up (the first use of one through ctypes looks it up and caches a function object, about
+    0.1 ms in each child). The filter is the one each child installs last (the C loop installs the
+    same program itself: _zygote.c's child_setup)."""
+    from arl_tangram.sandbox import isolation
+
+    global _INSTALL_SECCOMP, _SET_PDEATHSIG_KILL
     _INSTALL_SECCOMP = isolation.prepared_seccomp(program) if program else None
+    _SET_PDEATHSIG_KILL = isolation.prepared_prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
+    isolation.resolve_libc()
+
+
+def _die_with_parent() -> None:
+    if _SET_PDEATHSIG_KILL is None:
+        raise RuntimeError("prepare_python_children was not called in the zygote")
+    _SET_PDEATHSIG_KILL()
 
 
 def straight_path() -> tuple[Any, ...]:
@@ -243,16 +265,10 @@ def warm_child_path() -> None:
     """Do once here what every child would otherwise do first, each in its own copy of the heap.
 
     The first ``compile`` of source text in a process sets up the compiler's state (about 1.2 ms
-    and 185 copy-on-write page faults in each child, measured here), and the first use of a libc
-    function through ctypes looks it up and caches a function object (about 0.1 ms more). Done in
-    the fork server before ``gc.freeze``, children inherit both ready-made. Nothing here changes
-    the fork server's own state beyond those caches (no prctl is called, only looked up).
+    and 185 copy-on-write page faults in each child, measured here). Done in the zygote before
+    ``gc.freeze``, children inherit it ready-made.
     """
     compile("pass", "<string>", "exec")
-    isolation.resolve_libc()
-
-
-SET_PDEATHSIG_KILL = isolation.prepared_prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _fresh_main_module() -> dict[str, Any]:

@@ -108,15 +108,17 @@ def test_the_same_program_twice_is_each_time_its_own_file(loop_agent: Agent) -> 
 def test_the_zygote_holds_none_of_the_managers_modules(loop_agent: Agent) -> None:
     """The zygote is a fresh interpreter, not a fork of the manager: every module it holds is copied
     (page tables) into each action and torn down at its exit, so the manager's own (the fork
-    server's loop, and for the C loop the socket and select modules it alone uses) must not be
-    there. An action sees the zygote's modules as its own."""
+    server's loop, and for the C loop what the Python loop alone uses: socket, select, ctypes and
+    isolation) must not be there. An action sees the zygote's modules as its own."""
     body = loop_agent.execute(
         "import sys\n"
         "print(sorted(m for m in ('arl_tangram.sandbox.forkserver', 'arl_tangram.sandbox.reaping',\n"
-        "    'arl_tangram.sandbox.cores', 'socket', 'select', 'selectors') if m in sys.modules))\n"
+        "    'arl_tangram.sandbox.cores', 'arl_tangram.sandbox.isolation', 'ctypes', 'runpy',\n"
+        "    'socket', 'select', 'selectors') if m in sys.modules))\n"
     )
-    # The Python loop itself needs socket (which imports selectors) and select.
-    held = "['select', 'selectors', 'socket']" if loop_agent.loop == "python" else "[]"  # type: ignore[attr-defined]
+    # The Python loop itself needs socket (which imports selectors), select, and ctypes (isolation).
+    python_loop = "['arl_tangram.sandbox.isolation', 'ctypes', 'select', 'selectors', 'socket']"
+    held = python_loop if loop_agent.loop == "python" else "[]"  # type: ignore[attr-defined]
     assert body["stdout"] == held + "\n", body
 
 
