@@ -298,10 +298,13 @@ static void private_tmp(const char *workdir, const unsigned char *limits, uint32
 
 /* A /proc of the action's own PID namespace (it is the namespace's second process, in a mount
  * namespace of its own): it sees its own processes only, under the PIDs they have there, and none
- * of another action's command lines. What was mounted there before goes first: the host's /proc,
- * or the last action's in a reused mount namespace (so mounts never pile up). */
+ * of another action's command lines. Mounted over what /proc showed before (the host's, or the last
+ * action's in a reused mount namespace), which no path reaches any more, rather than unmounting
+ * that first: an unmount waits for an RCU grace period, and the action's core sat idle meanwhile
+ * (0.4 ms median per action at c=16 on 2 cores, a third of a core in all, measured). The fork
+ * server retires a pooled mount namespace after forkserver.MNTNS_USES actions, and the pile goes
+ * with it, in one grace period. */
 static void own_proc(void) {
-    if (umount2("/proc", MNT_DETACH) < 0 && errno != EINVAL) child_fail("umount /proc");
     if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) child_fail("mount /proc");
 }
 

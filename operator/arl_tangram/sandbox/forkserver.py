@@ -79,6 +79,12 @@ COMPILE_HERE_MAX = 32 << 10
 # Code objects kept by source text (see _main_file): the same program is often run many times in a
 # row (one solution against each of a problem's tests).
 COMPILED_KEPT = 128
+# Actions a pooled mount namespace serves before it is dropped for a fresh one. Each action mounts
+# its own /proc over the last one's there, without unmounting that (see _zygote.c's own_proc): the
+# namespace holds one more /proc per action (each keeping its dead PID namespace's few kilobytes),
+# and all go at once when it is dropped. Dropping one (the manager's last handle on it closed) waits
+# for one RCU grace period here, and making the next (PrivateTmp.make) costs about a millisecond.
+MNTNS_USES = 64
 # What a tmpfs directory's size grows by with each entry (see PrivateTmp).
 BOGO_DIRENT_SIZE = 20
 _MEMORY_MARKERS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc", b"out of memory")
@@ -203,12 +209,13 @@ class PrivateTmp:
     """A mount namespace whose /tmp and /dev/shm are private tmpfs mounts (see _take_mntns), with
     handles on both directories, through which the manager sees whether an action left anything."""
 
-    __slots__ = ("expected", "ns", "shm", "sizes", "tmp")
+    __slots__ = ("expected", "ns", "shm", "sizes", "tmp", "uses")
 
     def __init__(self, ns: int, tmp: int, shm: int) -> None:
         self.ns = ns
         self.tmp = tmp
         self.shm = shm
+        self.uses = 0  # actions it has served (see MNTNS_USES)
         # What they hold when fresh: the path to the workdir root's mount point, where that lies
         # under one of them (by default under /dev/shm).
         self.expected = self._listing()
@@ -438,7 +445,8 @@ class ForkServer:
             return None
 
     def _give_back_mntns(self, mnt: PrivateTmp) -> None:
-        if mnt.clean() and len(self.mntns_free) < len(self.pool.cores) + 4:
+        mnt.uses += 1
+        if mnt.uses < MNTNS_USES and mnt.clean() and len(self.mntns_free) < len(self.pool.cores) + 4:
             self.mntns_free.append(mnt)
         else:
             mnt.close()

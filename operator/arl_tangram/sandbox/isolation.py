@@ -115,13 +115,9 @@ def umount2(target: str, flags: int) -> None:
 def own_proc() -> None:
     """Give the calling process, the first of its PID namespace's actions in a mount namespace of
     its own, a /proc of that PID namespace: it sees its own processes only, under the PIDs they
-    have there. Whatever /proc was mounted before goes (the host's, or the last action's in a
-    reused namespace). The Python loop's twin of _zygote.c's own_proc."""
-    try:
-        umount2("/proc", MNT_DETACH)
-    except OSError as exc:
-        if exc.errno != errno.EINVAL:  # EINVAL: nothing mounted there any more
-            raise
+    have there. Mounted over what /proc showed before (the host's, or the last action's in a reused
+    namespace), not after unmounting it: see the comment on _zygote.c's own_proc, whose twin this
+    is (the Python loop's)."""
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 

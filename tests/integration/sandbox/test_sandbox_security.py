@@ -8,6 +8,7 @@ mounts), from the C fork loop and from the Python one.
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import signal
@@ -75,6 +76,33 @@ def test_an_action_sees_only_its_own_processes_in_proc(loop_agent: Agent) -> Non
         assert held.result(timeout=60)["signal"] == signal.SIGKILL
     assert (seen["argv"], seen["env"]) == (0, 0), seen
     assert seen["pids"] == [1, 2] and seen["me"] == 2 and seen["self"] == "2", seen
+
+
+def test_proc_stays_each_actions_own_through_a_namespaces_whole_life(loop_agent: Agent) -> None:
+    """One action after another reuses a pooled mount namespace: each mounts its own /proc over the
+    last one's (an unmount would wait for an RCU grace period, its core idle), until the namespace
+    has served MNTNS_USES actions and a fresh one takes over, so the mounts never pile up further.
+    Every action's /proc shows its own PID namespace (and the seccomp test shows none can unmount
+    it to reach what is below)."""
+    from arl_tangram.sandbox.forkserver import MNTNS_USES
+
+    code = (
+        "import os\n"
+        "kinds = [line.split(' - ')[1].split()[0] for line in open('/proc/self/mountinfo')]\n"
+        "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+        "print(kinds.count('proc'), pids, os.getpid())\n"
+    )
+    counts = []
+    for _ in range(MNTNS_USES + 8):
+        body = loop_agent.execute(code)
+        assert body["status"] == "ok", body
+        procs, rest = body["stdout"].split(" ", 1)
+        assert rest.startswith("[1, 2] 2"), body["stdout"]
+        counts.append(int(procs))
+    # Sequential actions take the namespace given back last: the count climbs by one per action, and
+    # falls back once that namespace has been retired.
+    assert max(counts) <= MNTNS_USES + 1, counts
+    assert any(b < a for a, b in itertools.pairwise(counts)), counts
 
 
 # Tries every call the filter refuses (with harmless arguments: each would fail anyway, or do
