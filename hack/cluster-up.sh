@@ -66,15 +66,9 @@ pki="$CLUSTER_DIR/pki"
 logs="$CLUSTER_DIR/logs"
 
 # ---- ports and addresses ------------------------------------------------------------------------
-# Free ports picked by the kernel, so that several test beds (worktrees, CI jobs) run side by side.
-read -r etcd_port etcd_peer_port api_port kcm_port sched_port kubelet_port < <("$PYTHON" - <<'EOF'
-import socket
-socks = [socket.socket() for _ in range(6)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-EOF
-)
+# Free ports from lib.sh's pick_ports (below the kernel's ephemeral range, so that no outgoing
+# connection takes one between the pick and the bind), so that several test beds run side by side.
+read -r etcd_port etcd_peer_port api_port kcm_port sched_port kubelet_port < <(pick_ports 6)
 # Pod IPs: a /24 chosen per test bed, so that pods of two test beds never share an address. Where
 # this user may add addresses to lo (root, CAP_NET_ADMIN), from 198.18.0.0/15 (reserved for network
 # tests): each pod's address is added to lo while the pod lives, and EndpointSlices accept it.

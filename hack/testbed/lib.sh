@@ -55,3 +55,35 @@ lock_state_dir() {
     flock 9
   fi
 }
+
+# pick_ports N [ADDR]: N distinct ports, free now on every address (and ADDR when given), from below the
+# kernel's ephemeral range. A port the kernel picks (bind to port 0) is free only until it is closed:
+# any outgoing connection may take it before the component binds it. The kernel never hands out a
+# port below that range, so one picked there stays free unless another test bed picks it too, which
+# the check at pick time makes unlikely. Where the range starts too low to leave room, the kernel picks.
+pick_ports() {
+  "$PYTHON" - "$@" <<'EOF'
+import random, socket, sys
+# "" (every address) first: that bind fails while anything listens on the port, on any address.
+want, addrs = int(sys.argv[1]), ["", *sys.argv[2:]]
+low, _ = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+picked = []
+for _ in range(200 * want):
+    if len(picked) == want:
+        break
+    # Above the well-known and the usual service ports, below the ephemeral range.
+    port = random.randint(20000, low - 1) if low > 20100 else 0
+    try:
+        for addr in addrs:
+            with socket.socket() as s:
+                s.bind((addr, port))
+                port = s.getsockname()[1]
+    except OSError:
+        continue
+    if port not in picked:
+        picked.append(port)
+if len(picked) < want:
+    sys.exit(f"no {want} free ports below the ephemeral range (it starts at {low})")
+print(" ".join(map(str, picked)))
+EOF
+}

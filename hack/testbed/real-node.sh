@@ -32,28 +32,6 @@ ctr_() { ctr -a "$sock" -n k8s.io "$@"; }
 bridge="tb$(echo "$CLUSTER_DIR" | md5sum | cut -c1-8)"
 timeout_s="${TESTBED_START_TIMEOUT:-180}"
 
-# Picks the kubelet's port: free now, and outside the kernel's ephemeral port range.
-pick_port() {
-  "$PYTHON" - "$1" <<'EOF'
-import random, socket, sys
-low, _ = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
-for _ in range(200):
-    # Below the ephemeral range (and above the well-known and the usual service ports), else the kernel's pick.
-    port = random.randint(20000, low - 1) if low > 20100 else 0
-    try:
-        for addr in ("", sys.argv[1]):
-            with socket.socket() as s:
-                s.bind((addr, port))
-                port = s.getsockname()[1]
-    except OSError:
-        continue
-    print(port)
-    break
-else:
-    sys.exit("no free port")
-EOF
-}
-
 # fail COMPONENT MESSAGE: says what did not come up, with the end of its log, and exits.
 fail() {
   log "real node: $2; last lines of $CLUSTER_DIR/logs/$1.log:"
@@ -65,7 +43,7 @@ fail() {
 # first seconds (when it binds its port and meets the CRI), so that the caller may start it again.
 start_kubelet() {
   local bin="$1" node_ip="$2" port
-  port="$(pick_port "$node_ip")"
+  port="$(pick_ports 1 "$node_ip")"
   cat >"$D/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
