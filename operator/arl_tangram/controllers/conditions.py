@@ -30,6 +30,8 @@ class ConditionReason(StrEnum):
     ROLLING_OUT = "RollingOut"
     STEADY = "Steady"
     UNSCHEDULABLE = "Unschedulable"
+    # RewardModelService: no node has free devices of the kind a replica asks for
+    INSUFFICIENT_GPUS = "InsufficientGPUs"
     HOSTS_FAILED = "HostsFailed"
     HOSTS_UNHEALTHY = "HostsUnhealthy"
     INVALID_SPEC = "InvalidSpec"

@@ -51,9 +51,6 @@ from arl_tangram.runtime.pods import SERVICE_LABEL, pinned, replica_devices
 log = logging.getLogger(__name__)
 
 
-# The Ready reason when no node has free devices for a replica. (Written over the reason of
-# set_condition, whose enum lacks it; the enum lives outside this controller.)
-INSUFFICIENT_GPUS = "InsufficientGPUs"
 PLACING_TTL_S = 60.0  # how long a created pod's devices stay taken before the watch shows the pod
 DEVICE_PLUGIN_CHOICE = (
     "no node has published a GPU inventory (tangram node-agent, manifests/node-agent.yaml), so the "
@@ -223,11 +220,8 @@ def reconcile_rewardmodelservice(
         )
     elif short and not serving and not creating:
         conds = set_condition(
-            conds, ConditionType.READY, False, ConditionReason.UNSCHEDULABLE, short, gen, now
+            conds, ConditionType.READY, False, ConditionReason.INSUFFICIENT_GPUS, short, gen, now
         )
-        for c in conds:
-            if c["type"] == ConditionType.READY.value:
-                c["reason"] = INSUFFICIENT_GPUS
     elif pending:
         conds = set_condition(
             conds,
