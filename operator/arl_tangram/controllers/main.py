@@ -1,9 +1,7 @@
 """``tangram operator``: run the operator (kopf, cluster-wide) until SIGTERM.
 
-Settings come from the environment, as in the Deployment: POD_NAMESPACE (where the Lease lives),
-POD_NAME (this replica's identity), TANGRAM_LISTEN_HOST/PORT (health, readiness, metrics, results),
-TANGRAM_POLICY (the scheduler policy), TANGRAM_LEADER_ELECTION (false only for a single test
-replica). Kubernetes credentials: the pod's ServiceAccount, else KUBECONFIG.
+Settings come from the environment, as in the Deployment (listed by ``--help``, from
+``operator.ENVIRONMENT``). Kubernetes credentials: the pod's ServiceAccount, else KUBECONFIG.
 """
 
 from __future__ import annotations
@@ -15,11 +13,20 @@ import logging
 import kopf
 
 import arl_tangram.controllers  # noqa: F401 - registers the handlers
+from arl_tangram.controllers.operator import ENVIRONMENT, OperatorSettings
 
 
 def main(argv: list[str]) -> int:
+    epilog = "environment:\n" + "\n".join(
+        f"  {name:<26} {text}"
+        + (f" (default {str(getattr(OperatorSettings, field)).lower()})" if field else "")
+        for name, (field, text) in ENVIRONMENT.items()
+    )
     parser = argparse.ArgumentParser(
-        prog="tangram operator", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="tangram operator",
+        description=__doc__,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--verbose", action="store_true", help="log kopf's own debug messages")
     parser.add_argument("--log-level", default="INFO")

@@ -60,6 +60,21 @@ POOL_PERIOD_S = 2.0
 PLANNER_TIME_LIMIT_S = 0.5
 
 
+# The environment the operator reads (the Deployment sets it), for `tangram operator --help`: each
+# variable, the OperatorSettings field it sets (whose default it shows) and what it means.
+ENVIRONMENT: dict[str, tuple[str | None, str]] = {
+    "POD_NAMESPACE": (None, "where the leader Lease lives (default tangram-system)"),
+    "POD_NAME": (None, "this replica's identity in the Lease (default host name and PID)"),
+    "TANGRAM_LISTEN_HOST": ("listen_host", "address of health, readiness, metrics, results, gateway"),
+    "TANGRAM_LISTEN_PORT": ("listen_port", "their port"),
+    "TANGRAM_POLICY": ("policy", "the scheduler policy"),
+    "TANGRAM_LEADER_ELECTION": ("leader_election", "false only for a single test replica"),
+    "TANGRAM_GATEWAY_ANONYMOUS": ("anonymous", "true: no authentication, loopback callers only"),
+    "TANGRAM_REWARD_DEVICE": ("reward_device", "the device reward runtimes score on (cpu: test beds)"),
+    "TANGRAM_GPU_DEVICES": ("gpu_devices", "how reward replicas ask for their GPUs (docs/gpu.md)"),
+}
+
+
 @dataclass(frozen=True)
 class OperatorSettings:
     """Settings of one operator process, read once at start-up (environment, then flags)."""
@@ -82,10 +97,12 @@ class OperatorSettings:
 
     @classmethod
     def from_env(cls) -> OperatorSettings:
-        port = os.environ.get("TANGRAM_LISTEN_PORT", "8080")
+        """The settings from the environment (ENVIRONMENT lists the variables); unset ones keep the
+        field defaults above."""
+        port = os.environ.get("TANGRAM_LISTEN_PORT", str(cls.listen_port))
         if not port.isdigit() or not 0 <= int(port) < 65536:
             raise InvalidSpec("TANGRAM_LISTEN_PORT", f"must be a port number, got {port!r}")
-        devices = os.environ.get("TANGRAM_GPU_DEVICES", "device-plugin")
+        devices = os.environ.get("TANGRAM_GPU_DEVICES", cls.gpu_devices)
         if devices not in DEVICE_STRATEGIES:
             raise InvalidSpec(
                 "TANGRAM_GPU_DEVICES", f"must be one of {', '.join(DEVICE_STRATEGIES)}, got {devices!r}"
@@ -93,12 +110,12 @@ class OperatorSettings:
         return cls(
             namespace=os.environ.get("POD_NAMESPACE", "tangram-system"),
             identity=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
-            listen_host=os.environ.get("TANGRAM_LISTEN_HOST", "0.0.0.0"),
+            listen_host=os.environ.get("TANGRAM_LISTEN_HOST", cls.listen_host),
             listen_port=int(port),
-            policy=os.environ.get("TANGRAM_POLICY", "tangram"),
+            policy=os.environ.get("TANGRAM_POLICY", cls.policy),
             leader_election=os.environ.get("TANGRAM_LEADER_ELECTION", "true").lower() not in ("0", "false"),
             anonymous=os.environ.get("TANGRAM_GATEWAY_ANONYMOUS", "").lower() in ("1", "true"),
-            reward_device=os.environ.get("TANGRAM_REWARD_DEVICE", "cuda"),
+            reward_device=os.environ.get("TANGRAM_REWARD_DEVICE", cls.reward_device),
             gpu_devices=next(d for d in DEVICE_STRATEGIES if d == devices),
         )
 
