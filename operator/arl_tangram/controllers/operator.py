@@ -152,6 +152,7 @@ class OperatorState:
         )
         self.runtime = KubernetesRuntime(self.api, count_write=self.metrics.api_write)
         self.dispatcher.resizer = self.runtime
+        self.dispatcher.learn = self._learn
         self.planner = CapacityPlanner(PlannerConfig(time_limit_s=PLANNER_TIME_LIMIT_S))
         self.pools = PoolController(self.dispatcher, self.runtime, self.planner)
         self.services = ServiceController(
@@ -212,8 +213,6 @@ class OperatorState:
     # ---- what the batch manager needs ---------------------------------------------------------
     async def _run(self, request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
         started = time.monotonic()
-        if request.kind == "reward":
-            self._know_service(request.namespace, request.target)
         outcome = await self.dispatcher.run(request, attempts_so_far)
         self.metrics.finished(
             pool_key(request.namespace, request.target), request, outcome, time.monotonic() - started
@@ -225,37 +224,31 @@ class OperatorState:
 
     def _pool_languages(self, namespace: str, name: str) -> tuple[str, ...] | None:
         """The languages of an existing pool; None when there is no such ActionPool."""
+        if self.dispatcher.pool_config(namespace, name) is None:
+            self._learn("ActionPool", namespace, name)
         cfg = self.dispatcher.pool_config(namespace, name)
-        if cfg is not None:
-            return cfg.languages
-        for body in self.pool_index.get(pool_key(namespace, name), ()):
-            meta = body.get("metadata") or {}
-            try:
-                model = ActionPool.model_validate({"metadata": dict(meta), "spec": body.get("spec") or {}})
-                cfg = pool_config(model, uid=str(meta.get("uid", "")))
-            except (ValueError, InvalidSpec):
-                return None
-            self.dispatcher.upsert_pool(cfg)
-            return cfg.languages
-        return None
+        return cfg.languages if cfg is not None else None
 
-    def _know_service(self, namespace: str, name: str) -> None:
-        """A batch's reward action may come before this process reconciled its service (just after a
-        start or a failover, while its daemon has not run yet): the router then learns the service
-        from the watch's copy and holds the action for a replica, instead of failing it as not found."""
+    def _learn(self, kind: str, namespace: str, name: str) -> None:
+        """A request (a batch's action, or the gateway's) may come before this process reconciled its
+        pool or service (just after a start or a failover, while its daemon has not run yet): the
+        dispatcher then learns the object from the watch's copy and holds the request for hosts or a
+        replica, instead of failing it as not found. An object the watch does not hold either, or
+        one whose spec is invalid (its own reconcile reports why), stays unknown."""
         key = f"{namespace}/{name}"
-        if self.dispatcher.rewards.has(key):
-            return
-        for body in self.service_index.get(key, ()):
+        index = self.pool_index if kind == "ActionPool" else self.service_index
+        for body in index.get(key, ()):
             meta = body.get("metadata") or {}
+            obj, uid = {"metadata": dict(meta), "spec": body.get("spec") or {}}, str(meta.get("uid", ""))
             try:
-                model = RewardModelService.model_validate(
-                    {"metadata": dict(meta), "spec": body.get("spec") or {}}
-                )
-                cfg = service_config(model, uid=str(meta.get("uid", "")))
+                if kind == "ActionPool":
+                    self.dispatcher.upsert_pool(pool_config(ActionPool.model_validate(obj), uid=uid))
+                else:
+                    svc = service_config(RewardModelService.model_validate(obj), uid=uid)
+                    self.dispatcher.rewards.upsert(svc)
             except (ValueError, InvalidSpec):
-                return  # its own reconcile reports what is wrong with it
-            self.dispatcher.rewards.upsert(cfg)
+                pass
+            return
 
     async def _patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Merge-patch an object's status subresource (the one way status is written)."""

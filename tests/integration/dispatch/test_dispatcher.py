@@ -127,6 +127,38 @@ async def test_unknown_pool_is_refused_by_name(dispatcher: Dispatcher) -> None:
         await dispatcher.run(ActionRequest("k", NS, "nope", "code", {"runtime": "python", "code": "1"}))
 
 
+async def test_a_pool_its_owner_learns_on_demand_holds_the_action_until_hosts_come(
+    agents: list[Agent],
+) -> None:
+    """Just after an operator start or failover a request may name a pool the dispatcher has not been
+    given yet: ``learn`` (the operator's watch) adds it, and the action waits for the pool's hosts
+    instead of failing PoolNotFound. A name ``learn`` does not know is still refused by name."""
+    client = AgentClient()
+    d = Dispatcher(client)
+    asked: list[tuple[str, str, str]] = []
+
+    def learn(kind: str, namespace: str, name: str) -> None:
+        asked.append((kind, namespace, name))
+        if kind == "ActionPool" and name == "py":
+            d.upsert_pool(_pool())
+
+    d.learn = learn
+    try:
+        waiting = asyncio.create_task(d.run(_req("late-1", "print(6 * 7)")))
+        await asyncio.sleep(0.2)
+        assert not waiting.done() and asked == [("ActionPool", NS, "py")]
+        await d.sync_hosts(f"{NS}/py", [_endpoint(agents[0], "host-0")])
+        out = await asyncio.wait_for(waiting, 60)
+        assert out.state is Outcome.SUCCEEDED and out.stdout.strip() == "42", out
+        with pytest.raises(NotFound, match="nope"):
+            await d.open_session(NS, "nope")
+        with pytest.raises(NotFound, match="judge"):
+            await d.run(ActionRequest("r", NS, "judge", "reward", {"prompt": "p", "response": "r"}))
+        assert asked[1:] == [("ActionPool", NS, "nope"), ("RewardModelService", NS, "judge")]
+    finally:
+        await client.close()
+
+
 async def test_cancelling_a_running_action_kills_it(dispatcher: Dispatcher, agents: list[Agent]) -> None:
     task = asyncio.create_task(dispatcher.run(_req("sleepy", "sleep 60", runtime="bash")))
     await _wait(lambda: (s := dispatcher.stats(f"{NS}/py")) is not None and s.running_actions == 1)
