@@ -33,6 +33,8 @@ recorded_pid() {
 }
 
 start() {
+  # Checked here, not only in docker_cli: answers() silences docker_cli, message included.
+  command -v docker >/dev/null 2>&1 || { say "no docker CLI (apt-get install docker.io)"; exit 1; }
   if answers; then return 0; fi
   if [ -n "$(recorded_pid || true)" ]; then
     say "dockerd (pid $(recorded_pid)) is starting; waiting"
