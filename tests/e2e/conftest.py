@@ -149,6 +149,7 @@ _testbed: tuple[Path, bool] | _TestbedError | None = None
 
 def _local_testbed() -> tuple[Path, bool]:
     """The local test bed, started at collection (or now); its kubeconfig and whether we started it."""
+    global _testbed
     if _build_error:
         pytest.fail(_build_error + "\n(TANGRAM_E2E_SKIP=1 skips the e2e tier on purpose)", pytrace=False)
     bed = _testbed
@@ -159,7 +160,32 @@ def _local_testbed() -> tuple[Path, bool]:
             bed = e
     if isinstance(bed, _TestbedError):
         pytest.fail(str(bed), pytrace=False)
+    _testbed = bed
     return bed
+
+
+def _stop_testbed_we_started() -> None:
+    """Stops the local test bed if this session started it, once: from the cluster fixture's
+    teardown, or at session end where no test asked for the cluster (every e2e test skipped or
+    deselected after the start at collection). Kept with TANGRAM_E2E_KEEP_CLUSTER=1, and under
+    pytest-xdist, where every worker has its own session and none may stop a bed the others use."""
+    global _testbed
+    bed = _testbed
+    keep = os.environ.get("TANGRAM_E2E_KEEP_CLUSTER") == "1" or "PYTEST_XDIST_WORKER" in os.environ
+    if not isinstance(bed, tuple) or not bed[1] or keep:
+        return
+    _testbed = (bed[0], False)
+    subprocess.run(
+        ["bash", str(CLUSTER_DOWN)],
+        env={**os.environ, "CLUSTER_DIR": str(_cluster_dir())},
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _stop_testbed_we_started()
 
 
 def _start_testbed() -> tuple[Path, bool]:
@@ -218,16 +244,8 @@ def cluster() -> Iterator[Cluster]:
         yield c
     finally:
         api.close()
-        # Under pytest-xdist every worker has its own session: none may stop a test bed the others use.
-        keep = os.environ.get("TANGRAM_E2E_KEEP_CLUSTER") == "1" or "PYTEST_XDIST_WORKER" in os.environ
-        if started and not keep:
-            subprocess.run(
-                ["bash", str(CLUSTER_DOWN)],
-                env={**os.environ, "CLUSTER_DIR": str(_cluster_dir())},
-                capture_output=True,
-                timeout=120,
-                check=False,
-            )
+        if started:
+            _stop_testbed_we_started()
 
 
 @pytest.fixture

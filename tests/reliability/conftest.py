@@ -47,6 +47,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     _e2e.pytest_collection_finish(session)
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A test bed this copy of the e2e conftest started is stopped, even where no test here ran."""
+    _e2e._stop_testbed_we_started()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "chaos_long: part of the reliability suite that only `make test-chaos` runs"
