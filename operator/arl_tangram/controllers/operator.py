@@ -224,9 +224,7 @@ class OperatorState:
 
     def _pool_languages(self, namespace: str, name: str) -> tuple[str, ...] | None:
         """The languages of an existing pool; None when there is no such ActionPool."""
-        if self.dispatcher.pool_config(namespace, name) is None:
-            self._learn("ActionPool", namespace, name)
-        cfg = self.dispatcher.pool_config(namespace, name)
+        cfg = self.dispatcher.find_pool_config(namespace, name)
         return cfg.languages if cfg is not None else None
 
     def _learn(self, kind: str, namespace: str, name: str) -> None:
@@ -235,20 +233,20 @@ class OperatorState:
         dispatcher then learns the object from the watch's copy and holds the request for hosts or a
         replica, instead of failing it as not found. An object the watch does not hold either, or
         one whose spec is invalid (its own reconcile reports why), stays unknown."""
-        key = f"{namespace}/{name}"
         index = self.pool_index if kind == "ActionPool" else self.service_index
-        for body in index.get(key, ()):
-            meta = body.get("metadata") or {}
-            obj, uid = {"metadata": dict(meta), "spec": body.get("spec") or {}}, str(meta.get("uid", ""))
-            try:
-                if kind == "ActionPool":
-                    self.dispatcher.upsert_pool(pool_config(ActionPool.model_validate(obj), uid=uid))
-                else:
-                    svc = service_config(RewardModelService.model_validate(obj), uid=uid)
-                    self.dispatcher.rewards.upsert(svc)
-            except (ValueError, InvalidSpec):
-                pass
+        body = next(iter(index.get(f"{namespace}/{name}", ())), None)  # both indexes: namespace/name
+        if body is None:
             return
+        meta = body.get("metadata") or {}
+        obj, uid = {"metadata": dict(meta), "spec": body.get("spec") or {}}, str(meta.get("uid", ""))
+        try:
+            if kind == "ActionPool":
+                self.dispatcher.upsert_pool(pool_config(ActionPool.model_validate(obj), uid=uid))
+            else:
+                svc = service_config(RewardModelService.model_validate(obj), uid=uid)
+                self.dispatcher.rewards.upsert(svc)
+        except (ValueError, InvalidSpec):
+            pass  # its own reconcile reports what is wrong with it
 
     async def _patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Merge-patch an object's status subresource (the one way status is written)."""

@@ -241,6 +241,11 @@ class Dispatcher:
         pool = self._pools.get(pool_key(namespace, name))
         return pool.config if pool else None
 
+    def find_pool_config(self, namespace: str, name: str) -> PoolConfig | None:
+        """``pool_config``, after asking ``learn`` for a pool this dispatcher does not hold yet."""
+        pool = self._find_pool(namespace, name)
+        return pool.config if pool else None
+
     async def remove_pool(self, key: str) -> None:
         """The pool was deleted: its queued and running actions fail (PoolNotFound)."""
         pool = self._pools.get(key)
