@@ -227,14 +227,13 @@ def cluster() -> Iterator[Cluster]:
     """The session's cluster, with the CRDs from crds/ applied."""
     if _skip_requested():
         pytest.skip("TANGRAM_E2E_SKIP is set: e2e tier skipped on request")
-    started = False
     if os.environ.get("KUBECONFIG"):
         _, current = config.list_kube_config_contexts()
         _guard(current["name"], current["context"].get("cluster", ""))
         api = config.new_client_from_config(context=current["name"])
         c = Cluster(api=api, context=current["name"], kubeconfig_env=os.environ["KUBECONFIG"])
     else:
-        kubeconfig, started = _local_testbed()
+        kubeconfig, _ = _local_testbed()
         api = config.new_client_from_config(config_file=str(kubeconfig))
         c = Cluster(
             api=api, context="tangram-testbed", kubeconfig_env=str(kubeconfig), local_dir=_cluster_dir()
@@ -244,8 +243,7 @@ def cluster() -> Iterator[Cluster]:
         yield c
     finally:
         api.close()
-        if started:
-            _stop_testbed_we_started()
+        _stop_testbed_we_started()  # a no-op unless this session started the local bed
 
 
 @pytest.fixture
