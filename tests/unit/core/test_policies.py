@@ -296,6 +296,28 @@ def test_gpu_tangram_with_a_backlog_trades_a_fast_copy_for_throughput() -> None:
     assert [g.units for g in admitted] == [1, 1, 1, 1]
 
 
+def test_gpu_tangram_splits_a_wide_copy_once_its_service_arrives_faster_than_it_serves() -> None:
+    """A TP-4 copy made while the pool was idle, then 16 requests at once: at TP-4 they bring more
+    GPU-seconds per second than the pool has, so every one of them would pay the copy's lost
+    efficiency. Priced on the first action alone the warm copy won (kept through a backlog of 30)."""
+    gpu = GpuManager([GpuNode("n0", 4)])
+    curve = ((1, 1.0), (2, 0.9), (4, 0.8))
+
+    def judge(i: int) -> Action:
+        return Action(
+            f"j{i}", f"t{i}", "gpu", (1, 2, 4), EfficiencyCurve(2.0, curve), service="judge", service_gb=64.0
+        )
+
+    sched = TangramPolicy({"gpu": gpu})
+    sched.submit(judge(0), 0.0)
+    (alone,) = sched.schedule(0.0)
+    assert alone.units == 4
+    for i in range(1, 17):
+        sched.submit(judge(i), 0.1)
+    sched.complete(alone, alone.est_end)
+    assert [g.units for g in sched.schedule(alone.est_end)] == [1, 1, 1, 1]
+
+
 def test_tangram_fcfs_is_per_pinned_host() -> None:
     mgr = cpu_pool(2, 4)
     sched = TangramPolicy({"cpu": mgr})

@@ -556,8 +556,9 @@ class TangramPolicy(Scheduler):
         units = max(1, mgr.total_units())
         per_unit = 1.0 / units
         same = dict(self._svc_waiting)
-        behind = 0
+        queued = 0
         same_behind = 0
+        gap = math.inf  # the service's smoothed gap between arrivals
 
         def cost(action: Action, o: PlacementOption) -> float:
             # Own completion, plus what the choice costs the actions waiting behind it: in list
@@ -567,18 +568,32 @@ class TangramPolicy(Scheduler):
             d = action.model.duration(o.units)
             own = max(0.0, o.ready_at - now) + o.restore_s + d + o.penalty_s
             work = o.units * (d + o.restore_s / (1 + same_behind))
-            return own + behind * work * per_unit
+            # A copy's TP size is sticky: the service's backlog will be served by the copies this
+            # choice makes or keeps (another size costs a restore). While its arrivals bring more
+            # GPU-seconds per second at this size than the pool has, that backlog only grows, and
+            # a wide copy's lost efficiency is paid again by each of its actions. Counted on this
+            # action alone, a TP-4 copy made while deepsearch's judge pool was idle was kept
+            # through a growing backlog (58 actions at TP-4, fcfs-min's mean lower). A backlog
+            # that drains is better served by the fast copy than by restoring narrow ones.
+            k0 = action.min_units
+            waste = max(0.0, o.units * d - k0 * action.model.duration(k0))
+            if waste > 0.0 and o.units * d < units * gap:
+                waste = 0.0
+            # Only a backlog beyond what the pool runs at once competes for these units.
+            behind = max(0, queued - units)
+            return own + behind * (work + same_behind * waste) * per_unit
 
         for n, action in enumerate(self._order(pool, now)):
             if n >= self.window or not plan.has_free():
                 break
-            # Only a backlog beyond what the pool runs at once competes for these units.
-            behind = max(0, waiting - n - 1 - units)
+            queued = max(0, waiting - n - 1)
             if action.service is not None:
                 same[action.service] = same.get(action.service, 1) - 1
                 same_behind = same[action.service]
+                gap = self._svc_arrivals[action.service][1]
             else:
                 same_behind = 0
+                gap = math.inf
             opts = plan.options(action)
             if not opts:
                 break
