@@ -31,7 +31,7 @@ from arl_tangram.sim.engine import SimResult, Simulation
 from arl_tangram.sim.metrics import Summary, common_acts, gpu_act, gpu_act_p99, summarise
 from arl_tangram.sim.planning import SimPlanner
 from arl_tangram.sim.steps import StepStats, run_steps
-from arl_tangram.sim.sweep import SWEEP_POLICIES, run_variant, swe_variants
+from arl_tangram.sim.sweep import FAMILIES, SWEEP_POLICIES, run_variant
 from arl_tangram.sim.workload import (
     RewardSource,
     SearchSource,
@@ -390,14 +390,14 @@ def main_sim(argv: list[str]) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     ap.add_argument(
         "--sweep",
-        choices=["swe"],
-        help="instead of one workload, random variants of a family (static, paper, tangram on each) "
+        choices=sorted(FAMILIES),
+        help="instead of one workload, random variants of a family (every policy on each) "
         "and the issue's targets per variant",
     )
     ap.add_argument("--variants", type=int, default=12, help="variants of --sweep (default 12)")
     args = ap.parse_args(argv)
     if args.sweep:
-        return _main_sweep(args.variants, 0 if args.seed is None else args.seed, args.json)
+        return _main_sweep(args.sweep, args.variants, 0 if args.seed is None else args.seed, args.json)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
@@ -466,16 +466,16 @@ def main_sim(argv: list[str]) -> int:
     return 0
 
 
-def _main_sweep(n: int, seed: int, as_json: bool) -> int:
-    """``bench sim --sweep swe``: per variant, mean and p99 ACT over the common actions of each
-    policy, tangram over static, and which targets hold."""
+def _main_sweep(family: str, n: int, seed: int, as_json: bool) -> int:
+    """``bench sim --sweep FAMILY``: per variant, mean and p99 ACT over the common actions of each
+    policy that ran to the end, tangram over static, and which targets hold."""
     if n < 1:
         print("tangram bench sim: --variants must be at least 1", file=sys.stderr)
         return 2
     rows = [["variant", *[f"{p} mean/p99" for p in SWEEP_POLICIES], "static/tangram", "targets", "what"]]
     met = 0
     out = []
-    for i, (what, wl) in enumerate(swe_variants(n, seed)):
+    for i, (what, wl) in enumerate(FAMILIES[family](n, seed)):
         if not as_json:
             print(f"variant {i + 1}/{n}: {what}", file=sys.stderr)
         v = run_variant(wl.name, what, wl)
@@ -487,7 +487,10 @@ def _main_sweep(n: int, seed: int, as_json: bool) -> int:
         rows.append(
             [
                 v.name,
-                *[f"{v.mean[p]:.2f}/{v.p99[p]:.1f}" for p in SWEEP_POLICIES],
+                *[
+                    f"{v.mean[p]:.2f}/{v.p99[p]:.1f}" if v.complete[p] else "INCOMPLETE"
+                    for p in SWEEP_POLICIES
+                ],
                 f"{v.mean['static'] / v.mean['tangram']:.2f}x mean, "
                 f"{v.p99['static'] / v.p99['tangram']:.2f}x p99",
                 "all met" if ok else "missed: " + ", ".join(missed),
@@ -495,9 +498,9 @@ def _main_sweep(n: int, seed: int, as_json: bool) -> int:
             ]
         )
     if as_json:
-        print(json.dumps({"sweep": "swe", "seed": seed, "variants": out, "met": met}))
+        print(json.dumps({"sweep": family, "seed": seed, "variants": out, "met": met}))
         return 0
-    print(f"sweep swe (seed {seed}): ACT over the actions every policy completed (s)")
+    print(f"sweep {family} (seed {seed}): ACT over the actions every complete policy completed (s)")
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print(

@@ -4,13 +4,16 @@ The suite's built-ins are single points; a change tuned to them can lose on the 
 the same family. ``swe_variants`` draws SWE-style workloads around the built-in ``swe``: pool size
 (hosts and cores per host), trajectories per burst, test length, parallel fraction and widest
 DoP, turns, tool-call length and think time, so that saturated pools (tests of minutes at one
-core on a few hosts) are drawn as often as roomy ones. ``tangram bench sim --sweep swe`` runs them.
+core on a few hosts) are drawn as often as roomy ones. ``coding_variants`` does the same around
+``ai-coding`` (one release of every trajectory; tests every few tool calls). ``tangram bench sim
+--sweep swe|ai-coding`` runs them.
 """
 
 from __future__ import annotations
 
 import copy
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -21,12 +24,20 @@ from arl_tangram.sim.engine import Simulation
 from arl_tangram.sim.metrics import common_acts
 from arl_tangram.sim.workload import Workload, parse
 
-SWEEP_POLICIES = ("static", "paper", "tangram")
+# Every policy: "the lowest mean of all policies" is judged against each of them.
+SWEEP_POLICIES = ("static", "fcfs-min", "paper", "tangram")
+
+
+def _builtin_doc(name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(
+        resources.files("arl_tangram.sim").joinpath("workloads", f"{name}.yaml").read_text()
+    )
+    return doc
 
 
 def swe_variants(n: int, seed: int = 0) -> list[tuple[str, Workload]]:
     """``n`` SWE-style variants, each with a one-line description (the same ``seed``, the same ones)."""
-    base = yaml.safe_load(resources.files("arl_tangram.sim").joinpath("workloads", "swe.yaml").read_text())
+    base = _builtin_doc("swe")
     rng = random.Random(seed)
     out: list[tuple[str, Workload]] = []
     for i in range(n):
@@ -59,6 +70,49 @@ def swe_variants(n: int, seed: int = 0) -> list[tuple[str, Workload]]:
     return out
 
 
+def coding_variants(n: int, seed: int = 0) -> list[tuple[str, Workload]]:
+    """``n`` variants of ``ai-coding``: pool size, trajectories, think time, tool-call length, how
+    often a test runs, its length and widest DoP. Small pools with many trajectories are as likely
+    as roomy ones; memory is the built-in's, so some variants bind on memory (sessions wait to be
+    placed, where a global FCFS head can deadlock)."""
+    base = _builtin_doc("ai-coding")
+    rng = random.Random(seed)
+    out: list[tuple[str, Workload]] = []
+    for i in range(n):
+        doc: dict[str, Any] = copy.deepcopy(base)
+        hosts = rng.choice([1, 2, 3, 5])
+        cores = rng.choice([64, 128, 256])
+        trajectories = rng.choice([160, 320, 640])
+        think = rng.choice([2.0, 4.0, 8.0, 16.0])
+        tool = rng.choice([0.1, 0.3, 1.0])
+        every = rng.choice([2, 3, 5, 8])
+        t1 = rng.choice([4.0, 7.8, 15.0, 30.0])
+        top = rng.choice([8, 16, 32, 64])
+        doc["name"] = f"ai-coding-v{i}"
+        doc["seed"] = seed * 1000 + i
+        doc["cluster"]["cpu_hosts"].update(count=hosts, cores=cores)
+        # The sweep compares ACT; the RL step model has its own rows in ``bench sim``.
+        doc.pop("training", None)
+        for src in doc["sources"]:
+            src["trajectories"] = trajectories
+            src["think"]["median_s"] = think
+            src["tool"]["median_s"] = tool
+            src["test"].update(every=every, t1_median_s=t1, cores_max=top)
+        what = (
+            f"{hosts}x{cores} cores, {trajectories} traj, think {think} s, tool {tool} s, "
+            f"test every {every}, T1 {t1} s, DoP<={top}"
+        )
+        out.append((what, parse(doc, f"ai-coding-v{i}")))
+    return out
+
+
+# ``bench sim --sweep`` families: name -> variants(n, seed).
+FAMILIES: dict[str, Callable[[int, int], list[tuple[str, Workload]]]] = {
+    "swe": swe_variants,
+    "ai-coding": coding_variants,
+}
+
+
 @dataclass(frozen=True)
 class VariantResult:
     """One variant: mean and p99 ACT over the actions every policy completed, per policy."""
@@ -70,15 +124,26 @@ class VariantResult:
     complete: dict[str, bool]
 
     def targets(self) -> dict[str, bool]:
-        """The issue's targets on this variant: every row complete, ``tangram`` the lowest mean
-        and a p99 no worse than ``static``'s, and within 1% of ``paper`` on mean and p99."""
+        """The issue's targets on this variant: ``tangram`` runs to the end (it must never
+        deadlock), has the lowest mean and a p99 no worse than ``static``'s, and is within 1% of
+        ``paper`` on mean and p99. A policy whose run stopped with work left (``paper`` and
+        ``fcfs-min`` deadlock where memory binds) is reported INCOMPLETE and its ACT is not
+        compared, as in ``bench sim``: beating it is no target, and losing to it is impossible."""
         t = "tangram"
-        others = [p for p in self.mean if p != t]
+        if not self.complete.get(t, False):
+            return dict.fromkeys(
+                ("tangram complete", "lowest mean", "p99 <= static", "within 1% of paper"), False
+            )
+        others = [p for p in self.mean if p != t and self.complete.get(p, False)]
+
+        def done(p: str) -> bool:
+            return p in others
+
         return {
-            "complete": all(self.complete.values()),
+            "tangram complete": True,
             "lowest mean": all(self.mean[t] <= self.mean[p] for p in others),
-            "p99 <= static": "static" not in self.p99 or self.p99[t] <= self.p99["static"],
-            "within 1% of paper": "paper" not in self.mean
+            "p99 <= static": not done("static") or self.p99[t] <= self.p99["static"],
+            "within 1% of paper": not done("paper")
             or (self.mean[t] <= 1.01 * self.mean["paper"] and self.p99[t] <= 1.01 * self.p99["paper"]),
         }
 

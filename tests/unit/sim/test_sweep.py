@@ -1,10 +1,11 @@
-"""The SWE-style sweep: variants drawn from a seed, and the issue's targets judged per variant."""
+"""The sweeps (SWE-style and ai-coding variants): drawn from a seed, and the issue's targets judged
+per variant."""
 
 from __future__ import annotations
 
 import math
 
-from arl_tangram.sim.sweep import SWEEP_POLICIES, VariantResult, run_variant, swe_variants
+from arl_tangram.sim.sweep import SWEEP_POLICIES, VariantResult, coding_variants, run_variant, swe_variants
 from arl_tangram.sim.workload import CodingSource, with_overrides
 
 
@@ -36,11 +37,46 @@ def test_targets_name_what_a_variant_misses() -> None:
         {"static": True, "paper": True, "tangram": False},
     )
     assert worse.targets() == {
-        "complete": False,
+        "tangram complete": False,
         "lowest mean": False,
         "p99 <= static": False,
         "within 1% of paper": False,
     }
+    slower = VariantResult(
+        "v",
+        "",
+        {"static": 7.0, "paper": 9.0, "tangram": 9.2},
+        {"static": 30.0, "paper": 40.0, "tangram": 41.0},
+        {"static": True, "paper": True, "tangram": True},
+    )
+    assert slower.targets() == {
+        "tangram complete": True,
+        "lowest mean": False,
+        "p99 <= static": False,
+        "within 1% of paper": False,
+    }
+
+
+def test_a_policy_that_stopped_with_work_left_is_not_compared() -> None:
+    """``paper`` deadlocked (its ACT is over the actions it did finish, so it looks fast): neither
+    a win nor a loss against it counts, while ``static`` still does."""
+    nan = float("nan")
+    v = VariantResult(
+        "v",
+        "",
+        {"static": 12.0, "fcfs-min": nan, "paper": nan, "tangram": 11.0},
+        {"static": 90.0, "fcfs-min": nan, "paper": nan, "tangram": 80.0},
+        {"static": True, "fcfs-min": False, "paper": False, "tangram": True},
+    )
+    assert all(v.targets().values())
+    lost = VariantResult(
+        "v",
+        "",
+        {"static": 10.0, "fcfs-min": nan, "paper": nan, "tangram": 11.0},
+        {"static": 90.0, "fcfs-min": nan, "paper": nan, "tangram": 80.0},
+        {"static": True, "fcfs-min": False, "paper": False, "tangram": True},
+    )
+    assert lost.targets()["lowest mean"] is False
 
 
 def test_a_variant_runs_every_policy_over_the_common_actions() -> None:
@@ -49,3 +85,15 @@ def test_a_variant_runs_every_policy_over_the_common_actions() -> None:
     v = run_variant(small.name, what, small)
     assert all(v.complete.values())
     assert all(math.isfinite(v.mean[p]) and v.p99[p] >= v.mean[p] > 0 for p in SWEEP_POLICIES)
+
+
+def test_coding_variants_are_fixed_by_the_seed_and_span_small_and_large_pools() -> None:
+    a = coding_variants(12, seed=5)
+    assert [w for w, _ in a] == [w for w, _ in coding_variants(12, seed=5)]
+    assert [w for w, _ in a] != [w for w, _ in coding_variants(12, seed=6)]
+    units = {wl.cluster.cpu_hosts * wl.cluster.cores_per_host for _, wl in a}
+    assert min(units) <= 128 and max(units) >= 640
+    for _, wl in a:
+        assert wl.training is None
+        (src,) = wl.sources
+        assert isinstance(src, CodingSource)
