@@ -106,6 +106,9 @@ def coding_variants(n: int, seed: int = 0) -> list[tuple[str, Workload]]:
     return out
 
 
+# The issue's targets per variant, in the order ``bench sim --sweep`` names the missed ones.
+TARGETS = ("tangram complete", "lowest mean", "p99 <= static", "within 1% of paper")
+
 # ``bench sim --sweep`` families: name -> variants(n, seed).
 FAMILIES: dict[str, Callable[[int, int], list[tuple[str, Workload]]]] = {
     "swe": swe_variants,
@@ -115,7 +118,8 @@ FAMILIES: dict[str, Callable[[int, int], list[tuple[str, Workload]]]] = {
 
 @dataclass(frozen=True)
 class VariantResult:
-    """One variant: mean and p99 ACT over the actions every policy completed, per policy."""
+    """One variant: mean and p99 ACT over the actions that every policy which ran to the end
+    completed, per policy (NaN for a policy that did not)."""
 
     name: str
     what: str
@@ -128,24 +132,24 @@ class VariantResult:
         deadlock), has the lowest mean and a p99 no worse than ``static``'s, and is within 1% of
         ``paper`` on mean and p99. A policy whose run stopped with work left (``paper`` and
         ``fcfs-min`` deadlock where memory binds) is reported INCOMPLETE and its ACT is not
-        compared, as in ``bench sim``: beating it is no target, and losing to it is impossible."""
+        compared, as in ``bench sim``: its ACT over the actions it did finish would flatter it."""
         t = "tangram"
         if not self.complete.get(t, False):
-            return dict.fromkeys(
-                ("tangram complete", "lowest mean", "p99 <= static", "within 1% of paper"), False
-            )
+            return dict.fromkeys(TARGETS, False)
         others = [p for p in self.mean if p != t and self.complete.get(p, False)]
 
         def done(p: str) -> bool:
             return p in others
 
-        return {
+        met = {
             "tangram complete": True,
             "lowest mean": all(self.mean[t] <= self.mean[p] for p in others),
             "p99 <= static": not done("static") or self.p99[t] <= self.p99["static"],
             "within 1% of paper": not done("paper")
             or (self.mean[t] <= 1.01 * self.mean["paper"] and self.p99[t] <= 1.01 * self.p99["paper"]),
         }
+        assert tuple(met) == TARGETS
+        return met
 
 
 def run_variant(
