@@ -35,39 +35,74 @@ def _builtin_doc(name: str) -> dict[str, Any]:
     return doc
 
 
-def swe_variants(n: int, seed: int = 0) -> list[tuple[str, Workload]]:
-    """``n`` SWE-style variants, each with a one-line description (the same ``seed``, the same ones)."""
-    base = _builtin_doc("swe")
+def _variants(
+    family: str, n: int, seed: int, draw: Callable[[random.Random, dict[str, Any]], str]
+) -> list[tuple[str, Workload]]:
+    """``n`` variants of the built-in ``family``: ``draw`` changes a copy of its document and says
+    what it drew in one line (the same ``seed``, the same ones)."""
+    base = _builtin_doc(family)
     rng = random.Random(seed)
     out: list[tuple[str, Workload]] = []
     for i in range(n):
         doc: dict[str, Any] = copy.deepcopy(base)
-        hosts = rng.choice([2, 3, 4, 6])
-        cores = rng.choice([32, 64])
-        per_burst = rng.choice([32, 48, 64, 96])
-        t1 = rng.choice([60, 120, 200])
-        p_min = rng.choice([0.9, 0.95])
-        top = rng.choice([16, 32, 48])
-        turns = rng.choice([(5, 15), (5, 30), (10, 30)])
-        tool = rng.choice([0.3, 0.5, 1.0])
-        think = rng.choice([3.0, 6.0, 10.0])
-        gap = rng.choice([200, 400, 800])
-        doc["name"] = f"swe-v{i}"
+        what = draw(rng, doc)
+        doc["name"] = f"{family}-v{i}"
         doc["seed"] = seed * 1000 + i
-        doc["cluster"]["cpu_hosts"] = {"count": hosts, "cores": cores, "numa_nodes": 2, "memory_gib": 512}
-        for k, src in enumerate(doc["sources"]):
-            src["trajectories"] = per_burst
-            src["release_at_s"] = k * gap
-            src["actions"] = {"min": turns[0], "max": turns[1]}
-            src["think"]["median_s"] = think
-            src["tool"]["median_s"] = tool
-            src["test"].update(t1_median_s=t1, p_min=p_min, cores_max=top)
-        what = (
-            f"{hosts}x{cores} cores, 3x{per_burst} traj {gap} s apart, T1 {t1} s, p>={p_min}, "
-            f"DoP<={top}, {turns[0]}-{turns[1]} turns, tool {tool} s, think {think} s"
-        )
-        out.append((what, parse(doc, f"swe-v{i}")))
+        out.append((what, parse(doc, doc["name"])))
     return out
+
+
+def _draw_swe(rng: random.Random, doc: dict[str, Any]) -> str:
+    hosts = rng.choice([2, 3, 4, 6])
+    cores = rng.choice([32, 64])
+    per_burst = rng.choice([32, 48, 64, 96])
+    t1 = rng.choice([60, 120, 200])
+    p_min = rng.choice([0.9, 0.95])
+    top = rng.choice([16, 32, 48])
+    turns = rng.choice([(5, 15), (5, 30), (10, 30)])
+    tool = rng.choice([0.3, 0.5, 1.0])
+    think = rng.choice([3.0, 6.0, 10.0])
+    gap = rng.choice([200, 400, 800])
+    doc["cluster"]["cpu_hosts"] = {"count": hosts, "cores": cores, "numa_nodes": 2, "memory_gib": 512}
+    for k, src in enumerate(doc["sources"]):
+        src["trajectories"] = per_burst
+        src["release_at_s"] = k * gap
+        src["actions"] = {"min": turns[0], "max": turns[1]}
+        src["think"]["median_s"] = think
+        src["tool"]["median_s"] = tool
+        src["test"].update(t1_median_s=t1, p_min=p_min, cores_max=top)
+    return (
+        f"{hosts}x{cores} cores, 3x{per_burst} traj {gap} s apart, T1 {t1} s, p>={p_min}, "
+        f"DoP<={top}, {turns[0]}-{turns[1]} turns, tool {tool} s, think {think} s"
+    )
+
+
+def _draw_coding(rng: random.Random, doc: dict[str, Any]) -> str:
+    hosts = rng.choice([1, 2, 3, 5])
+    cores = rng.choice([64, 128, 256])
+    trajectories = rng.choice([160, 320, 640])
+    think = rng.choice([2.0, 4.0, 8.0, 16.0])
+    tool = rng.choice([0.1, 0.3, 1.0])
+    every = rng.choice([2, 3, 5, 8])
+    t1 = rng.choice([4.0, 7.8, 15.0, 30.0])
+    top = rng.choice([8, 16, 32, 64])
+    doc["cluster"]["cpu_hosts"].update(count=hosts, cores=cores)
+    # The sweep compares ACT; the RL step model has its own rows in ``bench sim``.
+    doc.pop("training", None)
+    for src in doc["sources"]:
+        src["trajectories"] = trajectories
+        src["think"]["median_s"] = think
+        src["tool"]["median_s"] = tool
+        src["test"].update(every=every, t1_median_s=t1, cores_max=top)
+    return (
+        f"{hosts}x{cores} cores, {trajectories} traj, think {think} s, tool {tool} s, "
+        f"test every {every}, T1 {t1} s, DoP<={top}"
+    )
+
+
+def swe_variants(n: int, seed: int = 0) -> list[tuple[str, Workload]]:
+    """``n`` SWE-style variants, each with a one-line description (the same ``seed``, the same ones)."""
+    return _variants("swe", n, seed, _draw_swe)
 
 
 def coding_variants(n: int, seed: int = 0) -> list[tuple[str, Workload]]:
@@ -75,35 +110,7 @@ def coding_variants(n: int, seed: int = 0) -> list[tuple[str, Workload]]:
     often a test runs, its length and widest DoP. Small pools with many trajectories are as likely
     as roomy ones; memory is the built-in's, so some variants bind on memory (sessions wait to be
     placed, where a global FCFS head can deadlock)."""
-    base = _builtin_doc("ai-coding")
-    rng = random.Random(seed)
-    out: list[tuple[str, Workload]] = []
-    for i in range(n):
-        doc: dict[str, Any] = copy.deepcopy(base)
-        hosts = rng.choice([1, 2, 3, 5])
-        cores = rng.choice([64, 128, 256])
-        trajectories = rng.choice([160, 320, 640])
-        think = rng.choice([2.0, 4.0, 8.0, 16.0])
-        tool = rng.choice([0.1, 0.3, 1.0])
-        every = rng.choice([2, 3, 5, 8])
-        t1 = rng.choice([4.0, 7.8, 15.0, 30.0])
-        top = rng.choice([8, 16, 32, 64])
-        doc["name"] = f"ai-coding-v{i}"
-        doc["seed"] = seed * 1000 + i
-        doc["cluster"]["cpu_hosts"].update(count=hosts, cores=cores)
-        # The sweep compares ACT; the RL step model has its own rows in ``bench sim``.
-        doc.pop("training", None)
-        for src in doc["sources"]:
-            src["trajectories"] = trajectories
-            src["think"]["median_s"] = think
-            src["tool"]["median_s"] = tool
-            src["test"].update(every=every, t1_median_s=t1, cores_max=top)
-        what = (
-            f"{hosts}x{cores} cores, {trajectories} traj, think {think} s, tool {tool} s, "
-            f"test every {every}, T1 {t1} s, DoP<={top}"
-        )
-        out.append((what, parse(doc, f"ai-coding-v{i}")))
-    return out
+    return _variants("ai-coding", n, seed, _draw_coding)
 
 
 # The issue's targets per variant, in the order ``bench sim --sweep`` names the missed ones.
@@ -137,19 +144,14 @@ class VariantResult:
         if not self.complete.get(t, False):
             return dict.fromkeys(TARGETS, False)
         others = [p for p in self.mean if p != t and self.complete.get(p, False)]
-
-        def done(p: str) -> bool:
-            return p in others
-
-        met = {
-            "tangram complete": True,
-            "lowest mean": all(self.mean[t] <= self.mean[p] for p in others),
-            "p99 <= static": not done("static") or self.p99[t] <= self.p99["static"],
-            "within 1% of paper": not done("paper")
+        met = (
+            True,
+            all(self.mean[t] <= self.mean[p] for p in others),
+            "static" not in others or self.p99[t] <= self.p99["static"],
+            "paper" not in others
             or (self.mean[t] <= 1.01 * self.mean["paper"] and self.p99[t] <= 1.01 * self.p99["paper"]),
-        }
-        assert tuple(met) == TARGETS
-        return met
+        )
+        return dict(zip(TARGETS, met, strict=True))
 
 
 def run_variant(

@@ -3,6 +3,7 @@ the behaviours users notice (elastic DoP, fair share, priorities, GPU residency)
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -274,15 +275,23 @@ def test_gpu_tangram_waits_for_a_warm_chunk_rather_than_restoring_a_big_model() 
     assert again.restore_s == 0.0 and again.unit_ids == warm.unit_ids
 
 
+def _judge(i: int, service_gb: float) -> Action:
+    """A judge request elastic to 1, 2 or 4 GPUs (E(2) = 0.9, E(4) = 0.8), 2 s on one GPU."""
+    curve = ((1, 1.0), (2, 0.9), (4, 0.8))
+    return Action(
+        f"j{i}",
+        f"t{i}",
+        "gpu",
+        (1, 2, 4),
+        EfficiencyCurve(2.0, curve),
+        service="judge",
+        service_gb=service_gb,
+    )
+
+
 def test_gpu_tangram_with_a_backlog_trades_a_fast_copy_for_throughput() -> None:
     gpu = GpuManager([GpuNode("n0", 4)])
-    curve = ((1, 1.0), (2, 0.9), (4, 0.8))
-
-    def judge(i: int) -> Action:
-        return Action(
-            f"j{i}", f"t{i}", "gpu", (1, 2, 4), EfficiencyCurve(2.0, curve), service="judge", service_gb=20.0
-        )
-
+    judge = functools.partial(_judge, service_gb=20.0)
     sched = TangramPolicy({"gpu": gpu})
     sched.submit(judge(0), 0.0)
     (alone,) = sched.schedule(0.0)
@@ -301,13 +310,7 @@ def test_gpu_tangram_splits_a_wide_copy_once_its_service_arrives_faster_than_it_
     GPU-seconds per second than the pool has, so every one of them would pay the copy's lost
     efficiency. Priced on the first action alone the warm copy won (kept through a backlog of 30)."""
     gpu = GpuManager([GpuNode("n0", 4)])
-    curve = ((1, 1.0), (2, 0.9), (4, 0.8))
-
-    def judge(i: int) -> Action:
-        return Action(
-            f"j{i}", f"t{i}", "gpu", (1, 2, 4), EfficiencyCurve(2.0, curve), service="judge", service_gb=64.0
-        )
-
+    judge = functools.partial(_judge, service_gb=64.0)
     sched = TangramPolicy({"gpu": gpu})
     sched.submit(judge(0), 0.0)
     (alone,) = sched.schedule(0.0)

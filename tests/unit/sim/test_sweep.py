@@ -20,18 +20,18 @@ def test_variants_are_fixed_by_the_seed_and_differ_in_the_pool_and_the_tests() -
         assert len(srcs) == 3 and len({s.release_at_s for s in srcs}) == 3
 
 
+def _result(mean: dict[str, float], p99: dict[str, float], complete: dict[str, bool]) -> VariantResult:
+    return VariantResult("v", "", mean, p99, complete)
+
+
 def test_targets_name_what_a_variant_misses() -> None:
-    ok = VariantResult(
-        "v",
-        "",
+    ok = _result(
         {"static": 10.0, "paper": 9.0, "tangram": 8.0},
         {"static": 50.0, "paper": 40.0, "tangram": 40.2},
         dict.fromkeys(SWEEP_POLICIES, True),
     )
     assert all(ok.targets().values())
-    worse = VariantResult(
-        "v",
-        "",
+    worse = _result(
         {"static": 7.0, "paper": 9.0, "tangram": 9.2},
         {"static": 30.0, "paper": 40.0, "tangram": 41.0},
         {"static": True, "paper": True, "tangram": False},
@@ -42,9 +42,7 @@ def test_targets_name_what_a_variant_misses() -> None:
         "p99 <= static": False,
         "within 1% of paper": False,
     }
-    slower = VariantResult(
-        "v",
-        "",
+    slower = _result(
         {"static": 7.0, "paper": 9.0, "tangram": 9.2},
         {"static": 30.0, "paper": 40.0, "tangram": 41.0},
         {"static": True, "paper": True, "tangram": True},
@@ -61,17 +59,13 @@ def test_a_policy_that_stopped_with_work_left_is_not_compared() -> None:
     """``paper`` deadlocked (its ACT is over the actions it did finish, so it looks fast): neither
     a win nor a loss against it counts, while ``static`` still does."""
     nan = float("nan")
-    v = VariantResult(
-        "v",
-        "",
+    v = _result(
         {"static": 12.0, "fcfs-min": nan, "paper": nan, "tangram": 11.0},
         {"static": 90.0, "fcfs-min": nan, "paper": nan, "tangram": 80.0},
         {"static": True, "fcfs-min": False, "paper": False, "tangram": True},
     )
     assert all(v.targets().values())
-    lost = VariantResult(
-        "v",
-        "",
+    lost = _result(
         {"static": 10.0, "fcfs-min": nan, "paper": nan, "tangram": 11.0},
         {"static": 90.0, "fcfs-min": nan, "paper": nan, "tangram": 80.0},
         {"static": True, "fcfs-min": False, "paper": False, "tangram": True},

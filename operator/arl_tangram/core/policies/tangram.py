@@ -575,10 +575,10 @@ class TangramPolicy(Scheduler):
             # action alone, a TP-4 copy made while deepsearch's judge pool was idle was kept
             # through a growing backlog (58 actions at TP-4, fcfs-min's mean lower). A backlog
             # that drains is better served by the fast copy than by restoring narrow ones.
-            k0 = action.min_units
-            waste = max(0.0, o.units * d - k0 * action.model.duration(k0))
-            if waste > 0.0 and o.units * d < units * gap:
-                waste = 0.0
+            waste = 0.0
+            if o.units * d >= units * gap:
+                k0 = action.min_units
+                waste = max(0.0, o.units * d - k0 * action.model.duration(k0))
             # Only a backlog beyond what the pool runs at once competes for these units.
             behind = max(0, queued - units)
             return own + behind * (work + same_behind * waste) * per_unit
