@@ -9,6 +9,7 @@ a real sandbox agent process; its authenticator uses the test bed's kubeconfig c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import sys
 import threading
@@ -244,7 +245,8 @@ class LeaderProxy:
         except (AssertionError, OSError):
             writer.close()
             return
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        with contextlib.suppress(asyncio.CancelledError):  # the proxy is stopping (``__exit__``)
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
 
     def __enter__(self) -> LeaderProxy:
         async def start() -> asyncio.Server:
@@ -256,9 +258,19 @@ class LeaderProxy:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.close()
+        async def stop() -> None:
+            # Connections still piped are cancelled and closed while the loop runs; left pending,
+            # their coroutines were collected after the loop had gone ("Event loop is closed").
+            self.server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
+        self.loop.close()
 
 
 @pytest.fixture(scope="module")
