@@ -119,8 +119,12 @@ def score_numpy(arrays: dict[str, np.ndarray], meta: ModelMeta, texts: Sequence[
     emb = arrays["embed"][ids].astype(np.float32)
     sums = np.add.reduceat(emb, offsets, axis=0)
     counts = np.diff(np.append(offsets, len(ids))).astype(np.float32)[:, None]
-    h = np.tanh(sums / counts @ arrays["w1"].astype(np.float32) + arrays["b1"].astype(np.float32))
-    out = h @ arrays["w2"].astype(np.float32) + arrays["b2"].astype(np.float32)
+    # Some OpenBLAS kernels leave the FE_INVALID flag set for finite inputs, which numpy reports as
+    # "invalid value encountered in matmul" (numpy issues 24067 and 13173). A real NaN or inf in the
+    # weights still reaches the scores, so only the spurious warning is silenced.
+    with np.errstate(invalid="ignore"):
+        h = np.tanh(sums / counts @ arrays["w1"].astype(np.float32) + arrays["b1"].astype(np.float32))
+        out = h @ arrays["w2"].astype(np.float32) + arrays["b2"].astype(np.float32)
     return [float(x) for x in out[:, 0]]
 
 

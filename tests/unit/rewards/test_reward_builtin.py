@@ -52,6 +52,15 @@ def test_size_follows_the_shape_and_dtype(tmp_path: Path) -> None:
     assert score_numpy(arrays, meta, ["a", "bc"]) == s.score(["a", "bc"])
 
 
+def test_non_finite_weights_still_reach_the_scores(tmp_path: Path) -> None:
+    """The CPU path silences numpy's FE_INVALID warning (spurious from some BLAS kernels); a weight
+    that really is NaN must still show in the scores rather than be hidden."""
+    meta, arrays = load_model(write_model(tmp_path / "m.npz", buckets=64, dim=4, hidden=3))
+    assert all(np.isfinite(x) for x in score_numpy(arrays, meta, ["a", "bc"]))
+    arrays["w2"][0, 0] = np.nan
+    assert all(np.isnan(x) for x in score_numpy(arrays, meta, ["a", "bc"]))
+
+
 def test_bad_files_are_named(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="no model file"):
         load_model(tmp_path / "missing.npz")
