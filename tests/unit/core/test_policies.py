@@ -64,6 +64,7 @@ def check_invariants(
     admitted: list[Grant],
     lane_fifo: bool,
     before: tuple[dict[str, str], dict[str, float]] | None = None,
+    now: float = 0.0,
 ) -> None:
     """No core granted twice or leaked, memory within each host, and FCFS. Without ``before``,
     FCFS is global (``fcfs-min``, ``paper``). With ``before`` (pins and free session memory per
@@ -71,7 +72,9 @@ def check_invariants(
     whose session is on a host (pinned before, or by an action admitted in this decision) holds
     back every later action on that host except one that backfills (expected to end before the
     units a deferred action there waits for return); one without a session holds back every later
-    new session and every later action on a host that had memory for its session."""
+    new session and every later action on a host that had memory for its session. Short first:
+    a short action (``is_short``) may pass a longer one that has waited less than ``aging_s`` (the
+    queues here stay within ``short_lookahead``)."""
     seen: dict[str, set[int]] = {}
     for g in sched.running.values():
         assert g.units in g.action.feasible
@@ -89,6 +92,8 @@ def check_invariants(
         a = g.action
         for w in waiting:
             same = (w.priority, w.tenant) == (a.priority, a.tenant) if lane_fifo else True
+            if same and isinstance(sched, TangramPolicy):
+                same = not (sched.is_short(a) and not sched.is_short(w) and now - w.arrival < sched.aging_s)
             if same and before is not None:
                 pins, mem = before
                 host = mgr.pins.get(w.trajectory)
@@ -121,7 +126,7 @@ def run_random_events(policy: str, seed: int) -> None:
             sched.submit(a, now)
         before = (dict(mgr.pins), {h.name: h.memory_free for h in mgr.hosts.values()})
         admitted = sched.schedule(now)
-        check_invariants(sched, mgr, admitted, lane_fifo=tangram, before=before if tangram else None)
+        check_invariants(sched, mgr, admitted, lane_fifo=tangram, before=before if tangram else None, now=now)
 
 
 # A fixed sweep, not sampled examples: the same seeds on every run (CI cannot go red by chance),
@@ -391,7 +396,7 @@ def test_tangram_places_each_session_where_the_scan_saw_it() -> None:
 
 def test_tangram_waits_for_cores_released_soon_rather_than_starting_on_one_and_backfills() -> None:
     mgr = cpu_pool(1, 16)
-    sched = TangramPolicy({"cpu": mgr})
+    sched = TangramPolicy({"cpu": mgr}, short_s=0.0)  # in arrival order: the backfill alone decides
     sched.submit(Action("big", "tb", "cpu", (15,), Fixed(2.0), memory_gib=2.0), 0.0)
     sched.submit(Action("t0", "tt", "cpu", (1,), Fixed(0.1), memory_gib=2.0), 0.0)  # pins tt
     (big, first) = sched.schedule(0.0)
@@ -411,12 +416,34 @@ def test_tangram_waits_for_cores_released_soon_rather_than_starting_on_one_and_b
     assert g.units >= 15
 
 
+def test_tangram_starts_a_short_action_before_an_earlier_longer_one_until_that_one_has_aged() -> None:
+    """Short first: on a full host the core freed goes to the tool call that arrived after a test,
+    not to the test (FCFS made tool calls wait for minutes of tests); a test that waited
+    ``aging_s`` keeps its place; beyond ``short_lookahead`` waiting actions the order is FCFS."""
+
+    def first_started(aging_s: float = 60.0, lookahead: int = 256) -> list[str]:
+        mgr = cpu_pool(1, 2)
+        sched = TangramPolicy({"cpu": mgr}, aging_s=aging_s, short_lookahead=lookahead)
+        for i in range(2):
+            sched.submit(Action(f"r{i}", "tt", "cpu", (1,), Fixed(100.0), memory_gib=2.0), 0.0)
+        running = sched.schedule(0.0)
+        test = Action("test", "tt", "cpu", feasible_range(1, 2), Amdahl(60.0, 0.9), memory_gib=2.0)
+        sched.submit(test, 1.0)
+        sched.submit(Action("tool", "tt", "cpu", (1,), Fixed(0.5), memory_gib=2.0), 2.0)
+        sched.complete(running[0], 3.0)
+        return [g.action.id for g in sched.schedule(3.0)]
+
+    assert first_started() == ["tool"]
+    assert first_started(aging_s=1.5) == ["test"]  # the test has waited 2 s: it keeps its place
+    assert first_started(lookahead=1) == ["test"]  # the tool call is beyond the lookahead
+
+
 def test_tangram_never_waits_longer_than_starting_at_once_would_take() -> None:
     mgr = cpu_pool(1, 4)
     sched = TangramPolicy({"cpu": mgr})
     sched.submit(Action("big", "tb", "cpu", (3,), Fixed(50.0), memory_gib=2.0), 0.0)
     sched.submit(Action("t0", "tt", "cpu", (1,), Fixed(0.1), memory_gib=2.0), 0.0)
-    (_, first) = sched.schedule(0.0)
+    (first,) = [g for g in sched.schedule(0.0) if g.action.id == "t0"]
     sched.complete(first, 0.1)
     sched.schedule(0.1)
     # 4 cores at 50 s: 6 s + 50 s; one core now: 10.9 s. It starts at once on the one core.
