@@ -236,6 +236,15 @@ def check_unisolated(container: Json) -> None:
         raise StartError(f"volume mounts {unsupported} need bubblewrap (bwrap) on the test bed host")
 
 
+def hidden_in_sandbox(path: str) -> str | None:
+    """The top directory of ``path`` that every sandboxed container gets fresh (``SANDBOX_OWN``),
+    which hides what the host has below it; None when the sandbox sees ``path``. A checkout under
+    /tmp put the project's virtual environment there: every pod then failed with ``bwrap: execvp
+    tangram: No such file or directory``."""
+    parts = Path(path).parts
+    return parts[1] if len(parts) > 1 and parts[0] == "/" and parts[1] in SANDBOX_OWN else None
+
+
 def check_executable(container: Json, program: str, path_env: str) -> None:
     """Fails like containerd when the entrypoint cannot be found (bwrap would exit 1 instead)."""
     mounts = [str(m["mountPath"]) for m in container.get("volumeMounts") or []]

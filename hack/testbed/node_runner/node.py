@@ -23,6 +23,7 @@ from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
 from .api import Json, now_micro, now_rfc3339
+from .isolation import SANDBOX_OWN, hidden_in_sandbox
 from .network import IpPool
 from .resize import CoreMap, fit, pod_requests
 from .worker import PodWorker
@@ -105,6 +106,14 @@ class NodeRunner:
         self.api_host = args.api_host
         self.api_port = args.api_port
         self.bwrap = "" if args.no_bwrap else (shutil.which("bwrap") or "")
+        venv = os.path.dirname(sys.executable)
+        hidden = hidden_in_sandbox(venv) if self.bwrap else None
+        if hidden is not None:
+            raise SystemExit(
+                f"node runner: the project's virtual environment ({venv}) is under /{hidden}, which every"
+                f" sandboxed container gets fresh, so no pod would find `tangram` or `python` there."
+                f" Put the checkout elsewhere (not under /{', /'.join(sorted(SANDBOX_OWN))})."
+            )
         self.entrypoints: dict[str, Json] = {}
         if args.entrypoints:
             self.entrypoints = yaml.safe_load(Path(args.entrypoints).read_text()) or {}

@@ -108,6 +108,14 @@ def test_without_bubblewrap_only_the_service_account_volume_is_allowed() -> None
         isolation.check_unisolated({"name": "c", "volumeMounts": [{"name": "data", "mountPath": "/data"}]})
 
 
+def test_a_path_every_sandbox_gets_fresh_is_named() -> None:
+    assert isolation.hidden_in_sandbox("/tmp/checkout/.venv/bin") == "tmp"
+    assert isolation.hidden_in_sandbox("/run/x") == "run"
+    assert isolation.hidden_in_sandbox("/work/checkout/.venv/bin") is None
+    assert isolation.hidden_in_sandbox("/tmpfoo/.venv/bin") is None
+    assert isolation.hidden_in_sandbox("relative/tmp") is None
+
+
 def test_check_executable_fails_like_containerd() -> None:
     isolation.check_executable({"name": "c"}, sys.executable, "")
     isolation.check_executable({"name": "c"}, "sh", "/usr/bin:/bin")
