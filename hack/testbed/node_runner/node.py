@@ -121,7 +121,7 @@ class NodeRunner:
         # project's dependencies as the images would have them.
         self.path_env = os.pathsep.join(
             [
-                os.path.dirname(sys.executable),
+                venv,
                 "/usr/local/sbin",
                 "/usr/local/bin",
                 "/usr/sbin",

@@ -106,9 +106,7 @@ class TangramPolicy(Scheduler):
         self.max_evict = max_evict
         self.depth = depth
         self.aging_s = aging_s
-        # Short first (``_order``): a non-elastic action expected within ``short_s`` on a sandbox
-        # pool goes ahead of longer ones that have waited less than ``aging_s``, among the first
-        # ``short_lookahead`` waiting actions (bounded, so a decision stays O(1) in the queue).
+        # Short first (``_order``, ``is_short``); ``short_s`` 0 keeps plain FCFS.
         self.short_s = short_s
         self.short_lookahead = short_lookahead
         self.weights = dict(tenant_weights or {})
