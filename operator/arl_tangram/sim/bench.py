@@ -33,6 +33,7 @@ from arl_tangram.sim.planning import SimPlanner
 from arl_tangram.sim.steps import StepStats, run_steps
 from arl_tangram.sim.sweep import FAMILIES, SWEEP_POLICIES, run_variant
 from arl_tangram.sim.workload import (
+    BUILTIN,
     RewardSource,
     SearchSource,
     Workload,
@@ -361,9 +362,7 @@ def _table_steps(wl: Workload, steps: dict[str, StepStats]) -> str:
 def main_sim(argv: list[str]) -> int:
     """``tangram bench sim``."""
     ap = argparse.ArgumentParser(prog="tangram bench sim", description=__doc__)
-    ap.add_argument(
-        "--workload", default="ai-coding", help="built-in workload (ai-coding, reward-gpu, deepsearch, mixed)"
-    )
+    ap.add_argument("--workload", default="ai-coding", help=f"built-in workload ({', '.join(BUILTIN)})")
     ap.add_argument("--workload-file", help="a workload YAML file (see docs/workloads.md)")
     ap.add_argument("--policies", default=DEFAULT_POLICIES, help="comma-separated policies")
     ap.add_argument("--seed", type=int, help="override the workload's seed")
