@@ -433,7 +433,7 @@ static int write_main(const char *path, const unsigned char *code, uint32_t clen
 /* What the straight path below needs, given to serve() by the zygote (NULL: not given). */
 static PyObject *run_namespace;  /* the fresh __main__ every child starts from (child.py) */
 static PyObject *environ_data;   /* os.environ._data, the mapping os.environ reads */
-static PyObject *on_exception;   /* child.py's handler of an exception the code raised */
+static PyObject *on_end;         /* child.py's end_straight: what ends the run, as Python ends */
 
 static void put_environ(const unsigned char *delta, uint32_t dlen) {
     for (uint32_t i = 0; i < dlen;) {
@@ -457,11 +457,8 @@ static void put_environ(const unsigned char *delta, uint32_t dlen) {
 /* Names the straight path looks up, made once in the zygote (interned: the very objects the
  * dictionaries hold as keys), and the sys module's dict. A look-up by C string makes and drops a
  * str in every child, and each such allocation writes pages of the child's copy of the heap. */
-enum { K_ARGV, K_PATH, K_MODULES, K_STDOUT, K_STDERR, K_FLUSH, K_FILE, K_NUMPY, K_RANDOM, K_SEED, K_THREADING,
-       K_SHUTDOWN, K_ATEXIT, K_RUN_EXITFUNCS, N_NAMES };
-static const char *const name_text[N_NAMES] = {"argv", "path", "modules", "stdout", "stderr", "flush", "__file__",
-                                               "numpy", "random", "seed", "threading", "_shutdown", "atexit",
-                                               "_run_exitfuncs"};
+enum { K_ARGV, K_PATH, K_MODULES, K_FILE, K_NUMPY, K_RANDOM, K_SEED, N_NAMES };
+static const char *const name_text[N_NAMES] = {"argv", "path", "modules", "__file__", "numpy", "random", "seed"};
 static PyObject *names[N_NAMES];
 static PyObject *sys_dict;
 
@@ -484,16 +481,13 @@ static void call_method(PyObject *obj, int name) {
     PyErr_Clear();
 }
 
-static void flush_stream(int name) {
-    PyObject *stream = sys_get(name);
-    if (stream != NULL && stream != Py_None) call_method(stream, K_FLUSH);
-}
-
 /* Python code compiled by the manager, written to its main file: run it here, as `python main.py`
  * would, and exit. The same as child.py's _run_python_and_exit, without the Python function calls
  * in between: each of those wrote pages of its own (frames, reference counts, the interpreter's
- * per-instruction counters) and every page written is a copy-on-write fault in the child. An
- * exception goes to child.py's handler, which prints it as Python does. Never returns. */
+ * per-instruction counters) and every page written is a copy-on-write fault in the child. The end
+ * (an exception printed, threads, exit functions, streams, __main__ cleared, the status) is
+ * child.py's end_straight for both loops: done here by looking up atexit._run_exitfuncs and
+ * stream methods, the action's code could reassign them and fake its status. Never returns. */
 static void run_straight(const char *main_file, const unsigned char *compiled, uint32_t cblen,
                          const unsigned char *delta, uint32_t dlen) {
     put_environ(delta, dlen);
@@ -527,21 +521,16 @@ static void run_straight(const char *main_file, const unsigned char *compiled, u
     }
     PyObject *code = PyMarshal_ReadObjectFromString((const char *)compiled, (Py_ssize_t)cblen);
     PyObject *done = code ? PyEval_EvalCode(code, run_namespace, run_namespace) : NULL;
+    PyObject *exc = NULL;
     if (done == NULL) {
-        /* Its exit status comes from the handler, which never returns (nor does this). */
-        PyObject *exc = raised_exception();
-        PyObject *r = PyObject_CallOneArg(on_exception, exc ? exc : Py_None);
-        Py_XDECREF(r);
-        _exit(1);
+        exc = raised_exception();
+        /* No exception set with the run failed: never a success. */
+        if (exc == NULL) exc = PyObject_CallOneArg(PyExc_SystemError, names[K_FILE]);
+        if (exc == NULL) _exit(1);
     }
-    /* Only code that imported threading can have started threads: wait for them, as Python does. */
-    PyObject *threading = modules ? PyDict_GetItem(modules, names[K_THREADING]) : NULL;
-    if (threading != NULL) call_method(threading, K_SHUTDOWN);
-    PyObject *atexit = modules ? PyDict_GetItem(modules, names[K_ATEXIT]) : NULL;
-    if (atexit != NULL) call_method(atexit, K_RUN_EXITFUNCS);
-    flush_stream(K_STDOUT);
-    flush_stream(K_STDERR);
-    _exit(0);
+    PyObject *r = PyObject_CallOneArg(on_end, exc ? exc : Py_None);
+    Py_XDECREF(r);
+    _exit(1);
 }
 
 /* (kind, code, argv, env_delta, ctrl_fd, main_file, compiled) for the child's Python side. */
@@ -898,7 +887,7 @@ static PyObject *zygote_serve(PyObject *self, PyObject *args) {
         /* Kept for the process's life (the children's copies are theirs). */
         run_namespace = Py_NewRef(ns);
         environ_data = Py_NewRef(env);
-        on_exception = Py_NewRef(handler);
+        on_end = Py_NewRef(handler);
         if (prepare_names() < 0) return NULL;
     }
     int ep = epoll_create1(EPOLL_CLOEXEC);

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import builtins  # imported here, not in each child (an import statement there costs page faults)
+import gc
 import marshal
 import os
 import resource
@@ -33,6 +34,38 @@ _CTRL_FD = 3  # the persistent interpreter's control socket, after the child's f
 # a file of that name); removed with the workdir.
 MAIN_FILES = ("main.py", "main_.py", "main__.py")
 _MAX_FD = 1 << 30  # closerange's upper bound: everything
+# Taken when the zygote imports this module, before any action's code runs. The end of a run must
+# not go through names the action's code can reassign, as the interpreter's own end does not (it
+# calls C): with ``os._exit = lambda c: real(0)`` a failing program exited 0, and with
+# ``atexit._run_exitfuncs`` replaced its exit functions never ran.
+_EXIT = os._exit
+_RUN_EXITFUNCS = atexit._run_exitfuncs
+_COLLECT = gc.collect
+_KILL = os.kill
+_SIGNAL = signal.signal
+# The status that stands for "ends by SIGINT": an uncaught KeyboardInterrupt, as Python ends then.
+_BY_SIGINT = -int(signal.SIGINT)
+
+
+def _unraisable_args_type() -> Any:
+    """``sys.UnraisableHookArgs``, which ``sys`` does not name: the type of what the interpreter
+    hands ``sys.unraisablehook`` (taken from one error it reports), for a failed flush at the end."""
+    seen: list[Any] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = seen.append
+
+    class _Raises:
+        def __del__(self) -> None:
+            raise RuntimeError
+
+    try:
+        _Raises()
+    finally:
+        sys.unraisablehook = hook
+    return type(seen[0])
+
+
+_UNRAISABLE_ARGS = _unraisable_args_type()
 
 
 def _init_forward(sig: int, frame: object) -> None:
@@ -213,7 +246,7 @@ def _run_action(req: dict[str, Any], ctrl_fd: int | None) -> NoReturn:
     finally:
         # Whatever happens (say, user code closed the interpreter's control socket and the reply
         # raised), the child must never return into the fork server's loop below its caller.
-        os._exit(1)
+        _EXIT(1)
 
 
 def prepare_child_world() -> None:
@@ -255,10 +288,10 @@ def _die_with_parent() -> None:
 
 def straight_path() -> tuple[Any, ...]:
     """What the C loop's straight path for compiled Python code needs (_zygote.c's run_straight):
-    the prepared ``__main__`` namespace, the mapping behind ``os.environ``, and the handler of an
-    exception the code raises."""
+    the prepared ``__main__`` namespace, the mapping behind ``os.environ``, and what ends the run
+    (``end_straight``)."""
     environ: Any = os.environ
-    return (_CHILD_MAIN, environ._data, exit_after_exception)
+    return (_CHILD_MAIN, environ._data, end_straight)
 
 
 def warm_child_path() -> None:
@@ -289,11 +322,15 @@ def _fresh_std_streams() -> None:
 
 
 def _exit_code_of(exc: SystemExit) -> int:
+    """The status ``raise SystemExit(code)`` ends ``python`` with (``_Py_HandleSystemExit``): None
+    0; an int as C's ``(int)PyLong_AsLong`` gives it, so one beyond a C long is -1 (status 255,
+    where a mask gave ``sys.exit(2**64)`` 0) and the rest keeps its low 8 bits; anything else is
+    printed to stderr, status 1."""
     code = exc.code
     if code is None:
         return 0
     if isinstance(code, int):
-        return code & 0xFF
+        return code & 0xFF if -(1 << 63) <= code < (1 << 63) else 255
     with suppress(Exception):
         print(code, file=sys.stderr)
     return 1
@@ -320,13 +357,53 @@ def _run_code(
         # The interpreter's own C traceback printer: no traceback module to import in the child.
         with suppress(BaseException):
             sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-        return 1
+        return _status_after(exc)
 
 
-def _flush_std_streams() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        with suppress(Exception):
-            stream.flush()
+def _status_after(exc: BaseException) -> int:
+    """The status of a program ended by ``exc`` (not SystemExit): Python ends by SIGINT after a
+    KeyboardInterrupt of exactly that class (``run_eval_code_obj`` compares the class itself, so a
+    subclass ends with 1), else 1."""
+    return _BY_SIGINT if type(exc) is KeyboardInterrupt else 1
+
+
+def _flush_std_streams(say: bool = True) -> bool:
+    """Flush sys.stdout and sys.stderr as Python's ``flush_std_files`` does at its end; False when
+    one that is not closed failed (Python then exits 120, having said so for stdout once: a
+    program whose last output could not be written has not succeeded). ``say``: report a failed
+    stdout (the second flush, after ``__main__`` is cleared, does not say it again)."""
+    ok = True
+    out = sys.stdout
+    if out is not None and not getattr(out, "closed", False):
+        try:
+            out.flush()
+        except BaseException as exc:
+            ok = False
+            if say:
+                # As Python says it: "Exception ignored in: <stdout's repr>", then the error.
+                with suppress(BaseException):
+                    sys.unraisablehook(_UNRAISABLE_ARGS((type(exc), exc, None, None, out)))
+    err = sys.stderr
+    if err is not None and not getattr(err, "closed", False):
+        try:
+            err.flush()
+        except BaseException:
+            ok = False
+    return ok
+
+
+def _clear_main(namespace: dict[str, Any]) -> None:
+    """What Python's shutdown does to ``__main__`` (``_PyModule_ClearDict``): names with a single
+    leading underscore set to None first, then every other name but ``__builtins__``. Objects whose
+    last reference goes run their ``__del__`` and files left open are flushed and closed: a file
+    written and never closed kept nothing, and a finaliser's output was lost."""
+    for single in (True, False):
+        for key in list(namespace):
+            if key == "__builtins__" or not isinstance(key, str):
+                continue
+            if single == (key[:1] == "_" and key[1:2] != "_"):
+                with suppress(BaseException):
+                    namespace[key] = None
 
 
 def _write_main(path: str, source: str) -> bool:
@@ -375,36 +452,55 @@ def _run_python_and_exit(req: dict[str, Any]) -> NoReturn:
         # numpy's global generator is not reseeded at fork, unlike the random module's.
         with suppress(Exception):
             sys.modules["numpy"].random.seed()
-    _finish_and_exit(_run_code(req["code"], namespace, filename, compiled))
+    _finish_and_exit(_run_code(req["code"], namespace, filename, compiled), namespace)
 
 
-def exit_after_exception(exc: BaseException | None) -> NoReturn:
-    """The C loop's straight path (_zygote.c's run_straight): the action's code raised ``exc``.
-    Say it as ``python main.py`` would, and exit as it would."""
+def end_straight(exc: BaseException | None) -> NoReturn:
+    """The end of the C loop's straight path (_zygote.c's run_straight): the action's code ran to
+    its end (None) or raised ``exc``. Say it as ``python main.py`` would, and end as it would."""
     code = 1
     try:
-        if isinstance(exc, SystemExit):
+        if exc is None:
+            code = 0
+        elif isinstance(exc, SystemExit):
             code = _exit_code_of(exc)
-        elif exc is not None:
+        else:
             # The interpreter's own C traceback printer (its first entry is the code's own frame:
             # run from C, no frame of ours is on it).
             with suppress(BaseException):
                 sys.excepthook(type(exc), exc, exc.__traceback__)
+            code = _status_after(exc)
     finally:
         _finish_and_exit(code)
 
 
-def _finish_and_exit(code: int) -> NoReturn:
-    """What Python does after a program's main module: its threads, its exit functions, its
-    streams; then the exit."""
-    threading = sys.modules.get("threading")
-    if threading is not None:  # only code that imported it can have started threads
+def _finish_and_exit(code: int, namespace: dict[str, Any] | None = None) -> NoReturn:
+    """What Python does after a program's main module (``Py_FinalizeEx``): its threads, its exit
+    functions, its streams, a collection and ``__main__`` cleared (finalisers run, open files are
+    flushed), its streams again; then the exit: 120 when a stream could not be flushed, and by
+    SIGINT after a KeyboardInterrupt. Every name it calls was taken before the action's code ran."""
+    try:
+        threading = sys.modules.get("threading")
+        if threading is not None:  # only code that imported it can have started threads
+            with suppress(BaseException):
+                threading._shutdown()  # wait for non-daemon threads (Python looks it up too)
         with suppress(BaseException):
-            threading._shutdown()  # wait for non-daemon threads, as python -c does
-    with suppress(BaseException):
-        atexit._run_exitfuncs()
-    _flush_std_streams()
-    os._exit(code)
+            _RUN_EXITFUNCS()
+        flushed = _flush_std_streams()
+        with suppress(BaseException):
+            _COLLECT()
+            _clear_main(namespace if namespace is not None else _CHILD_MAIN or {})
+            _COLLECT()
+        flushed = _flush_std_streams(say=flushed) and flushed
+        if code == _BY_SIGINT:
+            with suppress(BaseException):
+                _SIGNAL(signal.SIGINT, signal.SIG_DFL)
+                _KILL(os.getpid(), signal.SIGINT)
+            code = 130
+        elif not flushed:
+            code = 120
+    finally:
+        _EXIT(code if 0 <= code <= 255 else 1)
 
 
 def _interpreter_loop() -> NoReturn:
@@ -421,15 +517,15 @@ def _interpreter_loop() -> NoReturn:
         try:
             header, fds, _, _ = socket.recv_fds(ctrl, 4, 3)
         except OSError:
-            os._exit(0)
+            _EXIT(0)
         if len(header) < 4:
-            os._exit(0)
+            _EXIT(0)
         (length,) = struct.unpack("<I", header)
         payload = bytearray()
         while len(payload) < length:
             chunk = ctrl.recv(length - len(payload))
             if not chunk:
-                os._exit(0)
+                _EXIT(0)
             payload += chunk
         request = marshal.loads(bytes(payload))
         for target, fd in zip((0, 1, 2), fds, strict=False):
@@ -439,6 +535,8 @@ def _interpreter_loop() -> NoReturn:
             os.sched_setaffinity(0, request["cores"])
         os.environ.update(request.get("env") or {})
         code = _run_code(request["code"], namespace)
+        if code == _BY_SIGINT:
+            code = 1  # a KeyboardInterrupt ends the call, not the session (as at a Python prompt)
         _flush_std_streams()
         for target in (0, 1, 2):
             os.dup2(devnull, target)

@@ -33,7 +33,9 @@ def forkserver_environment() -> dict[str, str]:
         "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
         "LANG": "C.UTF-8",
         "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONIOENCODING": "utf-8",
+        # What `python` has under C.UTF-8: UTF-8, and surrogateescape on stdin and stdout (a
+        # lone surrogate printed, as from a file name read as bytes, is written, not an error).
+        "PYTHONIOENCODING": "utf-8:surrogateescape",
         "LD_BIND_NOW": "1",
     }
     if "PYTHONPATH" in os.environ:

@@ -1181,6 +1181,10 @@ class _ZygoteLink:
         return parse_record(data), fds
 
 
+# Every signal a process may set a disposition for (SIGKILL and SIGSTOP have none to reset).
+_DEFAULTED_SIGNALS = tuple(sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}))
+
+
 def _spawn_zygote(fd: int, config: dict[str, Any], pid_namespace: bool, agent_fd: int) -> int:
     """Start the zygote as a fresh interpreter (``python -c``, zygote.main) on ``fd``.
 
@@ -1198,11 +1202,17 @@ def _spawn_zygote(fd: int, config: dict[str, Any], pid_namespace: bool, agent_fd
         argv = [sys.executable, "-c", start, str(fd), marshal.dumps(config).hex()]
         # The agent's socket is the manager's alone: the agent must see it close when the manager
         # is gone, zygote or not.
+        # Every signal at its default and none blocked, as a program started from a shell has
+        # them: the zygote's are every action's, and a disposition inherited from whoever
+        # started the agent (a background job's SIGINT ignored) made `os.kill(os.getpid(),
+        # SIGINT)` a success where `python main.py` dies of it.
         return os.posix_spawn(
             sys.executable,
             [*argv, "1" if pid_namespace else "0"],
             os.environ,
             file_actions=[(os.POSIX_SPAWN_CLOSE, agent_fd)],
+            setsigdef=_DEFAULTED_SIGNALS,
+            setsigmask=(),
         )
     finally:
         os.set_inheritable(fd, False)

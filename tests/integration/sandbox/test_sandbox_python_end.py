@@ -1,0 +1,94 @@
+"""A Python program ends in the sandbox exactly as under ``python main.py``: each program below runs
+through a real agent (``/run_code``, both fork loops) and as a plain ``python main.py`` in a fresh
+directory, and the two must give the same status, signal, stdout and verdict. None of the expected
+values is written here: the reference is the interpreter itself.
+
+The programs are the ways a run's end was found to differ: ones that fake success by reassigning
+what the sandbox's own end called (``os._exit``, ``atexit._run_exitfuncs``), exit statuses beyond
+a C long, SIGINT raised or inherited, stdout that cannot be flushed at exit (Python's 120), what
+shutdown does (finalisers, generators' ``finally``, files left open) and a lone surrogate printed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sandbox_agent_harness import Agent
+
+PROGRAMS = {
+    "os._exit reassigned, then a failed assert": (
+        "import os\nreal = os._exit\nos._exit = lambda code: real(0)\nassert 1 == 2\n"
+    ),
+    "atexit._run_exitfuncs reassigned to exit 0": (
+        "import atexit, os\natexit._run_exitfuncs = lambda: os._exit(0)\nraise SystemExit(1)\n"
+    ),
+    "atexit._run_exitfuncs emptied, an exit function that fails": (
+        "import atexit, os\natexit.register(lambda: os._exit(3))\natexit._run_exitfuncs = lambda: None\n"
+    ),
+    "sys.exit beyond a C long": "import sys\nsys.exit(2**64)\n",
+    "sys.exit far below": "import sys\nsys.exit(-2**70)\n",
+    "sys.exit of 2**32": "import sys\nsys.exit(2**32)\n",
+    "SIGINT to itself": "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.2)\nprint('survived')\n",
+    "SIGINT in a child shell": (
+        "import subprocess, sys\nsys.exit(subprocess.run(['sh', '-c', 'kill -INT $$; echo survived']).returncode)\n"
+    ),
+    "KeyboardInterrupt raised": "raise KeyboardInterrupt\n",
+    "a KeyboardInterrupt subclass raised": "class Stop(KeyboardInterrupt):\n    pass\nraise Stop\n",
+    "stdout closed under its buffer": "import os, sys\nsys.stdout.write('answer')\nos.close(1)\n",
+    "stdout on a full device": "import os\nos.dup2(os.open('/dev/full', os.O_WRONLY), 1)\nprint('answer')\n",
+    "a finaliser that prints": "class A:\n    def __del__(self):\n        print('answer 42')\na = A()\n",
+    "a generator's finally at shutdown": (
+        "def g():\n    try:\n        yield 1\n    finally:\n        print('cleanup')\nx = g()\nnext(x)\n"
+    ),
+    "a finaliser that exits": "import sys\nclass A:\n    def __del__(self):\n        sys.exit(4)\na = A()\nprint('ok')\n",
+    "a lone surrogate printed": "print('\\udcff')\n",
+    "a plain failure": "assert 1 == 2\n",
+    "a plain success": "print(sum(range(10)))\n",
+}
+
+
+def _outside(code: str, tmp_path: Path) -> dict[str, Any]:
+    """``python main.py`` in a fresh directory, with the environment a container's shell gives."""
+    (tmp_path / "main.py").write_text(code)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "main.py"], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=30
+    )
+    return {"return_code": done.returncode, "stdout": done.stdout.decode("utf-8", "replace")}
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_a_program_ends_as_under_python(loop_agent: Agent, name: str, tmp_path: Path) -> None:
+    code = PROGRAMS[name]
+    want = _outside(code, tmp_path)
+    resp = loop_agent.post("/run_code", {"code": code, "language": "python", "run_timeout": 20})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    run = body["run_result"]
+    got = {"return_code": run["return_code"], "stdout": run["stdout"]}
+    assert got == want, (name, body)
+    assert body["status"] == ("Success" if want["return_code"] == 0 else "Failed"), (name, body)
+
+
+def test_a_file_left_open_is_written_at_the_end(loop_agent: Agent) -> None:
+    """Python's shutdown closes (and so flushes) a file the program never closed: fetched after the
+    run, it holds what was written."""
+    code = "f = open('answer.txt', 'w')\nf.write('42')\n"
+    resp = loop_agent.post("/run_code", {"code": code, "language": "python", "fetch_files": ["answer.txt"]})
+    body = resp.json()
+    assert body["status"] == "Success", body
+    assert body["files"]["answer.txt"] == "NDI=", body  # base64 of "42"
+
+
+def test_a_failed_flush_at_the_end_is_said_once_as_python_says_it(loop_agent: Agent) -> None:
+    code = PROGRAMS["stdout closed under its buffer"]
+    run = loop_agent.post("/run_code", {"code": code, "language": "python"}).json()["run_result"]
+    assert run["return_code"] == 120
+    assert run["stderr"] == (
+        "Exception ignored in: <_io.TextIOWrapper name='<stdout>' mode='w' encoding='utf-8'>\n"
+        "OSError: [Errno 9] Bad file descriptor\n"
+    )
