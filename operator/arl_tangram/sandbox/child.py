@@ -488,9 +488,12 @@ def _finish_and_exit(code: int, namespace: dict[str, Any] | None = None) -> NoRe
             _RUN_EXITFUNCS()
         flushed = _flush_std_streams()
         with suppress(BaseException):
-            _COLLECT()
-            _clear_main(namespace if namespace is not None else _CHILD_MAIN or {})
-            _COLLECT()
+            # Not while daemon threads run: Python's shutdown stops them first (they never take the
+            # interpreter again), and one that went on would find its globals gone.
+            if threading is None or threading.active_count() <= 1:
+                _COLLECT()
+                _clear_main(namespace if namespace is not None else _CHILD_MAIN or {})
+                _COLLECT()
         flushed = _flush_std_streams(say=flushed) and flushed
         if code == _BY_SIGINT:
             with suppress(BaseException):

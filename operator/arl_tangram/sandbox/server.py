@@ -178,7 +178,10 @@ def _decode_files(files: dict[str, str] | dict[str, str | None]) -> dict[str, by
             continue
         workfiles.split_relpath(f"files[{path!r}]", path)
         try:
-            out[path] = base64.b64decode(content or "", validate=True)
+            # Line breaks and spaces are allowed, as SandboxFusion (b64decode without validation)
+            # allows them: base64.encodebytes and MIME encoders break lines every 76 characters.
+            # Anything else outside the alphabet is refused, where SandboxFusion drops it unsaid.
+            out[path] = base64.b64decode("".join((content or "").split()), validate=True)
         except (binascii.Error, ValueError) as exc:
             raise InvalidSpec(f"files[{path!r}]", f"not valid base64: {exc}") from exc
     return out

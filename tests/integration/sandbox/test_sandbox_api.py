@@ -79,6 +79,21 @@ def test_run_code_files_stdin_and_fetch(agent: Agent) -> None:
     assert "missing.txt" not in body["files"]
 
 
+def test_run_code_files_in_base64_with_line_breaks_are_written_and_garbage_is_refused(agent: Agent) -> None:
+    """``base64.encodebytes`` (MIME) breaks lines every 76 characters; SandboxFusion decodes that,
+    and so do we. What is neither base64 nor whitespace is a 400 that names the file."""
+    data = bytes(range(256)) * 2
+    code = "import sys\nsys.stdout.write(open('blob.bin', 'rb').read().hex())"
+    files = {"blob.bin": base64.encodebytes(data).decode()}
+    assert "\n" in files["blob.bin"].rstrip()
+    body = agent.post("/run_code", {"code": code, "language": "python", "files": files}).json()
+    assert body["status"] == "Success", body
+    assert body["run_result"]["stdout"] == data.hex()
+    resp = agent.post("/run_code", {"code": "pass", "language": "python", "files": {"x.txt": "aGk*"}})
+    assert resp.status_code == 400
+    assert "x.txt" in resp.json()["message"] and "base64" in resp.json()["message"]
+
+
 def test_run_code_bash_and_unknown_language(agent: Agent) -> None:
     body = agent.post("/run_code", {"code": "echo $((6*7))", "language": "bash"}).json()
     assert body["run_result"]["stdout"] == "42\n"
