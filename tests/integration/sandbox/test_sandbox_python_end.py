@@ -32,9 +32,12 @@ PROGRAMS = {
     "sys.exit beyond a C long": "import sys\nsys.exit(2**64)\n",
     "sys.exit far below": "import sys\nsys.exit(-2**70)\n",
     "sys.exit of 2**32": "import sys\nsys.exit(2**32)\n",
-    "SIGINT to itself": "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.2)\nprint('survived')\n",
+    "SIGINT to itself": (
+        "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.2)\nprint('survived')\n"
+    ),
     "SIGINT in a child shell": (
-        "import subprocess, sys\nsys.exit(subprocess.run(['sh', '-c', 'kill -INT $$; echo survived']).returncode)\n"
+        "import subprocess, sys\n"
+        "sys.exit(subprocess.run(['sh', '-c', 'kill -INT $$; echo survived']).returncode)\n"
     ),
     "KeyboardInterrupt raised": "raise KeyboardInterrupt\n",
     "a KeyboardInterrupt subclass raised": "class Stop(KeyboardInterrupt):\n    pass\nraise Stop\n",
@@ -44,7 +47,9 @@ PROGRAMS = {
     "a generator's finally at shutdown": (
         "def g():\n    try:\n        yield 1\n    finally:\n        print('cleanup')\nx = g()\nnext(x)\n"
     ),
-    "a finaliser that exits": "import sys\nclass A:\n    def __del__(self):\n        sys.exit(4)\na = A()\nprint('ok')\n",
+    "a finaliser that exits": (
+        "import sys\nclass A:\n    def __del__(self):\n        sys.exit(4)\na = A()\nprint('ok')\n"
+    ),
     "a lone surrogate printed": "print('\\udcff')\n",
     "a plain failure": "assert 1 == 2\n",
     "a plain success": "print(sum(range(10)))\n",
@@ -56,7 +61,12 @@ def _outside(code: str, tmp_path: Path) -> dict[str, Any]:
     (tmp_path / "main.py").write_text(code)
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(tmp_path)}
     done = subprocess.run(
-        [sys.executable, "main.py"], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=30
+        [sys.executable, "main.py"],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=30,
     )
     return {"return_code": done.returncode, "stdout": done.stdout.decode("utf-8", "replace")}
 
