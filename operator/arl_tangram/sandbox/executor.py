@@ -323,18 +323,13 @@ class Executor:
             if len(spec.code.encode()) > MAX_ARG_BYTES:
                 raise InvalidSpec("code", f"bash code is limited to {MAX_ARG_BYTES} bytes")
             return ["/bin/bash", "-c", spec.code]
-        return [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-n",
-            str(dop if dop > 1 else 0),
-            PYTEST_FILE,
-            *spec.args,
-        ]
+        # With more than one core the test files run in parallel, but each file's tests run in
+        # one worker, in the file's order (``--dist loadfile``): a file's tests may share module
+        # state (one fills a list, the next reads it), and dealt out one by one to the workers
+        # they failed where plain pytest passes them.
+        xdist = ["-n", str(dop), "--dist", "loadfile"] if dop > 1 else ["-n", "0"]
+        pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        return [*pytest, *xdist, PYTEST_FILE, *spec.args]
 
     def _env(self, workdir: str, dop: int) -> dict[str, str]:
         bindir = os.path.dirname(sys.executable)

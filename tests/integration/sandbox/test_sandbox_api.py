@@ -120,6 +120,11 @@ def test_pytest_runtime_gets_its_dop_from_the_core_grant(agent: Agent) -> None:
     body = agent.execute(code, runtime="pytest", ncores=2, timeout_s=60)
     assert body["status"] == "ok", body["stdout"]
     assert "2 passed" in str(body["stdout"])
+    # Tests of one file that share module state pass with two cores, as under plain pytest: the
+    # file's tests stay in one worker, in order.
+    shared = "state = []\ndef test_a():\n    state.append(1)\ndef test_b():\n    assert state == [1]\n"
+    body = agent.execute(shared, runtime="pytest", ncores=2, timeout_s=60)
+    assert body["status"] == "ok", body["stdout"]
     body = agent.execute("def test_fails():\n    assert 1 == 2\n", runtime="pytest", timeout_s=60)
     assert body["status"] == "failed"
     assert "1 failed" in str(body["stdout"])
