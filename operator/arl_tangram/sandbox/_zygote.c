@@ -525,7 +525,7 @@ static void run_straight(const char *main_file, const unsigned char *compiled, u
     if (done == NULL) {
         exc = raised_exception();
         /* No exception set with the run failed: never a success. */
-        if (exc == NULL) exc = PyObject_CallOneArg(PyExc_SystemError, names[K_FILE]);
+        if (exc == NULL) exc = PyObject_CallFunction(PyExc_SystemError, "s", "the program failed with no exception set");
         if (exc == NULL) _exit(1);
     }
     PyObject *r = PyObject_CallOneArg(on_end, exc ? exc : Py_None);

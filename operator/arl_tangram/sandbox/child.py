@@ -8,6 +8,7 @@ it ctypes) only where the Python loop's children need it: the zygote of the C lo
 
 from __future__ import annotations
 
+import _signal
 import atexit
 import builtins  # imported here, not in each child (an import statement there costs page faults)
 import gc
@@ -22,6 +23,12 @@ import types
 from arl_tangram.sandbox import wire
 from arl_tangram.sandbox.lean import suppress
 from arl_tangram.sandbox.zygote_wire import status_record
+
+# The builtins this module's functions see (a function takes them when it is defined): a copy made
+# at import, before any action's code runs. The action's code shares the builtins module with the
+# end of its run, and reassigning ``builtins.SystemExit`` or ``builtins.isinstance`` there must not
+# change how its status is read (Python reads it in C).
+globals()["__builtins__"] = dict(builtins.__dict__)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -42,9 +49,15 @@ _EXIT = os._exit
 _RUN_EXITFUNCS = atexit._run_exitfuncs
 _COLLECT = gc.collect
 _KILL = os.kill
-_SIGNAL = signal.signal
+_GETPID = os.getpid
+_SIGNAL = _signal.signal  # signal.signal is Python code that reads names of the signal module
+_SIGINT = int(signal.SIGINT)
+_SIG_DFL = int(signal.SIG_DFL)
+_INT_VALUE = int.__int__  # an int subclass's own value, whatever it overrides
 # The status that stands for "ends by SIGINT": an uncaught KeyboardInterrupt, as Python ends then.
-_BY_SIGINT = -int(signal.SIGINT)
+_BY_SIGINT = -_SIGINT
+# What ``_clear_main`` releases first: not these (a finaliser calls them through the globals).
+_CODE_LIKE = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type)
 
 
 def _unraisable_args_type() -> Any:
@@ -326,11 +339,12 @@ def _exit_code_of(exc: SystemExit) -> int:
     0; an int as C's ``(int)PyLong_AsLong`` gives it, so one beyond a C long is -1 (status 255,
     where a mask gave ``sys.exit(2**64)`` 0) and the rest keeps its low 8 bits; anything else is
     printed to stderr, status 1."""
-    code = exc.code
+    code: Any = exc.code
     if code is None:
         return 0
-    if isinstance(code, int):
-        return code & 0xFF if -(1 << 63) <= code < (1 << 63) else 255
+    if issubclass(type(code), int):  # PyLong_Check: the real type, not ``__class__``
+        value: int = _INT_VALUE(code)  # the value, not what a subclass's ``__and__`` says
+        return value & 0xFF if -(1 << 63) <= value < (1 << 63) else 255
     with suppress(Exception):
         print(code, file=sys.stderr)
     return 1
@@ -354,10 +368,17 @@ def _run_code(
     except BaseException as exc:
         # Skip our own frame, as the interpreter's own traceback would.
         tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
-        # The interpreter's own C traceback printer: no traceback module to import in the child.
-        with suppress(BaseException):
-            sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        _report(exc.with_traceback(tb))
         return _status_after(exc)
+
+
+def _report(exc: BaseException) -> None:
+    """As ``PyErr_Print`` after a program's uncaught exception: ``sys.last_*`` set (the exit
+    functions may read them), then ``sys.excepthook``, the interpreter's own C printer unless the
+    program set another (no traceback module to import in the child)."""
+    with suppress(BaseException):
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
+        sys.excepthook(type(exc), exc, exc.__traceback__)
 
 
 def _status_after(exc: BaseException) -> int:
@@ -374,17 +395,19 @@ def _flush_std_streams(say: bool = True) -> bool:
     stdout (the second flush, after ``__main__`` is cleared, does not say it again)."""
     ok = True
     out = sys.stdout
-    if out is not None and not getattr(out, "closed", False):
+    if out is not None and not _is_closed(out):
         try:
             out.flush()
         except BaseException as exc:
             ok = False
             if say:
-                # As Python says it: "Exception ignored in: <stdout's repr>", then the error.
+                # As Python says it: "Exception ignored in: <stdout's repr>", then the error with
+                # its traceback from the stream's own flush (none from a C one).
+                tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
                 with suppress(BaseException):
-                    sys.unraisablehook(_UNRAISABLE_ARGS((type(exc), exc, None, None, out)))
+                    sys.unraisablehook(_UNRAISABLE_ARGS((type(exc), exc, tb, None, out)))
     err = sys.stderr
-    if err is not None and not getattr(err, "closed", False):
+    if err is not None and not _is_closed(err):
         try:
             err.flush()
         except BaseException:
@@ -392,11 +415,28 @@ def _flush_std_streams(say: bool = True) -> bool:
     return ok
 
 
+def _is_closed(stream: Any) -> bool:
+    """Python's ``file_is_closed``: a ``closed`` that cannot be read or tested counts as open."""
+    try:
+        return bool(stream.closed)
+    except BaseException:
+        return False
+
+
 def _clear_main(namespace: dict[str, Any]) -> None:
-    """What Python's shutdown does to ``__main__`` (``_PyModule_ClearDict``): names with a single
-    leading underscore set to None first, then every other name but ``__builtins__``. Objects whose
-    last reference goes run their ``__del__`` and files left open are flushed and closed: a file
-    written and never closed kept nothing, and a finaliser's output was lost."""
+    """Release what ``__main__`` holds, as Python's shutdown does. There the module's dict dies as
+    a cycle, and every finaliser runs with the globals in place (PEP 442); here the dict was made
+    in the zygote and is frozen (``gc.freeze``), so it is never garbage. Its objects are released
+    first, the newest first (an object's finaliser may use an older one), keeping its functions,
+    classes and modules, which a finaliser calls through the globals. Then its names are cleared
+    as ``_PyModule_ClearDict`` clears a module still alive: a single leading underscore first,
+    every other but ``__builtins__`` next. Finalisers run, and files left open are flushed and
+    closed: a file written and never closed kept nothing, and a finaliser's output was lost."""
+    for key in reversed(list(namespace)):
+        if isinstance(key, str) and not key.startswith("__"):
+            with suppress(BaseException):
+                if not isinstance(namespace[key], _CODE_LIKE):
+                    namespace[key] = None
     for single in (True, False):
         for key in list(namespace):
             if key == "__builtins__" or not isinstance(key, str):
@@ -404,6 +444,25 @@ def _clear_main(namespace: dict[str, Any]) -> None:
             if single == (key[:1] == "_" and key[1:2] != "_"):
                 with suppress(BaseException):
                     namespace[key] = None
+
+
+def _forget_last_exception() -> None:
+    """As ``finalize_modules_delete_special``: ``sys.last_*`` deleted before the collection, and
+    the tracebacks of that exception (and of its cause and context) cut, as the C loop's caller
+    still holds the exception: its frames, and what they hold, can then be released."""
+    value = sys.__dict__.get("last_value")
+    for name in ("last_type", "last_value", "last_traceback"):
+        sys.__dict__.pop(name, None)
+    pending = [value]
+    seen: set[int] = set()
+    while pending:
+        exc = pending.pop()
+        if not isinstance(exc, BaseException) or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        with suppress(BaseException):
+            exc.__traceback__ = None
+        pending += [exc.__cause__, exc.__context__]
 
 
 def _write_main(path: str, source: str) -> bool:
@@ -465,10 +524,8 @@ def end_straight(exc: BaseException | None) -> NoReturn:
         elif isinstance(exc, SystemExit):
             code = _exit_code_of(exc)
         else:
-            # The interpreter's own C traceback printer (its first entry is the code's own frame:
-            # run from C, no frame of ours is on it).
-            with suppress(BaseException):
-                sys.excepthook(type(exc), exc, exc.__traceback__)
+            # Its first entry is the code's own frame: run from C, no frame of ours is on it.
+            _report(exc)
             code = _status_after(exc)
     finally:
         _finish_and_exit(code)
@@ -488,6 +545,7 @@ def _finish_and_exit(code: int, namespace: dict[str, Any] | None = None) -> NoRe
             _RUN_EXITFUNCS()
         flushed = _flush_std_streams()
         with suppress(BaseException):
+            _forget_last_exception()
             # Not while daemon threads run: Python's shutdown stops them first (they never take the
             # interpreter again), and one that went on would find its globals gone.
             if threading is None or threading.active_count() <= 1:
@@ -497,8 +555,8 @@ def _finish_and_exit(code: int, namespace: dict[str, Any] | None = None) -> NoRe
         flushed = _flush_std_streams(say=flushed) and flushed
         if code == _BY_SIGINT:
             with suppress(BaseException):
-                _SIGNAL(signal.SIGINT, signal.SIG_DFL)
-                _KILL(os.getpid(), signal.SIGINT)
+                _SIGNAL(_SIGINT, _SIG_DFL)
+                _KILL(_GETPID(), _SIGINT)
             code = 130
         elif not flushed:
             code = 120

@@ -323,11 +323,14 @@ class Executor:
             if len(spec.code.encode()) > MAX_ARG_BYTES:
                 raise InvalidSpec("code", f"bash code is limited to {MAX_ARG_BYTES} bytes")
             return ["/bin/bash", "-c", spec.code]
-        # With more than one core the test files run in parallel, but each file's tests run in
-        # one worker, in the file's order (``--dist loadfile``): a file's tests may share module
-        # state (one fills a list, the next reads it), and dealt out one by one to the workers
-        # they failed where plain pytest passes them.
-        xdist = ["-n", str(dop), "--dist", "loadfile"] if dop > 1 else ["-n", "0"]
+        # Test files run in parallel on more than one core, each file's tests in one worker, in
+        # the file's order (``--dist loadfile``): a file's tests may share module state (one fills
+        # a list, the next reads it), and dealt out one by one to the workers they failed where
+        # plain pytest passes them. The request's own file alone (no ``args`` naming others) has
+        # nothing to run in parallel: no workers are started for it, and its tests may use the
+        # cores themselves (``TANGRAM_DOP``).
+        parallel = dop > 1 and bool(spec.args)
+        xdist = ["-n", str(dop), "--dist", "loadfile"] if parallel else ["-n", "0"]
         pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
         return [*pytest, *xdist, PYTEST_FILE, *spec.args]
 

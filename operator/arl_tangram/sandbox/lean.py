@@ -3,6 +3,12 @@ module a forking process holds is paid again by each fork): no contextlib, typin
 
 from __future__ import annotations
 
+import builtins
+
+# The builtins this module's functions see: a copy made at import. ``suppress`` ends the sandboxed
+# program's run (child.py), after the program's code could reassign ``builtins.issubclass``.
+globals()["__builtins__"] = dict(builtins.__dict__)
+
 
 class suppress:  # contextlib.suppress without importing contextlib
     __slots__ = ("kinds",)

@@ -113,11 +113,21 @@ def test_pytest_runtime_gets_its_dop_from_the_core_grant(agent: Agent) -> None:
         "def test_dop():\n"
         "    assert os.environ['TANGRAM_DOP'] == '2'\n"
         "    assert len(os.sched_getaffinity(0)) == 2\n"
-        "    assert os.environ['PYTEST_XDIST_WORKER_COUNT'] == '2'\n"
+        "    assert 'PYTEST_XDIST_WORKER' not in os.environ\n"  # one file: nothing to share out
         "def test_other():\n"
         "    assert 1 + 1 == 2\n"
     )
     body = agent.execute(code, runtime="pytest", ncores=2, timeout_s=60)
+    assert body["status"] == "ok", body["stdout"]
+    assert "2 passed" in str(body["stdout"])
+    # Files named in args run in parallel, one worker per file at a time.
+    in_workers = (
+        "import os\ndef test_in_a_worker():\n    assert os.environ['PYTEST_XDIST_WORKER_COUNT'] == '2'\n"
+    )
+    more = {"test_more.py": base64.b64encode(in_workers.encode()).decode()}
+    body = agent.execute(
+        in_workers, runtime="pytest", ncores=2, timeout_s=60, files=more, args=["test_more.py"]
+    )
     assert body["status"] == "ok", body["stdout"]
     assert "2 passed" in str(body["stdout"])
     # Tests of one file that share module state pass with two cores, as under plain pytest: the

@@ -4,13 +4,16 @@ directory, and the two must give the same status, signal, stdout and verdict. No
 values is written here: the reference is the interpreter itself.
 
 The programs are the ways a run's end was found to differ: ones that fake success by reassigning
-what the sandbox's own end called (``os._exit``, ``atexit._run_exitfuncs``), exit statuses beyond
-a C long, SIGINT raised or inherited, stdout that cannot be flushed at exit (Python's 120), what
-shutdown does (finalisers, generators' ``finally``, files left open) and a lone surrogate printed.
+what the sandbox's own end called (``os._exit``, ``atexit._run_exitfuncs``, builtins, ``signal``
+names, an int subclass's operators, a stream's ``closed``), exit statuses beyond a C long, SIGINT
+raised or inherited, stdout that cannot be flushed at exit (Python's 120), what shutdown does
+(finalisers, generators' ``finally``, files left open) and a lone surrogate printed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -47,13 +50,44 @@ PROGRAMS = {
     "a generator's finally at shutdown": (
         "def g():\n    try:\n        yield 1\n    finally:\n        print('cleanup')\nx = g()\nnext(x)\n"
     ),
-    "a finaliser that exits": (
-        "import sys\nclass A:\n    def __del__(self):\n        sys.exit(4)\na = A()\nprint('ok')\n"
+    "a finaliser that uses a module and an older object": (
+        "import os\nlog = ['kept']\nclass A:\n    def __del__(self):\n"
+        "        print(os.getpid() > 0, log)\na = A()\n"
+    ),
+    "an int subclass whose & says 0": (
+        "import sys\nclass C(int):\n    def __and__(self, other):\n        return 0\nsys.exit(C(3))\n"
+    ),
+    "an exit code that claims to be an int": (
+        "class F:\n    @property\n    def __class__(self):\n        return int\n"
+        "    def __and__(self, other):\n        return 0\nraise SystemExit(F())\n"
+    ),
+    "builtins.SystemExit rebound, a failure raised": (
+        "import builtins\nbuiltins.SystemExit = AssertionError\n"
+        "e = AssertionError('no')\ne.code = 0\nraise e\n"
+    ),
+    "builtins.isinstance and issubclass rebound": (
+        "import builtins\nbuiltins.isinstance = lambda o, t: True\nbuiltins.issubclass = lambda c, t: False\n"
+        "raise ValueError('no')\n"
+    ),
+    "signal.SIG_DFL rebound, then KeyboardInterrupt": (
+        "import os, signal\nsignal.SIG_DFL = lambda *a, _exit=os._exit: _exit(0)\nraise KeyboardInterrupt\n"
+    ),
+    "a stdout whose closed raises and whose flush fails": (
+        "import sys\nclass Out:\n    def write(self, s):\n        return len(s)\n    @property\n"
+        "    def closed(self):\n        raise ValueError\n    def flush(self):\n        raise OSError('no')\n"
+        "sys.stdout = Out()\n"
     ),
     "a lone surrogate printed": "print('\\udcff')\n",
     "a plain failure": "assert 1 == 2\n",
     "a plain success": "print(sum(range(10)))\n",
 }
+
+
+def _default_signals() -> None:
+    for sig in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}:
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
 
 
 def _outside(code: str, tmp_path: Path) -> dict[str, Any]:
@@ -67,6 +101,7 @@ def _outside(code: str, tmp_path: Path) -> dict[str, Any]:
         stdin=subprocess.DEVNULL,
         capture_output=True,
         timeout=30,
+        preexec_fn=_default_signals,  # not this test run's (a background job ignores SIGINT)
     )
     return {"return_code": done.returncode, "stdout": done.stdout.decode("utf-8", "replace")}
 
