@@ -363,13 +363,21 @@ def _run_code(
             # ``python file.py`` does not have either (annotations would come back as strings).
             exec(compile(source or "", filename, "exec", dont_inherit=True), namespace)
         return 0
-    except SystemExit as exc:
-        return _exit_code_of(exc)
     except BaseException as exc:
         # Skip our own frame, as the interpreter's own traceback would.
         tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
-        _report(exc.with_traceback(tb))
-        return _status_after(exc)
+        return _status_of(exc.with_traceback(tb))
+
+
+def _status_of(exc: BaseException) -> int:
+    """The status of a program ended by ``exc``, said as Python says it: a SystemExit's code
+    (``_exit_code_of``); otherwise the exception reported (``_report``), then the end by SIGINT
+    after a KeyboardInterrupt of exactly that class (``run_eval_code_obj`` compares the class
+    itself, so a subclass ends with 1), else 1."""
+    if isinstance(exc, SystemExit):
+        return _exit_code_of(exc)
+    _report(exc)
+    return _BY_SIGINT if type(exc) is KeyboardInterrupt else 1
 
 
 def _report(exc: BaseException) -> None:
@@ -379,13 +387,6 @@ def _report(exc: BaseException) -> None:
     with suppress(BaseException):
         sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
         sys.excepthook(type(exc), exc, exc.__traceback__)
-
-
-def _status_after(exc: BaseException) -> int:
-    """The status of a program ended by ``exc`` (not SystemExit): Python ends by SIGINT after a
-    KeyboardInterrupt of exactly that class (``run_eval_code_obj`` compares the class itself, so a
-    subclass ends with 1), else 1."""
-    return _BY_SIGINT if type(exc) is KeyboardInterrupt else 1
 
 
 def _flush_std_streams(say: bool = True) -> bool:
@@ -519,14 +520,8 @@ def end_straight(exc: BaseException | None) -> NoReturn:
     its end (None) or raised ``exc``. Say it as ``python main.py`` would, and end as it would."""
     code = 1
     try:
-        if exc is None:
-            code = 0
-        elif isinstance(exc, SystemExit):
-            code = _exit_code_of(exc)
-        else:
-            # Its first entry is the code's own frame: run from C, no frame of ours is on it.
-            _report(exc)
-            code = _status_after(exc)
+        # Its traceback's first entry is the code's own frame: run from C, no frame of ours is on it.
+        code = 0 if exc is None else _status_of(exc)
     finally:
         _finish_and_exit(code)
 
