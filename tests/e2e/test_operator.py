@@ -13,11 +13,13 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import urllib3
 import yaml
+from kubernetes import config as k8s_config
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 from operator_harness import (
@@ -31,6 +33,8 @@ from operator_harness import (
 )
 from testbed import REPO, Cluster, condition, http_get_json, wait_for
 
+from arl_tangram.domain.actions import ActionRequest
+from arl_tangram.errors import NotFound
 from arl_tangram.workloads.humaneval import local_verdict, programs
 
 GROUP, VERSION = "tangram.arl.dev", "v1alpha1"
@@ -320,6 +324,34 @@ def test_deleting_a_batch_stops_its_running_actions(
             break
         assert time.monotonic() < deadline, f"still running 15 s after the batch was deleted: {running}"
         time.sleep(0.2)
+
+
+async def test_a_pool_no_watch_has_seen_yet_is_read_from_the_api_server(
+    cluster: Cluster, namespace: str, operator: Operator, tmp_path: Path
+) -> None:
+    """Each resource has its own watch stream, so a batch created just after its pool (one
+    ``kubectl apply`` of both) can reach the operator before the pool does; a CI run saw its actions
+    fail PoolNotFound. Here an operator state whose watch holds nothing (its index is empty, as a
+    lagging watch's is) is asked for a pool that exists: it reads it from the real API server, with the
+    operator's own ServiceAccount token, instead of answering not found. A name the API server does
+    not hold is still not found, and so is a reward service."""
+    from arl_tangram.controllers.operator import OperatorSettings, OperatorState
+
+    _pool(cluster, namespace, name="fresh", scaling={"minHosts": 0})
+    api = k8s_config.new_client_from_config(str(sa_kubeconfig(cluster, tmp_path / "kubeconfig")))
+    state = OperatorState(OperatorSettings(namespace="tangram-system", identity="probe"), api=api)
+    try:
+        assert state.pool_index == {}  # nothing seen by any watch
+        cfg = await state.dispatcher.find_pool_config(namespace, "fresh")
+        assert cfg is not None and cfg.languages == tuple(pool_manifest("x")["spec"]["languages"]), cfg
+        assert await state.dispatcher.find_pool_config(namespace, "no-such-pool") is None
+        with pytest.raises(NotFound, match="no-such-judge"):
+            await state.dispatcher.run(
+                ActionRequest("r", namespace, "no-such-judge", "reward", {"prompt": "p", "response": "r"})
+            )
+    finally:
+        await state.agent.close()
+        api.close()
 
 
 def test_a_batch_left_with_an_earlier_operators_finalizer_is_still_deleted(

@@ -192,7 +192,7 @@ class _Batch:
 
 
 Runner = Callable[..., Awaitable[ActionOutcome]]
-PoolLookup = Callable[[str, str], Sequence[str] | None]
+PoolLookup = Callable[[str, str], Awaitable[Sequence[str] | None]]
 """(namespace, pool) -> the pool's languages, or None when no such ActionPool exists."""
 StatusPatch = Callable[[str, str, dict[str, Any]], Awaitable[None]]
 Deleter = Callable[[str, str], Awaitable[None]]
@@ -268,9 +268,11 @@ class BatchManager:
     async def _one(self, batch: _Batch, action: BatchAction, attempts: int) -> None:
         action_id = action.id
         started = asyncio.get_running_loop().time()
-        languages = self._pool_languages(batch.namespace, action.target) if action.type != "reward" else ()
         outcome: ActionOutcome
         try:
+            languages = (
+                await self._pool_languages(batch.namespace, action.target) if action.type != "reward" else ()
+            )
             if languages is None:
                 raise NotFound(
                     "ActionPool",

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import kopf
+import urllib3
 from aiohttp import web
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -222,19 +223,25 @@ class OperatorState:
     async def _cancel(self, key: str) -> bool:
         return await self.dispatcher.cancel(key)
 
-    def _pool_languages(self, namespace: str, name: str) -> tuple[str, ...] | None:
+    async def _pool_languages(self, namespace: str, name: str) -> tuple[str, ...] | None:
         """The languages of an existing pool; None when there is no such ActionPool."""
-        cfg = self.dispatcher.find_pool_config(namespace, name)
+        cfg = await self.dispatcher.find_pool_config(namespace, name)
         return cfg.languages if cfg is not None else None
 
-    def _learn(self, kind: str, namespace: str, name: str) -> None:
+    async def _learn(self, kind: str, namespace: str, name: str) -> None:
         """A request (a batch's action, or the gateway's) may come before this process reconciled its
         pool or service (just after a start or a failover, while its daemon has not run yet): the
         dispatcher then learns the object from the watch's copy and holds the request for hosts or a
-        replica, instead of failing it as not found. An object the watch does not hold either, or
-        one whose spec is invalid (its own reconcile reports why), stays unknown."""
+        replica, instead of failing it as not found.
+
+        The watch's copy can also lag: each resource has its own watch stream, so a batch created
+        just after its pool (one ``kubectl apply`` of both) may be seen before the pool is. An object
+        the watch does not hold is therefore read from the API server, which alone says it does not
+        exist. One whose spec is invalid stays unknown (its own reconcile reports why)."""
         index = self.pool_index if kind == "ActionPool" else self.service_index
         body = next(iter(index.get(f"{namespace}/{name}", ())), None)  # both indexes: namespace/name
+        if body is None:
+            body = await self._read(kind, namespace, name)
         if body is None:
             return
         meta = body.get("metadata") or {}
@@ -247,6 +254,27 @@ class OperatorState:
                 self.dispatcher.rewards.upsert(svc)
         except (ValueError, InvalidSpec):
             pass  # its own reconcile reports what is wrong with it
+
+    async def _read(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The object as the API server has it; None when it does not exist. Other errors (the API
+        server unreachable) are retried: failing the action as not found would be a wrong verdict."""
+        plural = "actionpools" if kind == "ActionPool" else "rewardmodelservices"
+        delay = 0.5
+        while True:
+            try:
+                found: Mapping[str, Any] = await asyncio.to_thread(
+                    self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, plural, name
+                )
+                return found
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                why = f"{exc.status} {exc.reason}"
+            except (urllib3.exceptions.HTTPError, OSError) as exc:  # no answer at all
+                why = str(exc)
+            log.warning("reading %s %s/%s failed (%s); retrying in %.1f s", kind, namespace, name, why, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
 
     async def _patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Merge-patch an object's status subresource (the one way status is written)."""

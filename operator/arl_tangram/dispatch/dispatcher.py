@@ -22,7 +22,7 @@ import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,11 +202,13 @@ class Dispatcher:
         self.on_started = on_started
         # Dedicated pools get each action's cores by resizing its session's pod in place.
         self.resizer = resizer
-        # Called with (kind, namespace, name) before a pool or reward service this dispatcher does
+        # Awaited with (kind, namespace, name) before a pool or reward service this dispatcher does
         # not hold is answered NotFound: its owner may know it from elsewhere (the operator's watch,
-        # just after a start or failover, before the object's first reconcile) and add it, so that a
-        # request in that window waits for hosts instead of failing as if the object did not exist.
-        self.learn: Callable[[str, str, str], None] | None = None
+        # just after a start or failover, before the object's first reconcile; or the API server,
+        # when the object was created a moment before the request and no watch has seen it yet) and
+        # add it, so that a request in that window waits for hosts instead of failing as if the
+        # object did not exist.
+        self.learn: Callable[[str, str, str], Awaitable[None]] | None = None
         self._background: set[asyncio.Task[bool]] = set()
         self._pools: dict[str, _Pool] = {}
         self.rewards = RewardRouter(agent, clock)
@@ -230,20 +232,20 @@ class Dispatcher:
     def has_pool(self, namespace: str, name: str) -> bool:
         return pool_key(namespace, name) in self._pools
 
-    def _find_pool(self, namespace: str, name: str) -> _Pool | None:
+    async def _find_pool(self, namespace: str, name: str) -> _Pool | None:
         """The pool, after asking ``learn`` for one this dispatcher does not hold yet."""
         key = pool_key(namespace, name)
         if key not in self._pools and self.learn is not None:
-            self.learn("ActionPool", namespace, name)
+            await self.learn("ActionPool", namespace, name)
         return self._pools.get(key)
 
     def pool_config(self, namespace: str, name: str) -> PoolConfig | None:
         pool = self._pools.get(pool_key(namespace, name))
         return pool.config if pool else None
 
-    def find_pool_config(self, namespace: str, name: str) -> PoolConfig | None:
+    async def find_pool_config(self, namespace: str, name: str) -> PoolConfig | None:
         """``pool_config``, after asking ``learn`` for a pool this dispatcher does not hold yet."""
-        pool = self._find_pool(namespace, name)
+        pool = await self._find_pool(namespace, name)
         return pool.config if pool else None
 
     async def remove_pool(self, key: str) -> None:
@@ -406,10 +408,10 @@ class Dispatcher:
             return await asyncio.shield(existing.future)
         if request.kind == "reward":
             if not self.rewards.has(f"{request.namespace}/{request.target}") and self.learn is not None:
-                self.learn("RewardModelService", request.namespace, request.target)
+                await self.learn("RewardModelService", request.namespace, request.target)
             return await self.rewards.run(request)
         key = pool_key(request.namespace, request.target)
-        pool = self._find_pool(request.namespace, request.target)
+        pool = await self._find_pool(request.namespace, request.target)
         if pool is None:
             raise NotFound(
                 "ActionPool",
@@ -472,7 +474,7 @@ class Dispatcher:
         return True
 
     async def open_session(self, namespace: str, pool: str, ttl_s: float | None = None) -> str:
-        state = self._find_pool(namespace, pool)
+        state = await self._find_pool(namespace, pool)
         if state is None:
             raise NotFound("ActionPool", pool)
         name = f"s-{secrets.token_hex(8)}"

@@ -137,8 +137,9 @@ async def test_a_pool_its_owner_learns_on_demand_holds_the_action_until_hosts_co
     d = Dispatcher(client)
     asked: list[tuple[str, str, str]] = []
 
-    def learn(kind: str, namespace: str, name: str) -> None:
+    async def learn(kind: str, namespace: str, name: str) -> None:
         asked.append((kind, namespace, name))
+        await asyncio.sleep(0)  # the operator's may read the API server
         if kind == "ActionPool" and name == "py":
             d.upsert_pool(_pool())
 

@@ -39,8 +39,12 @@ class Recorder:
         self.deleted.append((namespace, name))
 
 
+async def _python_pool(namespace: str, pool: str) -> tuple[str, ...] | None:
+    return ("python",) if pool == "py" else None
+
+
 def _manager(rec: Recorder) -> BatchManager:
-    return BatchManager(rec.run, rec.cancel, lambda ns, pool: ("python",), rec.patch, rec.delete)
+    return BatchManager(rec.run, rec.cancel, _python_pool, rec.patch, rec.delete)
 
 
 def _body(n: int, **spec: Any) -> dict[str, Any]:
@@ -102,3 +106,16 @@ async def test_a_finished_batch_without_a_ttl_is_left_alone() -> None:
     for _ in range(3):
         await mgr.flush()
     assert len(rec.writes) == 1 and rec.deleted == []
+
+
+async def test_an_action_naming_no_pool_fails_by_name_and_the_others_run() -> None:
+    rec = Recorder()
+    mgr = _manager(rec)
+    body = _body(2)
+    body["spec"]["actions"][1]["target"] = "nowhere"
+    mgr.ensure(body)
+    await _until(lambda: len(mgr._batches[("ns", "b")].results) == 2)
+    results = mgr._batches[("ns", "b")].results
+    assert results["a0"].state == "Succeeded"
+    assert results["a1"].state == "Failed" and results["a1"].reason == "PoolNotFound"
+    assert "'nowhere'" in (results["a1"].output or "")
