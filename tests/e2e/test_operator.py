@@ -9,6 +9,7 @@ The operator runs as two local processes authenticated with the operator Service
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -345,6 +346,20 @@ async def test_a_pool_no_watch_has_seen_yet_is_read_from_the_api_server(
         cfg = await state.dispatcher.find_pool_config(namespace, "fresh")
         assert cfg is not None and cfg.languages == tuple(pool_manifest("x")["spec"]["languages"]), cfg
         assert await state.dispatcher.find_pool_config(namespace, "no-such-pool") is None
+        # A batch's actions naming one such pool at once share one read.
+        many = [state.dispatcher.find_pool_config(namespace, "also-missing") for _ in range(40)]
+        assert await asyncio.gather(*many) == [None] * 40
+        if cluster.local_dir is not None:  # the audit log is the local test bed's
+            from testbed import audit_events, wait_for_audit_event
+
+            def _read_of_it(e: dict[str, Any]) -> bool:
+                ref = e.get("objectRef") or {}
+                return e.get("verb") == "get" and ref.get("name") == "also-missing"
+
+            user = "system:serviceaccount:tangram-system:tangram-operator"
+            wait_for_audit_event(cluster.local_dir, _read_of_it, user=user, description="the read")
+            reads = [e for e in audit_events(cluster.local_dir, user) if _read_of_it(e)]
+            assert len({e["auditID"] for e in reads}) == 1, reads
         with pytest.raises(NotFound, match="no-such-judge"):
             await state.dispatcher.run(
                 ActionRequest("r", namespace, "no-such-judge", "reward", {"prompt": "p", "response": "r"})

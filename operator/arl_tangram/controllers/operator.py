@@ -169,6 +169,9 @@ class OperatorState:
         self.service_index: Mapping[str, Iterable[Mapping[str, Any]]] = {}  # service key -> its object
         # (plural, namespace, name) -> the status last written, so an unchanged one is not patched.
         self._written_status: dict[tuple[str, str, str], dict[str, Any]] = {}
+        # (kind, namespace, name) -> the read of it in flight: a batch of a thousand actions naming one
+        # pool that no watch holds makes one GET, not a thousand.
+        self._reads: dict[tuple[str, str, str], asyncio.Task[Mapping[str, Any] | None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self.started_at = time.time()
@@ -241,7 +244,12 @@ class OperatorState:
         index = self.pool_index if kind == "ActionPool" else self.service_index
         body = next(iter(index.get(f"{namespace}/{name}", ())), None)  # both indexes: namespace/name
         if body is None:
-            body = await self._read(kind, namespace, name)
+            ident = (kind, namespace, name)
+            read = self._reads.get(ident)
+            if read is None:
+                read = self._reads[ident] = asyncio.create_task(self._read(*ident))
+                read.add_done_callback(lambda _: self._reads.pop(ident, None))
+            body = await asyncio.shield(read)  # one caller cancelled leaves the read to the others
         if body is None:
             return
         meta = body.get("metadata") or {}
