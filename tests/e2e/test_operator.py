@@ -335,7 +335,7 @@ async def test_a_pool_no_watch_has_seen_yet_is_read_from_the_api_server(
     fail PoolNotFound. Here an operator state whose watch holds nothing (its index is empty, as a
     lagging watch's is) is asked for a pool that exists: it reads it from the real API server, with the
     operator's own ServiceAccount token, instead of answering not found. A name the API server does
-    not hold is still not found, and so is a reward service."""
+    not hold is still not found, and so is a reward service, and so is a pool being deleted."""
     from arl_tangram.controllers.operator import OperatorSettings, OperatorState
 
     _pool(cluster, namespace, name="fresh", scaling={"minHosts": 0})
@@ -346,6 +346,18 @@ async def test_a_pool_no_watch_has_seen_yet_is_read_from_the_api_server(
         cfg = await state.dispatcher.find_pool_config(namespace, "fresh")
         assert cfg is not None and cfg.languages == tuple(pool_manifest("x")["spec"]["languages"]), cfg
         assert await state.dispatcher.find_pool_config(namespace, "no-such-pool") is None
+        # A pool being deleted (held here by a finalizer of the test's) is not learned again: its
+        # requests would wait for hosts that never come.
+        held = pool_manifest("going")
+        held["metadata"]["finalizers"] = ["e2e.tangram.arl.dev/hold"]
+        _create(cluster, namespace, "actionpools", held)
+        cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "actionpools", "going")
+        try:
+            assert await state.dispatcher.find_pool_config(namespace, "going") is None
+        finally:
+            cluster.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, "actionpools", "going", {"metadata": {"finalizers": None}}
+            )
         # A batch's actions naming one such pool at once share one read.
         many = [state.dispatcher.find_pool_config(namespace, "also-missing") for _ in range(40)]
         assert await asyncio.gather(*many) == [None] * 40

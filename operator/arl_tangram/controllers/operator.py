@@ -240,7 +240,9 @@ class OperatorState:
         The watch's copy can also lag: each resource has its own watch stream, so a batch created
         just after its pool (one ``kubectl apply`` of both) may be seen before the pool is. An object
         the watch does not hold is therefore read from the API server, which alone says it does not
-        exist. One whose spec is invalid stays unknown (its own reconcile reports why)."""
+        exist. One being deleted stays unknown (its delete handler has removed it, or is about to:
+        learning it again would hold requests for hosts that never come), and so does one whose spec
+        is invalid (its own reconcile reports why)."""
         index = self.pool_index if kind == "ActionPool" else self.service_index
         body = next(iter(index.get(f"{namespace}/{name}", ())), None)  # both indexes: namespace/name
         if body is None:
@@ -250,7 +252,7 @@ class OperatorState:
                 read = self._reads[ident] = asyncio.create_task(self._read(*ident))
                 read.add_done_callback(lambda _: self._reads.pop(ident, None))
             body = await asyncio.shield(read)  # one caller cancelled leaves the read to the others
-        if body is None:
+        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             return
         meta = body.get("metadata") or {}
         obj, uid = {"metadata": dict(meta), "spec": body.get("spec") or {}}, str(meta.get("uid", ""))
@@ -276,6 +278,13 @@ class OperatorState:
                 return found
             except ApiException as exc:
                 if exc.status == 404:
+                    return None
+                if exc.status in (401, 403):  # waiting would not help: say what is missing
+                    log.error(
+                        "may not read %s %s/%s (%s %s): grant the operator's ServiceAccount `get` on %s "
+                        "(manifests/rbac.yaml); until then a name no watch has seen yet is not found",
+                        kind, namespace, name, exc.status, exc.reason, plural,
+                    )  # fmt: skip
                     return None
                 why = f"{exc.status} {exc.reason}"
             except (urllib3.exceptions.HTTPError, OSError) as exc:  # no answer at all
