@@ -412,6 +412,9 @@ class Dispatcher:
             return await self.rewards.run(request)
         key = pool_key(request.namespace, request.target)
         pool = await self._find_pool(request.namespace, request.target)
+        existing = self._jobs.get(request.key)
+        if existing is not None:  # the same key came in while the pool was being looked up
+            return await asyncio.shield(existing.future)
         if pool is None:
             raise NotFound(
                 "ActionPool",

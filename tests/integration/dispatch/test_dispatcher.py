@@ -160,6 +160,30 @@ async def test_a_pool_its_owner_learns_on_demand_holds_the_action_until_hosts_co
         await client.close()
 
 
+async def test_one_key_sent_twice_while_its_pool_is_looked_up_runs_once(agents: list[Agent]) -> None:
+    """The pool lookup may wait on the API server (the operator's ``learn``): a request repeated
+    with the same key meanwhile (a client's retry) joins the first instead of running again."""
+    client = AgentClient()
+    starts: list[tuple[str, int]] = []
+    d = Dispatcher(client, on_started=lambda key, attempt: starts.append((key, attempt)))
+
+    async def learn(kind: str, namespace: str, name: str) -> None:
+        await asyncio.sleep(0.2)
+        d.upsert_pool(_pool())
+
+    d.learn = learn
+    try:
+        code = "import os, time; print(os.getpid(), time.time_ns())"
+        both = asyncio.gather(d.run(_req("twice", code)), d.run(_req("twice", code)))
+        await asyncio.sleep(0.5)
+        await d.sync_hosts(f"{NS}/py", [_endpoint(agents[0], "host-0")])
+        first, second = await asyncio.wait_for(both, 60)
+        assert first.state is Outcome.SUCCEEDED and first.stdout and first.stdout == second.stdout
+        assert starts == [("twice", 1)]
+    finally:
+        await client.close()
+
+
 async def test_cancelling_a_running_action_kills_it(dispatcher: Dispatcher, agents: list[Agent]) -> None:
     task = asyncio.create_task(dispatcher.run(_req("sleepy", "sleep 60", runtime="bash")))
     await _wait(lambda: (s := dispatcher.stats(f"{NS}/py")) is not None and s.running_actions == 1)
