@@ -34,9 +34,12 @@ from arl_tangram.sandbox.preload import zygote_modules
 
 log = logging.getLogger(__name__)
 
-# Linux refuses a single exec argument longer than this (MAX_ARG_STRLEN).
-MAX_ARG_BYTES = 131072 - 1
 PYTEST_FILE = "test_solution.py"
+# A bash action's code, run as ``bash main.sh`` (SandboxFusion runs ``bash <its file>.sh``): from a
+# file, ``$0`` and ``BASH_SOURCE`` name it, errors say ``main.sh: line N``, a script is as long as
+# the request allows, and the last command is bash's child, not exec'd in its place (``bash -c``
+# execs it, so a last command killed by a signal ended the run by that signal instead of 128+n).
+BASH_FILE = "main.sh"
 
 
 @dataclass
@@ -320,9 +323,7 @@ class Executor:
         if spec.runtime == "python":
             return None
         if spec.runtime == "bash":
-            if len(spec.code.encode()) > MAX_ARG_BYTES:
-                raise InvalidSpec("code", f"bash code is limited to {MAX_ARG_BYTES} bytes")
-            return ["/bin/bash", "-c", spec.code]
+            return ["/bin/bash", BASH_FILE]
         # Test files run in parallel on more than one core, each file's tests in one worker, in
         # the file's order (``--dist loadfile``): a file's tests may share module state (one fills
         # a list, the next reads it), and dealt out one by one to the workers they failed where
@@ -357,6 +358,8 @@ class Executor:
                 await self._replace_dead_server()
         if spec.runtime == "pytest":
             spec.files = {**spec.files, PYTEST_FILE: spec.code.encode()}
+        elif spec.runtime == "bash":
+            spec.files = {**spec.files, BASH_FILE: spec.code.encode()}
         spec.files = self.builder.admit(spec.runtime, spec.code, spec.files, spec.compile_timeout_s)
         session = None
         if spec.session_id is not None:

@@ -1,6 +1,6 @@
 """SandboxFusion-style ``/run_code`` cases on the semantics a reward depends on, against a real agent
 (both fork loops). Written from SandboxFusion's documented behaviour: a program's verdict is what it
-would get run directly (``python file.py``, ``bash -c``), whatever the sandbox does around it.
+would get run directly (``python file.py``, ``bash file.sh``), whatever the sandbox does around it.
 """
 
 from __future__ import annotations
