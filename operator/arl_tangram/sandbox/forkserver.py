@@ -87,7 +87,15 @@ COMPILED_KEPT = 128
 MNTNS_USES = 64
 # What a tmpfs directory's size grows by with each entry (see PrivateTmp).
 BOGO_DIRENT_SIZE = 20
-_MEMORY_MARKERS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc", b"out of memory")
+_MEMORY_MARKERS = (
+    b"MemoryError",
+    b"Cannot allocate memory",
+    b"std::bad_alloc",
+    b"out of memory",
+    b"memory allocation of ",  # Rust's: "memory allocation of N bytes failed"
+    b"Array buffer allocation failed",  # V8's
+    b": cannot allocate ",  # bash's "xmalloc: cannot allocate N bytes"
+)
 
 
 class _Poller:
@@ -1023,9 +1031,12 @@ class ForkServer:
         self.calls.pop(call.id, None)
         if call.interp is not None and call.interp.call is call:
             call.interp.call = None
-        tail = bytes(call.err[-4096:])
         memory_error = call.memory_limited and call.exit_code not in (0, None) and not call.timed_out
-        memory_error = memory_error and any(m in tail for m in _MEMORY_MARKERS)
+        if memory_error:
+            # Its first and last lines: a runtime says it at the top of a long dump (Go's
+            # "fatal error: runtime: out of memory" above every goroutine's stack).
+            ends = bytes(call.err[:4096]) + b"\n" + bytes(call.err[-4096:])
+            memory_error = any(m in ends for m in _MEMORY_MARKERS)
         end = call.ended_at if call.ended_at is not None else time.monotonic()
         reply = {
             "id": call.id,
