@@ -1,8 +1,9 @@
 """The compile step of an action in a language of ``languages.py``, before its run.
 
 The compile is an action of its own, sent to the same fork server as the run: it runs in the
-action's workdir, as the action's uid, on the action's cores, under the action's memory and process
-limits, in the same namespaces, with ``compile_timeout`` as its wall-clock limit. Only when it
+action's workdir, as the action's uid, on the action's cores, under the action's process limits and
+its memory limit or the pool's default, whichever is more (the request's limit is its program's),
+in the same namespaces, with ``compile_timeout`` as its wall-clock limit. Only when it
 succeeds is the run sent (SandboxFusion's semantics: a failed or timed-out compile ends the action,
 ``compile_result`` says why and there is no ``run_result``). Both steps of a fresh action go
 through the compile cache (``compilecache.py``); a hit sends no compile at all.
@@ -25,7 +26,7 @@ from arl_tangram.errors import InvalidSpec
 from arl_tangram.sandbox import workfiles
 from arl_tangram.sandbox.compilecache import CompileCache, CompiledBuild, build_key
 from arl_tangram.sandbox.forkclient import next_id
-from arl_tangram.sandbox.languages import Detection, Toolchain, artifact_names, jvm_heap_mb
+from arl_tangram.sandbox.languages import Detection, Toolchain, artifact_names
 
 # SandboxFusion's default compile timeout (its request model's), used when a request gives none.
 DEFAULT_COMPILE_TIMEOUT_S = 10.0
@@ -130,6 +131,10 @@ class Builder:
 
     detection: Detection
     max_timeout_s: float
+    # The least memory a compile gets (the pool's default per action): the request's memory limit
+    # is its program's, as a judge's is, not its compiler's (rustc and javac need about 512 MB,
+    # ``go build`` about 1 GB, and a task limited to 256 MB failed at its compile).
+    compile_memory_mb: int = 0
     cache: CompileCache = field(default_factory=CompileCache)
 
     def offers(self, runtime: str) -> bool:
@@ -172,32 +177,42 @@ class Builder:
         if toolchain is None:
             return NO_BUILD
         language = toolchain.language
-        # No address-space limit: the JVM may take what the host has.
-        memory_mb = int(msg["limits"].get("as", 0)) >> 20 or _physical_mb()
-        values = {
-            "heap_mb": str(jvm_heap_mb(memory_mb)),
-            "jars": ":".join([".", *sorted(p for p in files if p.endswith(".jar"))]),
-        }
+        limits = msg["limits"]
+        # The program's memory limit (its data, see executor._limits); none: what the host has.
+        memory_mb = int(limits.get("data") or limits.get("as") or 0) >> 20 or _physical_mb()
+        jars = ":".join([".", *sorted(p for p in files if p.endswith(".jar"))])
+        values = {"heap_mb": str(toolchain.heap_mb(memory_mb)), "jars": jars}
         msg["env"] = {**msg["env"], **toolchain.env}
         msg["argv"] = toolchain.argv(language.run, values)
         if not language.compiled:
             return NO_BUILD
         timeout = DEFAULT_COMPILE_TIMEOUT_S if compile_timeout_s is None else compile_timeout_s
-        command = toolchain.argv(language.compile, values)
+        compile_mb = max(memory_mb, self.compile_memory_mb)
+        command = toolchain.argv(
+            language.compile, {"heap_mb": str(toolchain.heap_mb(compile_mb)), "jars": jars}
+        )
+        if "data" in limits:
+            compile_limits = {
+                **limits,
+                "data": compile_mb << 20,
+                "as": max(int(limits["as"]), compile_mb << 20),
+            }
+        else:
+            compile_limits = {**limits, "as": compile_mb << 20}
         if not cacheable:
-            return await self._compile(toolchain, command, msg, dispatch, timeout, None)
-        # The JVM's heap flag follows the memory limit, which the key holds already.
-        key = build_key(language.name, toolchain.fingerprint, command, files, memory_mb)
+            return await self._compile(toolchain, command, msg, compile_limits, dispatch, timeout, None)
+        # The compile's memory is in its key (javac's heap flag, in the command, follows it).
+        key = build_key(language.name, toolchain.fingerprint, command, files, compile_mb)
         entry = self._usable(key, timeout)
         if entry is None and await self.cache.wait_for_build(key):
             # Another action was building the same program: its build is this one's.
             entry = self._usable(key, timeout)
             if entry is None:  # it kept none (a timeout): build here, beside any other waiter
-                return await self._compile(toolchain, command, msg, dispatch, timeout, key)
+                return await self._compile(toolchain, command, msg, compile_limits, dispatch, timeout, key)
         if entry is not None:
             return self._from_cache(toolchain, entry, msg, timeout)
         async with self.cache.building(key):
-            return await self._compile(toolchain, command, msg, dispatch, timeout, key)
+            return await self._compile(toolchain, command, msg, compile_limits, dispatch, timeout, key)
 
     def _usable(self, key: str, timeout_s: float) -> CompiledBuild | None:
         """The kept build of ``key``, unless it took longer than this action's compile may."""
@@ -209,11 +224,12 @@ class Builder:
         toolchain: Toolchain,
         command: list[str],
         msg: dict[str, Any],
+        compile_limits: dict[str, int],
         dispatch: Dispatch,
         timeout_s: float,
         key: str | None,
     ) -> Build:
-        limits = {**msg["limits"], "cpu": int(timeout_s) + 1}
+        limits = {**compile_limits, "cpu": int(timeout_s) + 1}
         step_msg = {
             **msg,
             "id": next_id(),

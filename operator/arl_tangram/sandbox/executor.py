@@ -35,6 +35,8 @@ from arl_tangram.sandbox.preload import zygote_modules
 log = logging.getLogger(__name__)
 
 PYTEST_FILE = "test_solution.py"
+# Runtimes whose memory limit is an address-space limit (Python's own, and the tests it runs).
+PYTHON_RUNTIMES = ("python", "pytest")
 # A bash action's code, run as ``bash main.sh`` (SandboxFusion runs ``bash <its file>.sh``): from a
 # file, ``$0`` and ``BASH_SOURCE`` name it, errors say ``main.sh: line N``, a script is as long as
 # the request allows, and the last command is bash's child, not exec'd in its place (``bash -c``
@@ -164,7 +166,9 @@ class Executor:
         self.isolation: dict[str, Any] = {}
         self.root = config.workdir_root
         # Languages beyond Python: their toolchains are found in ``start``.
-        self.builder = Builder(Detection({}, {}), config.limits.max_timeout_s)
+        self.builder = Builder(
+            Detection({}, {}), config.limits.max_timeout_s, compile_memory_mb=config.limits.memory_mb
+        )
         self._uids: deque[int] = deque()
         self._session_uids: deque[int] = deque()
         self._slots = asyncio.Semaphore(config.max_concurrent)
@@ -311,13 +315,23 @@ class Executor:
         memory = memory_mb if memory_mb is not None else lim.memory_mb
         if not 16 <= memory <= lim.max_memory_mb:
             raise InvalidSpec("memory_mb", f"{memory} MB is outside [16, {lim.max_memory_mb}] MB")
-        return timeout, {
+        limits = {
             "cpu": int(timeout) + 1,
             "as": memory << 20,
             "nproc": lim.nproc,
             "nofile": lim.nofile,
             "fsize": lim.fsize_mb << 20,
         }
+        if spec.runtime not in PYTHON_RUNTIMES:
+            # An exec'd program's memory is what it writes (RLIMIT_DATA), not the address space it
+            # reserves: a Go binary reserves about 1.2 GB and uses 40 MB, Node about 0.7 GB, each
+            # WebAssembly memory about 10 GB, and under an address-space limit of 512 MB both
+            # failed before their first line where outside they run. Their address space is held
+            # to what any request may ask for (``max_memory_mb``), which bounds what RLIMIT_DATA
+            # does not count (shared mappings).
+            limits["data"] = memory << 20
+            limits["as"] = lim.max_memory_mb << 20
+        return timeout, limits
 
     def _argv(self, spec: ActionSpec, dop: int) -> list[str] | None:
         if spec.runtime == "python":

@@ -214,6 +214,16 @@ class Toolchain:
     fingerprint: str  # identifies the exact toolchain (compile cache key)
     env: Mapping[str, str]  # the language's environment plus what detection found (GOCACHE)
     readable: tuple[str, ...]  # directories actions must be able to read
+    # The JVM's own default heap here (``java`` without -Xmx: a quarter of the memory it sees), in
+    # MB; 0 where unknown or not a JVM language.
+    default_heap_mb: int = 0
+
+    def heap_mb(self, memory_mb: int) -> int:
+        """The JVM heap of a program limited to ``memory_mb``: what fits the limit (see
+        ``jvm_heap_mb``), never more than ``java`` takes by itself. (A heap of three quarters of
+        the host let an 8 GB array through where ``java Main`` fails with OutOfMemoryError.)"""
+        fits = jvm_heap_mb(memory_mb)
+        return min(fits, self.default_heap_mb) if self.default_heap_mb > 0 else fits
 
     def argv(self, template: tuple[str, ...], values: Mapping[str, str]) -> list[str]:
         """``template`` with the binaries and ``values`` filled in."""
@@ -374,7 +384,31 @@ def _detect_one(language: Language, path: str) -> Toolchain | str:
         fingerprint=_fingerprint(binaries, version),
         env=env,
         readable=tuple(sorted(readable)),
+        default_heap_mb=_default_heap_mb(binaries["java"], env) if "java" in binaries else 0,
     )
+
+
+def _default_heap_mb(java: str, env: Mapping[str, str]) -> int:
+    """The heap ``java`` picks by itself on this host (its ergonomics: a share of the memory it
+    sees, the container's limit where there is one), with the collector and arenas actions run
+    with; 0 when it cannot be read."""
+    flags = [f for f in _JVM_LIMITS if not f.startswith("-Xmx")]
+    try:
+        done = subprocess.run(
+            [java, *flags, "-XX:+PrintFlagsFinal", "-version"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**os.environ, **env},
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    for line in done.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[1] == "MaxHeapSize" and parts[3].isdigit():
+            return int(parts[3]) >> 20
+    return 0
 
 
 def detect(path: str | None = None, languages: tuple[Language, ...] = LANGUAGES) -> Detection:
@@ -401,7 +435,8 @@ def artifact_names(language: Language, names: list[str]) -> list[str]:
 
 
 def jvm_heap_mb(memory_mb: int) -> int:
-    """The JVM heap that fits an address-space limit of ``memory_mb`` (see ``JVM_RESERVE_MB``)."""
+    """The JVM heap that fits a memory limit of ``memory_mb`` (see ``JVM_RESERVE_MB``, measured
+    under an address-space limit, which counts more than the data limit a program runs under now)."""
     return max(JVM_MIN_HEAP_MB, min(memory_mb - JVM_RESERVE_MB, int(memory_mb * JVM_MAX_HEAP_SHARE)))
 
 

@@ -26,7 +26,7 @@ class RunMessage(TypedDict):
     want: int | list[int]  # a number of cores, or exactly these
     env: dict[str, str]
     timeout: float
-    limits: dict[str, int]  # "cpu", "as", "nproc", "nofile", "fsize"
+    limits: dict[str, int]  # "cpu", "as", "data" (exec'd languages), "nproc", "nofile", "fsize"
     cap: int  # bytes kept of stdout and of stderr each
     remove_workdir: NotRequired[bool]
     sid: NotRequired[str]  # interp_run: the session

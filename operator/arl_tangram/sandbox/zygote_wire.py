@@ -172,6 +172,7 @@ def recv_with_fds(sock: socket.socket, size: int, max_fds: int, flags: int) -> t
 RLIMITS = {
     "cpu": resource.RLIMIT_CPU,
     "as": resource.RLIMIT_AS,
+    "data": resource.RLIMIT_DATA,
     "nproc": resource.RLIMIT_NPROC,
     "fsize": resource.RLIMIT_FSIZE,
     "nofile": resource.RLIMIT_NOFILE,

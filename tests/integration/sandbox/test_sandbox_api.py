@@ -385,8 +385,9 @@ def test_a_persistent_interpreter_has_the_sessions_memory_limit(agent: Agent) ->
         assert resp.json()["field"] == "memory_mb"
         probe = "import resource\nprint(resource.getrlimit(resource.RLIMIT_AS)[0] >> 20)"
         assert agent.execute(probe, session_id=sid, memory_mb=256)["stdout"] == "256\n"
-        # Plain actions of the session run in their own process and may set their own limit.
-        bash = agent.execute("ulimit -v", runtime="bash", session_id=sid, memory_mb=512)
+        # Plain actions of the session run in their own process and may set their own limit (a
+        # program beyond Python: on what it writes, its data).
+        bash = agent.execute("ulimit -d", runtime="bash", session_id=sid, memory_mb=512)
         assert bash["stdout"] == f"{512 * 1024}\n"
     finally:
         requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
