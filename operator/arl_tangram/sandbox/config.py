@@ -118,7 +118,12 @@ class Limits:
 
     timeout_s: float = setting(10.0, flag="--timeout", help="default wall-clock limit per action (s)")
     max_timeout_s: float = setting(3600.0, flag="--max-timeout", help="the most a request may ask for (s)")
-    memory_mb: int = setting(1024, flag="--memory-mb", help="default address-space limit per action (MB)")
+    memory_mb: int = setting(
+        1024,
+        flag="--memory-mb",
+        help="default memory limit per action (MB): its address space under Python, the data it writes in "
+        "the other languages; also the least memory a compile gets",
+    )
     max_memory_mb: int = setting(
         flag="--max-memory-mb",
         help="the most a request may ask for (MB; default: the host's memory)",
