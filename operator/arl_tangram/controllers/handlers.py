@@ -143,8 +143,8 @@ async def _every_period(
 
 
 @kopf.on.delete(*POOLS, id="release", optional=True)
-async def pool_deleted(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-    await memo["state"].pool_deleted(namespace or "", name)
+async def pool_deleted(namespace: str | None, name: str, meta: kopf.Meta, memo: kopf.Memo, **_: Any) -> None:
+    await memo["state"].pool_deleted(namespace or "", name, str(meta.get("uid") or ""))
 
 
 # ---- RewardModelService ----------------------------------------------------------------------------
@@ -158,8 +158,10 @@ async def service_loop(
 
 
 @kopf.on.delete(*SERVICES, id="release", optional=True)
-async def service_deleted(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-    memo["state"].service_deleted(namespace or "", name)
+async def service_deleted(
+    namespace: str | None, name: str, meta: kopf.Meta, memo: kopf.Memo, **_: Any
+) -> None:
+    memo["state"].service_deleted(namespace or "", name, str(meta.get("uid") or ""))
 
 
 # ---- ActionBatch ----------------------------------------------------------------------------------

@@ -59,6 +59,13 @@ LEASE_NAME = "tangram-operator"  # manifests/rbac.yaml grants get/update on this
 POOL_PERIOD_S = 2.0
 # The planner's MILP runs per pool round: keep it well inside the period (greedy stands in on time-out).
 PLANNER_TIME_LIMIT_S = 0.5
+# One GET of a pool or service no watch holds yet (``_read``): past it the read is retried. Without
+# it a connection the API server accepted and never answered would hold that read, and with it every
+# action naming the object, for good.
+READ_TIMEOUT_S = 10.0
+# How many deleted pools' and services' uids are remembered (``_deleted``): a read in flight when its
+# object was deleted must not learn it again; a recreated object has a new uid.
+DELETED_KEPT = 1024
 
 
 # The environment the operator reads (the Deployment sets it), for `tangram operator --help`: each
@@ -172,6 +179,8 @@ class OperatorState:
         # (kind, namespace, name) -> the read of it in flight: a batch of a thousand actions naming one
         # pool that no watch holds makes one GET, not a thousand.
         self._reads: dict[tuple[str, str, str], asyncio.Task[Mapping[str, Any] | None]] = {}
+        # The uids of pools and services whose delete handler ran, newest last (an ordered set).
+        self._deleted: dict[str, None] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self.started_at = time.time()
@@ -198,6 +207,11 @@ class OperatorState:
     async def stop(self) -> None:
         await self.batches.flush()
         await self.dispatcher.shutdown()
+        # A read retried while the API server does not answer would go on past this process's end.
+        reads = list(self._reads.values())
+        for read in reads:
+            read.cancel()
+        await asyncio.gather(*reads, return_exceptions=True)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -252,9 +266,17 @@ class OperatorState:
                 read = self._reads[ident] = asyncio.create_task(self._read(*ident))
                 read.add_done_callback(lambda _: self._reads.pop(ident, None))
             body = await asyncio.shield(read)  # one caller cancelled leaves the read to the others
-        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+            # While it was read, its reconcile (or another caller of the same read) may have added
+            # it, from a copy at least as new: keep that one.
+            if self._holds(kind, namespace, name):
+                return
+        if body is None:
             return
         meta = body.get("metadata") or {}
+        if meta.get("deletionTimestamp") or str(meta.get("uid", "")) in self._deleted:
+            # Being deleted, or deleted while it was read (the GET answered before the delete
+            # handler ran): learning it would hold requests for hosts that never come.
+            return
         obj, uid = {"metadata": dict(meta), "spec": body.get("spec") or {}}, str(meta.get("uid", ""))
         try:
             if kind == "ActionPool":
@@ -265,6 +287,19 @@ class OperatorState:
         except (ValueError, InvalidSpec):
             pass  # its own reconcile reports what is wrong with it
 
+    def _holds(self, kind: str, namespace: str, name: str) -> bool:
+        if kind == "ActionPool":
+            return self.dispatcher.has_pool(namespace, name)
+        return self.dispatcher.rewards.has(f"{namespace}/{name}")
+
+    def _tombstone(self, uid: str) -> None:
+        """The object of ``uid`` is deleted: a read of it still in flight does not learn it."""
+        if uid:
+            self._deleted.pop(uid, None)
+            self._deleted[uid] = None
+            while len(self._deleted) > DELETED_KEPT:
+                del self._deleted[next(iter(self._deleted))]
+
     async def _read(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The object as the API server has it; None when it does not exist. Other errors (the API
         server unreachable) are retried: failing the action as not found would be a wrong verdict."""
@@ -273,7 +308,13 @@ class OperatorState:
         while True:
             try:
                 found: Mapping[str, Any] = await asyncio.to_thread(
-                    self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, plural, name
+                    self.custom.get_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    plural,
+                    name,
+                    _request_timeout=READ_TIMEOUT_S,
                 )
                 return found
             except ApiException as exc:
@@ -287,7 +328,7 @@ class OperatorState:
                     )  # fmt: skip
                     return None
                 why = f"{exc.status} {exc.reason}"
-            except (urllib3.exceptions.HTTPError, OSError) as exc:  # no answer at all
+            except (urllib3.exceptions.HTTPError, OSError) as exc:  # no answer at all, or too late
                 why = str(exc)
             log.warning("reading %s %s/%s failed (%s); retrying in %.1f s", kind, namespace, name, why, delay)
             await asyncio.sleep(delay)
@@ -391,11 +432,13 @@ class OperatorState:
         self.metrics.reconcile.labels("RewardModelService").observe(time.perf_counter() - t0)
         await self._write_if_changed("rewardmodelservices", body, status)
 
-    def service_deleted(self, namespace: str, name: str) -> None:
+    def service_deleted(self, namespace: str, name: str, uid: str = "") -> None:
+        self._tombstone(uid)
         self._written_status.pop(("rewardmodelservices", namespace, name), None)
         self.dispatcher.rewards.remove(f"{namespace}/{name}")
 
-    async def pool_deleted(self, namespace: str, name: str) -> None:
+    async def pool_deleted(self, namespace: str, name: str, uid: str = "") -> None:
+        self._tombstone(uid)
         self._written_status.pop(("actionpools", namespace, name), None)
         await self.pools.deleted(namespace, name)
 
