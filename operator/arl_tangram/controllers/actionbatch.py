@@ -279,6 +279,10 @@ class BatchManager:
                     action.target,
                     f"ActionPool {action.target!r} not found in namespace {batch.namespace!r}",
                 )
+            if batch.deleting:
+                # Deleted while its pool was looked up (a read of the API server): ``forget``
+                # cancelled the keys it knew, not this one's, and its action must not start now.
+                raise asyncio.CancelledError
             request = batch_request(batch.namespace, batch.uid, batch.spec, action, languages)
             self._by_key[request.key] = (batch, action_id)
             while True:

@@ -119,3 +119,30 @@ async def test_an_action_naming_no_pool_fails_by_name_and_the_others_run() -> No
     assert results["a0"].state == "Succeeded"
     assert results["a1"].state == "Failed" and results["a1"].reason == "PoolNotFound"
     assert "'nowhere'" in (results["a1"].output or "")
+
+
+async def test_a_batch_deleted_while_its_pool_is_looked_up_runs_none_of_its_actions() -> None:
+    """The lookup may read the API server; ``forget`` cancels the actions it knows the keys of, and
+    one still looking up its pool must not start once it has found it."""
+    rec = Recorder()
+    ran: list[str] = []
+    found = asyncio.Event()
+
+    async def run(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        ran.append(request.key)
+        return await rec.run(request, attempts_so_far)
+
+    async def slow_pool(namespace: str, pool: str) -> tuple[str, ...] | None:
+        await found.wait()
+        return ("python",)
+
+    mgr = BatchManager(run, rec.cancel, slow_pool, rec.patch, rec.delete)
+    mgr.ensure(_body(2))
+    await asyncio.sleep(0.05)  # both actions wait on the lookup
+    batch = mgr._batches[("ns", "b")]
+    forgetting = asyncio.create_task(mgr.forget("ns", "b"))
+    await asyncio.sleep(0.05)
+    found.set()
+    await asyncio.wait_for(forgetting, 15)
+    assert ran == []
+    assert {r.state for r in batch.results.values()} == {"Cancelled"}
