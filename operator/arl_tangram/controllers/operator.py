@@ -206,12 +206,13 @@ class OperatorState:
 
     async def stop(self) -> None:
         await self.batches.flush()
-        await self.dispatcher.shutdown()
-        # A read retried while the API server does not answer would go on past this process's end.
+        # A read retried while the API server does not answer would go on past this process's end;
+        # and one that ended during the dispatcher's shutdown would start its actions past it.
         reads = list(self._reads.values())
         for read in reads:
             read.cancel()
         await asyncio.gather(*reads, return_exceptions=True)
+        await self.dispatcher.shutdown()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
