@@ -37,11 +37,15 @@ log = logging.getLogger(__name__)
 PYTEST_FILE = "test_solution.py"
 # Runtimes whose memory limit is an address-space limit (Python's own, and the tests it runs).
 PYTHON_RUNTIMES = ("python", "pytest")
-# A bash action's code, run as ``bash main.sh`` (SandboxFusion runs ``bash <its file>.sh``): from a
-# file, ``$0`` and ``BASH_SOURCE`` name it, errors say ``main.sh: line N``, a script is as long as
-# the request allows, and the last command is bash's child, not exec'd in its place (``bash -c``
-# execs it, so a last command killed by a signal ended the run by that signal instead of 128+n).
-BASH_FILE = "main.sh"
+# A bash action's code, run from this file as ``bash .tangram-main.sh`` (SandboxFusion runs ``bash
+# <a temporary file>.sh``): from a file, ``$0`` and ``BASH_SOURCE`` name it, errors say
+# ``.tangram-main.sh: line N``, a script is as long as the request allows, and the last command is
+# bash's child, not exec'd in its place (``bash -c`` execs it, so a last command killed by a signal
+# ended the run by that signal instead of 128+n). The name is one no program or request uses for
+# its own files: as ``main.sh`` it replaced a request's ``main.sh`` (``bash main.sh`` then ran
+# itself until the process limit), a session's ``main.sh`` from an earlier action, and a script
+# that wrote ``main.sh`` to run it next rewrote itself while bash read it, and stopped there.
+BASH_FILE = ".tangram-main.sh"
 
 
 @dataclass

@@ -106,6 +106,27 @@ def test_run_code_bash_and_unknown_language(agent: Agent) -> None:
     assert resp.json()["status"] == "SandboxError"
 
 
+def test_bash_code_leaves_the_files_a_program_names_main_sh_alone(agent: Agent) -> None:
+    """The code runs from a file of the agent's, named as no program names its own: a request's
+    ``main.sh``, a session's from an earlier action, and one the script writes to run next are the
+    program's (the code as ``main.sh`` ran itself until the process limit, or rewrote itself while
+    bash read it and stopped)."""
+    script = base64.b64encode(b"echo from-the-file\n").decode()
+    body = agent.post(
+        "/run_code", {"code": "bash main.sh", "language": "bash", "files": {"main.sh": script}}
+    ).json()
+    assert (body["status"], body["run_result"]["stdout"]) == ("Success", "from-the-file\n"), body
+    writes = "cat > main.sh <<'EOF'\necho written\nEOF\nbash main.sh\necho done\n"
+    body = agent.post("/run_code", {"code": writes, "language": "bash"}).json()
+    assert (body["status"], body["run_result"]["stdout"]) == ("Success", "written\ndone\n"), body
+    sid = agent.post("/v1/sessions", {}).json()["session_id"]
+    try:
+        agent.execute("printf 'echo kept\\n' > main.sh", runtime="bash", session_id=sid)
+        assert agent.execute("bash main.sh", runtime="bash", session_id=sid)["stdout"] == "kept\n"
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to grant two")
 def test_pytest_runtime_gets_its_dop_from_the_core_grant(agent: Agent) -> None:
     code = (

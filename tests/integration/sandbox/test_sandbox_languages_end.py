@@ -1,8 +1,8 @@
 """A program in a language beyond Python ends in the sandbox as it ends outside: each program below
 runs through a real agent (``/run_code``) and as a plain user runs it in a fresh directory (``g++
 main.cpp -o test && ./test``, ``javac Main.java && java -ea Main``, ``go build``, ``rustc``, ``node
-main.js``, ``bash main.sh``, ``perl main.pl``, with the very toolchains the agent found), and the two
-must give the same verdict, return code and stdout (and stderr where it names no path or pid). None
+main.js``, ``bash .tangram-main.sh``, ``perl main.pl``, with the very toolchains the agent found), and
+the two must give the same verdict, return code and stdout (and stderr where it names no path or pid). None
 of the expected values is written here: the reference is the toolchain itself.
 
 The programs are the ways a run's end was found to differ, and representative ordinary ones:
@@ -34,11 +34,12 @@ import pytest
 import requests
 from sandbox_agent_harness import Agent, start_agent, stop_agent
 
+from arl_tangram.sandbox.executor import BASH_FILE
 from arl_tangram.sandbox.languages import LANGUAGES
 
 COMPILE_TIMEOUT_S = 120  # a first build can be slow on a busy two-core machine
 RUN_TIMEOUT_S = 30
-SOURCES = {lang.name: lang.source for lang in LANGUAGES} | {"bash": "main.sh"}
+SOURCES = {lang.name: lang.source for lang in LANGUAGES} | {"bash": BASH_FILE}
 ENVS = {lang.name: dict(lang.env) for lang in LANGUAGES}
 
 
@@ -65,7 +66,7 @@ JAVA_HELLO = (
 NOISY_SCRIPT = "x=0\n" + "x=$((x+1))\n" * 15_000 + "echo $x\n"  # about 165 KB
 
 CASES: dict[str, Case] = {
-    # bash runs from a file, as ``bash main.sh``.
+    # bash runs from a file, as ``bash <file>``.
     "bash: $0 and BASH_SOURCE name the script": Case("bash", 'echo "$0" "${BASH_SOURCE[0]}"\n'),
     "bash: an error names the script": Case("bash", "echo a\nnosuchcommand_q\n", same_stderr=True),
     "bash: a syntax error names the script": Case("bash", "echo first\nif then fi\n", same_stderr=True),
@@ -175,7 +176,7 @@ def _plain_commands(language: str, bins: dict[str, str]) -> tuple[list[str] | No
         return None, [bins["node"], "main.js"]
     if language == "perl":
         return None, [bins["perl"], "main.pl"]
-    return None, ["/bin/bash", "main.sh"]
+    return None, ["/bin/bash", BASH_FILE]
 
 
 def outside(case: Case, bins: dict[str, str], workdir: Path) -> dict[str, Any]:
@@ -282,7 +283,8 @@ def test_a_bash_error_after_a_signal_death_says_it_as_bash_does(
     case = CASES["bash: the last command killed by a signal"]
     body = inside(agent, case)
     pidless = re.sub(r"line (\d+): +\d+ ", r"line \1: PID ", body["run_result"]["stderr"])
-    assert pidless == "main.sh: line 2: PID Segmentation fault      sh -c 'kill -SEGV $$'\n", body
+    want = f"{BASH_FILE}: line 2: PID Segmentation fault      sh -c 'kill -SEGV $$'\n"
+    assert pidless == want, body
 
 
 def test_the_jvm_heap_is_what_java_takes_by_itself(
