@@ -22,6 +22,8 @@ import pytest
 import requests
 from sandbox_agent_harness import Agent, processes_of, start_agent, stop_agent
 
+from arl_tangram.sandbox.config import Limits
+
 # Output past what a pipe buffers (64 KiB) many times over, under the default output cap.
 LARGE_LINES = 50_000  # "line <n>\n" for n < 50000: 438,890 bytes
 
@@ -377,6 +379,22 @@ def test_the_compile_runs_in_the_actions_sandbox(agent: Agent, found: dict[str, 
     tight = run(agent, "cpp", PROGRAMS["cpp"].sum_stdin + "\n// tight\n", memory_limit_MB=16, stdin="2 3")
     assert tight["compile_result"]["return_code"] == 0, tight
     assert (tight["status"], tight["run_result"]["stdout"]) == ("Success", "5\n"), tight
+
+
+def test_a_compile_gets_the_pools_memory_or_the_requests_whichever_is_more(
+    agent: Agent, found: dict[str, Any]
+) -> None:
+    """The compiler runs under a memory limit of its own: the request's (its program's) or the
+    pool's default (``--memory-mb``), whichever is more. A Rust program embeds, at its compile,
+    ``/proc/self/limits`` as rustc saw it, and prints it."""
+    need(found, "rust")
+    code = 'const L: &str = include_str!("/proc/self/limits");\nfn main() { print!("{}", L); }\n'
+    pool_mb = Limits().memory_mb
+    for asked in (16, 2 * pool_mb):
+        body = run(agent, "rust", code + f"// asked {asked}\n", memory_limit_MB=asked)
+        assert body["status"] == "Success", body
+        seen = next(line.split() for line in body["run_result"]["stdout"].splitlines() if "data size" in line)
+        assert int(seen[3]) == max(asked, pool_mb) << 20, seen  # Max data size <soft> <hard> bytes
 
 
 def test_java_runs_within_the_default_memory_limit(agent: Agent, found: dict[str, Any]) -> None:
