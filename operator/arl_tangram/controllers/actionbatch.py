@@ -300,6 +300,12 @@ class BatchManager:
             if not batch.deleting:
                 raise
             outcome = ActionOutcome(action_id, Outcome.CANCELLED, Reason.CANCELLED, "the batch was deleted")
+        except Exception as exc:  # a fault of the operator's own: the action ends, the batch with it
+            # Without a result the action stayed Pending and its batch never completed. The reason
+            # is the platform's (a trainer may send the action again), never the program's.
+            log.exception("action %s of %s/%s failed in the operator", action_id, batch.namespace, batch.name)
+            message = f"the operator failed to run it: {type(exc).__name__}: {exc}"
+            outcome = ActionOutcome(action_id, Outcome.FAILED, Reason.SANDBOX_ERROR, message)
         self._record(batch, action_id, outcome, asyncio.get_running_loop().time() - started)
 
     def _record(self, batch: _Batch, action_id: str, outcome: ActionOutcome, act_s: float) -> None:

@@ -146,3 +146,25 @@ async def test_a_batch_deleted_while_its_pool_is_looked_up_runs_none_of_its_acti
     await asyncio.wait_for(forgetting, 15)
     assert ran == []
     assert {r.state for r in batch.results.values()} == {"Cancelled"}
+
+
+async def test_an_operator_fault_in_one_action_fails_it_and_the_batch_still_completes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An exception the dispatcher was never meant to raise ends that action Failed with a platform
+    reason naming it (a trainer may send it again), instead of leaving it Pending for good."""
+    rec = Recorder()
+
+    async def run(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        if request.key.endswith("a1"):
+            raise RuntimeError("boom")
+        return await rec.run(request, attempts_so_far)
+
+    mgr = BatchManager(run, rec.cancel, _python_pool, rec.patch, rec.delete)
+    mgr.ensure(_body(3))
+    await _until(lambda: len(mgr._batches[("ns", "b")].results) == 3)
+    results = mgr._batches[("ns", "b")].results
+    assert [results[a].state for a in ("a0", "a2")] == ["Succeeded", "Succeeded"]
+    assert results["a1"].state == "Failed" and results["a1"].reason == "SandboxError"
+    assert "RuntimeError: boom" in (results["a1"].output or "")
+    assert "boom" in caplog.text
