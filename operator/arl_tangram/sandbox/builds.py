@@ -178,8 +178,9 @@ class Builder:
             return NO_BUILD
         language = toolchain.language
         limits = msg["limits"]
-        # The program's memory limit (its data, see executor._limits); none: what the host has.
-        memory_mb = int(limits.get("data") or limits.get("as") or 0) >> 20 or _physical_mb()
+        # The program's memory limit: what it writes (executor._limits sets it for every runtime
+        # a toolchain runs).
+        memory_mb = int(limits["data"]) >> 20
         jars = ":".join([".", *sorted(p for p in files if p.endswith(".jar"))])
         values = {"heap_mb": str(toolchain.heap_mb(memory_mb)), "jars": jars}
         msg["env"] = {**msg["env"], **toolchain.env}
@@ -191,14 +192,8 @@ class Builder:
         command = toolchain.argv(
             language.compile, {"heap_mb": str(toolchain.heap_mb(compile_mb)), "jars": jars}
         )
-        if "data" in limits:
-            compile_limits = {
-                **limits,
-                "data": compile_mb << 20,
-                "as": max(int(limits["as"]), compile_mb << 20),
-            }
-        else:
-            compile_limits = {**limits, "as": compile_mb << 20}
+        # The address space stays the program's cap (``--max-memory-mb``, never below a compile's).
+        compile_limits = {**limits, "data": compile_mb << 20}
         if not cacheable:
             return await self._compile(toolchain, command, msg, compile_limits, dispatch, timeout, None)
         # The compile's memory is in its key (javac's heap flag, in the command, follows it).
@@ -305,10 +300,6 @@ class Builder:
             "missing": dict(sorted(self.detection.missing.items())),
             "compile_cache": self.cache.describe(),
         }
-
-
-def _physical_mb() -> int:
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
 
 
 def _make_executable(workdir: str, name: str) -> None:

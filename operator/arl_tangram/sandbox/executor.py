@@ -46,6 +46,9 @@ PYTHON_RUNTIMES = ("python", "pytest")
 # itself until the process limit), a session's ``main.sh`` from an earlier action, and a script
 # that wrote ``main.sh`` to run it next rewrote itself while bash read it, and stopped there.
 BASH_FILE = ".tangram-main.sh"
+# The runtimes run from a file in the workdir, and that file (the compiled languages' are in
+# languages.py, written by ``Builder.admit``).
+CODE_FILES = {"pytest": PYTEST_FILE, "bash": BASH_FILE}
 
 
 @dataclass
@@ -374,10 +377,8 @@ class Executor:
         if not self.healthy:
             async with self._restart_lock:
                 await self._replace_dead_server()
-        if spec.runtime == "pytest":
-            spec.files = {**spec.files, PYTEST_FILE: spec.code.encode()}
-        elif spec.runtime == "bash":
-            spec.files = {**spec.files, BASH_FILE: spec.code.encode()}
+        if spec.runtime in CODE_FILES:
+            spec.files = {**spec.files, CODE_FILES[spec.runtime]: spec.code.encode()}
         spec.files = self.builder.admit(spec.runtime, spec.code, spec.files, spec.compile_timeout_s)
         session = None
         if spec.session_id is not None:
