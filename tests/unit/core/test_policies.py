@@ -280,6 +280,64 @@ def test_gpu_tangram_waits_for_a_warm_chunk_rather_than_restoring_a_big_model() 
     assert again.restore_s == 0.0 and again.unit_ids == warm.unit_ids
 
 
+def _big(i: int, at: float = 0.0) -> Action:
+    """A request of a 140 GB service on four GPUs (two chunks of a node of eight): 0.625 s warm,
+    7 s to restore."""
+    return Action(
+        f"r{i}", f"t{i}", "gpu", (4,), EfficiencyCurve(2.0, ((4, 0.8),)), service="big", service_gb=140.0
+    )
+
+
+def test_gpu_tangram_makes_a_second_copy_once_the_waits_for_the_busy_one_add_up() -> None:
+    """Each request alone is better off waiting for the busy warm copy (well under a second) than
+    restoring one (7 s), so a service kept busy used to queue behind its one copy for good while
+    the other chunk sat free. Once the waits its requests paid add up to what a second copy costs
+    more than waiting, the copy is made."""
+    gpu = GpuManager([GpuNode("n0", 8)])
+    sched = TangramPolicy({"gpu": gpu})
+    sched.submit(_big(0), 0.0)
+    (running,) = sched.schedule(0.0)
+    warm_ids = running.unit_ids
+    now, waited, i = running.est_end - 0.5, 0.0, 1
+    copies: set[tuple[int, ...]] = {warm_ids}
+    while len(copies) < 2 and i < 60:
+        sched.submit(_big(i), now)  # arrives while the warm copy is busy
+        got = sched.schedule(now)
+        if got:
+            copies |= {g.unit_ids for g in got}
+            assert all(g.restore_s > 0 for g in got)
+            break
+        end = running.est_end
+        sched.complete(running, end)
+        (running,) = sched.schedule(end)
+        assert running.unit_ids == warm_ids and running.restore_s == 0.0
+        waited += end - now
+        now, i = running.est_end - 0.5, i + 1
+    assert len(copies) == 2, "the service never got a second copy"
+    assert i > 2  # the first requests waited, as each alone should
+    assert waited >= 6.0  # and the copy came once their waits added up to about its cost
+
+
+def test_gpu_tangram_does_not_count_a_cold_load_as_want_of_a_second_copy() -> None:
+    """Requests arriving while a cold service loads wait for that load whatever the policy: a
+    second restore started then would not be ready sooner. Counted as waits for a busy copy, the
+    7 s one such request waited made the next request restore a copy it was better off without."""
+    gpu = GpuManager([GpuNode("n0", 8)])
+    sched = TangramPolicy({"gpu": gpu})
+    sched.submit(_big(0), 0.0)
+    (cold,) = sched.schedule(0.0)
+    assert cold.restore_s == pytest.approx(7.0)
+    sched.submit(_big(1), 1.0)
+    assert sched.schedule(1.0) == []  # waits for the load under way (a second one ends later)
+    sched.complete(cold, cold.est_end)
+    (second,) = sched.schedule(cold.est_end)
+    assert second.restore_s == 0.0 and second.unit_ids == cold.unit_ids
+    # It waited 6.6 s, 0.6 s of them after the load ended; the next one is 0.8 s from the warm
+    # copy, and a new copy would cost it 6.2 s more: the 6.6 s would buy one, the 0.6 s do not.
+    sched.submit(_big(2), second.est_end - 0.8)
+    assert sched.schedule(second.est_end - 0.8) == []
+
+
 def _judge(i: int, service_gb: float) -> Action:
     """A judge request elastic to 1, 2 or 4 GPUs (E(2) = 0.9, E(4) = 0.8), 2 s on one GPU."""
     curve = ((1, 1.0), (2, 0.9), (4, 0.8))

@@ -135,6 +135,9 @@ class TangramPolicy(Scheduler):
         # Per service: (last arrival, smoothed gap between arrivals): how hot its cached copies are.
         self._svc_arrivals: dict[str, tuple[float, float]] = {}
         self._svc_waiting: dict[str, int] = {}  # waiting actions per service
+        # Per service: the seconds its actions waited for a busy copy since it was last restored
+        # (the rent, ``_pay_rent``), and when that restore ended.
+        self._svc_rent: dict[str, tuple[float, float]] = {}
         # This decision's price of holding a unit-second, for the arrangement (``greedy_arrange``).
         self._hold_cost = 0.0
         self._defer_hold = 0.0
@@ -371,6 +374,7 @@ class TangramPolicy(Scheduler):
             svc = g.action.service
             if svc is not None:
                 self._svc_waiting[svc] -= 1
+                self._pay_rent(svc, g, now)
             self._track(g)
             vt = self.vtime.setdefault(g.action.pool, {})
             vt[g.action.tenant] = vt.get(g.action.tenant, 0.0) + g.units / self._weight(g.action.tenant)
@@ -563,6 +567,17 @@ class TangramPolicy(Scheduler):
                 best, units, scratch, keep = obj, trial.units, trial.scratch, len(cands) - t
         return self._commit(mgr, list(zip(cands[:keep], units, strict=True)), now, scratch)
 
+    def _pay_rent(self, svc: str, grant: Grant, now: float) -> None:
+        """Count what ``grant``'s action paid for want of another copy of ``svc``: its wait, less
+        the part of it before the service's last restore ended (a second restore started then
+        would not have been ready sooner: the requests that arrive while a cold service loads
+        wait for it whatever the policy). A restore starts the count again."""
+        if grant.restore_s > 0:
+            self._svc_rent[svc] = (0.0, now + grant.restore_s)
+            return
+        rent, ready = self._svc_rent.get(svc, (0.0, 0.0))
+        self._svc_rent[svc] = (rent + max(0.0, now - max(grant.action.arrival, ready)), ready)
+
     def heat(self, pool: str, now: float) -> dict[str, float]:
         """Expected demand of each service, 0..1: 1 while it runs or waits, else decaying with the
         time since its last arrival over three smoothed gaps between its arrivals (a service whose
@@ -582,9 +597,10 @@ class TangramPolicy(Scheduler):
         evictions will cost the evicted services' next requests. An action whose best option is a
         busy block that already holds its service waits for it (booking it, so that the next
         action of that service sees it later), but never longer in all than running now would
-        take (ski rental: at most twice the better choice). An action with no option at all (too
-        few free GPUs, its service nowhere resident) ends the admitted prefix, so a big action is
-        not starved by small ones behind it."""
+        take (ski rental: at most twice the better choice); and not once the service's requests
+        have waited for busy copies as long, in all, as a new copy costs (``_pay_rent``). An
+        action with no option at all (too few free GPUs, its service nowhere resident) ends the
+        admitted prefix, so a big action is not starved by small ones behind it."""
         busy_until: dict[tuple[str, int], float] = {}
         for g in self.running.values():
             if g.action.pool == pool:
@@ -641,7 +657,23 @@ class TangramPolicy(Scheduler):
             best = min(opts, key=lambda o: cost(action, o))
             ready = [o for o in opts if o.ready_at <= now]
             best_now = min(ready, key=lambda o: cost(action, o)) if ready else None
-            if best.ready_at > now and (best_now is None or now - action.arrival < cost(action, best_now)):
+            # Ski rental across requests as well as within one. Waiting for a busy copy is cheaper
+            # than a restore for each request alone, so a busy service kept one copy and queued
+            # behind it while GPUs sat free (swept reward-gpu variants: mean 1.27 s against
+            # paper's 1.03 s; 0.74 s against 0.54 s). Once the waits its requests paid since its
+            # last restore (the rent, ``_pay_rent``) add up to what a new copy costs this request
+            # more than waiting, the copy is made, and the count starts again.
+            rent = self._svc_rent.get(action.service, (0.0, 0.0))[0] if action.service is not None else 0.0
+            buy = (
+                best_now is not None
+                and best_now.restore_s > 0
+                and rent >= cost(action, best_now) - cost(action, best)
+            )
+            if (
+                best.ready_at > now
+                and not buy
+                and (best_now is None or now - action.arrival < cost(action, best_now))
+            ):
                 plan.take(action, best, best.ready_at + action.model.duration(best.units))
                 continue
             assert best_now is not None
