@@ -608,6 +608,7 @@ class TangramPolicy(Scheduler):
                     busy_until[(g.host, u)] = g.est_end
         plan = cast(ResidencyPlanner, mgr).residency_plan(now, self.heat(pool, now), busy_until)
         chosen: list[tuple[Action, int]] = []
+        restored: set[str] = set()  # services a copy is restored for in this decision
 
         waiting = self.queue.waiting(pool)
         units = max(1, mgr.total_units())
@@ -663,7 +664,10 @@ class TangramPolicy(Scheduler):
             # paper's 1.03 s; 0.74 s against 0.54 s). Once the waits its requests paid since its
             # last restore (the rent, ``_pay_rent``) add up to what a new copy costs this request
             # more than waiting, the copy is made, and the count starts again.
-            rent = self._svc_rent.get(action.service, (0.0, 0.0))[0] if action.service is not None else 0.0
+            # The rent buys one copy: a restore earlier in this decision has spent it (three
+            # requests waiting together each restored a copy of a 70B service at once).
+            svc = action.service
+            rent = self._svc_rent.get(svc, (0.0, 0.0))[0] if svc is not None and svc not in restored else 0.0
             buy = (
                 best_now is not None
                 and best_now.restore_s > 0
@@ -678,6 +682,8 @@ class TangramPolicy(Scheduler):
                 continue
             assert best_now is not None
             plan.take(action, best_now, now + best_now.restore_s + action.model.duration(best_now.units))
+            if best_now.restore_s > 0 and svc is not None:
+                restored.add(svc)
             chosen.append((action, best_now.units))
         return self._commit(mgr, chosen, now, plan)
 
