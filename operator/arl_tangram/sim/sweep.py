@@ -5,8 +5,9 @@ the same family. ``swe_variants`` draws SWE-style workloads around the built-in 
 (hosts and cores per host), trajectories per burst, test length, parallel fraction and widest
 DoP, turns, tool-call length and think time, so that saturated pools (tests of minutes at one
 core on a few hosts) are drawn as often as roomy ones. ``coding_variants`` does the same around
-``ai-coding`` (one release of every trajectory; tests every few tool calls). ``tangram bench sim
---sweep swe|ai-coding`` runs them.
+``ai-coding`` (one release of every trajectory; tests every few tool calls), and
+``reward_variants`` around ``reward-gpu`` (GPU pool size, which services, their on/off demand).
+``tangram bench sim --sweep swe|ai-coding|reward-gpu`` runs them.
 """
 
 from __future__ import annotations
@@ -100,6 +101,26 @@ def _draw_coding(rng: random.Random, doc: dict[str, Any]) -> str:
     )
 
 
+def _draw_reward(rng: random.Random, doc: dict[str, Any]) -> str:
+    nodes = rng.choice([1, 2, 3, 5])
+    gpus = rng.choice([4, 8])
+    # ``static`` gives every service its own 4-GPU replica: draw no more services than that fits.
+    services = min(rng.choice([1, 2, 4, 6, 10]), nodes * gpus // 4)
+    on = rng.choice([0.1, 0.2, 0.5, 1.0])
+    util = rng.choice([0.2, 0.5, 0.8])
+    t1 = rng.choice([0.5, 1.5, 4.0])
+    doc["cluster"]["gpu_nodes"].update(count=nodes, gpus=gpus)
+    doc.pop("training", None)
+    for src in doc["sources"]:
+        src["services"] = rng.sample(src["services"], services)
+        src["on_fraction"] = on
+        src["on_utilization"] = util
+        src["t1"]["median_s"] = t1
+        src["horizon_s"] = 1800  # three on/off periods: a sweep of 12 in minutes
+    names = ",".join(sv["name"].removeprefix("rm-") for sv in doc["sources"][0]["services"])
+    return f"{nodes}x{gpus} GPUs, services {names}, on {on:.0%} at {util:.0%}, T1 {t1} s"
+
+
 def swe_variants(n: int, seed: int = 0) -> list[tuple[str, Workload]]:
     """``n`` SWE-style variants, each with a one-line description (the same ``seed``, the same ones)."""
     return _variants("swe", n, seed, _draw_swe)
@@ -113,6 +134,14 @@ def coding_variants(n: int, seed: int = 0) -> list[tuple[str, Workload]]:
     return _variants("ai-coding", n, seed, _draw_coding)
 
 
+def reward_variants(n: int, seed: int = 0) -> list[tuple[str, Workload]]:
+    """``n`` variants of ``reward-gpu``: GPU nodes (1-5 of 4 or 8 GPUs), which services (1 to 10
+    of 7-70B, as many as ``static``'s replicas fit), how much of each period they are on and how
+    busy then, and request length. One busy service on a small pool is as likely as many bursty
+    ones on a large pool."""
+    return _variants("reward-gpu", n, seed, _draw_reward)
+
+
 # The issue's targets per variant, in the order ``bench sim --sweep`` names the missed ones.
 TARGETS = ("tangram complete", "lowest mean", "p99 <= static", "within 1% of paper")
 
@@ -120,6 +149,7 @@ TARGETS = ("tangram complete", "lowest mean", "p99 <= static", "within 1% of pap
 FAMILIES: dict[str, Callable[[int, int], list[tuple[str, Workload]]]] = {
     "swe": swe_variants,
     "ai-coding": coding_variants,
+    "reward-gpu": reward_variants,
 }
 
 

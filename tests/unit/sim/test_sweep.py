@@ -1,12 +1,19 @@
-"""The sweeps (SWE-style and ai-coding variants): drawn from a seed, and the issue's targets judged
-per variant."""
+"""The sweeps (SWE-style, ai-coding and reward-gpu variants): drawn from a seed, and the issue's
+targets judged per variant."""
 
 from __future__ import annotations
 
 import math
 
-from arl_tangram.sim.sweep import SWEEP_POLICIES, VariantResult, coding_variants, run_variant, swe_variants
-from arl_tangram.sim.workload import CodingSource, with_overrides
+from arl_tangram.sim.sweep import (
+    SWEEP_POLICIES,
+    VariantResult,
+    coding_variants,
+    reward_variants,
+    run_variant,
+    swe_variants,
+)
+from arl_tangram.sim.workload import CodingSource, RewardSource, with_overrides
 
 
 def test_variants_are_fixed_by_the_seed_and_differ_in_the_pool_and_the_tests() -> None:
@@ -91,3 +98,24 @@ def test_coding_variants_are_fixed_by_the_seed_and_span_small_and_large_pools() 
         assert wl.training is None
         (src,) = wl.sources
         assert isinstance(src, CodingSource)
+
+
+def test_reward_variants_span_one_busy_service_to_many_and_always_fit_static() -> None:
+    a = reward_variants(24, seed=1)
+    assert [w for w, _ in a] == [w for w, _ in reward_variants(24, seed=1)]
+    assert [w for w, _ in a] != [w for w, _ in reward_variants(24, seed=2)]
+    counts = set()
+    for _, wl in a:
+        (src,) = wl.sources
+        assert isinstance(src, RewardSource) and wl.training is None
+        counts.add(len(src.services))
+        # static's replicas (4 GPUs each) fit: the baseline refuses a cluster that cannot hold them
+        assert 4 * len(src.services) <= wl.cluster.gpu_nodes * wl.cluster.gpus_per_node
+    assert min(counts) <= 2 and max(counts) >= 6
+
+
+def test_a_reward_variant_runs_every_policy_to_the_end() -> None:
+    what, wl = reward_variants(1, seed=0)[0]
+    r = run_variant("reward-gpu-v0", what, wl)
+    assert all(r.complete.values())
+    assert all(math.isfinite(r.mean[p]) and r.p99[p] >= r.mean[p] > 0 for p in SWEEP_POLICIES)
