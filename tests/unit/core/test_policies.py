@@ -4,6 +4,7 @@ the behaviours users notice (elastic DoP, fair share, priorities, GPU residency)
 from __future__ import annotations
 
 import functools
+import math
 import random
 
 import pytest
@@ -316,6 +317,35 @@ def test_gpu_tangram_makes_a_second_copy_once_the_waits_for_the_busy_one_add_up(
     assert len(copies) == 2, "the service never got a second copy"
     assert i > 2  # the first requests waited, as each alone should
     assert waited >= 6.0  # and the copy came once their waits added up to about its cost
+
+
+def test_gpu_tangram_buys_one_copy_when_requests_waiting_together_cross_the_rent() -> None:
+    """Requests come in threes every 2.5 s (a load one warm copy serves, with waits); four free
+    chunks could take a copy each. The rent pays for one copy: requests waiting together in the
+    decision that crosses it each restored one (three 7 s restores where one was wanted)."""
+    gpu = GpuManager([GpuNode("n0", 8), GpuNode("n1", 8)])
+    sched = TangramPolicy({"gpu": gpu})
+    sched.submit(_big(0), 0.0)
+    running = sched.schedule(0.0)
+    i, arrive, restores = 1, running[0].est_end, [0]
+    while sum(restores) < 2 and arrive < 120.0:
+        end = min((g.est_end for g in running), default=math.inf)
+        if arrive <= end:
+            now = arrive
+            for _ in range(3):
+                sched.submit(_big(i), now)
+                i += 1
+            arrive += 2.5
+        else:
+            now = end
+            done = next(g for g in running if g.est_end == end)
+            running.remove(done)
+            sched.complete(done, now)
+        got = sched.schedule(now)
+        running += got
+        restores.append(sum(g.restore_s > 0 for g in got))
+    assert sum(restores) >= 2, "the rent never bought a second copy"
+    assert max(restores) == 1
 
 
 def test_gpu_tangram_does_not_count_a_cold_load_as_want_of_a_second_copy() -> None:
