@@ -181,13 +181,37 @@ class TangramPolicy(Scheduler):
         10,000-action batch O(n))."""
         key = (action.pool, (action.priority, action.tenant))
         earlier = self._unpinned.get(key)
-        while earlier and not (self.queue.is_waiting(earlier[0]) and pinning.pinned_host(earlier[0]) is None):
-            earlier.popleft()
+        if earlier:
+            self._prune(earlier, pinning)
         if not earlier and pinning.pin_session(action) is not None:
             if earlier is not None:
                 del self._unpinned[key]
             return
         self._unpinned.setdefault(key, deque()).append(action)
+
+    def _memory_waiting(self, pool: str) -> int:
+        """Waiting actions of ``pool`` whose new session no host had memory for at their arrival
+        (or that wait behind such an earlier one, new sessions starting in order): the lanes'
+        ``_unpinned`` queues once their fronts are checked. New sessions of a lane start in order,
+        so those admitted since are all at the front; O(lanes)."""
+        pinning = self._pinning(self.pools[pool])
+        if pinning is None:
+            return 0
+        return sum(len(self._prune(q, pinning)) for (p, _), q in self._unpinned.items() if p == pool)
+
+    @staticmethod
+    def _wants_units(pinning: Pinning | None, action: Action) -> bool:
+        """Whether units could start ``action``: not a new session that no host has memory for."""
+        return (
+            pinning is None or pinning.pinned_host(action) is not None or bool(pinning.session_hosts(action))
+        )
+
+    def _prune(self, earlier: deque[Action], pinning: Pinning) -> deque[Action]:
+        """Drop from the front of a lane's ``_unpinned`` queue the actions no longer waiting or
+        pinned since."""
+        while earlier and not (self.queue.is_waiting(earlier[0]) and pinning.pinned_host(earlier[0]) is None):
+            earlier.popleft()
+        return earlier
 
     def _on_adopt(self, grant: Grant) -> None:
         self._track(grant)
@@ -465,7 +489,10 @@ class TangramPolicy(Scheduler):
         order = self._order(pool, now)
         # The price of a unit-second held, as the arrangement prices it (``_hold_cost``): every
         # waiting action starts later by the unit-seconds placed ahead of it over the pool's units.
-        self._defer_hold = self.queue.waiting(pool) / max(1, mgr.total_units())
+        # Only actions that wait for units price them: a new session waiting for memory
+        # (``_memory_waiting``) gains from its host's sessions ending sooner, not from idle cores.
+        want_units = self.queue.waiting(pool) - self._memory_waiting(pool)
+        self._defer_hold = want_units / max(1, mgr.total_units())
         self.deferred = set()
         self.backfill_until = {}
         self._releases = {}
@@ -540,17 +567,24 @@ class TangramPolicy(Scheduler):
         # candidates starts later by the unit-seconds placed ahead of it over the pool's units
         # (list scheduling), which prices a unit-second of holding. (Pricing the arrivals while it
         # runs as well made ai-coding's p99 8.2 s against 6.8 s, swe's 87 s against 77 s.)
-        self._hold_cost = max(0, self.queue.waiting(pool) - len(cands)) / max(1, mgr.total_units())
+        # (Memory waiters are left out as above; a candidate that was one is counted in neither.)
+        fresh = sum(1 for a in cands if pinning is not None and pinning.pinned_host(a) is None)
+        self._hold_cost = max(0, want_units - (len(cands) - fresh)) / max(1, mgr.total_units())
         arranged = self._arrange(mgr, cands)
         if arranged is None:
             return self._commit(mgr, [(a, a.min_units) for a in cands], now, prefix)
         total, units, scratch, binding = arranged.total, arranged.units, arranged.scratch, arranged.binding
         keep = len(cands)
         if binding and self.max_evict > 0:
-            for action in order:  # the rest of the bounded waiting window
-                if len(blocked) >= self.wait_window:
+            # The bounded waiting window, without the new sessions that wait for memory: the
+            # estimate would start them on the units an eviction frees, which they cannot use
+            # (a test was kept from starting at all behind thirty of them).
+            blocked = [a for a in blocked if self._wants_units(pinning, a)]
+            for n, action in enumerate(order):  # the rest of the window, looked at boundedly
+                if len(blocked) >= self.wait_window or n >= 4 * self.wait_window:
                     break
-                blocked.append(action)
+                if self._wants_units(pinning, action):
+                    blocked.append(action)
             best = total + self._waiting_cost(mgr, cands, units, blocked, now)
             # Admitting nothing is an option only while something runs in the pool: with the pool
             # idle no completion would come to wake the decision again (the estimate's optimism,
