@@ -109,7 +109,8 @@ class ResidencyPlanner(Protocol):
         self, now: float, heat: Mapping[str, float], busy_until: Mapping[tuple[str, int], float]
     ) -> ResidencyPlan:
         """A throw-away view for one decision. ``heat`` weighs a cached service's eviction (0: no
-        demand expected, 1: in use); ``busy_until`` is each busy unit's (host, id) expected release."""
+        demand expected, 1: in use, more: requests wait for it); ``busy_until`` is each busy unit's
+        (host, id) expected release."""
         ...
 
 

@@ -361,7 +361,8 @@ class GpuPlan(_GpuScratch):
     """A decision's residency-aware view of the GPUs (``tangram``): for each action the best free
     block per TP size (resident first, then the least costly restore, counting what it evicts)
     and the earliest busy block per TP size that already holds the service. Evicting a cached
-    service costs its restore time weighted by its ``heat`` (expected demand, 0..1); victims are
+    service costs its restore time weighted by its ``heat`` (expected demand: 0..1, above 1 while
+    requests wait for it); victims are
     taken coldest first, then least recently used."""
 
     def __init__(

@@ -368,6 +368,48 @@ def test_gpu_tangram_does_not_count_a_cold_load_as_want_of_a_second_copy() -> No
     assert sched.schedule(second.est_end - 0.8) == []
 
 
+def test_gpu_tangram_evicts_the_copy_fewer_requests_wait_for() -> None:
+    """Two nodes of four GPUs hold a copy each of A and C (160 GB: two never share a GPU). B
+    arrives, then ten requests of A, then one of C; both copies come free at once. B takes C's
+    node, not A's: evicting A costs its ten waiting requests their copy. Weighed by heat alone
+    (A's last arrival a moment older than C's) B evicted A, and A's next request evicted C: busy
+    services evicting each other was most of a swept variant's 288 s mean (static 6.2 s)."""
+    gpu = GpuManager([GpuNode("n0", 4), GpuNode("n1", 4)])
+    sched = TangramPolicy({"gpu": gpu})
+
+    def req(svc: str, i: int) -> Action:
+        return Action(
+            f"{svc}{i}",
+            f"t{svc}{i}",
+            "gpu",
+            (4,),
+            EfficiencyCurve(2.0, ((4, 0.8),)),
+            service=svc,
+            service_gb=160.0,
+        )
+
+    sched.submit(req("A", 0), 0.0)
+    sched.submit(req("C", 0), 0.0)
+    cold = {g.action.service: g for g in sched.schedule(0.0)}
+    assert {g.host for g in cold.values()} == {"n0", "n1"}
+    for g in cold.values():
+        sched.complete(g, 9.0)
+    sched.submit(req("A", 1), 20.0)
+    sched.submit(req("C", 1), 20.0)
+    warm = sched.schedule(20.0)
+    assert len(warm) == 2 and all(g.restore_s == 0.0 for g in warm)
+    sched.submit(req("B", 0), 20.1)
+    for i in range(2, 12):
+        sched.submit(req("A", i), 20.2)
+    sched.submit(req("C", 2), 20.5)
+    assert sched.schedule(20.5) == []
+    for g in warm:
+        sched.complete(g, 21.0)
+    got = {g.action.id: g for g in sched.schedule(21.0)}
+    assert got["B0"].host == cold["C"].host and got["B0"].restore_s > 0
+    assert got["A2"].host == cold["A"].host and got["A2"].restore_s == 0.0
+
+
 def _judge(i: int, service_gb: float) -> Action:
     """A judge request elastic to 1, 2 or 4 GPUs (E(2) = 0.9, E(4) = 0.8), 2 s on one GPU."""
     curve = ((1, 1.0), (2, 0.9), (4, 0.8))
