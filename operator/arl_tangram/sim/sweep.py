@@ -6,8 +6,9 @@ the same family. ``swe_variants`` draws SWE-style workloads around the built-in 
 DoP, turns, tool-call length and think time, so that saturated pools (tests of minutes at one
 core on a few hosts) are drawn as often as roomy ones. ``coding_variants`` does the same around
 ``ai-coding`` (one release of every trajectory; tests every few tool calls), and
-``reward_variants`` around ``reward-gpu`` (GPU pool size, which services, their on/off demand).
-``tangram bench sim --sweep swe|ai-coding|reward-gpu`` runs them.
+``reward_variants`` around ``reward-gpu`` (GPU pool size, which services, their on/off demand),
+``memory_variants`` around ``memory-tight`` (sessions that do not all fit in memory). ``tangram
+bench sim --sweep swe|ai-coding|reward-gpu|memory-tight`` runs them.
 """
 
 from __future__ import annotations
@@ -121,6 +122,27 @@ def _draw_reward(rng: random.Random, doc: dict[str, Any]) -> str:
     return f"{nodes}x{gpus} GPUs, services {names}, on {on:.0%} at {util:.0%}, T1 {t1} s"
 
 
+def _draw_memory(rng: random.Random, doc: dict[str, Any]) -> str:
+    hosts = rng.choice([1, 1, 2])
+    cores = rng.choice([16, 32, 64])
+    memory = rng.choice([16, 32, 64])
+    trajectories = rng.choice([20, 40, 80, 120])
+    gib = rng.choice([1, 2, 4])
+    lo, hi = rng.choice([2, 3, 5]), rng.choice([8, 12, 20])
+    think = rng.choice([0.5, 2.0, 5.0])
+    t1 = rng.choice([4.0, 8.0, 30.0])
+    top = rng.choice([4, 16, 32])
+    doc["cluster"]["cpu_hosts"].update(count=hosts, cores=cores, memory_gib=memory)
+    for src in doc["sources"]:
+        src.update(trajectories=trajectories, memory_gib=gib, actions={"min": lo, "max": hi})
+        src["think"]["median_s"] = think
+        src["test"].update(t1_median_s=t1, cores_max=top)
+    return (
+        f"{hosts}x{cores} cores {memory} GiB, {trajectories} sessions of {gib} GiB, {lo}-{hi} actions, "
+        f"think {think} s, T1 {t1} s, DoP<={top}"
+    )
+
+
 def swe_variants(n: int, seed: int = 0) -> list[tuple[str, Workload]]:
     """``n`` SWE-style variants, each with a one-line description (the same ``seed``, the same ones)."""
     return _variants("swe", n, seed, _draw_swe)
@@ -142,6 +164,14 @@ def reward_variants(n: int, seed: int = 0) -> list[tuple[str, Workload]]:
     return _variants("reward-gpu", n, seed, _draw_reward)
 
 
+def memory_variants(n: int, seed: int = 0) -> list[tuple[str, Workload]]:
+    """``n`` variants of ``memory-tight``: 1 or 2 hosts of 16 to 64 cores and 16 to 64 GiB, 20 to
+    120 sessions of 1 to 4 GiB, actions per session, think time, test length and widest DoP. Most
+    bind on memory (new sessions wait for the running ones to end, where a global FCFS head
+    deadlocks); some do not, and bind on cores instead."""
+    return _variants("memory-tight", n, seed, _draw_memory)
+
+
 # The issue's targets per variant, in the order ``bench sim --sweep`` names the missed ones.
 TARGETS = ("tangram complete", "lowest mean", "p99 <= static", "within 1% of paper")
 
@@ -150,6 +180,7 @@ FAMILIES: dict[str, Callable[[int, int], list[tuple[str, Workload]]]] = {
     "swe": swe_variants,
     "ai-coding": coding_variants,
     "reward-gpu": reward_variants,
+    "memory-tight": memory_variants,
 }
 
 

@@ -1,5 +1,5 @@
-"""The sweeps (SWE-style, ai-coding and reward-gpu variants): drawn from a seed, and the issue's
-targets judged per variant."""
+"""The sweeps (SWE-style, ai-coding, reward-gpu and memory-tight variants): drawn from a seed, and
+the issue's targets judged per variant."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from arl_tangram.sim.sweep import (
     SWEEP_POLICIES,
     VariantResult,
     coding_variants,
+    memory_variants,
     reward_variants,
     run_variant,
     swe_variants,
@@ -119,3 +120,20 @@ def test_a_reward_variant_runs_every_policy_to_the_end() -> None:
     r = run_variant("reward-gpu-v0", what, wl)
     assert all(r.complete.values())
     assert all(math.isfinite(r.mean[p]) and r.p99[p] >= r.mean[p] > 0 for p in SWEEP_POLICIES)
+
+
+def test_memory_variants_mostly_bind_on_memory_and_tangram_never_deadlocks_on_them() -> None:
+    a = memory_variants(16, seed=4)
+    assert [w for w, _ in a] == [w for w, _ in memory_variants(16, seed=4)]
+    bound = 0
+    for _, wl in a:
+        (src,) = wl.sources
+        assert isinstance(src, CodingSource)
+        fit = wl.cluster.cpu_hosts * int(wl.cluster.memory_gib_per_host // src.memory_gib)
+        bound += src.trajectories > fit
+    assert bound >= len(a) // 2
+    what, wl = next(
+        (w, x) for w, x in a if isinstance(s := x.sources[0], CodingSource) and s.trajectories <= 40
+    )
+    r = run_variant("memory-tight-v", what, wl)
+    assert r.complete["tangram"]  # paper and fcfs-min may deadlock here; tangram never does
