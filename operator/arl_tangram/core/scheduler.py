@@ -48,6 +48,12 @@ class Scheduler(ABC):
         action.arrival = now
         self.queue.push(action)
 
+    def withdraw(self, action: Action) -> None:
+        """A waiting action leaves without running (cancelled, failed, its batch deleted): out of
+        the queue, and out of whatever the policy counts of what waits."""
+        self.queue.remove(action)
+        self._on_withdraw(action)
+
     def complete(self, grant: Grant, now: float) -> None:
         """A granted action finished: its units go back to its pool."""
         self.running.pop(id(grant), None)
@@ -64,6 +70,9 @@ class Scheduler(ABC):
         """Hook for policies keeping incremental state."""
 
     def _on_release(self, grant: Grant) -> None:  # noqa: B027 - an optional hook, empty by default
+        """Hook for policies keeping incremental state."""
+
+    def _on_withdraw(self, action: Action) -> None:  # noqa: B027 - an optional hook, empty by default
         """Hook for policies keeping incremental state."""
 
     def schedule(self, now: float) -> list[Grant]:

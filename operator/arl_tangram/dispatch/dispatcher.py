@@ -602,7 +602,7 @@ class Dispatcher:
 
     def _unqueue(self, pool: _Pool, job: _Job) -> None:
         assert job.action is not None
-        self.scheduler.queue.remove(job.action)
+        self.scheduler.withdraw(job.action)
         self._left_queue(pool, job)
 
     def _left_queue(self, pool: _Pool, job: _Job) -> None:

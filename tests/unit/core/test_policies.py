@@ -368,6 +368,87 @@ def test_gpu_tangram_does_not_count_a_cold_load_as_want_of_a_second_copy() -> No
     assert sched.schedule(second.est_end - 0.8) == []
 
 
+def test_gpu_tangram_counts_no_rent_while_no_copy_could_be_had() -> None:
+    """Another service holds the other half of the node while a burst of ten is served one by
+    one by the warm copy: no second copy was possible, so those waits buy none. Counted, they
+    made a lone request long after restore a copy (7 s) half a second from the warm one,
+    evicting the other service."""
+    gpu = GpuManager([GpuNode("n0", 8)])
+    sched = TangramPolicy({"gpu": gpu})
+    sched.submit(_big(0), 0.0)
+    sched.submit(Action("x", "tx", "gpu", (4,), Fixed(100.0), service="x", service_gb=140.0), 0.0)
+    running = sched.schedule(0.0)
+    assert len(running) == 2
+    for i in range(1, 11):
+        sched.submit(_big(i), 8.0)
+    now = 0.0
+    while sched.queue.waiting("gpu"):
+        g = min((g for g in running if g.action.service == "big"), key=lambda g: g.est_end)
+        running.remove(g)
+        now = g.est_end
+        sched.complete(g, now)
+        got = sched.schedule(now)
+        assert all(x.restore_s == 0.0 for x in got)
+        running += got
+    for g in running:
+        sched.complete(g, 200.0)
+    sched.submit(_big(90), 300.0)
+    assert len(sched.schedule(300.0)) == 1  # takes the warm copy
+    sched.submit(_big(91), 300.1)
+    assert sched.schedule(300.1) == []  # waits half a second for the warm copy
+
+
+def test_tangram_withdrawn_actions_leave_what_it_counts() -> None:
+    """A cancelled request leaves the counts the policy prices with: its service's waiting
+    requests (which raise what evicting the service costs) and the sessions waiting for memory."""
+    gpu = GpuManager([GpuNode("n0", 8)])
+    sched = TangramPolicy({"gpu": gpu})
+    reqs = [_big(i) for i in range(5)]
+    for a in reqs:
+        sched.submit(a, 0.0)
+    for a in reqs:
+        sched.withdraw(a)
+    assert sched.queue.waiting("gpu") == 0 and sched.heat("gpu", 0.0)["big"] <= 1.0
+    assert sched._svc_waiting["big"] == 0
+    mgr = cpu_pool(1, 8, memory=4.0)
+    cpu = TangramPolicy({"cpu": mgr})
+    cpu.submit(Action("a", "s0", "cpu", (1,), Fixed(9.0), memory_gib=4.0), 0.0)
+    assert len(cpu.schedule(0.0)) == 1
+    later = [Action(f"n{i}", f"n{i}", "cpu", (1,), Fixed(1.0), memory_gib=4.0) for i in range(3)]
+    for a in later:
+        cpu.submit(a, 1.0)
+    assert cpu._memory_waiting("cpu") == 3
+    cpu.withdraw(later[1])
+    assert cpu._memory_waiting("cpu") == 2
+
+
+def test_tangram_counts_sessions_waiting_for_memory_as_they_start_out_of_order() -> None:
+    """Short new sessions start ahead of a longer earlier one (short first): each one that starts
+    leaves the count of sessions waiting for memory, though the longer one still waits ahead of
+    it in its lane (counted from the lane's front, the count stayed at 7 while 2 waited, and the
+    price of a core-second went negative)."""
+    mgr = cpu_pool(1, 8, memory=8.0)
+    sched = TangramPolicy({"cpu": mgr})
+    sched.submit(Action("a0", "s0", "cpu", (1,), Fixed(1.0), memory_gib=4.0), 0.0)
+    sched.submit(Action("b0", "s1", "cpu", (1,), Fixed(100.0), memory_gib=4.0), 0.0)
+    running = {g.action.id: g for g in sched.schedule(0.0)}
+    sched.submit(Action("A", "A", "cpu", (1,), Fixed(30.0), memory_gib=4.0), 0.5)
+    for i in range(6):
+        sched.submit(Action(f"B{i}", f"B{i}", "cpu", (1,), Fixed(1.0), memory_gib=4.0), 0.6)
+    sched.complete(running["a0"], 1.0)
+    mgr.end_trajectory("s0")
+    now, started = 1.0, []
+    for _ in range(5):
+        got = sched.schedule(now)
+        started += [g.action.id for g in got]
+        assert sched._memory_waiting("cpu") == sched.queue.waiting("cpu")  # all of them wait for memory
+        for g in got:
+            now += 1.0
+            sched.complete(g, now)
+            mgr.end_trajectory(g.action.trajectory)
+    assert started[:2] == ["B0", "B1"]  # the short ones went first
+
+
 def test_gpu_tangram_evicts_the_copy_fewer_requests_wait_for() -> None:
     """Two nodes of four GPUs hold a copy each of A and C (160 GB: two never share a GPU). B
     arrives, then ten requests of A, then one of C; both copies come free at once. B takes C's

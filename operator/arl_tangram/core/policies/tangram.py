@@ -135,8 +135,10 @@ class TangramPolicy(Scheduler):
         # Per service: (last arrival, smoothed gap between arrivals): how hot its cached copies are.
         self._svc_arrivals: dict[str, tuple[float, float]] = {}
         self._svc_waiting: dict[str, int] = {}  # waiting actions per service
+        # Per pool: its waiting actions whose new session waits for memory (``_memory_waiting``).
+        self._mem_waiting: dict[str, dict[int, Action]] = {}
         # Per service: the seconds its actions waited for a busy copy since it was last restored
-        # (the rent, ``_pay_rent``), and when that restore ended.
+        # (the rent, ``_pay_rent``), and until when no other copy could be had (``_no_copy``).
         self._svc_rent: dict[str, tuple[float, float]] = {}
         # This decision's price of holding a unit-second, for the arrangement (``greedy_arrange``).
         self._hold_cost = 0.0
@@ -188,16 +190,20 @@ class TangramPolicy(Scheduler):
                 del self._unpinned[key]
             return
         self._unpinned.setdefault(key, deque()).append(action)
+        self._mem_waiting.setdefault(action.pool, {})[id(action)] = action
 
     def _memory_waiting(self, pool: str) -> int:
         """Waiting actions of ``pool`` whose new session no host had memory for at their arrival
-        (or that wait behind such an earlier one, new sessions starting in order): the lanes'
-        ``_unpinned`` queues once their fronts are checked. New sessions of a lane start in order,
-        so those admitted since are all at the front; O(lanes)."""
-        pinning = self._pinning(self.pools[pool])
-        if pinning is None:
-            return 0
-        return sum(len(self._prune(q, pinning)) for (p, _), q in self._unpinned.items() if p == pool)
+        (or that wait behind such an earlier one, new sessions starting in order), kept as they
+        arrive and dropped as they start or are withdrawn: O(1). (The lanes' ``_unpinned`` queues
+        are checked at their fronts only: a short new session started ahead of a longer earlier
+        one, and a withdrawn one, stayed in them.)"""
+        return len(self._mem_waiting.get(pool, ()))
+
+    def _on_withdraw(self, action: Action) -> None:
+        self._mem_waiting.get(action.pool, {}).pop(id(action), None)
+        if action.service is not None:
+            self._svc_waiting[action.service] = max(0, self._svc_waiting.get(action.service, 0) - 1)
 
     @staticmethod
     def _wants_units(pinning: Pinning | None, action: Action) -> bool:
@@ -395,9 +401,12 @@ class TangramPolicy(Scheduler):
         for pool in self.queue.pools():
             grants += self._decide_pool(self.pools[pool], pool, now)
         for g in grants:
+            self._mem_waiting.get(g.action.pool, {}).pop(id(g.action), None)
             svc = g.action.service
             if svc is not None:
-                self._svc_waiting[svc] -= 1
+                # (An action queued without ``submit``, as the dispatcher does for one no host
+                # can hold yet, was never counted.)
+                self._svc_waiting[svc] = max(0, self._svc_waiting.get(svc, 0) - 1)
                 self._pay_rent(svc, g, now)
             self._track(g)
             vt = self.vtime.setdefault(g.action.pool, {})
@@ -491,7 +500,7 @@ class TangramPolicy(Scheduler):
         # waiting action starts later by the unit-seconds placed ahead of it over the pool's units.
         # Only actions that wait for units price them: a new session waiting for memory
         # (``_memory_waiting``) gains from its host's sessions ending sooner, not from idle cores.
-        want_units = self.queue.waiting(pool) - self._memory_waiting(pool)
+        want_units = max(0, self.queue.waiting(pool) - self._memory_waiting(pool))
         self._defer_hold = want_units / max(1, mgr.total_units())
         self.deferred = set()
         self.backfill_until = {}
@@ -603,14 +612,20 @@ class TangramPolicy(Scheduler):
 
     def _pay_rent(self, svc: str, grant: Grant, now: float) -> None:
         """Count what ``grant``'s action paid for want of another copy of ``svc``: its wait, less
-        the part of it before the service's last restore ended (a second restore started then
-        would not have been ready sooner: the requests that arrive while a cold service loads
-        wait for it whatever the policy). A restore starts the count again."""
+        the part of it before no other copy could be had (``_no_copy``): before the service's
+        last restore ended (a second restore started then would not have been ready sooner: the
+        requests that arrive while a cold service loads wait for it whatever the policy), or
+        while no block was free for one. A restore starts the count again."""
         if grant.restore_s > 0:
             self._svc_rent[svc] = (0.0, now + grant.restore_s)
             return
-        rent, ready = self._svc_rent.get(svc, (0.0, 0.0))
-        self._svc_rent[svc] = (rent + max(0.0, now - max(grant.action.arrival, ready)), ready)
+        rent, since = self._svc_rent.get(svc, (0.0, 0.0))
+        self._svc_rent[svc] = (rent + max(0.0, now - max(grant.action.arrival, since)), since)
+
+    def _no_copy(self, svc: str, now: float) -> None:
+        """No new copy of ``svc`` could be had at ``now``: waits until now buy none."""
+        rent, since = self._svc_rent.get(svc, (0.0, 0.0))
+        self._svc_rent[svc] = (rent, max(since, now))
 
     def heat(self, pool: str, now: float) -> dict[str, float]:
         """Expected demand of each service, 0..1: 1 while it runs or waits, else decaying with the
@@ -684,13 +699,18 @@ class TangramPolicy(Scheduler):
             return own + behind * (work + same_behind * waste) * per_unit
 
         for n, action in enumerate(self._order(pool, now)):
-            if n >= self.window or not plan.has_free():
+            if n >= self.window:
+                break
+            if not plan.has_free():
+                for name, count in self._svc_waiting.items():
+                    if count > 0:
+                        self._no_copy(name, now)  # every GPU busy: no copy could be had now
                 break
             queued = max(0, waiting - n - 1)
             if action.service is not None:
                 same[action.service] = same.get(action.service, 1) - 1
                 same_behind = same[action.service]
-                gap = self._svc_arrivals[action.service][1]
+                gap = self._svc_arrivals.get(action.service, (now, self.first_gap_s))[1]
             else:
                 same_behind = 0
                 gap = math.inf
@@ -715,6 +735,8 @@ class TangramPolicy(Scheduler):
                 and best_now.restore_s > 0
                 and rent >= cost(action, best_now) - cost(action, best)
             )
+            if best_now is None and svc is not None:
+                self._no_copy(svc, now)
             if (
                 best.ready_at > now
                 and not buy
