@@ -658,7 +658,7 @@ class TangramPolicy(Scheduler):
         # A service's waiting requests raise what evicting its copy costs (and put it last among
         # the victims): they lose that copy, not only its next request. Priced by heat alone,
         # five services always busy on five nodes evicted each other's copies about 2,000 times
-        # in 4,400 requests (mean 288 s, static's dedicated replicas 6.2 s); now 13.4 s.
+        # in 4,400 requests (mean 288 s, static's dedicated replicas 6.2 s); now 4.2 s.
         heat = self.heat(pool, now)
         for name, waiting in self._svc_waiting.items():
             if waiting > 0:
