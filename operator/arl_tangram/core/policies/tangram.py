@@ -183,8 +183,8 @@ class TangramPolicy(Scheduler):
         10,000-action batch O(n))."""
         key = (action.pool, (action.priority, action.tenant))
         earlier = self._unpinned.get(key)
-        if earlier:
-            self._prune(earlier, pinning)
+        while earlier and not (self.queue.is_waiting(earlier[0]) and pinning.pinned_host(earlier[0]) is None):
+            earlier.popleft()
         if not earlier and pinning.pin_session(action) is not None:
             if earlier is not None:
                 del self._unpinned[key]
@@ -201,6 +201,12 @@ class TangramPolicy(Scheduler):
         return len(self._mem_waiting.get(pool, ()))
 
     def _on_withdraw(self, action: Action) -> None:
+        self._left_waiting(action)
+
+    def _left_waiting(self, action: Action) -> None:
+        """``action`` no longer waits (started or withdrawn): out of the counts of what waits. (An
+        action queued without ``submit``, as the dispatcher does for one no host can hold yet, was
+        never counted.)"""
         self._mem_waiting.get(action.pool, {}).pop(id(action), None)
         if action.service is not None:
             self._svc_waiting[action.service] = max(0, self._svc_waiting.get(action.service, 0) - 1)
@@ -211,13 +217,6 @@ class TangramPolicy(Scheduler):
         return (
             pinning is None or pinning.pinned_host(action) is not None or bool(pinning.session_hosts(action))
         )
-
-    def _prune(self, earlier: deque[Action], pinning: Pinning) -> deque[Action]:
-        """Drop from the front of a lane's ``_unpinned`` queue the actions no longer waiting or
-        pinned since."""
-        while earlier and not (self.queue.is_waiting(earlier[0]) and pinning.pinned_host(earlier[0]) is None):
-            earlier.popleft()
-        return earlier
 
     def _on_adopt(self, grant: Grant) -> None:
         self._track(grant)
@@ -401,12 +400,9 @@ class TangramPolicy(Scheduler):
         for pool in self.queue.pools():
             grants += self._decide_pool(self.pools[pool], pool, now)
         for g in grants:
-            self._mem_waiting.get(g.action.pool, {}).pop(id(g.action), None)
+            self._left_waiting(g.action)
             svc = g.action.service
             if svc is not None:
-                # (An action queued without ``submit``, as the dispatcher does for one no host
-                # can hold yet, was never counted.)
-                self._svc_waiting[svc] = max(0, self._svc_waiting.get(svc, 0) - 1)
                 self._pay_rent(svc, g, now)
             self._track(g)
             vt = self.vtime.setdefault(g.action.pool, {})
@@ -577,7 +573,8 @@ class TangramPolicy(Scheduler):
         # (list scheduling), which prices a unit-second of holding. (Pricing the arrivals while it
         # runs as well made ai-coding's p99 8.2 s against 6.8 s, swe's 87 s against 77 s.)
         # (Memory waiters are left out as above; a candidate that was one is counted in neither.)
-        fresh = sum(1 for a in cands if pinning is not None and pinning.pinned_host(a) is None)
+        memory_waiters = self._mem_waiting.get(pool, {})
+        fresh = sum(id(a) in memory_waiters for a in cands)
         self._hold_cost = max(0, want_units - (len(cands) - fresh)) / max(1, mgr.total_units())
         arranged = self._arrange(mgr, cands)
         if arranged is None:
