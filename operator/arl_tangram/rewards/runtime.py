@@ -7,6 +7,12 @@ else fits: before a batch, least recently used services are evicted until the se
 is restored from host memory, and the seconds that took are reported on every request of the batch
 as ``restore_s``. Among ready services the resident ones go first unless an evicted one has waited
 past the grace period (``cache.pick_next``).
+
+While no request waits, the chunk pre-warms: a service not on the device that fits in its free
+memory, without evicting another, is restored ahead of its requests, the largest first (its cold
+load is the longest). Free memory exists only at start and after a scale-to-zero, since restores
+evict only to make room, so pre-warming never takes a resident service's place. A service scaled
+to zero through ``evict`` is left in host memory until it is asked for again.
 """
 
 from __future__ import annotations
@@ -136,6 +142,7 @@ class RewardRuntime:
         capacity: int,
         grace_s: float = DEFAULT_GRACE_S,
         clock: Callable[[], float] = time.monotonic,
+        prewarm: bool = True,
     ) -> None:
         self.cache = DeviceCache(capacity)
         self.services: dict[str, _Service] = {}
@@ -146,6 +153,9 @@ class RewardRuntime:
             self.services[spec.name] = _Service(spec, backend)
         self.grace_s = grace_s
         self.clock = clock
+        self.prewarm = prewarm
+        # Services scaled to zero by ``evict``: not pre-warmed until a request or ``restore`` asks.
+        self._cold: set[str] = set()
         self._wake = asyncio.Event()
         self._device = asyncio.Lock()  # one batch, restore or eviction on the chunk at a time
         self._task: asyncio.Task[None] | None = None
@@ -202,6 +212,7 @@ class RewardRuntime:
         """Take a service off the device (scale to zero); False when it was not resident."""
         if service not in self.services:
             raise UnknownService(service)
+        self._cold.add(service)
         async with self._device:
             if not self.cache.is_resident(service):
                 return False
@@ -212,6 +223,7 @@ class RewardRuntime:
         """Put a service on the device ahead of its requests (pre-warm); returns the restore seconds."""
         if service not in self.services:
             raise UnknownService(service)
+        self._cold.discard(service)
         async with self._device:
             _, seconds = await self._make_resident(service)
             return seconds
@@ -267,6 +279,32 @@ class RewardRuntime:
         async with self._device:
             await self._make_resident(name)
 
+    async def _prewarm_one(self, name: str) -> bool:
+        """Restore ``name`` if it still fits without evicting; False when it no longer does."""
+        async with self._device:
+            # An ``evict`` or ``restore`` may have held the device since the choice: never evict
+            # for a pre-warm.
+            if name in self._cold or self.cache.is_resident(name):
+                return False
+            if self.cache.used + self.cache.sizes[name] > self.cache.capacity:
+                return False
+            await self._make_resident(name)
+            return True
+
+    def _to_prewarm(self) -> str | None:
+        """The service to restore ahead of its requests now, or None: nothing waits, and the
+        largest service off the device that fits its free memory without evicting another."""
+        if not self.prewarm or any(svc.queue for svc in self.services.values()):
+            return None
+        free = self.cache.capacity - self.cache.used
+        fits = [
+            n
+            for n, size in self.cache.sizes.items()
+            if size <= free and n not in self._cold and not self.cache.is_resident(n)
+        ]
+        # Ties go in the services file's order.
+        return max(fits, key=lambda n: self.cache.sizes[n], default=None)
+
     # ---- batching ------------------------------------------------------------------------------
 
     def _ready(self, now: float) -> tuple[dict[str, float], float | None]:
@@ -290,6 +328,14 @@ class RewardRuntime:
             now = self.clock()
             ready, soonest = self._ready(now)
             name = pick_next(ready, self.cache, now, self.grace_s)
+            if name is None and (warm := self._to_prewarm()) is not None:
+                try:
+                    if await self._prewarm_one(warm):
+                        continue
+                except Exception as exc:  # its first request restores it, or reports the error
+                    log.warning("pre-warming %s failed: %s", warm, exc)
+                    self._cold.add(warm)
+                    continue
             if name is None:
                 timeout = None if soonest is None else max(0.0, soonest - now)
                 with contextlib.suppress(TimeoutError):
@@ -313,6 +359,7 @@ class RewardRuntime:
 
     async def _run_batch(self, name: str) -> None:
         svc = self.services[name]
+        self._cold.discard(name)
         batch = self._take_batch(svc)
         inputs = [x for r in batch for x in r.inputs]
         try:

@@ -9,6 +9,8 @@ API (docs/gpu.md has the full shapes):
   "restoring", "requests"}``.
 - ``GET /v1/services`` -> ``{"services": [{"name", "resident", "device_bytes", "queued", ...}]}``.
 - ``POST /v1/services/{name}/evict`` and ``/restore``: scale a service to zero, or pre-warm it.
+  Without ``--no-prewarm`` the runtime also pre-warms by itself: while nothing waits, services
+  that fit the device's free memory are restored ahead of their requests (``rewards.runtime``).
 
 Services file (YAML)::
 
@@ -234,7 +236,9 @@ async def serve(args: argparse.Namespace, entries: list[dict[str, Any]]) -> int:
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600))
     try:
         pairs = [(_spec(e), build_backend(e, args.device, session)) for e in entries]
-        runtime = RewardRuntime(pairs, _device_capacity(args.device, args.device_memory))
+        runtime = RewardRuntime(
+            pairs, _device_capacity(args.device, args.device_memory), prewarm=not args.no_prewarm
+        )
         await runtime.start()
         host, _, port = args.listen.rpartition(":")
         runner = web.AppRunner(make_app(runtime, args.device), access_log=None)
@@ -263,6 +267,11 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--listen", default="0.0.0.0:8000", help="HOST:PORT")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (the chunk's first GPU)")
     p.add_argument("--device-memory", default=None, help="device memory budget, e.g. 70Gi (cuda: 90%% free)")
+    p.add_argument(
+        "--no-prewarm",
+        action="store_true",
+        help="restore a service only when a request asks for it, not into free device memory ahead of it",
+    )
     p.add_argument(
         "--write-model",
         metavar="PATH",

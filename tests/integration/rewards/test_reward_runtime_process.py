@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -33,6 +34,13 @@ class Runtime:
 
 @pytest.fixture
 def runtime(tmp_path: Path) -> Iterator[Runtime]:
+    """A runtime that restores only on request (the cache's order is what these tests check)."""
+    with _running(tmp_path, "--no-prewarm") as rt:
+        yield rt
+
+
+@contextlib.contextmanager
+def _running(tmp_path: Path, *flags: str) -> Iterator[Runtime]:
     models = {
         n: write_model(tmp_path / f"{n}.npz", buckets=4096, dim=32, seed=i) for i, n in enumerate("abc")
     }
@@ -68,6 +76,7 @@ def runtime(tmp_path: Path) -> Iterator[Runtime]:
             "cpu",
             "--device-memory",
             budget,
+            *flags,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -113,6 +122,29 @@ def test_scores_restore_overhead_and_lru_over_http(runtime: Runtime) -> None:
     health = runtime.get("/v1/health").json()
     assert health["status"] == "ok" and health["used_bytes"] <= health["capacity_bytes"]
     assert health["resident"] == ["b", "c"]
+
+
+def test_prewarms_what_fits_and_scaled_to_zero_stays_cold(tmp_path: Path) -> None:
+    """By default the runtime fills free device memory before any request: two of the four equal
+    services fit, the first two of the file, and their first requests restore nothing; another
+    still evicts the least recently used."""
+    with _running(tmp_path) as runtime:
+        deadline = time.monotonic() + STARTUP_S
+        while len(runtime.get("/v1/health").json()["resident"]) < 2:
+            assert time.monotonic() < deadline, runtime.get("/v1/services").json()
+            time.sleep(0.05)
+        services = {s["name"]: s for s in runtime.get("/v1/services").json()["services"]}
+        warm = [n for n, s in services.items() if s["resident"]]
+        assert warm == ["a", "b"] and all(services[n]["restores"] == 1 for n in warm), services
+        body = runtime.post("/v1/score", {"service": warm[0], "inputs": ["x"]}).json()
+        assert body["restore_s"] == 0 and body["evicted"] == []
+        cold = next(n for n in "abc" if n not in warm)
+        assert runtime.post("/v1/score", {"service": cold, "inputs": ["x"]}).json()["evicted"] == [warm[1]]
+        # Scaled to zero, a service is not restored again by itself, though its memory is free.
+        assert runtime.post(f"/v1/services/{cold}/evict", {}).json()["evicted"] is True
+        time.sleep(0.5)
+        resident = runtime.get("/v1/health").json()["resident"]
+        assert cold not in resident and warm[0] in resident, resident
 
 
 def test_scale_to_zero_and_prewarm(runtime: Runtime) -> None:

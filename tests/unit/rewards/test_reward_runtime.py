@@ -37,9 +37,10 @@ class WatchedBackend(BuiltinBackend):
 
 
 def _setup(
-    tmp_path: Path, names: Sequence[str], fit: int, **spec: object
+    tmp_path: Path, names: Sequence[str], fit: int, prewarm: bool = False, **spec: object
 ) -> tuple[RewardRuntime, list[str], list[WatchedBackend]]:
-    """A runtime whose device holds ``fit`` of the (equal-sized) services."""
+    """A runtime whose device holds ``fit`` of the (equal-sized) services; without ``prewarm`` it
+    restores only on request, the order most of these tests check."""
     log: list[str] = []
     backends: list[WatchedBackend] = []
     scorers = [
@@ -50,7 +51,7 @@ def _setup(
     for n, s in zip(names, scorers, strict=True):
         backends.append(WatchedBackend(n, s, backends, capacity, log))
     specs = [ServiceSpec(n, **spec) for n in names]  # type: ignore[arg-type]
-    return RewardRuntime(list(zip(specs, backends, strict=True)), capacity), log, backends
+    return RewardRuntime(list(zip(specs, backends, strict=True)), capacity, prewarm=prewarm), log, backends
 
 
 async def test_first_request_restores_then_hits_and_lru_is_evicted(tmp_path: Path) -> None:
@@ -140,6 +141,7 @@ async def test_kept_services_stay_and_others_rotate(tmp_path: Path) -> None:
             (ServiceSpec("b", max_wait_s=0), backends[2]),
         ],
         cap,
+        prewarm=False,
     )
     await rt.start()
     try:
@@ -250,3 +252,69 @@ def test_services_file_entries_come_from_the_api() -> None:
     assert [x["name"] for x in parse_services({"services": [entry, e]})] == ["skywork-reward-small", "judge"]
     with pytest.raises(ValueError, match="url"):
         service_entry(vllm)
+
+
+async def _settled(rt: RewardRuntime) -> None:
+    """Let the serve loop run until it has nothing left to pre-warm (a few turns)."""
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        if rt._to_prewarm() is None and rt.restoring is None and not rt._device.locked():
+            return
+    raise AssertionError("the runtime kept pre-warming")
+
+
+async def test_prewarm_fills_free_memory_largest_first_and_never_evicts(tmp_path: Path) -> None:
+    log: list[str] = []
+    backends: list[WatchedBackend] = []
+    sizes = {"small": 512, "big": 2048, "mid": 1024}
+    scorers = {
+        n: BuiltinScorer.from_file(write_model(tmp_path / f"{n}.npz", buckets=b, dim=16, seed=i))
+        for i, (n, b) in enumerate(sizes.items())
+    }
+    # Room for big and small, not mid beside them: mid must wait for a request.
+    cap = scorers["big"].nbytes + scorers["small"].nbytes + scorers["small"].nbytes // 2
+    for n, s in scorers.items():
+        backends.append(WatchedBackend(n, s, backends, cap, log))
+    rt = RewardRuntime([(ServiceSpec(b.name, max_wait_s=0), b) for b in backends], cap)
+    await rt.start()
+    try:
+        await _settled(rt)
+        assert log == ["restore big", "restore small"]  # largest first; mid fits only by evicting
+        r = await rt.score("big", ["x"])
+        assert r.restore_s == 0.0 and r.evicted == ()
+        r = await rt.score("mid", ["x"])
+        assert r.restore_s > 0 and r.evicted  # a request may evict; a pre-warm never did
+        await _settled(rt)
+        assert sum(e.startswith("evict") for e in log) == len(r.evicted)
+    finally:
+        await rt.stop()
+
+
+async def test_no_prewarm_while_a_request_waits(tmp_path: Path) -> None:
+    rt, log, _ = _setup(tmp_path, ["a", "b"], fit=2, prewarm=True, max_wait_s=30.0, max_batch_size=100)
+    waiting = asyncio.create_task(rt.score("a", ["x"]))  # its 30 s window keeps it queued
+    await asyncio.sleep(0)
+    await rt.start()
+    try:
+        await asyncio.sleep(0.3)
+        assert log == []  # b's restore would delay a's batch when its window ends
+    finally:
+        await rt.stop()
+    with pytest.raises(BackendError):
+        await waiting
+
+
+async def test_prewarm_leaves_services_scaled_to_zero_cold(tmp_path: Path) -> None:
+    rt, log, _ = _setup(tmp_path, ["a", "b"], fit=2, prewarm=True, max_wait_s=0.0)
+    assert await rt.evict("b") is False  # scaled to zero before it was ever restored
+    await rt.start()
+    try:
+        await _settled(rt)
+        assert log == ["restore a"]
+        assert (await rt.score("b", ["x"])).restore_s > 0  # a request brings it back
+        assert await rt.evict("a") is True
+        await _settled(rt)
+        assert not rt.cache.is_resident("a") and rt.cache.is_resident("b")
+        assert log == ["restore a", "restore b", "evict a"]
+    finally:
+        await rt.stop()
