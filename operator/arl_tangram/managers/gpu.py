@@ -533,6 +533,41 @@ class GpuManager:
         """A residency-aware view for one decision (see ``GpuPlan``)."""
         return GpuPlan(self, now, heat, busy_until)
 
+    def prewarm(self, services: Mapping[str, tuple[float, Sequence[int]]]) -> list[CacheKey]:
+        """Restore declared services into free GPU memory before any request, as the reward runtime
+        does when it starts (``rewards.runtime``: what fits without evicting another service is
+        restored ahead of its requests). ``services``: name -> (weights in GB, feasible TP sizes).
+
+        The largest services go first (they are the hardest to fit), each at its widest TP size
+        that fits without evicting: a wide copy serves a request soonest, and the scheduler narrows
+        it when requests contend for its GPUs. Among blocks of that size the one with the most
+        memory left is taken, which spreads the copies over nodes and GPUs. A service that fits
+        nowhere stays in host memory only. Returns the copies made."""
+        made: list[CacheKey] = []
+        for name in sorted(services, key=lambda n: -services[n][0]):
+            gb, feasible = services[name]
+            for k in sorted((k for k in feasible if k in LEVELS), reverse=True):
+                need = gb * self.memory_headroom / k
+                best: tuple[float, GpuNode, int] | None = None
+                for node in self.nodes:
+                    if node.draining:
+                        continue
+                    for start in range(0, node.gpus, k):
+                        if not node.allocatable(start, k) or node.must_evict(start, k, need):
+                            continue
+                        members = node.members(start, k)
+                        left = min(node.memory_gb - sum(node.cache[g].values()) for g in members)
+                        if best is None or left > best[0]:
+                            best = (left, node, start)
+                if best is not None:
+                    _, node, start = best
+                    ck: CacheKey = (name, k, node.name, start)
+                    for g in node.members(start, k):
+                        node.cache[g][ck] = need
+                    made.append(ck)
+                    break
+        return made
+
     def place(
         self, action: Action, units: int, now: float, plan: Scratch | None = None, across_pcie: bool = False
     ) -> Grant | None:

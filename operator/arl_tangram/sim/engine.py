@@ -24,7 +24,15 @@ from arl_tangram.errors import InvalidSpec
 from arl_tangram.managers.cpu import CpuManager, SandboxHost
 from arl_tangram.managers.gpu import GpuManager, GpuNode
 from arl_tangram.managers.quota import ApiQuota, QuotaManager
-from arl_tangram.sim.workload import ClusterSpec, RewardSource, SearchSource, Trajectory, Workload, generate
+from arl_tangram.sim.workload import (
+    ClusterSpec,
+    RewardSource,
+    SearchSource,
+    Trajectory,
+    Workload,
+    declared_services,
+    generate,
+)
 
 
 class PlannerHook(Protocol):
@@ -189,6 +197,7 @@ class Simulation:
         policy_options: dict[str, Any] | None = None,
         resample: list[Trajectory] | None = None,
         deadline_s: float | None = None,
+        prewarm: bool = True,
     ) -> None:
         if policy not in POLICIES:
             raise InvalidSpec("--policies", f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
@@ -244,6 +253,10 @@ class Simulation:
             self.scheduler = self._static(pools)
         else:
             self.scheduler = POLICIES[policy](pools, **(policy_options or {}))
+            if self.gpu is not None and prewarm:
+                # The reward runtime restores what fits before the first request, as ``static``'s
+                # replicas are loaded before it: neither pays its first load inside the run.
+                self.gpu.prewarm(declared_services(workload))
         self._events: list[tuple[float, int, str, Any]] = []
         self._seq = itertools.count()
         self._state = {t.id: _TrajState(t) for t in self.trajectories}

@@ -265,8 +265,7 @@ def _gpu_step(
     cluster: ClusterSpec,
     think: float,
 ) -> Step:
-    lo = min_gpus(svc.params_b, bpp, cluster.memory_headroom, cluster.gpu_memory_gb)
-    feasible = tuple(k for k in sorted(eff) if k >= lo and k <= cluster.gpus_per_node)
+    gb, feasible = _service_fit(svc, bpp, eff, cluster)
     curve = tuple(sorted(eff.items()))
     return Step(
         think,
@@ -276,8 +275,30 @@ def _gpu_step(
         EfficiencyCurve(t1_est, curve),
         EfficiencyCurve(t1_true, curve),
         svc.name,
-        svc.params_b * bpp,
+        gb,
     )
+
+
+def _service_fit(
+    svc: ServiceSpec, bpp: float, eff: dict[int, float], cluster: ClusterSpec
+) -> tuple[float, tuple[int, ...]]:
+    """A service's weights in GB and the GPU counts (TP sizes) it may run on."""
+    lo = min_gpus(svc.params_b, bpp, cluster.memory_headroom, cluster.gpu_memory_gb)
+    return svc.params_b * bpp, tuple(k for k in sorted(eff) if k >= lo and k <= cluster.gpus_per_node)
+
+
+def declared_services(wl: Workload) -> dict[str, tuple[float, tuple[int, ...]]]:
+    """Every model service the workload declares (reward services, judges), in declaration order:
+    its weights in GB and the GPU counts it may run on."""
+    out: dict[str, tuple[float, tuple[int, ...]]] = {}
+    for src in wl.sources:
+        if isinstance(src, RewardSource):
+            for svc in src.services:
+                out.setdefault(svc.name, _service_fit(svc, src.bytes_per_param, src.efficiency, wl.cluster))
+        elif isinstance(src, SearchSource):
+            j = src.judge
+            out.setdefault(j.name, _service_fit(j, src.bytes_per_param, src.efficiency, wl.cluster))
+    return out
 
 
 def generate(wl: Workload) -> list[Trajectory]:

@@ -359,3 +359,24 @@ def test_across_pcie_only_when_asked_and_only_when_no_clique_is_free() -> None:
     assert sum(inv.linked(a, b) for a in g.unit_ids for b in g.unit_ids if a < b) == 2
     pair = mgr.place(req(2), 2, 0.0, across_pcie=True)
     assert pair is not None and inv.is_clique(pair.unit_ids)
+
+
+def test_prewarm_fills_free_memory_largest_first_at_the_widest_size_and_never_evicts() -> None:
+    mgr = GpuManager([GpuNode("n0", 4, 80.0)], restore_gbps=20.0, memory_headroom=1.2)
+    # 70B and 63B in bf16 fit side by side at TP 4 (42 + 37.8 GB per GPU); 7B fits nowhere after.
+    made = mgr.prewarm({"rm-7b": (14.0, (1, 2, 4)), "rm-70b": (140.0, (2, 4)), "rm-63b": (126.0, (2, 4))})
+    assert made == [("rm-70b", 4, "n0", 0), ("rm-63b", 4, "n0", 0)]
+    node = mgr.nodes[0]
+    assert all(sum(node.cache[g].values()) <= node.memory_gb for g in range(4))
+    # The first request of a pre-warmed service restores nothing; the cold one pays its load.
+    warm = mgr.place(req(0, "rm-70b", 140.0), 4, 0.0)
+    assert warm is not None and warm.restore_s == 0.0
+    mgr.release(warm, 1.0)
+    cold = mgr.place(req(1, "rm-7b", 14.0), 1, 1.0)
+    assert cold is not None and cold.restore_s == pytest.approx(14.0 / 20.0)
+
+
+def test_prewarm_spreads_copies_over_nodes() -> None:
+    mgr = GpuManager([GpuNode("n0", 8, 80.0), GpuNode("n1", 8, 80.0)], memory_headroom=1.0)
+    made = mgr.prewarm({"a": (64.0, (1, 2, 4, 8)), "b": (32.0, (1, 2, 4, 8))})
+    assert {ck[2] for ck in made} == {"n0", "n1"} and all(ck[1] == 8 for ck in made)

@@ -181,3 +181,20 @@ def test_the_critical_share_is_the_last_trajectorys_act_over_its_life() -> None:
     # A re-sampled trajectory (no release time known) counts from its first arrival.
     assert critical_share(records, {}) == pytest.approx(13.0 / 31.0)
     assert critical_share([], {}) == 0.0
+
+
+def test_pooled_gpus_start_with_the_declared_services_as_static_does() -> None:
+    """``static``'s replicas are loaded before the run; the pooled policies' GPUs are pre-warmed as
+    the reward runtime does, so a service's first request restores nothing when it fit."""
+    wl = with_overrides(builtin("reward-gpu"), scale=0.1)
+
+    def first_restores(prewarm: bool) -> list[float]:
+        res = Simulation(wl, "tangram", prewarm=prewarm).run()
+        first: dict[str, float] = {}
+        for r in sorted(res.records, key=lambda r: r.start):
+            first.setdefault(r.key[0].rsplit("-r", 1)[0], r.overhead_s)
+        return list(first.values())
+
+    overhead = wl.cluster.dispatch_overhead_s
+    assert all(o == pytest.approx(overhead) for o in first_restores(True))
+    assert all(o > overhead for o in first_restores(False))
