@@ -122,7 +122,8 @@ def _run(cluster: Cluster, ns: str, operator: Operator, model: Path) -> None:
     meta, arrays = load_model(model)
     expected = score_numpy(arrays, meta, [p + r for p, r in samples])  # the model, computed here
     del arrays
-    # From zero: the replica restores the weights on its first batch, not at start.
+    # From zero, and restoring on request (``--no-prewarm``): by default a replica restores the
+    # weights as it starts, before it is ready, and no request would be held by a restore.
     rms = service_manifest(
         SERVICE,
         model,
@@ -132,6 +133,7 @@ def _run(cluster: Cluster, ns: str, operator: Operator, model: Path) -> None:
         idleTimeoutSeconds=600,
         coldStartBudgetSeconds=120,
     )
+    rms["spec"]["server"]["args"] = ["--no-prewarm"]
     create(cluster, ns, "rewardmodelservices", rms)
     wait_for(
         cluster.custom.list_namespaced_custom_object,

@@ -99,7 +99,8 @@ class ModelServer(TangramModel):
     args: list[Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=list,
         max_length=MAX_ARGS,
-        description="Extra command-line arguments of the server, e.g. --max-num-seqs=64.",
+        description="Extra command-line arguments of the server, e.g. --max-num-seqs=64. The builtin "
+        "runtime takes --no-prewarm (restore the weights on a request, not as the replica starts).",
     )
     port: int = Field(default=8000, ge=1, le=65535, description="Port the server listens on in the pod.")
     env: list[EnvVar] = Field(

@@ -15,6 +15,10 @@ from arl_tangram.errors import InvalidSpec
 WEIGHTS_MOUNT = "/var/lib/tangram/weights"
 """Where a ``pvc://`` model's claim is mounted in a replica pod."""
 
+BUILTIN_SERVER_FLAGS = ("--no-prewarm",)
+"""The built-in runtime's flags a service may set in ``server.args``; the operator sets the rest
+(``--config``, ``--listen``, ``--device``, ``--device-memory``) from the spec and the placement."""
+
 
 @dataclass(frozen=True)
 class ServiceConfig:
@@ -43,6 +47,7 @@ class ServiceConfig:
     pod_spec: Mapping[str, Any] | None
     template_hash: str
     gpu_memory: str | None = None
+    args: tuple[str, ...] = ()  # server.args, appended to the runtime's command line
 
     @property
     def key(self) -> str:
@@ -76,6 +81,13 @@ def service_config(rms: RewardModelService, uid: str = "") -> ServiceConfig:
             f"{spec.server.runtime} servers are not run by this operator yet; use runtime: builtin "
             "(the vLLM and SGLang adapters exist in the reward runtime, their pods do not)",
         )
+    for i, arg in enumerate(spec.server.args):
+        if arg not in BUILTIN_SERVER_FLAGS:
+            raise InvalidSpec(
+                f"spec.server.args[{i}]",
+                f"the built-in runtime takes only {', '.join(BUILTIN_SERVER_FLAGS)} here, got {arg!r} "
+                "(the operator sets --config, --listen, --device and --device-memory itself)",
+            )
     uri = spec.model.uri
     scheme, _, rest = uri.partition("://")
     claim: str | None = None
@@ -126,6 +138,7 @@ def service_config(rms: RewardModelService, uid: str = "") -> ServiceConfig:
         pod_spec=spec.server.pod_spec,
         template_hash=hashlib.sha256(relevant.encode()).hexdigest()[:16],
         gpu_memory=str(spec.gpu.memory) if spec.gpu.memory else None,
+        args=tuple(spec.server.args),
     )
 
 

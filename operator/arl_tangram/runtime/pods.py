@@ -428,6 +428,7 @@ def reward_pod(svc: ServiceConfig, name: str, device: str) -> dict[str, Any]:
             f"--device={device}",
             # On a GPU the runtime takes 90% of free memory; on a CPU it needs a budget.
             *([f"--device-memory={svc.gpu_memory or CPU_DEVICE_MEMORY}"] if device == "cpu" else []),
+            *svc.args,
         ],
         "env": [
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},

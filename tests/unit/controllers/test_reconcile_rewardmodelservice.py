@@ -129,6 +129,32 @@ def test_weights_are_never_downloaded(uri: str) -> None:
     assert err.value.field == "spec.model.uri" and "never downloaded" in err.value.message
 
 
+def test_server_args_reach_the_runtime_and_operator_flags_are_refused() -> None:
+    """``server.args`` were accepted and silently dropped; the built-in runtime's own flags now reach
+    its command line, and one the operator sets is refused with the field named."""
+    from unittest import mock
+
+    from arl_tangram.domain.services import BUILTIN_SERVER_FLAGS
+    from arl_tangram.rewards import server
+    from arl_tangram.runtime.pods import reward_pod
+
+    rms = rms_of()
+    rms.spec.server.args = ["--no-prewarm"]
+    pod = reward_pod(service_config(rms, uid="u"), "rm-0", "cpu")
+    assert pod["spec"]["containers"][0]["args"][-1] == "--no-prewarm"
+    rms.spec.server.args = ["--no-prewarm", "--listen=0.0.0.0:9"]
+    with pytest.raises(InvalidSpec) as err:
+        service_config(rms, uid="u")
+    assert err.value.field == "spec.server.args[1]" and "--listen" in err.value.message
+    # Every flag a service may pass is one the runtime's parser knows (argparse exits otherwise).
+    with (
+        mock.patch.object(server.asyncio, "run", side_effect=lambda coro: (coro.close(), 0)[1]),
+        mock.patch.object(server, "read_services", return_value=[]),
+    ):
+        for flag in BUILTIN_SERVER_FLAGS:
+            assert server.main(["--config", "x.yaml", flag]) == 0
+
+
 def test_pvc_weights_are_mounted() -> None:
     c = cfg(uri="pvc://weights/rm/model.npz")
     assert c.claim == "weights" and c.weights_path.endswith("/rm/model.npz")
