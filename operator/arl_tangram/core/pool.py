@@ -75,13 +75,15 @@ class PlacementOption:
     """One way to run an action in a pool whose units cache state (GPU services): ``units`` on the
     block ``ref``, usable at ``ready_at`` (now for a free block, a running action's expected end
     for a busy block that already holds the service), after ``restore_s`` of loading the service,
-    evicting cached services whose expected cost to their own future requests is ``penalty_s``."""
+    evicting cached services whose expected cost to their own future requests is ``penalty_s``.
+    ``displaces``: the restore evicts a copy of another service (however cold)."""
 
     units: int
     ready_at: float
     restore_s: float
     penalty_s: float
     ref: tuple[str, int]
+    displaces: bool = False
 
 
 class ResidencyPlan(Scratch, Protocol):

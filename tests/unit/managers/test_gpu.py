@@ -376,7 +376,8 @@ def test_prewarm_fills_free_memory_largest_first_at_the_widest_size_and_never_ev
     assert cold is not None and cold.restore_s == pytest.approx(14.0 / 20.0)
 
 
-def test_prewarm_spreads_copies_over_nodes() -> None:
+def test_prewarm_spreads_copies_over_nodes_before_sharing_gpus() -> None:
     mgr = GpuManager([GpuNode("n0", 8, 80.0), GpuNode("n1", 8, 80.0)], memory_headroom=1.0)
-    made = mgr.prewarm({"a": (64.0, (1, 2, 4, 8)), "b": (32.0, (1, 2, 4, 8))})
-    assert {ck[2] for ck in made} == {"n0", "n1"} and all(ck[1] == 8 for ck in made)
+    made = mgr.prewarm({"a": (64.0, (1, 2, 4, 8)), "b": (32.0, (1, 2, 4, 8)), "c": (16.0, (1, 2, 4, 8))})
+    # a and b take a node each at TP 8; c then shares the node with the most memory left (b's).
+    assert made == [("a", 8, "n0", 0), ("b", 8, "n1", 0), ("c", 8, "n1", 0)]

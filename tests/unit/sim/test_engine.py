@@ -196,5 +196,10 @@ def test_pooled_gpus_start_with_the_declared_services_as_static_does() -> None:
         return list(first.values())
 
     overhead = wl.cluster.dispatch_overhead_s
-    assert all(o == pytest.approx(overhead) for o in first_restores(True))
-    assert all(o > overhead for o in first_restores(False))
+    cold = first_restores(False)
+    assert len(cold) >= 5 and all(o > overhead for o in cold)
+    # Pre-warmed, a first request restores only when its copy's GPUs are busy with another
+    # service's burst (the first service's never are).
+    warm = first_restores(True)
+    assert warm[0] == pytest.approx(overhead)
+    assert sum(o > overhead for o in warm) <= len(warm) // 4, warm
