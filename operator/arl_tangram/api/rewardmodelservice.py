@@ -100,7 +100,8 @@ class ModelServer(TangramModel):
         default_factory=list,
         max_length=MAX_ARGS,
         description="Extra command-line arguments of the server, e.g. --max-num-seqs=64. The builtin "
-        "runtime takes --no-prewarm (restore the weights on a request, not as the replica starts).",
+        "runtime takes --no-prewarm (restore the weights on a request, not as the replica starts); "
+        "others are left out and named in the Ready condition.",
     )
     port: int = Field(default=8000, ge=1, le=65535, description="Port the server listens on in the pod.")
     env: list[EnvVar] = Field(

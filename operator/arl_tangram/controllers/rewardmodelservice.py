@@ -34,7 +34,7 @@ from arl_tangram.controllers.failures import FailureStreaks, backoff_s
 from arl_tangram.dispatch.agent import AgentClient
 from arl_tangram.dispatch.rewards import RewardRouter, ServiceStats
 from arl_tangram.domain.batches import act_stats
-from arl_tangram.domain.services import ServiceConfig, service_config
+from arl_tangram.domain.services import BUILTIN_SERVER_FLAGS, ServiceConfig, service_config
 from arl_tangram.errors import InfrastructureError, InvalidSpec
 from arl_tangram.gpu.inventory import InventoryError, NodeInventory
 from arl_tangram.gpu.nodeinfo import ANNOTATION_INVENTORY, schedulable_inventory
@@ -239,6 +239,18 @@ def reconcile_rewardmodelservice(
             False,
             ConditionReason.HOSTS_STARTING,
             f"{len(serving) + creating} replica(s) starting{chosen_by}",
+            gen,
+            now,
+        )
+    if cfg.ignored_args:
+        cur = next(c for c in conds if c.get("type") == ConditionType.READY.value)
+        conds = set_condition(
+            conds,
+            ConditionType.READY,
+            cur["status"] == "True",
+            ConditionReason(cur["reason"]),
+            f"{cur['message']}; server.args ignored: {' '.join(cfg.ignored_args)} (the builtin runtime "
+            f"takes {', '.join(BUILTIN_SERVER_FLAGS)}; the operator sets the rest)",
             gen,
             now,
         )

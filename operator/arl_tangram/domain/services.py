@@ -47,7 +47,8 @@ class ServiceConfig:
     pod_spec: Mapping[str, Any] | None
     template_hash: str
     gpu_memory: str | None = None
-    args: tuple[str, ...] = ()  # server.args, appended to the runtime's command line
+    args: tuple[str, ...] = ()  # server.args the runtime takes, appended to its command line
+    ignored_args: tuple[str, ...] = ()  # server.args it does not take (shown in Ready)
 
     @property
     def key(self) -> str:
@@ -81,13 +82,11 @@ def service_config(rms: RewardModelService, uid: str = "") -> ServiceConfig:
             f"{spec.server.runtime} servers are not run by this operator yet; use runtime: builtin "
             "(the vLLM and SGLang adapters exist in the reward runtime, their pods do not)",
         )
-    for i, arg in enumerate(spec.server.args):
-        if arg not in BUILTIN_SERVER_FLAGS:
-            raise InvalidSpec(
-                f"spec.server.args[{i}]",
-                f"the built-in runtime takes only {', '.join(BUILTIN_SERVER_FLAGS)} here, got {arg!r} "
-                "(the operator sets --config, --listen, --device and --device-memory itself)",
-            )
+    # Flags the built-in runtime does not take (a vLLM flag, one the operator sets, a typo) are
+    # left out and named in the Ready condition, not refused: they were accepted before, and
+    # refusing them now would stop routing to services that serve today.
+    args = tuple(a for a in spec.server.args if a in BUILTIN_SERVER_FLAGS)
+    ignored = tuple(a for a in spec.server.args if a not in BUILTIN_SERVER_FLAGS)
     uri = spec.model.uri
     scheme, _, rest = uri.partition("://")
     claim: str | None = None
@@ -138,7 +137,8 @@ def service_config(rms: RewardModelService, uid: str = "") -> ServiceConfig:
         pod_spec=spec.server.pod_spec,
         template_hash=hashlib.sha256(relevant.encode()).hexdigest()[:16],
         gpu_memory=str(spec.gpu.memory) if spec.gpu.memory else None,
-        args=tuple(spec.server.args),
+        args=args,
+        ignored_args=ignored,
     )
 
 

@@ -129,9 +129,10 @@ def test_weights_are_never_downloaded(uri: str) -> None:
     assert err.value.field == "spec.model.uri" and "never downloaded" in err.value.message
 
 
-def test_server_args_reach_the_runtime_and_operator_flags_are_refused() -> None:
+def test_server_args_reach_the_runtime_and_the_others_are_named_in_ready() -> None:
     """``server.args`` were accepted and silently dropped; the built-in runtime's own flags now reach
-    its command line, and one the operator sets is refused with the field named."""
+    its command line, and the others (one the operator sets, a vLLM flag) are left out and named in
+    the Ready condition, not refused: a service that serves today keeps serving."""
     from unittest import mock
 
     from arl_tangram.domain.services import BUILTIN_SERVER_FLAGS
@@ -142,10 +143,17 @@ def test_server_args_reach_the_runtime_and_operator_flags_are_refused() -> None:
     rms.spec.server.args = ["--no-prewarm"]
     pod = reward_pod(service_config(rms, uid="u"), "rm-0", "cpu")
     assert pod["spec"]["containers"][0]["args"][-1] == "--no-prewarm"
-    rms.spec.server.args = ["--no-prewarm", "--listen=0.0.0.0:9"]
-    with pytest.raises(InvalidSpec) as err:
-        service_config(rms, uid="u")
-    assert err.value.field == "spec.server.args[1]" and "--listen" in err.value.message
+    rms.spec.server.args = ["--no-prewarm", "--listen=0.0.0.0:9", "--max-num-seqs=64"]
+    svc = service_config(rms, uid="u")
+    assert svc.args == ("--no-prewarm",) and svc.ignored_args == ("--listen=0.0.0.0:9", "--max-num-seqs=64")
+    assert reward_pod(svc, "rm-0", "cpu")["spec"]["containers"][0]["args"].count("--listen=0.0.0.0:9") == 0
+    obs = ServiceObservation([rep("a")], stats(), 1.0)
+    status, _ = reconcile_rewardmodelservice(rms, svc, obs, NOW)
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (
+        ready["status"] == "True"
+        and "server.args ignored: --listen=0.0.0.0:9 --max-num-seqs=64" in ready["message"]
+    )
     # Every flag a service may pass is one the runtime's parser knows (argparse exits otherwise).
     with (
         mock.patch.object(server.asyncio, "run", side_effect=lambda coro: (coro.close(), 0)[1]),
