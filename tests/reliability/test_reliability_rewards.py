@@ -122,8 +122,8 @@ def _run(cluster: Cluster, ns: str, operator: Operator, model: Path) -> None:
     meta, arrays = load_model(model)
     expected = score_numpy(arrays, meta, [p + r for p, r in samples])  # the model, computed here
     del arrays
-    # From zero, and restoring on request (``--no-prewarm``): by default a replica restores the
-    # weights as it starts, before it is ready, and no request would be held by a restore.
+    # From zero, and restoring on request (``--no-prewarm``): by default a replica starts
+    # restoring the weights as it starts, and the restore is over before requests reach it.
     rms = service_manifest(
         SERVICE,
         model,

@@ -76,14 +76,16 @@ class DeviceCache:
             raise DoesNotFit(f"service {service} does not fit beside the services kept resident")
         return victims
 
-    def mark_resident(self, service: str) -> None:
-        """Record that ``service`` is now on the device (its victims must be evicted first)."""
+    def mark_resident(self, service: str, recent: bool = True) -> None:
+        """Record that ``service`` is now on the device (its victims must be evicted first), most
+        recently used, or least when not ``recent`` (a pre-warm nobody asked for yet)."""
         if service in self._resident:
-            self._resident.move_to_end(service)
+            self._resident.move_to_end(service, last=recent)
             return
         if self.used + self.sizes[service] > self.capacity:
             raise DoesNotFit(f"service {service} restored over the device's memory")
         self._resident[service] = None
+        self._resident.move_to_end(service, last=recent)
 
     def mark_evicted(self, service: str) -> None:
         self._resident.pop(service, None)

@@ -10,9 +10,10 @@ past the grace period (``cache.pick_next``).
 
 While no request waits, the chunk pre-warms: a service not on the device that fits in its free
 memory, without evicting another, is restored ahead of its requests, the largest first (its cold
-load is the longest). Free memory exists only at start and after a scale-to-zero, since restores
-evict only to make room, so pre-warming never takes a resident service's place. A service scaled
-to zero through ``evict`` is left in host memory until it is asked for again.
+load is the longest). Free memory appears at start, after a scale-to-zero, and where an eviction
+freed more than a restore needed; pre-warming never takes a resident service's place, and a
+pre-warmed service is the least recently used until a request asks for it. A service scaled to
+zero through ``evict`` is left in host memory until it is asked for again.
 """
 
 from __future__ import annotations
@@ -217,7 +218,8 @@ class RewardRuntime:
             if not self.cache.is_resident(service):
                 return False
             await self._evict(service)
-            return True
+        self._wake.set()  # the memory it held may take another service's pre-warm
+        return True
 
     async def restore(self, service: str) -> float:
         """Put a service on the device ahead of its requests (pre-warm); returns the restore seconds."""
@@ -226,7 +228,8 @@ class RewardRuntime:
         self._cold.discard(service)
         async with self._device:
             _, seconds = await self._make_resident(service)
-            return seconds
+        self._wake.set()  # a pre-warm it held back may go on
+        return seconds
 
     def describe(self) -> list[dict[str, Any]]:
         """Each service's residency, queue and counters (``GET /v1/services``)."""
@@ -256,7 +259,9 @@ class RewardRuntime:
         self.cache.mark_evicted(name)
         svc.evictions += 1
 
-    async def _make_resident(self, name: str) -> tuple[tuple[str, ...], float]:
+    async def _make_resident(self, name: str, asked: bool = True) -> tuple[tuple[str, ...], float]:
+        """Restore ``name`` (evicting what it needs); ``asked`` False for a pre-warm, which leaves
+        it least recently used: nobody has asked for it yet."""
         if self.cache.is_resident(name):
             return (), 0.0
         victims = tuple(self.cache.plan(name))
@@ -270,7 +275,7 @@ class RewardRuntime:
         finally:
             self.restoring = None
         seconds = self.clock() - t0
-        self.cache.mark_resident(name)
+        self.cache.mark_resident(name, recent=asked)
         svc.restores += 1
         svc.restore_s_total += seconds
         return victims, seconds
@@ -282,13 +287,17 @@ class RewardRuntime:
     async def _prewarm_one(self, name: str) -> bool:
         """Restore ``name`` if it still fits without evicting; False when it no longer does."""
         async with self._device:
-            # An ``evict`` or ``restore`` may have held the device since the choice: never evict
-            # for a pre-warm.
+            # An ``evict`` or ``restore`` may have held the device since the choice, and requests
+            # may have come meanwhile: never evict for a pre-warm, nor hold a request back.
             if name in self._cold or self.cache.is_resident(name):
                 return False
             if self.cache.used + self.cache.sizes[name] > self.cache.capacity:
                 return False
-            await self._make_resident(name)
+            if any(svc.queue for svc in self.services.values()):
+                return False
+            # A ``stop`` now cancels the wait, not the copy under way in its thread; the process
+            # exits after it, so the device copy goes with it.
+            await self._make_resident(name, asked=False)
             return True
 
     def _to_prewarm(self) -> str | None:

@@ -318,3 +318,69 @@ async def test_prewarm_leaves_services_scaled_to_zero_cold(tmp_path: Path) -> No
         assert log == ["restore a", "restore b", "evict a"]
     finally:
         await rt.stop()
+
+
+async def test_memory_freed_by_a_scale_to_zero_is_prewarmed_at_once(tmp_path: Path) -> None:
+    rt, log, _ = _setup(tmp_path, ["a", "b", "c"], fit=2, prewarm=False, max_wait_s=0.0)
+    await rt.start()
+    try:
+        await rt.score("a", ["x"])
+        rt.prewarm = True
+        rt._wake.set()
+        await _settled(rt)
+        assert log == ["restore a", "restore b"]
+        # b, pre-warmed after a's request but asked for by nobody, is the least recently used.
+        assert (await rt.score("c", ["x"])).evicted == ("b",)
+        # Once c is scaled to zero, b comes back into the memory it left, unasked.
+        assert await rt.evict("c") is True
+        await _settled(rt)
+        assert rt.cache.is_resident("b") and not rt.cache.is_resident("c")
+    finally:
+        await rt.stop()
+
+
+async def test_a_prewarm_waiting_for_the_device_yields_to_a_request_that_came_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """A ``restore`` call holds the device; the serve loop picks b to pre-warm and waits for the
+    device; a request for a arrives. When the device frees, the request's batch goes first."""
+    log: list[str] = []
+    backends: list[WatchedBackend] = []
+    scorers = {
+        n: BuiltinScorer.from_file(write_model(tmp_path / f"{n}.npz", buckets=b, dim=16, seed=i))
+        for i, (n, b) in enumerate({"a": 512, "b": 2048}.items())
+    }
+    cap = sum(x.nbytes for x in scorers.values()) * 2
+    for n, sc in scorers.items():
+        backends.append(WatchedBackend(n, sc, backends, cap, log))
+    rt = RewardRuntime([(ServiceSpec(b.name, max_wait_s=0), b) for b in backends], cap, prewarm=False)
+    release = asyncio.Event()
+    copy_a, copy_b = backends[0].restore, backends[1].restore
+    queued_at_b: list[int] = []
+
+    async def slow_a() -> None:
+        await release.wait()
+        await copy_a()
+
+    async def watched_b() -> None:
+        queued_at_b.append(sum(len(s.queue) for s in rt.services.values()))
+        await copy_b()
+
+    backends[0].restore = slow_a  # type: ignore[method-assign]
+    backends[1].restore = watched_b  # type: ignore[method-assign]
+    await rt.start()
+    try:
+        held = asyncio.create_task(rt.restore("a"))  # holds the device until released
+        await asyncio.sleep(0.05)
+        rt.prewarm = True
+        rt._wake.set()
+        await asyncio.sleep(0.05)  # the loop has chosen b and waits for the device
+        asked = asyncio.create_task(rt.score("a", ["x"]))
+        await asyncio.sleep(0.05)
+        release.set()
+        await held
+        assert (await asked).restore_s == 0.0
+        await _settled(rt)
+        assert queued_at_b == [0] and log == ["restore a", "restore b"]
+    finally:
+        await rt.stop()
