@@ -76,14 +76,15 @@ class PlacementOption:
     block ``ref``, usable at ``ready_at`` (now for a free block, a running action's expected end
     for a busy block that already holds the service), after ``restore_s`` of loading the service,
     evicting cached services whose expected cost to their own future requests is ``penalty_s``.
-    ``displaces``: the restore evicts a copy of another service (however cold)."""
+    ``displaces``: the restore evicts a copy of another service (however cold); True unless the
+    pool says otherwise, since a restore that displaces no one is bought at once (``tangram``)."""
 
     units: int
     ready_at: float
     restore_s: float
     penalty_s: float
     ref: tuple[str, int]
-    displaces: bool = False
+    displaces: bool = True
 
 
 class ResidencyPlan(Scratch, Protocol):

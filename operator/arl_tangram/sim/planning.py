@@ -29,7 +29,7 @@ from arl_tangram.planner.snapshot import (
     SandboxPoolSpec,
 )
 from arl_tangram.sim.engine import Simulation
-from arl_tangram.sim.workload import PlannerSpec
+from arl_tangram.sim.workload import PlannerSpec, declared_services
 
 GIB = 1024**3
 
@@ -163,7 +163,12 @@ class SimPlanner:
                 sim.cpu.add_host(host)
             elif sim.gpu is not None:
                 c = sim.wl.cluster
-                sim.gpu.add_node(GpuNode(name, units, c.gpu_memory_gb))
+                node = GpuNode(name, units, c.gpu_memory_gb)
+                sim.gpu.add_node(node)
+                if sim.policy_name != "static":
+                    # Its runtimes restore the declared services while the node starts, as the
+                    # nodes the run began with were pre-warmed.
+                    sim.gpu.prewarm(declared_services(sim.wl), only=node)
 
         if cold <= 0:
             ready(now)

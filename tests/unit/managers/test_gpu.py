@@ -381,3 +381,23 @@ def test_prewarm_spreads_copies_over_nodes_before_sharing_gpus() -> None:
     made = mgr.prewarm({"a": (64.0, (1, 2, 4, 8)), "b": (32.0, (1, 2, 4, 8)), "c": (16.0, (1, 2, 4, 8))})
     # a and b take a node each at TP 8; c then shares the node with the most memory left (b's).
     assert made == [("a", 8, "n0", 0), ("b", 8, "n1", 0), ("c", 8, "n1", 0)]
+
+
+def test_prewarm_never_offers_a_size_the_node_or_the_pool_cannot_hold() -> None:
+    """A TP size wider than the node, or one whose share of the weights some node's GPUs cannot
+    hold (the scheduler never offers it: ``fits_memory``), is skipped, not half-counted."""
+    mgr = GpuManager([GpuNode("n0", 4, 80.0)], memory_headroom=1.0)
+    assert mgr.prewarm({"a": (400.0, (8,))}) == []
+    assert all(not c for c in mgr.nodes[0].cache.values())
+    small = GpuManager([GpuNode("big", 8, 80.0), GpuNode("small", 8, 24.0)], memory_headroom=1.0)
+    # 40 GB: 20 per GPU at TP 2 fits the small node too; at TP 1 (40) it would not.
+    assert small.prewarm({"a": (40.0, (1, 2))}) == [("a", 2, "big", 0)]
+
+
+def test_prewarm_only_a_new_node() -> None:
+    old, new = GpuNode("old", 8, 80.0), GpuNode("new", 8, 80.0)
+    mgr = GpuManager([old])
+    mgr.prewarm({"a": (40.0, (8,))})
+    mgr.add_node(new)
+    assert mgr.prewarm({"a": (40.0, (8,))}, only=new) == [("a", 8, "new", 0)]
+    assert len({ck for c in old.cache.values() for ck in c}) == 1  # the old node is left as it was

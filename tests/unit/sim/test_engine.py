@@ -203,3 +203,17 @@ def test_pooled_gpus_start_with_the_declared_services_as_static_does() -> None:
     warm = first_restores(True)
     assert warm[0] == pytest.approx(overhead)
     assert sum(o > overhead for o in warm) <= len(warm) // 4, warm
+
+
+def test_gpu_nodes_the_planner_adds_are_pre_warmed_too() -> None:
+    """The planner replaces the cluster's nodes with its own (the floor at t=0, more as demand
+    grows); their runtimes pre-warm as they start: the floor node holds the largest services
+    that fit its memory before the first request."""
+    wl = with_overrides(builtin("reward-gpu"), scale=0.1)
+    assert wl.planner is not None
+    hook = SimPlanner(wl.planner)
+    sim = Simulation(wl, "tangram", planner=hook)
+    hook.attach(sim)
+    assert sim.gpu is not None and len(sim.gpu.nodes) == 1
+    held = {ck[0] for c in sim.gpu.nodes[0].cache.values() for ck in c}
+    assert {"rm-70b", "rm-63b"} <= held and "rm-7b" not in held  # 80 GB per GPU: not all ten fit
