@@ -314,6 +314,27 @@ def test_gpu_tangram_makes_a_copy_that_displaces_no_one_at_the_first_wait() -> N
     assert len(both) == 2 and all(g.restore_s == 0.0 for g in both)
 
 
+def test_gpu_tangram_makes_one_free_copy_at_a_time_for_requests_arriving_apart() -> None:
+    """Requests 50 ms apart while the warm copy is busy: the first that waits restores a copy on
+    the empty GPUs, and the ones after it wait for the warm copy (free in 0.6 s) rather than each
+    restoring another 7 s copy while the first one loads."""
+    gpu = GpuManager([GpuNode(f"n{i}", 8) for i in range(3)])
+    sched = TangramPolicy({"gpu": gpu})
+    sched.submit(_big(0), 0.0)
+    (first,) = sched.schedule(0.0)
+    sched.complete(first, first.est_end)
+    now = first.est_end + 1.0
+    sched.submit(_big(1), now)
+    (warm,) = sched.schedule(now)
+    assert warm.restore_s == 0.0
+    restores = []
+    for i in range(2, 8):
+        now += 0.05
+        sched.submit(_big(i), now)
+        restores += [g for g in sched.schedule(now) if g.restore_s > 0]
+    assert len(restores) == 1, restores
+
+
 def test_gpu_tangram_makes_a_second_copy_once_the_waits_for_the_busy_one_add_up() -> None:
     """Each request alone is better off waiting for the busy warm copy (well under a second) than
     restoring one (7 s), so a service kept busy used to queue behind its one copy for good while

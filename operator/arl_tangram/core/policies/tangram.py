@@ -644,7 +644,9 @@ class TangramPolicy(Scheduler):
         busy block that already holds its service waits for it (booking it, so that the next
         action of that service sees it later), but never longer in all than running now would
         take (ski rental: at most twice the better choice); and not once the service's requests
-        have waited for busy copies as long, in all, as a new copy costs (``_pay_rent``). An
+        have waited for busy copies as long, in all, as a new copy costs (``_pay_rent``), nor when
+        the new copy would evict no other service's (only this request pays for a copy the later
+        ones use; one at a time per service, not while another of its copies restores). An
         action with no option at all (too few free GPUs, its service nowhere resident) ends the
         admitted prefix, so a big action is not starved by small ones behind it."""
         busy_until: dict[tuple[str, int], float] = {}
@@ -730,15 +732,19 @@ class TangramPolicy(Scheduler):
             # is for copies that cost others; this one is bought at the first wait, as ``paper``
             # does. Once GPU memory is pre-warmed, ``paper`` led tangram by up to 15% on swept
             # variants with one or two bursty services on roomy pools (the copy came only after
-            # about a restore's worth of waits); now they tie or tangram leads.
+            # about a restore's worth of waits); now they tie or tangram leads. Not while a copy
+            # of the service is still being restored: requests arriving 50 ms apart each restored
+            # one (five 7 s copies on 20 GPUs, a review found), where the warm copy was free in
+            # 0.6 s.
             svc = action.service
             fresh = svc is not None and svc not in restored
-            rent = self._svc_rent.get(svc, (0.0, 0.0))[0] if svc is not None and fresh else 0.0
+            rent, since = self._svc_rent.get(svc, (0.0, 0.0)) if svc is not None and fresh else (0.0, now)
             buy = (
                 best_now is not None
                 and best_now.restore_s > 0
                 and (
-                    rent >= cost(action, best_now) - cost(action, best) or (fresh and not best_now.displaces)
+                    rent >= cost(action, best_now) - cost(action, best)
+                    or (fresh and not best_now.displaces and since <= now)
                 )
             )
             if best_now is None and svc is not None:
