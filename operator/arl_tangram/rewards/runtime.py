@@ -285,15 +285,11 @@ class RewardRuntime:
             await self._make_resident(name)
 
     async def _prewarm_one(self, name: str) -> bool:
-        """Restore ``name`` if it still fits without evicting; False when it no longer does."""
+        """Restore ``name`` if it is still the one to pre-warm; False when it no longer is."""
         async with self._device:
             # An ``evict`` or ``restore`` may have held the device since the choice, and requests
-            # may have come meanwhile: never evict for a pre-warm, nor hold a request back.
-            if name in self._cold or self.cache.is_resident(name):
-                return False
-            if self.cache.used + self.cache.sizes[name] > self.cache.capacity:
-                return False
-            if any(svc.queue for svc in self.services.values()):
+            # may have come meanwhile (each wakes the loop, which chooses again).
+            if self._to_prewarm() != name:
                 return False
             # A ``stop`` now cancels the wait, not the copy under way in its thread; the process
             # exits after it, so the device copy goes with it.

@@ -253,10 +253,8 @@ class Simulation:
             self.scheduler = self._static(pools)
         else:
             self.scheduler = POLICIES[policy](pools, **(policy_options or {}))
-            if self.gpu is not None and prewarm:
-                # The reward runtime restores what fits before the first request, as ``static``'s
-                # replicas are loaded before it: neither pays its first load inside the run.
-                self.gpu.prewarm(declared_services(workload))
+        self.prewarm = prewarm and policy != "static"
+        self.prewarm_gpus()
         self._events: list[tuple[float, int, str, Any]] = []
         self._seq = itertools.count()
         self._state = {t.id: _TrajState(t) for t in self.trajectories}
@@ -280,6 +278,13 @@ class Simulation:
         self.deadline_s = deadline_s
 
     # ---- set-up -------------------------------------------------------------------------------------
+    def prewarm_gpus(self, only: GpuNode | None = None) -> None:
+        """Restore the declared services into free GPU memory (of ``only``, a node just added), as
+        the reward runtime does before its first request; ``static``'s replicas are loaded before
+        the run too, so neither pays its first load inside it."""
+        if self.gpu is not None and self.prewarm:
+            self.gpu.prewarm(declared_services(self.wl), only=only)
+
     def _static(self, pools: dict[str, PoolManager]) -> StaticPolicy:
         c, s = self.wl.cluster, self.wl.static
         nodes = [StaticNode(f"host-{i}", c.cores_per_host, c.memory_gib_per_host) for i in range(c.cpu_hosts)]

@@ -29,7 +29,7 @@ from arl_tangram.planner.snapshot import (
     SandboxPoolSpec,
 )
 from arl_tangram.sim.engine import Simulation
-from arl_tangram.sim.workload import PlannerSpec, declared_services
+from arl_tangram.sim.workload import PlannerSpec
 
 GIB = 1024**3
 
@@ -165,10 +165,7 @@ class SimPlanner:
                 c = sim.wl.cluster
                 node = GpuNode(name, units, c.gpu_memory_gb)
                 sim.gpu.add_node(node)
-                if sim.policy_name != "static":
-                    # Its runtimes restore the declared services while the node starts, as the
-                    # nodes the run began with were pre-warmed.
-                    sim.gpu.prewarm(declared_services(sim.wl), only=node)
+                sim.prewarm_gpus(node)  # its runtimes pre-warm while the node starts
 
         if cold <= 0:
             ready(now)
