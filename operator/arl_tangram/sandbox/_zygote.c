@@ -734,7 +734,7 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
         /* Its own /tmp and /dev/shm: a mount namespace the manager made ahead (see forkserver). */
         if (mntns_fd >= 0 && setns(mntns_fd, CLONE_NEWNS) < 0) child_fail("setns(mount)");
         child_setup(interp, fds, nfds, devnull, uid, cores, ncores, limits, nlimits, (const char *)workdir,
-                    (const char *)env, elen, !interp && (flags & 2u), !interp && (flags & 32u));
+                    (const char *)env, elen, (flags & 2u) != 0, (flags & 32u) != 0);
         const char *written = NULL;
         if (main_file != NULL && !interp && alen == 0 && write_main((const char *)main_file, code, clen))
             written = (const char *)main_file;

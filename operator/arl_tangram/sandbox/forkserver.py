@@ -789,14 +789,26 @@ class ForkServer:
 
     def _spawn_interp(self, msg: RunMessage) -> Interp:
         self._make_workdir(msg)
+        # Its own /tmp and /dev/shm and /proc, as an action's, made in the child: they live as long
+        # as the interpreter (its files stay between calls, like the workdir's), so none is pooled.
+        private = self.private_tmp and msg.get("uid") is not None
+        msg["private_tmp"] = private
+        msg["own_proc"] = private and self.iso.own_proc
+        # And a network namespace of its own with loopback up, as an action's. It is not given back
+        # to the pool: it goes when the interpreter's processes are gone.
+        netns = self._take_netns()
+        msg["netns"] = netns >= 0
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            pid, pidfd = self.zy.spawn(msg, [child.fileno()], interp=True)
+            fds = [child.fileno()] if netns < 0 else [child.fileno(), netns]
+            pid, pidfd = self.zy.spawn(msg, fds, interp=True)
         except BaseException:
             parent.close()
             raise
         finally:
             child.close()
+            if netns >= 0:
+                os.close(netns)
         parent.setblocking(False)
         interp = Interp(sid=msg["sid"], pid=pid, pidfd=pidfd, ctrl=parent, uid=msg.get("uid"))
         self.interps[interp.sid] = interp

@@ -56,9 +56,9 @@ def encode_request(msg: RunMessage, interp: bool, base_env: dict[str, str]) -> b
     code = msg.get("code") or ""
     argv = msg.get("argv") or []
     uid = msg.get("uid")
-    flags = (1 if interp else 0) | (2 if msg.get("private_tmp") and not interp else 0)
+    flags = (1 if interp else 0) | (2 if msg.get("private_tmp") else 0)
     flags |= (4 if msg.get("netns") else 0) | (8 if msg.get("mntns") else 0)
-    flags |= 32 if msg.get("own_proc") and not interp else 0
+    flags |= 32 if msg.get("own_proc") else 0
     main_file = msg.get("main_file")
     extra = b""
     if main_file and not interp and not argv:

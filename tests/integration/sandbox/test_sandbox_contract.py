@@ -160,6 +160,39 @@ def test_tmp_and_dev_shm_are_private_writable_and_gone_at_the_end(agent: Agent) 
     assert _result(_run(agent, look))["stdout"] == "False False\n"
 
 
+def test_a_persistent_interpreter_has_its_own_tmp_and_proc_kept_between_its_calls(agent: Agent) -> None:
+    """A session's persistent interpreter (a code tool's kernel) gets what an action gets: a
+    writable private /tmp and /dev/shm (a multiprocessing Pool works), kept between its calls as
+    its globals are, unseen by other actions; a /proc that shows its own processes only; and
+    loopback of its own (a server it starts in one call answers in the next)."""
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    try:
+        pool = (
+            "import multiprocessing as mp\n"
+            "with mp.get_context('fork').Pool(2) as pool:\n"
+            "    print(pool.map(abs, [-1, -2]))\n"
+            "open('/tmp/kept', 'w').write('k')\nopen('/dev/shm/kept', 'w').write('k')\n"
+        )
+        first = agent.execute(pool, session_id=sid, timeout_s=60)
+        assert first["stdout"] == "[1, 2]\n", first
+        again = agent.execute(
+            "print(open('/tmp/kept').read() + open('/dev/shm/kept').read())", session_id=sid
+        )
+        assert again["stdout"] == "kk\n", again
+        look = "import os\nprint(os.path.exists('/tmp/kept'), os.path.exists('/dev/shm/kept'))"
+        assert _result(_run(agent, look))["stdout"] == "False False\n"
+        procs = (
+            "import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()) == [os.getpid()])"
+        )
+        assert agent.execute(procs, session_id=sid)["stdout"] == "True\n"
+        serve = "import socket\nsrv = socket.socket()\nsrv.bind(('127.0.0.1', 0))\nsrv.listen()\nprint('up')"
+        assert agent.execute(serve, session_id=sid)["stdout"] == "up\n"
+        connect = "c = socket.create_connection(srv.getsockname(), timeout=5)\nprint(srv.accept()[1][0])"
+        assert agent.execute(connect, session_id=sid)["stdout"] == "127.0.0.1\n"
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+
+
 def test_tmp_is_bounded_by_the_pools_memory_limit(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Each private tmpfs holds at most the pool's default memory limit (48 MB here, below the
     64 MB one file may grow to, so the tmpfs fills first)."""
