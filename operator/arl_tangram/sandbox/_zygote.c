@@ -520,6 +520,15 @@ static void run_straight(const char *main_file, const unsigned char *compiled, u
         PyErr_Clear();
     }
     PyObject *code = PyMarshal_ReadObjectFromString((const char *)compiled, (Py_ssize_t)cblen);
+    /* The program starts as deep as under `python main.py`, where its module is the first frame:
+     * the zygote's own frames below it (its entry, its loop, this call) would otherwise count
+     * against the recursion limit, and a recursion 995 to 998 deep that passes outside would fail
+     * here. Nothing returns to those frames (the child exits below), so the count is not restored. */
+#if PY_VERSION_HEX >= 0x030C0000
+    PyThreadState_Get()->py_recursion_remaining = PyThreadState_Get()->py_recursion_limit;
+#elif PY_VERSION_HEX >= 0x030B0000
+    PyThreadState_Get()->recursion_remaining = PyThreadState_Get()->recursion_limit;
+#endif
     PyObject *done = code ? PyEval_EvalCode(code, run_namespace, run_namespace) : NULL;
     PyObject *exc = NULL;
     if (done == NULL) {

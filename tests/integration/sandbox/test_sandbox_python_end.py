@@ -78,6 +78,11 @@ PROGRAMS = {
         "sys.stdout = Out()\n"
     ),
     "a lone surrogate printed": "print('\\udcff')\n",
+    "the deepest recursion at the default limit": (
+        "import sys\ndef f(n):\n    try:\n        return f(n + 1)\n"
+        "    except RecursionError:\n        return n\nprint(f(0), sys.getrecursionlimit())\n"
+    ),
+    "a recursion 997 deep": "def f(n):\n    return 0 if n == 0 else 1 + f(n - 1)\nprint(f(997))\n",
     "a plain failure": "assert 1 == 2\n",
     "a plain success": "print(sum(range(10)))\n",
 }
@@ -106,9 +111,19 @@ def _outside(code: str, tmp_path: Path) -> dict[str, Any]:
     return {"return_code": done.returncode, "stdout": done.stdout.decode("utf-8", "replace")}
 
 
+# Where the Python fork loop (the fallback where no C compiler was at install) still differs: a
+# program starts under the zygote's Python frames there, so its deepest recursion is 988, not 998.
+# The C loop starts it as deep as `python main.py` does (docs/sandbox-agent-api.md).
+C_LOOP_ONLY = {"the deepest recursion at the default limit", "a recursion 997 deep"}
+
+
 @pytest.mark.parametrize("name", list(PROGRAMS))
-def test_a_program_ends_as_under_python(loop_agent: Agent, name: str, tmp_path: Path) -> None:
+def test_a_program_ends_as_under_python(
+    loop_agent: Agent, name: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     code = PROGRAMS[name]
+    if name in C_LOOP_ONLY and loop_agent.loop == "python":  # type: ignore[attr-defined]
+        request.applymarker(pytest.mark.xfail(strict=True, reason="the Python loop's frames count"))
     want = _outside(code, tmp_path)
     resp = loop_agent.post("/run_code", {"code": code, "language": "python", "run_timeout": 20})
     assert resp.status_code == 200, resp.text
