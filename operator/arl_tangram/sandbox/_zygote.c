@@ -294,6 +294,16 @@ static void private_tmp(const char *workdir, const unsigned char *limits, uint32
         }
     }
     close(rootfd);
+    /* The action's passwd and group over the host's: isolation.IDENTITY_FILES names these files
+     * (and says why); the agent wrote them into the workdir root when it may switch uids. */
+    static const char *const identity[][2] = {{".passwd", "/etc/passwd"}, {".group", "/etc/group"}};
+    for (size_t i = 0; i < 2; i++) {
+        char src[4200];
+        snprintf(src, sizeof src, "%s/%s", root, identity[i][0]);
+        if (access(src, F_OK) == 0 && access(identity[i][1], F_OK) == 0 &&
+            mount(src, identity[i][1], NULL, MS_BIND, NULL) < 0)
+            child_fail("bind(identity)");
+    }
 }
 
 /* A /proc of the action's own PID namespace (it is the namespace's second process, in a mount

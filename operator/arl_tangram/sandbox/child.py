@@ -203,6 +203,7 @@ def private_tmp(workdir: str, size: int) -> None:
             os.makedirs(root, mode=0o711, exist_ok=True)
             isolation.mount(f"/proc/self/fd/{rootfd}", root, None, isolation.MS_BIND | isolation.MS_REC)
     os.close(rootfd)
+    isolation.bind_identity(root)
 
 
 def child_after_c_setup(

@@ -201,6 +201,10 @@ class Executor:
             self._uids = deque(range(base, base + self.config.max_concurrent))
             start = base + self.config.max_concurrent
             self._session_uids = deque(range(start, start + self.config.max_sessions))
+            # Read by each action's mount namespace (isolation.bind_identity).
+            await asyncio.to_thread(
+                isolation.write_identity, self.root, range(base, start + self.config.max_sessions)
+            )
         fs_config = {
             "network_allowed": self.config.network_allowed,
             "no_pid_namespace": self.config.no_pid_namespace,

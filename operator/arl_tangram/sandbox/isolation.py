@@ -47,6 +47,48 @@ PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_CHILD_SUBREAPER = 36
 
+# Who an action is to programs that ask (``getpass.getuser()``, ``pwd.getpwuid(os.getuid())``,
+# ``id -un``): every action uid resolves to this name, so that output never depends on which uid an
+# action drew. Outside a sandbox (SandboxFusion's container runs as root) those calls answer; with no
+# entry for the uid they raise KeyError, and a correct program fails. The agent writes a passwd and a
+# group file (the host's entries and one per action uid) into the workdir root, and each action's
+# mount namespace binds them over the host's (``private_tmp``, and _zygote.c's twin, which names the
+# same files).
+ACTION_USER = "sandbox"
+IDENTITY_FILES = ((".passwd", "/etc/passwd"), (".group", "/etc/group"))
+
+
+def write_identity(root: str, uids: range) -> None:
+    """The passwd and group files an action sees (``IDENTITY_FILES``): the host's entries, then
+    ``ACTION_USER`` for each of ``uids`` (its own group, home /tmp: the action's private one)."""
+    extra = {
+        "/etc/passwd": "".join(f"{ACTION_USER}:x:{u}:{u}:{ACTION_USER}:/tmp:/bin/sh\n" for u in uids),
+        "/etc/group": "".join(f"{ACTION_USER}:x:{u}:\n" for u in uids),
+    }
+    for name, host in IDENTITY_FILES:
+        try:
+            with open(host) as f:
+                base = f.read()
+        except OSError:
+            base = ""
+        if base and not base.endswith("\n"):
+            base += "\n"
+        tmp = os.path.join(root, name + ".new")
+        with open(tmp, "w") as f:
+            f.write(base + extra[host])
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, os.path.join(root, name))
+
+
+def bind_identity(root: str) -> None:
+    """In an action's mount namespace: its passwd and group (``write_identity``) over the host's.
+    Where the agent wrote none (it cannot switch uids) or the image has no such file, nothing."""
+    for name, host in IDENTITY_FILES:
+        src = os.path.join(root, name)
+        if os.path.exists(src) and os.path.exists(host):
+            mount(src, host, None, MS_BIND)
+
+
 # World-writable places a non-root action could otherwise leave files in (or read others' from).
 SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock")
 

@@ -52,6 +52,14 @@ class Agent:
         return requests.get(self.url + "/v1/health", timeout=10).status_code == 200
 
 
+def workdirs(agent: Agent) -> list[str]:
+    """What the agent's workdir root holds besides the passwd and group files it writes there at
+    start (``isolation.IDENTITY_FILES``): the workdirs of actions and sessions."""
+    from arl_tangram.sandbox.isolation import IDENTITY_FILES
+
+    return sorted(set(os.listdir(agent.root)) - {name for name, _ in IDENTITY_FILES})
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

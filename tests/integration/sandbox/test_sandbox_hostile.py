@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from sandbox_agent_harness import Agent, agent, processes_of, rss_kb, wait_until
+from sandbox_agent_harness import Agent, agent, processes_of, rss_kb, wait_until, workdirs
 
 from arl_tangram.sandbox.config import Limits
 
@@ -233,7 +233,7 @@ def test_a_mixed_series_of_hostile_actions_leaks_nothing(agent: Agent) -> None:
     # Warm the agent, then take its baseline.
     for _ in range(20):
         agent.execute("print(1)")
-    wait_until(lambda: os.listdir(agent.root) == [], what="warm-up workdirs to be removed")
+    wait_until(lambda: workdirs(agent) == [], what="warm-up workdirs to be removed")
     rss_before = rss_kb(agent.proc.pid)
     fds_before = len(os.listdir(f"/proc/{agent.proc.pid}/fd"))
     rng = random.Random(7)
@@ -257,7 +257,7 @@ def test_a_mixed_series_of_hostile_actions_leaks_nothing(agent: Agent) -> None:
     assert "exceeds the limit" in resp.json()["error"]
     assert agent.healthy()
     assert processes_of(agent.uids) == []
-    wait_until(lambda: os.listdir(agent.root) == [], what="every workdir to be removed")
+    wait_until(lambda: workdirs(agent) == [], what="every workdir to be removed")
     wait_until(
         lambda: len(os.listdir(f"/proc/{agent.proc.pid}/fd")) <= fds_before + 4,
         what="the agent's descriptors to return to their baseline",
