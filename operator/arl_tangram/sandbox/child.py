@@ -321,6 +321,10 @@ def warm_child_path() -> None:
 def _fresh_main_module() -> dict[str, Any]:
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = builtins
+    # As ``python main.py`` has them: a module-level annotation goes into ``__annotations__``, which
+    # a program may read before it makes any; ``__cached__`` is None for a script.
+    main.__dict__["__annotations__"] = {}
+    main.__dict__["__cached__"] = None
     sys.modules["__main__"] = main
     sys.argv = ["-c"]
     if sys.path:
@@ -329,9 +333,51 @@ def _fresh_main_module() -> dict[str, Any]:
 
 
 def _fresh_std_streams() -> None:
-    # The fork server's own streams already sit on descriptors 0, 1 and 2 (now the action's), with
-    # empty buffers (it never uses them) and UTF-8 (PYTHONIOENCODING): re-point the names only, as
-    # building new text streams costs a quarter of a millisecond.
+    """The standard streams every child starts with, built once here: in each child they sit on
+    descriptors 0, 1 and 2 (the action's), with empty buffers, as ``python`` builds them
+    (``create_stdio``: UTF-8 and the error handlers PYTHONIOENCODING gives, ``newline="\\n"``, the
+    raw streams named ``<stdin>``...). Built in each child they cost a quarter of a millisecond.
+
+    They are built while those descriptors are a pipe, as an action's are (its output is a pipe, and
+    a pipe is what a program reads its input from outside a sandbox): a stream caches whether it
+    can seek the first time it is asked, and the zygote's own, made on /dev/null or a log file,
+    said it could. Then ``sys.stdout.reconfigure(encoding=...)`` and
+    ``io.TextIOWrapper(sys.stdout.buffer, ...)``, which programs use to set their output's
+    encoding, asked the pipe for its position and failed (ESPIPE), where outside they work."""
+    import io
+
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
+    r, w = os.pipe()
+    try:
+        for fd, end in ((0, r), (1, w), (2, w)):
+            os.dup2(end, fd)
+        fresh = []
+        for fd, old, name in (
+            (0, sys.__stdin__, "<stdin>"),
+            (1, sys.__stdout__, "<stdout>"),
+            (2, sys.__stderr__, "<stderr>"),
+        ):
+            mode = "r" if fd == 0 else "w"
+            buffer: Any = open(fd, mode + "b", closefd=False)  # noqa: SIM115 - lives as the stream
+            buffer.raw.name = name
+            stream = io.TextIOWrapper(
+                buffer,
+                encoding=old.encoding if old is not None else "utf-8",
+                errors=old.errors if old is not None else "surrogateescape",
+                newline="\n",
+                line_buffering=old.line_buffering if old is not None else fd == 2,
+                write_through=old.write_through if old is not None else False,
+            )
+            stream.mode = mode  # type: ignore[misc]  # as create_stdio sets it
+            fresh.append(stream)
+        # Python's own originals (typeshed calls them final; the interpreter lets them be set).
+        sys.__stdin__, sys.__stdout__, sys.__stderr__ = fresh  # type: ignore[misc]
+    finally:
+        for fd, keep in zip((0, 1, 2), saved, strict=True):
+            os.dup2(keep, fd)
+            os.close(keep)
+        os.close(r)
+        os.close(w)
     sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
 
 
@@ -549,6 +595,12 @@ def _finish_and_exit(code: int, namespace: dict[str, Any] | None = None) -> NoRe
                 _clear_main(namespace if namespace is not None else _CHILD_MAIN or {})
                 _COLLECT()
         flushed = _flush_std_streams(say=flushed) and flushed
+        # The streams the program started with, where it rebound sys.stdout or sys.stderr: Python's
+        # shutdown destroys them at its very end, which flushes what was printed to them before.
+        with suppress(BaseException):
+            for first, now in ((sys.__stdout__, sys.stdout), (sys.__stderr__, sys.stderr)):
+                if first is not None and first is not now and not _is_closed(first):
+                    first.flush()
         if code == _BY_SIGINT:
             with suppress(BaseException):
                 _SIGNAL(_SIGINT, _SIG_DFL)

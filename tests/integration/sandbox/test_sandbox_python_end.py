@@ -83,6 +83,30 @@ PROGRAMS = {
         "    except RecursionError:\n        return n\nprint(f(0), sys.getrecursionlimit())\n"
     ),
     "a recursion 997 deep": "def f(n):\n    return 0 if n == 0 else 1 + f(n - 1)\nprint(f(997))\n",
+    # A program that sets its output's encoding: the streams must not think a pipe can seek.
+    "stdout reconfigured": "import sys\nsys.stdout.reconfigure(encoding='utf-8')\nprint('h\u00e9llo')\n",
+    "stdout rewrapped": (
+        "import io, sys\nsys.stdout = io.TextIOWrapper(sys.stdout.buffer, encoding='utf-8')\nprint('a')\n"
+    ),
+    "stdout detached and rewrapped": (
+        "import io, sys\nsys.stdout = io.TextIOWrapper(sys.stdout.detach(), encoding='utf-8')\nprint('a')\n"
+    ),
+    "stderr rewrapped": (
+        "import io, sys\nsys.stderr = io.TextIOWrapper(sys.stderr.buffer, encoding='utf-8')\n"
+        "print('e', file=sys.stderr)\nprint('a')\n"
+    ),
+    "what the streams say of themselves": (
+        "import sys\nfor s in (sys.stdout, sys.stderr):\n"
+        "    print(s.seekable(), s.name, s.mode, s.encoding, s.errors, s.line_buffering, s.write_through)\n"
+    ),
+    # What was printed before sys.stdout was rebound is written when Python destroys the stream.
+    "stdout rebound to a file": "import sys\nprint('first')\nsys.stdout = open('out.txt', 'w')\nprint('x')\n",
+    "stdout rebound to a StringIO": "import io, sys\nprint('first')\nsys.stdout = io.StringIO()\n",
+    "stdout set to None": "import sys\nprint('first')\nsys.stdout = None\n",
+    "the main module's names": (
+        "print(__annotations__, __cached__, __spec__, __package__, __doc__, __name__)\n"
+        "print(sorted(k for k in globals() if k.startswith('__') and k != '__loader__'))\n"
+    ),
     "a plain failure": "assert 1 == 2\n",
     "a plain success": "print(sum(range(10)))\n",
 }
