@@ -956,10 +956,19 @@ static PyObject *zygote_malloc_trim(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* See isolation.few_malloc_arenas (the Python loop's twin), which says why. */
+static PyObject *zygote_few_malloc_arenas(PyObject *self, PyObject *unused) {
+#ifdef __GLIBC__
+    mallopt(M_ARENA_MAX, 2);
+#endif
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"serve", zygote_serve, METH_VARARGS, "Run the zygote's fork loop (see the module's source)."},
     {"die_with_parent", zygote_die_with_parent, METH_NOARGS, "prctl(PR_SET_PDEATHSIG, SIGKILL)."},
     {"malloc_trim", zygote_malloc_trim, METH_NOARGS, "Give freed heap back to the system (glibc)."},
+    {"few_malloc_arenas", zygote_few_malloc_arenas, METH_NOARGS, "mallopt(M_ARENA_MAX, 2) (glibc)."},
     {NULL, NULL, 0, NULL},
 };
 

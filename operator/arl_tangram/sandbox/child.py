@@ -323,8 +323,7 @@ def _fresh_main_module() -> dict[str, Any]:
     main.__dict__["__builtins__"] = builtins
     # As ``python main.py`` has them: a module-level annotation goes into ``__annotations__``, which
     # a program may read before it makes any; ``__cached__`` is None for a script.
-    main.__dict__["__annotations__"] = {}
-    main.__dict__["__cached__"] = None
+    main.__dict__.update(__annotations__={}, __cached__=None)
     sys.modules["__main__"] = main
     sys.argv = ["-c"]
     if sys.path:

@@ -97,8 +97,10 @@ def zygote_main(sock: int, config: dict[str, Any], pid_namespace: bool) -> NoRet
         gc.collect()
         gc.freeze()
         if fast is not None:
+            fast.few_malloc_arenas()
             fast.malloc_trim()
         else:
+            isolation.few_malloc_arenas()
             isolation.malloc_trim()
         os.write(sock, b"R" + marshal.dumps((notes, "python" if fast is None else "c")))
         if fast is None:

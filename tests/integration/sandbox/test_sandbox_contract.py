@@ -193,6 +193,20 @@ def test_a_persistent_interpreter_has_its_own_tmp_and_proc_kept_between_its_call
         requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
 
 
+def test_a_hundred_threads_start_under_a_gigabyte(agent: Agent) -> None:
+    """The memory limit bounds a Python program's address space; glibc's default of a malloc arena
+    per thread (64 MB of address space each) let only about 20 threads start under 1 GB, where
+    outside a sandbox hundreds do. Children keep to two arenas."""
+    code = (
+        "import threading\nev = threading.Event()\n"
+        "ts = [threading.Thread(target=ev.wait) for _ in range(100)]\n"
+        "for t in ts:\n    t.start()\nev.set()\nfor t in ts:\n    t.join()\nprint(len(ts))\n"
+    )
+    body = _run(agent, code, memory_limit_MB=1024)
+    assert body["status"] == "Success", body
+    assert _result(body)["stdout"] == "100\n"
+
+
 def test_tmp_is_bounded_by_the_pools_memory_limit(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Each private tmpfs holds at most the pool's default memory limit (48 MB here, below the
     64 MB one file may grow to, so the tmpfs fills first)."""
