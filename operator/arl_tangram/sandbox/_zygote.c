@@ -246,6 +246,11 @@ static kid kids[MAX_PIDFD];
 /* A private, writable /tmp and /dev/shm for this action: fresh tmpfs mounts in a mount namespace of
  * its own (gone with its last process), each at most its memory limit. Where the workdir root lies
  * under one of them (by default it is on /dev/shm), it is bound back at its own path. */
+#define IDENTITY_MAX 4
+#define IDENTITY_NAME_MAX 64
+static char identity[IDENTITY_MAX][2][IDENTITY_NAME_MAX];
+static int n_identity = 0;
+
 static void private_tmp(const char *workdir, const unsigned char *limits, uint32_t nlimits) {
     long long size = 0;
     for (uint32_t i = 0; i < nlimits; i++) {
@@ -294,15 +299,14 @@ static void private_tmp(const char *workdir, const unsigned char *limits, uint32
         }
     }
     close(rootfd);
-    /* The action's passwd and group over the host's: isolation.IDENTITY_FILES names these files
-     * (and says why); the agent wrote them into the workdir root when it may switch uids. */
-    static const char *const identity[][2] = {{".passwd", "/etc/passwd"}, {".group", "/etc/group"}};
-    for (size_t i = 0; i < 2; i++) {
-        char src[4200];
+    /* The action's passwd and group over the host's (zygote_wire.IDENTITY_FILES says why; set at
+     * start by set_identity): files the agent wrote into the workdir root when it may switch uids.
+     * A bind that fails leaves the host's file (a name is not worth failing an action for). */
+    for (int i = 0; i < n_identity; i++) {
+        char src[4096 + IDENTITY_NAME_MAX + 2];
         snprintf(src, sizeof src, "%s/%s", root, identity[i][0]);
-        if (access(src, F_OK) == 0 && access(identity[i][1], F_OK) == 0 &&
-            mount(src, identity[i][1], NULL, MS_BIND, NULL) < 0)
-            child_fail("bind(identity)");
+        if (access(src, F_OK) == 0 && access(identity[i][1], F_OK) == 0)
+            (void)mount(src, identity[i][1], NULL, MS_BIND, NULL);
     }
 }
 
@@ -498,6 +502,15 @@ static void call_method(PyObject *obj, int name) {
  * (an exception printed, threads, exit functions, streams, __main__ cleared, the status) is
  * child.py's end_straight for both loops: done here by looking up atexit._run_exitfuncs and
  * stream methods, the action's code could reassign them and fake its status. Never returns. */
+/* The thread's whole recursion budget, as a fresh interpreter has it where it starts a script. */
+static void full_recursion_budget(void) {
+#if PY_VERSION_HEX >= 0x030C0000
+    PyThreadState_Get()->py_recursion_remaining = PyThreadState_Get()->py_recursion_limit;
+#elif PY_VERSION_HEX >= 0x030B0000
+    PyThreadState_Get()->recursion_remaining = PyThreadState_Get()->recursion_limit;
+#endif
+}
+
 static void run_straight(const char *main_file, const unsigned char *compiled, uint32_t cblen,
                          const unsigned char *delta, uint32_t dlen) {
     put_environ(delta, dlen);
@@ -534,11 +547,7 @@ static void run_straight(const char *main_file, const unsigned char *compiled, u
      * the zygote's own frames below it (its entry, its loop, this call) would otherwise count
      * against the recursion limit, and a recursion 995 to 998 deep that passes outside would fail
      * here. Nothing returns to those frames (the child exits below), so the count is not restored. */
-#if PY_VERSION_HEX >= 0x030C0000
-    PyThreadState_Get()->py_recursion_remaining = PyThreadState_Get()->py_recursion_limit;
-#elif PY_VERSION_HEX >= 0x030B0000
-    PyThreadState_Get()->recursion_remaining = PyThreadState_Get()->recursion_limit;
-#endif
+    full_recursion_budget();
     PyObject *done = code ? PyEval_EvalCode(code, run_namespace, run_namespace) : NULL;
     PyObject *exc = NULL;
     if (done == NULL) {
@@ -956,6 +965,34 @@ static PyObject *zygote_malloc_trim(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* child._run_code's: the program it runs starts with the whole budget (see run_straight). Nothing
+ * returns below it in a child but the loops that run the code, which only gain by it. */
+static PyObject *zygote_fresh_recursion(PyObject *self, PyObject *unused) {
+    full_recursion_budget();
+    Py_RETURN_NONE;
+}
+
+/* zygote_wire.IDENTITY_FILES, told once at start: (name in the workdir root, file it covers). */
+static PyObject *zygote_set_identity(PyObject *self, PyObject *pairs) {
+    if (!PyTuple_Check(pairs) || PyTuple_GET_SIZE(pairs) > IDENTITY_MAX) {
+        PyErr_SetString(PyExc_ValueError, "set_identity: a tuple of at most 4 (name, path) pairs");
+        return NULL;
+    }
+    int n = (int)PyTuple_GET_SIZE(pairs);
+    for (int i = 0; i < n; i++) {
+        const char *name, *path;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(pairs, i), "ss", &name, &path)) return NULL;
+        if (strlen(name) >= IDENTITY_NAME_MAX || strlen(path) >= IDENTITY_NAME_MAX) {
+            PyErr_SetString(PyExc_ValueError, "set_identity: a name or path of 64 bytes or more");
+            return NULL;
+        }
+        strcpy(identity[i][0], name);
+        strcpy(identity[i][1], path);
+    }
+    n_identity = n;
+    Py_RETURN_NONE;
+}
+
 /* See isolation.few_malloc_arenas (the Python loop's twin), which says why. */
 static PyObject *zygote_few_malloc_arenas(PyObject *self, PyObject *unused) {
 #ifdef __GLIBC__
@@ -969,6 +1006,8 @@ static PyMethodDef methods[] = {
     {"die_with_parent", zygote_die_with_parent, METH_NOARGS, "prctl(PR_SET_PDEATHSIG, SIGKILL)."},
     {"malloc_trim", zygote_malloc_trim, METH_NOARGS, "Give freed heap back to the system (glibc)."},
     {"few_malloc_arenas", zygote_few_malloc_arenas, METH_NOARGS, "mallopt(M_ARENA_MAX, 2) (glibc)."},
+    {"fresh_recursion", zygote_fresh_recursion, METH_NOARGS, "The thread's whole recursion budget."},
+    {"set_identity", zygote_set_identity, METH_O, "The identity files to bind (zygote_wire.IDENTITY_FILES)."},
     {NULL, NULL, 0, NULL},
 };
 

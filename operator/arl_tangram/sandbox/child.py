@@ -274,6 +274,14 @@ def prepare_child_world() -> None:
 
 
 _CHILD_MAIN: dict[str, Any] | None = None
+# The C module's reset of the recursion budget (``_run_code``), where it was built: the code starts
+# with the zygote's frames below it, which would count against the program's recursion limit.
+try:
+    _FRESH_RECURSION: Callable[[], None] | None = __import__(
+        "arl_tangram.sandbox._zygote", fromlist=["fresh_recursion"]
+    ).fresh_recursion
+except ImportError:  # no C compiler at install
+    _FRESH_RECURSION = None
 # Made ready in the Python loop's zygote by prepare_python_children: installs the actions' seccomp
 # filter (isolation.prepared_seccomp); sets the parent-death signal (isolation.prepared_prctl).
 _INSTALL_SECCOMP: Callable[[], None] | None = None
@@ -323,7 +331,9 @@ def _fresh_main_module() -> dict[str, Any]:
     main.__dict__["__builtins__"] = builtins
     # As ``python main.py`` has them: a module-level annotation goes into ``__annotations__``, which
     # a program may read before it makes any; ``__cached__`` is None for a script.
-    main.__dict__.update(__annotations__={}, __cached__=None)
+    main.__dict__["__cached__"] = None
+    if sys.version_info < (3, 14):  # 3.14 makes module annotations on demand (PEP 649)
+        main.__dict__.update(__annotations__={})
     sys.modules["__main__"] = main
     sys.argv = ["-c"]
     if sys.path:
@@ -402,6 +412,8 @@ def _run_code(
     """Run ``source`` like ``python -c`` (or ``python FILENAME``) would, in ``namespace``; returns
     the exit status. ``compiled``: its code object (marshalled), compiled already by the manager."""
     try:
+        if _FRESH_RECURSION is not None:
+            _FRESH_RECURSION()  # as deep as under ``python main.py`` (_zygote.c's run_straight)
         if compiled is not None:
             exec(marshal.loads(compiled), namespace)
         else:
@@ -460,6 +472,16 @@ def _flush_std_streams(say: bool = True) -> bool:
         except BaseException:
             ok = False
     return ok
+
+
+def _flush_first_streams() -> None:
+    """The streams the program started with, where it rebound sys.stdout or sys.stderr: Python's
+    shutdown destroys them at its very end, which flushes what was printed to them before. Each on
+    its own (a detached one raises), and never a reason to fail."""
+    for first, now in ((sys.__stdout__, sys.stdout), (sys.__stderr__, sys.stderr)):
+        with suppress(BaseException):
+            if first is not None and first is not now and not _is_closed(first):
+                first.flush()
 
 
 def _is_closed(stream: Any) -> bool:
@@ -594,12 +616,7 @@ def _finish_and_exit(code: int, namespace: dict[str, Any] | None = None) -> NoRe
                 _clear_main(namespace if namespace is not None else _CHILD_MAIN or {})
                 _COLLECT()
         flushed = _flush_std_streams(say=flushed) and flushed
-        # The streams the program started with, where it rebound sys.stdout or sys.stderr: Python's
-        # shutdown destroys them at its very end, which flushes what was printed to them before.
-        with suppress(BaseException):
-            for first, now in ((sys.__stdout__, sys.stdout), (sys.__stderr__, sys.stderr)):
-                if first is not None and first is not now and not _is_closed(first):
-                    first.flush()
+        _flush_first_streams()
         if code == _BY_SIGINT:
             with suppress(BaseException):
                 _SIGNAL(_SIGINT, _SIG_DFL)
@@ -646,6 +663,9 @@ def _interpreter_loop() -> NoReturn:
         if code == _BY_SIGINT:
             code = 1  # a KeyboardInterrupt ends the call, not the session (as at a Python prompt)
         _flush_std_streams()
+        # What this call printed to the streams it started with and then rebound goes with its
+        # output, not a later call's.
+        _flush_first_streams()
         for target in (0, 1, 2):
             os.dup2(devnull, target)
         ctrl.sendall(wire.encode({"exit_code": code}))

@@ -294,10 +294,13 @@ class PrivateTmp:
 class Interp:
     """A session's persistent interpreter."""
 
-    __slots__ = ("alive", "call", "ctrl", "frozen", "pid", "pidfd", "rbuf", "sid", "uid")
+    __slots__ = ("alive", "call", "ctrl", "frozen", "netns", "pid", "pidfd", "rbuf", "sid", "uid")
 
-    def __init__(self, sid: str, pid: int, pidfd: int, ctrl: socket.socket, uid: int | None) -> None:
+    def __init__(
+        self, sid: str, pid: int, pidfd: int, ctrl: socket.socket, uid: int | None, netns: int = -1
+    ) -> None:
         self.sid = sid
+        self.netns = netns  # its network namespace, from the pool (back to it when it is gone)
         self.uid = uid
         self.pid = pid
         self.pidfd = pidfd
@@ -414,7 +417,8 @@ class ForkServer:
         loopback traffic are its own. One goes back to the pool when its action's exit record
         comes, that is when every process of the action is gone (its PID namespace is empty), so
         nothing of the last holder is in it. As many as there are cores, plus a few: an action
-        holds at least one core, so the pool never runs dry (if it does, one is made on the spot).
+        holds at least one core, so actions alone never drain the pool; a session's persistent
+        interpreter holds one for its life, and beyond those one is made on the spot.
         Where actions have no PID namespace (nothing proves a namespace empty) or may use the
         network, they share the fork server's namespace, as before.
         """
@@ -794,8 +798,8 @@ class ForkServer:
         private = self.private_tmp and msg.get("uid") is not None
         msg["private_tmp"] = private
         msg["own_proc"] = private and self.iso.own_proc
-        # And a network namespace of its own with loopback up, as an action's. It is not given back
-        # to the pool: it goes when the interpreter's processes are gone.
+        # And a network namespace of its own with loopback up, as an action's, from the pool: it
+        # goes back when the interpreter is gone (its PID namespace's first process: all of it).
         netns = self._take_netns()
         msg["netns"] = netns >= 0
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -804,13 +808,13 @@ class ForkServer:
             pid, pidfd = self.zy.spawn(msg, fds, interp=True)
         except BaseException:
             parent.close()
+            if netns >= 0:
+                self.netns_free.append(netns)  # nothing entered it
             raise
         finally:
             child.close()
-            if netns >= 0:
-                os.close(netns)
         parent.setblocking(False)
-        interp = Interp(sid=msg["sid"], pid=pid, pidfd=pidfd, ctrl=parent, uid=msg.get("uid"))
+        interp = Interp(sid=msg["sid"], pid=pid, pidfd=pidfd, ctrl=parent, uid=msg.get("uid"), netns=netns)
         self.interps[interp.sid] = interp
         self.zy.owners[pid] = interp
         self.sel.register(parent.fileno(), ("ctrl", interp))
@@ -955,6 +959,9 @@ class ForkServer:
         self.sel.unregister(interp.ctrl.fileno())
         os.close(interp.pidfd)
         interp.ctrl.close()
+        if interp.netns >= 0:
+            self.netns_free.append(interp.netns)
+            interp.netns = -1
         call = interp.call
         if call is not None and not call.exited:
             call.exited = True

@@ -19,11 +19,13 @@ What each primitive buys:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
 
 from arl_tangram.sandbox import seccomp
+from arl_tangram.sandbox.zygote_wire import ACTION_USER, IDENTITY_FILES
 
 # No typing at run time: the fork server imports this module and stays lean (see forkserver).
 TYPE_CHECKING = False
@@ -47,46 +49,47 @@ PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_CHILD_SUBREAPER = 36
 
-# Who an action is to programs that ask (``getpass.getuser()``, ``pwd.getpwuid(os.getuid())``,
-# ``id -un``): every action uid resolves to this name, so that output never depends on which uid an
-# action drew. Outside a sandbox (SandboxFusion's container runs as root) those calls answer; with no
-# entry for the uid they raise KeyError, and a correct program fails. The agent writes a passwd and a
-# group file (the host's entries and one per action uid) into the workdir root, and each action's
-# mount namespace binds them over the host's (``private_tmp``, and _zygote.c's twin, which names the
-# same files).
-ACTION_USER = "sandbox"
-IDENTITY_FILES = ((".passwd", "/etc/passwd"), (".group", "/etc/group"))
 
-
-def write_identity(root: str, uids: range) -> None:
-    """The passwd and group files an action sees (``IDENTITY_FILES``): the host's entries, then
-    ``ACTION_USER`` for each of ``uids`` (its own group, home /tmp: the action's private one)."""
-    extra = {
-        "/etc/passwd": "".join(f"{ACTION_USER}:x:{u}:{u}:{ACTION_USER}:/tmp:/bin/sh\n" for u in uids),
-        "/etc/group": "".join(f"{ACTION_USER}:x:{u}:\n" for u in uids),
-    }
-    for name, host in IDENTITY_FILES:
+def write_identity(root: str, uids: range, files: tuple[tuple[str, str], ...] = IDENTITY_FILES) -> None:
+    """The passwd and group files an action sees (``zygote_wire.IDENTITY_FILES``): the host's
+    entries, then ``ACTION_USER`` for each of ``uids`` (its own group, home /tmp: the action's
+    private one). A host entry named ``ACTION_USER`` or numbered in ``uids`` is left out (the
+    sandbox image has a user of that name, uid 65532): ``pwd.getpwnam(getpass.getuser())`` must
+    give the action's own uid, and every uid of the range the one name. ``files``: each file's
+    name in ``root`` and the host's file it is made from, passwd's first, then group's."""
+    entries = (
+        "".join(f"{ACTION_USER}:x:{u}:{u}:{ACTION_USER}:/tmp:/bin/sh\n" for u in uids),
+        "".join(f"{ACTION_USER}:x:{u}:\n" for u in uids),
+    )
+    for (name, host), extra in zip(files, entries, strict=True):
         try:
             with open(host) as f:
-                base = f.read()
+                lines = f.read().splitlines()
         except OSError:
-            base = ""
-        if base and not base.endswith("\n"):
-            base += "\n"
+            lines = []
+        kept = []
+        for line in lines:
+            fields = line.split(":")
+            number = fields[2] if len(fields) > 2 else ""
+            clash = fields[0] == ACTION_USER or (number.isdigit() and int(number) in uids)
+            if not clash:
+                kept.append(line + "\n")
         tmp = os.path.join(root, name + ".new")
         with open(tmp, "w") as f:
-            f.write(base + extra[host])
+            f.write("".join(kept) + extra)
         os.chmod(tmp, 0o644)
         os.replace(tmp, os.path.join(root, name))
 
 
 def bind_identity(root: str) -> None:
     """In an action's mount namespace: its passwd and group (``write_identity``) over the host's.
-    Where the agent wrote none (it cannot switch uids) or the image has no such file, nothing."""
+    Where the agent wrote none (it cannot switch uids) or the image has no such file, nothing; a
+    bind that fails leaves the host's file (a name is not worth failing an action for)."""
     for name, host in IDENTITY_FILES:
         src = os.path.join(root, name)
         if os.path.exists(src) and os.path.exists(host):
-            mount(src, host, None, MS_BIND)
+            with contextlib.suppress(OSError):
+                mount(src, host, None, MS_BIND)
 
 
 # World-writable places a non-root action could otherwise leave files in (or read others' from).

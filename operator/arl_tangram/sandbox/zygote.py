@@ -24,6 +24,7 @@ from arl_tangram.sandbox.child import (
     warm_child_path,
 )
 from arl_tangram.sandbox.zygote_wire import (
+    IDENTITY_FILES,
     REQUEST_IN_MEMFD,
     decode_request,
     error_record,
@@ -67,10 +68,14 @@ def zygote_main(sock: int, config: dict[str, Any], pid_namespace: bool) -> NoRet
         # action's exit tear down (measured with the default preloads).
         if fast is not None:
             fast.die_with_parent()
+            # Before the preloads, whose threads (a BLAS pool) would make arenas every child keeps.
+            fast.few_malloc_arenas()
+            fast.set_identity(IDENTITY_FILES)
         else:
             from arl_tangram.sandbox import isolation
 
             isolation.prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
+            isolation.few_malloc_arenas()
         failed = []
         for name in config.get("preload", []):
             try:
@@ -97,10 +102,8 @@ def zygote_main(sock: int, config: dict[str, Any], pid_namespace: bool) -> NoRet
         gc.collect()
         gc.freeze()
         if fast is not None:
-            fast.few_malloc_arenas()
             fast.malloc_trim()
         else:
-            isolation.few_malloc_arenas()
             isolation.malloc_trim()
         os.write(sock, b"R" + marshal.dumps((notes, "python" if fast is None else "c")))
         if fast is None:

@@ -25,6 +25,16 @@ if TYPE_CHECKING:
 
     from arl_tangram.sandbox.messages import RunMessage
 
+# Who an action is to programs that ask (``getpass.getuser()``, ``pwd.getpwuid(os.getuid())``,
+# ``id -un``): every action uid resolves to this name, so that output never depends on which uid an
+# action drew. Outside a sandbox (SandboxFusion's container runs as root) those calls answer; with no
+# entry for the uid they raise KeyError, and a correct program fails. The agent writes a passwd and a
+# group file (``isolation.write_identity``) into the workdir root, named here, and each action's
+# mount namespace binds them over the host's (``child.private_tmp``; the C loop is told these names
+# at start, ``set_identity``).
+ACTION_USER = "sandbox"
+IDENTITY_FILES = ((".passwd", "/etc/passwd"), (".group", "/etc/group"))
+
 REQUEST = b"TZR1"
 REQUEST_IN_MEMFD = b"TZRM"
 DATAGRAM_MAX = 60 << 10  # a larger request travels in a memfd (a datagram must fit the buffer)

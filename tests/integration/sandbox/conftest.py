@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 
 import pytest
-from sandbox_agent_harness import Agent, processes_of, start_agent, stop_agent
-
-C_BUILT = importlib.util.find_spec("arl_tangram.sandbox._zygote") is not None
+from sandbox_agent_harness import C_BUILT, Agent, processes_of, start_agent, stop_agent
 
 
 @pytest.fixture(scope="module", params=["c", "python"])

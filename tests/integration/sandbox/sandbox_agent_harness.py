@@ -7,6 +7,7 @@ only this agent's action processes, even when other agents run on the machine at
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import signal
 import socket
@@ -19,6 +20,9 @@ from pathlib import Path
 
 import pytest
 import requests
+
+# Whether the C fork loop's module was built at install (it needs a C compiler).
+C_BUILT = importlib.util.find_spec("arl_tangram.sandbox._zygote") is not None
 
 MAX_CONCURRENT = 32
 MAX_SESSIONS = 32
@@ -55,7 +59,7 @@ class Agent:
 def workdirs(agent: Agent) -> list[str]:
     """What the agent's workdir root holds besides the passwd and group files it writes there at
     start (``isolation.IDENTITY_FILES``): the workdirs of actions and sessions."""
-    from arl_tangram.sandbox.isolation import IDENTITY_FILES
+    from arl_tangram.sandbox.zygote_wire import IDENTITY_FILES
 
     return sorted(set(os.listdir(agent.root)) - {name for name, _ in IDENTITY_FILES})
 

@@ -5,6 +5,7 @@ would get run directly (``python file.py``, ``bash file.sh``), whatever the sand
 
 from __future__ import annotations
 
+import resource
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -189,6 +190,11 @@ def test_a_persistent_interpreter_has_its_own_tmp_and_proc_kept_between_its_call
         assert agent.execute(serve, session_id=sid)["stdout"] == "up\n"
         connect = "c = socket.create_connection(srv.getsockname(), timeout=5)\nprint(srv.accept()[1][0])"
         assert agent.execute(connect, session_id=sid)["stdout"] == "127.0.0.1\n"
+        # What a call printed before it rebound sys.stdout is that call's output, not the next's.
+        rebind = "import io, sys\nprint('first')\nsys.stdout = io.StringIO()\n"
+        assert agent.execute(rebind, session_id=sid)["stdout"] == "first\n"
+        back = "sys.stdout = sys.__stdout__\nprint('second')\n"
+        assert agent.execute(back, session_id=sid)["stdout"] == "second\n"
     finally:
         requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
 
@@ -197,6 +203,9 @@ def test_a_hundred_threads_start_under_a_gigabyte(agent: Agent) -> None:
     """The memory limit bounds a Python program's address space; glibc's default of a malloc arena
     per thread (64 MB of address space each) let only about 20 threads start under 1 GB, where
     outside a sandbox hundreds do. Children keep to two arenas."""
+    stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    if stack != 8 << 20:  # the agent's (and so each thread's) stack: 100 of them fit 1 GB at 8 MB
+        pytest.skip(f"the stack limit here is {stack}, not 8 MB")
     code = (
         "import threading\nev = threading.Event()\n"
         "ts = [threading.Thread(target=ev.wait) for _ in range(100)]\n"

@@ -15,7 +15,7 @@ import pytest
 import requests
 from sandbox_agent_harness import Agent
 
-from arl_tangram.sandbox.isolation import ACTION_USER
+from arl_tangram.sandbox.zygote_wire import ACTION_USER
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a uid per action needs root")
 
@@ -57,12 +57,26 @@ def test_a_session_uid_resolves_too(loop_agent: Agent, persistent: bool) -> None
 
 
 def test_an_action_cannot_change_who_it_is(loop_agent: Agent) -> None:
+    """Neither the files it sees (bound over /etc/passwd and /etc/group, as its mount table says)
+    nor the agent's copies in the workdir root, which every action's namespace binds from."""
     code = (
-        "for path in ('/etc/passwd', '/etc/group'):\n"
+        "import os\n"
+        "root = os.path.dirname(os.getcwd())\n"
+        "mounts = open('/proc/self/mountinfo').read().split()\n"
+        "print('/etc/passwd' in mounts, '/etc/group' in mounts)\n"
+        "for path in ('/etc/passwd', '/etc/group', root + '/.passwd', root + '/.group'):\n"
         "    try:\n"
         "        open(path, 'a').write('root::0:0::/:/bin/sh\\n')\n"
         "        print('wrote', path)\n"
         "    except OSError as exc:\n"
         "        print(type(exc).__name__)\n"
+        "open('mine', 'w').write('root::0:0::/:/bin/sh\\n')\n"
+        "for path in (root + '/.passwd', root + '/.passwd.new'):\n"
+        "    try:\n"
+        "        os.replace('mine', path)\n"
+        "        print('replaced', path)\n"
+        "    except OSError as exc:\n"
+        "        print(type(exc).__name__)\n"
     )
-    assert _run(loop_agent, code)["stdout"] == "PermissionError\nPermissionError\n"
+    out = _run(loop_agent, code)["stdout"]
+    assert out == "True True\n" + "PermissionError\n" * 6, out
