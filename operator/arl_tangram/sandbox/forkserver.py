@@ -33,6 +33,7 @@ from __future__ import annotations
 # Lean imports on purpose: this process forks now and then (PrivateTmp.make, the probes), and shares
 # the fork server's core with the zygote. No typing, dataclasses, json, selectors, contextlib or
 # traceback.
+import fcntl
 import heapq
 import marshal
 import os
@@ -85,6 +86,9 @@ COMPILED_KEPT = 128
 # and all go at once when it is dropped. Dropping one (the manager's last handle on it closed) waits
 # for one RCU grace period here, and making the next (PrivateTmp.make) costs about a millisecond.
 MNTNS_USES = 64
+# Standard input up to this size reaches an action through a pipe (``_stdin_fd``); the kernel's
+# default pipe-max-size, up to which an unprivileged process may grow a pipe.
+STDIN_PIPE_MAX = 1 << 20
 # What a tmpfs directory's size grows by with each entry (see PrivateTmp).
 BOGO_DIRENT_SIZE = 20
 _MEMORY_MARKERS = (
@@ -609,8 +613,28 @@ class ForkServer:
 
     # ---- starting actions -------------------------------------------------------------------------
     def _stdin_fd(self, data: bytes | None) -> int:
+        """The action's standard input: a pipe holding ``data`` with its write end closed, as a
+        program reads its input outside a sandbox (SandboxFusion's runner feeds a pipe). A regular
+        file here let programs pass that fail there: ``os.read(0, os.fstat(0).st_size)`` (a pipe's
+        size is 0), ``mmap(0, 0)``, ``sys.stdin.seek(0)``. The pipe is grown to hold it all (up to
+        the host's pipe-max-size, 1 MiB by default), so nothing has to feed it later; larger input,
+        or a pipe that cannot grow (the user's pipe quota spent), goes in a memfd as before."""
         if not data:
             return self.devnull
+        if len(data) <= STDIN_PIPE_MAX:
+            r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+            try:
+                with suppress(OSError):
+                    if fcntl.fcntl(w, fcntl.F_GETPIPE_SZ) < len(data):
+                        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, len(data))
+                if fcntl.fcntl(w, fcntl.F_GETPIPE_SZ) >= len(data) and os.write(w, data) == len(data):
+                    os.set_blocking(r, True)  # the program's reads block, as on any pipe
+                    return r
+            except OSError:
+                pass
+            finally:
+                os.close(w)
+            os.close(r)
         fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
         os.write(fd, data)
         os.lseek(fd, 0, os.SEEK_SET)

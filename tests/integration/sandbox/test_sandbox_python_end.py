@@ -167,6 +167,50 @@ def test_a_program_ends_as_under_python(
     assert body["status"] == ("Success" if want["return_code"] == 0 else "Failed"), (name, body)
 
 
+# Programs that read their input, each with its input: SandboxFusion's runner (as a judge's) feeds
+# a pipe, so what a program learns of its input must be what a pipe tells it. (A regular file there
+# let ``os.read(0, os.fstat(0).st_size)`` and ``sys.stdin.seek(0)`` pass here and fail outside.)
+READERS: dict[str, tuple[str, str]] = {
+    "input read by its size": ("import os\nprint(len(os.read(0, os.fstat(0).st_size)))\n", "5 6\n"),
+    "input seeked": (
+        "import sys\ntry:\n    sys.stdin.seek(0)\n    print('seek')\nexcept OSError as e:\n"
+        "    print(type(e).__name__)\n",
+        "5\n",
+    ),
+    "what input is": (
+        "import os, stat, sys\nprint(stat.S_ISFIFO(os.fstat(0).st_mode), sys.stdin.seekable())\n",
+        "x\n",
+    ),
+    "input summed": (
+        "import sys\nprint(sum(map(int, sys.stdin.read().split())))\n",
+        "1 " * 200_000 + "\n",
+    ),
+    "input line by line": (
+        "import sys\nfor line in sys.stdin:\n    print(line.strip()[::-1])\n",
+        "abc\ndef\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(READERS))
+def test_a_program_reads_its_input_as_from_a_pipe(loop_agent: Agent, name: str, tmp_path: Path) -> None:
+    code, stdin = READERS[name]
+    (tmp_path / "main.py").write_text(code)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "main.py"],
+        cwd=tmp_path,
+        env=env,
+        input=stdin.encode(),
+        capture_output=True,
+        timeout=30,
+    )
+    want = {"return_code": done.returncode, "stdout": done.stdout.decode()}
+    body = {"code": code, "language": "python", "stdin": stdin, "run_timeout": 20}
+    run = loop_agent.post("/run_code", body).json()["run_result"]
+    assert {"return_code": run["return_code"], "stdout": run["stdout"]} == want, (name, run)
+
+
 def test_a_file_left_open_is_written_at_the_end(loop_agent: Agent) -> None:
     """Python's shutdown closes (and so flushes) a file the program never closed: fetched after the
     run, it holds what was written."""
