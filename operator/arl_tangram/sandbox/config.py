@@ -130,7 +130,9 @@ class Limits:
         factory=host_memory_mb,
     )
     nproc: int = setting(128, flag="--nproc", help="processes (and threads) per action")
-    nofile: int = setting(256, flag="--nofile", help="open files per process")
+    # A shell's usual soft limit: at 256 a program holding 300 files open failed (EMFILE) where it
+    # runs under a login shell. Descriptors cost the host little; the hard limit stays the same.
+    nofile: int = setting(1024, flag="--nofile", help="open files per process")
     fsize_mb: int = setting(64, flag="--fsize-mb", help="largest file an action may write (MB)")
     output_bytes: int = setting(8 << 20, flag="--output-bytes", help="cap on stdout and on stderr (bytes)")
 

@@ -216,6 +216,15 @@ def test_a_hundred_threads_start_under_a_gigabyte(agent: Agent) -> None:
     assert _result(body)["stdout"] == "100\n"
 
 
+def test_a_program_may_hold_three_hundred_files_open(agent: Agent) -> None:
+    """A shell's usual soft limit of open files (1024), not 256: 300 held at once is ordinary."""
+    code = "fs = [open(f'f{i}', 'w') for i in range(300)]\nimport resource\n"
+    code += "print(len(fs), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+    body = _run(agent, code)
+    assert body["status"] == "Success", body
+    assert _result(body)["stdout"] == "300 1024\n"
+
+
 def test_tmp_is_bounded_by_the_pools_memory_limit(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Each private tmpfs holds at most the pool's default memory limit (48 MB here, below the
     64 MB one file may grow to, so the tmpfs fills first)."""
