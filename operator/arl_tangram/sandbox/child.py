@@ -263,6 +263,39 @@ def _run_action(req: dict[str, Any], ctrl_fd: int | None) -> NoReturn:
         _EXIT(1)
 
 
+# Modules the zygote holds that ``python main.py`` would not have imported when the program starts
+# (preloads, what the zygote needs): a file of the program's named as one of them shadows it there.
+_SHADOWABLE: frozenset[str] = frozenset()
+
+
+def note_shadowable(startup: list[str]) -> list[str]:
+    """In the zygote, once its imports are done: which of its modules a program's own file may
+    shadow (not those a fresh interpreter has at start, nor built-in ones, nor ours, which the
+    child itself uses); returns them for the manager (``ForkServer._shadows``)."""
+    global _SHADOWABLE
+    tops = {name.partition(".")[0] for name in sys.modules}
+    keep = set(startup) | set(sys.builtin_module_names) | {"__main__", "arl_tangram"}
+    _SHADOWABLE = frozenset(name for name in tops if name not in keep)
+    return sorted(_SHADOWABLE)
+
+
+def unshadow() -> None:
+    """Forget the zygote's modules that a module of the program's, in its directory, names: its
+    ``import json`` then finds the program's ``json.py`` first, as under ``python main.py``, where
+    the script's directory leads ``sys.path``. Only on the child's own compile path, which the
+    manager takes when it sees such a file (``ForkServer._shadows``)."""
+    try:
+        entries = os.listdir(".")
+    except OSError:
+        return
+    for entry in entries:
+        stem = entry[:-3] if entry.endswith(".py") else entry
+        if stem not in _SHADOWABLE or not (entry.endswith(".py") or os.path.exists(entry + "/__init__.py")):
+            continue
+        for key in [k for k in sys.modules if k == stem or k.startswith(stem + ".")]:
+            del sys.modules[key]
+
+
 def prepare_child_world() -> None:
     """Set up once, in the zygote, the Python world every child starts from: a fresh ``__main__``,
     ``python -c``'s argv and path, the standard streams' names. The zygote runs none of its own
@@ -566,6 +599,8 @@ def _run_python_and_exit(req: dict[str, Any]) -> NoReturn:
     # as ``python -c`` would.
     filename = req.get("main_file") or "<string>"
     compiled = req.get("compiled")
+    if compiled is None and _SHADOWABLE:
+        unshadow()
     written = req.get("main_written") or filename == "<string>" or _write_main(filename, req["code"])
     if not written:
         filename = "<string>"

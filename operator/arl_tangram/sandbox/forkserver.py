@@ -653,6 +653,24 @@ class ForkServer:
             return False
         return True
 
+    def _shadows(self, workdir: str) -> bool:
+        """Whether the workdir holds a module of the program's named as one the zygote holds
+        (``json.py``, a ``heapq/`` package): the code then runs from the child's own compile,
+        whose path forgets those modules first (``child.unshadow``)."""
+        names = self.zy.shadowable
+        if not names:
+            return False
+        try:
+            entries = os.listdir(workdir)
+        except OSError:
+            return False
+        for entry in entries:
+            if entry.endswith(".py") and entry[:-3] in names:
+                return True
+            if entry in names and os.path.exists(f"{workdir}/{entry}/__init__.py"):
+                return True
+        return False
+
     def _main_file(self, msg: RunMessage, fresh: bool) -> None:
         """Name the file Python code runs from (``python main.py``, see child._run_python_and_exit)
         and compile the code for it, here.
@@ -673,7 +691,7 @@ class ForkServer:
         path = workdir + "/" + name
         msg["main_file"] = path
         code = msg["code"]
-        if len(code) > COMPILE_HERE_MAX:
+        if len(code) > COMPILE_HERE_MAX or (not fresh and self._shadows(workdir)):
             return
         kept = self.compiled.pop(code, None)
         if kept is None:
@@ -1131,7 +1149,7 @@ class _ZygoteLink:
     for a fork: the pid is free again once reaped, and the very fork being waited for may reuse it.
     """
 
-    __slots__ = ("base_env", "loop", "notes", "owners", "pending", "pid", "sock", "statuses")
+    __slots__ = ("base_env", "loop", "notes", "owners", "pending", "pid", "shadowable", "sock", "statuses")
 
     def __init__(
         self, sock: socket.socket, pid: int, ready: tuple[Any, ...], base_env: dict[str, str]
@@ -1140,6 +1158,8 @@ class _ZygoteLink:
         self.pid = pid
         self.notes: list[str] = list(ready[1])
         self.loop: str = ready[2]  # "c" or "python"
+        # Modules the zygote holds that a file of the program's would shadow (child.shadowable).
+        self.shadowable: frozenset[str] = frozenset(ready[3])
         self.base_env = base_env  # the zygote's own environment
         self.owners: dict[int, Any] = {}  # pid -> the Call or Interp whose process it is
         self.pending: deque[tuple[Any, ...]] = deque()  # (owner, status, cpu_s, max_rss_kb) to handle
@@ -1252,7 +1272,11 @@ def _spawn_zygote(fd: int, config: dict[str, Any], pid_namespace: bool, agent_fd
     """
     os.set_inheritable(fd, True)
     try:
-        start = "import sys; from arl_tangram.sandbox.zygote import main; main(sys.argv[1:])"
+        # The modules the interpreter starts with are taken before ours come (child.note_shadowable).
+        start = (
+            "import sys; m = [*sys.modules]; "
+            "from arl_tangram.sandbox.zygote import main; main(sys.argv[1:], m)"
+        )
         argv = [sys.executable, "-c", start, str(fd), marshal.dumps(config).hex()]
         # The agent's socket is the manager's alone: the agent must see it close when the manager
         # is gone, zygote or not.

@@ -17,6 +17,7 @@ from arl_tangram.sandbox.child import (
     SETUP_FAILED,
     child_after_c_setup,
     child_main,
+    note_shadowable,
     prepare_child_world,
     prepare_python_children,
     split_off_init,
@@ -45,7 +46,7 @@ def base_env(config: dict[str, Any]) -> dict[str, str]:
     return dict(os.environ) if base is None else dict(base)
 
 
-def zygote_main(sock: int, config: dict[str, Any], pid_namespace: bool) -> NoReturn:
+def zygote_main(sock: int, config: dict[str, Any], pid_namespace: bool, startup: list[str]) -> NoReturn:
     """The zygote's whole life: pre-import, warm up, then fork on request. Never returns."""
     try:
         notes = []
@@ -105,7 +106,8 @@ def zygote_main(sock: int, config: dict[str, Any], pid_namespace: bool) -> NoRet
             fast.malloc_trim()
         else:
             isolation.malloc_trim()
-        os.write(sock, b"R" + marshal.dumps((notes, "python" if fast is None else "c")))
+        shadow = note_shadowable(startup)
+        os.write(sock, b"R" + marshal.dumps((notes, "python" if fast is None else "c", shadow)))
         if fast is None:
             zygote.serve()
         else:
@@ -279,7 +281,8 @@ class Zygote:
         return pid
 
 
-def main(argv: list[str]) -> NoReturn:
+def main(argv: list[str], startup: list[str] | None = None) -> NoReturn:
     """Entry point, with ``argv`` FD CONFIG PIDNS (CONFIG marshal, hex; PIDNS 1 or 0): see
-    forkserver._spawn_zygote, which starts it."""
-    zygote_main(int(argv[0]), marshal.loads(bytes.fromhex(argv[1])), argv[2] == "1")
+    forkserver._spawn_zygote, which starts it. ``startup``: the modules the interpreter had before
+    it imported any of ours (``python main.py`` has the same)."""
+    zygote_main(int(argv[0]), marshal.loads(bytes.fromhex(argv[1])), argv[2] == "1", startup or [])

@@ -8,7 +8,8 @@ with the action's descriptors. Records back, as ``parse_record`` gives them:
 - ``("e", id, message)``: the fork failed;
 - ``("x", pid, status, cpu_s, max_rss_kb)``: a child exited (``status`` a wait status or ``None``);
 - ``("w", id, status)``: from a PID namespace's init (the Python loop): the action's own status;
-- ``("r", notes, loop)``: the zygote is ready (its notes; ``"c"`` or ``"python"``).
+- ``("r", notes, loop, shadowable)``: the zygote is ready (its notes; ``"c"`` or ``"python"``; the
+  modules it holds that a program's own file of the same name would shadow, ``child.shadowable``).
 """
 
 from __future__ import annotations
@@ -145,8 +146,8 @@ def parse_record(data: bytes) -> tuple[Any, ...]:
         rid, status = struct.unpack_from("<qi", data, 1)
         return ("w", rid, None if status < 0 else status)
     if kind == b"R":
-        notes, loop = marshal.loads(data[1:])
-        return ("r", notes, loop)
+        notes, loop, shadowable = marshal.loads(data[1:])
+        return ("r", notes, loop, shadowable)
     raise ValueError(f"unknown record from the zygote: {data[:16]!r}")
 
 

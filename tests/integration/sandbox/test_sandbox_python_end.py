@@ -12,6 +12,7 @@ raised or inherited, stdout that cannot be flushed at exit (Python's 120), what 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import signal
 import subprocess
@@ -207,6 +208,36 @@ def test_a_program_reads_its_input_as_from_a_pipe(loop_agent: Agent, name: str, 
     )
     want = {"return_code": done.returncode, "stdout": done.stdout.decode()}
     body = {"code": code, "language": "python", "stdin": stdin, "run_timeout": 20}
+    run = loop_agent.post("/run_code", body).json()["run_result"]
+    assert {"return_code": run["return_code"], "stdout": run["stdout"]} == want, (name, run)
+
+
+# A program's own modules named as ones the zygote holds (its preloads, what it needs itself): under
+# ``python main.py`` the script's directory leads sys.path, so the program's file is what it imports.
+SHADOWING: dict[str, tuple[dict[str, str], str]] = {
+    "json.py": ({"json.py": "def dumps(x):\n    return 'mine'\n"}, "import json\nprint(json.dumps(1))\n"),
+    "heapq.py": ({"heapq.py": "X = 5\n"}, "import heapq\nprint(heapq.X)\n"),
+    "a string package": ({"string/__init__.py": "Y = 7\n"}, "import string\nprint(string.Y)\n"),
+    "os.py, which python has imported before the program": (
+        {"os.py": "Z = 1\n"},
+        "import os\nprint(hasattr(os, 'Z'))\n",
+    ),
+    "a module of its own beside json": (
+        {"utils.py": "W = 2\n"},
+        "import utils, json\nprint(utils.W, json.dumps([1]))\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(SHADOWING))
+def test_a_programs_own_module_shadows_as_under_python(loop_agent: Agent, name: str, tmp_path: Path) -> None:
+    files, code = SHADOWING[name]
+    for path, text in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    want = _outside(code, tmp_path)
+    encoded = {path: base64.b64encode(text.encode()).decode() for path, text in files.items()}
+    body = {"code": code, "language": "python", "files": encoded, "run_timeout": 20}
     run = loop_agent.post("/run_code", body).json()["run_result"]
     assert {"return_code": run["return_code"], "stdout": run["stdout"]} == want, (name, run)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import marshal
 import os
 from pathlib import Path
 
@@ -271,6 +272,8 @@ def test_zygote_records_parse() -> None:
         9000,
     )
     assert zygote_wire.parse_record(zygote_wire.exit_record(1234, None, 0.0, 0))[2] is None
+    ready = b"R" + marshal.dumps((["a note"], "c", ["heapq", "json"]))
+    assert zygote_wire.parse_record(ready) == ("r", ["a note"], "c", ["heapq", "json"])
     with pytest.raises(ValueError, match="unknown record"):
         zygote_wire.parse_record(b"?junk")
 
