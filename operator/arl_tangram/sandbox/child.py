@@ -282,15 +282,17 @@ def note_shadowable(startup: list[str]) -> list[str]:
 def unshadow() -> None:
     """Forget the zygote's modules that a module of the program's, in its directory, names: its
     ``import json`` then finds the program's ``json.py`` first, as under ``python main.py``, where
-    the script's directory leads ``sys.path``. Only on the child's own compile path, which the
-    manager takes when it sees such a file (``ForkServer._shadows``)."""
-    try:
-        entries = os.listdir(".")
-    except OSError:
-        return
-    for entry in entries:
-        stem = entry[:-3] if entry.endswith(".py") else entry
-        if stem not in _SHADOWABLE or not (entry.endswith(".py") or os.path.exists(entry + "/__init__.py")):
+    the script's directory leads ``sys.path``. A stat or two per module the zygote holds (never a
+    walk of the directory, which the program may have filled); a module already loaded from the
+    directory (a session's earlier call imported it) stays. On the child's own compile path, which
+    the manager takes when it sees such a file (``ForkServer._shadows``), and before each call of a
+    session's interpreter."""
+    here = os.getcwd() + "/"
+    for stem in _SHADOWABLE:
+        module = sys.modules.get(stem)
+        if module is None or (getattr(module, "__file__", None) or "").startswith(here):
+            continue
+        if not (os.path.exists(stem + ".py") or os.path.exists(stem + "/__init__.py")):
             continue
         for key in [k for k in sys.modules if k == stem or k.startswith(stem + ".")]:
             del sys.modules[key]
@@ -694,6 +696,8 @@ def _interpreter_loop() -> NoReturn:
         if request.get("cores"):
             os.sched_setaffinity(0, request["cores"])
         os.environ.update(request.get("env") or {})
+        if _SHADOWABLE:
+            unshadow()
         code = _run_code(request["code"], namespace)
         if code == _BY_SIGINT:
             code = 1  # a KeyboardInterrupt ends the call, not the session (as at a Python prompt)

@@ -131,7 +131,8 @@ class Limits:
     )
     nproc: int = setting(128, flag="--nproc", help="processes (and threads) per action")
     # A shell's usual soft limit: at 256 a program holding 300 files open failed (EMFILE) where it
-    # runs under a login shell. Descriptors cost the host little; the hard limit stays the same.
+    # runs under a login shell. Descriptors cost the host little. (Soft and hard are both set to
+    # it: a program that raises its soft limit to the hard one, as Go's runtime does, stays here.)
     nofile: int = setting(1024, flag="--nofile", help="open files per process")
     fsize_mb: int = setting(64, flag="--fsize-mb", help="largest file an action may write (MB)")
     output_bytes: int = setting(8 << 20, flag="--output-bytes", help="cap on stdout and on stderr (bytes)")

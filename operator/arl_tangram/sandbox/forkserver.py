@@ -33,7 +33,6 @@ from __future__ import annotations
 # Lean imports on purpose: this process forks now and then (PrivateTmp.make, the probes), and shares
 # the fork server's core with the zygote. No typing, dataclasses, json, selectors, contextlib or
 # traceback.
-import fcntl
 import heapq
 import marshal
 import os
@@ -86,9 +85,11 @@ COMPILED_KEPT = 128
 # and all go at once when it is dropped. Dropping one (the manager's last handle on it closed) waits
 # for one RCU grace period here, and making the next (PrivateTmp.make) costs about a millisecond.
 MNTNS_USES = 64
-# Standard input up to this size reaches an action through a pipe (``_stdin_fd``); the kernel's
-# default pipe-max-size, up to which an unprivileged process may grow a pipe.
-STDIN_PIPE_MAX = 1 << 20
+# The most of an action's input written to its pipe in one turn of the loop (``_feed``): a pipe's
+# default capacity.
+STDIN_CHUNK = 64 << 10
+# A workdir with more entries than this is not listed on this loop (``_shadows``).
+SHADOW_SCAN_MAX = 64
 # What a tmpfs directory's size grows by with each entry (see PrivateTmp).
 BOGO_DIRENT_SIZE = 20
 _MEMORY_MARKERS = (
@@ -111,8 +112,8 @@ class _Poller:
         self.epoll = select.epoll()
         self.data: dict[int, tuple[str, Any]] = {}
 
-    def register(self, fd: int, data: tuple[str, Any]) -> None:
-        self.epoll.register(fd, select.EPOLLIN)
+    def register(self, fd: int, data: tuple[str, Any], events: int = select.EPOLLIN) -> None:
+        self.epoll.register(fd, events)
         self.data[fd] = data
 
     def unregister(self, fd: int) -> None:
@@ -159,6 +160,7 @@ class Call:
         "remove_workdir",
         "signal",
         "started",
+        "stdin_feed",
         "timed_out",
         "uid",
         "watching",
@@ -211,6 +213,8 @@ class Call:
         self.cores: list[int] = []
         self.uid: int | None = None
         self.watching = False  # its pipes are in the poller (see PIPE_WATCH_DELAY_S)
+        # Its input still to write (``ForkServer._feed``): the pipe's write end and what is left.
+        self.stdin_feed: tuple[int, memoryview] | None = None
 
     def stream_of(self, fd: int) -> str:
         """``"out"`` or ``"err"``: which of the action's streams the read end ``fd`` is."""
@@ -500,6 +504,8 @@ class ForkServer:
                         return  # the zygote is gone: the agent starts a new fork server
                 elif kind == "ctrl":
                     self._on_ctrl(owner)
+                elif kind == "stdin":
+                    self._feed(owner)
                 else:
                     self._on_pipe(fd, kind, owner)
             self._process_exits()
@@ -612,33 +618,63 @@ class ForkServer:
                 self.send({"id": msg.get("id"), "sandbox_error": f"{exc.__class__.__name__}: {exc}"})
 
     # ---- starting actions -------------------------------------------------------------------------
-    def _stdin_fd(self, data: bytes | None) -> int:
-        """The action's standard input: a pipe holding ``data`` with its write end closed, as a
-        program reads its input outside a sandbox (SandboxFusion's runner feeds a pipe). A regular
-        file here let programs pass that fail there: ``os.read(0, os.fstat(0).st_size)`` (a pipe's
-        size is 0), ``mmap(0, 0)``, ``sys.stdin.seek(0)``. The pipe is grown to hold it all (up to
-        the host's pipe-max-size, 1 MiB by default), so nothing has to feed it later; larger input,
-        or a pipe that cannot grow (the user's pipe quota spent), goes in a memfd as before."""
+    def _stdin_fd(self, data: bytes | None) -> tuple[int, int, memoryview]:
+        """The action's standard input: the read end of a pipe, as a program reads its input
+        outside a sandbox (SandboxFusion's runner feeds a pipe), its write end and what is left to
+        write through it. What the pipe holds (64 KiB by default: nearly every input) is written
+        now and the write end closed (-1); the rest is fed as the program reads (``_feed``).
+
+        A regular file here (a memfd) let programs pass that fail there: ``os.read(0,
+        os.fstat(0).st_size)`` (a pipe's size is 0), ``mmap(0, 0)``, ``sys.stdin.seek(0)``. Growing
+        the pipe to hold it all instead spent the user's pipe quota (``pipe-user-pages-soft``),
+        past which every new pipe of the agent, its output pipes too, gets two pages."""
         if not data:
-            return self.devnull
-        if len(data) <= STDIN_PIPE_MAX:
-            r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+            return self.devnull, -1, memoryview(b"")
+        r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            os.set_blocking(r, True)  # the program's reads block, as on any pipe
             try:
-                with suppress(OSError):
-                    if fcntl.fcntl(w, fcntl.F_GETPIPE_SZ) < len(data):
-                        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, len(data))
-                if fcntl.fcntl(w, fcntl.F_GETPIPE_SZ) >= len(data) and os.write(w, data) == len(data):
-                    os.set_blocking(r, True)  # the program's reads block, as on any pipe
-                    return r
-            except OSError:
-                pass
-            finally:
-                os.close(w)
+                written = os.write(w, data)
+            except BlockingIOError:
+                written = 0
+        except BaseException:
             os.close(r)
-        fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
-        os.write(fd, data)
-        os.lseek(fd, 0, os.SEEK_SET)
-        return fd
+            os.close(w)
+            raise
+        if written >= len(data):
+            os.close(w)
+            return r, -1, memoryview(b"")
+        return r, w, memoryview(data)[written:]
+
+    def _start_feed(self, call: Call, w: int, rest: memoryview) -> None:
+        if w >= 0:
+            call.stdin_feed = (w, rest)
+            self.sel.register(w, ("stdin", call), select.EPOLLOUT)
+
+    def _feed(self, call: Call) -> None:
+        """Write more of the call's input as its program reads (the pipe has room again); close
+        the write end once all is written or nobody reads (the program ended or closed it)."""
+        feed = call.stdin_feed
+        if feed is None:
+            return
+        w, rest = feed
+        try:
+            rest = rest[os.write(w, rest[:STDIN_CHUNK]) :]
+        except BlockingIOError:
+            return
+        except OSError:  # EPIPE: no reader left
+            rest = rest[:0]
+        if rest:
+            call.stdin_feed = (w, rest)
+        else:
+            self._end_feed(call)
+
+    def _end_feed(self, call: Call) -> None:
+        if call.stdin_feed is not None:
+            w = call.stdin_feed[0]
+            call.stdin_feed = None
+            self.sel.unregister(w)
+            os.close(w)
 
     def _make_workdir(self, msg: RunMessage) -> bool:
         """Whether the workdir is new (else the agent made it, with the request's files)."""
@@ -656,20 +692,30 @@ class ForkServer:
     def _shadows(self, workdir: str) -> bool:
         """Whether the workdir holds a module of the program's named as one the zygote holds
         (``json.py``, a ``heapq/`` package): the code then runs from the child's own compile,
-        whose path forgets those modules first (``child.unshadow``)."""
+        whose path forgets those modules first (``child.unshadow``). A workdir is listed only
+        while it is small; a larger one (an action may have filled it: this loop never walks
+        that) is asked about each name instead."""
         names = self.zy.shadowable
         if not names:
             return False
         try:
-            entries = os.listdir(workdir)
+            with os.scandir(workdir) as entries:
+                for n, entry in enumerate(entries):
+                    if n >= SHADOW_SCAN_MAX:
+                        break
+                    name = entry.name
+                    if name.endswith(".py") and name[:-3] in names:
+                        return True
+                    if name in names and os.path.exists(f"{workdir}/{name}/__init__.py"):
+                        return True
+                else:
+                    return False
         except OSError:
             return False
-        for entry in entries:
-            if entry.endswith(".py") and entry[:-3] in names:
-                return True
-            if entry in names and os.path.exists(f"{workdir}/{entry}/__init__.py"):
-                return True
-        return False
+        return any(
+            os.path.lexists(f"{workdir}/{name}.py") or os.path.exists(f"{workdir}/{name}/__init__.py")
+            for name in names
+        )
 
     def _main_file(self, msg: RunMessage, fresh: bool) -> None:
         """Name the file Python code runs from (``python main.py``, see child._run_python_and_exit)
@@ -715,9 +761,11 @@ class ForkServer:
             self._main_file(msg, fresh)
         opened: list[int] = []
         try:
-            stdin_fd = self._stdin_fd(msg.get("stdin"))
+            stdin_fd, stdin_w, stdin_rest = self._stdin_fd(msg.get("stdin"))
             if stdin_fd != self.devnull:
                 opened.append(stdin_fd)
+            if stdin_w >= 0:
+                opened.append(stdin_w)
             r_out, w_out, r_err, w_err = _output_pipes()
             opened += [r_out, w_out, r_err, w_err]
             fds = [w_out, w_err] if stdin_fd == self.devnull else [w_out, w_err, stdin_fd]
@@ -769,6 +817,7 @@ class ForkServer:
             call.remove_workdir = msg["workdir"]
         call.uid = msg.get("uid")
         call.main_file = msg.get("main_file")
+        self._start_feed(call, stdin_w, stdin_rest)
         self.zy.owners[pid] = call
         self._track(call, r_out, r_err, watch=False)
         heapq.heappush(self.timers, (started + PIPE_WATCH_DELAY_S, call.id))
@@ -796,8 +845,14 @@ class ForkServer:
             interp = self._spawn_interp(msg)
         elif interp.frozen:
             self._thaw(interp, msg["cores"])
-        stdin_fd = self._stdin_fd(msg.get("stdin"))
-        r_out, w_out, r_err, w_err = _output_pipes()
+        stdin_fd, stdin_w, stdin_rest = self._stdin_fd(msg.get("stdin"))
+        try:
+            r_out, w_out, r_err, w_err = _output_pipes()
+        except BaseException:
+            for fd in (stdin_fd, stdin_w):
+                if fd >= 0 and fd != self.devnull:
+                    os.close(fd)
+            raise
         # The interpreter was forked for an earlier call: it takes this call's cores and environment
         # (TANGRAM_CORES, TANGRAM_DOP...) itself before running the code.
         payload = marshal.dumps({"code": msg["code"], "cores": msg["cores"], "env": msg["env"]})
@@ -831,6 +886,7 @@ class ForkServer:
         )
         call.cores = msg["cores"]
         interp.call = call
+        self._start_feed(call, stdin_w, stdin_rest)
         self._track(call, r_out, r_err)
 
     def _spawn_interp(self, msg: RunMessage) -> Interp:
@@ -1084,6 +1140,7 @@ class ForkServer:
 
     def _finish(self, call: Call) -> None:
         call.done = True
+        self._end_feed(call)
         self.pool.release(call.cores)
         for fd in call.pipes:
             self.sel.unregister(fd)

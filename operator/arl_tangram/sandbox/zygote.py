@@ -106,6 +106,10 @@ def zygote_main(sock: int, config: dict[str, Any], pid_namespace: bool, startup:
             fast.malloc_trim()
         else:
             isolation.malloc_trim()
+        if fast is None:
+            # What the Python loop imports as it serves, among the modules held before programs run.
+            import select  # noqa: F401
+            import socket  # noqa: F401
         shadow = note_shadowable(startup)
         os.write(sock, b"R" + marshal.dumps((notes, "python" if fast is None else "c", shadow)))
         if fast is None:

@@ -190,6 +190,18 @@ def test_a_persistent_interpreter_has_its_own_tmp_and_proc_kept_between_its_call
         assert agent.execute(serve, session_id=sid)["stdout"] == "up\n"
         connect = "c = socket.create_connection(srv.getsockname(), timeout=5)\nprint(srv.accept()[1][0])"
         assert agent.execute(connect, session_id=sid)["stdout"] == "127.0.0.1\n"
+        # Its input is a pipe too, fed as it reads (more than a pipe holds).
+        total = "import sys\nprint(len(sys.stdin.buffer.read()))\n"
+        assert agent.execute(total, session_id=sid, stdin="z" * 2_000_000)["stdout"] == "2000000\n"
+        # A module of its own named as one the agent holds is what it imports, once the file is
+        # there; and it stays once imported.
+        put = requests.put(
+            f"{agent.url}/v1/sessions/{sid}/files/json.py", data=b"def dumps(x):\n    return 'mine'\n"
+        )
+        assert put.status_code in (200, 201), put.text
+        mine = "import json\nprint(json.dumps(1))\n"
+        assert agent.execute(mine, session_id=sid)["stdout"] == "mine\n"
+        assert agent.execute(mine, session_id=sid)["stdout"] == "mine\n"
         # What a call printed before it rebound sys.stdout is that call's output, not the next's.
         rebind = "import io, sys\nprint('first')\nsys.stdout = io.StringIO()\n"
         assert agent.execute(rebind, session_id=sid)["stdout"] == "first\n"

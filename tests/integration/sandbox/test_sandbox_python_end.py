@@ -190,6 +190,16 @@ READERS: dict[str, tuple[str, str]] = {
         "import sys\nfor line in sys.stdin:\n    print(line.strip()[::-1])\n",
         "abc\ndef\n",
     ),
+    # More than a pipe holds: the rest is written as the program reads.
+    "3 MB of input summed": (
+        "import sys\nprint(sum(map(int, sys.stdin.buffer.read().split())))\n",
+        "7 " * 1_500_000 + "\n",
+    ),
+    "3 MB of input read by its size": (
+        "import os\nprint(len(os.read(0, os.fstat(0).st_size)))\n",
+        "x" * 3_000_000,
+    ),
+    "3 MB of input left unread": ("print('done')\n", "y" * 3_000_000),
 }
 
 
