@@ -287,7 +287,10 @@ def unshadow() -> None:
     directory (a session's earlier call imported it) stays. On the child's own compile path, which
     the manager takes when it sees such a file (``ForkServer._shadows``), and before each call of a
     session's interpreter."""
-    here = os.getcwd() + "/"
+    try:
+        here = os.getcwd() + "/"
+    except OSError:  # a session's earlier call left it in a directory since removed
+        return
     for stem in _SHADOWABLE:
         module = sys.modules.get(stem)
         if module is None or (getattr(module, "__file__", None) or "").startswith(here):
@@ -423,6 +426,27 @@ def _fresh_std_streams() -> None:
         os.close(r)
         os.close(w)
     sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
+
+
+def _fresh_stdin() -> None:
+    """A session's call reads its own input only: a new stream on descriptor 0 (its pipe), since
+    the last call's may hold input it read ahead and never used (8 KiB of the previous input came
+    first). Where the program had rebound ``sys.stdin``, that stays; ``sys.__stdin__`` is new."""
+    import io
+
+    old = sys.__stdin__
+    buffer: Any = open(0, "rb", closefd=False)  # noqa: SIM115 - lives as the stream
+    buffer.raw.name = "<stdin>"
+    stream = io.TextIOWrapper(
+        buffer,
+        encoding=old.encoding if old is not None else "utf-8",
+        errors=old.errors if old is not None else "surrogateescape",
+        newline="\n",
+    )
+    stream.mode = "r"  # type: ignore[misc]  # as create_stdio sets it
+    if sys.stdin is old:
+        sys.stdin = stream
+    sys.__stdin__ = stream  # type: ignore[misc]  # typeshed says final; the interpreter lets it be set
 
 
 def _exit_code_of(exc: SystemExit) -> int:
@@ -693,6 +717,7 @@ def _interpreter_loop() -> NoReturn:
         for target, fd in zip((0, 1, 2), fds, strict=False):
             os.dup2(fd, target)
             os.close(fd)
+        _fresh_stdin()
         if request.get("cores"):
             os.sched_setaffinity(0, request["cores"])
         os.environ.update(request.get("env") or {})

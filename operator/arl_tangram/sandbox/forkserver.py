@@ -647,9 +647,17 @@ class ForkServer:
         return r, w, memoryview(data)[written:]
 
     def _start_feed(self, call: Call, w: int, rest: memoryview) -> None:
-        if w >= 0:
-            call.stdin_feed = (w, rest)
+        """Feed the rest of the call's input as its program reads (after the call is tracked: a
+        registration that fails must not leave a running action untracked). Where the poller
+        cannot take the pipe, the program gets what the pipe held, then end of input."""
+        if w < 0:
+            return
+        try:
             self.sel.register(w, ("stdin", call), select.EPOLLOUT)
+        except OSError:
+            os.close(w)
+            return
+        call.stdin_feed = (w, rest)
 
     def _feed(self, call: Call) -> None:
         """Write more of the call's input as its program reads (the pipe has room again); close
@@ -662,7 +670,7 @@ class ForkServer:
             rest = rest[os.write(w, rest[:STDIN_CHUNK]) :]
         except BlockingIOError:
             return
-        except OSError:  # EPIPE: no reader left
+        except OSError:  # EPIPE: no reader left (anything else would recur: end it alike)
             rest = rest[:0]
         if rest:
             call.stdin_feed = (w, rest)
@@ -817,9 +825,9 @@ class ForkServer:
             call.remove_workdir = msg["workdir"]
         call.uid = msg.get("uid")
         call.main_file = msg.get("main_file")
-        self._start_feed(call, stdin_w, stdin_rest)
         self.zy.owners[pid] = call
         self._track(call, r_out, r_err, watch=False)
+        self._start_feed(call, stdin_w, stdin_rest)
         heapq.heappush(self.timers, (started + PIPE_WATCH_DELAY_S, call.id))
 
     def _track(self, call: Call, r_out: int, r_err: int, watch: bool = True) -> None:
@@ -886,8 +894,8 @@ class ForkServer:
         )
         call.cores = msg["cores"]
         interp.call = call
-        self._start_feed(call, stdin_w, stdin_rest)
         self._track(call, r_out, r_err)
+        self._start_feed(call, stdin_w, stdin_rest)
 
     def _spawn_interp(self, msg: RunMessage) -> Interp:
         self._make_workdir(msg)

@@ -193,6 +193,19 @@ def test_a_persistent_interpreter_has_its_own_tmp_and_proc_kept_between_its_call
         # Its input is a pipe too, fed as it reads (more than a pipe holds).
         total = "import sys\nprint(len(sys.stdin.buffer.read()))\n"
         assert agent.execute(total, session_id=sid, stdin="z" * 2_000_000)["stdout"] == "2000000\n"
+        assert agent.execute("import os\nHOME = os.getcwd()", session_id=sid)["exit_code"] == 0
+        # Each call reads its own input only, whatever the last one read ahead and left.
+        first = agent.execute("print(input())", session_id=sid, stdin="one\n" + "left\n" * 1000)
+        assert first["stdout"] == "one\n", first
+        second = agent.execute("import sys\nprint(repr(sys.stdin.read()))", session_id=sid, stdin="two\n")
+        assert second["stdout"] == "'two\\n'\n", second
+        # A call that leaves the interpreter in a directory since removed does not end the session.
+        gone = (
+            "import os, tempfile\nwith tempfile.TemporaryDirectory() as d:\n    os.chdir(d)\nprint('gone')\n"
+        )
+        assert agent.execute(gone, session_id=sid)["stdout"] == "gone\n"
+        after = agent.execute("os.chdir(HOME)\nprint(os.getcwd() == HOME)", session_id=sid)
+        assert (after["stdout"], after["interpreter_restarted"]) == ("True\n", False), after
         # A module of its own named as one the agent holds is what it imports, once the file is
         # there; and it stays once imported.
         put = requests.put(
