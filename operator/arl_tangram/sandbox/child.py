@@ -381,9 +381,8 @@ def _fresh_main_module() -> dict[str, Any]:
 
 def _fresh_std_streams() -> None:
     """The standard streams every child starts with, built once here: in each child they sit on
-    descriptors 0, 1 and 2 (the action's), with empty buffers, as ``python`` builds them
-    (``create_stdio``: UTF-8 and the error handlers PYTHONIOENCODING gives, ``newline="\\n"``, the
-    raw streams named ``<stdin>``...). Built in each child they cost a quarter of a millisecond.
+    descriptors 0, 1 and 2 (the action's), with empty buffers. Built in each child they cost a
+    quarter of a millisecond.
 
     They are built while those descriptors are a pipe, as an action's are (its output is a pipe, and
     a pipe is what a program reads its input from outside a sandbox): a stream caches whether it
@@ -391,32 +390,16 @@ def _fresh_std_streams() -> None:
     said it could. Then ``sys.stdout.reconfigure(encoding=...)`` and
     ``io.TextIOWrapper(sys.stdout.buffer, ...)``, which programs use to set their output's
     encoding, asked the pipe for its position and failed (ESPIPE), where outside they work."""
-    import io
-
     saved = [os.dup(fd) for fd in (0, 1, 2)]
     r, w = os.pipe()
     try:
         for fd, end in ((0, r), (1, w), (2, w)):
             os.dup2(end, fd)
-        fresh = []
-        for fd, old, name in (
-            (0, sys.__stdin__, "<stdin>"),
-            (1, sys.__stdout__, "<stdout>"),
-            (2, sys.__stderr__, "<stderr>"),
-        ):
-            mode = "r" if fd == 0 else "w"
-            buffer: Any = open(fd, mode + "b", closefd=False)  # noqa: SIM115 - lives as the stream
-            buffer.raw.name = name
-            stream = io.TextIOWrapper(
-                buffer,
-                encoding=old.encoding if old is not None else "utf-8",
-                errors=old.errors if old is not None else "surrogateescape",
-                newline="\n",
-                line_buffering=old.line_buffering if old is not None else fd == 2,
-                write_through=old.write_through if old is not None else False,
-            )
-            stream.mode = mode  # type: ignore[misc]  # as create_stdio sets it
-            fresh.append(stream)
+        fresh = [
+            _std_stream(0, sys.__stdin__),
+            _std_stream(1, sys.__stdout__),
+            _std_stream(2, sys.__stderr__),
+        ]
         # Python's own originals (typeshed calls them final; the interpreter lets them be set).
         sys.__stdin__, sys.__stdout__, sys.__stderr__ = fresh  # type: ignore[misc]
     finally:
@@ -428,22 +411,33 @@ def _fresh_std_streams() -> None:
     sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
 
 
+def _std_stream(fd: int, old: Any) -> Any:
+    """A standard stream on ``fd`` as ``python`` builds it (``create_stdio``): buffered, the raw
+    stream named ``<stdin>``..., ``newline="\\n"``, and the encoding, error handler and buffering
+    of ``old``, the one it replaces (PYTHONIOENCODING's)."""
+    import io
+
+    mode = "r" if fd == 0 else "w"
+    buffer: Any = open(fd, mode + "b", closefd=False)  # noqa: SIM115 - lives as the stream
+    buffer.raw.name = ("<stdin>", "<stdout>", "<stderr>")[fd]
+    stream = io.TextIOWrapper(
+        buffer,
+        encoding=old.encoding if old is not None else "utf-8",
+        errors=old.errors if old is not None else ("backslashreplace" if fd == 2 else "surrogateescape"),
+        newline="\n",
+        line_buffering=old.line_buffering if old is not None else fd == 2,
+        write_through=old.write_through if old is not None else False,
+    )
+    stream.mode = mode  # type: ignore[misc]  # as create_stdio sets it
+    return stream
+
+
 def _fresh_stdin() -> None:
     """A session's call reads its own input only: a new stream on descriptor 0 (its pipe), since
     the last call's may hold input it read ahead and never used (8 KiB of the previous input came
     first). Where the program had rebound ``sys.stdin``, that stays; ``sys.__stdin__`` is new."""
-    import io
-
     old = sys.__stdin__
-    buffer: Any = open(0, "rb", closefd=False)  # noqa: SIM115 - lives as the stream
-    buffer.raw.name = "<stdin>"
-    stream = io.TextIOWrapper(
-        buffer,
-        encoding=old.encoding if old is not None else "utf-8",
-        errors=old.errors if old is not None else "surrogateescape",
-        newline="\n",
-    )
-    stream.mode = "r"  # type: ignore[misc]  # as create_stdio sets it
+    stream = _std_stream(0, old)
     if sys.stdin is old:
         sys.stdin = stream
     sys.__stdin__ = stream  # type: ignore[misc]  # typeshed says final; the interpreter lets it be set
