@@ -287,6 +287,8 @@ def unshadow() -> None:
     directory (a session's earlier call imported it) stays. On the child's own compile path, which
     the manager takes when it sees such a file (``ForkServer._shadows``), and before each call of a
     session's interpreter."""
+    if not _SHADOWABLE:
+        return
     try:
         here = os.getcwd() + "/"
     except OSError:  # a session's earlier call left it in a directory since removed
@@ -295,10 +297,16 @@ def unshadow() -> None:
         module = sys.modules.get(stem)
         if module is None or (getattr(module, "__file__", None) or "").startswith(here):
             continue
-        if not (os.path.exists(stem + ".py") or os.path.exists(stem + "/__init__.py")):
-            continue
-        for key in [k for k in sys.modules if k == stem or k.startswith(stem + ".")]:
-            del sys.modules[key]
+        if holds_module(".", stem):
+            for key in [k for k in sys.modules if k == stem or k.startswith(stem + ".")]:
+                del sys.modules[key]
+
+
+def holds_module(directory: str, name: str) -> bool:
+    """Whether ``directory`` (first on ``sys.path``) gives ``import name`` a module of its own:
+    ``name.py`` or a package ``name/`` (a directory without ``__init__.py`` is a namespace portion,
+    which a module later on the path still beats)."""
+    return os.path.lexists(f"{directory}/{name}.py") or os.path.exists(f"{directory}/{name}/__init__.py")
 
 
 def prepare_child_world() -> None:
@@ -619,7 +627,7 @@ def _run_python_and_exit(req: dict[str, Any]) -> NoReturn:
     # as ``python -c`` would.
     filename = req.get("main_file") or "<string>"
     compiled = req.get("compiled")
-    if compiled is None and _SHADOWABLE:
+    if compiled is None:
         unshadow()
     written = req.get("main_written") or filename == "<string>" or _write_main(filename, req["code"])
     if not written:
@@ -715,8 +723,7 @@ def _interpreter_loop() -> NoReturn:
         if request.get("cores"):
             os.sched_setaffinity(0, request["cores"])
         os.environ.update(request.get("env") or {})
-        if _SHADOWABLE:
-            unshadow()
+        unshadow()
         code = _run_code(request["code"], namespace)
         if code == _BY_SIGINT:
             code = 1  # a KeyboardInterrupt ends the call, not the session (as at a Python prompt)

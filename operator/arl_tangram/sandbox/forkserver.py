@@ -46,7 +46,7 @@ import types
 from collections import deque
 
 from arl_tangram.sandbox import isolation, seccomp, wire
-from arl_tangram.sandbox.child import MAIN_FILES, SETUP_FAILED
+from arl_tangram.sandbox.child import MAIN_FILES, SETUP_FAILED, holds_module
 from arl_tangram.sandbox.cores import CorePool
 from arl_tangram.sandbox.lean import suppress
 from arl_tangram.sandbox.reaping import all_stopped, company_of, kill_uid, rss_kb, sweep_without_pidns
@@ -711,19 +711,14 @@ class ForkServer:
                 for n, entry in enumerate(entries):
                     if n >= SHADOW_SCAN_MAX:
                         break
-                    name = entry.name
-                    if name.endswith(".py") and name[:-3] in names:
-                        return True
-                    if name in names and os.path.exists(f"{workdir}/{name}/__init__.py"):
+                    stem = entry.name.removesuffix(".py")
+                    if stem in names and holds_module(workdir, stem):
                         return True
                 else:
                     return False
         except OSError:
             return False
-        return any(
-            os.path.lexists(f"{workdir}/{name}.py") or os.path.exists(f"{workdir}/{name}/__init__.py")
-            for name in names
-        )
+        return any(holds_module(workdir, name) for name in names)
 
     def _main_file(self, msg: RunMessage, fresh: bool) -> None:
         """Name the file Python code runs from (``python main.py``, see child._run_python_and_exit)

@@ -19,12 +19,12 @@ What each primitive buys:
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import os
 
 from arl_tangram.sandbox import seccomp
+from arl_tangram.sandbox.lean import suppress
 from arl_tangram.sandbox.zygote_wire import ACTION_USER, IDENTITY_FILES
 
 # No typing at run time: the fork server imports this module and stays lean (see forkserver).
@@ -88,7 +88,7 @@ def bind_identity(root: str) -> None:
     for name, host in IDENTITY_FILES:
         src = os.path.join(root, name)
         if os.path.exists(src) and os.path.exists(host):
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 mount(src, host, None, MS_BIND)
 
 

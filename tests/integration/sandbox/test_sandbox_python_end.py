@@ -125,15 +125,17 @@ def _default_signals() -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
 
 
-def _outside(code: str, tmp_path: Path) -> dict[str, Any]:
-    """``python main.py`` in a fresh directory, with the environment a container's shell gives."""
+def _outside(code: str, tmp_path: Path, stdin: str | None = None) -> dict[str, Any]:
+    """``python main.py`` in a fresh directory, with the environment a container's shell gives;
+    ``stdin`` through a pipe, as SandboxFusion's runner feeds it (none: /dev/null)."""
     (tmp_path / "main.py").write_text(code)
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(tmp_path)}
     done = subprocess.run(
         [sys.executable, "main.py"],
         cwd=tmp_path,
         env=env,
-        stdin=subprocess.DEVNULL,
+        input=None if stdin is None else stdin.encode(),
+        stdin=subprocess.DEVNULL if stdin is None else None,
         capture_output=True,
         timeout=30,
         preexec_fn=_default_signals,  # not this test run's (a background job ignores SIGINT)
@@ -206,17 +208,7 @@ READERS: dict[str, tuple[str, str]] = {
 @pytest.mark.parametrize("name", list(READERS))
 def test_a_program_reads_its_input_as_from_a_pipe(loop_agent: Agent, name: str, tmp_path: Path) -> None:
     code, stdin = READERS[name]
-    (tmp_path / "main.py").write_text(code)
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(tmp_path)}
-    done = subprocess.run(
-        [sys.executable, "main.py"],
-        cwd=tmp_path,
-        env=env,
-        input=stdin.encode(),
-        capture_output=True,
-        timeout=30,
-    )
-    want = {"return_code": done.returncode, "stdout": done.stdout.decode()}
+    want = _outside(code, tmp_path, stdin)
     body = {"code": code, "language": "python", "stdin": stdin, "run_timeout": 20}
     run = loop_agent.post("/run_code", body).json()["run_result"]
     assert {"return_code": run["return_code"], "stdout": run["stdout"]} == want, (name, run)
