@@ -38,12 +38,15 @@ class Scheduler(ABC):
         # Protocol isinstance checks are slow: decide once which pools need the clock.
         self._clocked: list[Clocked] = [m for m in self.pools.values() if isinstance(m, Clocked)]
 
-    def submit(self, action: Action, now: float) -> None:
-        """An action arrived; it waits until ``schedule`` admits it."""
+    def submit(self, action: Action, now: float, *, growing: bool = False) -> None:
+        """An action arrived; it waits until ``schedule`` admits it. ``CapacityExceeded`` when its
+        pool as it stands can never hold it, unless the pool is ``growing``: the operator's
+        planner adds hosts for what waits (a pool may have none yet), so it waits like any other,
+        counted by the policy as any other."""
         mgr = self.pools.get(action.pool)
         if mgr is None:
             raise InvalidSpec(f"action[{action.id}].pool", f"no pool named {action.pool!r}")
-        if not mgr.can_ever_fit(action):
+        if not growing and not mgr.can_ever_fit(action):
             raise CapacityExceeded(f"action {action.id} needs more than pool {action.pool!r} can ever hold")
         action.arrival = now
         self.queue.push(action)

@@ -35,7 +35,7 @@ from arl_tangram.dispatch.outcomes import interpret
 from arl_tangram.dispatch.rewards import RewardRouter
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
 from arl_tangram.domain.pools import PoolConfig, pool_key
-from arl_tangram.errors import CapacityExceeded, InfrastructureError, NotFound, QueueFull
+from arl_tangram.errors import InfrastructureError, NotFound, QueueFull
 from arl_tangram.managers.cpu import CpuManager, SandboxHost
 from arl_tangram.runtime.interface import Resizer
 
@@ -588,13 +588,9 @@ class Dispatcher:
         job.action = action
         job.queued_since = self.clock()
         self._by_action[id(action)] = job
-        try:
-            self.scheduler.submit(action, job.queued_since)
-        except CapacityExceeded:
-            # No host could hold it *now* (the pool may have none yet); the planner adds hosts for
-            # what waits, so it waits in the queue like any other action.
-            action.arrival = job.queued_since
-            self.scheduler.queue.push(action)
+        # No host may hold it *now* (the pool may have none yet): the planner adds hosts for what
+        # waits, so it waits like any other action (what can never fit was refused above).
+        self.scheduler.submit(action, job.queued_since, growing=True)
         pool.waiting += 1
         self._tenant_waiting[req.tenant_name] = self._tenant_waiting.get(req.tenant_name, 0) + 1
         pool.last_active = job.queued_since

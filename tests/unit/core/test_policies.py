@@ -257,6 +257,29 @@ def test_submit_rejects_unknown_pools_and_impossible_actions() -> None:
         sched.submit(Action("b", "t", "cpu", (8,), Fixed(1.0)), 0.0)
 
 
+@pytest.mark.parametrize("policy", POOLED)
+def test_a_growing_pool_queues_what_no_host_holds_yet_and_grants_it_once_one_does(policy: str) -> None:
+    """The operator's pools grow (its planner adds hosts for what waits, from none): an action no
+    host can hold yet is refused only where the pool cannot grow; where it can, it waits in the
+    policy's own queue through ``submit`` (counted like any other) and starts on the first host."""
+    mgr = CpuManager([])
+    sched = make(policy, mgr)
+    first = Action("a0", "t", "cpu", (1, 2), Amdahl(4.0, 0.9), tenant="x")
+    with pytest.raises(CapacityExceeded):
+        sched.submit(first, 0.0)
+    sched.submit(first, 0.0, growing=True)
+    later = Action("a1", "u", "cpu", (1,), Fixed(1.0), tenant="y")
+    sched.submit(later, 0.5, growing=True)
+    assert sched.queued() == 2 and sched.schedule(1.0) == []
+    mgr.add_host(SandboxHost.uniform("h0", 4, 2, 64.0))
+    grants = sched.schedule(2.0)
+    assert {g.action.id for g in grants} == {"a0", "a1"} and sched.queued() == 0
+    assert all(g.host == "h0" and g.start == 2.0 for g in grants)
+    for g in grants:
+        sched.complete(g, 3.0)
+    assert mgr.free_units() == 4
+
+
 def _big(i: int, at: float = 0.0) -> Action:
     """A request of a 140 GB service on four GPUs (two chunks of a node of eight): 0.625 s warm,
     7 s to restore."""

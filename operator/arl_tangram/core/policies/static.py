@@ -115,7 +115,8 @@ class StaticPolicy(Scheduler):
             node.pods.discard(trajectory)
 
     # ---- actions ---------------------------------------------------------------------------------
-    def submit(self, action: Action, now: float) -> None:
+    def submit(self, action: Action, now: float, *, growing: bool = False) -> None:
+        # ``growing`` changes nothing here: a pod that no node holds yet stays pending anyway.
         action.arrival = now
         if action.pool.startswith("api:"):
             self._other.append(action)

@@ -148,7 +148,7 @@ class TangramPolicy(Scheduler):
         self._by_end: tuple[list[tuple[float, int]], int, list[tuple[float, int]]] | None = None
 
     # ---- bookkeeping ------------------------------------------------------------------------
-    def submit(self, action: Action, now: float) -> None:
+    def submit(self, action: Action, now: float, *, growing: bool = False) -> None:
         pool_vt = self.vtime.setdefault(action.pool, {})
         lanes = self.queue.lanes(action.pool)
         backlogged = {t for (_, t) in lanes}
@@ -156,7 +156,7 @@ class TangramPolicy(Scheduler):
             # Coming back from idle: no credit for the time away (else it would starve the others).
             floor = min((pool_vt.get(t, 0.0) for t in backlogged), default=pool_vt.get(action.tenant, 0.0))
             pool_vt[action.tenant] = max(pool_vt.get(action.tenant, 0.0), floor)
-        super().submit(action, now)
+        super().submit(action, now, growing=growing)
         mgr = self.pools[action.pool]
         pinning = self._pinning(mgr)
         if pinning is not None and pinning.pinned_host(action) is None:
@@ -204,12 +204,11 @@ class TangramPolicy(Scheduler):
         self._left_waiting(action)
 
     def _left_waiting(self, action: Action) -> None:
-        """``action`` no longer waits (started or withdrawn): out of the counts of what waits. (An
-        action queued without ``submit``, as the dispatcher does for one no host can hold yet, was
-        never counted.)"""
+        """``action`` no longer waits (started or withdrawn): out of the counts of what waits (every
+        waiting action came through ``submit``, even one no host could hold yet: ``growing``)."""
         self._mem_waiting.get(action.pool, {}).pop(id(action), None)
         if action.service is not None:
-            self._svc_waiting[action.service] = max(0, self._svc_waiting.get(action.service, 0) - 1)
+            self._svc_waiting[action.service] -= 1
 
     @staticmethod
     def _wants_units(pinning: Pinning | None, action: Action) -> bool:
@@ -707,9 +706,9 @@ class TangramPolicy(Scheduler):
                 break
             queued = max(0, waiting - n - 1)
             if action.service is not None:
-                same[action.service] = same.get(action.service, 1) - 1
+                same[action.service] -= 1
                 same_behind = same[action.service]
-                gap = self._svc_arrivals.get(action.service, (now, self.first_gap_s))[1]
+                gap = self._svc_arrivals[action.service][1]
             else:
                 same_behind = 0
                 gap = math.inf
