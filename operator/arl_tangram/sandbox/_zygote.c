@@ -329,7 +329,7 @@ static struct sock_fprog seccomp_prog = {0, NULL};
 static void child_setup(int interp, int *fds, int nfds, int devnull, int32_t uid, const int32_t *cores,
                         uint32_t ncores, const unsigned char *limits, uint32_t nlimits,
                         const char *workdir, const char *env, uint32_t env_len, int private_mounts,
-                        int proc_of_its_own) {
+                        int proc_of_its_own, int ipc_of_its_own) {
     if (setsid() < 0) child_fail("setsid");
     int in_fd = devnull, out_fd = devnull, err_fd = devnull, ctrl = -1;
     if (interp) {
@@ -361,6 +361,8 @@ static void child_setup(int interp, int *fds, int nfds, int devnull, int32_t uid
     }
     if (private_mounts) private_tmp(workdir, limits, nlimits);
     if (proc_of_its_own) own_proc();
+    /* Its own System V and POSIX IPC objects (forkserver's probe says why). */
+    if (ipc_of_its_own && syscall(SYS_unshare, CLONE_NEWIPC) < 0) child_fail("unshare(CLONE_NEWIPC)");
     if (chdir(workdir) < 0) child_fail("chdir");
     umask(022);
     if (uid >= 0) {
@@ -762,7 +764,7 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
         /* Its own /tmp and /dev/shm: a mount namespace the manager made ahead (see forkserver). */
         if (mntns_fd >= 0 && setns(mntns_fd, CLONE_NEWNS) < 0) child_fail("setns(mount)");
         child_setup(interp, fds, nfds, devnull, uid, cores, ncores, limits, nlimits, (const char *)workdir,
-                    (const char *)env, elen, (flags & 2u) != 0, (flags & 32u) != 0);
+                    (const char *)env, elen, (flags & 2u) != 0, (flags & 32u) != 0, (flags & 64u) != 0);
         const char *written = NULL;
         if (main_file != NULL && !interp && alen == 0 && write_main((const char *)main_file, code, clen))
             written = (const char *)main_file;

@@ -54,6 +54,11 @@ _SIGNAL = _signal.signal  # signal.signal is Python code that reads names of the
 _SIGINT = int(signal.SIGINT)
 _SIG_DFL = int(signal.SIG_DFL)
 _INT_VALUE = int.__int__  # an int subclass's own value, whatever it overrides
+# An exception's own traceback slot and setter, whatever its class overrides.
+_TRACEBACK_OF = BaseException.__dict__["__traceback__"].__get__
+_WITH_TRACEBACK = BaseException.with_traceback
+_EXCEPTHOOK = sys.__excepthook__  # the interpreter's own printer
+_MISSING = object()
 # The status that stands for "ends by SIGINT": an uncaught KeyboardInterrupt, as Python ends then.
 _BY_SIGINT = -_SIGINT
 # What ``_clear_main`` releases first: not these (a finaliser calls them through the globals).
@@ -138,7 +143,6 @@ def child_main(req: dict[str, Any], stdin_fd: int, out_fd: int, err_fd: int, ctr
     from arl_tangram.sandbox import isolation  # the Python loop's zygote holds it already
 
     try:
-        atexit._clear()
         os.setsid()
         # The fork server never changes signal dispositions, so they are the interpreter's own, as
         # `python -c` has them; exec'd runtimes get SIGPIPE/SIGXFSZ/SIGINT back to default below.
@@ -160,6 +164,8 @@ def child_main(req: dict[str, Any], stdin_fd: int, out_fd: int, err_fd: int, ctr
             private_tmp(workdir, dict(req.get("limits", ())).get(resource.RLIMIT_AS, 0))
         if req.get("own_proc"):
             isolation.own_proc()
+        if req.get("own_ipc"):
+            isolation.unshare(isolation.CLONE_NEWIPC)
         os.chdir(workdir)  # created by the fork server before the fork
         os.umask(0o022)
         if uid is not None:
@@ -218,7 +224,6 @@ def child_after_c_setup(
     """A child of the C loop, its sandbox set up there (the main file written, when it could be):
     adopt the environment, run the action."""
     try:
-        atexit._clear()
         _adopt_environment(env_delta)
     except BaseException as exc:
         with suppress(Exception):
@@ -463,8 +468,18 @@ def _exit_code_of(exc: SystemExit) -> int:
         value: int = _INT_VALUE(code)  # the value, not what a subclass's ``__and__`` says
         return value & 0xFF if -(1 << 63) <= value < (1 << 63) else 255
     with suppress(Exception):
-        print(code, file=sys.stderr)
+        _write_stderr(f"{code}\n")
     return 1
+
+
+def _write_stderr(text: str) -> None:
+    """As ``PySys_WriteStderr``: to ``sys.stderr``, or to descriptor 2 where that is None (a
+    program's ``sys.stderr = None``; ``print(file=None)`` would have written to stdout)."""
+    err = sys.stderr
+    if err is None:
+        os.write(2, text.encode("utf-8", "backslashreplace"))
+    else:
+        err.write(text)
 
 
 def _run_code(
@@ -481,11 +496,16 @@ def _run_code(
             # dont_inherit: not this module's ``from __future__ import annotations``, which
             # ``python file.py`` does not have either (annotations would come back as strings).
             exec(compile(source or "", filename, "exec", dont_inherit=True), namespace)
-        return 0
     except BaseException as exc:
-        # Skip our own frame, as the interpreter's own traceback would.
-        tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
-        return _status_of(exc.with_traceback(tb))
+        # Skip our own frame, as the interpreter's own traceback would. Through BaseException's own
+        # method and slot: a class of the program's may override ``with_traceback`` (one returning
+        # ``SystemExit(0)`` turned a failure into a success) or ``__traceback__``.
+        tb = _TRACEBACK_OF(exc)
+        _WITH_TRACEBACK(exc, tb.tb_next if tb is not None else None)
+        _flush_io()
+        return _status_of(exc)
+    _flush_io()
+    return 0
 
 
 def _status_of(exc: BaseException) -> int:
@@ -493,19 +513,54 @@ def _status_of(exc: BaseException) -> int:
     (``_exit_code_of``); otherwise the exception reported (``_report``), then the end by SIGINT
     after a KeyboardInterrupt of exactly that class (``run_eval_code_obj`` compares the class
     itself, so a subclass ends with 1), else 1."""
-    if isinstance(exc, SystemExit):
-        return _exit_code_of(exc)
-    _report(exc)
+    # The real class, as Python's PyExceptionInstance_Class reads it: ``isinstance`` believes a
+    # ``__class__`` property, and an AssertionError claiming to be SystemExit(0) passed.
+    if issubclass(type(exc), SystemExit):
+        return _exit_code_of(exc)  # type: ignore[arg-type]  # its real class is SystemExit's
+    hooked = _report(exc)
+    if hooked is not None:
+        return hooked
     return _BY_SIGINT if type(exc) is KeyboardInterrupt else 1
 
 
-def _report(exc: BaseException) -> None:
+def _report(exc: BaseException) -> int | None:
     """As ``PyErr_Print`` after a program's uncaught exception: ``sys.last_*`` set (the exit
     functions may read them), then ``sys.excepthook``, the interpreter's own C printer unless the
-    program set another (no traceback module to import in the child)."""
+    program set another (no traceback module to import in the child). A hook that raises
+    SystemExit ends the program with its status (returned here, else None); one that raises
+    anything else is reported with the original exception, as Python does."""
+    tb = _TRACEBACK_OF(exc)
     with suppress(BaseException):
-        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
-        sys.excepthook(type(exc), exc, exc.__traceback__)
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
+    try:
+        hook = sys.__dict__.get("excepthook", _MISSING)
+        if hook is _MISSING:
+            _write_stderr("sys.excepthook is missing\n")
+            _EXCEPTHOOK(type(exc), exc, tb)
+        else:
+            hook(type(exc), exc, tb)
+    except SystemExit as hook_exit:  # ``except`` matches the real class
+        with suppress(BaseException):
+            return _exit_code_of(hook_exit)
+        return 1
+    except BaseException as failed:
+        with suppress(BaseException):
+            _write_stderr("Error in sys.excepthook:\n")
+            _EXCEPTHOOK(type(failed), failed, _TRACEBACK_OF(failed))
+            _write_stderr("\nOriginal exception was:\n")
+            _EXCEPTHOOK(type(exc), exc, tb)
+    return None
+
+
+def _flush_io() -> None:
+    """As Python's ``flush_io`` once the main module has run (or raised, before the error is
+    printed): stderr, then stdout, errors ignored. What the program printed comes before what
+    its threads, exit functions and subprocesses write at its end."""
+    for name in ("stderr", "stdout"):
+        with suppress(BaseException):
+            stream = sys.__dict__.get(name)
+            if stream is not None:
+                stream.flush()
 
 
 def _flush_std_streams(say: bool = True) -> bool:
@@ -651,6 +706,7 @@ def end_straight(exc: BaseException | None) -> NoReturn:
     its end (None) or raised ``exc``. Say it as ``python main.py`` would, and end as it would."""
     code = 1
     try:
+        _flush_io()
         # Its traceback's first entry is the code's own frame: run from C, no frame of ours is on it.
         code = 0 if exc is None else _status_of(exc)
     finally:

@@ -383,6 +383,14 @@ class ForkServer:
             self.iso.own_proc = why_not is None
             if why_not is not None:
                 self.iso.notes = (*self.iso.notes, f"no /proc per action ({why_not})")
+        if self.iso.per_action_uid:
+            # Each action its own System V and POSIX IPC objects (made in the child, about 20 us):
+            # in the host's, one action's shared memory or message queue was another's to read,
+            # and outlived it (segments of hundreds of MB, past its memory limit and the agent).
+            why_not = isolation.probe_own_ipc()
+            self.iso.own_ipc = why_not is None
+            if why_not is not None:
+                self.iso.notes = (*self.iso.notes, f"no IPC namespace per action ({why_not})")
         self.tmp_root = (self.config.get("writable") or [""])[0]
         self.tmp_bytes = int(self.config.get("tmp_bytes") or 0)
         self.zy = _ZygoteLink.start(self.config, self.iso.pid_namespace, self.sock)
@@ -772,12 +780,14 @@ class ForkServer:
             r_out, w_out, r_err, w_err = _output_pipes()
             opened += [r_out, w_out, r_err, w_err]
             fds = [w_out, w_err] if stdin_fd == self.devnull else [w_out, w_err, stdin_fd]
+            _hand_over(msg.get("uid"), fds)
             # A private /tmp and /dev/shm needs what the fork server's own mount namespace needed
             # (and root, which an action of its own uid implies).
             private = self.private_tmp and msg.get("uid") is not None
             mnt = self._take_mntns() if private else None
             msg["private_tmp"] = private and mnt is None  # made in the child (a cold pool only)
             msg["own_proc"] = private and self.iso.own_proc
+            msg["own_ipc"] = self.iso.own_ipc and msg.get("uid") is not None
             if mnt is not None:
                 msg["mntns"] = True
                 fds.append(mnt.ns)
@@ -856,6 +866,7 @@ class ForkServer:
                 if fd >= 0 and fd != self.devnull:
                     os.close(fd)
             raise
+        _hand_over(interp.uid, [w_out, w_err] if stdin_fd == self.devnull else [w_out, w_err, stdin_fd])
         # The interpreter was forked for an earlier call: it takes this call's cores and environment
         # (TANGRAM_CORES, TANGRAM_DOP...) itself before running the code.
         payload = marshal.dumps({"code": msg["code"], "cores": msg["cores"], "env": msg["env"]})
@@ -899,6 +910,7 @@ class ForkServer:
         private = self.private_tmp and msg.get("uid") is not None
         msg["private_tmp"] = private
         msg["own_proc"] = private and self.iso.own_proc
+        msg["own_ipc"] = self.iso.own_ipc and msg.get("uid") is not None
         # And a network namespace of its own with loopback up, as an action's, from the pool: it
         # goes back when the interpreter is gone (its PID namespace's first process: all of it).
         netns = self._take_netns()
@@ -1364,6 +1376,18 @@ def _with_filename(code: types.CodeType, path: str) -> types.CodeType:
         consts = tuple(_with_filename(c, path) if isinstance(c, types.CodeType) else c for c in consts)
         return code.replace(co_filename=path, co_consts=consts)
     return code.replace(co_filename=path)
+
+
+def _hand_over(uid: int | None, pipes: list[int]) -> None:
+    """The action's ends of its pipes owned by its uid, as a program's pipes are its own outside:
+    ``open('/dev/stdin')`` or ``echo x > /dev/stderr`` reopens one through ``/proc/self/fd``, which
+    the pipe's owner alone may (mode 0600); owned by the agent, that failed with EACCES. (Never
+    /dev/null, which stands for an input not given and is not in ``pipes``.) Not a reason to fail
+    the action: it then runs as before."""
+    if uid is not None:
+        for fd in pipes:
+            with suppress(OSError):
+                os.fchown(fd, uid, uid)
 
 
 def _output_pipes() -> tuple[int, int, int, int]:

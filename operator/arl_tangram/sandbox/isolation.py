@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
+CLONE_NEWIPC = 0x08000000
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
@@ -203,6 +204,17 @@ def probe_own_proc() -> str | None:
     return _why_not(_in_child(in_namespaces))
 
 
+def probe_own_ipc() -> str | None:
+    """Whether an action can be given its own IPC namespace here (tried in a throwaway child):
+    ``None`` if so, else why not."""
+
+    def unshared() -> int:
+        unshare(CLONE_NEWIPC)
+        return 0
+
+    return _why_not(_in_child(unshared))
+
+
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
 
@@ -335,6 +347,7 @@ class Isolation:
         netns_per_action: bool = False,
         own_proc: bool = False,
         seccomp: bool = False,
+        own_ipc: bool = False,
     ) -> None:
         self.per_action_uid = per_action_uid
         self.pid_namespace = pid_namespace
@@ -346,6 +359,7 @@ class Isolation:
         self.netns_per_action = netns_per_action  # each action its own network namespace, lo up
         self.own_proc = own_proc  # each action its own /proc (of its PID namespace)
         self.seccomp = seccomp  # each action under the seccomp filter (seccomp.py)
+        self.own_ipc = own_ipc  # each action its own System V / POSIX IPC objects
 
     def as_dict(self) -> dict[str, object]:
         """Plain dict (for the wire and for /v1/health)."""
@@ -359,6 +373,7 @@ class Isolation:
             "netns_per_action": self.netns_per_action,
             "own_proc": self.own_proc,
             "seccomp": self.seccomp,
+            "own_ipc": self.own_ipc,
             "notes": list(self.notes),
         }
 

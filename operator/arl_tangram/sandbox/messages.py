@@ -36,6 +36,7 @@ class RunMessage(TypedDict):
     netns: NotRequired[bool]
     mntns: NotRequired[bool]
     own_proc: NotRequired[bool]  # a /proc of its own PID namespace (in its own mount namespace)
+    own_ipc: NotRequired[bool]  # an IPC namespace of its own (shared memory, semaphores, queues)
     main_file: NotRequired[str]  # Python code: the file it is written to and run from
     compiled: NotRequired[bytes]  # ... and its code object (marshal), when the manager compiled it
 

@@ -77,6 +77,12 @@ def zygote_main(sock: int, config: dict[str, Any], pid_namespace: bool, startup:
 
             isolation.prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
             isolation.few_malloc_arenas()
+        # The exit functions of the zygote's own modules go, once here rather than in every child:
+        # the zygote never runs them (it ends with os._exit), and an action's program must not run
+        # ours. The preloads' stay: a program importing ``logging`` outside gets its
+        # ``logging.shutdown`` at exit (a MemoryHandler's records are flushed then), and here its
+        # import finds the module loaded, registering nothing.
+        atexit._clear()
         failed = []
         for name in config.get("preload", []):
             try:
@@ -96,9 +102,6 @@ def zygote_main(sock: int, config: dict[str, Any], pid_namespace: bool, startup:
         program = config.get("seccomp_program")
         if fast is None:
             prepare_python_children(program)
-        # Once here rather than in every child: the zygote itself never runs them (it ends with
-        # os._exit), and an action's program must not run ours.
-        atexit._clear()
         # Keep the children's copy-on-write pages shared: the collector would otherwise touch them all.
         gc.collect()
         gc.freeze()

@@ -7,7 +7,9 @@ The programs are the ways a run's end was found to differ: ones that fake succes
 what the sandbox's own end called (``os._exit``, ``atexit._run_exitfuncs``, builtins, ``signal``
 names, an int subclass's operators, a stream's ``closed``), exit statuses beyond a C long, SIGINT
 raised or inherited, stdout that cannot be flushed at exit (Python's 120), what shutdown does
-(finalisers, generators' ``finally``, files left open) and a lone surrogate printed.
+(finalisers, generators' ``finally``, files left open) and a lone surrogate printed; exceptions that
+lie about their class or traceback, ``sys.excepthook``'s own end, output order at the end (Python
+flushes as the main module ends), the standard streams reopened by name, and a preload's exit function.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sandbox_agent_harness import C_BUILT, Agent
+from sandbox_agent_harness import C_BUILT, Agent, start_agent, stop_agent
 
 PROGRAMS = {
     "os._exit reassigned, then a failed assert": (
@@ -113,6 +115,64 @@ PROGRAMS = {
         "print(__annotations__, __cached__, __spec__, __package__, __doc__, __name__)\n"
         "print(sorted(k for k in globals() if k.startswith('__') and k != '__loader__'))\n"
     ),
+    # Fake successes: the status must come from the exception's real class and traceback slot.
+    "an exception that claims to be SystemExit": (
+        "class E(AssertionError):\n    code = 0\n    @property\n    def __class__(self):\n"
+        "        return SystemExit\nraise E('tests failed')\n"
+    ),
+    "a failed assert rewrapped as a SystemExit look-alike": (
+        "class E(Exception):\n    code = 0\n    __class__ = property(lambda self: SystemExit)\n"
+        "try:\n    assert 1 == 2\nexcept AssertionError as e:\n    raise E(str(e))\n"
+    ),
+    "with_traceback overridden to return SystemExit(0)": (
+        "class E(Exception):\n    def with_traceback(self, tb):\n        return SystemExit(0)\n"
+        "raise E('fail')\n"
+    ),
+    "with_traceback overridden, compiled in the child": (
+        "import re\nassert re.match('\\d', '1')\n"
+        "class E(Exception):\n    def with_traceback(self, tb):\n        return SystemExit(0)\n"
+        "raise E('fail')\n"
+    ),
+    "__traceback__ overridden": (
+        "class E(Exception):\n    __traceback__ = property(lambda self: None, lambda self, v: None)\n"
+        "raise E('x')\n"
+    ),
+    # sys.excepthook's own end: a SystemExit from it is the program's status.
+    "sys.excepthook raises SystemExit(7)": (
+        "import sys\ndef hook(*a):\n    raise SystemExit(7)\nsys.excepthook = hook\nraise ValueError\n"
+    ),
+    "sys.excepthook raises SystemExit(0)": (
+        "import sys\ndef hook(*a):\n    raise SystemExit(0)\nsys.excepthook = hook\nassert False\n"
+    ),
+    "sys.excepthook raises an error": (
+        "import sys\ndef hook(*a):\n    raise RuntimeError('hook')\nsys.excepthook = hook\nprint('x')\n"
+        "raise ValueError\n"
+    ),
+    "sys.excepthook deleted": "import sys\ndel sys.excepthook\nprint('x')\nraise ValueError\n",
+    "SystemExit's message with sys.stderr None": (
+        "import sys\nprint('x')\nsys.stderr = None\nraise SystemExit('msg')\n"
+    ),
+    # What the main module printed is flushed as it ends, before threads, exit functions and
+    # subprocesses write (Python's flush_io).
+    "an exit function writes after the program's print": (
+        "import atexit, os\nprint('main')\natexit.register(lambda: os.write(1, b'atexit\\n'))\n"
+    ),
+    "a thread writes after the program's print": (
+        "import os, threading, time\nprint('main')\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), os.write(1, b'thread\\n'))).start()\n"
+    ),
+    "a subprocess at exit after a failure": (
+        "import atexit, subprocess\nprint('main')\n"
+        "atexit.register(lambda: subprocess.run(['echo', 'late']))\nassert False\n"
+    ),
+    # The standard streams reopened by name: the pipes are the program's own.
+    "stdout reopened as /dev/stdout": (
+        "print('a', flush=True)\nwith open('/dev/stdout', 'w') as f:\n    f.write('b\\n')\n"
+    ),
+    "a shell writing to /dev/stdout and /dev/stderr": (
+        "import subprocess\n"
+        "subprocess.run('echo out > /dev/stdout; echo err > /dev/stderr', shell=True, check=True)\n"
+    ),
     "a plain failure": "assert 1 == 2\n",
     "a plain success": "print(sum(range(10)))\n",
 }
@@ -202,6 +262,12 @@ READERS: dict[str, tuple[str, str]] = {
         "x" * 3_000_000,
     ),
     "3 MB of input left unread": ("print('done')\n", "y" * 3_000_000),
+    # By name: /dev/stdin is the program's own pipe, which it may open again.
+    "input opened as /dev/stdin": ("print(open('/dev/stdin').read().split())\n", "1 2 3\n"),
+    "input read by a shell from /dev/stdin": (
+        "import subprocess\nsubprocess.run('read x < /dev/stdin; echo got $x', shell=True, check=True)\n",
+        "hello\n",
+    ),
 }
 
 
@@ -262,3 +328,29 @@ def test_a_failed_flush_at_the_end_is_said_once_as_python_says_it(loop_agent: Ag
         "Exception ignored in: <_io.TextIOWrapper name='<stdout>' mode='w' encoding='utf-8'>\n"
         "OSError: [Errno 9] Bad file descriptor\n"
     )
+
+
+def test_a_preloaded_modules_exit_function_runs_as_under_python(tmp_path: Path) -> None:
+    """``logging`` registers ``logging.shutdown`` when imported, which flushes a MemoryHandler's
+    records at exit. Preloaded in the zygote, the program's import registers nothing: the zygote's
+    own exit functions go, the preloads' stay (they were all dropped: the record was lost)."""
+    code = (
+        "import logging, logging.handlers, sys\n"
+        "h = logging.handlers.MemoryHandler(100, target=logging.StreamHandler(sys.stdout))\n"
+        "log = logging.getLogger('t')\nlog.addHandler(h)\nlog.warning('answer 42')\n"
+    )
+    want = _outside(code, tmp_path)
+    assert "answer 42" in want["stdout"]
+    agent = start_agent(tmp_path / "work", "--preload", "math,json,logging,multiprocessing")
+    try:
+        run = agent.post("/run_code", {"code": code, "language": "python", "run_timeout": 20}).json()[
+            "run_result"
+        ]
+        assert {"return_code": run["return_code"], "stdout": run["stdout"]} == want, run
+        # And an action of the zygote's own exit functions runs none: a plain program's count is
+        # that of a fresh interpreter with the same imports.
+        count = "import atexit, logging, multiprocessing\nprint(atexit._ncallbacks())\n"
+        run = agent.post("/run_code", {"code": count, "language": "python"}).json()["run_result"]
+        assert run["stdout"] == _outside(count, tmp_path)["stdout"], run
+    finally:
+        stop_agent(agent)

@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -76,6 +77,61 @@ def test_an_action_sees_only_its_own_processes_in_proc(loop_agent: Agent) -> Non
         assert held.result(timeout=60)["signal"] == signal.SIGKILL
     assert (seen["argv"], seen["env"]) == (0, 0), seen
     assert seen["pids"] == [1, 2] and seen["me"] == 2 and seen["self"] == "2", seen
+
+
+# System V shared memory through libc (the standard library has no binding): a segment made under
+# a key and left behind (no IPC_RMID), and a look for that key. Each prints when, and what it found.
+_SHM = (
+    "import ctypes, time\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "libc.shmat.restype = ctypes.c_void_p\n"
+    "KEY = 0x7A11C0DE\n"
+)
+SHM_MAKER = _SHM + (
+    "sid = libc.shmget(KEY, 1 << 20, 0o1666)\n"  # IPC_CREAT, readable and writable by all
+    "ctypes.memmove(libc.shmat(sid, None, 0), b'SECRET-OF-A', 11)\n"
+    "made = time.time()\n"
+    "time.sleep(HOLD)\n"
+    "print(sid, made, time.time())\n"
+)
+SHM_LOOKER = _SHM + "print(libc.shmget(KEY, 0, 0), time.time())\n"
+
+
+def _host_shm(key: int) -> bool:
+    """Whether the host's IPC namespace (this test's) holds a segment under ``key``."""
+    with open("/proc/sysvipc/shm") as fh:
+        return any(int(line.split()[0]) == key for line in fh.readlines()[1:])
+
+
+def test_actions_share_no_ipc_objects_with_each_other_or_the_host(loop_agent: Agent) -> None:
+    """System V shared memory (and semaphores, message queues, POSIX queues) lives in the IPC
+    namespace: in the host's, one action's segment was another's to read, and outlived it (and
+    the agent), holding memory past any limit. Each action and session has its own now: another
+    action looking while the first holds its segment finds none under its key, nor does the host
+    after; a session finds its own again in its next call, and no other action finds it."""
+    with ThreadPoolExecutor(1) as pool:
+        maker = pool.submit(loop_agent.execute, "HOLD = 3\n" + SHM_MAKER, timeout_s=30)
+        looks = []
+        while not maker.done() and len(looks) < 1000:
+            found, at = str(loop_agent.execute(SHM_LOOKER)["stdout"]).split()
+            looks.append((int(found), float(at)))
+            time.sleep(0.02)
+        made = maker.result()
+    sid, made_at, held_until = str(made["stdout"]).split()
+    assert made["status"] == "ok" and int(sid) >= 0, made
+    during = [found for found, at in looks if float(made_at) < at < float(held_until)]
+    assert during and set(during) == {-1}, looks  # looked while it was there, found nothing
+    assert str(loop_agent.execute(SHM_LOOKER)["stdout"]).split()[0] == "-1"
+    assert not _host_shm(0x7A11C0DE), "the action's segment outlived it on the host"
+    session = loop_agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    try:
+        first = loop_agent.execute("HOLD = 0\n" + SHM_MAKER, session_id=session)
+        again = loop_agent.execute(SHM_LOOKER, session_id=session)
+        assert str(again["stdout"]).split()[0] == str(first["stdout"]).split()[0] != "-1", (first, again)
+        assert str(loop_agent.execute(SHM_LOOKER)["stdout"]).split()[0] == "-1"
+        assert not _host_shm(0x7A11C0DE)
+    finally:
+        requests.delete(f"{loop_agent.url}/v1/sessions/{session}", timeout=10)
 
 
 def test_proc_stays_each_actions_own_through_a_namespaces_whole_life(loop_agent: Agent) -> None:
