@@ -349,6 +349,7 @@ def test_the_sandbox_image_serves_run_code_with_actions_isolated(
             iso["per_action_uid"] and iso["pid_namespace"] and iso["private_tmp"] and iso["netns_per_action"]
         ), iso
         assert iso["fork_loop"] == "c" and iso["notes"] == [], iso
+        assert iso["own_ipc"], iso
         assert set(health["languages"]["found"]) >= LANGUAGES, health["languages"]["missing"]
 
         probe = (
@@ -380,6 +381,14 @@ def test_the_sandbox_image_serves_run_code_with_actions_isolated(
         assert lines[4].startswith("unreachable"), "no network for actions"
         again = _run_code(url, {"code": "import os; print(os.listdir('/tmp'))", "language": "python"})
         assert again["run_result"]["stdout"].strip() == "[]", "each action gets its own /tmp"
+        # The container's /dev/mqueue (the runtime mounts it, mode 1777) is the agent's IPC
+        # namespace's: a queue made there by path would be every action's. It is covered.
+        mqueue = (
+            "import os\ntry:\n    os.close(os.open('/dev/mqueue/q', os.O_CREAT | os.O_RDWR, 0o666))\n"
+            "    print('made')\nexcept OSError as e:\n    print(type(e).__name__)\n"
+        )
+        made = _run_code(url, {"code": mqueue, "language": "python"})
+        assert made["run_result"]["stdout"].strip() != "made", made
 
         # A compiled language of the image, through SandboxFusion's compile step.
         cpp = _run_code(

@@ -461,7 +461,10 @@ def _exit_code_of(exc: SystemExit) -> int:
     0; an int as C's ``(int)PyLong_AsLong`` gives it, so one beyond a C long is -1 (status 255,
     where a mask gave ``sys.exit(2**64)`` 0) and the rest keeps its low 8 bits; anything else is
     printed to stderr, status 1."""
-    code: Any = exc.code
+    try:
+        code: Any = exc.code
+    except BaseException:
+        code = exc  # a ``code`` that raises: the exception itself is printed, status 1, as Python does
     if code is None:
         return 0
     if issubclass(type(code), int):  # PyLong_Check: the real type, not ``__class__``
@@ -473,13 +476,14 @@ def _exit_code_of(exc: SystemExit) -> int:
 
 
 def _write_stderr(text: str) -> None:
-    """As ``PySys_WriteStderr``: to ``sys.stderr``, or to descriptor 2 where that is None (a
-    program's ``sys.stderr = None``; ``print(file=None)`` would have written to stdout)."""
-    err = sys.stderr
-    if err is None:
-        os.write(2, text.encode("utf-8", "backslashreplace"))
-    else:
-        err.write(text)
+    """As ``PySys_WriteStderr``: to ``sys.stderr``, or to descriptor 2 where it is missing, None
+    or its write fails (a program's ``sys.stderr = None``: ``print(file=None)`` wrote to stdout)."""
+    err = sys.__dict__.get("stderr")
+    if err is not None:
+        with suppress(BaseException):  # a failed write: C's stderr, as Python then uses
+            err.write(text)
+            return
+    os.write(2, text.encode("utf-8", "backslashreplace"))
 
 
 def _run_code(
@@ -487,6 +491,7 @@ def _run_code(
 ) -> int:
     """Run ``source`` like ``python -c`` (or ``python FILENAME``) would, in ``namespace``; returns
     the exit status. ``compiled``: its code object (marshalled), compiled already by the manager."""
+    failure: BaseException | None = None
     try:
         if _FRESH_RECURSION is not None:
             _FRESH_RECURSION()  # as deep as under ``python main.py`` (_zygote.c's run_straight)
@@ -502,10 +507,11 @@ def _run_code(
         # ``SystemExit(0)`` turned a failure into a success) or ``__traceback__``.
         tb = _TRACEBACK_OF(exc)
         _WITH_TRACEBACK(exc, tb.tb_next if tb is not None else None)
-        _flush_io()
-        return _status_of(exc)
+        failure = exc
     _flush_io()
-    return 0
+    # Reported outside the ``except``, as Python reports it from C: an exception the program's
+    # ``sys.excepthook`` raises has no context, and ``sys.exc_info()`` there is empty.
+    return 0 if failure is None else _status_of(failure)
 
 
 def _status_of(exc: BaseException) -> int:
@@ -546,6 +552,10 @@ def _report(exc: BaseException) -> int | None:
     except BaseException as failed:
         with suppress(BaseException):
             _write_stderr("Error in sys.excepthook:\n")
+            # From the hook's own frame on, as Python's (which calls it from C): no frame of ours.
+            # On the exception itself: the printer shows the traceback an exception holds.
+            failed_tb = _TRACEBACK_OF(failed)
+            _WITH_TRACEBACK(failed, failed_tb.tb_next if failed_tb is not None else None)
             _EXCEPTHOOK(type(failed), failed, _TRACEBACK_OF(failed))
             _write_stderr("\nOriginal exception was:\n")
             _EXCEPTHOOK(type(exc), exc, tb)

@@ -95,6 +95,10 @@ def bind_identity(root: str) -> None:
 
 # World-writable places a non-root action could otherwise leave files in (or read others' from).
 SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock")
+# A container's mqueue filesystem (its runtime mounts it, mode 1777) belongs to the IPC namespace it
+# was mounted in, the agent's: a queue made through it by path was every action's, whatever
+# namespace the action's own mq_open sees. Covered read-only and empty.
+MQUEUE_DIR = "/dev/mqueue"
 
 # The symbols of the running process (libc included); ctypes.util.find_library would pull in
 # subprocess and friends, several megabytes every fork then has to copy.
@@ -514,6 +518,13 @@ def enter_private_namespaces(
         for fd in handles.values():
             os.close(fd)
         iso.private_tmp = True
+        if os.path.isdir(MQUEUE_DIR) and not os.path.islink(MQUEUE_DIR):
+            try:
+                mount("tangram", MQUEUE_DIR, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0755")
+            except OSError as exc:
+                notes.append(
+                    f"{MQUEUE_DIR} not covered ({exc.strerror}): a queue made there is every action's"
+                )
     except OSError as exc:
         notes.append(f"private mount namespace failed ({exc.strerror}); /tmp stays shared")
     iso.pid_namespace = pid_namespace and probe_pid_namespace()

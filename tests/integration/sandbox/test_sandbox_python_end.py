@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import re
 import signal
 import subprocess
 import sys
@@ -149,6 +150,12 @@ PROGRAMS = {
         "raise ValueError\n"
     ),
     "sys.excepthook deleted": "import sys\ndel sys.excepthook\nprint('x')\nraise ValueError\n",
+    "sys.excepthook and sys.stderr deleted": "import sys\ndel sys.excepthook, sys.stderr\nraise ValueError\n",
+    "SystemExit's message with sys.stderr deleted": "import sys\ndel sys.stderr\nraise SystemExit('msg')\n",
+    "a SystemExit whose code raises": (
+        "import atexit\natexit.register(print, 'exit function')\n"
+        "class E(SystemExit):\n    @property\n    def code(self):\n        raise ValueError\nraise E('why')\n"
+    ),
     "SystemExit's message with sys.stderr None": (
         "import sys\nprint('x')\nsys.stderr = None\nraise SystemExit('msg')\n"
     ),
@@ -203,9 +210,43 @@ def _outside(code: str, tmp_path: Path, stdin: str | None = None) -> dict[str, A
     return {"return_code": done.returncode, "stdout": done.stdout.decode("utf-8", "replace")}
 
 
+def _stderr_outside(code: str, tmp_path: Path) -> str:
+    """What ``python main.py`` writes to stderr, the main file's path left out (``_main_named``)."""
+    (tmp_path / "main.py").write_text(code)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "main.py"],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=30,
+    )
+    return _main_named(done.stderr.decode("utf-8", "replace"))
+
+
+def _main_named(text: str) -> str:
+    """A traceback's main file by its name only: its directory differs inside and out."""
+    return re.sub(r'File "[^"]*/(main_*\.py)"', r'File "\1"', text)
+
+
 # Where the C module is not built (no C compiler at install) the Python fork loop still differs: a
 # program starts under the zygote's Python frames, so its deepest recursion is 988, not 998. With
 # it built, both loops start it as deep as `python main.py` does (docs/sandbox-agent-api.md).
+# Where stderr is compared too (tracebacks with the main file by name): what the program's end says.
+STDERR_TOO = {
+    "an exception that claims to be SystemExit",
+    "with_traceback overridden to return SystemExit(0)",
+    "with_traceback overridden, compiled in the child",
+    "__traceback__ overridden",
+    "sys.excepthook raises an error",
+    "sys.excepthook deleted",
+    "SystemExit's message with sys.stderr None",
+    "SystemExit's message with sys.stderr deleted",
+    "a SystemExit whose code raises",
+    "a plain failure",
+}
+
 C_MODULE_ONLY = {
     "the deepest recursion at the default limit",
     "a recursion 997 deep",
@@ -228,6 +269,8 @@ def test_a_program_ends_as_under_python(
     got = {"return_code": run["return_code"], "stdout": run["stdout"]}
     assert got == want, (name, body)
     assert body["status"] == ("Success" if want["return_code"] == 0 else "Failed"), (name, body)
+    if name in STDERR_TOO:
+        assert _main_named(run["stderr"]) == _stderr_outside(code, tmp_path), (name, run["stderr"])
 
 
 # Programs that read their input, each with its input: SandboxFusion's runner (as a judge's) feeds
