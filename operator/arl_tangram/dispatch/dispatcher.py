@@ -34,6 +34,7 @@ from arl_tangram.dispatch.agent import ANSWER_MARGIN_S, AgentClient, AgentRefuse
 from arl_tangram.dispatch.outcomes import interpret
 from arl_tangram.dispatch.rewards import RewardRouter
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
+from arl_tangram.domain.batches import runs_pytest
 from arl_tangram.domain.pools import PoolConfig, pool_key
 from arl_tangram.errors import InfrastructureError, NotFound, QueueFull
 from arl_tangram.managers.cpu import CpuManager, SandboxHost
@@ -714,7 +715,7 @@ class Dispatcher:
                 # By the agent's own clock, the action is over this long after it was sent.
                 until = max(sent + timeout_s + ANSWER_MARGIN_S, self.clock() + ANSWER_MARGIN_S)
                 body = await self._settle(pool, endpoint, key, until, str(exc))
-            outcome = interpret(req.key, req.kind, req.wire, body)
+            outcome = interpret(req.key, req.kind, req.wire, body, pytest=runs_pytest(req.payload))
             self._answered(pool, grant.host)
         except AgentRefused as exc:
             if req.session and exc.body.get("field") == "session_id":
@@ -1025,7 +1026,7 @@ class Dispatcher:
                     if body is None:
                         raise InfrastructureError(f"attempt {key} vanished from host {endpoint.name}")
                     break
-            outcome = interpret(req.key, req.kind, req.wire, body)
+            outcome = interpret(req.key, req.kind, req.wire, body, pytest=runs_pytest(req.payload))
         except (InfrastructureError, AgentRefused, asyncio.CancelledError) as exc:
             if isinstance(exc, asyncio.CancelledError) and not (job.host_lost or job.cancelled):
                 raise

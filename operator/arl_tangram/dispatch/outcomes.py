@@ -22,9 +22,12 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def interpret(key: str, kind: str, wire: Wire, body: Mapping[str, Any]) -> ActionOutcome:
+def interpret(
+    key: str, kind: str, wire: Wire, body: Mapping[str, Any], *, pytest: bool = False
+) -> ActionOutcome:
     """The outcome an agent's response body says; raises InfrastructureError when the sandbox
-    itself failed (``sandbox_error`` / ``SandboxError``): the program never had its fair run."""
+    itself failed (``sandbox_error`` / ``SandboxError``): the program never had its fair run.
+    ``pytest``: the action ran pytest (its reward needs pytest's own summary: ``pass_fraction_reward``)."""
     if wire == "run_code":
         return _run_code(key, kind, body)
     status = body.get("status")
@@ -46,7 +49,7 @@ def interpret(key: str, kind: str, wire: Wire, body: Mapping[str, Any]) -> Actio
         exit_code=exit_code,
         stdout=stdout,
         stderr=stderr,
-        reward=pass_fraction_reward(exit_code, stdout + "\n" + stderr) if kind == "test" else None,
+        reward=pass_fraction_reward(exit_code, stdout, pytest=pytest) if kind == "test" else None,
         duration_s=float(wall) if isinstance(wall, int | float) else 0.0,
         truncated=bool(body.get("stdout_truncated") or body.get("stderr_truncated")),
         response=dict(body),

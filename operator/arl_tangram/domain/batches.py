@@ -121,20 +121,59 @@ def batch_request(
     )
 
 
-_PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|error|errors)\b")
+# pytest's final line ("1 failed, 3 passed, 1 warning in 0.12s", framed in "=" without -q).
+_PYTEST_SUMMARY = re.compile(r"^=*\s*((?:\d+ [a-z]+(?:, )?)+) in \d+(?:\.\d+)?s(?: \([0-9:]+\))?\s*=*$")
+_PYTEST_COUNT = re.compile(r"(\d+) ([a-z]+)")
+# A command that runs pytest (``pytest``, ``py.test``, ``python -m pytest``), as a shell word; and
+# the options with which it prints no summary line (``-qq``, its terminal reporter off).
+_PYTEST_COMMAND = re.compile(r"(?:^|[\s;&|(/])(?:py\.?test|-m\s+pytest)(?:$|[\s;&|)])")
+_PYTEST_SILENT = re.compile(r"-qq|(?:-q|--quiet)\s+(?:-q|--quiet)\b|no:terminal")
 
 
-def pass_fraction_reward(exit_code: int | None, output: str) -> float:
-    """A test action's reward: the pass fraction pytest's summary line reports, else 1.0 for exit 0."""
-    counts = {"passed": 0, "failed": 0, "error": 0}
-    lines = [ln for ln in output.splitlines() if " passed" in ln or " failed" in ln or " error" in ln]
-    if lines:
-        for n, what in _PYTEST_COUNTS.findall(lines[-1]):
-            counts["error" if what.startswith("error") else what] += int(n)
-    total = sum(counts.values())
-    if total:
-        return counts["passed"] / total
-    return 1.0 if exit_code == 0 else 0.0
+def runs_pytest(payload: Mapping[str, Any]) -> bool:
+    """Whether a native payload runs pytest with its summary line: the ``pytest`` runtime, or a
+    command naming it (and not silencing the summary)."""
+    runtime, code = payload.get("runtime"), payload.get("code")
+    if runtime == "pytest":
+        return True
+    if runtime != "bash" or not isinstance(code, str):
+        return False
+    return bool(_PYTEST_COMMAND.search(code)) and not _PYTEST_SILENT.search(code)
+
+
+def pass_fraction_reward(exit_code: int | None, stdout: str, *, pytest: bool = False) -> float:
+    """A test action's reward. The exit status decides what a run can earn, as it is pytest's
+    verdict outside: 0 earns 1.0, a failure (1) the fraction of its tests that passed (below 1),
+    anything else 0. The fraction is read from pytest's summary line on stdout, and only where
+    there is exactly one. The program under test shares pytest's process and output: a summary
+    it prints itself (an exit function's "10 passed in 0.1s", a line on stderr) must not raise
+    its reward, so with more than one line the status alone decides, a status of 0 after a
+    summary that reports failures (an exit function's ``os._exit(0)``) earns 0, and, for a run
+    known to be pytest's (``pytest``), so does a status of 0 with no summary at all (the program
+    ended the process before pytest could report). A command that is not pytest has no summary:
+    its status alone decides. (In-process a program can still take over pytest's own output
+    descriptors and write a summary there; that is beyond printing a line.)"""
+    summaries = []
+    for line in stdout.splitlines():
+        found = _PYTEST_SUMMARY.match(line.strip())
+        if found:
+            counts: dict[str, int] = {}
+            for n, what in _PYTEST_COUNT.findall(found.group(1)):
+                key = "error" if what.startswith("error") else what
+                counts[key] = counts.get(key, 0) + int(n)
+            summaries.append(counts)
+    if exit_code == 0:
+        if any(c.get("failed", 0) or c.get("error", 0) for c in summaries):
+            return 0.0
+        if pytest and not any(c.get("passed", 0) for c in summaries):
+            return 0.0
+        return 1.0
+    if exit_code != 1 or len(summaries) != 1:
+        return 0.0
+    (counts,) = summaries
+    passed = counts.get("passed", 0)
+    total = passed + counts.get("failed", 0) + counts.get("error", 0)
+    return passed / total if total and passed < total else 0.0
 
 
 def _tail(text: str, limit: int) -> tuple[str, bool]:

@@ -105,6 +105,31 @@ def test_test_based_rewards_are_pass_fractions(gateway: Gateway) -> None:
     assert native.json() == {"rewards": [1.0, 0.0]}, native.text
 
 
+# Answers that fail the tests and try to pass for right: the program under test runs inside
+# pytest's process and shares its output. Each must earn what its tests earn (0 or 0.5).
+FORGERS = {
+    "a summary printed at exit": "import atexit\natexit.register(print, '10 passed in 0.01s')\n",
+    "a summary on stderr at exit": (
+        "import atexit, sys\natexit.register(lambda: print('2 passed in 0.01s', file=sys.stderr))\n"
+    ),
+    "exit 0 at exit, after pytest's summary": "import atexit, os\natexit.register(os._exit, 0)\n",
+    "exit 0 while pytest imports it": "import os\nos._exit(0)\n",
+}
+
+
+@pytest.mark.parametrize("name", list(FORGERS))
+def test_an_answer_cannot_forge_its_test_reward(gateway: Gateway, name: str) -> None:
+    wrong = "```python\n" + FORGERS[name] + "def add(a, b):\n    return 0\n```"
+    half = "```python\n" + FORGERS[name] + "def add(a, b):\n    return abs(a) + abs(b)\n```"
+    body = {"query": [wrong, half], "labels": [TESTS, TESTS]}
+    resp = requests.post(gateway.url + f"/get_reward?pool={POOL}", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    rewards = resp.json()["rewards"]
+    assert rewards[0] == 0.0, (name, rewards)
+    # The half-right answer keeps its half where its summary stands alone, and never earns more.
+    assert rewards[1] in (0.0, 0.5), (name, rewards)
+
+
 def test_unknown_service_and_missing_tests_are_named(gateway: Gateway) -> None:
     resp = requests.post(gateway.url + "/get_reward?service=ghost", json={"query": ["x"]}, timeout=60)
     assert resp.status_code == 404 and "ghost" in resp.json()["error"]

@@ -11,7 +11,13 @@ import pytest
 from arl_tangram.api.actionbatch import ActionBatchSpec, ActionResult
 from arl_tangram.controllers.actionbatch import BatchObservation, reconcile_actionbatch, recovered_results
 from arl_tangram.domain.actions import ActionOutcome, Outcome, Reason
-from arl_tangram.domain.batches import batch_request, compact_result, fit_results, pass_fraction_reward
+from arl_tangram.domain.batches import (
+    batch_request,
+    compact_result,
+    fit_results,
+    pass_fraction_reward,
+    runs_pytest,
+)
 from arl_tangram.errors import InvalidSpec
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
@@ -120,17 +126,46 @@ def test_compact_result_keeps_the_tail_of_the_output() -> None:
 
 
 @pytest.mark.parametrize(
-    ("exit_code", "output", "reward"),
+    ("exit_code", "output", "pytest_ran", "reward"),
     [
-        (0, "....\n4 passed in 0.1s\n", 1.0),
-        (1, "3 passed, 1 failed in 0.2s", 0.75),
-        (1, "1 failed, 1 error in 0.2s", 0.0),
-        (0, "no summary", 1.0),
-        (2, "no summary", 0.0),
+        (0, "....\n4 passed in 0.1s\n", True, 1.0),
+        (1, "3 passed, 1 failed in 0.2s", True, 0.75),
+        (1, "===== 1 failed, 3 passed, 1 warning in 61.20s (0:01:01) =====", True, 0.75),
+        (1, "1 failed, 1 error in 0.2s", True, 0.0),
+        (0, "2 passed, 1 skipped in 0.1s", True, 1.0),
+        (0, "no summary: a command that is not pytest", False, 1.0),
+        (2, "no summary", False, 0.0),
+        # What the program under test prints cannot raise its reward: a second summary after
+        # pytest's (an exit function's), a status of 0 after a summary with failures (an exit
+        # function's os._exit(0)), a status of 0 with no summary from a pytest run (os._exit(0)
+        # while pytest imported it), a failure whose only summary claims every test passed.
+        (1, "F.\n1 failed, 1 passed in 0.05s\n10 passed in 0.01s\n", True, 0.0),
+        (0, "F.\n1 failed, 1 passed in 0.05s\n", True, 0.0),
+        (0, "", True, 0.0),
+        (1, "10 passed in 0.1s", True, 0.0),
+        (1, "1 failed in 0.1s\nnot a summary: 5 passed\n", True, 0.0),
     ],
 )
-def test_test_actions_reward_the_pass_fraction(exit_code: int, output: str, reward: float) -> None:
-    assert pass_fraction_reward(exit_code, output) == reward
+def test_test_actions_reward_the_pass_fraction(
+    exit_code: int, output: str, pytest_ran: bool, reward: float
+) -> None:
+    assert pass_fraction_reward(exit_code, output, pytest=pytest_ran) == reward
+
+
+@pytest.mark.parametrize(
+    ("payload", "ran"),
+    [
+        ({"runtime": "pytest", "code": "def test_x(): pass"}, True),
+        ({"runtime": "bash", "code": "python -m pytest -q -p no:cacheprovider test_solution.py"}, True),
+        ({"runtime": "bash", "code": "cd src && pytest -x tests/"}, True),
+        ({"runtime": "bash", "code": "pytest -qq tests/"}, False),  # -qq prints no summary line
+        ({"runtime": "bash", "code": "python -m pytest -p no:terminal"}, False),
+        ({"runtime": "bash", "code": "python check.py"}, False),
+        ({"runtime": "python", "code": "import pytest"}, False),
+    ],
+)
+def test_which_test_actions_are_pytest_runs(payload: dict[str, str], ran: bool) -> None:
+    assert runs_pytest(payload) is ran
 
 
 def test_batch_actions_become_requests_with_files_and_priorities() -> None:
