@@ -121,59 +121,90 @@ def batch_request(
     )
 
 
-# pytest's final line ("1 failed, 3 passed, 1 warning in 0.12s", framed in "=" without -q).
-_PYTEST_SUMMARY = re.compile(r"^=*\s*((?:\d+ [a-z]+(?:, )?)+) in \d+(?:\.\d+)?s(?: \([0-9:]+\))?\s*=*$")
-_PYTEST_COUNT = re.compile(r"(\d+) ([a-z]+)")
-# A command that runs pytest (``pytest``, ``py.test``, ``python -m pytest``), as a shell word; and
-# the options with which it prints no summary line (``-qq``, its terminal reporter off).
-_PYTEST_COMMAND = re.compile(r"(?:^|[\s;&|(/])(?:py\.?test|-m\s+pytest)(?:$|[\s;&|)])")
-_PYTEST_SILENT = re.compile(r"-qq|(?:-q|--quiet)\s+(?:-q|--quiet)\b|no:terminal")
+# pytest's final line ("1 failed, 3 passed, 1 warning in 0.12s", framed in "=" without -q; an item
+# may be two words: "3 subtests passed"), its colours taken off first; and the banner of a session
+# that was stopped ("!!! _pytest.outcomes.Exit: ... !!!", "!!! Interrupted: ... !!!").
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_PYTEST_SUMMARY = re.compile(
+    r"^=*\s*((?:\d+ [a-z]+(?: [a-z]+)?(?:, )?)+) in \d+(?:\.\d+)?s(?: \([0-9:]+\))?\s*=*$"
+)
+_PYTEST_COUNT = re.compile(r"(\d+) ([a-z]+(?: [a-z]+)?)")
+_PYTEST_STOPPED = re.compile(r"^!{3,} .* !{3,}$")
+# What a test can end as, by the word pytest counts it with: only "passed" earns. A skipped or
+# expected-to-fail test earns nothing: an answer could skip or xfail what it cannot pass
+# (``pytest.skip()`` in the solution, or ``builtins.AssertionError = pytest.skip.Exception``).
+_TEST_ENDS = {"passed", "failed", "error", "errors", "skipped", "xfailed", "xpassed"}
+# A command that is one plain run of pytest (no shell operators, quotes or redirections), and the
+# options with which it prints no summary line or lets the program's own prints through (-s).
+_PYTEST_PLAIN = re.compile(r"^(?:python3?(?:\.\d+)? -m pytest|pytest)(?: [\w\-.:=/$]+)*$")
+_PYTEST_UNSURE = re.compile(
+    r"(?:^| )(?:-\w*q\w*q\w*|(?:-q|--quiet) (?:-q|--quiet)|-\w*s\w*|--capture=no|--co|--collect-only)(?= |$)"
+    r"|no:terminal"
+)
+_QUIET = re.compile(r"(?:^| )(?:-\w*q\w*|--quiet)(?= |$)")
+_PYTEST_CONFIGS = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg", "conftest.py")
 
 
 def runs_pytest(payload: Mapping[str, Any]) -> bool:
-    """Whether a native payload runs pytest with its summary line: the ``pytest`` runtime, or a
-    command naming it (and not silencing the summary)."""
+    """Whether a native payload is a run of pytest that prints its summary line and captures the
+    program's output: the ``pytest`` runtime (which adds ``-q``) with no arguments of its own that
+    quieten it further or stop capturing, or a command that is one plain run of pytest with none of
+    those, with no configuration file of its own among the files (its ``addopts`` could)."""
     runtime, code = payload.get("runtime"), payload.get("code")
-    if runtime == "pytest":
-        return True
+    files = payload.get("files") or {}
+    if any(name.rsplit("/", 1)[-1] in _PYTEST_CONFIGS for name in files):
+        return False
+    if runtime == "pytest":  # its command has -q already: one more in the arguments is -qq
+        args = " ".join(map(str, payload.get("args") or []))
+        return not (_PYTEST_UNSURE.search(args) or _QUIET.search(args))
     if runtime != "bash" or not isinstance(code, str):
         return False
-    return bool(_PYTEST_COMMAND.search(code)) and not _PYTEST_SILENT.search(code)
+    command = code.strip()
+    return bool(_PYTEST_PLAIN.match(command)) and not _PYTEST_UNSURE.search(command)
 
 
 def pass_fraction_reward(exit_code: int | None, stdout: str, *, pytest: bool = False) -> float:
-    """A test action's reward. The exit status decides what a run can earn, as it is pytest's
-    verdict outside: 0 earns 1.0, a failure (1) the fraction of its tests that passed (below 1),
-    anything else 0. The fraction is read from pytest's summary line on stdout, and only where
-    there is exactly one. The program under test shares pytest's process and output: a summary
-    it prints itself (an exit function's "10 passed in 0.1s", a line on stderr) must not raise
-    its reward, so with more than one line the status alone decides, a status of 0 after a
-    summary that reports failures (an exit function's ``os._exit(0)``) earns 0, and, for a run
-    known to be pytest's (``pytest``), so does a status of 0 with no summary at all (the program
-    ended the process before pytest could report). A command that is not pytest has no summary:
-    its status alone decides. (In-process a program can still take over pytest's own output
-    descriptors and write a summary there; that is beyond printing a line.)"""
-    summaries = []
-    for line in stdout.splitlines():
-        found = _PYTEST_SUMMARY.match(line.strip())
+    """A test action's reward: the fraction of its tests that passed, from pytest's summary line on
+    stdout (a skipped or expected-to-fail test earns nothing). The program under test shares
+    pytest's process and output, so nothing it prints may raise its reward:
+    - one summary line is read, and only where there is exactly one; with more (an exit function
+      printing "10 passed in 0.1s"), a status of 0 earns 1.0 only if every one says all passed;
+    - only stdout is read (pytest writes its summary there), never stderr;
+    - a session that was stopped (``pytest.exit(returncode=0)`` after one test) earns 0;
+    - a status other than 0 and 1 (pytest's "tests failed") earns 0, and so does a summary that
+      says every test passed with a status of 1;
+    - with no summary, the status decides (a command that is not pytest: 1.0 for 0), except where
+      the run is known to print one (``pytest``, ``runs_pytest``): there the program ended the
+      process before pytest could report (``os._exit(0)`` while pytest imported it), and earns 0.
+    In-process a program can still write to pytest's own saved descriptors, or print freely where
+    capture is off (``-s``); that is beyond this reading."""
+    text = _ANSI.sub("", stdout)
+    summaries: list[dict[str, int]] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if _PYTEST_STOPPED.match(line):
+            return 0.0
+        found = _PYTEST_SUMMARY.match(line)
         if found:
             counts: dict[str, int] = {}
             for n, what in _PYTEST_COUNT.findall(found.group(1)):
-                key = "error" if what.startswith("error") else what
-                counts[key] = counts.get(key, 0) + int(n)
+                if what in _TEST_ENDS:  # not warnings, deselected, reruns, nor "subtests passed"
+                    key = "error" if what.startswith("error") else what
+                    counts[key] = counts.get(key, 0) + int(n)
             summaries.append(counts)
-    if exit_code == 0:
-        if any(c.get("failed", 0) or c.get("error", 0) for c in summaries):
-            return 0.0
-        if pytest and not any(c.get("passed", 0) for c in summaries):
-            return 0.0
-        return 1.0
-    if exit_code != 1 or len(summaries) != 1:
+    if exit_code not in (0, 1):
         return 0.0
-    (counts,) = summaries
-    passed = counts.get("passed", 0)
-    total = passed + counts.get("failed", 0) + counts.get("error", 0)
-    return passed / total if total and passed < total else 0.0
+    if len(summaries) == 1:
+        (counts,) = summaries
+        total = sum(counts.values())
+        passed = counts.get("passed", 0)
+        if not total or (exit_code == 1 and passed >= total):
+            return 0.0
+        return passed / total
+    if summaries:
+        all_passed = all(sum(c.values()) == c.get("passed", 0) > 0 for c in summaries)
+        return 1.0 if exit_code == 0 and all_passed else 0.0
+    return 1.0 if exit_code == 0 and not pytest else 0.0
 
 
 def _tail(text: str, limit: int) -> tuple[str, bool]:

@@ -114,13 +114,21 @@ FORGERS = {
     ),
     "exit 0 at exit, after pytest's summary": "import atexit, os\natexit.register(os._exit, 0)\n",
     "exit 0 while pytest imports it": "import os\nos._exit(0)\n",
+    "failed asserts turned into skips": (
+        "import builtins, pytest\nbuiltins.AssertionError = pytest.skip.Exception\n"
+    ),
+    "pytest stopped with status 0 at the first failure": (
+        "import pytest\n"
+        "def _stop(a, b):\n    if (a, b) == (-1, -2):\n        pytest.exit('bye', returncode=0)\n"
+    ),
 }
 
 
 @pytest.mark.parametrize("name", list(FORGERS))
 def test_an_answer_cannot_forge_its_test_reward(gateway: Gateway, name: str) -> None:
-    wrong = "```python\n" + FORGERS[name] + "def add(a, b):\n    return 0\n```"
-    half = "```python\n" + FORGERS[name] + "def add(a, b):\n    return abs(a) + abs(b)\n```"
+    stop = "    globals().get('_stop', lambda a, b: None)(a, b)\n"
+    wrong = "```python\n" + FORGERS[name] + "def add(a, b):\n" + stop + "    return 0\n```"
+    half = "```python\n" + FORGERS[name] + "def add(a, b):\n" + stop + "    return abs(a) + abs(b)\n```"
     body = {"query": [wrong, half], "labels": [TESTS, TESTS]}
     resp = requests.post(gateway.url + f"/get_reward?pool={POOL}", json=body, timeout=120)
     assert resp.status_code == 200, resp.text

@@ -132,39 +132,64 @@ def test_compact_result_keeps_the_tail_of_the_output() -> None:
         (1, "3 passed, 1 failed in 0.2s", True, 0.75),
         (1, "===== 1 failed, 3 passed, 1 warning in 61.20s (0:01:01) =====", True, 0.75),
         (1, "1 failed, 1 error in 0.2s", True, 0.0),
-        (0, "2 passed, 1 skipped in 0.1s", True, 1.0),
+        (1, "1 passed, 1 error in 0.1s", True, 0.5),
+        (0, "1 passed, 1 warning in 0.1s", True, 1.0),
+        (0, "1 passed, 3 subtests passed in 0.66s", True, 1.0),
+        (1, "2 failed, 1 passed, 2 subtests passed in 0.5s", True, 1 / 3),
+        (0, "\x1b[32m===== 3 passed in 0.1s =====\x1b[0m", True, 1.0),
+        (0, "1000 passed in 12.00s (0:00:12)", True, 1.0),
         (0, "no summary: a command that is not pytest", False, 1.0),
         (2, "no summary", False, 0.0),
-        # What the program under test prints cannot raise its reward: a second summary after
-        # pytest's (an exit function's), a status of 0 after a summary with failures (an exit
-        # function's os._exit(0)), a status of 0 with no summary from a pytest run (os._exit(0)
-        # while pytest imported it), a failure whose only summary claims every test passed.
+        (2, "1 error in 0.1s", True, 0.0),
+        (5, "no tests ran in 0.01s", True, 0.0),
+        # What the program under test does to its own run cannot raise its reward: a second
+        # summary after pytest's (an exit function's), a status of 0 with no summary from a pytest
+        # run (os._exit(0) while pytest imported it), a failure whose only summary claims every
+        # test passed, a session it stopped with status 0 after one test, tests it skipped or
+        # marked expected to fail; an exit function's os._exit(0) keeps the honest fraction.
         (1, "F.\n1 failed, 1 passed in 0.05s\n10 passed in 0.01s\n", True, 0.0),
-        (0, "F.\n1 failed, 1 passed in 0.05s\n", True, 0.0),
+        (0, "1 passed, 2 skipped in 0.1s\n3 passed in 0.1s\n", True, 0.0),
         (0, "", True, 0.0),
         (1, "10 passed in 0.1s", True, 0.0),
+        (0, "1 passed in 0.74s\n!!!!!!!!!! _pytest.outcomes.Exit: bye !!!!!!!!!!\n", True, 0.0),
+        (0, "1 passed, 2 skipped in 0.1s", True, 1 / 3),
+        (0, "1 passed, 2 xfailed in 0.1s", True, 1 / 3),
+        (0, "F.\n1 failed, 1 passed in 0.05s\n", True, 0.5),
         (1, "1 failed in 0.1s\nnot a summary: 5 passed\n", True, 0.0),
     ],
 )
 def test_test_actions_reward_the_pass_fraction(
     exit_code: int, output: str, pytest_ran: bool, reward: float
 ) -> None:
-    assert pass_fraction_reward(exit_code, output, pytest=pytest_ran) == reward
+    assert pass_fraction_reward(exit_code, output, pytest=pytest_ran) == pytest.approx(reward)
 
 
 @pytest.mark.parametrize(
     ("payload", "ran"),
     [
         ({"runtime": "pytest", "code": "def test_x(): pass"}, True),
+        ({"runtime": "pytest", "code": "def test_x(): pass", "args": ["-x", "-v"]}, True),
+        ({"runtime": "pytest", "code": "def test_x(): pass", "args": ["-q"]}, False),  # -qq: no summary
+        ({"runtime": "pytest", "code": "def test_x(): pass", "args": ["-s"]}, False),  # prints pass through
         ({"runtime": "bash", "code": "python -m pytest -q -p no:cacheprovider test_solution.py"}, True),
-        ({"runtime": "bash", "code": "cd src && pytest -x tests/"}, True),
-        ({"runtime": "bash", "code": "pytest -qq tests/"}, False),  # -qq prints no summary line
+        ({"runtime": "bash", "code": "pytest -q -n $TANGRAM_DOP"}, True),
+        ({"runtime": "bash", "code": "python3 -m pytest -x tests/"}, True),
+        ({"runtime": "bash", "code": "pytest -qq tests/"}, False),
+        ({"runtime": "bash", "code": "pytest -q -q"}, False),
         ({"runtime": "bash", "code": "python -m pytest -p no:terminal"}, False),
+        ({"runtime": "bash", "code": "pytest --co"}, False),
+        (
+            {"runtime": "bash", "code": "pytest -q", "files": {"pytest.ini": "[pytest]\naddopts = -q\n"}},
+            False,
+        ),
+        ({"runtime": "bash", "code": "pytest -q || true"}, False),  # not one plain run
+        ({"runtime": "bash", "code": "pip install pytest && python check.py"}, False),
+        ({"runtime": "bash", "code": "echo pytest"}, False),
         ({"runtime": "bash", "code": "python check.py"}, False),
         ({"runtime": "python", "code": "import pytest"}, False),
     ],
 )
-def test_which_test_actions_are_pytest_runs(payload: dict[str, str], ran: bool) -> None:
+def test_which_test_actions_are_pytest_runs(payload: dict[str, Any], ran: bool) -> None:
     assert runs_pytest(payload) is ran
 
 
