@@ -23,6 +23,14 @@ class InvalidSpec(TangramError):
         self.message = message
 
 
+class KeyConflict(InvalidSpec):
+    """An idempotency key already names another action: its result is not this request's answer."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__("key", message)
+        self.key = key
+
+
 class NotReady(TangramError):
     """Something is not there yet; the same request may succeed after ``delay`` seconds."""
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import secrets
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +37,7 @@ from arl_tangram.dispatch.rewards import RewardRouter
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
 from arl_tangram.domain.batches import runs_pytest
 from arl_tangram.domain.pools import PoolConfig, pool_key
-from arl_tangram.errors import InfrastructureError, NotFound, QueueFull
+from arl_tangram.errors import InfrastructureError, KeyConflict, NotFound, QueueFull
 from arl_tangram.managers.cpu import CpuManager, SandboxHost
 from arl_tangram.runtime.interface import Resizer
 
@@ -73,6 +74,19 @@ SETTLE_MAX_S = 5.0
 def agent_key(key: str, attempt: int) -> str:
     """The idempotency key an agent sees: URL-safe, fixed length, one per (action, attempt)."""
     return f"{hashlib.sha256(key.encode()).hexdigest()[:32]}-{attempt}"
+
+
+# Keys whose actions the dispatcher remembers, to refuse one sent again with another action (the
+# agents keep as many finished responses by default: ``--action-keys-max``).
+KEYS_REMEMBERED = 10_000
+
+
+def action_digest(request: ActionRequest) -> str:
+    """What makes a request the action it is (not its timeout, priority or retries), hashed."""
+    what: list[object] = [request.kind, request.namespace, request.target, request.wire, request.session]
+    what += [request.units_min, request.units_max, request.payload]
+    text = json.dumps(what, sort_keys=True, default=repr, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -214,6 +228,9 @@ class Dispatcher:
         self._pools: dict[str, _Pool] = {}
         self.rewards = RewardRouter(agent, clock)
         self._jobs: dict[str, _Job] = {}
+        # What each recent key asked for (``action_digest``), the newest last: a key sent again with
+        # another action is refused instead of answered with the first one's result.
+        self._asked: OrderedDict[str, str] = OrderedDict()
         self._by_action: dict[int, _Job] = {}
         self._tenant_waiting: dict[str, int] = {}
         self.decision_us: deque[float] = deque(maxlen=4096)
@@ -404,6 +421,7 @@ class Dispatcher:
     async def run(self, request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
         """Run one action to its end. ``attempts_so_far`` (from a batch's status after an operator
         restart) makes the dispatcher look for that attempt on the agents before starting another."""
+        self._same_action(request)
         existing = self._jobs.get(request.key)
         if existing is not None:
             return await asyncio.shield(existing.future)
@@ -441,6 +459,24 @@ class Dispatcher:
         finally:
             if job.future.done():
                 self._jobs.pop(request.key, None)
+
+    def _same_action(self, request: ActionRequest) -> None:
+        """Remember what ``request.key`` asks for; ``KeyConflict`` when it asked for another action
+        before (another payload, kind, target, session or units): a key names one logical action,
+        and answering with the first one's result (a test's reward for code that never ran) would
+        be wrong. Bounded to the ``KEYS_REMEMBERED`` newest keys, as the agents' own store is."""
+        digest = action_digest(request)
+        known = self._asked.get(request.key)
+        if known is not None and known != digest:
+            raise KeyConflict(
+                request.key,
+                f"key {request.key!r} was already used for a different action (its payload, type, "
+                "target, session or units differ); use a new key for a new action",
+            )
+        self._asked[request.key] = digest
+        self._asked.move_to_end(request.key)
+        while len(self._asked) > KEYS_REMEMBERED:
+            self._asked.popitem(last=False)
 
     async def cancel(self, key: str) -> bool:
         job = self._jobs.get(key)

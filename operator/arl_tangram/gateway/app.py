@@ -47,6 +47,7 @@ from arl_tangram.gateway.models import (
     VllmScoreResponse,
 )
 from arl_tangram.gateway.openapi import RouteDoc, openapi
+from arl_tangram.gateway.parsing import ClientGone
 from arl_tangram.gateway.sessions import SessionRegistry
 from arl_tangram.gateway.state import (
     PRINCIPAL_KEY,
@@ -249,6 +250,10 @@ def _error_response(
     return web.json_response(dict(body), status=status, headers=dict(headers))
 
 
+# The status counted for a request whose client left before its body arrived (nginx's convention).
+CLIENT_GONE = 499
+
+
 @web.middleware
 async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
     state = state_of(request)
@@ -263,6 +268,13 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exc.status < 400:
             raise
         return _error_response(request, exc.status, {"error": exc.reason}, {})
+    except ClientGone as exc:
+        # Nobody left to answer, and not the gateway's failure: no 500 in its log or metrics.
+        status = CLIENT_GONE
+        log.info(
+            "gateway: %s %s: the client left before its body arrived (%s)", request.method, request.path, exc
+        )
+        return web.Response(status=CLIENT_GONE, reason="Client Closed Request")
     except Exception as exc:
         answer = as_http(exc)
         if answer is None:

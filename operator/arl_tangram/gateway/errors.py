@@ -12,6 +12,7 @@ from arl_tangram.errors import (
     CapacityExceeded,
     InfrastructureError,
     InvalidSpec,
+    KeyConflict,
     NotFound,
     NotReady,
     QueueFull,
@@ -58,6 +59,8 @@ def as_http(exc: Exception) -> HttpError | None:
         if exc.detail is not None:
             body["detail"] = exc.detail
         return HttpError(exc.status, body)
+    if isinstance(exc, KeyConflict):
+        return HttpError(409, {"error": str(exc), "field": exc.field})
     if isinstance(exc, InvalidSpec):
         return HttpError(400, {"error": str(exc), "field": exc.field})
     if isinstance(exc, CapacityExceeded):

@@ -105,7 +105,9 @@ class StreamError(TangramModel):
 
     id: str | None = None
     key: str | None = None
-    line: int = Field(description="1-based line number of the action in the request stream.")
+    line: int = Field(
+        description="1-based line number of the action in the request stream; 0 for the body as a whole."
+    )
     status: int = Field(description="The HTTP status the same action would get from POST /v1/actions.")
     error: str
     field: str | None = None

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Reason
 from arl_tangram.domain.batches import LANGUAGE_RUNTIMES, native_payload
@@ -25,7 +26,7 @@ from arl_tangram.gateway.models import (
     SessionCreate,
     StreamError,
 )
-from arl_tangram.gateway.parsing import BadRequest, loads, parse, read_json, validate
+from arl_tangram.gateway.parsing import BadRequest, loads, parse, read_json, unreadable_body, validate
 from arl_tangram.gateway.sessions import GatewaySession
 from arl_tangram.gateway.state import GatewayState, authorize, state_of
 from arl_tangram.sandbox.actions import parse_action_key
@@ -234,6 +235,10 @@ async def post_stream(request: web.Request) -> web.StreamResponse:
                 task = asyncio.create_task(one(number, raw))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
+        except RequestPayloadError as exc:
+            # The body itself cannot be decoded (a corrupt Content-Encoding): a line says so.
+            await slots.acquire()
+            await done.put(_refusal(0, unreadable_body(exc), None))
         except Exception as exc:
             # The request stream broke (the client died mid-upload): what arrived still runs.
             log.info("stream from %s broke after some lines: %r", request.remote, exc)

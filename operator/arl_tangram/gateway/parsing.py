@@ -7,9 +7,20 @@ import re
 from typing import Any, TypeVar
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 from pydantic import BaseModel, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its request body arrived: nobody to answer."""
+
+
+def unreadable_body(exc: RequestPayloadError) -> BadRequest:
+    """A body aiohttp could not decode (a corrupt ``Content-Encoding``), as a 400 saying so."""
+    cause = exc.__cause__ or exc
+    return BadRequest(400, f"the request body could not be decoded ({cause}); check Content-Encoding")
 
 
 class BadRequest(Exception):
@@ -31,6 +42,10 @@ async def read_json(request: web.Request, limit: int) -> Any:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise BadRequest(413, f"request body exceeds the limit of {limit} bytes") from exc
+    except RequestPayloadError as exc:
+        raise unreadable_body(exc) from exc
+    except ConnectionResetError as exc:  # aiohttp's "Connection lost" mid-body
+        raise ClientGone(str(exc)) from exc
     return loads(raw)
 
 

@@ -46,7 +46,7 @@ from arl_tangram.gateway.models import (
     VllmScoreRequest,
     VllmScoreResponse,
 )
-from arl_tangram.gateway.native import ALL_LANGUAGES, run_action, scoped_key
+from arl_tangram.gateway.native import ALL_LANGUAGES, caller_key, run_action, scoped_key
 from arl_tangram.gateway.parsing import BadRequest, parse, read_json, validate
 from arl_tangram.gateway.routing import given, namespace_of, pool_of, service_of
 from arl_tangram.gateway.scoring import Sample, openrlhf_samples, score_pairs, test_payload, texts
@@ -84,23 +84,28 @@ def target_of(request: web.Request, namespace: str, model: str | None = None) ->
     return Target(namespace, service=service)
 
 
-async def _one(
-    state: GatewayState, target: Target, sample: Sample, where: str, action_timeout_s: int | None
-) -> float:
+def _action(
+    target: Target, sample: Sample, where: str, key: str, action_timeout_s: int | None
+) -> ActionRequest:
+    """The action scoring one sample (``InvalidSpec`` for a sample that cannot be scored)."""
     if target.pool is not None:
         payload = native_payload("test", test_payload(sample, where), ALL_LANGUAGES)
         kind, name = "test", target.pool
     else:
         payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label}
         kind, name = "reward", target.service or ""
-    request = ActionRequest(
-        key=scoped_key(target.namespace, f"reward-{uuid.uuid4().hex}"),
+    return ActionRequest(
+        key=scoped_key(target.namespace, key),
         namespace=target.namespace,
         target=name,
         kind=kind,  # type: ignore[arg-type]
         payload=payload,
         timeout_s=float(action_timeout_s) if action_timeout_s else None,
     )
+
+
+async def _one(state: GatewayState, request: ActionRequest, where: str) -> float:
+    kind = request.kind
     outcome = await run_action(state, request, "reward")
     if outcome.state is Outcome.SUCCEEDED and outcome.reward is not None:
         return outcome.reward
@@ -121,11 +126,16 @@ async def score(
         raise InvalidSpec(
             "items", f"{len(samples)} samples; at most {state.config.max_reward_items} per request"
         )
-    return list(
-        await asyncio.gather(
-            *(_one(state, target, s, f"items[{i}]", action_timeout_s) for i, s in enumerate(samples))
-        )
-    )
+    # Every sample's action is built before any runs: one that cannot be scored is refused with
+    # nothing begun (the others ran on, their results thrown away). With the caller's key
+    # (X-Tangram-Action-Key), sample i's is KEY/i: a retry (OpenRLHF's, slime's) gets the results
+    # of what already ran instead of running every sample again.
+    key = caller_key(request, None)
+    base = key if key is not None else f"reward-{uuid.uuid4().hex}"
+    actions = [
+        _action(target, s, f"items[{i}]", f"{base}/{i}", action_timeout_s) for i, s in enumerate(samples)
+    ]
+    return list(await asyncio.gather(*(_one(state, a, f"items[{i}]") for i, a in enumerate(actions))))
 
 
 def _limit(request: web.Request) -> int:

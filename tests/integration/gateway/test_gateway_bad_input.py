@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -125,6 +126,45 @@ def test_a_huge_stream_line_is_refused_alone(gateway: Gateway) -> None:
     assert sorted(o.get("id") or f"line{o['line']}" for o in out) == ["after", "before", "line2"]
     refused = next(o for o in out if o.get("line") == 2)
     assert refused["status"] == 413 and str(LIMIT) in refused["error"]
+
+
+@pytest.mark.parametrize("path", ["/v1/actions", "/run_code", "/v1/rewards", "/get_reward?pool=" + POOL])
+def test_a_body_that_cannot_be_decoded_is_refused_by_name(gateway: Gateway, path: str) -> None:
+    """A corrupt compressed body (``Content-Encoding: gzip`` over bytes that are not gzip) is the
+    client's error, said as such: it was a 500 with a stack trace in the log."""
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    resp = requests.post(gateway.url + path, data=b"xxxxx", headers=headers, timeout=60)
+    assert resp.status_code == 400, resp.text
+    assert "Content-Encoding" in resp.json()["error"], resp.text
+    stream = requests.post(gateway.url + "/v1/actions:stream", data=b"xxxxx", headers=headers, timeout=60)
+    (line,) = [json.loads(text) for text in stream.text.splitlines()]
+    assert line["status"] == 400 and line["line"] == 0 and "Content-Encoding" in line["error"], line
+
+
+def test_a_client_that_leaves_mid_body_is_no_server_error(gateway: Gateway) -> None:
+    """A client that closes its connection before its body arrived is nobody's 500: the gateway
+    counts it as 499 (client closed request) and logs no error."""
+    import socket
+    from urllib.parse import urlsplit
+
+    def count(metrics: str, status: str) -> float:
+        prefix = f'tangram_gateway_requests_total{{route="/v1/actions",status="{status}"}} '
+        return sum(float(line[len(prefix) :]) for line in metrics.splitlines() if line.startswith(prefix))
+
+    before = requests.get(gateway.url + "/metrics", timeout=10).text
+    where = urlsplit(gateway.url)
+    with socket.create_connection((where.hostname, where.port), timeout=10) as conn:
+        conn.sendall(
+            b"POST /v1/actions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n" + b'{"type": "code", "target": "py"'
+        )
+    for _ in range(50):
+        after = requests.get(gateway.url + "/metrics", timeout=10).text
+        if count(after, "499") > count(before, "499"):
+            break
+        time.sleep(0.1)
+    assert count(after, "499") == count(before, "499") + 1, after
+    assert count(after, "500") == count(before, "500")
 
 
 def test_unknown_routes_and_methods_answer_json(gateway: Gateway) -> None:

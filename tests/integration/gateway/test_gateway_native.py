@@ -105,6 +105,32 @@ def test_the_same_key_runs_once(gateway: Gateway, agents: list[Agent]) -> None:
     assert ran() == before + 1
 
 
+def test_a_key_sent_again_with_another_action_is_refused(gateway: Gateway) -> None:
+    """A key names one logical action: sent again with another payload or type it gets 409 naming
+    the key, not the first action's result (a test's reward for code that never ran). A retry with
+    a different timeout is still the same action; a stream line reusing a key alike."""
+    action = {"type": "code", "target": POOL, "key": "one-action-7", "payload": {"code": "print('first')"}}
+    first = requests.post(gateway.url + "/v1/actions", json=action, timeout=60)
+    assert first.status_code == 200 and first.json()["stdout"] == "first\n", first.text
+    for changed in (
+        {**action, "payload": {"code": "print('second')"}},
+        {**action, "type": "test"},
+        {**action, "units": {"min": 1, "max": 2}},
+    ):
+        resp = requests.post(gateway.url + "/v1/actions", json=changed, timeout=60)
+        assert resp.status_code == 409 and resp.json()["field"] == "key", resp.text
+        assert "one-action-7" in resp.json()["error"], resp.text
+    again = requests.post(gateway.url + "/v1/actions", json={**action, "timeoutSeconds": 30}, timeout=60)
+    assert again.status_code == 200 and again.json()["stdout"] == "first\n", again.text
+    lines = [
+        json.dumps({**action, "key": "one-line-8"}),
+        json.dumps({**action, "key": "one-line-8", "payload": {"code": "print(2)"}}),
+    ]
+    stream = requests.post(gateway.url + "/v1/actions:stream", data="\n".join(lines).encode(), timeout=60)
+    out = [json.loads(line) for line in stream.text.splitlines()]
+    assert sorted(o.get("status", 200) for o in out) == [200, 409], out
+
+
 def test_an_unknown_pool_is_named(gateway: Gateway) -> None:
     resp = requests.post(
         gateway.url + "/v1/actions",

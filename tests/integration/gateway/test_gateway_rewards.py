@@ -4,6 +4,7 @@ sandbox (test-based), through the same gateway."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -136,6 +137,46 @@ def test_an_answer_cannot_forge_its_test_reward(gateway: Gateway, name: str) -> 
     assert rewards[0] == 0.0, (name, rewards)
     # The half-right answer keeps its half where its summary stands alone, and never earns more.
     assert rewards[1] in (0.0, 0.5), (name, rewards)
+
+
+def _ran(hosts: list[Agent]) -> int:
+    """Actions the sandbox host has run so far (its own count)."""
+    return sum(requests.get(hosts[0].url + "/v1/health", timeout=10).json()["outcomes"].values())
+
+
+def test_a_sample_that_cannot_be_scored_is_refused_before_any_runs(
+    gateway: Gateway, hosts: list[Agent]
+) -> None:
+    """A request whose later sample cannot be scored (no tests as its label) is refused by name
+    with nothing begun: the earlier samples' tests ran on and their results were thrown away."""
+    before = _ran(hosts)
+    body = {"query": [RIGHT, RIGHT, RIGHT], "labels": [TESTS, TESTS, None]}
+    resp = requests.post(gateway.url + f"/get_reward?pool={POOL}", json=body, timeout=120)
+    assert resp.status_code == 400 and "items[2].label" in resp.text, resp.text
+    # What had been begun would be running or done on the host by now.
+    time.sleep(3.0)
+    running = requests.get(hosts[0].url + "/v1/actions", timeout=10).json()
+    assert _ran(hosts) == before and not running.get("running"), running
+
+
+def test_a_reward_request_retried_with_its_key_runs_each_sample_once(
+    gateway: Gateway, hosts: list[Agent]
+) -> None:
+    """With X-Tangram-Action-Key, a retry (OpenRLHF's and slime's, after a dropped connection) gets
+    the rewards of the samples already scored instead of running them all again; the same key
+    with other samples is refused (409)."""
+    headers = {"X-Tangram-Action-Key": "rollout-3-rewards"}
+    body = {"query": [RIGHT, HALF], "labels": [TESTS, TESTS]}
+    before = _ran(hosts)
+    first = requests.post(gateway.url + f"/get_reward?pool={POOL}", json=body, headers=headers, timeout=120)
+    again = requests.post(gateway.url + f"/get_reward?pool={POOL}", json=body, headers=headers, timeout=120)
+    assert first.json()["rewards"] == again.json()["rewards"] == [1.0, 0.5], (first.text, again.text)
+    assert _ran(hosts) == before + 2
+    other = {"query": [HALF, RIGHT], "labels": [TESTS, TESTS]}
+    conflict = requests.post(
+        gateway.url + f"/get_reward?pool={POOL}", json=other, headers=headers, timeout=120
+    )
+    assert conflict.status_code == 409 and "rollout-3-rewards" in conflict.text, conflict.text
 
 
 def test_unknown_service_and_missing_tests_are_named(gateway: Gateway) -> None:
