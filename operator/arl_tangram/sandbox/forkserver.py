@@ -66,6 +66,7 @@ if TYPE_CHECKING:
     from arl_tangram.sandbox.messages import RunMessage
 
 READ_CHUNK = 65536
+ANSWER_MAX = 1024  # bytes: an interpreter loop answers a call with one small frame
 EOF_GRACE_S = 0.5  # after the action's process is gone, how long to wait for its pipes to close
 # Output is read when the action has ended, or from this long after its start on. Reading as it
 # comes woke this process for every write and close of a short action, each wake-up placing it on
@@ -869,7 +870,10 @@ class ForkServer:
         _hand_over(interp.uid, [w_out, w_err] if stdin_fd == self.devnull else [w_out, w_err, stdin_fd])
         # The interpreter was forked for an earlier call: it takes this call's cores and environment
         # (TANGRAM_CORES, TANGRAM_DOP...) itself before running the code.
-        payload = marshal.dumps({"code": msg["code"], "cores": msg["cores"], "env": msg["env"]})
+        # The call's id comes back with its answer (``_answer_of``).
+        payload = marshal.dumps(
+            {"call": msg["id"], "code": msg["code"], "cores": msg["cores"], "env": msg["env"]}
+        )
         started = time.monotonic()
         try:
             # Bounded: an interpreter whose code stopped reading its control socket must not be able
@@ -1095,19 +1099,28 @@ class ForkServer:
             return  # the pidfd reports the death
         interp.rbuf += chunk
         try:
-            replies = wire.decode_frames(interp.rbuf)
+            if len(interp.rbuf) > ANSWER_MAX:
+                raise ValueError("more than an answer")
+            replies: list[Any] = wire.decode_frames(interp.rbuf)
         except Exception:
-            replies = [{"exit_code": 1, "corrupt": True}]
+            replies = [None]
         for reply in replies:
             call = interp.call
-            if call is None or call.exited:
-                continue
-            if reply.get("corrupt"):
-                self._kill(call)
-                continue
+            exit_code = _answer_of(reply, call)
+            if exit_code is None or call is None:
+                # Not the loop's one answer to the call waiting: a frame the program wrote on the
+                # control socket itself (it shares the interpreter's process), malformed, too big,
+                # or for no call. The interpreter is no longer trusted: it goes (the next call gets
+                # a fresh one), and the call waiting, if any, fails. (A list frame crashed this
+                # loop for every action; {"exit_code": 0} passed a failing call and let it run on
+                # past its timeout.)
+                if call is not None and not call.exited:
+                    call.interp_stopped = True
+                self._kill_interp(interp)
+                return
             call.exited = True
             call.ended_at = time.monotonic()
-            call.exit_code = int(reply.get("exit_code", 1))
+            call.exit_code = exit_code
             call.max_rss_kb = rss_kb(interp.pid)
             # What the call left running in the interpreter would run on after its answer, past
             # its timeout and without a CPU limit, on cores handed to the next actions.
@@ -1376,6 +1389,17 @@ def _with_filename(code: types.CodeType, path: str) -> types.CodeType:
         consts = tuple(_with_filename(c, path) if isinstance(c, types.CodeType) else c for c in consts)
         return code.replace(co_filename=path, co_consts=consts)
     return code.replace(co_filename=path)
+
+
+def _answer_of(reply: Any, call: Call | None) -> int | None:
+    """The exit status in ``reply`` when it is the interpreter loop's answer to ``call``, the call
+    waiting: exactly ``{"call": its id, "exit_code": a status}``; else None."""
+    if call is None or call.exited or not isinstance(reply, dict) or set(reply) != {"call", "exit_code"}:
+        return None
+    code = reply["exit_code"]
+    if reply["call"] != call.id or type(code) is not int or not 0 <= code <= 255:
+        return None
+    return code
 
 
 def _hand_over(uid: int | None, pipes: list[int]) -> None:

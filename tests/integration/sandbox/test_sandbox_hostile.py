@@ -354,6 +354,50 @@ def test_an_interpreter_that_breaks_its_control_socket_just_ends(agent: Agent) -
     wait_until(lambda: processes_of(agent.uids) == [], what="the broken interpreter to be gone")
 
 
+# Frames a session's code writes on its interpreter's control socket itself (descriptor 3), in the
+# fork server's framing (a 4-byte length, then marshal), then what it does next.
+_FRAME = (
+    "import marshal, os, struct\n"
+    "def frame(obj):\n    b = marshal.dumps(obj)\n    os.write(3, struct.pack('<I', len(b)) + b)\n"
+)
+FORGED_ANSWERS = {
+    "a list for an answer": "frame([1])\nprint('after')\n",
+    "a success, then a failure": "frame({'exit_code': 0})\nraise SystemExit(3)\n",
+    "a success, then running on": (
+        "frame({'exit_code': 0})\nimport time\nt = time.time()\nwhile time.time() - t < 20:\n    pass\n"
+    ),
+    "an answer of 200 MB announced": (
+        "os.write(3, struct.pack('<I', 200 << 20) + b'x' * (4 << 20))\nprint('after')\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(FORGED_ANSWERS))
+def test_an_answer_a_session_writes_itself_ends_its_interpreter_not_the_agent(
+    agent: Agent, name: str
+) -> None:
+    """A session's code shares its interpreter's process, so it can write to the control socket
+    on which the interpreter answers each call. What it writes is not the loop's answer to the call
+    (the call's id, one small frame): the interpreter goes and the call fails, instead of the fork
+    server crashing for every action (a list frame), a failing call passing and running on past
+    its timeout ({"exit_code": 0}), or the fork server holding hundreds of MB (a huge frame). An
+    action running meanwhile is untouched, and the session's next call gets a fresh interpreter."""
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    try:
+        assert agent.execute("x = 1", session_id=sid)["status"] == "ok"
+        with ThreadPoolExecutor(1) as pool:
+            beside = pool.submit(agent.execute, "import time\ntime.sleep(1)\nprint('beside')", timeout_s=30)
+            body = agent.execute(_FRAME + FORGED_ANSWERS[name], session_id=sid, timeout_s=10)
+            assert beside.result()["stdout"] == "beside\n"
+        assert body["status"] != "ok" and body["exit_code"] != 0, body
+        assert agent.healthy()
+        again = agent.execute("print('fresh', 'x' in globals())", session_id=sid)
+        assert again["stdout"] == "fresh False\n" and again["interpreter_restarted"] is True, again
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+    wait_until(lambda: processes_of(agent.uids) == [], what="the interpreter to be gone")
+
+
 def test_an_interpreter_that_hijacks_its_control_socket_is_timed_out(agent: Agent) -> None:
     sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
     try:
