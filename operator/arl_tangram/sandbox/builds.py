@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypeVar
 from arl_tangram.errors import InvalidSpec
 from arl_tangram.sandbox import workfiles
 from arl_tangram.sandbox.compilecache import CompileCache, CompiledBuild, build_key
+from arl_tangram.sandbox.config import cpu_limit
 from arl_tangram.sandbox.forkclient import next_id
 from arl_tangram.sandbox.languages import Detection, Toolchain, artifact_names
 
@@ -224,7 +225,11 @@ class Builder:
         timeout_s: float,
         key: str | None,
     ) -> Build:
-        limits = {**compile_limits, "cpu": int(timeout_s) + 1}
+        want = msg.get("want")  # a compiler's threads (rustc's, javac's) use every core granted
+        limits = {
+            **compile_limits,
+            "cpu": cpu_limit(timeout_s, want if isinstance(want, int) else len(want or ())),
+        }
         step_msg = {
             **msg,
             "id": next_id(),

@@ -63,6 +63,13 @@ def default_workdir_root() -> str:
     return os.path.join(base, f"tangram-sandbox-{os.getpid()}")
 
 
+def cpu_limit(timeout_s: float, ncores: int) -> int:
+    """RLIMIT_CPU for a process given ``timeout_s`` on ``ncores`` cores: CPU time counts every
+    thread's, so a program on n cores may spend n CPU-seconds a second; one second over, so that
+    the timeout (which the fork server enforces by the wall clock) comes first."""
+    return int(timeout_s * max(1, ncores)) + 1
+
+
 def host_memory_mb() -> int:
     """This host's physical memory in MB: the default ceiling of one action's memory."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20

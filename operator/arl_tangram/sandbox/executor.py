@@ -26,7 +26,7 @@ from arl_tangram.errors import CapacityExceeded, InvalidSpec, NotReady
 from arl_tangram.sandbox import isolation, reaping, workfiles
 from arl_tangram.sandbox.actions import ActionControl
 from arl_tangram.sandbox.builds import Builder, CompileStep, Dispatch
-from arl_tangram.sandbox.config import AgentConfig, infra_cores
+from arl_tangram.sandbox.config import AgentConfig, cpu_limit, infra_cores
 from arl_tangram.sandbox.cores import CorePool
 from arl_tangram.sandbox.forkclient import ForkServerClient, next_id
 from arl_tangram.sandbox.languages import ACTION_SYSTEM_PATH, Detection, detect
@@ -318,7 +318,13 @@ class Executor:
                 "runtime", f"unknown runtime {runtime!r}; this pool offers {', '.join(self.config.runtimes)}"
             )
 
-    def _limits(self, spec: ActionSpec, memory_mb: int | None) -> tuple[float, dict[str, int]]:
+    def _limits(
+        self, spec: ActionSpec, memory_mb: int | None, ncores: int = 1
+    ) -> tuple[float, dict[str, int]]:
+        """The action's timeout and limits. CPU time is per process and counts every thread's: on
+        ``ncores`` cores a program's threads spend up to ``ncores`` CPU-seconds a second, so its
+        limit is the timeout's worth on all of them (a limit of one core's killed a two-thread C
+        program with SIGXCPU after 3.6 s of a 6 s timeout; outside, and on one core, it passed)."""
         lim = self.config.limits
         timeout = lim.timeout_s if spec.timeout_s is None else spec.timeout_s
         if not 0 < timeout <= lim.max_timeout_s:
@@ -327,7 +333,7 @@ class Executor:
         if not 16 <= memory <= lim.max_memory_mb:
             raise InvalidSpec("memory_mb", f"{memory} MB is outside [16, {lim.max_memory_mb}] MB")
         limits = {
-            "cpu": int(timeout) + 1,
+            "cpu": cpu_limit(timeout, ncores),
             "as": memory << 20,
             "nproc": lim.nproc,
             "nofile": lim.nofile,
@@ -403,7 +409,7 @@ class Executor:
                 f"({session.memory_mb} MB); set memory_mb when creating the session",
             )
         memory_mb = spec.memory_mb if spec.memory_mb is not None else (session.memory_mb if session else None)
-        timeout, limits = self._limits(spec, memory_mb)
+        timeout, limits = self._limits(spec, memory_mb, len(want) if isinstance(want, frozenset) else want)
         # Validate the grant before queueing for it.
         self.cores.check(want)
         if self._slots.locked() and self._waiting >= self.config.max_waiting:

@@ -109,3 +109,48 @@ def test_the_timeout_of_a_sleeping_action_fires_on_time(tmp_path: Path, runtime:
         assert float(body["cpu_s"]) < 0.5  # it slept: the CPU limit did not end it
     finally:
         stop_agent(agent)
+
+
+SPINNERS_C = r"""
+#include <pthread.h>
+#include <stdio.h>
+#include <time.h>
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+static void *spin(void *arg) {
+    double t0 = now();
+    volatile long x = 0;
+    while (now() - t0 < 4.0) x++;
+    return arg;
+}
+int main(void) {
+    pthread_t a, b;
+    pthread_create(&a, 0, spin, 0); pthread_create(&b, 0, spin, 0);
+    pthread_join(a, 0); pthread_join(b, 0);
+    puts("done");
+    return 0;
+}
+"""
+
+
+def test_the_cpu_limit_counts_every_core_granted(tmp_path: Path) -> None:
+    """CPU time is per process and counts all its threads': on two cores a program may spend two
+    CPU-seconds a second. The limit was one core's worth of the timeout, so a two-thread program
+    was killed by SIGXCPU well before its timeout (a false failure; outside, and on one core, it
+    passes). Now it is the timeout's worth on every core granted, one second over."""
+    agent = start_agent(tmp_path / "work")
+    try:
+        probe = "import resource\nprint(resource.getrlimit(resource.RLIMIT_CPU))"
+        one = agent.execute(probe, timeout_s=5.0)
+        two = agent.execute(probe, timeout_s=5.0, ncores=2)
+        assert (one["stdout"], two["stdout"]) == ("(6, 7)\n", "(11, 12)\n"), (one, two)
+        body = {"code": SPINNERS_C, "language": "c", "run_timeout": 6, "compile_timeout": 60}
+        headers = {"X-Tangram-Cores": "0,1"}
+        resp = requests.post(agent.url + "/run_code", json=body, headers=headers, timeout=120)
+        run = resp.json()["run_result"]
+        assert (run["return_code"], run["stdout"]) == (0, "done\n"), resp.json()
+    finally:
+        stop_agent(agent)
