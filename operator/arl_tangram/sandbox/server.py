@@ -176,12 +176,17 @@ def _decode_files(files: dict[str, str] | dict[str, str | None]) -> dict[str, by
     for path, content in files.items():
         if content is None or IGNORED_FILE_MARK in path:
             continue
-        workfiles.split_relpath(f"files[{path!r}]", path)
+        # By the path it is written to: two names of one file ("main.c" and "./main.c", "a/b" and
+        # "a\\b") would otherwise be written in turn, the later one winning over the request's own
+        # code or another file, and a build cached under one order served for the other.
+        name = "/".join(workfiles.split_relpath(f"files[{path!r}]", path))
+        if name in out:
+            raise InvalidSpec(f"files[{path!r}]", f"names the same file ({name!r}) as another entry")
         try:
             # Line breaks and spaces are allowed, as SandboxFusion (b64decode without validation)
             # allows them: base64.encodebytes and MIME encoders break lines every 76 characters.
             # Anything else outside the alphabet is refused, where SandboxFusion drops it unsaid.
-            out[path] = base64.b64decode("".join((content or "").split()), validate=True)
+            out[name] = base64.b64decode("".join((content or "").split()), validate=True)
         except (binascii.Error, ValueError) as exc:
             raise InvalidSpec(f"files[{path!r}]", f"not valid base64: {exc}") from exc
     return out

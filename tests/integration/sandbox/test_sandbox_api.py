@@ -94,6 +94,20 @@ def test_run_code_files_in_base64_with_line_breaks_are_written_and_garbage_is_re
     assert "x.txt" in resp.json()["message"] and "base64" in resp.json()["message"]
 
 
+@pytest.mark.parametrize(
+    "names",
+    [("main.py", "./main.py"), ("lib/v.h", "lib/./v.h"), ("lib/v.h", "lib\\v.h"), ("a.txt", "a.txt/")],
+)
+def test_two_names_of_one_file_are_refused(agent: Agent, names: tuple[str, str]) -> None:
+    """Two entries that name one file were written in turn, the later winning: ``./main.c`` beat the
+    request's own code, and a build cached under one order was served for the other. Refused, with
+    the file named, before anything runs."""
+    files = {name: base64.b64encode(f"print({i})".encode()).decode() for i, name in enumerate(names)}
+    resp = agent.post("/run_code", {"code": "print('code')", "language": "python", "files": files})
+    assert resp.status_code == 400, resp.text
+    assert "same file" in resp.json()["message"] and repr(names[1]) in resp.json()["message"], resp.text
+
+
 def test_run_code_bash_and_unknown_language(agent: Agent) -> None:
     body = agent.post("/run_code", {"code": "echo $((6*7))", "language": "bash"}).json()
     assert body["run_result"]["stdout"] == "42\n"
