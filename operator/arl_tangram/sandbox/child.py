@@ -799,4 +799,4 @@ def _interpreter_loop() -> NoReturn:
         _flush_first_streams()
         for target in (0, 1, 2):
             os.dup2(devnull, target)
-        ctrl.sendall(wire.encode({"call": request.get("call"), "exit_code": code}))
+        ctrl.sendall(wire.SESSION_ANSWER.pack(request["call"], code))

@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from arl_tangram.sandbox.messages import RunMessage
 
 READ_CHUNK = 65536
-ANSWER_MAX = 1024  # bytes: an interpreter loop answers a call with one small frame
+ANSWER = wire.SESSION_ANSWER
 EOF_GRACE_S = 0.5  # after the action's process is gone, how long to wait for its pipes to close
 # Output is read when the action has ended, or from this long after its start on. Reading as it
 # comes woke this process for every write and close of a short action, each wake-up placing it on
@@ -1098,45 +1098,43 @@ class ForkServer:
         if not chunk:
             return  # the pidfd reports the death
         interp.rbuf += chunk
-        try:
-            if len(interp.rbuf) > ANSWER_MAX:
-                raise ValueError("more than an answer")
-            replies: list[Any] = wire.decode_frames(interp.rbuf)
-        except Exception:
-            replies = [None]
-        for reply in replies:
-            call = interp.call
-            exit_code = _answer_of(reply, call)
-            if exit_code is None or call is None:
-                # Not the loop's one answer to the call waiting: a frame the program wrote on the
-                # control socket itself (it shares the interpreter's process), malformed, too big,
-                # or for no call. The interpreter is no longer trusted: it goes (the next call gets
-                # a fresh one), and the call waiting, if any, fails. (A list frame crashed this
-                # loop for every action; {"exit_code": 0} passed a failing call and let it run on
-                # past its timeout.)
-                if call is not None and not call.exited:
-                    call.interp_stopped = True
-                self._kill_interp(interp)
-                return
-            call.exited = True
-            call.ended_at = time.monotonic()
-            call.exit_code = exit_code
-            call.max_rss_kb = rss_kb(interp.pid)
-            # What the call left running in the interpreter would run on after its answer, past
-            # its timeout and without a CPU limit, on cores handed to the next actions.
-            company = company_of(interp.pid)
-            if company == "threads":
-                # Threads (a BLAS pool, an executor) are part of the session's state: the whole
-                # interpreter is stopped until its next call, which moves them to its own cores.
-                company = self._freeze(interp)
-            if company == "processes":
-                # A process may have left its session: stop the interpreter (its PID namespace
-                # takes the rest down); the next call gets a fresh one.
+        if len(interp.rbuf) < ANSWER.size:
+            return  # the rest of the answer comes with the next read
+        # Exactly one answer, read as two integers (``wire.SESSION_ANSWER``): never unmarshalled.
+        reply = bytes(interp.rbuf) if len(interp.rbuf) == ANSWER.size else None
+        interp.rbuf.clear()
+        call = interp.call
+        exit_code = _answer_of(reply, call)
+        if exit_code is None or call is None:
+            # Not the loop's one answer to the call waiting: a frame the program wrote on the
+            # control socket itself (it shares the interpreter's process), malformed, too big,
+            # or for no call. The interpreter is no longer trusted: it goes (the next call gets
+            # a fresh one), and the call waiting, if any, fails. (A list frame crashed this
+            # loop for every action; {"exit_code": 0} passed a failing call and let it run on
+            # past its timeout.)
+            if call is not None and not call.exited:
                 call.interp_stopped = True
-                self._kill_interp(interp)
-            if call.open_pipes:
-                heapq.heappush(self.timers, (call.ended_at + EOF_GRACE_S, call.id))
-            self._maybe_finish(call)
+            self._kill_interp(interp)
+            return
+        call.exited = True
+        call.ended_at = time.monotonic()
+        call.exit_code = exit_code
+        call.max_rss_kb = rss_kb(interp.pid)
+        # What the call left running in the interpreter would run on after its answer, past
+        # its timeout and without a CPU limit, on cores handed to the next actions.
+        company = company_of(interp.pid)
+        if company == "threads":
+            # Threads (a BLAS pool, an executor) are part of the session's state: the whole
+            # interpreter is stopped until its next call, which moves them to its own cores.
+            company = self._freeze(interp)
+        if company == "processes":
+            # A process may have left its session: stop the interpreter (its PID namespace
+            # takes the rest down); the next call gets a fresh one.
+            call.interp_stopped = True
+            self._kill_interp(interp)
+        if call.open_pipes:
+            heapq.heappush(self.timers, (call.ended_at + EOF_GRACE_S, call.id))
+        self._maybe_finish(call)
 
     def _fire_timers(self) -> None:
         now = time.monotonic()
@@ -1391,15 +1389,15 @@ def _with_filename(code: types.CodeType, path: str) -> types.CodeType:
     return code.replace(co_filename=path)
 
 
-def _answer_of(reply: Any, call: Call | None) -> int | None:
+def _answer_of(reply: bytes | None, call: Call | None) -> int | None:
     """The exit status in ``reply`` when it is the interpreter loop's answer to ``call``, the call
-    waiting: exactly ``{"call": its id, "exit_code": a status}``; else None."""
-    if call is None or call.exited or not isinstance(reply, dict) or set(reply) != {"call", "exit_code"}:
+    waiting: exactly ``ANSWER`` of its id and a status; else None."""
+    if call is None or call.exited or reply is None:
         return None
-    code = reply["exit_code"]
-    if reply["call"] != call.id or type(code) is not int or not 0 <= code <= 255:
+    call_id, code = ANSWER.unpack(reply)
+    if call_id != call.id or not 0 <= code <= 255:
         return None
-    return code
+    return int(code)
 
 
 def _hand_over(uid: int | None, pipes: list[int]) -> None:

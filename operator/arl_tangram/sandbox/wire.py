@@ -19,6 +19,11 @@ if TYPE_CHECKING:
 
 HEADER = struct.Struct("<I")
 MAX_FRAME = 256 * 1024 * 1024
+# A session interpreter's answer to a call: the call's id and its exit status, as two integers and
+# nothing else. The other way, the fork server's frames above; but the interpreter runs a session's
+# code in its own process, so what it sends is read without marshal, which trusts the lengths in its
+# data (a 9-byte frame made it build a tuple of 2**31 slots).
+SESSION_ANSWER = struct.Struct("<qi")
 
 
 def encode(message: dict[str, Any]) -> bytes:

@@ -366,6 +366,12 @@ FORGED_ANSWERS = {
     "a success, then running on": (
         "frame({'exit_code': 0})\nimport time\nt = time.time()\nwhile time.time() - t < 20:\n    pass\n"
     ),
+    "a marshal bomb (a tuple of 2**31 slots in 9 bytes)": (
+        "os.write(3, struct.pack('<I', 5) + b'(' + struct.pack('<i', 2**31 - 1))\nprint('after')\n"
+    ),
+    "an answer of the right size for another call": (
+        "os.write(3, struct.pack('<qi', 12345, 0))\nprint('after')\n"
+    ),
     "an answer of 200 MB announced": (
         "os.write(3, struct.pack('<I', 200 << 20) + b'x' * (4 << 20))\nprint('after')\n"
     ),
