@@ -419,24 +419,36 @@ class Executor:
                 "retry shortly or spread the load over more hosts",
                 delay=1.0,
             )
+        # A session's calls run one at a time: each waits for its session before it takes a slot,
+        # so that calls queued on one session hold no slot another action could run in (three
+        # queued calls held both slots of an agent of two, and an unrelated action waited).
+        lock = session.lock if session is not None else None
+        held = False
         self._waiting += 1
         try:
-            got_slot = await _acquire(self._slots, control)
+            if lock is not None:
+                held = await _acquire(lock, control)
+            got_slot = (lock is None or held) and await _acquire(self._slots, control)
+        except BaseException:
+            if held and lock is not None:
+                lock.release()
+            raise
         finally:
             self._waiting -= 1
         if not got_slot:
+            if held and lock is not None:
+                lock.release()
             return self._cancelled(spec)
         try:
             if session is not None:
-                if not await _acquire(session.lock, control):
-                    return self._cancelled(spec)
-                try:
-                    return await self._run_in_session(spec, session, want, timeout, limits, control)
-                finally:
-                    session.lock.release()
+                if session.closed:  # closed while this call waited for it
+                    raise InvalidSpec("session_id", f"no open session {spec.session_id!r} on this host")
+                return await self._run_in_session(spec, session, want, timeout, limits, control)
             return await self._run_fresh(spec, want, timeout, limits, control)
         finally:
             self._slots.release()
+            if lock is not None:
+                lock.release()
 
     def _cancelled(self, spec: ActionSpec) -> ActionResult:
         """The result of an action cancelled before it started."""

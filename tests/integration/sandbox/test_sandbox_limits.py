@@ -154,3 +154,33 @@ def test_the_cpu_limit_counts_every_core_granted(tmp_path: Path) -> None:
         assert (run["return_code"], run["stdout"]) == (0, "done\n"), resp.json()
     finally:
         stop_agent(agent)
+
+
+def test_calls_queued_on_one_session_hold_no_slot_another_action_needs(tmp_path: Path) -> None:
+    """A session runs its calls one at a time. Its queued calls took a slot each before waiting for
+    the session, so on an agent of two slots, three calls of one session kept an unrelated action
+    waiting for the first call's end; they now wait for the session first, holding nothing."""
+    agent = start_agent(tmp_path / "work", "--max-concurrent", "2")
+    try:
+        sid = agent.post("/v1/sessions", {}).json()["session_id"]
+        call = "import time\nprint(time.time())\ntime.sleep(2)\nprint(time.time())"
+        body = {"code": call, "session_id": sid, "timeout_s": 30}
+
+        def send(i: int) -> requests.Response:
+            headers = {"X-Tangram-Action-Key": f"queued-{i}"}
+            return requests.post(agent.url + "/v1/execute", json=body, headers=headers, timeout=60)
+
+        def listed() -> int:
+            return len(requests.get(agent.url + "/v1/actions", timeout=10).json()["running"])
+
+        with ThreadPoolExecutor(3) as pool:
+            queued = [pool.submit(send, i) for i in range(3)]
+            # All three are in (a keyed request is listed from its arrival) before the other comes.
+            wait_until(lambda: listed() >= 3, what="the session's three calls to arrive")
+            other = agent.execute("import time\nprint(time.time())", timeout_s=30)
+            ends = sorted(float(f.result().json()["stdout"].split()[1]) for f in queued)
+        assert other["status"] == "ok", other
+        # It ran while the session's first call still slept, not after it.
+        assert float(other["stdout"]) < ends[0], (other["stdout"], ends)
+    finally:
+        stop_agent(agent)
