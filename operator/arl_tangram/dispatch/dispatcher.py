@@ -35,7 +35,7 @@ from arl_tangram.dispatch.agent import ANSWER_MARGIN_S, AgentClient, AgentRefuse
 from arl_tangram.dispatch.outcomes import interpret
 from arl_tangram.dispatch.rewards import RewardRouter
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
-from arl_tangram.domain.batches import runs_pytest
+from arl_tangram.domain.batches import runner_of
 from arl_tangram.domain.pools import PoolConfig, pool_key
 from arl_tangram.errors import InfrastructureError, KeyConflict, NotFound, QueueFull
 from arl_tangram.managers.cpu import CpuManager, SandboxHost
@@ -79,6 +79,14 @@ def agent_key(key: str, attempt: int) -> str:
 # Keys whose actions the dispatcher remembers, to refuse one sent again with another action (the
 # agents keep as many finished responses by default: ``--action-keys-max``).
 KEYS_REMEMBERED = 10_000
+
+
+def _refused(future: asyncio.Future[ActionOutcome]) -> bool:
+    """Whether a finished job's target refused it before anything ran (its payload, or more units
+    than it could ever grant)."""
+    if future.cancelled() or future.exception() is not None:
+        return False
+    return future.result().reason in (Reason.INVALID_PAYLOAD, Reason.CAPACITY_EXCEEDED)
 
 
 def action_digest(request: ActionRequest) -> str:
@@ -428,11 +436,14 @@ class Dispatcher:
         if request.kind == "reward":
             if not self.rewards.has(f"{request.namespace}/{request.target}") and self.learn is not None:
                 await self.learn("RewardModelService", request.namespace, request.target)
-            return await self.rewards.run(request)
+            outcome = await self.rewards.run(request)
+            self._remember(request)
+            return outcome
         key = pool_key(request.namespace, request.target)
         pool = await self._find_pool(request.namespace, request.target)
         existing = self._jobs.get(request.key)
         if existing is not None:  # the same key came in while the pool was being looked up
+            self._same_action(request)
             return await asyncio.shield(existing.future)
         if pool is None:
             raise NotFound(
@@ -450,6 +461,7 @@ class Dispatcher:
         now = self.clock()
         job = _Job(request, asyncio.get_running_loop().create_future(), now, attempts_so_far)
         self._jobs[request.key] = job
+        self._remember(request)
         pool.arrivals.append(now)
         try:
             if await self._reattach(pool, job):
@@ -459,21 +471,26 @@ class Dispatcher:
         finally:
             if job.future.done():
                 self._jobs.pop(request.key, None)
+                if _refused(job.future):
+                    self._asked.pop(request.key, None)  # nothing ran: a corrected retry may use the key
 
     def _same_action(self, request: ActionRequest) -> None:
-        """Remember what ``request.key`` asks for; ``KeyConflict`` when it asked for another action
-        before (another payload, kind, target, session or units): a key names one logical action,
-        and answering with the first one's result (a test's reward for code that never ran) would
-        be wrong. Bounded to the ``KEYS_REMEMBERED`` newest keys, as the agents' own store is."""
-        digest = action_digest(request)
+        """``KeyConflict`` when ``request.key`` already named another action (another payload, kind,
+        target, session or units): a key names one logical action, and answering with the first
+        one's result (a test's reward for code that never ran) would be wrong."""
         known = self._asked.get(request.key)
-        if known is not None and known != digest:
+        if known is not None and known != action_digest(request):
             raise KeyConflict(
                 request.key,
                 f"key {request.key!r} was already used for a different action (its payload, type, "
                 "target, session or units differ); use a new key for a new action",
             )
-        self._asked[request.key] = digest
+
+    def _remember(self, request: ActionRequest) -> None:
+        """What ``request.key`` asks for, once it has begun (a request refused before, say for a
+        pool that does not exist, leaves the key free for the corrected one). Bounded to the
+        ``KEYS_REMEMBERED`` newest keys, as the agents' own store is."""
+        self._asked[request.key] = action_digest(request)
         self._asked.move_to_end(request.key)
         while len(self._asked) > KEYS_REMEMBERED:
             self._asked.popitem(last=False)
@@ -751,7 +768,7 @@ class Dispatcher:
                 # By the agent's own clock, the action is over this long after it was sent.
                 until = max(sent + timeout_s + ANSWER_MARGIN_S, self.clock() + ANSWER_MARGIN_S)
                 body = await self._settle(pool, endpoint, key, until, str(exc))
-            outcome = interpret(req.key, req.kind, req.wire, body, pytest=runs_pytest(req.payload))
+            outcome = interpret(req.key, req.kind, req.wire, body, runner=runner_of(req.payload))
             self._answered(pool, grant.host)
         except AgentRefused as exc:
             if req.session and exc.body.get("field") == "session_id":
@@ -1062,7 +1079,7 @@ class Dispatcher:
                     if body is None:
                         raise InfrastructureError(f"attempt {key} vanished from host {endpoint.name}")
                     break
-            outcome = interpret(req.key, req.kind, req.wire, body, pytest=runs_pytest(req.payload))
+            outcome = interpret(req.key, req.kind, req.wire, body, runner=runner_of(req.payload))
         except (InfrastructureError, AgentRefused, asyncio.CancelledError) as exc:
             if isinstance(exc, asyncio.CancelledError) and not (job.host_lost or job.cancelled):
                 raise

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from arl_tangram.domain.actions import ActionOutcome, Outcome, Reason, Wire
-from arl_tangram.domain.batches import pass_fraction_reward
+from arl_tangram.domain.batches import Runner, pass_fraction_reward
 from arl_tangram.errors import InfrastructureError
 
 _NATIVE = {
@@ -23,11 +23,11 @@ def _text(value: Any) -> str:
 
 
 def interpret(
-    key: str, kind: str, wire: Wire, body: Mapping[str, Any], *, pytest: bool = False
+    key: str, kind: str, wire: Wire, body: Mapping[str, Any], *, runner: Runner = "unknown"
 ) -> ActionOutcome:
     """The outcome an agent's response body says; raises InfrastructureError when the sandbox
     itself failed (``sandbox_error`` / ``SandboxError``): the program never had its fair run.
-    ``pytest``: the action ran pytest (its reward needs pytest's own summary: ``pass_fraction_reward``)."""
+    ``runner``: how a test action's output is read for its reward (``runner_of``)."""
     if wire == "run_code":
         return _run_code(key, kind, body)
     status = body.get("status")
@@ -49,7 +49,7 @@ def interpret(
         exit_code=exit_code,
         stdout=stdout,
         stderr=stderr,
-        reward=pass_fraction_reward(exit_code, stdout, pytest=pytest) if kind == "test" else None,
+        reward=pass_fraction_reward(exit_code, stdout, runner=runner) if kind == "test" else None,
         duration_s=float(wall) if isinstance(wall, int | float) else 0.0,
         truncated=bool(body.get("stdout_truncated") or body.get("stderr_truncated")),
         response=dict(body),

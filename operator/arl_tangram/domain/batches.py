@@ -11,7 +11,7 @@ import base64
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -123,19 +123,23 @@ def batch_request(
 
 # pytest's final line ("1 failed, 3 passed, 1 warning in 0.12s", framed in "=" without -q; an item
 # may be two words: "3 subtests passed"), its colours taken off first; and the banner of a session
-# that was stopped ("!!! _pytest.outcomes.Exit: ... !!!", "!!! Interrupted: ... !!!").
+# that was stopped ("!!! _pytest.outcomes.Exit: ... !!!", "!!! Interrupted: ... !!!"; not -x's
+# "!!! stopping after 1 failures !!!", whose summary stands).
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _PYTEST_SUMMARY = re.compile(
     r"^=*\s*((?:\d+ [a-z]+(?: [a-z]+)?(?:, )?)+) in \d+(?:\.\d+)?s(?: \([0-9:]+\))?\s*=*$"
 )
 _PYTEST_COUNT = re.compile(r"(\d+) ([a-z]+(?: [a-z]+)?)")
-_PYTEST_STOPPED = re.compile(r"^!{3,} .* !{3,}$")
-# What a test can end as, by the word pytest counts it with: only "passed" earns. A skipped or
-# expected-to-fail test earns nothing: an answer could skip or xfail what it cannot pass
-# (``pytest.skip()`` in the solution, or ``builtins.AssertionError = pytest.skip.Exception``).
+_PYTEST_STOPPED = re.compile(r"^!{3,} (?:_pytest\.outcomes\.Exit|Interrupted|KeyboardInterrupt)\b.*!{3,}$")
+# What a test can end as, by the word pytest counts it with, and which earn: a pass, and a test
+# expected to fail that passed. A skipped or expected-to-fail test earns nothing: an answer could
+# skip or xfail what it cannot pass (``pytest.skip()`` in the solution, or
+# ``builtins.AssertionError = pytest.skip.Exception``).
 _TEST_ENDS = {"passed", "failed", "error", "errors", "skipped", "xfailed", "xpassed"}
+_EARNS = ("passed", "xpassed")
 # A command that is one plain run of pytest (no shell operators, quotes or redirections), and the
 # options with which it prints no summary line or lets the program's own prints through (-s).
+_PYTEST_WORD = re.compile(r"(?:^|[\s;&|(/`\"'])(?:py\.?test|-m\s*pytest)(?:$|[\s;&|)`\"'])")
 _PYTEST_PLAIN = re.compile(r"^(?:python3?(?:\.\d+)? -m pytest|pytest)(?: [\w\-.:=/$]+)*$")
 _PYTEST_UNSURE = re.compile(
     r"(?:^| )(?:-\w*q\w*q\w*|(?:-q|--quiet) (?:-q|--quiet)|-\w*s\w*|--capture=no|--co|--collect-only)(?= |$)"
@@ -144,40 +148,51 @@ _PYTEST_UNSURE = re.compile(
 _QUIET = re.compile(r"(?:^| )(?:-\w*q\w*|--quiet)(?= |$)")
 _PYTEST_CONFIGS = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg", "conftest.py")
 
+# How a test action's output is read for its reward (``runner_of``): "pytest", a plain run of
+# pytest that prints its summary; "script", a program that runs no pytest (its status alone);
+# "unknown", a command that runs pytest in some other way (its summary, where it prints one).
+Runner = Literal["pytest", "script", "unknown"]
 
-def runs_pytest(payload: Mapping[str, Any]) -> bool:
-    """Whether a native payload is a run of pytest that prints its summary line and captures the
-    program's output: the ``pytest`` runtime (which adds ``-q``) with no arguments of its own that
-    quieten it further or stop capturing, or a command that is one plain run of pytest with none of
-    those, with no configuration file of its own among the files (its ``addopts`` could)."""
+
+def runner_of(payload: Mapping[str, Any]) -> Runner:
+    """How a native payload's test run is read: ``"pytest"`` for the ``pytest`` runtime (which adds
+    ``-q``) with no arguments of its own that quieten it further or stop capturing, or a command
+    that is one plain run of pytest with none of those, and no configuration file of its own among
+    the files (its ``addopts`` could); ``"unknown"`` for any other command or code that names
+    pytest; ``"script"`` for the rest."""
     runtime, code = payload.get("runtime"), payload.get("code")
     files = payload.get("files") or {}
-    if any(name.rsplit("/", 1)[-1] in _PYTEST_CONFIGS for name in files):
-        return False
+    configured = any(name.rsplit("/", 1)[-1] in _PYTEST_CONFIGS for name in files)
     if runtime == "pytest":  # its command has -q already: one more in the arguments is -qq
         args = " ".join(map(str, payload.get("args") or []))
-        return not (_PYTEST_UNSURE.search(args) or _QUIET.search(args))
-    if runtime != "bash" or not isinstance(code, str):
-        return False
-    command = code.strip()
-    return bool(_PYTEST_PLAIN.match(command)) and not _PYTEST_UNSURE.search(command)
+        sure = not (configured or _PYTEST_UNSURE.search(args) or _QUIET.search(args))
+        return "pytest" if sure else "unknown"
+    text = code.strip() if isinstance(code, str) else ""
+    if runtime == "bash" and _PYTEST_PLAIN.match(text) and not (configured or _PYTEST_UNSURE.search(text)):
+        return "pytest"
+    names_pytest = _PYTEST_WORD.search(text) if runtime == "bash" else "pytest" in text
+    return "unknown" if names_pytest else "script"
 
 
-def pass_fraction_reward(exit_code: int | None, stdout: str, *, pytest: bool = False) -> float:
+def pass_fraction_reward(exit_code: int | None, stdout: str, *, runner: Runner = "unknown") -> float:
     """A test action's reward: the fraction of its tests that passed, from pytest's summary line on
     stdout (a skipped or expected-to-fail test earns nothing). The program under test shares
     pytest's process and output, so nothing it prints may raise its reward:
+    - a program that runs no pytest (``runner`` "script") is judged by its status alone: 1.0 for 0
+      (a summary it printed itself, "9 passed, 1 failed", earned 0.9 with status 1);
     - one summary line is read, and only where there is exactly one; with more (an exit function
       printing "10 passed in 0.1s"), a status of 0 earns 1.0 only if every one says all passed;
     - only stdout is read (pytest writes its summary there), never stderr;
     - a session that was stopped (``pytest.exit(returncode=0)`` after one test) earns 0;
     - a status other than 0 and 1 (pytest's "tests failed") earns 0, and so does a summary that
       says every test passed with a status of 1;
-    - with no summary, the status decides (a command that is not pytest: 1.0 for 0), except where
-      the run is known to print one (``pytest``, ``runs_pytest``): there the program ended the
-      process before pytest could report (``os._exit(0)`` while pytest imported it), and earns 0.
+    - with no summary, a plain run of pytest (``runner`` "pytest", which prints one) earns 0: the
+      program ended the process before pytest could report (``os._exit(0)`` while pytest imported
+      it); another command earns 1.0 for status 0.
     In-process a program can still write to pytest's own saved descriptors, or print freely where
     capture is off (``-s``); that is beyond this reading."""
+    if runner == "script":
+        return 1.0 if exit_code == 0 else 0.0
     text = _ANSI.sub("", stdout)
     summaries: list[dict[str, int]] = []
     for line in text.splitlines():
@@ -197,14 +212,14 @@ def pass_fraction_reward(exit_code: int | None, stdout: str, *, pytest: bool = F
     if len(summaries) == 1:
         (counts,) = summaries
         total = sum(counts.values())
-        passed = counts.get("passed", 0)
+        passed = sum(counts.get(end, 0) for end in _EARNS)
         if not total or (exit_code == 1 and passed >= total):
             return 0.0
         return passed / total
     if summaries:
-        all_passed = all(sum(c.values()) == c.get("passed", 0) > 0 for c in summaries)
+        all_passed = all(sum(c.values()) == sum(c.get(e, 0) for e in _EARNS) > 0 for c in summaries)
         return 1.0 if exit_code == 0 and all_passed else 0.0
-    return 1.0 if exit_code == 0 and not pytest else 0.0
+    return 1.0 if exit_code == 0 and runner != "pytest" else 0.0
 
 
 def _tail(text: str, limit: int) -> tuple[str, bool]:

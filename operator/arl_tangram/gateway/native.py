@@ -36,10 +36,11 @@ log = logging.getLogger(__name__)
 ALL_LANGUAGES = tuple(LANGUAGE_RUNTIMES)
 
 
-def scoped_key(namespace: str, key: str | None) -> str:
+def scoped_key(namespace: str, key: str | None, space: str = "gw") -> str:
     """The dispatcher's key for a caller's key: scoped by namespace, so that two tenants who pick the
-    same key never share an action; a fresh one when the caller gave none."""
-    return f"gw/{namespace}/{key or uuid.uuid4().hex}"
+    same key never share an action; a fresh one when the caller gave none. ``space`` keeps keys the
+    gateway derives (a reward request's samples: ``gw-reward``) apart from any a caller could send."""
+    return f"{space}/{namespace}/{key or uuid.uuid4().hex}"
 
 
 def caller_key(request: web.Request, body_key: str | None) -> str | None:

@@ -95,7 +95,7 @@ def _action(
         payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label}
         kind, name = "reward", target.service or ""
     return ActionRequest(
-        key=scoped_key(target.namespace, key),
+        key=scoped_key(target.namespace, key, space="gw-reward"),
         namespace=target.namespace,
         target=name,
         kind=kind,  # type: ignore[arg-type]

@@ -131,6 +131,20 @@ def test_a_key_sent_again_with_another_action_is_refused(gateway: Gateway) -> No
     assert sorted(o.get("status", 200) for o in out) == [200, 409], out
 
 
+def test_a_key_refused_before_anything_ran_stays_free(gateway: Gateway) -> None:
+    """A request refused before its action began (a pool that does not exist) leaves its key free:
+    the corrected request under the same key runs, instead of a 409 for an action that never was."""
+    action = {
+        "type": "code",
+        "target": "no-such-pool",
+        "key": "fix-me-2",
+        "payload": {"code": "print('ran')"},
+    }
+    assert requests.post(gateway.url + "/v1/actions", json=action, timeout=60).status_code == 404
+    fixed = requests.post(gateway.url + "/v1/actions", json={**action, "target": POOL}, timeout=60)
+    assert fixed.status_code == 200 and fixed.json()["stdout"] == "ran\n", fixed.text
+
+
 def test_an_unknown_pool_is_named(gateway: Gateway) -> None:
     resp = requests.post(
         gateway.url + "/v1/actions",

@@ -179,6 +179,27 @@ def test_a_reward_request_retried_with_its_key_runs_each_sample_once(
     assert conflict.status_code == 409 and "rollout-3-rewards" in conflict.text, conflict.text
 
 
+def test_a_label_run_as_a_script_is_judged_by_its_status_alone(gateway: Gateway) -> None:
+    """A label with no ``def test`` runs as a plain script: its status decides. An answer that
+    prints a summary of its own ("9 passed, 1 failed") before the script's assert fails earned 0.9."""
+    label = "from solution import add\nassert add(1, 2) == 3\nassert add(-1, -2) == -3\n"
+    forger = "```python\nprint('9 passed, 1 failed in 0.1s')\ndef add(a, b):\n    return abs(a) + abs(b)\n```"
+    body = {"query": [RIGHT, forger], "labels": [label, label]}
+    resp = requests.post(gateway.url + f"/get_reward?pool={POOL}", json=body, timeout=120)
+    assert resp.status_code == 200 and resp.json()["rewards"] == [1.0, 0.0], resp.text
+
+
+def test_a_reward_requests_key_never_meets_an_actions_key(gateway: Gateway) -> None:
+    """A reward request's samples are keyed apart from any key a caller sends: steps keyed
+    ``traj-5/0``, ``traj-5/1`` and a reward request keyed ``traj-5`` are three actions, not a 409."""
+    step = {"type": "code", "target": POOL, "key": "traj-5/0", "payload": {"code": "print('step')"}}
+    assert requests.post(gateway.url + "/v1/actions", json=step, timeout=60).status_code == 200
+    body = {"query": [RIGHT], "labels": [TESTS]}
+    headers = {"X-Tangram-Action-Key": "traj-5"}
+    resp = requests.post(gateway.url + f"/get_reward?pool={POOL}", json=body, headers=headers, timeout=120)
+    assert resp.status_code == 200 and resp.json()["rewards"] == [1.0], resp.text
+
+
 def test_unknown_service_and_missing_tests_are_named(gateway: Gateway) -> None:
     resp = requests.post(gateway.url + "/get_reward?service=ghost", json={"query": ["x"]}, timeout=60)
     assert resp.status_code == 404 and "ghost" in resp.json()["error"]

@@ -12,11 +12,12 @@ from arl_tangram.api.actionbatch import ActionBatchSpec, ActionResult
 from arl_tangram.controllers.actionbatch import BatchObservation, reconcile_actionbatch, recovered_results
 from arl_tangram.domain.actions import ActionOutcome, Outcome, Reason
 from arl_tangram.domain.batches import (
+    Runner,
     batch_request,
     compact_result,
     fit_results,
     pass_fraction_reward,
-    runs_pytest,
+    runner_of,
 )
 from arl_tangram.errors import InvalidSpec
 
@@ -126,71 +127,81 @@ def test_compact_result_keeps_the_tail_of_the_output() -> None:
 
 
 @pytest.mark.parametrize(
-    ("exit_code", "output", "pytest_ran", "reward"),
+    ("exit_code", "output", "runner", "reward"),
     [
-        (0, "....\n4 passed in 0.1s\n", True, 1.0),
-        (1, "3 passed, 1 failed in 0.2s", True, 0.75),
-        (1, "===== 1 failed, 3 passed, 1 warning in 61.20s (0:01:01) =====", True, 0.75),
-        (1, "1 failed, 1 error in 0.2s", True, 0.0),
-        (1, "1 passed, 1 error in 0.1s", True, 0.5),
-        (0, "1 passed, 1 warning in 0.1s", True, 1.0),
-        (0, "1 passed, 3 subtests passed in 0.66s", True, 1.0),
-        (1, "2 failed, 1 passed, 2 subtests passed in 0.5s", True, 1 / 3),
-        (0, "\x1b[32m===== 3 passed in 0.1s =====\x1b[0m", True, 1.0),
-        (0, "1000 passed in 12.00s (0:00:12)", True, 1.0),
-        (0, "no summary: a command that is not pytest", False, 1.0),
-        (2, "no summary", False, 0.0),
-        (2, "1 error in 0.1s", True, 0.0),
-        (5, "no tests ran in 0.01s", True, 0.0),
+        (0, "....\n4 passed in 0.1s\n", "pytest", 1.0),
+        (1, "3 passed, 1 failed in 0.2s", "pytest", 0.75),
+        (1, "===== 1 failed, 3 passed, 1 warning in 61.20s (0:01:01) =====", "pytest", 0.75),
+        (1, "1 failed, 1 error in 0.2s", "pytest", 0.0),
+        (1, "1 passed, 1 error in 0.1s", "pytest", 0.5),
+        (0, "1 passed, 1 warning in 0.1s", "pytest", 1.0),
+        (0, "1 passed, 3 subtests passed in 0.66s", "pytest", 1.0),
+        (1, "2 failed, 1 passed, 2 subtests passed in 0.5s", "pytest", 1 / 3),
+        (0, "\x1b[32m===== 3 passed in 0.1s =====\x1b[0m", "pytest", 1.0),
+        (0, "1000 passed in 12.00s (0:00:12)", "pytest", 1.0),
+        (0, "1 passed, 1 xpassed in 0.1s", "pytest", 1.0),  # an xfail(strict=False) that passed
+        (1, "F\n!!!!!!! stopping after 1 failures !!!!!!!\n1 failed, 1 passed in 0.1s", "pytest", 0.5),  # -x
+        (0, "no summary: a command that may not be pytest", "unknown", 1.0),
+        (0, "no summary", "script", 1.0),
+        (2, "no summary", "unknown", 0.0),
+        (2, "1 error in 0.1s", "pytest", 0.0),
+        (5, "no tests ran in 0.01s", "pytest", 0.0),
         # What the program under test does to its own run cannot raise its reward: a second
         # summary after pytest's (an exit function's), a status of 0 with no summary from a pytest
         # run (os._exit(0) while pytest imported it), a failure whose only summary claims every
         # test passed, a session it stopped with status 0 after one test, tests it skipped or
-        # marked expected to fail; an exit function's os._exit(0) keeps the honest fraction.
-        (1, "F.\n1 failed, 1 passed in 0.05s\n10 passed in 0.01s\n", True, 0.0),
-        (0, "1 passed, 2 skipped in 0.1s\n3 passed in 0.1s\n", True, 0.0),
-        (0, "", True, 0.0),
-        (1, "10 passed in 0.1s", True, 0.0),
-        (0, "1 passed in 0.74s\n!!!!!!!!!! _pytest.outcomes.Exit: bye !!!!!!!!!!\n", True, 0.0),
-        (0, "1 passed, 2 skipped in 0.1s", True, 1 / 3),
-        (0, "1 passed, 2 xfailed in 0.1s", True, 1 / 3),
-        (0, "F.\n1 failed, 1 passed in 0.05s\n", True, 0.5),
-        (1, "1 failed in 0.1s\nnot a summary: 5 passed\n", True, 0.0),
+        # marked expected to fail, a summary printed by a program that runs no pytest; an exit
+        # function's os._exit(0) keeps the honest fraction.
+        (1, "F.\n1 failed, 1 passed in 0.05s\n10 passed in 0.01s\n", "pytest", 0.0),
+        (0, "1 passed, 2 skipped in 0.1s\n3 passed in 0.1s\n", "pytest", 0.0),
+        (0, "", "pytest", 0.0),
+        (1, "10 passed in 0.1s", "pytest", 0.0),
+        (0, "1 passed in 0.74s\n!!!!!!!!!! _pytest.outcomes.Exit: bye !!!!!!!!!!\n", "pytest", 0.0),
+        (0, "1 passed, 2 skipped in 0.1s", "pytest", 1 / 3),
+        (0, "1 passed, 2 xfailed in 0.1s", "pytest", 1 / 3),
+        (0, "F.\n1 failed, 1 passed in 0.05s\n", "pytest", 0.5),
+        (1, "1 failed in 0.1s\nnot a summary: 5 passed\n", "pytest", 0.0),
+        (1, "9 passed, 1 failed in 0.1s", "script", 0.0),
     ],
 )
 def test_test_actions_reward_the_pass_fraction(
-    exit_code: int, output: str, pytest_ran: bool, reward: float
+    exit_code: int, output: str, runner: Runner, reward: float
 ) -> None:
-    assert pass_fraction_reward(exit_code, output, pytest=pytest_ran) == pytest.approx(reward)
+    assert pass_fraction_reward(exit_code, output, runner=runner) == pytest.approx(reward)
 
 
 @pytest.mark.parametrize(
-    ("payload", "ran"),
+    ("payload", "runner"),
     [
-        ({"runtime": "pytest", "code": "def test_x(): pass"}, True),
-        ({"runtime": "pytest", "code": "def test_x(): pass", "args": ["-x", "-v"]}, True),
-        ({"runtime": "pytest", "code": "def test_x(): pass", "args": ["-q"]}, False),  # -qq: no summary
-        ({"runtime": "pytest", "code": "def test_x(): pass", "args": ["-s"]}, False),  # prints pass through
-        ({"runtime": "bash", "code": "python -m pytest -q -p no:cacheprovider test_solution.py"}, True),
-        ({"runtime": "bash", "code": "pytest -q -n $TANGRAM_DOP"}, True),
-        ({"runtime": "bash", "code": "python3 -m pytest -x tests/"}, True),
-        ({"runtime": "bash", "code": "pytest -qq tests/"}, False),
-        ({"runtime": "bash", "code": "pytest -q -q"}, False),
-        ({"runtime": "bash", "code": "python -m pytest -p no:terminal"}, False),
-        ({"runtime": "bash", "code": "pytest --co"}, False),
+        ({"runtime": "pytest", "code": "def test_x(): pass"}, "pytest"),
+        ({"runtime": "pytest", "code": "def test_x(): pass", "args": ["-x", "-v"]}, "pytest"),
+        ({"runtime": "pytest", "code": "def test_x(): pass", "args": ["-q"]}, "unknown"),  # -qq: no summary
+        (
+            {"runtime": "pytest", "code": "def test_x(): pass", "args": ["-s"]},
+            "unknown",
+        ),  # prints pass through
+        ({"runtime": "bash", "code": "python -m pytest -q -p no:cacheprovider test_solution.py"}, "pytest"),
+        ({"runtime": "bash", "code": "pytest -q -n $TANGRAM_DOP"}, "pytest"),
+        ({"runtime": "bash", "code": "python3 -m pytest -x tests/"}, "pytest"),
+        ({"runtime": "bash", "code": "pytest -qq tests/"}, "unknown"),
+        ({"runtime": "bash", "code": "pytest -q -q"}, "unknown"),
+        ({"runtime": "bash", "code": "python -m pytest -p no:terminal"}, "unknown"),
+        ({"runtime": "bash", "code": "pytest --co"}, "unknown"),
         (
             {"runtime": "bash", "code": "pytest -q", "files": {"pytest.ini": "[pytest]\naddopts = -q\n"}},
-            False,
+            "unknown",
         ),
-        ({"runtime": "bash", "code": "pytest -q || true"}, False),  # not one plain run
-        ({"runtime": "bash", "code": "pip install pytest && python check.py"}, False),
-        ({"runtime": "bash", "code": "echo pytest"}, False),
-        ({"runtime": "bash", "code": "python check.py"}, False),
-        ({"runtime": "python", "code": "import pytest"}, False),
+        ({"runtime": "bash", "code": "pytest -q || true"}, "unknown"),  # not one plain run
+        ({"runtime": "bash", "code": 'bash -c "pytest -q test_solution.py"'}, "unknown"),
+        ({"runtime": "bash", "code": "python -mpytest -q"}, "unknown"),
+        ({"runtime": "bash", "code": "python check.py"}, "script"),
+        ({"runtime": "bash", "code": "python test_solution.py"}, "script"),  # a label run as a script
+        ({"runtime": "python", "code": "print(1)"}, "script"),
+        ({"runtime": "python", "code": "import pytest\nraise SystemExit(pytest.main(['-q']))"}, "unknown"),
     ],
 )
-def test_which_test_actions_are_pytest_runs(payload: dict[str, Any], ran: bool) -> None:
-    assert runs_pytest(payload) is ran
+def test_how_test_actions_are_read(payload: dict[str, Any], runner: Runner) -> None:
+    assert runner_of(payload) == runner
 
 
 def test_batch_actions_become_requests_with_files_and_priorities() -> None:
