@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 
 def _encodable(text: str) -> str:
@@ -30,15 +30,30 @@ class RunCodeRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    compile_timeout: float = Field(10, description="wall-clock limit of the compile step, seconds")
-    run_timeout: float = Field(10, gt=0, description="wall-clock limit of the run, seconds")
-    memory_limit_MB: int = Field(-1, description="address-space limit in MB; -1: the pool's default")
+    # Finite and positive: a NaN or negative compile limit was accepted and reached the timers.
+    compile_timeout: float = Field(
+        10, gt=0, allow_inf_nan=False, description="wall-clock limit of the compile step, seconds"
+    )
+    run_timeout: float = Field(
+        10, gt=0, allow_inf_nan=False, description="wall-clock limit of the run, seconds"
+    )
+    memory_limit_MB: int = Field(
+        -1, ge=-1, description="address-space limit in MB (at least 16); -1: the pool's default"
+    )
     code: Text
     stdin: Text | None = None
     language: str
     files: dict[Text, str | None] = Field(default_factory=dict, description="path -> base64 content")
     fetch_files: list[Text] = Field(default_factory=list)
     args: list[Text] = Field(default_factory=list, description="extra pytest arguments")
+
+    @field_validator("memory_limit_MB")
+    @classmethod
+    def _usable_memory(cls, value: int) -> int:
+        # Named here as the client named it (the limit below was refused as ``memory_mb``).
+        if 0 < value < 16:
+            raise ValueError("at least 16 MB, or -1 (or 0) for the pool's default")
+        return value
 
 
 class ExecuteRequest(BaseModel):

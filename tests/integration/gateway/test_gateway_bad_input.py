@@ -33,6 +33,28 @@ def gateway(hosts: list[Agent]) -> Iterator[Gateway]:
 
 ACTION = {"type": "code", "target": POOL, "payload": {"code": "print(1)"}}
 CASES: list[tuple[str, str, bytes, int, str]] = [
+    # SandboxFusion's limits: finite and positive, named as the client named them.
+    (
+        "/run_code",
+        "negative compile timeout",
+        b'{"code": "1", "language": "python", "compile_timeout": -100}',
+        422,
+        "compile_timeout",
+    ),
+    (
+        "/run_code",
+        "NaN run timeout",
+        b'{"code": "1", "language": "python", "run_timeout": NaN}',
+        422,
+        "run_timeout",
+    ),
+    (
+        "/run_code",
+        "memory under 16 MB",
+        b'{"code": "1", "language": "python", "memory_limit_MB": 5}',
+        422,
+        "memory_limit_MB",
+    ),
     ("/v1/actions", "malformed", b'{"type": ', 400, "malformed JSON"),
     ("/v1/actions", "empty", b"", 400, "empty body"),
     ("/v1/actions", "array", b"[1, 2]", 422, "JSON object"),
