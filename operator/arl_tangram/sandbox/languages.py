@@ -186,10 +186,13 @@ LANGUAGES: tuple[Language, ...] = (
         source="main.ts",
         tools={"esbuild": "esbuild", "node": "node"},
         # tsx's semantics: types stripped, not checked; CommonJS, as tsx runs a .ts file outside
-        # an ESM package (so `require` works).
+        # an ESM package (so `require` works). Bundled, the program's own modules with it (each
+        # file stripped alone left `import './lib'` to find no lib.js), packages left to require.
         compile=(
             "{esbuild}",
             "main.ts",
+            "--bundle",
+            "--packages=external",
             "--format=cjs",
             "--platform=node",
             "--log-level=warning",

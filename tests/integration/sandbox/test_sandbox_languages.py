@@ -417,6 +417,21 @@ def test_aliases_and_request_files(agent: Agent, found: dict[str, Any]) -> None:
     assert body["run_result"]["stdout"] == "42\n"
 
 
+def test_typescript_imports_its_own_modules_as_tsx_runs_them(agent: Agent, found: dict[str, Any]) -> None:
+    """A TypeScript program of two files (``import { f } from './lib'``) runs as under ``tsx``: its
+    own modules are built with it, and a package of the host (node's ``fs``) stays a require. Each
+    file was stripped of its types alone, so ``./lib`` was not found."""
+    need(found, "typescript")
+    lib = base64.b64encode(b"export function twice(x: number): number {\n  return 2 * x;\n}\n").decode()
+    code = (
+        "import { twice } from './lib';\nimport * as fs from 'fs';\n"
+        "console.log(twice(21), typeof fs.readFileSync);\n"
+    )
+    body = run(agent, "typescript", code, files={"lib.ts": lib})
+    assert body["status"] == "Success", body
+    assert body["run_result"]["stdout"] == "42 function\n"
+
+
 def test_health_lists_the_languages_found(agent: Agent, found: dict[str, Any]) -> None:
     for name, entry in found["found"].items():
         assert entry["version"], name
@@ -461,7 +476,12 @@ def test_native_api_reports_the_compile(agent: Agent, found: dict[str, Any]) -> 
 
 def test_compile_timeout_out_of_range_is_refused(agent: Agent, found: dict[str, Any]) -> None:
     need(found, "cpp")
+    # Not positive, or not finite: the request's own validation (422), as for any field's type.
     resp = agent.post("/run_code", {"code": "int main(){}", "language": "cpp", "compile_timeout": -1})
+    assert resp.status_code == 422
+    assert "compile_timeout" in resp.json()["message"]
+    # Past the agent's ceiling: its limits (400).
+    resp = agent.post("/run_code", {"code": "int main(){}", "language": "cpp", "compile_timeout": 10**7})
     assert resp.status_code == 400
     assert "compile_timeout" in resp.json()["message"]
 
