@@ -107,6 +107,7 @@ class ActionEntry:
     key: str
     cores: list[int] | None
     session_id: str | None
+    digest: str = ""  # what the first request under the key asked for (``server._request_digest``)
     control: ActionControl = field(default_factory=ActionControl)
     started_at: float = field(default_factory=time.time)
     finished_at: float | None = None
@@ -132,10 +133,12 @@ class ActionStore:
         self._expire()
         return self.running.get(key) or self.finished.get(key)
 
-    def begin(self, key: str, cores: list[int] | None, session_id: str | None) -> ActionEntry:
+    def begin(
+        self, key: str, cores: list[int] | None, session_id: str | None, digest: str = ""
+    ) -> ActionEntry:
         """Register a new running action (the caller checked ``lookup`` with no await since)."""
         assert key not in self.running and key not in self.finished
-        entry = ActionEntry(key=key, cores=cores, session_id=session_id)
+        entry = ActionEntry(key=key, cores=cores, session_id=session_id, digest=digest)
         self.running[key] = entry
         return entry
 

@@ -21,6 +21,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import hashlib
 import hmac
 import json
 import logging
@@ -359,6 +360,25 @@ async def _run_code_action(
 Action = Callable[[ActionControl | None], Awaitable[web.Response]]
 
 
+def _request_digest(path: str, spec: ActionSpec) -> str:
+    """What a keyed request asks for: its endpoint and its program, input, files and session; not
+    its grant or limits (a retry of the same action may come with other cores or a new timeout)."""
+    digest = hashlib.sha256()
+    parts: list[bytes] = [path.encode(), spec.runtime.encode(), spec.code.encode("utf-8", "surrogatepass")]
+    parts += [(spec.stdin or "").encode("utf-8", "surrogatepass"), (spec.session_id or "").encode()]
+    parts += [
+        str(spec.memory_mb).encode(),
+        "\0".join(spec.fetch_files).encode(),
+        "\0".join(spec.args).encode(),
+    ]
+    for name in sorted(spec.files):
+        parts += [name.encode(), spec.files[name]]
+    for part in parts:  # each length-prefixed: no two requests share an encoding
+        digest.update(len(part).to_bytes(8, "little"))
+        digest.update(part)
+    return digest.hexdigest()
+
+
 async def _keyed(request: web.Request, key: str | None, spec: ActionSpec, action: Action) -> web.Response:
     """Run ``action`` once per key: a repeat waits for (or replays) the first one's response.
 
@@ -367,12 +387,21 @@ async def _keyed(request: web.Request, key: str | None, spec: ActionSpec, action
     """
     if key is None:
         return await action(None)
+    digest = _request_digest(request.path, spec)
     store = request.app[ACTIONS]
     entry = store.lookup(key)
     if entry is not None:
+        if entry.digest != digest:
+            # A key names one request: another one under it must not get the first one's answer
+            # (another program's verdict, or a native body where /run_code's shape is expected).
+            message = f"{ACTION_KEY_HEADER} {key!r} was already used for a different request"
+            extra: dict[str, Any] = {"field": ACTION_KEY_HEADER}
+            if request.path == "/run_code":
+                extra.update({"status": "SandboxError", "message": message})
+            return _error_response(409, message, extra)
         return await _replay(entry)
     # No await between the lookup and here: a concurrent repeat finds this entry.
-    entry = store.begin(key, spec.cores, spec.session_id)
+    entry = store.begin(key, spec.cores, spec.session_id, digest)
 
     async def run() -> None:
         try:
@@ -388,8 +417,9 @@ async def _keyed(request: web.Request, key: str | None, spec: ActionSpec, action
         body = response.body  # always bytes here: every answer is built from JSON
         assert isinstance(body, bytes | bytearray), type(body)
         stored = StoredResponse(response.status, bytes(body), response.content_type)
-        # 503: the action did not run (full, or the fork server was lost): a retry may run it.
-        store.finish(entry, stored, keep=response.status != 503)
+        # Only the answer of an action that ran is remembered: a refusal (its request, or 503 when
+        # full or the fork server was lost) ran nothing, and a corrected retry under the key runs.
+        store.finish(entry, stored, keep=response.status == 200)
 
     task = asyncio.create_task(run())
     request.app[TASKS].add(task)

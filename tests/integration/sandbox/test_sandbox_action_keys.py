@@ -100,6 +100,29 @@ def test_a_finished_key_replays_its_stored_response_without_running(agent: Agent
     assert _runs(agent, sid) == 2
 
 
+def test_a_key_sent_again_with_another_request_is_409_not_the_first_answer(agent: Agent) -> None:
+    """A key names one request: another body (or the other endpoint) under it got the first one's
+    answer (another program's verdict; a native body where /run_code's shape was expected). Now 409
+    naming the header; the same request again still replays."""
+    first = _keyed(agent, "k-one", {"code": "print('first')"})
+    assert first.status_code == 200 and first.json()["stdout"] == "first\n"
+    other = _keyed(agent, "k-one", {"code": "raise SystemExit(5)"})
+    assert other.status_code == 409 and other.json()["field"] == KEY, other.text
+    run_code = _keyed(agent, "k-one", {"code": "print('first')", "language": "python"}, path="/run_code")
+    assert run_code.status_code == 409 and run_code.json()["status"] == "SandboxError", run_code.text
+    again = _keyed(agent, "k-one", {"code": "print('first')"})
+    assert again.content == first.content and again.headers["X-Tangram-Replayed"] == "1"
+
+
+def test_a_refused_request_leaves_its_key_free_for_the_corrected_one(agent: Agent) -> None:
+    """A request refused before anything ran (here a runtime the agent lacks) is not remembered:
+    the corrected request under the same key runs (it got the old refusal replayed)."""
+    refused = _keyed(agent, "k-fix", {"runtime": "cobol", "code": "DISPLAY 'x'"})
+    assert refused.status_code == 400, refused.text
+    fixed = _keyed(agent, "k-fix", {"code": "print('fixed')"})
+    assert fixed.status_code == 200 and fixed.json()["stdout"] == "fixed\n", fixed.text
+
+
 def test_run_code_with_a_key_and_a_core_grant(agent: Agent) -> None:
     body = {"code": "import os; print(sorted(os.sched_getaffinity(0)))", "language": "python"}
     resp = requests.post(
