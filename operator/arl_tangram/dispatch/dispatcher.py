@@ -37,7 +37,7 @@ from arl_tangram.dispatch.rewards import RewardRouter
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
 from arl_tangram.domain.batches import runner_of
 from arl_tangram.domain.pools import PoolConfig, pool_key
-from arl_tangram.errors import InfrastructureError, KeyConflict, NotFound, QueueFull
+from arl_tangram.errors import InfrastructureError, KeyConflict, NotFound, QueueFull, TangramError
 from arl_tangram.managers.cpu import CpuManager, SandboxHost
 from arl_tangram.runtime.interface import Resizer
 
@@ -436,9 +436,16 @@ class Dispatcher:
         if request.kind == "reward":
             if not self.rewards.has(f"{request.namespace}/{request.target}") and self.learn is not None:
                 await self.learn("RewardModelService", request.namespace, request.target)
-            outcome = await self.rewards.run(request)
+            # Remembered as it begins (a concurrent request under the key with another payload is
+            # refused), forgotten if it never ran (an unknown service: the key stays free).
+            fresh = request.key not in self._asked
             self._remember(request)
-            return outcome
+            try:
+                return await self.rewards.run(request)
+            except TangramError:
+                if fresh:
+                    self._asked.pop(request.key, None)
+                raise
         key = pool_key(request.namespace, request.target)
         pool = await self._find_pool(request.namespace, request.target)
         existing = self._jobs.get(request.key)

@@ -140,6 +140,7 @@ _EARNS = ("passed", "xpassed")
 # A command that is one plain run of pytest (no shell operators, quotes or redirections), and the
 # options with which it prints no summary line or lets the program's own prints through (-s).
 _PYTEST_WORD = re.compile(r"(?:^|[\s;&|(/`\"'])(?:py\.?test|-m\s*pytest)(?:$|[\s;&|)`\"'])")
+_PYTHON_SCRIPT = re.compile(r"^python3?(?:\.\d+)? [\w\-./]+\.py(?: [\w\-.:=/$]+)*$")
 _PYTEST_PLAIN = re.compile(r"^(?:python3?(?:\.\d+)? -m pytest|pytest)(?: [\w\-.:=/$]+)*$")
 _PYTEST_UNSURE = re.compile(
     r"(?:^| )(?:-\w*q\w*q\w*|(?:-q|--quiet) (?:-q|--quiet)|-\w*s\w*|--capture=no|--co|--collect-only)(?= |$)"
@@ -158,8 +159,9 @@ def runner_of(payload: Mapping[str, Any]) -> Runner:
     """How a native payload's test run is read: ``"pytest"`` for the ``pytest`` runtime (which adds
     ``-q``) with no arguments of its own that quieten it further or stop capturing, or a command
     that is one plain run of pytest with none of those, and no configuration file of its own among
-    the files (its ``addopts`` could); ``"unknown"`` for any other command or code that names
-    pytest; ``"script"`` for the rest."""
+    the files (its ``addopts`` could); ``"script"`` for code that does not name pytest and for a
+    command that is one plain run of a Python file (a label run as a script); ``"unknown"`` for the
+    rest (``make test``, ``tox``, a shell script may run pytest inside)."""
     runtime, code = payload.get("runtime"), payload.get("code")
     files = payload.get("files") or {}
     configured = any(name.rsplit("/", 1)[-1] in _PYTEST_CONFIGS for name in files)
@@ -168,10 +170,13 @@ def runner_of(payload: Mapping[str, Any]) -> Runner:
         sure = not (configured or _PYTEST_UNSURE.search(args) or _QUIET.search(args))
         return "pytest" if sure else "unknown"
     text = code.strip() if isinstance(code, str) else ""
-    if runtime == "bash" and _PYTEST_PLAIN.match(text) and not (configured or _PYTEST_UNSURE.search(text)):
+    if runtime != "bash":  # a program: it runs pytest only where its code says so
+        return "unknown" if "pytest" in text else "script"
+    if _PYTEST_PLAIN.match(text) and not (configured or _PYTEST_UNSURE.search(text)):
         return "pytest"
-    names_pytest = _PYTEST_WORD.search(text) if runtime == "bash" else "pytest" in text
-    return "unknown" if names_pytest else "script"
+    # One plain run of a Python file (a label with no tests, run as a script) prints no summary of
+    # pytest's; any other command (make, tox, a shell script) may run pytest inside.
+    return "script" if _PYTHON_SCRIPT.match(text) and not _PYTEST_WORD.search(text) else "unknown"
 
 
 def pass_fraction_reward(exit_code: int | None, stdout: str, *, runner: Runner = "unknown") -> float:

@@ -428,6 +428,8 @@ class Executor:
         try:
             if lock is not None:
                 held = await _acquire(lock, control)
+                if held and session is not None and session.closed:  # closed while this call waited
+                    raise InvalidSpec("session_id", f"no open session {spec.session_id!r} on this host")
             got_slot = (lock is None or held) and await _acquire(self._slots, control)
         except BaseException:
             if held and lock is not None:
@@ -441,8 +443,6 @@ class Executor:
             return self._cancelled(spec)
         try:
             if session is not None:
-                if session.closed:  # closed while this call waited for it
-                    raise InvalidSpec("session_id", f"no open session {spec.session_id!r} on this host")
                 return await self._run_in_session(spec, session, want, timeout, limits, control)
             return await self._run_fresh(spec, want, timeout, limits, control)
         finally:

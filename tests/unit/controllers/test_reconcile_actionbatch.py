@@ -195,6 +195,10 @@ def test_test_actions_reward_the_pass_fraction(
         ({"runtime": "bash", "code": 'bash -c "pytest -q test_solution.py"'}, "unknown"),
         ({"runtime": "bash", "code": "python -mpytest -q"}, "unknown"),
         ({"runtime": "bash", "code": "python check.py"}, "script"),
+        ({"runtime": "bash", "code": "make test"}, "unknown"),  # may run pytest inside
+        ({"runtime": "bash", "code": "tox -q"}, "unknown"),
+        ({"runtime": "bash", "code": "python check.py && echo done"}, "unknown"),
+        ({"runtime": "c", "code": "int main(void) { return 0; }"}, "script"),
         ({"runtime": "bash", "code": "python test_solution.py"}, "script"),  # a label run as a script
         ({"runtime": "python", "code": "print(1)"}, "script"),
         ({"runtime": "python", "code": "import pytest\nraise SystemExit(pytest.main(['-q']))"}, "unknown"),
