@@ -81,12 +81,17 @@ def agent_key(key: str, attempt: int) -> str:
 KEYS_REMEMBERED = 10_000
 
 
+# Outcomes of actions their target refused before anything ran (its payload, or more units than it
+# could ever grant): their key stays free for a corrected request.
+_NOTHING_RAN = (Reason.INVALID_PAYLOAD, Reason.CAPACITY_EXCEEDED)
+
+
 def _refused(future: asyncio.Future[ActionOutcome]) -> bool:
     """Whether a finished job's target refused it before anything ran (its payload, or more units
     than it could ever grant)."""
     if future.cancelled() or future.exception() is not None:
         return False
-    return future.result().reason in (Reason.INVALID_PAYLOAD, Reason.CAPACITY_EXCEEDED)
+    return future.result().reason in _NOTHING_RAN
 
 
 def action_digest(request: ActionRequest) -> str:
@@ -437,15 +442,20 @@ class Dispatcher:
             if not self.rewards.has(f"{request.namespace}/{request.target}") and self.learn is not None:
                 await self.learn("RewardModelService", request.namespace, request.target)
             # Remembered as it begins (a concurrent request under the key with another payload is
-            # refused), forgotten if it never ran (an unknown service: the key stays free).
+            # refused: checked again after the await above), forgotten if it never ran (an unknown
+            # service, a payload its service refused: the key stays free for the corrected one).
+            self._same_action(request)
             fresh = request.key not in self._asked
             self._remember(request)
             try:
-                return await self.rewards.run(request)
+                outcome = await self.rewards.run(request)
             except TangramError:
                 if fresh:
                     self._asked.pop(request.key, None)
                 raise
+            if fresh and outcome.reason in _NOTHING_RAN:
+                self._asked.pop(request.key, None)
+            return outcome
         key = pool_key(request.namespace, request.target)
         pool = await self._find_pool(request.namespace, request.target)
         existing = self._jobs.get(request.key)

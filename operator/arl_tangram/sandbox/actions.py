@@ -159,6 +159,11 @@ class ActionStore:
         while len(self.finished) > self.max_entries or self.bytes > self.max_bytes:
             self._drop_oldest()
 
+    def forget(self, entry: ActionEntry) -> None:
+        """Drop a finished entry (a refusal a corrected request under its key replaces)."""
+        if self.finished.pop(entry.key, None) is not None and entry.response is not None:
+            self.bytes -= len(entry.response.body)
+
     def _drop_oldest(self) -> None:
         _, old = self.finished.popitem(last=False)
         assert old.response is not None

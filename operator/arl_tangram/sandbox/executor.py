@@ -443,6 +443,8 @@ class Executor:
             return self._cancelled(spec)
         try:
             if session is not None:
+                if session.closed:  # closed while this call waited for a slot
+                    raise InvalidSpec("session_id", f"no open session {spec.session_id!r} on this host")
                 return await self._run_in_session(spec, session, want, timeout, limits, control)
             return await self._run_fresh(spec, want, timeout, limits, control)
         finally:

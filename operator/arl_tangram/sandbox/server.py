@@ -361,18 +361,15 @@ Action = Callable[[ActionControl | None], Awaitable[web.Response]]
 
 
 def _request_digest(path: str, spec: ActionSpec) -> str:
-    """What a keyed request asks for: its endpoint and its program, input, files and session; not
-    its grant or limits (a retry of the same action may come with other cores or a new timeout)."""
+    """What a keyed request asks for: its endpoint and its program, input, files, session and memory;
+    not its cores or timeouts (a retry of the same action may come with another grant or timeout)."""
     digest = hashlib.sha256()
-    parts: list[bytes] = [path.encode(), spec.runtime.encode(), spec.code.encode("utf-8", "surrogatepass")]
-    parts += [(spec.stdin or "").encode("utf-8", "surrogatepass"), (spec.session_id or "").encode()]
-    parts += [
-        str(spec.memory_mb).encode(),
-        "\0".join(spec.fetch_files).encode(),
-        "\0".join(spec.args).encode(),
-    ]
+    texts = [path, spec.runtime, spec.code, spec.stdin or "", spec.session_id or "", str(spec.memory_mb)]
+    texts += ["\0".join(spec.fetch_files), "\0".join(spec.args)]
+    # Any str the request could carry, a lone surrogate included (a strict encode was a 500).
+    parts = [text.encode("utf-8", "surrogatepass") for text in texts]
     for name in sorted(spec.files):
-        parts += [name.encode(), spec.files[name]]
+        parts += [name.encode("utf-8", "surrogatepass"), spec.files[name]]
     for part in parts:  # each length-prefixed: no two requests share an encoding
         digest.update(len(part).to_bytes(8, "little"))
         digest.update(part)
@@ -390,6 +387,16 @@ async def _keyed(request: web.Request, key: str | None, spec: ActionSpec, action
     digest = _request_digest(request.path, spec)
     store = request.app[ACTIONS]
     entry = store.lookup(key)
+    if (
+        entry is not None
+        and entry.digest != digest
+        and entry.response is not None
+        and entry.response.status != 200
+    ):
+        # A refusal (nothing ran) stays for the caller that may ask after it (a dispatcher whose
+        # connection was cut reads it back); a corrected request under the key replaces it.
+        store.forget(entry)
+        entry = None
     if entry is not None:
         if entry.digest != digest:
             # A key names one request: another one under it must not get the first one's answer
@@ -417,9 +424,9 @@ async def _keyed(request: web.Request, key: str | None, spec: ActionSpec, action
         body = response.body  # always bytes here: every answer is built from JSON
         assert isinstance(body, bytes | bytearray), type(body)
         stored = StoredResponse(response.status, bytes(body), response.content_type)
-        # Only the answer of an action that ran is remembered: a refusal (its request, or 503 when
-        # full or the fork server was lost) ran nothing, and a corrected retry under the key runs.
-        store.finish(entry, stored, keep=response.status == 200)
+        # 503: the action did not run (full, or the fork server was lost): a retry may run it. A
+        # refusal of the request is kept (to be read back) until a corrected request replaces it.
+        store.finish(entry, stored, keep=response.status != 503)
 
     task = asyncio.create_task(run())
     request.app[TASKS].add(task)

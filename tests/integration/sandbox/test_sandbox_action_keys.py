@@ -119,8 +119,13 @@ def test_a_refused_request_leaves_its_key_free_for_the_corrected_one(agent: Agen
     the corrected request under the same key runs (it got the old refusal replayed)."""
     refused = _keyed(agent, "k-fix", {"runtime": "cobol", "code": "DISPLAY 'x'"})
     assert refused.status_code == 400, refused.text
+    # Kept until then: a dispatcher whose connection was cut reads the refusal back.
+    assert requests.get(agent.url + "/v1/actions/k-fix", timeout=10).status_code == 400
     fixed = _keyed(agent, "k-fix", {"code": "print('fixed')"})
     assert fixed.status_code == 200 and fixed.json()["stdout"] == "fixed\n", fixed.text
+    # A lone surrogate in a keyed request's fields is the request's own error, not the agent's.
+    odd = _keyed(agent, "k-odd", {"code": "print(1)", "session_id": "\ud800"})
+    assert odd.status_code == 400 and "session_id" in odd.text, odd.text
 
 
 def test_run_code_with_a_key_and_a_core_grant(agent: Agent) -> None:
