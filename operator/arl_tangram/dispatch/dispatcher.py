@@ -434,7 +434,8 @@ class Dispatcher:
     async def run(self, request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
         """Run one action to its end. ``attempts_so_far`` (from a batch's status after an operator
         restart) makes the dispatcher look for that attempt on the agents before starting another."""
-        self._same_action(request)
+        digest = action_digest(request)  # once: it hashes the whole payload
+        self._same_action(request, digest)
         existing = self._jobs.get(request.key)
         if existing is not None:
             return await asyncio.shield(existing.future)
@@ -444,9 +445,9 @@ class Dispatcher:
             # Remembered as it begins (a concurrent request under the key with another payload is
             # refused: checked again after the await above), forgotten if it never ran (an unknown
             # service, a payload its service refused: the key stays free for the corrected one).
-            self._same_action(request)
+            self._same_action(request, digest)
             fresh = request.key not in self._asked
-            self._remember(request)
+            self._remember(request.key, digest)
             try:
                 outcome = await self.rewards.run(request)
             except TangramError:
@@ -460,7 +461,7 @@ class Dispatcher:
         pool = await self._find_pool(request.namespace, request.target)
         existing = self._jobs.get(request.key)
         if existing is not None:  # the same key came in while the pool was being looked up
-            self._same_action(request)
+            self._same_action(request, digest)
             return await asyncio.shield(existing.future)
         if pool is None:
             raise NotFound(
@@ -478,7 +479,7 @@ class Dispatcher:
         now = self.clock()
         job = _Job(request, asyncio.get_running_loop().create_future(), now, attempts_so_far)
         self._jobs[request.key] = job
-        self._remember(request)
+        self._remember(request.key, digest)
         pool.arrivals.append(now)
         try:
             if await self._reattach(pool, job):
@@ -491,24 +492,24 @@ class Dispatcher:
                 if _refused(job.future):
                     self._asked.pop(request.key, None)  # nothing ran: a corrected retry may use the key
 
-    def _same_action(self, request: ActionRequest) -> None:
+    def _same_action(self, request: ActionRequest, digest: str) -> None:
         """``KeyConflict`` when ``request.key`` already named another action (another payload, kind,
         target, session or units): a key names one logical action, and answering with the first
         one's result (a test's reward for code that never ran) would be wrong."""
         known = self._asked.get(request.key)
-        if known is not None and known != action_digest(request):
+        if known is not None and known != digest:
             raise KeyConflict(
                 request.key,
                 f"key {request.key!r} was already used for a different action (its payload, type, "
                 "target, session or units differ); use a new key for a new action",
             )
 
-    def _remember(self, request: ActionRequest) -> None:
-        """What ``request.key`` asks for, once it has begun (a request refused before, say for a
-        pool that does not exist, leaves the key free for the corrected one). Bounded to the
-        ``KEYS_REMEMBERED`` newest keys, as the agents' own store is."""
-        self._asked[request.key] = action_digest(request)
-        self._asked.move_to_end(request.key)
+    def _remember(self, key: str, digest: str) -> None:
+        """What ``key`` asks for (its ``action_digest``), once it has begun (a request refused
+        before, say for a pool that does not exist, leaves the key free for the corrected one).
+        Bounded to the ``KEYS_REMEMBERED`` newest keys, as the agents' own store is."""
+        self._asked[key] = digest
+        self._asked.move_to_end(key)
         while len(self._asked) > KEYS_REMEMBERED:
             self._asked.popitem(last=False)
 
