@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -58,20 +58,20 @@ def build_key(
     files: Mapping[str, bytes],
     memory_mb: int,
 ) -> str:
-    """The key of a build: every input that decides its output, length-prefixed (no two different
-    inputs share an encoding)."""
-    digest = hashlib.sha256()
-
-    def part(data: bytes) -> None:
-        digest.update(len(data).to_bytes(8, "little"))
-        digest.update(data)
-
-    for text in (language, fingerprint, str(memory_mb), str(len(command)), *command):
-        part(text.encode())
-    part(str(len(files)).encode())
+    """The key of a build: every input that decides its output."""
+    parts = [text.encode() for text in (language, fingerprint, str(memory_mb), str(len(command)), *command)]
+    parts.append(str(len(files)).encode())
     for path in sorted(files):
-        part(path.encode())
-        part(files[path])
+        parts += [path.encode(), files[path]]
+    return parts_digest(parts)
+
+
+def parts_digest(parts: Iterable[bytes]) -> str:
+    """SHA-256 of ``parts``, each length-prefixed: no two different sequences share an encoding."""
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(len(part).to_bytes(8, "little"))
+        digest.update(part)
     return digest.hexdigest()
 
 

@@ -21,7 +21,6 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import hashlib
 import hmac
 import json
 import logging
@@ -46,6 +45,7 @@ from arl_tangram.sandbox.actions import (
     parse_action_key,
     parse_cores_header,
 )
+from arl_tangram.sandbox.compilecache import parts_digest
 from arl_tangram.sandbox.config import AgentConfig
 from arl_tangram.sandbox.executor import ActionResult, ActionSpec, Executor
 from arl_tangram.sandbox.languages import known_name, unavailable_language
@@ -363,17 +363,13 @@ Action = Callable[[ActionControl | None], Awaitable[web.Response]]
 def _request_digest(path: str, spec: ActionSpec) -> str:
     """What a keyed request asks for: its endpoint and its program, input, files, session and memory;
     not its cores or timeouts (a retry of the same action may come with another grant or timeout)."""
-    digest = hashlib.sha256()
     texts = [path, spec.runtime, spec.code, spec.stdin or "", spec.session_id or "", str(spec.memory_mb)]
     texts += ["\0".join(spec.fetch_files), "\0".join(spec.args)]
     # Any str the request could carry, a lone surrogate included (a strict encode was a 500).
     parts = [text.encode("utf-8", "surrogatepass") for text in texts]
     for name in sorted(spec.files):
         parts += [name.encode("utf-8", "surrogatepass"), spec.files[name]]
-    for part in parts:  # each length-prefixed: no two requests share an encoding
-        digest.update(len(part).to_bytes(8, "little"))
-        digest.update(part)
-    return digest.hexdigest()
+    return parts_digest(parts)
 
 
 async def _keyed(request: web.Request, key: str | None, spec: ActionSpec, action: Action) -> web.Response:
