@@ -394,7 +394,7 @@ class Executor:
         if spec.session_id is not None:
             session = self.sessions.get(spec.session_id)
             if session is None or session.closed:
-                raise InvalidSpec("session_id", f"no open session {spec.session_id!r} on this host")
+                raise _no_session(spec.session_id)
         want: int | frozenset[int] = frozenset(spec.cores) if spec.cores else spec.ncores
         if (
             session is not None
@@ -429,7 +429,7 @@ class Executor:
             if lock is not None:
                 held = await _acquire(lock, control)
                 if held and session is not None and session.closed:  # closed while this call waited
-                    raise InvalidSpec("session_id", f"no open session {spec.session_id!r} on this host")
+                    raise _no_session(spec.session_id)
             got_slot = (lock is None or held) and await _acquire(self._slots, control)
         except BaseException:
             if held and lock is not None:
@@ -444,7 +444,7 @@ class Executor:
         try:
             if session is not None:
                 if session.closed:  # closed while this call waited for a slot
-                    raise InvalidSpec("session_id", f"no open session {spec.session_id!r} on this host")
+                    raise _no_session(spec.session_id)
                 return await self._run_in_session(spec, session, want, timeout, limits, control)
             return await self._run_fresh(spec, want, timeout, limits, control)
         finally:
@@ -738,14 +738,14 @@ class Executor:
         """The open session ``sid`` or ``InvalidSpec``."""
         session = self.sessions.get(sid)
         if session is None:
-            raise InvalidSpec("session_id", f"no open session {sid!r} on this host")
+            raise _no_session(sid)
         return session
 
     async def close_session(self, sid: str) -> None:
         """Stop its interpreter, delete its workdir, recycle its uid."""
         session = self.sessions.pop(sid, None)
         if session is None:
-            raise InvalidSpec("session_id", f"no open session {sid!r} on this host")
+            raise _no_session(sid)
         session.closed = True
         async with session.lock:
             server = session.interp_server
@@ -770,6 +770,11 @@ class Executor:
 
 def _ignore_answer(reply: dict[str, Any] | BaseException) -> None:
     """For frames whose answer nobody waits for (a cancel: the action's own reply tells the end)."""
+
+
+def _no_session(sid: str | None) -> InvalidSpec:
+    """The refusal of a call to a session this host does not hold open (never was, or closed)."""
+    return InvalidSpec("session_id", f"no open session {sid!r} on this host")
 
 
 async def _acquire(lock: asyncio.Semaphore | asyncio.Lock, control: ActionControl | None) -> bool:
