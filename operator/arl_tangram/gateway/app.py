@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.http import HttpVersion11
 from prometheus_client import generate_latest
 
 from arl_tangram.domain.actions import ActionService
@@ -47,7 +48,8 @@ from arl_tangram.gateway.models import (
     VllmScoreResponse,
 )
 from arl_tangram.gateway.openapi import RouteDoc, openapi
-from arl_tangram.gateway.parsing import ClientGone
+from arl_tangram.gateway.parsing import ClientGone, too_large
+from arl_tangram.gateway.routing import check_query
 from arl_tangram.gateway.sessions import SessionRegistry
 from arl_tangram.gateway.state import (
     PRINCIPAL_KEY,
@@ -94,6 +96,10 @@ async def metrics(request: web.Request) -> web.Response:
     state.metrics.sessions.set(len(state.sessions.sessions))
     body = generate_latest(state.metrics.registry)
     return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+
+# The reward shapes' target: a RewardModelService, or an ActionPool for test-based rewards.
+TARGET_QUERY = ("namespace", "pool", "service")
 
 
 def _docs() -> list[Route]:
@@ -149,12 +155,20 @@ def _docs() -> list[Route]:
                 "/run_code",
                 "SandboxFusion's run_code (pool by X-Tangram-Pool or ?pool=)",
                 RunCodeRequest,
+                query=("namespace", "pool"),
             ),
             sandboxfusion.run_code,
         ),
         Route(R("GET", "/v1/ping", "SandboxFusion's ping", text_out=True, open=True), sandboxfusion.ping),
         Route(
-            R("POST", "/v1/rewards", "Score samples (model- or test-based)", RewardRequest, RewardResponse),
+            R(
+                "POST",
+                "/v1/rewards",
+                "Score samples (model- or test-based)",
+                RewardRequest,
+                RewardResponse,
+                query=("service",),
+            ),
             rewards.native_rewards,
         ),
         Route(
@@ -164,6 +178,7 @@ def _docs() -> list[Route]:
                 "OpenRLHF's remote reward model",
                 OpenRLHFRewardRequest,
                 OpenRLHFRewardResponse,
+                query=TARGET_QUERY,
             ),
             rewards.openrlhf_reward,
         ),
@@ -174,12 +189,20 @@ def _docs() -> list[Route]:
                 "slime's remote reward model (answers a bare number)",
                 SlimeRewardRequest,
                 number_out=True,
+                query=TARGET_QUERY,
             ),
             rewards.slime_reward,
         ),
         *[
             Route(
-                R("POST", f"{prefix}/score", "vLLM's score API", VllmScoreRequest, VllmScoreResponse),
+                R(
+                    "POST",
+                    f"{prefix}/score",
+                    "vLLM's score API",
+                    VllmScoreRequest,
+                    VllmScoreResponse,
+                    query=TARGET_QUERY,
+                ),
                 rewards.vllm_score,
             )
             for prefix in ("", "/v1")
@@ -192,6 +215,7 @@ def _docs() -> list[Route]:
                     "vLLM's classify (input) or SGLang's (text)",
                     VllmClassifyRequest,
                     VllmClassifyResponse,
+                    query=TARGET_QUERY,
                 ),
                 rewards.classify,
             )
@@ -204,6 +228,7 @@ def _docs() -> list[Route]:
                 "vLLM's pooling API (reward models' scores)",
                 VllmPoolingRequest,
                 VllmPoolingResponse,
+                query=TARGET_QUERY,
             ),
             rewards.vllm_pooling,
         ),
@@ -215,6 +240,10 @@ def _docs() -> list[Route]:
 
 ROUTES = _docs()
 OPEN_PATHS = frozenset(r.doc.path for r in ROUTES if r.doc.open) | {"/openapi.json"}
+# The query parameters each path takes (every method of a path takes the same).
+QUERY_OF: dict[str, frozenset[str]] = {}
+for _r in ROUTES:
+    QUERY_OF[_r.doc.path] = QUERY_OF.get(_r.doc.path, frozenset()) | frozenset(_r.doc.query)
 
 
 def bearer_token(header: str | None) -> str | None:
@@ -247,7 +276,28 @@ def _error_response(
     if request.path == "/run_code":
         # As the agent's own /run_code: SandboxFusion clients look at status and message.
         body = {**body, "status": "SandboxError", "message": body.get("error")}
-    return web.json_response(dict(body), status=status, headers=dict(headers))
+    response = web.json_response(dict(body), status=status, headers=dict(headers))
+    if status in (408, 413):
+        # The rest of the body is not read: close rather than wait for it on a kept-alive connection.
+        response.force_close()
+    return response
+
+
+async def _expect(request: web.Request) -> web.StreamResponse | None:
+    """``Expect: 100-continue``: a body announced over the limit is refused before it is sent (the
+    client asked in order to learn that); any other is told to go on, as aiohttp's own handler does."""
+    if request.version != HttpVersion11:
+        return None
+    if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
+        raise web.HTTPExpectationFailed(text=f"unknown Expect: {request.headers.get(hdrs.EXPECT, '')[:80]}")
+    state = state_of(request)
+    if request.content_length is not None and request.content_length > state.config.max_body_bytes:
+        refusal = too_large(state.config)
+        state.metrics.requests.labels(_route_name(request), "413").inc()
+        return _error_response(request, 413, {"error": refusal.message}, {})
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0  # the 100 is not part of the response's own size
+    return None
 
 
 # The status counted for a request whose client left before its body arrived (nginx's convention).
@@ -317,6 +367,7 @@ async def _guarded(request: web.Request, handler: Handler, state: GatewayState) 
         raise Unauthenticated("missing bearer token: send Authorization: Bearer <ServiceAccount token>")
     else:
         request[PRINCIPAL_KEY] = await state.auth.authenticate(token)
+    check_query(request, QUERY_OF.get(_route_name(request), frozenset()))
     return await handler(request)
 
 
@@ -356,7 +407,7 @@ def build_gateway_app(
     )
     app[STATE] = state
     for route in ROUTES:
-        app.router.add_route(route.doc.method, route.doc.path, route.handler)
+        app.router.add_route(route.doc.method, route.doc.path, route.handler, expect_handler=_expect)
     spec = json.dumps(openapi([r.doc for r in ROUTES])).encode()
 
     async def openapi_json(request: web.Request) -> web.Response:

@@ -29,6 +29,10 @@ class GatewayConfig:
     default_services: Mapping[str, str] = field(default_factory=dict)
     # 16 MiB, as the sandbox agent's own limit: a body the agent would take passes the gateway.
     max_body_bytes: int = 16 << 20
+    # Seconds a request body may take to arrive, whole (16 MiB in 60 s is 280 KB/s): a client that
+    # sends a byte now and then (slowloris) holds a connection and a handler no longer than this.
+    # An NDJSON stream is read as it comes and is not bounded by it.
+    body_timeout_s: float = 60.0
     # Results one stream may have outstanding; past it the gateway stops reading the stream's input,
     # so TCP flow control holds the sender (back-pressure) instead of the gateway buffering it.
     stream_in_flight: int = 256
@@ -56,7 +60,7 @@ class GatewayConfig:
         ):
             if getattr(self, name) < 1:
                 raise InvalidSpec(name, f"must be at least 1, got {getattr(self, name)}")
-        for name in ("retry_after_s", "session_ttl_s", "max_session_ttl_s"):
+        for name in ("retry_after_s", "session_ttl_s", "max_session_ttl_s", "body_timeout_s"):
             if not getattr(self, name) > 0:
                 raise InvalidSpec(name, f"must be positive, got {getattr(self, name)}")
         if self.session_ttl_s > self.max_session_ttl_s:

@@ -143,7 +143,7 @@ async def post_action(request: web.Request) -> web.Response:
 
 
 async def _read(request: web.Request, state: GatewayState) -> Any:
-    return await read_json(request, state.config.max_body_bytes)
+    return await read_json(request, state.config)
 
 
 async def _lines(request: web.Request, limit: int) -> AsyncIterator[tuple[int, bytes | None]]:
@@ -291,7 +291,7 @@ def _session_body(state: GatewayState, session: GatewaySession) -> dict[str, Any
 async def open_session(request: web.Request) -> web.Response:
     """``POST /v1/sessions``: open a session in a pool."""
     state = state_of(request)
-    body, _ = await parse(request, SessionCreate, state.config.max_body_bytes)
+    body, _ = await parse(request, SessionCreate, state.config)
     namespace = body.namespace or state.config.default_namespace
     await authorize(request, namespace)
     ttl = body.ttl_seconds or state.config.session_ttl_s

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from arl_tangram import __version__
 from arl_tangram.gateway.models import ErrorBody
+from arl_tangram.gateway.routing import QUERY_PARAMS
 
 REF = "#/components/schemas/{model}"
 
@@ -31,6 +32,8 @@ class RouteDoc:
     list_out: bool = False
     open: bool = False
     status: int = 200
+    # Query parameters the route takes (``routing.QUERY_PARAMS``); any other is refused.
+    query: tuple[str, ...] = ()
 
 
 def _schema(model: type[BaseModel], schemas: dict[str, Any]) -> dict[str, Any]:
@@ -49,10 +52,15 @@ def openapi(routes: Sequence[RouteDoc]) -> dict[str, Any]:
     for route in routes:
         op: dict[str, Any] = {"summary": route.summary, "operationId": f"{route.method}_{route.path}"}
         params = [p.strip("{}") for p in route.path.split("/") if p.startswith("{")]
-        if params:
-            op["parameters"] = [
-                {"name": p, "in": "path", "required": True, "schema": {"type": "string"}} for p in params
-            ]
+        parameters: list[dict[str, Any]] = [
+            {"name": p, "in": "path", "required": True, "schema": {"type": "string"}} for p in params
+        ]
+        parameters += [
+            {"name": q, "in": "query", "description": QUERY_PARAMS[q], "schema": {"type": "string"}}
+            for q in route.query
+        ]
+        if parameters:
+            op["parameters"] = parameters
         if route.request is not None:
             ref = _schema(route.request, schemas)
             kind = "application/x-ndjson" if route.ndjson_in else "application/json"
@@ -74,10 +82,14 @@ def openapi(routes: Sequence[RouteDoc]) -> dict[str, Any]:
         responses: dict[str, Any] = {str(route.status): ok}
         if not route.open:
             for status, why in (
-                ("400", "malformed JSON or an invalid value (the field is named)"),
+                ("400", "malformed JSON, an invalid value or an unknown query parameter (each is named)"),
                 ("401", "no valid bearer token"),
                 ("403", "RBAC does not allow this in the namespace"),
-                ("413", "body over the limit"),
+                ("408", "the body did not all arrive within the gateway's body timeout"),
+                (
+                    "413",
+                    "body over the limit (before it is sent, where the client sends Expect: 100-continue)",
+                ),
                 ("422", "wrong shape or type (each field is named)"),
                 ("429", "bounded wait full: retry after Retry-After seconds"),
                 ("503", "standby replica (the leader's address is named) or infrastructure failure"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any, TypeVar
@@ -9,6 +10,9 @@ from typing import Any, TypeVar
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 from pydantic import BaseModel, ValidationError
+
+from arl_tangram.api.meta import TangramModel
+from arl_tangram.gateway.config import GatewayConfig
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -21,6 +25,11 @@ def unreadable_body(exc: RequestPayloadError) -> BadRequest:
     """A body aiohttp could not decode (a corrupt ``Content-Encoding``), as a 400 saying so."""
     cause = exc.__cause__ or exc
     return BadRequest(400, f"the request body could not be decoded ({cause}); check Content-Encoding")
+
+
+def too_large(config: GatewayConfig) -> BadRequest:
+    """The 413 for a body over the limit (read, or announced by ``Content-Length``)."""
+    return BadRequest(413, f"request body exceeds the limit of {config.max_body_bytes} bytes")
 
 
 class BadRequest(Exception):
@@ -36,12 +45,17 @@ class BadRequest(Exception):
         self.field = field
 
 
-async def read_json(request: web.Request, limit: int) -> Any:
-    """The body as JSON: 413 past ``limit`` bytes, 400 when it is not JSON."""
+async def read_json(request: web.Request, config: GatewayConfig) -> Any:
+    """The body as JSON: 413 past ``max_body_bytes``, 408 when it has not all arrived within
+    ``body_timeout_s``, 400 when it is not JSON."""
     try:
-        raw = await request.read()
+        raw = await asyncio.wait_for(request.read(), config.body_timeout_s)
+    except TimeoutError as exc:
+        raise BadRequest(
+            408, f"the request body did not arrive within {config.body_timeout_s:g} seconds"
+        ) from exc
     except web.HTTPRequestEntityTooLarge as exc:
-        raise BadRequest(413, f"request body exceeds the limit of {limit} bytes") from exc
+        raise too_large(config) from exc
     except RequestPayloadError as exc:
         raise unreadable_body(exc) from exc
     except ConnectionResetError as exc:  # aiohttp's "Connection lost" mid-body
@@ -95,11 +109,17 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def validate(model: type[M], data: Any, where: str = "") -> M:
-    """``data`` as ``model``; 422 naming each wrong field (its dotted path) otherwise."""
+    """``data`` as ``model``; 422 naming each wrong field (its dotted path) otherwise.
+
+    The native API's models (``TangramModel``: the ActionBatch action and the gateway's own bodies)
+    are validated strictly, as the API server validates the same fields of a custom resource: no
+    ``true`` or ``"5"`` for a number (``timeoutSeconds: true`` was one second). The trainers' shapes
+    keep their owners' parsing (vLLM, SandboxFusion and the reward servers coerce as pydantic's
+    default does), so a client that works against them works here."""
     if not isinstance(data, dict):
         raise BadRequest(422, f"{where or 'the body'} must be a JSON object, not {type(data).__name__}")
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, strict=issubclass(model, TangramModel))
     except ValidationError as exc:
         detail = [
             {
@@ -115,7 +135,7 @@ def validate(model: type[M], data: Any, where: str = "") -> M:
         raise BadRequest(422, f"invalid request: {summary}{more}", detail, first) from exc
 
 
-async def parse(request: web.Request, model: type[M], limit: int) -> tuple[M, dict[str, Any]]:
+async def parse(request: web.Request, model: type[M], config: GatewayConfig) -> tuple[M, dict[str, Any]]:
     """The body validated as ``model``, and the raw dict (for bodies forwarded verbatim)."""
-    data = await read_json(request, limit)
+    data = await read_json(request, config)
     return validate(model, data), data

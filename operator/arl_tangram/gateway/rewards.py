@@ -26,7 +26,7 @@ from aiohttp import web
 from arl_tangram.domain.actions import ActionRequest, Outcome, Reason
 from arl_tangram.domain.batches import native_payload
 from arl_tangram.errors import InvalidSpec
-from arl_tangram.gateway.config import POOL_HEADER, SERVICE_HEADER
+from arl_tangram.gateway.config import POOL_HEADER, SERVICE_HEADER, GatewayConfig
 from arl_tangram.gateway.errors import REASON_STATUS
 from arl_tangram.gateway.models import (
     OpenRLHFRewardRequest,
@@ -138,13 +138,13 @@ async def score(
     return list(await asyncio.gather(*(_one(state, a, f"items[{i}]") for i, a in enumerate(actions))))
 
 
-def _limit(request: web.Request) -> int:
-    return state_of(request).config.max_body_bytes
+def _config(request: web.Request) -> GatewayConfig:
+    return state_of(request).config
 
 
 async def native_rewards(request: web.Request) -> web.Response:
     """``POST /v1/rewards``."""
-    body, _ = await parse(request, RewardRequest, _limit(request))
+    body, _ = await parse(request, RewardRequest, _config(request))
     namespace = body.namespace or state_of(request).config.default_namespace
     if body.service and body.pool:
         raise InvalidSpec("pool", "give a service (model-based reward) or a pool (test-based), not both")
@@ -162,7 +162,7 @@ async def native_rewards(request: web.Request) -> web.Response:
 
 async def openrlhf_reward(request: web.Request) -> web.Response:
     """``POST /get_reward``: OpenRLHF's remote reward model."""
-    body, _ = await parse(request, OpenRLHFRewardRequest, _limit(request))
+    body, _ = await parse(request, OpenRLHFRewardRequest, _config(request))
     namespace = namespace_of(request)
     samples = openrlhf_samples(body.query, body.prompts, body.labels)
     rewards = await score(request, target_of(request, namespace), samples)
@@ -171,7 +171,7 @@ async def openrlhf_reward(request: web.Request) -> web.Response:
 
 async def slime_reward(request: web.Request) -> web.Response:
     """``POST /slime/reward``: slime's remote reward model; the answer is the reward itself."""
-    body, _ = await parse(request, SlimeRewardRequest, _limit(request))
+    body, _ = await parse(request, SlimeRewardRequest, _config(request))
     namespace = namespace_of(request)
     (reward,) = await score(
         request, target_of(request, namespace), [Sample(body.prompt, body.response, body.label)]
@@ -185,7 +185,7 @@ def _openai_envelope(model: str) -> dict[str, Any]:
 
 async def vllm_score(request: web.Request) -> web.Response:
     """``POST /score`` (vLLM): ``text_1`` scored against each ``text_2``."""
-    body, _ = await parse(request, VllmScoreRequest, _limit(request))
+    body, _ = await parse(request, VllmScoreRequest, _config(request))
     namespace = namespace_of(request)
     target = target_of(request, namespace, body.model)
     rewards = await score(request, target, score_pairs(body.text_1, body.text_2))
@@ -196,7 +196,7 @@ async def vllm_score(request: web.Request) -> web.Response:
 
 async def classify(request: web.Request) -> web.Response:
     """``POST /classify``: vLLM's (``input``) or SGLang's (``text``) shape, told apart by the field."""
-    data = await read_json(request, _limit(request))
+    data = await read_json(request, _config(request))
     namespace = namespace_of(request)
     if isinstance(data, dict) and "text" in data and "input" not in data:
         sglang = validate(SglangClassifyRequest, data)
@@ -220,7 +220,7 @@ async def classify(request: web.Request) -> web.Response:
 
 async def vllm_pooling(request: web.Request) -> web.Response:
     """``POST /pooling`` (vLLM serves reward models' scores there)."""
-    body, _ = await parse(request, VllmPoolingRequest, _limit(request))
+    body, _ = await parse(request, VllmPoolingRequest, _config(request))
     namespace = namespace_of(request)
     target = target_of(request, namespace, body.model)
     rewards = await score(request, target, texts(body.input, "input"))

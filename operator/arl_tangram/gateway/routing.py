@@ -4,6 +4,7 @@ to their bodies, so the choice comes from a header, a query parameter, or the na
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 
 from aiohttp import web
 
@@ -16,11 +17,34 @@ _LABEL = re.compile(DNS_LABEL_PATTERN)
 _SUBDOMAIN = re.compile(DNS_SUBDOMAIN_PATTERN)
 
 
+# Every query parameter a route may take, with what it means (the OpenAPI text says it from here).
+QUERY_PARAMS: dict[str, str] = {
+    "namespace": f"The target's namespace (as {NAMESPACE_HEADER}); else the gateway's default.",
+    "pool": f"The ActionPool (as {POOL_HEADER}); else the namespace's default pool.",
+    "service": f"The RewardModelService (as {SERVICE_HEADER}); else the body's model or the default.",
+}
+
+
+def check_query(request: web.Request, allowed: Collection[str]) -> None:
+    """400 for a query parameter the route does not take (a typo such as ``?pol=`` would otherwise
+    send the request to the default target without a word) or one given twice (which would win?)."""
+    for name in request.query:
+        if name not in allowed:
+            takes = ", ".join(f"?{p}" for p in sorted(allowed)) or "none"
+            raise InvalidSpec(
+                f"?{name}", f"unknown query parameter {name[:40]!r} (this route takes: {takes})"
+            )
+        if len(request.query.getall(name)) > 1:
+            raise InvalidSpec(f"?{name}", f"query parameter {name!r} is given more than once")
+
+
 def given(request: web.Request, header: str, param: str) -> str | None:
+    """The value of ``header``, or of ``?param``; 400 when both are given and differ."""
     value = request.headers.get(header)
-    if value is None:
-        value = request.query.get(param)
-    return value
+    query = request.query.get(param)
+    if value is not None and query is not None and value != query:
+        raise InvalidSpec(f"?{param}", f"{header} says {value[:80]!r} but ?{param} says {query[:80]!r}")
+    return query if value is None else value
 
 
 def _checked(value: str, where: str, pattern: re.Pattern[str]) -> str:

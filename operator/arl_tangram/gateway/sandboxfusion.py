@@ -64,7 +64,7 @@ async def run_code(request: web.Request) -> web.Response:
     namespace = namespace_of(request)
     pool = require_pool(request, namespace)
     await authorize(request, namespace)
-    body, raw = await parse(request, RunCodeRequest, state.config.max_body_bytes)
+    body, raw = await parse(request, RunCodeRequest, state.config)
     req = ActionRequest(
         key=scoped_key(namespace, caller_key(request, None)),
         namespace=namespace,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import pytest
 import requests
@@ -14,6 +16,7 @@ from sandbox_agent_harness import Agent, start_agent, stop_agent
 from arl_tangram.gateway import GatewayConfig
 
 LIMIT = 1 << 20
+BODY_TIMEOUT_S = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +29,9 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
 
 @pytest.fixture(scope="module")
 def gateway(hosts: list[Agent]) -> Iterator[Gateway]:
-    config = GatewayConfig(default_namespace=NS, default_pools={NS: POOL}, max_body_bytes=LIMIT)
+    config = GatewayConfig(
+        default_namespace=NS, default_pools={NS: POOL}, max_body_bytes=LIMIT, body_timeout_s=BODY_TIMEOUT_S
+    )
     with serve_gateway(hosts, config=config) as gw:
         yield gw
 
@@ -66,6 +71,54 @@ CASES: list[tuple[str, str, bytes, int, str]] = [
         "timeoutSeconds",
     ),
     ("/v1/actions", "unknown field", json.dumps({**ACTION, "colour": "red"}).encode(), 422, "colour"),
+    # The native API is typed as the API server types the same fields of an ActionBatch.
+    (
+        "/v1/actions",
+        "boolean for a number",
+        json.dumps({**ACTION, "timeoutSeconds": True}).encode(),
+        422,
+        "timeoutSeconds",
+    ),
+    (
+        "/v1/actions",
+        "string for a number",
+        json.dumps({**ACTION, "units": {"min": "2", "max": 4}}).encode(),
+        422,
+        "units.min",
+    ),
+    ("/v1/actions", "string priority", json.dumps({**ACTION, "priority": "9"}).encode(), 422, "priority"),
+    (
+        "/v1/sessions",
+        "boolean ttl",
+        json.dumps({"pool": POOL, "ttlSeconds": True}).encode(),
+        422,
+        "ttlSeconds",
+    ),
+    (
+        "/v1/rewards",
+        "string reward timeout",
+        json.dumps({"pool": POOL, "items": [{"response": "x"}], "timeoutSeconds": "30"}).encode(),
+        422,
+        "timeoutSeconds",
+    ),
+    # A query parameter the route does not take, or one given twice, is named (a typo of ?pool=
+    # went to the default pool without a word).
+    (
+        "/run_code?pol=other",
+        "unknown query parameter",
+        b'{"code": "print(1)", "language": "python"}',
+        400,
+        "?pol",
+    ),
+    (
+        "/run_code?pool=py&pool=other",
+        "query parameter twice",
+        b'{"code": "print(1)", "language": "python"}',
+        400,
+        "more than once",
+    ),
+    ("/v1/actions?pool=py", "query on a route that takes none", json.dumps(ACTION).encode(), 400, "?pool"),
+    ("/get_reward?pool=py&colour=red", "unknown reward query", b'{"query": ["a"]}', 400, "colour"),
     ("/v1/actions", "unknown action type", json.dumps({**ACTION, "type": "magic"}).encode(), 422, "type"),
     ("/v1/actions", "negative number", json.dumps({**ACTION, "priority": -5000}).encode(), 422, "priority"),
     (
@@ -166,8 +219,6 @@ def test_a_body_that_cannot_be_decoded_is_refused_by_name(gateway: Gateway, path
 def test_a_client_that_leaves_mid_body_is_no_server_error(gateway: Gateway) -> None:
     """A client that closes its connection before its body arrived is nobody's 500: the gateway
     counts it as 499 (client closed request) and logs no error."""
-    import socket
-    from urllib.parse import urlsplit
 
     def count(metrics: str, status: str) -> float:
         prefix = f'tangram_gateway_requests_total{{route="/v1/actions",status="{status}"}} '
@@ -198,3 +249,91 @@ def test_unknown_routes_and_methods_answer_json(gateway: Gateway) -> None:
         gateway.url + "/v1/actions", json=ACTION, headers={"Authorization": "Digest x"}, timeout=10
     )
     assert resp.status_code == 401 and "Bearer" in resp.json()["error"]
+
+
+def test_the_pool_named_twice_differently_is_refused(gateway: Gateway) -> None:
+    """``X-Tangram-Pool`` and ``?pool=`` naming different pools: which did the caller mean? (The
+    header won without a word.) The same name twice is fine."""
+    body = {"code": "print(1)", "language": "python"}
+    resp = requests.post(
+        gateway.url + "/run_code?pool=other", json=body, headers={"X-Tangram-Pool": POOL}, timeout=60
+    )
+    assert resp.status_code == 400 and "?pool" in resp.json()["error"], resp.text
+    same = requests.post(
+        gateway.url + f"/run_code?pool={POOL}", json=body, headers={"X-Tangram-Pool": POOL}, timeout=60
+    )
+    assert same.status_code == 200 and same.json()["run_result"]["stdout"] == "1\n", same.text
+
+
+def test_trainer_shapes_keep_their_owners_lax_numbers(gateway: Gateway) -> None:
+    """SandboxFusion's server (pydantic's default parsing) runs ``"run_timeout": "10"``; so does
+    ``/run_code`` here, while the native API refuses it (the cases above)."""
+    body = {"code": "print(1)", "language": "python", "run_timeout": "10"}
+    resp = requests.post(gateway.url + "/run_code", json=body, timeout=60)
+    assert resp.status_code == 200 and resp.json()["status"] == "Success", resp.text
+
+
+def _raw(gateway: Gateway) -> socket.socket:
+    where = urlsplit(gateway.url)
+    return socket.create_connection((where.hostname, where.port), timeout=BODY_TIMEOUT_S * 10)
+
+
+def _answer(conn: socket.socket) -> bytes:
+    """Everything the gateway sends until it closes the connection."""
+    out = b""
+    while chunk := conn.recv(65536):
+        out += chunk
+    return out
+
+
+def test_a_body_that_trickles_in_is_cut_off_with_408(gateway: Gateway) -> None:
+    """A client that sends its body a byte now and then (slowloris) held a connection and a handler
+    for as long as it liked: the body must arrive within ``body_timeout_s``, else 408 naming it,
+    answered while the client is still sending."""
+    with _raw(gateway) as conn:
+        conn.sendall(
+            b"POST /v1/actions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100000\r\n\r\n" + b'{"type": "code"'
+        )
+        conn.setblocking(False)
+        answer = b""
+        for _ in range(int(BODY_TIMEOUT_S * 10) * 10):  # a byte every 0.1 s, 10 timeouts' worth at most
+            time.sleep(0.1)
+            try:
+                answer += conn.recv(65536)
+            except BlockingIOError:
+                conn.sendall(b" ")
+                continue
+            if b"\r\n\r\n" in answer and answer.endswith(b"}"):
+                break
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), answer
+    assert f"{BODY_TIMEOUT_S:g} seconds" in json.loads(body)["error"], answer
+    assert b"Connection: close" in head, head
+    assert requests.post(gateway.url + "/v1/actions", json=ACTION, timeout=60).json()["stdout"] == "1\n"
+
+
+def test_expect_continue_over_the_limit_is_refused_before_the_body(gateway: Gateway) -> None:
+    """``Expect: 100-continue`` asks whether to send the body at all: one announced over the limit
+    gets 413 at once (it got 100, was sent whole, then refused); one within it gets 100 and runs."""
+    with _raw(gateway) as conn:
+        conn.sendall(
+            b"POST /v1/actions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Expect: 100-continue\r\nContent-Length: " + str(LIMIT * 4).encode() + b"\r\n\r\n"
+        )
+        answer = _answer(conn)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413"), answer
+    assert str(LIMIT) in json.loads(body)["error"], answer
+    small = json.dumps(ACTION).encode()
+    with _raw(gateway) as conn:
+        conn.sendall(
+            b"POST /v1/actions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            b"Expect: 100-continue\r\nContent-Length: " + str(len(small)).encode() + b"\r\n\r\n"
+        )
+        assert conn.recv(64).startswith(b"HTTP/1.1 100 Continue"), "no 100 for a body within the limit"
+        conn.sendall(small)
+        answer = _answer(conn)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), answer
+    assert json.loads(body)["stdout"] == "1\n", answer
