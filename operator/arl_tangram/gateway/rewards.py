@@ -49,7 +49,18 @@ from arl_tangram.gateway.models import (
 from arl_tangram.gateway.native import ALL_LANGUAGES, caller_key, run_action, scoped_key
 from arl_tangram.gateway.parsing import BadRequest, parse, read_json, validate
 from arl_tangram.gateway.routing import given, namespace_of, pool_of, service_of
-from arl_tangram.gateway.scoring import Sample, openrlhf_samples, score_pairs, test_payload, texts
+from arl_tangram.gateway.scoring import (
+    NATIVE_FIELDS,
+    OPENRLHF_FIELDS,
+    SLIME_FIELDS,
+    Fields,
+    Sample,
+    listed,
+    openrlhf_samples,
+    score_pairs,
+    test_payload,
+    texts,
+)
 from arl_tangram.gateway.state import GatewayState, authorize, state_of
 
 # A failed test run is a low reward, not an error: the answer was wrong, the platform was not.
@@ -85,11 +96,11 @@ def target_of(request: web.Request, namespace: str, model: str | None = None) ->
 
 
 def _action(
-    target: Target, sample: Sample, where: str, key: str, action_timeout_s: int | None
+    target: Target, sample: Sample, label_field: str, key: str, action_timeout_s: int | None
 ) -> ActionRequest:
     """The action scoring one sample (``InvalidSpec`` for a sample that cannot be scored)."""
     if target.pool is not None:
-        payload = native_payload("test", test_payload(sample, where), ALL_LANGUAGES)
+        payload = native_payload("test", test_payload(sample, label_field), ALL_LANGUAGES)
         kind, name = "test", target.pool
     else:
         payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label}
@@ -117,14 +128,19 @@ async def _one(state: GatewayState, request: ActionRequest, where: str) -> float
 
 
 async def score(
-    request: web.Request, target: Target, samples: Sequence[Sample], action_timeout_s: int | None = None
+    request: web.Request,
+    target: Target,
+    samples: Sequence[Sample],
+    fields: Fields,
+    action_timeout_s: int | None = None,
 ) -> list[float]:
-    """The reward of each sample, in order (after authorising the caller for the namespace)."""
+    """The reward of each sample, in order (after authorising the caller for the namespace); a
+    refusal names the sample's field as the caller's shape calls it (``fields``)."""
     state = state_of(request)
     await authorize(request, target.namespace)
     if len(samples) > state.config.max_reward_items:
         raise InvalidSpec(
-            "items", f"{len(samples)} samples; at most {state.config.max_reward_items} per request"
+            fields.items, f"{len(samples)} samples; at most {state.config.max_reward_items} per request"
         )
     # Every sample's action is built before any runs: one that cannot be scored is refused with
     # nothing begun (the others ran on, their results thrown away). With the caller's key
@@ -133,9 +149,9 @@ async def score(
     key = caller_key(request, None)
     base = key if key is not None else f"reward-{uuid.uuid4().hex}"
     actions = [
-        _action(target, s, f"items[{i}]", f"{base}/{i}", action_timeout_s) for i, s in enumerate(samples)
+        _action(target, s, fields.label_of(i), f"{base}/{i}", action_timeout_s) for i, s in enumerate(samples)
     ]
-    return list(await asyncio.gather(*(_one(state, a, f"items[{i}]") for i, a in enumerate(actions))))
+    return list(await asyncio.gather(*(_one(state, a, fields.of(i)) for i, a in enumerate(actions))))
 
 
 def _config(request: web.Request) -> GatewayConfig:
@@ -156,7 +172,7 @@ async def native_rewards(request: web.Request) -> web.Response:
     if target.pool is None and target.service is None:
         raise InvalidSpec("service", f"no service or pool given and {namespace!r} has no default service")
     samples = [Sample(i.prompt, i.response, i.label) for i in body.items]
-    rewards = await score(request, target, samples, body.timeout_seconds)
+    rewards = await score(request, target, samples, NATIVE_FIELDS, body.timeout_seconds)
     return web.json_response(RewardResponse(rewards=rewards).model_dump())
 
 
@@ -165,7 +181,7 @@ async def openrlhf_reward(request: web.Request) -> web.Response:
     body, _ = await parse(request, OpenRLHFRewardRequest, _config(request))
     namespace = namespace_of(request)
     samples = openrlhf_samples(body.query, body.prompts, body.labels)
-    rewards = await score(request, target_of(request, namespace), samples)
+    rewards = await score(request, target_of(request, namespace), samples, OPENRLHF_FIELDS)
     return web.json_response(OpenRLHFRewardResponse(rewards=rewards, scores=rewards).model_dump())
 
 
@@ -174,7 +190,7 @@ async def slime_reward(request: web.Request) -> web.Response:
     body, _ = await parse(request, SlimeRewardRequest, _config(request))
     namespace = namespace_of(request)
     (reward,) = await score(
-        request, target_of(request, namespace), [Sample(body.prompt, body.response, body.label)]
+        request, target_of(request, namespace), [Sample(body.prompt, body.response, body.label)], SLIME_FIELDS
     )
     return web.json_response(reward)
 
@@ -188,7 +204,7 @@ async def vllm_score(request: web.Request) -> web.Response:
     body, _ = await parse(request, VllmScoreRequest, _config(request))
     namespace = namespace_of(request)
     target = target_of(request, namespace, body.model)
-    rewards = await score(request, target, score_pairs(body.text_1, body.text_2))
+    rewards = await score(request, target, score_pairs(body.text_1, body.text_2), listed("text_2"))
     data = [VllmScoreData(index=i, score=r) for i, r in enumerate(rewards)]
     answer = VllmScoreResponse(**_openai_envelope(target.service or target.pool or ""), data=data)
     return web.json_response(answer.model_dump())
@@ -201,7 +217,7 @@ async def classify(request: web.Request) -> web.Response:
     if isinstance(data, dict) and "text" in data and "input" not in data:
         sglang = validate(SglangClassifyRequest, data)
         target = target_of(request, namespace, sglang.model)
-        rewards = await score(request, target, texts(sglang.text, "text"))
+        rewards = await score(request, target, texts(sglang.text, "text"), listed("text"))
         items = [
             SglangClassifyItem(embedding=[r], meta_info={"id": uuid.uuid4().hex, "index": i}).model_dump()
             for i, r in enumerate(rewards)
@@ -210,7 +226,7 @@ async def classify(request: web.Request) -> web.Response:
         return web.json_response(items[0] if isinstance(sglang.text, str) else items)
     vllm = validate(VllmClassifyRequest, data)
     target = target_of(request, namespace, vllm.model)
-    rewards = await score(request, target, texts(vllm.input, "input"))
+    rewards = await score(request, target, texts(vllm.input, "input"), listed("input"))
     rows = [
         VllmClassifyData(index=i, label="reward", probs=[r], num_classes=1) for i, r in enumerate(rewards)
     ]
@@ -223,7 +239,7 @@ async def vllm_pooling(request: web.Request) -> web.Response:
     body, _ = await parse(request, VllmPoolingRequest, _config(request))
     namespace = namespace_of(request)
     target = target_of(request, namespace, body.model)
-    rewards = await score(request, target, texts(body.input, "input"))
+    rewards = await score(request, target, texts(body.input, "input"), listed("input"))
     rows = [VllmPoolingData(index=i, data=[r]) for i, r in enumerate(rewards)]
     answer = VllmPoolingResponse(**_openai_envelope(target.service or target.pool or ""), data=rows)
     return web.json_response(answer.model_dump())

@@ -23,6 +23,33 @@ _PYTEST_TEST = re.compile(r"^\s*(async\s+)?def\s+test", re.MULTILINE)
 
 
 @dataclass(frozen=True)
+class Fields:
+    """What a request's shape calls its list of samples, sample ``i`` and its label (``{i}``), so
+    that a refusal names the caller's own field (OpenRLHF's ``labels[2]``, not ``items[2].label``)."""
+
+    items: str
+    sample: str
+    label: str
+
+    def of(self, i: int) -> str:
+        return self.sample.format(i=i)
+
+    def label_of(self, i: int) -> str:
+        return self.label.format(i=i)
+
+
+NATIVE_FIELDS = Fields("items", "items[{i}]", "items[{i}].label")
+OPENRLHF_FIELDS = Fields("query", "query[{i}]", "labels[{i}]")
+SLIME_FIELDS = Fields("response", "response", "label")
+
+
+def listed(name: str) -> Fields:
+    """The fields of a shape whose samples are the list (or single text) ``name`` and that has no
+    label (vLLM's and SGLang's: a test-based reward cannot be asked through them)."""
+    return Fields(name, f"{name}[{{i}}]", f"{name}[{{i}}]")
+
+
+@dataclass(frozen=True)
 class Sample:
     """One thing to score."""
 
@@ -40,12 +67,11 @@ def answer_code(response: str) -> str:
     return (python or [code for _, code in blocks])[-1]
 
 
-def test_payload(sample: Sample, where: str) -> dict[str, Any]:
-    """The ``test`` action (an ActionBatch-style payload) whose pass fraction is the sample's reward."""
+def test_payload(sample: Sample, label_field: str) -> dict[str, Any]:
+    """The ``test`` action (an ActionBatch-style payload) whose pass fraction is the sample's reward;
+    ``label_field`` names the label as the caller's shape does."""
     if not isinstance(sample.label, str) or not sample.label.strip():
-        raise InvalidSpec(
-            f"{where}.label", "a test-based reward needs the tests (Python source) as the label"
-        )
+        raise InvalidSpec(label_field, "a test-based reward needs the tests (Python source) as the label")
     files = {SOLUTION_FILE: answer_code(sample.response), TESTS_FILE: sample.label}
     if _PYTEST_TEST.search(sample.label):
         command = f"python -m pytest -q -p no:cacheprovider {TESTS_FILE}"

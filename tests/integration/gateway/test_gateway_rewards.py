@@ -152,7 +152,7 @@ def test_a_sample_that_cannot_be_scored_is_refused_before_any_runs(
     before = _ran(hosts)
     body = {"query": [RIGHT, RIGHT, RIGHT], "labels": [TESTS, TESTS, None]}
     resp = requests.post(gateway.url + f"/get_reward?pool={POOL}", json=body, timeout=120)
-    assert resp.status_code == 400 and "items[2].label" in resp.text, resp.text
+    assert resp.status_code == 400 and resp.json()["field"] == "labels[2]", resp.text
     # What had been begun would be running or done on the host by now.
     time.sleep(3.0)
     running = requests.get(hosts[0].url + "/v1/actions", timeout=10).json()
@@ -201,9 +201,20 @@ def test_a_reward_requests_key_never_meets_an_actions_key(gateway: Gateway) -> N
 
 
 def test_unknown_service_and_missing_tests_are_named(gateway: Gateway) -> None:
+    """Each shape's refusal names the caller's own field: OpenRLHF's ``labels[0]``, slime's
+    ``label``, the native ``items[1].label``, vLLM's ``text_2[0]`` (it has no label: a test-based
+    reward cannot be asked through it); it named the gateway's ``items[0].label`` for all of them."""
     resp = requests.post(gateway.url + "/get_reward?service=ghost", json={"query": ["x"]}, timeout=60)
     assert resp.status_code == 404 and "ghost" in resp.json()["error"]
     resp = requests.post(gateway.url + f"/get_reward?pool={POOL}", json={"query": ["x"]}, timeout=60)
-    assert resp.status_code == 400 and resp.json()["field"] == "items[0].label"
+    assert resp.status_code == 400 and resp.json()["field"] == "labels[0]", resp.text
+    resp = requests.post(gateway.url + f"/slime/reward?pool={POOL}", json={"response": "x"}, timeout=60)
+    assert resp.status_code == 400 and resp.json()["field"] == "label", resp.text
+    native = {"pool": POOL, "items": [{"response": RIGHT, "label": TESTS}, {"response": "x"}]}
+    resp = requests.post(gateway.url + "/v1/rewards", json=native, timeout=60)
+    assert resp.status_code == 400 and resp.json()["field"] == "items[1].label", resp.text
+    pairs = {"model": "m", "text_1": "a", "text_2": ["b"]}
+    resp = requests.post(gateway.url + f"/score?pool={POOL}", json=pairs, timeout=60)
+    assert resp.status_code == 400 and resp.json()["field"] == "text_2[0]", resp.text
     resp = requests.post(gateway.url + "/get_reward", json={"query": ["a", "b"], "labels": ["x"]}, timeout=60)
     assert resp.status_code == 400 and resp.json()["field"] == "labels"
