@@ -244,6 +244,8 @@ OPEN_PATHS = frozenset(r.doc.path for r in ROUTES if r.doc.open) | {"/openapi.js
 QUERY_OF: dict[str, frozenset[str]] = {}
 for _r in ROUTES:
     QUERY_OF[_r.doc.path] = QUERY_OF.get(_r.doc.path, frozenset()) | frozenset(_r.doc.query)
+# Paths whose body is read as it comes (NDJSON), bounded per line rather than whole.
+STREAMED_PATHS = frozenset(r.doc.path for r in ROUTES if r.doc.ndjson_in)
 
 
 def bearer_token(header: str | None) -> str | None:
@@ -277,24 +279,34 @@ def _error_response(
         # As the agent's own /run_code: SandboxFusion clients look at status and message.
         body = {**body, "status": "SandboxError", "message": body.get("error")}
     response = web.json_response(dict(body), status=status, headers=dict(headers))
-    if status in (408, 413):
-        # The rest of the body is not read: close rather than wait for it on a kept-alive connection.
+    if status in (408, 413, 417):
+        # The rest of the body is not read: the connection is closed after this answer (aiohttp
+        # first lingers a few seconds, reading and dropping what still comes, so that the client
+        # reads the answer rather than a reset), not kept alive for another request.
         response.force_close()
     return response
 
 
 async def _expect(request: web.Request) -> web.StreamResponse | None:
     """``Expect: 100-continue``: a body announced over the limit is refused before it is sent (the
-    client asked in order to learn that); any other is told to go on, as aiohttp's own handler does."""
+    client asked in order to learn that); any other is told to go on, as aiohttp's own handler does.
+    An NDJSON stream is bounded per line, not whole, so only its lines can be refused. (This runs
+    before the middleware, as aiohttp's own handler does: its refusals are counted here.)"""
     if request.version != HttpVersion11:
         return None
-    if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
-        raise web.HTTPExpectationFailed(text=f"unknown Expect: {request.headers.get(hdrs.EXPECT, '')[:80]}")
     state = state_of(request)
-    if request.content_length is not None and request.content_length > state.config.max_body_bytes:
-        refusal = too_large(state.config)
-        state.metrics.requests.labels(_route_name(request), "413").inc()
-        return _error_response(request, 413, {"error": refusal.message}, {})
+    route = _route_name(request)
+    expect = request.headers.get(hdrs.EXPECT, "")
+    if expect.lower() != "100-continue":
+        state.metrics.requests.labels(route, "417").inc()
+        return _error_response(
+            request, 417, {"error": f"unknown Expect: {expect[:80]!r}; only 100-continue"}, {}
+        )
+    limit = state.config.max_body_bytes
+    length = request.content_length
+    if length is not None and length > limit and route not in STREAMED_PATHS:
+        state.metrics.requests.labels(route, "413").inc()
+        return _error_response(request, 413, {"error": too_large(state.config).message}, {})
     await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     request.writer.output_size = 0  # the 100 is not part of the response's own size
     return None
@@ -367,7 +379,9 @@ async def _guarded(request: web.Request, handler: Handler, state: GatewayState) 
         raise Unauthenticated("missing bearer token: send Authorization: Bearer <ServiceAccount token>")
     else:
         request[PRINCIPAL_KEY] = await state.auth.authenticate(token)
-    check_query(request, QUERY_OF.get(_route_name(request), frozenset()))
+    route = _route_name(request)
+    if route in QUERY_OF:  # an unknown path or method is answered 404 / 405 by its own handler
+        check_query(request, QUERY_OF[route])
     return await handler(request)
 
 

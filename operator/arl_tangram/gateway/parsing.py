@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import re
 from typing import Any, TypeVar
@@ -108,6 +109,43 @@ def _surrogate_at(value: Any, path: str) -> str | None:
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
+def _strictly(model: type[M], data: dict[str, Any]) -> M:
+    """``data`` as ``model``, strictly, except that a whole float (``30.0``) where an integer is
+    expected is taken as that integer: JSON does not tell them apart (JSON Schema calls both
+    integers, and a trainer's timeout is often computed in floats)."""
+    try:
+        return model.model_validate(data, strict=True)
+    except ValidationError as exc:
+        wholes = [
+            err["loc"]
+            for err in exc.errors()
+            if err["type"] == "int_type" and type(err["input"]) is float and err["input"].is_integer()
+        ]
+        fixed = copy.deepcopy(data) if wholes else None
+        if fixed is None or not all(_set_int(fixed, loc) for loc in wholes):
+            raise
+    return model.model_validate(fixed, strict=True)
+
+
+def _set_int(data: Any, loc: tuple[int | str, ...]) -> bool:
+    """Make the float at ``loc`` (an error's path into the input) an int; False where the path
+    does not lead to it (a union member's name in the path)."""
+    for step in loc[:-1]:
+        try:
+            data = data[step]
+        except (KeyError, IndexError, TypeError):
+            return False
+    last = loc[-1] if loc else None
+    try:
+        value = data[last]
+    except (KeyError, IndexError, TypeError):
+        return False
+    if type(value) is not float:
+        return False
+    data[last] = int(value)
+    return True
+
+
 def validate(model: type[M], data: Any, where: str = "") -> M:
     """``data`` as ``model``; 422 naming each wrong field (its dotted path) otherwise.
 
@@ -119,7 +157,7 @@ def validate(model: type[M], data: Any, where: str = "") -> M:
     if not isinstance(data, dict):
         raise BadRequest(422, f"{where or 'the body'} must be a JSON object, not {type(data).__name__}")
     try:
-        return model.model_validate(data, strict=issubclass(model, TangramModel))
+        return _strictly(model, data) if issubclass(model, TangramModel) else model.model_validate(data)
     except ValidationError as exc:
         detail = [
             {

@@ -164,6 +164,13 @@ async def native_rewards(request: web.Request) -> web.Response:
     namespace = body.namespace or state_of(request).config.default_namespace
     if body.service and body.pool:
         raise InvalidSpec("pool", "give a service (model-based reward) or a pool (test-based), not both")
+    asked = given(request, SERVICE_HEADER, "service")
+    if asked is not None and (body.pool or (body.service and body.service != asked)):
+        # The body's pool or service would win without a word over what the header or query names.
+        named = f"pool {body.pool!r}" if body.pool else f"service {body.service!r}"
+        raise InvalidSpec(
+            "service", f"{SERVICE_HEADER} / ?service names {asked[:80]!r} but the body names {named}"
+        )
     target = (
         Target(namespace, pool=body.pool)
         if body.pool

@@ -20,7 +20,8 @@ _SUBDOMAIN = re.compile(DNS_SUBDOMAIN_PATTERN)
 # Every query parameter a route may take, with what it means (the OpenAPI text says it from here).
 QUERY_PARAMS: dict[str, str] = {
     "namespace": f"The target's namespace (as {NAMESPACE_HEADER}); else the gateway's default.",
-    "pool": f"The ActionPool (as {POOL_HEADER}); else the namespace's default pool.",
+    "pool": f"The ActionPool (as {POOL_HEADER}): /run_code's (else the namespace's default pool), or on a "
+    "reward route the pool of a test-based reward (else the reward goes to a RewardModelService).",
     "service": f"The RewardModelService (as {SERVICE_HEADER}); else the body's model or the default.",
 }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -337,3 +338,64 @@ def test_expect_continue_over_the_limit_is_refused_before_the_body(gateway: Gate
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200"), answer
     assert json.loads(body)["stdout"] == "1\n", answer
+
+
+def test_expect_continue_on_a_stream_bounds_its_lines_not_its_whole(gateway: Gateway) -> None:
+    """An NDJSON stream is bounded per line: a stream longer than ``max_body_bytes`` whose lines
+    are each within it runs whole with ``Expect: 100-continue`` too (curl sends it for any large
+    upload), as it does without it."""
+    pad = "#" + "x" * (LIMIT // 4)
+    lines = [
+        json.dumps({**ACTION, "id": f"a{i}", "payload": {"code": f"{pad}\nprint({i})"}}) for i in range(6)
+    ]
+    body = ("\n".join(lines) + "\n").encode()
+    assert len(body) > LIMIT
+    with _raw(gateway) as conn:
+        conn.sendall(
+            b"POST /v1/actions:stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            b"Expect: 100-continue\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+        )
+        first = conn.recv(64)  # the stream's own answer begins at once, maybe in the same read
+        assert first.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), "no 100 for a stream of small lines"
+        conn.sendall(body)
+        answer = first[len(b"HTTP/1.1 100 Continue\r\n\r\n") :] + _answer(conn)
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), answer[:300]
+    assert sorted(set(re.findall(rb'\{"id": "(a\d)"', rest))) == [b"a%d" % i for i in range(6)], rest[:500]
+
+
+def test_an_unknown_expectation_is_refused_as_json(gateway: Gateway) -> None:
+    with _raw(gateway) as conn:
+        conn.sendall(
+            b"POST /v1/actions HTTP/1.1\r\nHost: x\r\nExpect: something-else\r\nContent-Length: 2\r\n\r\n"
+        )
+        answer = _answer(conn)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 417"), answer
+    assert "something-else" in json.loads(body)["error"], answer
+
+
+def test_a_wrong_path_or_method_with_a_query_is_404_or_405(gateway: Gateway) -> None:
+    """The query check is the route's: an unknown path is still 404 (``/reward?service=rm`` was
+    answered that ``service`` is unknown, pointing a trainer at the wrong mistake)."""
+    resp = requests.post(gateway.url + "/reward?service=rm", json={}, timeout=10)
+    assert resp.status_code == 404, resp.text
+    resp = requests.get(gateway.url + "/v1/actions?x=1", timeout=10)
+    assert resp.status_code == 405, resp.text
+
+
+def test_whole_floats_are_integers(gateway: Gateway) -> None:
+    """JSON does not tell ``30`` from ``30.0`` (JSON Schema calls both integers): a trainer whose
+    timeout is computed in floats is not refused; ``30.5`` is."""
+    body = {**ACTION, "timeoutSeconds": 30.0, "units": {"min": 1.0, "max": 1}}
+    resp = requests.post(gateway.url + "/v1/actions", json=body, timeout=60)
+    assert resp.status_code == 200 and resp.json()["stdout"] == "1\n", resp.text
+    resp = requests.post(gateway.url + "/v1/actions", json={**body, "timeoutSeconds": 30.5}, timeout=60)
+    assert resp.status_code == 422 and resp.json()["field"] == "timeoutSeconds", resp.text
+
+
+def test_a_reward_target_named_twice_differently_is_refused(gateway: Gateway) -> None:
+    """``/v1/rewards?service=rm`` with a body naming a pool ran on the pool without a word."""
+    body = {"pool": POOL, "items": [{"response": "x", "label": "assert True"}]}
+    resp = requests.post(gateway.url + "/v1/rewards?service=rm", json=body, timeout=60)
+    assert resp.status_code == 400 and resp.json()["field"] == "service", resp.text
