@@ -640,11 +640,12 @@ class Dispatcher:
                 f"{min(cfg.limits.max_cores, cfg.host_cores)}",
             )
             return
-        if req.timeout_s is not None and req.timeout_s > cfg.limits.timeout_s:
+        bounded = req.longest_phase or (None if req.timeout_s is None else ("timeoutSeconds", req.timeout_s))
+        if bounded is not None and bounded[1] > cfg.limits.timeout_s:
             self._fail(
                 job,
                 Reason.INVALID_PAYLOAD,
-                f"timeoutSeconds {req.timeout_s:g} exceeds the pool's limits.timeoutSeconds "
+                f"{bounded[0]} {bounded[1]:g} exceeds the pool's limits.timeoutSeconds "
                 f"{cfg.limits.timeout_s:g} ({cfg.key})",
             )
             return

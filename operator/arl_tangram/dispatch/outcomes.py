@@ -8,6 +8,7 @@ from typing import Any
 from arl_tangram.domain.actions import ActionOutcome, Outcome, Reason, Wire
 from arl_tangram.domain.batches import Runner, pass_fraction_reward
 from arl_tangram.errors import InfrastructureError
+from arl_tangram.sandbox.languages import LANGUAGE_UNAVAILABLE
 
 _NATIVE = {
     "ok": (Outcome.SUCCEEDED, None),
@@ -58,6 +59,16 @@ def interpret(
 
 def _run_code(key: str, kind: str, body: Mapping[str, Any]) -> ActionOutcome:
     status = body.get("status")
+    if status == "SandboxError" and body.get(LANGUAGE_UNAVAILABLE):
+        # The request's language is not run by this pool's image: the caller's choice, not a
+        # failing host (retried and counted as one, a model naming "lean" took hosts out of the pool).
+        return ActionOutcome(
+            key,
+            Outcome.FAILED,
+            Reason.INVALID_PAYLOAD,
+            _text(body.get("message")) or None,
+            response=dict(body),
+        )
     if status == "SandboxError":
         raise InfrastructureError(f"the sandbox failed: {body.get('message') or 'no message'}")
     if status not in ("Success", "Failed"):

@@ -71,6 +71,10 @@ class ActionRequest:
     wire: Wire = "native"
     max_retries: int = 2
     backoff_s: float = 1.0
+    # Where ``timeout_s`` is the sum of phases each under its own limit (/run_code: a compile, then
+    # a run), the longest phase and the caller's name for it: the pool's limits.timeoutSeconds
+    # bounds each phase, not their sum. None: ``timeout_s`` is one phase, named timeoutSeconds.
+    longest_phase: tuple[str, float] | None = None
 
     @property
     def tenant_name(self) -> str:

@@ -4,8 +4,9 @@ are the one source of ``/openapi.json``.
 The native action is the ActionBatch API's own :class:`~arl_tangram.api.actionbatch.Action` (same
 fields, limits and camelCase names) plus where it goes, so that one action reads the same through
 every door. The trainer shapes (OpenRLHF, slime, vLLM, SGLang, SandboxFusion) keep their owners'
-field names; unknown fields are refused by name (a typo must not be silently ignored), except in
-``/run_code``, whose model is the sandbox agent's own so that both answer alike.
+field names; unknown fields are refused by name (a typo must not be silently ignored), except where
+the owner's server ignores them: ``/run_code`` (its model is the sandbox agent's own, so that both
+answer alike) and vLLM's shapes.
 """
 
 from __future__ import annotations
@@ -195,7 +196,9 @@ class SlimeRewardRequest(BaseModel):
 
 
 class _VllmCommon(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # vLLM's own request models take fields they do not know and ignore them (its clients send
+    # ``use_activation``, ``softmax``, ``task`` and more, version by version): so do these.
+    model_config = ConfigDict(extra="ignore")
 
     model: TargetName | None = Field(None, description="The RewardModelService's name (or use ?service=).")
     user: str | None = None

@@ -20,6 +20,7 @@ from arl_tangram.gateway.native import caller_key, run_action, scoped_key
 from arl_tangram.gateway.parsing import parse
 from arl_tangram.gateway.routing import namespace_of, require_pool
 from arl_tangram.gateway.state import authorize, state_of
+from arl_tangram.sandbox.languages import LANGUAGE_UNAVAILABLE, compiles
 from arl_tangram.sandbox.models import RunCodeRequest
 
 
@@ -41,8 +42,9 @@ def answer(outcome: ActionOutcome, retry_after_s: float) -> web.Response:
     """The agent's body when it ran the code; else SandboxFusion's error shape with the status the
     reason calls for."""
     body = outcome.response
-    if body.get("status") in ("Success", "Failed"):
-        # The code ran (and passed, failed, or timed out): SandboxFusion's verdict, as the agent gave it.
+    if body.get("status") in ("Success", "Failed") or body.get(LANGUAGE_UNAVAILABLE):
+        # The code ran (and passed, failed, or timed out): SandboxFusion's verdict, as the agent gave
+        # it; or the language is not offered, which SandboxFusion answers 200 SandboxError too.
         return web.json_response(dict(body))
     reason = outcome.reason or Reason.SANDBOX_ERROR
     status = REASON_STATUS.get(reason, 500)
@@ -65,14 +67,22 @@ async def run_code(request: web.Request) -> web.Response:
     pool = require_pool(request, namespace)
     await authorize(request, namespace)
     body, raw = await parse(request, RunCodeRequest, state.config)
+    # A compiled language builds (up to compile_timeout), then runs (up to run_timeout): the call
+    # may take both, and the pool's limit bounds each. Python and bash only run: their
+    # compile_timeout (SandboxFusion's default 10 s, or a client's copy of its run timeout) is no
+    # part of it, and added in, it refused verl's tool (30 s each) on a pool of 30 s.
+    phases = {"run_timeout": body.run_timeout}
+    if compiles(body.language):
+        phases["compile_timeout"] = body.compile_timeout
+    longest = max(phases.items(), key=lambda item: item[1])
     req = ActionRequest(
         key=scoped_key(namespace, caller_key(request, None)),
         namespace=namespace,
         target=pool,
         kind="code",
         payload=raw,
-        # The agent compiles (compiled languages), then runs: the call may take both limits.
-        timeout_s=body.run_timeout + body.compile_timeout,
+        timeout_s=sum(phases.values()),
+        longest_phase=longest,
         wire="run_code",
     )
     outcome = await run_action(state, req, "run_code")

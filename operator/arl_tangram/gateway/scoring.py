@@ -58,11 +58,20 @@ class Sample:
     label: Any = None
 
 
+# End-of-turn and end-of-text markers a trainer's detokenised text may still end with (OpenRLHF
+# decodes with skip_special_tokens=False): they close the answer and are no part of its program.
+_END_MARKERS = re.compile(
+    r"(?:\s*(?:<\|im_end\|>|<\|endoftext\|>|<\|eot_id\|>|<\|end_of_text\|>|<\|end\|>|</s>|<end_of_turn>"
+    r"|<eos>|<\uff5cend\u2581of\u2581sentence\uff5c>))+\s*\Z"  # the last: DeepSeek's, in full-width bars
+)
+
+
 def answer_code(response: str) -> str:
-    """The program in a model's answer: its last fenced block (a Python one when there is any)."""
+    """The program in a model's answer: its last fenced block (a Python one when there is any),
+    else the whole answer less the end-of-turn markers it ends with."""
     blocks: list[tuple[str, str]] = _FENCE.findall(response)
     if not blocks:
-        return response
+        return _END_MARKERS.sub("\n", response)
     python = [code for lang, code in blocks if lang.lower() in ("python", "py", "python3")]
     return (python or [code for _, code in blocks])[-1]
 
@@ -90,9 +99,28 @@ def openrlhf_samples(
     out = []
     for i, text in enumerate(query):
         prompt = prompts[i] if prompts is not None else ""
-        response = text[len(prompt) :] if prompt and text.startswith(prompt) else text
-        out.append(Sample(prompt, response, labels[i] if labels is not None else None))
+        out.append(Sample(prompt, _after_prompt(text, prompt), labels[i] if labels is not None else None))
     return out
+
+
+# How much of a prompt's end finds where it ends in a query whose prompt was cut from the left.
+_PROMPT_TAIL = 256
+
+
+def _after_prompt(text: str, prompt: str) -> str:
+    """What follows the prompt in OpenRLHF's ``query``. It starts with the prompt, or holds it
+    after padding or a BOS token (decoded with the special tokens), or holds only its end (a prompt
+    longer than the trainer's maximum is cut from the left); with none of these, all of it."""
+    if not prompt:
+        return text
+    if text.startswith(prompt):
+        return text[len(prompt) :]
+    at = text.find(prompt)
+    if at >= 0:
+        return text[at + len(prompt) :]
+    tail = prompt[-_PROMPT_TAIL:]
+    at = text.find(tail)
+    return text[at + len(tail) :] if at >= 0 else text
 
 
 def score_pairs(text_1: str | list[str], text_2: str | list[str]) -> list[Sample]:

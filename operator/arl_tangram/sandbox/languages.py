@@ -276,6 +276,13 @@ def known_name(name: str) -> str | None:
     return None
 
 
+def compiles(name: str) -> bool:
+    """Whether /run_code's ``compile_timeout`` applies to a language name: it builds before it runs
+    (Python, bash and unknown names do not)."""
+    canonical = known_name(name)
+    return canonical is not None and any(lang.name == canonical and lang.compiled for lang in LANGUAGES)
+
+
 def _probe(argv: list[str], env: Mapping[str, str] | None = None) -> str:
     """First non-empty line a toolchain prints for ``argv`` (``java -version`` writes to stderr)."""
     try:
@@ -443,6 +450,10 @@ def jvm_heap_mb(memory_mb: int) -> int:
     return max(JVM_MIN_HEAP_MB, min(memory_mb - JVM_RESERVE_MB, int(memory_mb * JVM_MAX_HEAP_SHARE)))
 
 
+# The key of /run_code's SandboxError body that says the language, not the sandbox, failed.
+LANGUAGE_UNAVAILABLE = "language_unavailable"
+
+
 def unavailable_language(
     name: str, offered: list[str], missing: Mapping[str, str]
 ) -> tuple[int, dict[str, object]]:
@@ -474,6 +485,9 @@ def unavailable_language(
         "run_result": None,
         "executor_pod_name": os.environ.get("MY_POD_NAME") or os.environ.get("POD_NAME"),
         "files": {},
+        # An extra key, as the others this agent adds: the request's language, not the sandbox,
+        # failed (a dispatcher must neither retry it nor count it against the host).
+        LANGUAGE_UNAVAILABLE: canonical,
     }
 
 

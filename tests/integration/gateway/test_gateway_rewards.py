@@ -218,3 +218,31 @@ def test_unknown_service_and_missing_tests_are_named(gateway: Gateway) -> None:
     assert resp.status_code == 400 and resp.json()["field"] == "text_2[0]", resp.text
     resp = requests.post(gateway.url + "/get_reward", json={"query": ["a", "b"], "labels": ["x"]}, timeout=60)
     assert resp.status_code == 400 and resp.json()["field"] == "labels"
+
+
+def test_openrlhf_queries_as_its_trainer_decodes_them(gateway: Gateway) -> None:
+    """OpenRLHF decodes ``query`` with its special tokens: an unfenced answer ends with the chat's
+    end-of-turn marker, and a prompt longer than the trainer's maximum is cut from the left (the
+    query starts inside it). Both scored 0 for a right answer: the marker was run as code, and the
+    whole query (prompt included) was taken for the answer."""
+    prompt = (
+        "<|im_start|>user\n" + "Some long context. " * 40 + "Write add.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    answer = "def add(a, b):\n    return a + b<|im_end|>"
+    queries = [prompt + answer, prompt[300:] + answer, "<|endoftext|>" * 3 + prompt + answer]
+    body = {"query": queries, "prompts": [prompt] * 3, "labels": [TESTS] * 3}
+    resp = requests.post(gateway.url + f"/get_reward?pool={POOL}", json=body, timeout=120)
+    assert resp.status_code == 200 and resp.json()["rewards"] == [1.0, 1.0, 1.0], resp.text
+
+
+def test_vllm_shapes_take_fields_vllm_takes(gateway: Gateway) -> None:
+    """vLLM ignores request fields it does not know (its clients send ``use_activation``,
+    ``softmax``, ``task``...); these were refused (422)."""
+    resp = requests.post(
+        gateway.url + "/classify",
+        json={"model": SERVICE, "input": ["x" * 30], "use_activation": False},
+        timeout=60,
+    )
+    assert resp.status_code == 200 and len(resp.json()["data"]) == 1, resp.text
+    resp = requests.post(gateway.url + "/pooling", json={"input": "y" * 40, "task": "reward"}, timeout=60)
+    assert resp.status_code == 200 and len(resp.json()["data"]) == 1, resp.text

@@ -77,3 +77,36 @@ def test_the_pool_comes_from_header_query_or_the_namespace_default(gateway: Gate
 def test_ping_answers_pong(gateway: Gateway) -> None:
     resp = requests.get(gateway.url + "/v1/ping", timeout=10)
     assert resp.status_code == 200 and resp.text == "pong"
+
+
+def test_a_pools_limit_bounds_the_compile_and_the_run_each(gateway: Gateway) -> None:
+    """verl's tool sends its timeout as both ``compile_timeout`` and ``run_timeout`` (30 s each by
+    default); on a pool of 30 s the two were added and every call refused (400), though Python
+    never compiles. Python counts its run only; a compiled language its compile and its run, each
+    bounded by the pool's limit; a phase past it is refused by name."""
+    python = {"code": "print('hi')", "language": "python", "compile_timeout": 30, "run_timeout": 30}
+    assert _ran_on(requests.post(gateway.url + "/run_code", json=python, timeout=60)) == "hi\n"
+    cpp = {
+        "code": '#include <cstdio>\nint main() { std::puts("hi"); }\n',
+        "language": "cpp",
+        "compile_timeout": 30,
+        "run_timeout": 30,
+    }
+    assert _ran_on(requests.post(gateway.url + "/run_code", json=cpp, timeout=120)) == "hi\n"
+    over = requests.post(gateway.url + "/run_code", json={**python, "run_timeout": 31}, timeout=60)
+    assert over.status_code == 400 and "run_timeout 31" in over.json()["message"], over.text
+    over = requests.post(gateway.url + "/run_code", json={**cpp, "compile_timeout": 45}, timeout=60)
+    assert over.status_code == 400 and "compile_timeout 45" in over.json()["message"], over.text
+
+
+def test_a_language_the_pool_does_not_run_is_the_callers_not_the_hosts(gateway: Gateway) -> None:
+    """A name SandboxFusion knows that this pool's image does not run is answered 200
+    ``SandboxError`` naming it, as SandboxFusion answers it. It was taken for a failing host:
+    retried, answered 503, and counted against the host until the pool had none (a model that
+    names ``julia`` in a tool call took the sandbox down for everyone)."""
+    for _ in range(5):  # more than the failures in a row that mark a host unhealthy
+        resp = requests.post(gateway.url + "/run_code", json={"code": "1", "language": "julia"}, timeout=60)
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["status"] == "SandboxError" and "julia" in resp.json()["message"], resp.text
+    body = {"code": "print('still here')", "language": "python"}
+    assert _ran_on(requests.post(gateway.url + "/run_code", json=body, timeout=30)) == "still here\n"
