@@ -94,6 +94,12 @@ def _refused(future: asyncio.Future[ActionOutcome]) -> bool:
     return future.result().reason in _NOTHING_RAN
 
 
+def _nothing_ran(outcome: ActionOutcome) -> bool:
+    """Whether nothing of the action ran to an end worth answering a repeat with: refused, or
+    cancelled (a repeat of a cancelled key runs it)."""
+    return outcome.reason in _NOTHING_RAN or outcome.state is Outcome.CANCELLED
+
+
 def action_digest(request: ActionRequest) -> str:
     """What makes a request the action it is (not its timeout, priority or retries), hashed."""
     what: list[object] = [request.kind, request.namespace, request.target, request.wire, request.session]
@@ -244,6 +250,10 @@ class Dispatcher:
         # What each recent key asked for (``action_digest``), the newest last: a key sent again with
         # another action is refused instead of answered with the first one's result.
         self._asked: OrderedDict[str, str] = OrderedDict()
+        # Where each of those keys ran to its end (pool, attempt, host), outside sessions: a repeat
+        # after it ended is answered from that host's stored result. Without it the repeat ran
+        # again, on whichever host the scheduler chose (the first one's agent alone knows the key).
+        self._ran: dict[str, tuple[str, int, str]] = {}
         self._by_action: dict[int, _Job] = {}
         self._tenant_waiting: dict[str, int] = {}
         self.decision_us: deque[float] = deque(maxlen=4096)
@@ -511,7 +521,8 @@ class Dispatcher:
         self._asked[key] = digest
         self._asked.move_to_end(key)
         while len(self._asked) > KEYS_REMEMBERED:
-            self._asked.popitem(last=False)
+            oldest, _ = self._asked.popitem(last=False)
+            self._ran.pop(oldest, None)
 
     async def cancel(self, key: str) -> bool:
         job = self._jobs.get(key)
@@ -963,6 +974,9 @@ class Dispatcher:
         pool.acts.append((now, now - job.submitted))
         pool.runs.append((now, outcome.duration_s))
         pool.last_active = now
+        req = job.request
+        if grant is not None and not req.session and req.key in self._asked and not _nothing_ran(outcome):
+            self._ran[req.key] = (pool_key(req.namespace, req.target), job.attempts, grant.host)
         self._resolve(job, outcome)
         self._next_in_session(pool, job)
 
@@ -1007,6 +1021,18 @@ class Dispatcher:
         (running: the job waits for it; finished: its stored result is the outcome); False to run
         a new attempt."""
         await pool.synced.wait()
+        ran = self._ran.get(job.request.key)
+        if ran is not None and ran[0] == pool_key(job.request.namespace, job.request.target):
+            # This operator ran the key to its end: its host's agent answers from its store.
+            _, attempt, host = ran
+            job.attempts = attempt
+            endpoint = pool.endpoints.get(host)
+            if endpoint is not None:
+                key = agent_key(job.request.key, attempt)
+                job.task = asyncio.get_running_loop().create_task(
+                    self._await_stored(pool, job, endpoint, key, None)
+                )
+                return True
         if not pool.known_running and not pool.known_finished:
             return False
         found: tuple[int, str, tuple[int, ...] | None] | None = None
@@ -1099,6 +1125,7 @@ class Dispatcher:
                         raise InfrastructureError(f"attempt {key} vanished from host {endpoint.name}")
                     break
             outcome = interpret(req.key, req.kind, req.wire, body, runner=runner_of(req.payload))
+            outcome.host = endpoint.name  # (its cores too, where the grant is known: ``_finish``)
         except (InfrastructureError, AgentRefused, asyncio.CancelledError) as exc:
             if isinstance(exc, asyncio.CancelledError) and not (job.host_lost or job.cancelled):
                 raise

@@ -175,3 +175,36 @@ def test_the_token_comes_from_the_argument_the_environment_or_a_rotating_file(
     path.write_text("rotated")
     os.utime(path, (1, 1))  # a new mtime, as the kubelet's atomic swap gives
     assert source() == "rotated"
+
+
+def test_a_key_repeated_after_it_ended_is_answered_not_run_again_on_another_host(tmp_path: Path) -> None:
+    """With two hosts, a repeat of a key after its action ended went wherever the scheduler put
+    it (its first host busy: the other one) and ran again, with another result: only the first
+    host's agent knew the key. The dispatcher remembers where a key ran and answers the repeat
+    from that host's stored result, even with that host cordoned for new work."""
+    agents = [start_agent(tmp_path / "a"), start_agent(tmp_path / "b")]
+    try:
+        with serve_gateway(agents) as gw:
+            action = {
+                "type": "code",
+                "target": POOL,
+                "key": "once-only",
+                "payload": {"code": "import random; print(random.random())"},
+            }
+            first = requests.post(gw.url + "/v1/actions", json=action, timeout=60).json()
+            before = [ran(a) for a in agents]
+            dispatcher = gw.service.dispatcher
+
+            async def cordon(draining: bool) -> None:
+                dispatcher.drain(f"{NS}/{POOL}", first["host"], draining)
+
+            gw.call(cordon(True))  # a new run could only go to the other host
+            again = requests.post(gw.url + "/v1/actions", json=action, timeout=60).json()
+            assert (again["stdout"], again["host"]) == (first["stdout"], first["host"]), (first, again)
+            assert [ran(a) for a in agents] == before, "the repeat ran again"
+            other = {**action, "payload": {"code": "print('another')"}}
+            assert requests.post(gw.url + "/v1/actions", json=other, timeout=60).status_code == 409
+            gw.call(cordon(False))
+    finally:
+        for a in agents:
+            stop_agent(a)
