@@ -49,6 +49,10 @@ def _default_languages() -> list[Language]:
     return ["python"]
 
 
+# The longest a session may live idle: a pool's sessions.ttlSeconds, and what a sandbox agent keeps.
+MAX_SESSION_TTL_S = 7 * 24 * 3600
+
+
 class HostResources(TangramModel):
     """Resources of one sandbox host pod (shared mode) or the ceiling of one session pod (dedicated)."""
 
@@ -207,7 +211,7 @@ class Sessions(TangramModel):
     ttl_seconds: int = Field(
         default=3600,
         ge=1,
-        le=604800,
+        le=MAX_SESSION_TTL_S,
         description="A session without actions for this long is closed and its state deleted.",
     )
     persistent_interpreter: bool = Field(

@@ -36,7 +36,7 @@ from arl_tangram.dispatch.outcomes import interpret
 from arl_tangram.dispatch.rewards import RewardRouter
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
 from arl_tangram.domain.batches import runner_of
-from arl_tangram.domain.pools import PoolConfig, pool_key
+from arl_tangram.domain.pools import PoolConfig, agent_ttl_s, pool_key
 from arl_tangram.errors import InfrastructureError, KeyConflict, NotFound, QueueFull, TangramError
 from arl_tangram.managers.cpu import CpuManager, SandboxHost
 from arl_tangram.runtime.interface import Resizer
@@ -854,7 +854,9 @@ class Dispatcher:
             sess.agent_id = await self.agent.create_session(
                 endpoint.address,
                 persistent=pool.config.persistent_interpreter,
-                ttl_s=pool.config.agent_session_ttl_s,
+                # The session's own TTL where it asked for one (a gateway session of an hour on a
+                # pool of minutes lost its state to the agent's clock while the gateway kept it).
+                ttl_s=pool.config.agent_session_ttl_s if sess.ttl_s is None else agent_ttl_s(sess.ttl_s),
             )
             sess.host = endpoint.name
         return sess.agent_id

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from arl_tangram.api.actionpool import ActionPool
+from arl_tangram.api.actionpool import MAX_SESSION_TTL_S, ActionPool
 from arl_tangram.api.quantity import parse_quantity, quantity_bytes
 from arl_tangram.errors import InvalidSpec
 from arl_tangram.planner.snapshot import SandboxPoolSpec, ScalingPolicy
@@ -23,6 +23,13 @@ from arl_tangram.planner.snapshot import SandboxPoolSpec, ScalingPolicy
 def pool_key(namespace: str, name: str) -> str:
     """The one name of a pool inside the operator (queue, scheduler, metrics): ``namespace/name``."""
     return f"{namespace}/{name}"
+
+
+def agent_ttl_s(session_ttl_s: float) -> float:
+    """The TTL an agent keeps an idle session for, when the operator closes it at ``session_ttl_s``:
+    the agents' own clock only cleans up after an operator that is gone, so it runs well behind (an
+    agent must never drop a session the operator still counts as open), up to the agents' bound."""
+    return min(2 * session_ttl_s + 60, MAX_SESSION_TTL_S)
 
 
 @dataclass(frozen=True)
@@ -82,10 +89,8 @@ class PoolConfig:
 
     @property
     def agent_session_ttl_s(self) -> float:
-        """The TTL agents keep an idle session for. The operator closes sessions itself at
-        ``session_ttl_s``; the agents' own clock only cleans up after an operator that is gone, so it
-        runs well behind (an agent must never drop a session the operator still counts as open)."""
-        return 2 * self.session_ttl_s + 60
+        """The TTL agents keep an idle session of the pool's own TTL for (``agent_ttl_s``)."""
+        return agent_ttl_s(self.session_ttl_s)
 
     @property
     def desired_bounds(self) -> tuple[int, int]:

@@ -22,6 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from arl_tangram.api.actionpool import MAX_SESSION_TTL_S
 from arl_tangram.errors import CapacityExceeded, InvalidSpec, NotReady
 from arl_tangram.sandbox import isolation, reaping, workfiles
 from arl_tangram.sandbox.actions import ActionControl
@@ -710,8 +711,8 @@ class Executor:
         if len(self.sessions) >= self.config.max_sessions:
             raise NotReady(f"this host already holds {len(self.sessions)} sessions", delay=5.0)
         ttl = self.config.session_ttl_s if ttl_s is None else ttl_s
-        if not 0 < ttl <= 7 * 24 * 3600:
-            raise InvalidSpec("ttl_s", f"{ttl} s is outside (0, 604800] s")
+        if not 0 < ttl <= MAX_SESSION_TTL_S:
+            raise InvalidSpec("ttl_s", f"{ttl} s is outside (0, {MAX_SESSION_TTL_S}] s")
         memory = self.config.limits.memory_mb if memory_mb is None else memory_mb
         if not 16 <= memory <= self.config.limits.max_memory_mb:
             raise InvalidSpec(

@@ -122,6 +122,20 @@ async def test_a_closed_session_is_not_silently_recreated_empty(dispatcher: Disp
     assert "closing" in (again.message or "") and "closed" in (again.message or "")
 
 
+async def test_a_session_keeps_its_own_ttl_on_the_agent(dispatcher: Dispatcher, agents: list[Agent]) -> None:
+    """A session opened for two hours on a pool whose sessions last one: the agent kept it for
+    the pool's TTL (2 x pool + 60 s), so it lost the session's state while the gateway, holding it
+    open for the two hours, answered that it was still there."""
+    name = await dispatcher.open_session(NS, "py", 7200.0)
+    done = await dispatcher.run(_req("ttl-0", "open('kept', 'w').write('x')", session=name))
+    assert done.state is Outcome.SUCCEEDED, done
+    where = next(a for a, i in zip(agents, range(2), strict=True) if done.host == f"host-{i}")
+    agent_id = dispatcher._pools[f"{NS}/py"].sessions[name].agent_id  # the agent's name for it
+    async with aiohttp.ClientSession() as http, http.get(f"{where.url}/v1/sessions/{agent_id}") as resp:
+        seen = await resp.json()
+    assert seen["ttl_s"] == 2 * 7200.0 + 60, seen
+
+
 async def test_unknown_pool_is_refused_by_name(dispatcher: Dispatcher) -> None:
     with pytest.raises(NotFound, match="nope"):
         await dispatcher.run(ActionRequest("k", NS, "nope", "code", {"runtime": "python", "code": "1"}))
