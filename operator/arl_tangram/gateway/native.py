@@ -7,7 +7,7 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -129,8 +129,46 @@ async def _prepare(request: web.Request, data: Any, where: str = "") -> tuple[Ga
     action = validate(GatewayAction, data, where)
     namespace = action.namespace or state.config.default_namespace
     await authorize(request, namespace)
+    if action.session_id is not None:
+        _open_session_of(state, action, namespace, where)
     key = scoped_key(namespace, caller_key(request, action.key) if not where else action.key)
     return action, build_request(action, namespace, action.target, key, action.session_id)
+
+
+def _open_session_of(state: GatewayState, action: Any, namespace: str, where: str) -> GatewaySession:
+    """The open session an action's ``sessionId`` names, in its namespace and pool. An id nobody
+    opened here started a session of that name that the gateway neither bounded nor expired nor
+    could close (a typo of a real id ran in an empty workdir, and its state stayed on the host)."""
+    sid = action.session_id
+    session = state.sessions.sessions.get(sid)
+    if session is None or session.namespace != namespace:
+        # As for a session the caller may not see: nothing about others' sessions leaks.
+        raise NotFound(
+            "session", sid, f"no open session {sid!r} (closed, expired, or never opened: POST /v1/sessions)"
+        )
+    if session.pool != action.target:
+        field = f"{where}.target" if where else "target"
+        raise InvalidSpec(field, f"session {sid!r} is in pool {session.pool!r}, not {action.target!r}")
+    return session
+
+
+@contextlib.contextmanager
+def _in_use(state: GatewayState, session: GatewaySession | None) -> Iterator[None]:
+    """Hold ``session`` busy (its TTL does not run out) while a call uses it, and count the call
+    as its last use."""
+    if session is None:
+        yield
+        return
+    session.busy += 1
+    try:
+        yield
+    finally:
+        session.busy -= 1
+        session.last_used = state.sessions.clock()
+
+
+def _session_named(state: GatewayState, req: ActionRequest) -> GatewaySession | None:
+    return state.sessions.sessions.get(req.session) if req.session else None
 
 
 async def post_action(request: web.Request) -> web.Response:
@@ -138,7 +176,8 @@ async def post_action(request: web.Request) -> web.Response:
     state = state_of(request)
     data = await _read(request, state)
     action, req = await _prepare(request, data)
-    outcome = refused_payload(await run_action(state, req, "native"))
+    with _in_use(state, _session_named(state, req)):
+        outcome = refused_payload(await run_action(state, req, "native"))
     return web.json_response(result_body(outcome, action.id))
 
 
@@ -223,7 +262,8 @@ async def post_stream(request: web.Request) -> web.StreamResponse:
                 raise BadRequest(413, f"line {number} exceeds the limit of {limit} bytes")
             data = loads(raw)
             action, req = await _prepare(request, data, where=f"line {number}")
-            outcome = refused_payload(await run_action(state, req, "stream"))
+            with _in_use(state, _session_named(state, req)):
+                outcome = refused_payload(await run_action(state, req, "stream"))
             line = json.dumps(result_body(outcome, action.id)).encode() + b"\n"
         except Exception as exc:
             line = _refusal(number, exc, data)
@@ -323,18 +363,15 @@ async def run_in_session(request: web.Request) -> web.Response:
     """``POST /v1/sessions/{id}/actions``: run one action in the session (in order with its others)."""
     state = state_of(request)
     session = await _session(request, "create")
-    data = await _read(request, state)
-    action: Any = validate(SessionAction, data)
-    if action.type not in ("code", "test"):
-        raise InvalidSpec("type", f"only code and test actions run in a session, not {action.type!r}")
-    key = scoped_key(session.namespace, caller_key(request, action.key))
-    req = build_request(action, session.namespace, session.pool, key, session.id)
-    session.busy += 1
-    try:
+    # Busy from here: a body slow to arrive must not see its session expire under it.
+    with _in_use(state, session):
+        data = await _read(request, state)
+        action: Any = validate(SessionAction, data)
+        if action.type not in ("code", "test"):
+            raise InvalidSpec("type", f"only code and test actions run in a session, not {action.type!r}")
+        key = scoped_key(session.namespace, caller_key(request, action.key))
+        req = build_request(action, session.namespace, session.pool, key, session.id)
         outcome = refused_payload(await run_action(state, req, "session"))
-    finally:
-        session.busy -= 1
-        session.last_used = state.sessions.clock()
     return web.json_response(result_body(outcome, action.id))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -198,6 +199,54 @@ def test_sessions_keep_state_until_closed(gateway: Gateway) -> None:
         timeout=30,
     )
     assert gone.status_code == 404 and sid in gone.json()["error"]
+
+
+def test_a_session_id_on_an_action_must_name_an_open_session(gateway: Gateway) -> None:
+    """``sessionId`` on ``/v1/actions`` (and a stream's lines) runs in a session opened here. An id
+    nobody opened started a session the gateway could neither bound, expire nor close (a typo of a
+    real id ran in an empty workdir, and its state stayed on the host): 404 now."""
+    action = {"type": "code", "target": POOL, "payload": {"code": "print(open('s.txt').read())"}}
+    made_up = requests.post(
+        gateway.url + "/v1/actions", json={**action, "sessionId": "s-made-up"}, timeout=60
+    )
+    assert made_up.status_code == 404 and "s-made-up" in made_up.json()["error"], made_up.text
+    sid = requests.post(gateway.url + "/v1/sessions", json={"pool": POOL}, timeout=30).json()["id"]
+    write = {"type": "code", "payload": {"code": "open('s.txt', 'w').write('kept')"}}
+    assert (
+        requests.post(f"{gateway.url}/v1/sessions/{sid}/actions", json=write, timeout=60).status_code == 200
+    )
+    read = requests.post(gateway.url + "/v1/actions", json={**action, "sessionId": sid}, timeout=60)
+    assert read.status_code == 200 and read.json()["stdout"] == "kept\n", read.text
+    elsewhere = requests.post(
+        gateway.url + "/v1/actions", json={**action, "sessionId": sid, "target": "other"}, timeout=60
+    )
+    assert elsewhere.status_code == 400 and elsewhere.json()["field"] == "target", elsewhere.text
+    assert requests.delete(f"{gateway.url}/v1/sessions/{sid}", timeout=30).status_code == 200
+
+
+def test_a_session_call_whose_body_is_slow_keeps_its_session(gateway: Gateway) -> None:
+    """A session is held from the moment a call names it, not once its body has arrived: a short
+    TTL ran out while the body was on its way, and the call found its session gone."""
+    from urllib.parse import urlsplit
+
+    sid = requests.post(
+        gateway.url + "/v1/sessions", json={"pool": POOL, "ttlSeconds": 0.5}, timeout=30
+    ).json()["id"]
+    body = json.dumps({"type": "code", "payload": {"code": "print('arrived')"}}).encode()
+    where = urlsplit(gateway.url)
+    with socket.create_connection((where.hostname, where.port), timeout=60) as conn:
+        conn.sendall(
+            f"POST /v1/sessions/{sid}/actions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        )
+        time.sleep(1.5)  # three TTLs
+        conn.sendall(body)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), answer
+    assert json.loads(rest)["stdout"] == "arrived\n", rest
 
 
 def test_an_idle_session_expires_by_its_ttl(gateway: Gateway) -> None:
