@@ -26,9 +26,10 @@ class InvalidSpec(TangramError):
 class KeyConflict(InvalidSpec):
     """An idempotency key already names another action: its result is not this request's answer."""
 
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__("key", message)
+    def __init__(self, key: str, why: str) -> None:
+        super().__init__("key", f"key {key!r} {why}")
         self.key = key
+        self.why = why
 
 
 class NotReady(TangramError):

@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from arl_tangram.client.errors import (
+    InvalidRequest,
     Overloaded,
     SessionLost,
     TangramClientError,
@@ -184,7 +185,14 @@ class AsyncTangramClient:
         An action the gateway refuses comes back as a result with ``error`` set; refusals that mean
         "later" (429, 503) and infrastructure failures are sent again, with the same key, in a new
         stream, as is everything unanswered when a stream breaks (e.g. the leader died)."""
-        pending = {a["key"]: a for a in (self._action(x) for x in actions)}
+        pending: dict[str, dict[str, Any]] = {}
+        for one in (self._action(x) for x in actions):
+            if one["key"] in pending:
+                # One of them was dropped without a word (its result, or the gateway's 409, lost).
+                raise InvalidRequest(
+                    f"two actions under key {one['key']!r}: a key names one action", body={"field": "key"}
+                )
+            pending[one["key"]] = one
         tries = dict.fromkeys(pending, 0)
         round_ = 0
         while pending:
@@ -230,7 +238,7 @@ class AsyncTangramClient:
             if resp.status >= 300:
                 raise error_for(resp.status, await _json(resp), _retry_after(resp))
             by_line = {i + 1: a["key"] for i, a in enumerate(actions)}
-            async for raw in resp.content:
+            async for raw in _lines(resp.content):
                 if not raw.strip():
                     continue
                 line = json.loads(raw)
@@ -347,3 +355,18 @@ def _retry_after(resp: aiohttp.ClientResponse) -> float | None:
         return float(value) if value is not None else None
     except ValueError:
         return None
+
+
+async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """A response's lines, however long: aiohttp's own line reader gives up at 512 KiB, and one
+    result carrying a program's output (up to the sandbox's 8 MiB, twice) is longer."""
+    buffer = bytearray()
+    async for chunk in content.iter_any():
+        buffer += chunk
+        start = 0
+        while (end := buffer.find(b"\n", start)) >= 0:
+            yield bytes(buffer[start:end])
+            start = end + 1
+        del buffer[:start]
+    if buffer:
+        yield bytes(buffer)

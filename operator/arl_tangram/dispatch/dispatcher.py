@@ -510,8 +510,8 @@ class Dispatcher:
         if known is not None and known != digest:
             raise KeyConflict(
                 request.key,
-                f"key {request.key!r} was already used for a different action (its payload, type, "
-                "target, session or units differ); use a new key for a new action",
+                "was already used for a different action (its payload, type, target, session or "
+                "units differ); use a new key for a new action",
             )
 
     def _remember(self, key: str, digest: str) -> None:

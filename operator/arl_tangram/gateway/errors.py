@@ -19,6 +19,7 @@ from arl_tangram.errors import (
 )
 from arl_tangram.gateway.admission import retry_after_header
 from arl_tangram.gateway.auth import AuthUnavailable, Forbidden, Unauthenticated
+from arl_tangram.gateway.keys import unscoped_key
 from arl_tangram.gateway.parsing import BadRequest
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,8 @@ def as_http(exc: Exception) -> HttpError | None:
             body["detail"] = exc.detail
         return HttpError(exc.status, body)
     if isinstance(exc, KeyConflict):
-        return HttpError(409, {"error": str(exc), "field": exc.field})
+        # Named as the caller sent it, not as the dispatcher scoped it (``gw/<namespace>/...``).
+        return HttpError(409, {"error": f"key {unscoped_key(exc.key)!r} {exc.why}", "field": exc.field})
     if isinstance(exc, InvalidSpec):
         return HttpError(400, {"error": str(exc), "field": exc.field})
     if isinstance(exc, CapacityExceeded):

@@ -18,9 +18,11 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 from arl_tangram.api.actionbatch import Action
 from arl_tangram.api.meta import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, TangramModel
 from arl_tangram.domain.actions import Outcome
+from arl_tangram.sandbox.actions import MAX_KEY_CHARS
 from arl_tangram.sandbox.models import Text
 
-KEY_PATTERN = r"^[ -~]{1,200}$"
+# Printable ASCII, without outer spaces (HTTP drops them from the header the key may also come in).
+KEY_PATTERN = rf"^[!-~](?:[ -~]{{0,{MAX_KEY_CHARS - 2}}}[!-~])?$"
 NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)]
 TargetName = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_SUBDOMAIN_PATTERN)]
 IdempotencyKey = Annotated[

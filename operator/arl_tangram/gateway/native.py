@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -18,6 +17,7 @@ from arl_tangram.domain.batches import LANGUAGE_RUNTIMES, native_payload
 from arl_tangram.errors import CapacityExceeded, InvalidSpec, NotFound
 from arl_tangram.gateway.config import ACTION_KEY_HEADER
 from arl_tangram.gateway.errors import HttpError, as_http
+from arl_tangram.gateway.keys import scoped_key, unscoped_key
 from arl_tangram.gateway.models import (
     ActionResultBody,
     GatewayAction,
@@ -34,13 +34,6 @@ from arl_tangram.sandbox.actions import parse_action_key
 log = logging.getLogger(__name__)
 # The gateway does not know each pool's languages; the agent refuses one it does not offer, by name.
 ALL_LANGUAGES = tuple(LANGUAGE_RUNTIMES)
-
-
-def scoped_key(namespace: str, key: str | None, space: str = "gw") -> str:
-    """The dispatcher's key for a caller's key: scoped by namespace, so that two tenants who pick the
-    same key never share an action; a fresh one when the caller gave none. ``space`` keeps keys the
-    gateway derives (a reward request's samples: ``gw-reward``) apart from any a caller could send."""
-    return f"{space}/{namespace}/{key or uuid.uuid4().hex}"
 
 
 def caller_key(request: web.Request, body_key: str | None) -> str | None:
@@ -81,7 +74,7 @@ def build_request(
 def result_body(outcome: ActionOutcome, action_id: str | None) -> dict[str, Any]:
     return ActionResultBody(
         id=action_id,
-        key=outcome.key.split("/", 2)[-1] if outcome.key.startswith("gw/") else outcome.key,
+        key=unscoped_key(outcome.key),
         state=outcome.state,
         reason=outcome.reason.value if outcome.reason else None,
         message=outcome.message,

@@ -28,6 +28,7 @@ from arl_tangram.domain.batches import native_payload
 from arl_tangram.errors import InvalidSpec
 from arl_tangram.gateway.config import POOL_HEADER, SERVICE_HEADER, GatewayConfig
 from arl_tangram.gateway.errors import REASON_STATUS
+from arl_tangram.gateway.keys import scoped_key
 from arl_tangram.gateway.models import (
     OpenRLHFRewardRequest,
     OpenRLHFRewardResponse,
@@ -46,7 +47,7 @@ from arl_tangram.gateway.models import (
     VllmScoreRequest,
     VllmScoreResponse,
 )
-from arl_tangram.gateway.native import ALL_LANGUAGES, caller_key, run_action, scoped_key
+from arl_tangram.gateway.native import ALL_LANGUAGES, caller_key, run_action
 from arl_tangram.gateway.parsing import BadRequest, parse, read_json, validate
 from arl_tangram.gateway.routing import given, namespace_of, pool_of, service_of
 from arl_tangram.gateway.scoring import (

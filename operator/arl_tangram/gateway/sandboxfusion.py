@@ -16,7 +16,8 @@ from aiohttp import web
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Reason
 from arl_tangram.gateway.admission import retry_after_header
 from arl_tangram.gateway.errors import INFRASTRUCTURE_REASONS, REASON_STATUS
-from arl_tangram.gateway.native import caller_key, run_action, scoped_key
+from arl_tangram.gateway.keys import scoped_key
+from arl_tangram.gateway.native import caller_key, run_action
 from arl_tangram.gateway.parsing import parse
 from arl_tangram.gateway.routing import namespace_of, require_pool
 from arl_tangram.gateway.state import authorize, state_of

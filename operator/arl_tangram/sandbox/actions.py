@@ -37,6 +37,9 @@ def parse_action_key(value: str | None) -> str | None:
     bad = next((c for c in value if not " " <= c <= "~"), None)
     if bad is not None:
         raise InvalidSpec(ACTION_KEY_HEADER, f"must be printable ASCII; found {bad!r}")
+    if value != value.strip(" "):
+        # HTTP drops a header value's outer spaces: such a key could not be sent again as itself.
+        raise InvalidSpec(ACTION_KEY_HEADER, "must not start or end with a space")
     return value
 
 

@@ -203,8 +203,38 @@ def test_a_key_repeated_after_it_ended_is_answered_not_run_again_on_another_host
             assert (again["stdout"], again["host"]) == (first["stdout"], first["host"]), (first, again)
             assert [ran(a) for a in agents] == before, "the repeat ran again"
             other = {**action, "payload": {"code": "print('another')"}}
-            assert requests.post(gw.url + "/v1/actions", json=other, timeout=60).status_code == 409
+            conflict = requests.post(gw.url + "/v1/actions", json=other, timeout=60)
+            assert conflict.status_code == 409, conflict.text
+            # Named as the caller sent it, not as the dispatcher scoped it (gw/<namespace>/...).
+            assert conflict.json()["error"].startswith("key 'once-only' "), conflict.text
             gw.call(cordon(False))
     finally:
         for a in agents:
             stop_agent(a)
+
+
+def test_run_many_takes_results_of_any_size_and_refuses_two_actions_under_one_key(gateway: Gateway) -> None:
+    """One result carrying 600 KB of output ended ``run_many`` (aiohttp's line reader stops at
+    512 KiB) and lost the results still to come; two actions under one key lost one of them
+    without a word."""
+    actions = [code_action(f"print({i})", key=f"many-{i}") for i in range(6)]
+    actions.insert(3, code_action("print('x' * 600_000)", key="many-big"))
+    with TangramClient(gateway.url, namespace=NS, pool=POOL) as client:
+        results = {r.key: r for r in client.run_many(actions)}
+        assert sorted(results) == sorted(a["key"] for a in actions), sorted(results)
+        assert results["many-big"].stdout == "x" * 600_000 + "\n"
+        assert all(results[f"many-{i}"].stdout == f"{i}\n" for i in range(6))
+        twice = [code_action("print(1)", key="dup"), code_action("print(2)", key="dup")]
+        with pytest.raises(InvalidRequest, match="dup"):
+            list(client.run_many(twice))
+
+
+def test_a_key_with_outer_spaces_is_refused_by_name(gateway: Gateway) -> None:
+    """HTTP drops a header's outer spaces: a key ``'k '`` sent in the body and the header (as the
+    client sends it) came back as two keys that differ, a message about a header the caller never
+    wrote. Such a key cannot round-trip through HTTP: it is refused as the key it is (422)."""
+    with TangramClient(gateway.url, namespace=NS, pool=POOL) as client:
+        with pytest.raises(InvalidRequest) as refused:
+            client.run(code_action("print(1)", key="trailing "))
+        assert refused.value.field == "key" and refused.value.status == 422, refused.value
+        assert "differs" not in str(refused.value), refused.value  # it was told the header changed it
