@@ -14,7 +14,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Reason
 from arl_tangram.domain.batches import LANGUAGE_RUNTIMES, native_payload
-from arl_tangram.errors import CapacityExceeded, InvalidSpec, NotFound
+from arl_tangram.errors import InvalidSpec, NotFound
 from arl_tangram.gateway.config import ACTION_KEY_HEADER
 from arl_tangram.gateway.errors import HttpError, as_http
 from arl_tangram.gateway.keys import scoped_key, unscoped_key
@@ -113,7 +113,9 @@ def refused_payload(outcome: ActionOutcome) -> ActionOutcome:
     if outcome.reason is Reason.INVALID_PAYLOAD:
         raise InvalidSpec("payload", outcome.message or "the target refused the payload")
     if outcome.reason is Reason.CAPACITY_EXCEEDED:
-        raise CapacityExceeded(f"units: {outcome.message or 'more than the pool can ever grant'}")
+        raise BadRequest(
+            422, f"units: {outcome.message or 'more than the pool can ever grant'}", field="units"
+        )
     return outcome
 
 
@@ -329,7 +331,10 @@ async def open_session(request: web.Request) -> web.Response:
     await authorize(request, namespace)
     ttl = body.ttl_seconds or state.config.session_ttl_s
     if ttl > state.config.max_session_ttl_s:
-        raise InvalidSpec("ttlSeconds", f"must be at most {state.config.max_session_ttl_s:g} seconds")
+        # Out of range, as every such value: 422 with the field (it was a 400).
+        raise BadRequest(
+            422, f"ttlSeconds: must be at most {state.config.max_session_ttl_s:g} seconds", field="ttlSeconds"
+        )
     session = await state.sessions.open(namespace, body.pool, ttl)
     state.metrics.sessions.set(len(state.sessions.sessions))
     return web.json_response(_session_body(state, session), status=201)

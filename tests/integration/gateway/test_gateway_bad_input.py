@@ -161,6 +161,8 @@ CASES: list[tuple[str, str, bytes, int, str]] = [
         "ttlSeconds",
     ),
     ("/v1/sessions", "infinite ttl", b'{"pool": "py", "ttlSeconds": 1e999}', 422, "ttlSeconds"),
+    # Past the gateway's own bound: out of range as any other value (it was a 400).
+    ("/v1/sessions", "ttl past the bound", b'{"pool": "py", "ttlSeconds": 100000}', 422, "ttlSeconds"),
     ("/run_code", "run_code wrong type", json.dumps({"code": 1, "language": "python"}).encode(), 422, "code"),
     (
         "/run_code",
