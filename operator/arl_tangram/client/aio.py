@@ -288,7 +288,7 @@ class AsyncTangramClient:
         ) as resp:
             if resp.status >= 300:
                 raise error_for(resp.status, await _json(resp), _retry_after(resp))
-            async for raw in resp.content:
+            async for raw in _lines(resp.content):
                 if raw.strip():
                     yield json.loads(raw)
 
@@ -362,11 +362,16 @@ async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
     result carrying a program's output (up to the sandbox's 8 MiB, twice) is longer."""
     buffer = bytearray()
     async for chunk in content.iter_any():
-        buffer += chunk
-        start = 0
-        while (end := buffer.find(b"\n", start)) >= 0:
-            yield bytes(buffer[start:end])
+        # Only the new chunk can hold the end of the line begun before it: scan that alone.
+        at = chunk.find(b"\n")
+        if at < 0:
+            buffer += chunk
+            continue
+        yield bytes(buffer + chunk[:at])
+        start = at + 1
+        while (end := chunk.find(b"\n", start)) >= 0:
+            yield chunk[start:end]
             start = end + 1
-        del buffer[:start]
+        buffer = bytearray(chunk[start:])
     if buffer:
         yield bytes(buffer)

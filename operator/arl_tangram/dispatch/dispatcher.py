@@ -69,6 +69,8 @@ BOOK_AHEAD_RUNS = 16  # how many recent runs of a kind must all have been that s
 # long, then twice as long each time up to the second figure.
 SETTLE_FIRST_S = 0.5
 SETTLE_MAX_S = 5.0
+# How long failed reads of an attempt's stored answer are tried again before it runs anew.
+REREAD_FOR_S = 60.0
 
 
 def agent_key(key: str, attempt: int) -> str:
@@ -92,6 +94,14 @@ def _refused(future: asyncio.Future[ActionOutcome]) -> bool:
     if future.cancelled() or future.exception() is not None:
         return False
     return future.result().reason in _NOTHING_RAN
+
+
+def _expiry_s(config: PoolConfig, sess: _Session) -> float:
+    """The dispatcher's idle TTL for a session: the pool's; or, for one whose opener (the gateway)
+    closes it at a TTL of its own, a backstop behind that (``agent_ttl_s``), for an opener that is
+    gone. Only the opener sees a call that holds the session before it reaches the dispatcher (a
+    body on its way): closing at the same TTL here lost such a session under it."""
+    return config.session_ttl_s if sess.ttl_s is None else agent_ttl_s(sess.ttl_s)
 
 
 def _nothing_ran(outcome: ActionOutcome) -> bool:
@@ -462,10 +472,10 @@ class Dispatcher:
                 outcome = await self.rewards.run(request)
             except TangramError:
                 if fresh:
-                    self._asked.pop(request.key, None)
+                    self._forget(request.key)
                 raise
             if fresh and outcome.reason in _NOTHING_RAN:
-                self._asked.pop(request.key, None)
+                self._forget(request.key)
             return outcome
         key = pool_key(request.namespace, request.target)
         pool = await self._find_pool(request.namespace, request.target)
@@ -500,7 +510,7 @@ class Dispatcher:
             if job.future.done():
                 self._jobs.pop(request.key, None)
                 if _refused(job.future):
-                    self._asked.pop(request.key, None)  # nothing ran: a corrected retry may use the key
+                    self._forget(request.key)  # nothing ran: a corrected retry may use the key
 
     def _same_action(self, request: ActionRequest, digest: str) -> None:
         """``KeyConflict`` when ``request.key`` already named another action (another payload, kind,
@@ -513,6 +523,12 @@ class Dispatcher:
                 "was already used for a different action (its payload, type, target, session or "
                 "units differ); use a new key for a new action",
             )
+
+    def _forget(self, key: str) -> None:
+        """Forget a key whose action never ran (refused): a corrected request may use it, and must
+        not be answered with anything stored under it."""
+        self._asked.pop(key, None)
+        self._ran.pop(key, None)
 
     def _remember(self, key: str, digest: str) -> None:
         """What ``key`` asks for (its ``action_digest``), once it has begun (a request refused
@@ -582,7 +598,7 @@ class Dispatcher:
         for pool in list(self._pools.values()):
             for sess in list(pool.sessions.values()):
                 idle = not sess.busy and not sess.backlog
-                ttl = sess.ttl_s if sess.ttl_s is not None else pool.config.session_ttl_s
+                ttl = _expiry_s(pool.config, sess)
                 if idle and now - sess.last_used > ttl:
                     await self._close_session(pool, sess, f"idle for its TTL of {ttl:g} s")
 
@@ -854,9 +870,10 @@ class Dispatcher:
             sess.agent_id = await self.agent.create_session(
                 endpoint.address,
                 persistent=pool.config.persistent_interpreter,
-                # The session's own TTL where it asked for one (a gateway session of an hour on a
-                # pool of minutes lost its state to the agent's clock while the gateway kept it).
-                ttl_s=pool.config.agent_session_ttl_s if sess.ttl_s is None else agent_ttl_s(sess.ttl_s),
+                # Behind the dispatcher's own clock, whichever is longer: a gateway session of an
+                # hour on a pool of minutes lost its state to the agent's clock while the gateway
+                # kept it, and one of a second to the agent's while its next action was queued.
+                ttl_s=agent_ttl_s(max(pool.config.session_ttl_s, _expiry_s(pool.config, sess))),
             )
             sess.host = endpoint.name
         return sess.agent_id
@@ -1111,21 +1128,43 @@ class Dispatcher:
         else:
             self.scheduler.running.pop(id(grant), None)
 
+    async def _read_stored(self, pool: _Pool, endpoint: HostEndpoint, key: str) -> dict[str, Any] | None:
+        """Attempt ``key``'s stored answer on ``endpoint`` once it has one; None when the agent does
+        not have it (gone from its store, or never got it). A read that fails (a timeout, a 5xx, a
+        reset) is tried again for a while, as long as the host is in the pool and its agent
+        listens: running a finished action again because one read failed ran it twice."""
+        delay, waited = SETTLE_FIRST_S, 0.0
+        while True:
+            try:
+                body = await self.agent.result(endpoint.address, key, REATTACH_SLICE_S)
+                if body is not None:
+                    return body
+                running, _ = await self.agent.inflight(endpoint.address)
+                if key not in running:
+                    return await self.agent.result(endpoint.address, key, 0)
+            except InfrastructureError as exc:
+                gone = isinstance(exc, ConnectFailed) and exc.refused
+                if gone or pool.endpoints.get(endpoint.name) is not endpoint or waited >= REREAD_FOR_S:
+                    raise
+                log.info(
+                    "reading %s's stored answer on %s failed (%s); again in %.1f s",
+                    key,
+                    endpoint.name,
+                    exc,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                waited += delay
+                delay = min(2 * delay, SETTLE_MAX_S)
+
     async def _await_stored(
         self, pool: _Pool, job: _Job, endpoint: HostEndpoint, key: str, grant: Grant | None
     ) -> None:
         req = job.request
         try:
-            while True:
-                body = await self.agent.result(endpoint.address, key, REATTACH_SLICE_S)
-                if body is not None:
-                    break
-                running, _ = await self.agent.inflight(endpoint.address)
-                if key not in running:
-                    body = await self.agent.result(endpoint.address, key, 0)
-                    if body is None:
-                        raise InfrastructureError(f"attempt {key} vanished from host {endpoint.name}")
-                    break
+            body = await self._read_stored(pool, endpoint, key)
+            if body is None:
+                raise InfrastructureError(f"attempt {key} vanished from host {endpoint.name}")
             outcome = interpret(req.key, req.kind, req.wire, body, runner=runner_of(req.payload))
             outcome.host = endpoint.name  # (its cores too, where the grant is known: ``_finish``)
         except (InfrastructureError, AgentRefused, asyncio.CancelledError) as exc:

@@ -59,11 +59,33 @@ class Sample:
 
 
 # End-of-turn and end-of-text markers a trainer's detokenised text may still end with (OpenRLHF
-# decodes with skip_special_tokens=False): they close the answer and are no part of its program.
-_END_MARKERS = re.compile(
-    r"(?:\s*(?:<\|im_end\|>|<\|endoftext\|>|<\|eot_id\|>|<\|end_of_text\|>|<\|end\|>|</s>|<end_of_turn>"
-    r"|<eos>|<\uff5cend\u2581of\u2581sentence\uff5c>))+\s*\Z"  # the last: DeepSeek's, in full-width bars
+# decodes with skip_special_tokens=False): they close the answer and are no part of its program
+# (ChatML, Llama 3, Phi, Gemma, SentencePiece, DeepSeek's full-width bars).
+_END_MARKERS = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "<|end|>",
+    "</s>",
+    "<end_of_turn>",
+    "<eos>",
+    "<\uff5cend\u2581of\u2581sentence\uff5c>",
 )
+
+
+def _without_end_markers(text: str) -> str:
+    """``text`` less the markers (and the whitespace between them) it ends with; linear in the text
+    (a pattern with nested repetition took seconds on a long run of spaces, on the event loop)."""
+    end, found = len(text.rstrip()), False
+    while True:
+        marker = next((m for m in _END_MARKERS if text.endswith(m, 0, end)), None)
+        if marker is None:
+            break
+        end, found = end - len(marker), True
+        while end and text[end - 1].isspace():
+            end -= 1
+    return text[:end] + "\n" if found else text
 
 
 def answer_code(response: str) -> str:
@@ -71,7 +93,7 @@ def answer_code(response: str) -> str:
     else the whole answer less the end-of-turn markers it ends with."""
     blocks: list[tuple[str, str]] = _FENCE.findall(response)
     if not blocks:
-        return _END_MARKERS.sub("\n", response)
+        return _without_end_markers(response)
     python = [code for lang, code in blocks if lang.lower() in ("python", "py", "python3")]
     return (python or [code for _, code in blocks])[-1]
 

@@ -89,7 +89,16 @@ class SessionRegistry:
         """Close every idle session past its TTL; returns how many."""
         now = self.clock()
         due = [s for s in self.sessions.values() if not s.busy and s.expires_in(now) == 0.0]
+        closed = 0
         for session in due:
+            # Checked again: a call may have taken it while an earlier one was being closed.
+            if (
+                session.busy
+                or session.expires_in(self.clock()) > 0.0
+                or self.sessions.get(session.id) is not session
+            ):
+                continue
+            closed += 1
             self._forget(session)
             try:
                 await self.service.close_session(session.namespace, session.pool, session.id)
@@ -97,7 +106,7 @@ class SessionRegistry:
                 pass  # the dispatcher expired or lost it first: nothing left to close
             except Exception as exc:  # the janitor must outlive one failed close
                 log.warning("closing expired session %s failed: %s", session.id, exc)
-        return len(due)
+        return closed
 
     async def janitor(self, period_s: float) -> None:
         """Run :meth:`expire` every ``period_s`` until cancelled."""

@@ -42,11 +42,13 @@ class Results:
 
 
 BATCH = [{"id": f"a{i}", "state": "Succeeded", "output": "x" * 5000} for i in range(50)]
+# One result whose output is longer than aiohttp's own line reader takes (512 KiB).
+BIG = [{"id": "big", "state": "Succeeded", "output": "y" * 600_000}, *BATCH[:2]]
 
 
 @pytest.fixture(scope="module")
 def gateway(agents: list[Agent]) -> Iterator[Gateway]:
-    with serve_gateway(agents, batch_results=Results({(NS, "step-1"): BATCH})) as gw:
+    with serve_gateway(agents, batch_results=Results({(NS, "step-1"): BATCH, (NS, "step-big"): BIG})) as gw:
         yield gw
 
 
@@ -249,6 +251,70 @@ def test_a_session_call_whose_body_is_slow_keeps_its_session(gateway: Gateway) -
     assert json.loads(rest)["stdout"] == "arrived\n", rest
 
 
+def test_the_dispatchers_clock_does_not_close_a_session_the_gateway_holds(gateway: Gateway) -> None:
+    """The operator also expires the dispatcher's idle sessions (every 2 s): at the same TTL it
+    closed a gateway session whose call was still sending its body, which only the gateway sees.
+    Its clock is a backstop behind the gateway's for sessions the gateway opened."""
+    from urllib.parse import urlsplit
+
+    sid = requests.post(
+        gateway.url + "/v1/sessions", json={"pool": POOL, "ttlSeconds": 0.5}, timeout=30
+    ).json()["id"]
+    body = json.dumps({"type": "code", "payload": {"code": "print('arrived')"}}).encode()
+    where = urlsplit(gateway.url)
+    with socket.create_connection((where.hostname, where.port), timeout=60) as conn:
+        conn.sendall(
+            f"POST /v1/sessions/{sid}/actions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        )
+        time.sleep(1.5)
+        gateway.call(gateway.service.dispatcher.expire_sessions())  # as the operator's janitor does
+        conn.sendall(body)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and json.loads(rest)["stdout"] == "arrived\n", answer
+
+
+def test_the_gateways_janitor_spares_a_session_taken_while_it_closed_others() -> None:
+    """The janitor picked its due sessions once, then closed them one by one (an HTTP call each):
+    a session a call took meanwhile was closed under it. Each is checked again before its close.
+    (The service is a stand-in: what is tested is the registry's own order of events.)"""
+    import asyncio
+
+    from arl_tangram.gateway.sessions import SessionRegistry
+
+    class Service:
+        def __init__(self) -> None:
+            self.closed: list[str] = []
+            self.opened = 0
+
+        async def open_session(self, namespace: str, pool: str, ttl_s: float) -> str:
+            self.opened += 1
+            return f"s{self.opened}"
+
+        async def close_session(self, namespace: str, pool: str, sid: str) -> None:
+            await asyncio.sleep(0.1)  # the DELETE to the session's agent
+            self.closed.append(sid)
+
+    now = [0.0]
+    service = Service()
+
+    async def main() -> None:
+        registry = SessionRegistry(service, 10, 1.0, clock=lambda: now[0])  # type: ignore[arg-type]
+        await registry.open("ns", "p", 1.0)
+        later = await registry.open("ns", "p", 1.0)
+        now[0] = 5.0
+        janitor = asyncio.create_task(registry.expire())
+        await asyncio.sleep(0.05)  # the first close is under way
+        registry.get(later.id).busy += 1  # a call takes the second
+        await janitor
+        assert later.id in registry.sessions and service.closed == ["s1"], service.closed
+
+    asyncio.run(main())
+
+
 def test_an_idle_session_expires_by_its_ttl(gateway: Gateway) -> None:
     from sandbox_agent_harness import wait_until
 
@@ -269,6 +335,7 @@ def test_batch_results_stream_as_ndjson(gateway: Gateway) -> None:
     assert missing.status_code == 404 and "nope" in missing.json()["error"]
     with TangramClient(gateway.url, namespace=NS) as client:
         assert list(client.batch_results("step-1")) == BATCH
+        assert list(client.batch_results("step-big")) == BIG  # it raised LineTooLong
         with pytest.raises(NotFoundError):
             list(client.batch_results("nope"))
 

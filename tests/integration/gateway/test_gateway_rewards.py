@@ -235,6 +235,15 @@ def test_openrlhf_queries_as_its_trainer_decodes_them(gateway: Gateway) -> None:
     assert resp.status_code == 200 and resp.json()["rewards"] == [1.0, 1.0, 1.0], resp.text
 
 
+def test_an_answer_ending_in_a_long_run_of_whitespace_is_scored(gateway: Gateway) -> None:
+    """Models that degenerate print long runs of spaces: the end-marker pattern backtracked over
+    them for seconds to minutes on the gateway's event loop (everyone's requests waited)."""
+    answer = "def add(a, b):\n    return a + b\n" + " " * 300_000 + "\n# the end\n"
+    body = {"query": [answer], "labels": [TESTS]}
+    resp = requests.post(gateway.url + f"/get_reward?pool={POOL}", json=body, timeout=60)
+    assert resp.status_code == 200 and resp.json()["rewards"] == [1.0], resp.text
+
+
 def test_vllm_shapes_take_fields_vllm_takes(gateway: Gateway) -> None:
     """vLLM ignores request fields it does not know (its clients send ``use_activation``,
     ``softmax``, ``task``...); these were refused (422)."""
