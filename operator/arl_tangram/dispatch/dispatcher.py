@@ -1133,18 +1133,26 @@ class Dispatcher:
         not have it (gone from its store, or never got it). A read that fails (a timeout, a 5xx, a
         reset) is tried again for a while, as long as the host is in the pool and its agent
         listens: running a finished action again because one read failed ran it twice."""
-        delay, waited = SETTLE_FIRST_S, 0.0
+        delay, failing_since = SETTLE_FIRST_S, None
         while True:
+            called = self.clock()
             try:
                 body = await self.agent.result(endpoint.address, key, REATTACH_SLICE_S)
-                if body is not None:
-                    return body
-                running, _ = await self.agent.inflight(endpoint.address)
-                if key not in running:
-                    return await self.agent.result(endpoint.address, key, 0)
+                if body is None:
+                    running, _ = await self.agent.inflight(endpoint.address)
+                    if key in running:  # still running there: wait on (no failure so far)
+                        delay, failing_since = SETTLE_FIRST_S, None
+                        continue
+                    body = await self.agent.result(endpoint.address, key, 0)
+                self._answered(pool, endpoint.name)  # it answers: failures in a row start again
+                return body
             except InfrastructureError as exc:
                 gone = isinstance(exc, ConnectFailed) and exc.refused
-                if gone or pool.endpoints.get(endpoint.name) is not endpoint or waited >= REREAD_FOR_S:
+                self._count_failure(pool, endpoint.name)
+                # By the clock, from the first failed call's start: their own time counts (20 s each).
+                failing_since = called if failing_since is None else failing_since
+                spent = self.clock() - failing_since
+                if gone or pool.endpoints.get(endpoint.name) is not endpoint or spent >= REREAD_FOR_S:
                     raise
                 log.info(
                     "reading %s's stored answer on %s failed (%s); again in %.1f s",
@@ -1154,7 +1162,6 @@ class Dispatcher:
                     delay,
                 )
                 await asyncio.sleep(delay)
-                waited += delay
                 delay = min(2 * delay, SETTLE_MAX_S)
 
     async def _await_stored(

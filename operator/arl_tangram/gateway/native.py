@@ -348,6 +348,9 @@ async def _session(request: web.Request, verb: str) -> GatewaySession:
         # Answer as for a session the caller may not see: nothing about others' sessions leaks.
         raise NotFound("session", sid, f"no open session {sid!r} (closed, expired, or never opened)")
     await authorize(request, session.namespace, verb)
+    if state.sessions.sessions.get(sid) is not session:
+        # Closed (its TTL, or another call) while the caller was being authorised.
+        raise NotFound("session", sid, f"no open session {sid!r} (closed, expired, or never opened)")
     return session
 
 

@@ -401,3 +401,13 @@ def test_a_reward_target_named_twice_differently_is_refused(gateway: Gateway) ->
     body = {"pool": POOL, "items": [{"response": "x", "label": "assert True"}]}
     resp = requests.post(gateway.url + "/v1/rewards?service=rm", json=body, timeout=60)
     assert resp.status_code == 400 and resp.json()["field"] == "service", resp.text
+
+
+def test_a_gateway_session_ttl_past_what_agents_keep_is_refused_at_start() -> None:
+    """The dispatcher keeps a gateway session, as a backstop, 2 x its TTL + 60 s, and agents keep
+    one 7 days at most: a gateway allowing sessions past half that would see them closed under it."""
+    from arl_tangram.errors import InvalidSpec
+
+    with pytest.raises(InvalidSpec, match="max_session_ttl_s"):
+        GatewayConfig(max_session_ttl_s=5 * 86400)
+    assert GatewayConfig(max_session_ttl_s=3 * 86400).max_session_ttl_s == 3 * 86400
