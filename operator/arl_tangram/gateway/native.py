@@ -29,7 +29,7 @@ from arl_tangram.gateway.models import (
 from arl_tangram.gateway.parsing import BadRequest, loads, parse, read_json, unreadable_body, validate
 from arl_tangram.gateway.sessions import GatewaySession
 from arl_tangram.gateway.state import GatewayState, authorize, state_of
-from arl_tangram.sandbox.actions import parse_action_key
+from arl_tangram.sandbox.actions import MAX_KEY_CHARS, parse_action_key
 
 log = logging.getLogger(__name__)
 # The gateway does not know each pool's languages; the agent refuses one it does not offer, by name.
@@ -223,14 +223,23 @@ def _refusal(number: int, exc: Exception, data: Any) -> bytes:
     key = data.get("key") if isinstance(data, dict) else None
     line = StreamError(
         id=ident if isinstance(ident, str) else None,
-        key=key if isinstance(key, str) and len(key) <= 200 else None,
+        key=key if isinstance(key, str) and len(key) <= MAX_KEY_CHARS else None,
         line=number,
         status=answer.status,
         error=str(answer.body.get("error")),
-        field=answer.body.get("field"),
+        field=_field_in_line(answer.body.get("field"), number),
         retry_after=answer.body.get("retryAfter"),
     )
     return line.model_dump_json(by_alias=True, exclude_none=True).encode() + b"\n"
+
+
+def _field_in_line(field: object, number: int) -> str | None:
+    """A refusal's field within its line (``units.min``; the line has its own ``line`` number),
+    as ``POST /v1/actions`` would name it, not ``line 7.units.min``."""
+    if not isinstance(field, str):
+        return None
+    prefix = f"line {number}."
+    return field.removeprefix(prefix)
 
 
 async def post_stream(request: web.Request) -> web.StreamResponse:

@@ -174,6 +174,8 @@ def test_a_stream_returns_every_result_once_in_completion_order(gateway: Gateway
     by_id = {o.get("id"): o for o in out}
     assert all(by_id[f"f{i}"]["stdout"] == f"{i}\n" for i in range(30))
     assert by_id["bad"]["status"] == 422 and "payload" in by_id["bad"]["error"]
+    # Its field as POST /v1/actions names it; the line has its own number (not "line 32.payload").
+    assert (by_id["bad"]["field"], by_id["bad"]["line"]) == ("payload", 32), by_id["bad"]
     unparsable = next(o for o in out if o.get("line") == 33)
     assert unparsable["status"] == 400 and "malformed JSON" in unparsable["error"]
 
