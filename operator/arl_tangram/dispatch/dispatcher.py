@@ -995,7 +995,7 @@ class Dispatcher:
         pool.last_active = now
         req = job.request
         if grant is not None and not req.session and req.key in self._asked and not _nothing_ran(outcome):
-            self._ran[req.key] = (pool_key(req.namespace, req.target), job.attempts, grant.host)
+            self._ran[req.key] = (pool.config.key, job.attempts, grant.host)
         self._resolve(job, outcome)
         self._next_in_session(pool, job)
 
@@ -1041,12 +1041,12 @@ class Dispatcher:
         a new attempt."""
         await pool.synced.wait()
         ran = self._ran.get(job.request.key)
-        if ran is not None and ran[0] == pool_key(job.request.namespace, job.request.target):
+        if ran is not None and ran[0] == pool.config.key:
             # This operator ran the key to its end: its host's agent answers from its store.
             _, attempt, host = ran
-            job.attempts = attempt
             endpoint = pool.endpoints.get(host)
             if endpoint is not None:
+                job.attempts = attempt
                 key = agent_key(job.request.key, attempt)
                 job.task = asyncio.get_running_loop().create_task(
                     self._await_stored(pool, job, endpoint, key, None)

@@ -119,18 +119,21 @@ def refused_payload(outcome: ActionOutcome) -> ActionOutcome:
     return outcome
 
 
-async def _prepare(request: web.Request, data: Any, where: str = "") -> tuple[GatewayAction, ActionRequest]:
+async def _prepare(
+    request: web.Request, data: Any, where: str = ""
+) -> tuple[GatewayAction, ActionRequest, GatewaySession | None]:
+    """The action, its dispatcher request, and the open session its ``sessionId`` names (if any;
+    no await between its check here and the caller's ``_in_use``)."""
     state = state_of(request)
     action = validate(GatewayAction, data, where)
     namespace = action.namespace or state.config.default_namespace
     await authorize(request, namespace)
-    if action.session_id is not None:
-        _open_session_of(state, action, namespace, where)
+    session = None if action.session_id is None else _open_session_of(state, action, namespace)
     key = scoped_key(namespace, caller_key(request, action.key) if not where else action.key)
-    return action, build_request(action, namespace, action.target, key, action.session_id)
+    return action, build_request(action, namespace, action.target, key, action.session_id), session
 
 
-def _open_session_of(state: GatewayState, action: Any, namespace: str, where: str) -> GatewaySession:
+def _open_session_of(state: GatewayState, action: Any, namespace: str) -> GatewaySession:
     """The open session an action's ``sessionId`` names, in its namespace and pool. An id nobody
     opened here started a session of that name that the gateway neither bounded nor expired nor
     could close (a typo of a real id ran in an empty workdir, and its state stayed on the host)."""
@@ -142,8 +145,7 @@ def _open_session_of(state: GatewayState, action: Any, namespace: str, where: st
             "session", sid, f"no open session {sid!r} (closed, expired, or never opened: POST /v1/sessions)"
         )
     if session.pool != action.target:
-        field = f"{where}.target" if where else "target"
-        raise InvalidSpec(field, f"session {sid!r} is in pool {session.pool!r}, not {action.target!r}")
+        raise InvalidSpec("target", f"session {sid!r} is in pool {session.pool!r}, not {action.target!r}")
     return session
 
 
@@ -162,16 +164,12 @@ def _in_use(state: GatewayState, session: GatewaySession | None) -> Iterator[Non
         session.last_used = state.sessions.clock()
 
 
-def _session_named(state: GatewayState, req: ActionRequest) -> GatewaySession | None:
-    return state.sessions.sessions.get(req.session) if req.session else None
-
-
 async def post_action(request: web.Request) -> web.Response:
     """``POST /v1/actions``: run one action; answer with its result when it ends."""
     state = state_of(request)
     data = await _read(request, state)
-    action, req = await _prepare(request, data)
-    with _in_use(state, _session_named(state, req)):
+    action, req, session = await _prepare(request, data)
+    with _in_use(state, session):
         outcome = refused_payload(await run_action(state, req, "native"))
     return web.json_response(result_body(outcome, action.id))
 
@@ -227,19 +225,10 @@ def _refusal(number: int, exc: Exception, data: Any) -> bytes:
         line=number,
         status=answer.status,
         error=str(answer.body.get("error")),
-        field=_field_in_line(answer.body.get("field"), number),
+        field=answer.body.get("field"),
         retry_after=answer.body.get("retryAfter"),
     )
     return line.model_dump_json(by_alias=True, exclude_none=True).encode() + b"\n"
-
-
-def _field_in_line(field: object, number: int) -> str | None:
-    """A refusal's field within its line (``units.min``; the line has its own ``line`` number),
-    as ``POST /v1/actions`` would name it, not ``line 7.units.min``."""
-    if not isinstance(field, str):
-        return None
-    prefix = f"line {number}."
-    return field.removeprefix(prefix)
 
 
 async def post_stream(request: web.Request) -> web.StreamResponse:
@@ -265,8 +254,8 @@ async def post_stream(request: web.Request) -> web.StreamResponse:
             if raw is None:
                 raise BadRequest(413, f"line {number} exceeds the limit of {limit} bytes")
             data = loads(raw)
-            action, req = await _prepare(request, data, where=f"line {number}")
-            with _in_use(state, _session_named(state, req)):
+            action, req, session = await _prepare(request, data, where=f"line {number}")
+            with _in_use(state, session):
                 outcome = refused_payload(await run_action(state, req, "stream"))
             line = json.dumps(result_body(outcome, action.id)).encode() + b"\n"
         except Exception as exc:

@@ -160,17 +160,19 @@ def validate(model: type[M], data: Any, where: str = "") -> M:
     try:
         return _strictly(model, data) if issubclass(model, TangramModel) else model.model_validate(data)
     except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
         detail = [
             {
                 "loc": [where, *err["loc"]] if where else list(err["loc"]),
                 "msg": err["msg"],
                 "type": err["type"],
             }
-            for err in exc.errors(include_url=False, include_input=False)
+            for err in errors
         ]
         summary = "; ".join(f"{'.'.join(map(str, d['loc'])) or '(body)'}: {d['msg']}" for d in detail[:5])
         more = f" (and {len(detail) - 5} more)" if len(detail) > 5 else ""
-        first = ".".join(map(str, detail[0]["loc"])) if detail else None
+        # The field within the object (a stream line's number is said apart from its field).
+        first = ".".join(map(str, errors[0]["loc"])) if errors else None
         raise BadRequest(422, f"invalid request: {summary}{more}", detail, first) from exc
 
 

@@ -279,8 +279,7 @@ def known_name(name: str) -> str | None:
 def compiles(name: str) -> bool:
     """Whether /run_code's ``compile_timeout`` applies to a language name: it builds before it runs
     (Python, bash and unknown names do not)."""
-    canonical = known_name(name)
-    return canonical is not None and any(lang.name == canonical and lang.compiled for lang in LANGUAGES)
+    return any(lang.compiled and name in (lang.name, *lang.aliases) for lang in LANGUAGES)
 
 
 def _probe(argv: list[str], env: Mapping[str, str] | None = None) -> str:

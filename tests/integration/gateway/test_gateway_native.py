@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 import requests
@@ -228,9 +228,9 @@ def test_a_session_id_on_an_action_must_name_an_open_session(gateway: Gateway) -
     assert requests.delete(f"{gateway.url}/v1/sessions/{sid}", timeout=30).status_code == 200
 
 
-def test_a_session_call_whose_body_is_slow_keeps_its_session(gateway: Gateway) -> None:
-    """A session is held from the moment a call names it, not once its body has arrived: a short
-    TTL ran out while the body was on its way, and the call found its session gone."""
+def _session_call_with_a_slow_body(gateway: Gateway, meanwhile: Callable[[], object]) -> tuple[bytes, bytes]:
+    """A call in a session of 0.5 s whose body comes 1.5 s after its headers (``meanwhile`` runs
+    in between): the answer's head and body."""
     from urllib.parse import urlsplit
 
     sid = requests.post(
@@ -244,12 +244,20 @@ def test_a_session_call_whose_body_is_slow_keeps_its_session(gateway: Gateway) -
             f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode()
         )
         time.sleep(1.5)  # three TTLs
+        meanwhile()
         conn.sendall(body)
         answer = b""
         while chunk := conn.recv(65536):
             answer += chunk
     head, _, rest = answer.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200"), answer
+    return head, rest
+
+
+def test_a_session_call_whose_body_is_slow_keeps_its_session(gateway: Gateway) -> None:
+    """A session is held from the moment a call names it, not once its body has arrived: a short
+    TTL ran out while the body was on its way, and the call found its session gone."""
+    head, rest = _session_call_with_a_slow_body(gateway, lambda: None)
+    assert head.startswith(b"HTTP/1.1 200"), (head, rest)
     assert json.loads(rest)["stdout"] == "arrived\n", rest
 
 
@@ -257,26 +265,11 @@ def test_the_dispatchers_clock_does_not_close_a_session_the_gateway_holds(gatewa
     """The operator also expires the dispatcher's idle sessions (every 2 s): at the same TTL it
     closed a gateway session whose call was still sending its body, which only the gateway sees.
     Its clock is a backstop behind the gateway's for sessions the gateway opened."""
-    from urllib.parse import urlsplit
-
-    sid = requests.post(
-        gateway.url + "/v1/sessions", json={"pool": POOL, "ttlSeconds": 0.5}, timeout=30
-    ).json()["id"]
-    body = json.dumps({"type": "code", "payload": {"code": "print('arrived')"}}).encode()
-    where = urlsplit(gateway.url)
-    with socket.create_connection((where.hostname, where.port), timeout=60) as conn:
-        conn.sendall(
-            f"POST /v1/sessions/{sid}/actions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-        )
-        time.sleep(1.5)
-        gateway.call(gateway.service.dispatcher.expire_sessions())  # as the operator's janitor does
-        conn.sendall(body)
-        answer = b""
-        while chunk := conn.recv(65536):
-            answer += chunk
-    head, _, rest = answer.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200") and json.loads(rest)["stdout"] == "arrived\n", answer
+    # As the operator's janitor does, while the body is on its way.
+    head, rest = _session_call_with_a_slow_body(
+        gateway, lambda: gateway.call(gateway.service.dispatcher.expire_sessions())
+    )
+    assert head.startswith(b"HTTP/1.1 200") and json.loads(rest)["stdout"] == "arrived\n", (head, rest)
 
 
 def test_the_gateways_janitor_spares_a_session_taken_while_it_closed_others() -> None:
