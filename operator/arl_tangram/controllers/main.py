@@ -7,12 +7,12 @@ Settings come from the environment, as in the Deployment (listed by ``--help``, 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 
 import kopf
 
 import arl_tangram.controllers  # noqa: F401 - registers the handlers
+from arl_tangram import loop
 from arl_tangram.controllers.operator import ENVIRONMENT, OperatorSettings
 
 
@@ -33,5 +33,5 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     logging.getLogger().setLevel(args.log_level.upper())
-    asyncio.run(kopf.operator(clusterwide=True, standalone=True))
+    loop.run(kopf.operator(clusterwide=True, standalone=True))
     return 0

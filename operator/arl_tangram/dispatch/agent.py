@@ -1,4 +1,4 @@
-"""The operator's HTTP client of sandbox agents: one aiohttp session for all hosts, errors sorted.
+"""The operator's HTTP client of sandbox agents: one keep-alive pool for all hosts, errors sorted.
 
 Every failure is one of two kinds, and the dispatcher treats them differently:
 - :class:`~arl_tangram.errors.InfrastructureError`: the host could not be reached, answered 5xx or
@@ -15,9 +15,9 @@ import errno
 import json
 from collections.abc import Mapping
 from typing import Any, Literal
+from urllib.parse import quote
 
-import aiohttp
-
+from arl_tangram.dispatch.http1 import ConnectError, ExchangeError, Http1Client
 from arl_tangram.domain.actions import Wire
 from arl_tangram.errors import InfrastructureError
 
@@ -66,44 +66,44 @@ class AgentClient:
     def __init__(self, token: str | None = None, max_connections: int = 512) -> None:
         self._token = token
         self._max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
+        self._client: Http1Client | None = None
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0)
+    def _http(self) -> Http1Client:
+        if self._client is None:
             headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
-            self._session = aiohttp.ClientSession(connector=connector, headers=headers)
-        return self._session
+            self._client = Http1Client(self._max_connections, headers)
+        return self._client
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        # Detached first: a call made while it closes gets a new pool, not a closed one.
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
 
     async def _call(
         self,
         method: str,
-        url: str,
+        address: str,
+        target: str,
         *,
         timeout_s: float,
         body: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
         accept: tuple[int, ...] = (200,),
     ) -> tuple[int, dict[str, Any], Mapping[str, str]]:
+        url = f"http://{address}{target}"
+        data = None if body is None else json.dumps(body).encode()
         try:
-            async with self._http().request(
-                method,
-                url,
-                json=body,
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=timeout_s),
-            ) as resp:
-                raw = await resp.read()
-                status, resp_headers = resp.status, resp.headers
-        except aiohttp.ClientConnectorError as exc:
-            refused = exc.os_error.errno == errno.ECONNREFUSED
-            raise ConnectFailed(f"{method} {url}: {type(exc).__name__}: {exc}", refused) from exc
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            resp = await self._http().request(
+                method, address, target, body=data, headers=dict(headers or {}), timeout_s=timeout_s
+            )
+        except ConnectError as exc:
+            raise ConnectFailed(f"{method} {url}: {exc}", exc.errno == errno.ECONNREFUSED) from exc
+        except TimeoutError as exc:
+            raise Unreachable(f"{method} {url}: no answer within {timeout_s:g} s") from exc
+        except (ExchangeError, OSError) as exc:
             raise Unreachable(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+        raw, status, resp_headers = resp.body, resp.status, resp.headers
         try:
             parsed = json.loads(raw) if raw else {}
         except ValueError:
@@ -138,14 +138,14 @@ class AgentClient:
         headers = {KEY_HEADER: key}
         if wire == "run_code":
             headers[CORES_HEADER] = ",".join(str(c) for c in cores)
-            url, body = f"http://{address}/run_code", dict(payload)
+            target, body = "/run_code", dict(payload)
         else:
-            url = f"http://{address}/v1/execute"
+            target = "/v1/execute"
             body = {**payload, "cores": list(cores)}
             if session_id is not None:
                 body["session_id"] = session_id
         _, parsed, _ = await self._call(
-            "POST", url, timeout_s=timeout_s + ANSWER_MARGIN_S, body=body, headers=headers
+            "POST", address, target, timeout_s=timeout_s + ANSWER_MARGIN_S, body=body, headers=headers
         )
         return parsed
 
@@ -161,7 +161,8 @@ class AgentClient:
         its result has expired there)."""
         status, parsed, _ = await self._call(
             "GET",
-            f"http://{address}/v1/actions/{key}?wait={wait_s:g}",
+            address,
+            f"/v1/actions/{quote(key, safe='')}?wait={wait_s:g}",
             timeout_s=wait_s + CONTROL_TIMEOUT_S,
             accept=(200, 202, 404),
         )
@@ -172,7 +173,7 @@ class AgentClient:
     async def inflight(self, address: str) -> tuple[dict[str, tuple[int, ...]], set[str]]:
         """Keys running on the agent (with the cores each holds), and keys it finished recently (and
         still holds the results of)."""
-        _, parsed, _ = await self._call("GET", f"http://{address}/v1/actions", timeout_s=CONTROL_TIMEOUT_S)
+        _, parsed, _ = await self._call("GET", address, "/v1/actions", timeout_s=CONTROL_TIMEOUT_S)
         running = {
             str(a["key"]): tuple(int(c) for c in a.get("cores") or ())
             for a in parsed.get("running", [])
@@ -185,7 +186,8 @@ class AgentClient:
         """Kill a running keyed action; False when it was not running there."""
         status, _, _ = await self._call(
             "DELETE",
-            f"http://{address}/v1/actions/{key}",
+            address,
+            f"/v1/actions/{quote(key, safe='')}",
             timeout_s=CONTROL_TIMEOUT_S,
             accept=(200, 404, 409),
         )
@@ -194,7 +196,8 @@ class AgentClient:
     async def create_session(self, address: str, *, persistent: bool, ttl_s: float) -> str:
         _, parsed, _ = await self._call(
             "POST",
-            f"http://{address}/v1/sessions",
+            address,
+            "/v1/sessions",
             timeout_s=CONTROL_TIMEOUT_S * 6,  # a persistent interpreter starts with the session
             body={"persistent": persistent, "ttl_s": ttl_s},
             accept=(200, 201),
@@ -207,7 +210,8 @@ class AgentClient:
     async def close_session(self, address: str, sid: str) -> None:
         await self._call(
             "DELETE",
-            f"http://{address}/v1/sessions/{sid}",
+            address,
+            f"/v1/sessions/{quote(sid, safe='')}",
             timeout_s=CONTROL_TIMEOUT_S,
             accept=(200, 204, 404),
         )
@@ -216,12 +220,13 @@ class AgentClient:
         """``POST /v1/score`` on a reward runtime (docs/gpu.md)."""
         _, parsed, _ = await self._call(
             "POST",
-            f"http://{address}/v1/score",
+            address,
+            "/v1/score",
             timeout_s=timeout_s,
             body={"service": service, "inputs": inputs},
         )
         return parsed
 
     async def health(self, address: str) -> dict[str, Any]:
-        _, parsed, _ = await self._call("GET", f"http://{address}/v1/health", timeout_s=CONTROL_TIMEOUT_S)
+        _, parsed, _ = await self._call("GET", address, "/v1/health", timeout_s=CONTROL_TIMEOUT_S)
         return parsed

@@ -25,6 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
+from arl_tangram import loop
 from arl_tangram.controllers.actionpool import Event, PoolController
 from arl_tangram.dispatch.agent import AgentClient
 from arl_tangram.dispatch.dispatcher import Dispatcher
@@ -319,7 +320,7 @@ def main(argv: Sequence[str]) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     embedded = Embedded(loaded, cores, state_dir, port=args.port, uid_base=args.uid_base)
     try:
-        return asyncio.run(serve(embedded))
+        return loop.run(serve(embedded))
     except OSError as exc:
         print(f"tangram up: {exc}", file=sys.stderr)
         return 1

@@ -25,6 +25,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from arl_tangram import loop
 from arl_tangram.core.stats import percentile
 from arl_tangram.sandbox.bench import Case, CpuProbe, HttpClient, _tree_cpu_s, measure, start_agent
 
@@ -107,7 +108,7 @@ def serve_main(argv: list[str]) -> int:
     p.add_argument("--pool", default=POOL)
     p.add_argument("--review-token", help="authenticate, accepting this token (stand-in review server)")
     args = p.parse_args(argv)
-    asyncio.run(_serve(args))
+    loop.run(_serve(args))
     return 0
 
 

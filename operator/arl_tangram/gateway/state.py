@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -63,6 +64,7 @@ def state_of(request: web.Request) -> GatewayState:
     return request.app[STATE]
 
 
+@functools.lru_cache(maxsize=1024)  # asked on every anonymous request, from a few addresses
 def is_loopback(remote: str | None) -> bool:
     if not remote:
         return False

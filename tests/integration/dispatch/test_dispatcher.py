@@ -538,3 +538,29 @@ async def test_a_call_cut_off_before_the_agent_got_it_runs_as_a_new_attempt(agen
     await cutter.stop()
     assert out.state is Outcome.SUCCEEDED and out.stdout == "ran\n" and out.attempts == 2, out
     assert _actions_run(agents[:1]) == before + 1
+
+
+async def test_the_agent_client_reads_back_keys_of_any_printable_characters(agents: list[Agent]) -> None:
+    """Gateway keys are the caller's printable ASCII: '?', '#', '%' and spaces in one must not
+    become a query, a fragment or an escape in the path of ``GET /v1/actions/{key}``."""
+    client = AgentClient()
+    address = f"127.0.0.1:{agents[0].port}"
+    health = await client.health(address)
+    core = health["cores"]["ids"][0]
+    try:
+        for key in ("gw/ns/a b?c=1#d%2Fe", "gw/ns/plain"):
+            body = await client.execute(
+                address,
+                {"code": f"print({key!r})", "language": "python"},
+                key=key,
+                cores=(core,),
+                wire="run_code",
+                timeout_s=10,
+            )
+            assert body["run_result"]["stdout"] == key + "\n"
+            state, stored = await client.lookup(address, key, 1)
+            assert state == "done" and stored == body
+            assert not await client.cancel(address, key)
+        assert await client.lookup(address, "gw/ns/a b?c=1", 0) == ("unknown", None)
+    finally:
+        await client.close()
