@@ -6,11 +6,14 @@ direct case calls, as in the operator. With authentication on it asks a stand-in
 server's TokenReview and SubjectAccessReview endpoints on loopback
 (:mod:`arl_tangram.gateway.review_server`): the bench needs no cluster, and a warm request makes no
 review call anyway, which the bench checks. Cases take turns within each concurrency, so a burst of
-load from elsewhere on a shared machine hits them alike. ``--json`` prints ``{"cases": [...],
-"targets": {...}}`` only.
+load from elsewhere on a shared machine hits them alike. A fourth method, ``forwarder``, is the
+floor the gateway's added latency stands on: a bare process of the same stack (aiohttp's server,
+the operator's agent client, uvloop) that passes ``/run_code`` bodies to the agent with no
+authentication, queue, scheduling or keys. ``--json`` prints ``{"cases": [...], "targets": {...}}``
+only.
 
 ``python -m arl_tangram.gateway.bench serve ...`` is the gateway process the bench starts (also
-used by the tests that kill a gateway mid-stream).
+used by the tests that kill a gateway mid-stream); ``serve --bare`` is the forwarder.
 """
 
 from __future__ import annotations
@@ -32,10 +35,47 @@ from arl_tangram.sandbox.bench import Case, CpuProbe, HttpClient, _tree_cpu_s, m
 NAMESPACE, POOL, AUDIENCE, TOKEN = "bench", "py", "tangram-gateway", "bench-token"
 USER = "system:serviceaccount:bench:trainer"
 CONCURRENCY = (1, 16)
-METHODS = ("direct", "gateway", "gateway+auth")
+METHODS = ("direct", "forwarder", "gateway", "gateway+auth")
 
 
 # ---- the gateway process ---------------------------------------------------------------------------
+async def _until_stopped(runner: Any, listen: str) -> None:
+    """Serve ``runner``'s app on ``listen`` (host:port) until SIGTERM or SIGINT."""
+    from aiohttp import web
+
+    host, _, port_text = listen.rpartition(":")
+    await runner.setup()
+    await web.TCPSite(runner, host, int(port_text)).start()
+    print(f"gateway ready on {listen}", flush=True)
+    stop = asyncio.Event()
+    running = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        running.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def _forward(args: argparse.Namespace) -> None:
+    """The floor: ``/run_code`` bodies passed to the agent and its answers back, nothing else."""
+    from aiohttp import web
+
+    from arl_tangram.dispatch.http1 import Http1Client
+
+    address = args.agent.split("://", 1)[-1].rstrip("/")
+    agent = Http1Client()
+
+    async def run_code(request: web.Request) -> web.Response:
+        body = await request.read()
+        answer = await agent.request("POST", address, "/run_code", body=body, timeout_s=60)
+        return web.Response(status=answer.status, body=answer.body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/run_code", run_code)
+    runner = web.AppRunner(app, access_log=None)
+    await _until_stopped(runner, args.listen)
+    await runner.cleanup()
+    await agent.close()
+
+
 async def _serve(args: argparse.Namespace) -> None:
     import aiohttp
     from aiohttp import web
@@ -81,17 +121,9 @@ async def _serve(args: argparse.Namespace) -> None:
         auth = KubernetesAuthenticator(api_client_for(f"http://127.0.0.1:{port}"), AUDIENCE)
     config = GatewayConfig(default_namespace=args.namespace, default_pools={args.namespace: args.pool})
     app = build_gateway_app(dispatcher, auth, config=config, allow_anonymous=auth is None)
-    host, _, port_text = args.listen.rpartition(":")
     runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, host, int(port_text)).start()
     runners.append(runner)
-    print(f"gateway ready on {args.listen}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await _until_stopped(runner, args.listen)
     for r in reversed(runners):
         await r.cleanup()
     await dispatcher.shutdown()
@@ -107,17 +139,23 @@ def serve_main(argv: list[str]) -> int:
     p.add_argument("--namespace", default=NAMESPACE)
     p.add_argument("--pool", default=POOL)
     p.add_argument("--review-token", help="authenticate, accepting this token (stand-in review server)")
+    p.add_argument("--bare", action="store_true", help="the forwarder: no gateway, only the hop")
     args = p.parse_args(argv)
-    loop.run(_serve(args))
+    loop.run(_forward(args) if args.bare else _serve(args))
     return 0
 
 
-def start_gateway(agent_url: str, port: int, review_token: str | None = None) -> subprocess.Popen[str]:
-    """Start a gateway process in front of ``agent_url``; returns once it serves."""
+def start_gateway(
+    agent_url: str, port: int, review_token: str | None = None, bare: bool = False
+) -> subprocess.Popen[str]:
+    """Start a gateway process in front of ``agent_url`` (``bare``: the forwarder); returns once it
+    serves."""
     cmd = [sys.executable, "-m", "arl_tangram.gateway.bench", "serve", "--agent", agent_url]
     cmd += ["--listen", f"127.0.0.1:{port}"]
     if review_token:
         cmd += ["--review-token", review_token]
+    if bare:
+        cmd.append("--bare")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -277,6 +315,11 @@ def render(
             f"target {method} p50 added at c=1 <= 1 ms: {goal['p50_added_ms_c1']:+.2f} ms -> "
             f"{'met' if goal['latency_met'] else 'NOT met'}"
         )
+    floor = index[("forwarder", 1)].p50_ms - index[("direct", 1)].p50_ms
+    lines.append(
+        f"floor: a bare forwarder (the same HTTP stack, no auth, queue or keys) adds {floor:+.2f} ms "
+        "to p50 at c=1 here"
+    )
     lines.append(
         f"review calls to the (stand-in) API server during the run: {review_calls} "
         "(a warm cache: one TokenReview and one SubjectAccessReview per 60 s TTL)"
@@ -306,11 +349,13 @@ def main(argv: list[str]) -> int:
     cpu_ms: dict[tuple[str, str, int], float] = {}
     gateways: list[subprocess.Popen[str]] = []
     try:
-        plain_port, auth_port = _free_port(), _free_port()
+        plain_port, auth_port, bare_port = _free_port(), _free_port(), _free_port()
         gateways.append(start_gateway(agent_url, plain_port))
         gateways.append(start_gateway(agent_url, auth_port, TOKEN))
+        gateways.append(start_gateway(agent_url, bare_port, bare=True))
         urls = {
             "direct": (agent_url, None),
+            "forwarder": (f"http://127.0.0.1:{bare_port}", None),
             "gateway": (f"http://127.0.0.1:{plain_port}", None),
             "gateway+auth": (f"http://127.0.0.1:{auth_port}", TOKEN),
         }
@@ -320,6 +365,7 @@ def main(argv: list[str]) -> int:
 
         cpu = {
             "direct": {"agent": tree(agent.pid)},
+            "forwarder": {"agent": tree(agent.pid), "gateway": tree(gateways[2].pid)},
             "gateway": {"agent": tree(agent.pid), "gateway": tree(gateways[0].pid)},
             "gateway+auth": {"agent": tree(agent.pid), "gateway": tree(gateways[1].pid)},
         }
@@ -343,7 +389,11 @@ def main(argv: list[str]) -> int:
             {"method": m, "part": part, "concurrency": c, "cpu_ms_per_call": v}
             for (m, part, c), v in cpu_ms.items()
         ]
-        report = {"cases": [asdict(c) for c in cases], "cpu": cpu_rows, "targets": goals}
+        report: dict[str, Any] = {"cases": [asdict(c) for c in cases], "cpu": cpu_rows, "targets": goals}
+        index = {(c.method, c.concurrency): c for c in cases}
+        report["floor_p50_added_ms_c1"] = round(
+            index[("forwarder", 1)].p50_ms - index[("direct", 1)].p50_ms, 3
+        )
         print(json.dumps({**report, "review_calls": review_calls}))
     else:
         print(render(cases, goals, review_calls, cpu_ms))
