@@ -152,12 +152,6 @@ class _Connection(asyncio.Protocol):
     def reusable(self) -> bool:
         return self.usable and self._keep_alive and not self._buf
 
-    def close(self) -> None:
-        """Close after an answer was read whole (nothing is left to send)."""
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
-
     def abort(self) -> None:
         """Close now, dropping what is still unsent (a peer that stopped reading holds no socket)."""
         self.closed = True
