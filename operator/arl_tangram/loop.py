@@ -10,6 +10,7 @@ sandbox agent keeps asyncio's: its fork server and signal handling are tested on
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -23,3 +24,13 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     except ImportError:
         return asyncio.run(main)
     return uvloop.run(main)
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event the running loop sets at SIGTERM or SIGINT: what every long-running ``tangram``
+    process waits on before it shuts down in order."""
+    stop = asyncio.Event()
+    running = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        running.add_signal_handler(sig, stop.set)
+    return stop

@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import logging
 import shutil
-import signal
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -276,10 +275,7 @@ def resolve_cores(text: str | None) -> tuple[int, ...]:
 
 
 async def serve(embedded: Embedded) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = loop.stop_on_signals()
     try:
         await embedded.start()
         for note in embedded.loaded.notes + tuple(embedded.notes):

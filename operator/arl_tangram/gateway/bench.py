@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -47,11 +46,7 @@ async def _until_stopped(runner: Any, listen: str) -> None:
     await runner.setup()
     await web.TCPSite(runner, host, int(port_text)).start()
     print(f"gateway ready on {listen}", flush=True)
-    stop = asyncio.Event()
-    running = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        running.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await loop.stop_on_signals().wait()
 
 
 async def _forward(args: argparse.Namespace) -> None:

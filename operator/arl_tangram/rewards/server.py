@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,6 +43,7 @@ import yaml
 from aiohttp import web
 
 from arl_tangram.api.quantity import quantity_bytes
+from arl_tangram.loop import stop_on_signals
 from arl_tangram.rewards.backends import (
     BackendError,
     BuiltinBackend,
@@ -247,11 +247,7 @@ async def serve(args: argparse.Namespace, entries: list[dict[str, Any]]) -> int:
         bound = runner.addresses[0]  # the real port when --listen asked for port 0
         where = f"{bound[0]}:{bound[1]}"
         print(f"reward runtime listening on {where} ({len(pairs)} services, {args.device})", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await stop_on_signals().wait()
         # Fail what still waits first (503, the dispatcher retries elsewhere), then close the server:
         # the other order would hold the shutdown for as long as the longest batching window.
         await runtime.stop()

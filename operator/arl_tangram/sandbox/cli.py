@@ -8,13 +8,13 @@ import dataclasses
 import logging
 import os
 import resource
-import signal
 import sys
 from typing import Any
 
 from aiohttp import web
 
 from arl_tangram.errors import InfrastructureError, InvalidSpec
+from arl_tangram.loop import stop_on_signals
 from arl_tangram.sandbox.config import AgentConfig, Limits
 from arl_tangram.sandbox.server import build_app
 
@@ -114,11 +114,7 @@ async def serve(config: AgentConfig) -> None:
     log.info("sandbox agent listening on %s:%d (cores %s)", config.host, config.port, config.cores)
     # Tests and supervisors wait for this line on stdout.
     print(f"tangram sandbox-agent ready on http://{config.host}:{config.port}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await stop_on_signals().wait()
     await runner.cleanup()
 
 
