@@ -15,7 +15,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import socket
 import sys
 import time
@@ -29,6 +28,7 @@ from arl_tangram.gpu.inventory import NodeInventory, describe
 from arl_tangram.gpu.mig import MigError
 from arl_tangram.gpu.nvml import NvmlUnavailable
 from arl_tangram.gpu.source import read_inventory
+from arl_tangram.loop import stop_on_signals
 
 log = logging.getLogger("tangram.node-agent")
 
@@ -190,11 +190,7 @@ def main(argv: list[str]) -> int:
     agent = NodeAgent(client, node, args.fake, args.refresh)
 
     async def serve() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await agent.run(args.interval, stop)
+        await agent.run(args.interval, stop_on_signals())
 
     asyncio.run(serve())
     return 0
