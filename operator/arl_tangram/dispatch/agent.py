@@ -95,7 +95,7 @@ class AgentClient:
         data = None if body is None else json.dumps(body).encode()
         try:
             resp = await self._http().request(
-                method, address, target, body=data, headers=dict(headers or {}), timeout_s=timeout_s
+                method, address, target, body=data, headers=headers, timeout_s=timeout_s
             )
         except ConnectError as exc:
             raise ConnectFailed(f"{method} {url}: {exc}", exc.errno == errno.ECONNREFUSED) from exc

@@ -22,7 +22,7 @@ import errno
 import re
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import cast
 
@@ -300,7 +300,7 @@ class Http1Client:
         target: str,
         *,
         body: bytes | None = None,
-        headers: dict[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
         timeout_s: float,
     ) -> Response:
         """One exchange with ``address`` within ``timeout_s`` (waiting for a slot, connecting,
@@ -319,11 +319,10 @@ class Http1Client:
         request = b"".join(head)
         sent = False
         task = cast("asyncio.Task[object]", asyncio.current_task())
+        self._unsent.add(task)
         try:
-            self._unsent.add(task)
             async with asyncio.timeout(timeout_s), self._slots:
                 for first in (True, False):
-                    self._unsent.add(task)
                     try:
                         conn, was_reused = await self._connection(address, reuse=first)
                     except ConnectError as exc:
@@ -332,7 +331,7 @@ class Http1Client:
                         # The first try may have reached the peer: not "never sent".
                         raise ExchangeError(f"sent again to {address}, and {exc}") from exc
                     sent = True
-                    self._unsent.discard(task)
+                    self._unsent.discard(task)  # an answer that has come is not failed by close()
                     try:
                         response = await conn.send(request)
                     except ExchangeError:
@@ -346,6 +345,7 @@ class Http1Client:
                             and not self._closed
                             and method in _IDEMPOTENT
                         ):
+                            self._unsent.add(task)  # the second try's connect may hang too
                             continue
                         raise
                     except BaseException:
@@ -387,7 +387,7 @@ class Http1Client:
         except ValueError as exc:
             raise ConnectError(None, str(exc)) from None
         try:
-            _, conn = await loop.create_connection(lambda: _Connection(self._lost), host, port)
+            _, conn = await loop.create_connection(lambda: _Connection(self._forget), host, port)
         except OSError as exc:
             raise ConnectError(exc.errno, f"connect to {address}: {exc.strerror or exc}") from exc
         self._open[conn] = address
@@ -397,7 +397,7 @@ class Http1Client:
             raise ConnectError(None, f"connect to {address}: the peer closed the new connection")
         if self._closed:
             self._drop(conn)
-        self._check_open(address)
+            self._check_open(address)
         return conn, False
 
     def _check_open(self, address: str) -> None:
@@ -427,11 +427,8 @@ class Http1Client:
         conn.abort()
         self._forget(conn)
 
-    def _lost(self, conn: _Connection) -> None:
-        """A connection closed (by either side): out of the pool at once, not at its peer's next call."""
-        self._forget(conn)
-
     def _forget(self, conn: _Connection) -> None:
+        """Out of the pool: let go of, or closed by either side (at once, not at its peer's next call)."""
         address = self._open.pop(conn, None)
         if address is None or address not in self._idle:
             return
