@@ -25,11 +25,17 @@ def pool_key(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
 
 
+# How far behind the operator's clock an agent's runs for an idle session (``agent_ttl_s``).
+AGENT_TTL_FACTOR, AGENT_TTL_MARGIN_S = 2, 60.0
+# The longest TTL whose agent TTL is still within the agents' bound, not cut to it.
+LONGEST_BACKSTOPPED_TTL_S = (MAX_SESSION_TTL_S - AGENT_TTL_MARGIN_S) / AGENT_TTL_FACTOR
+
+
 def agent_ttl_s(session_ttl_s: float) -> float:
     """The TTL an agent keeps an idle session for, when the operator closes it at ``session_ttl_s``:
     the agents' own clock only cleans up after an operator that is gone, so it runs well behind (an
     agent must never drop a session the operator still counts as open), up to the agents' bound."""
-    return min(2 * session_ttl_s + 60, MAX_SESSION_TTL_S)
+    return min(AGENT_TTL_FACTOR * session_ttl_s + AGENT_TTL_MARGIN_S, MAX_SESSION_TTL_S)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from arl_tangram.api.actionpool import MAX_SESSION_TTL_S
+from arl_tangram.domain.pools import LONGEST_BACKSTOPPED_TTL_S
 from arl_tangram.errors import InvalidSpec
 
 POOL_HEADER = "X-Tangram-Pool"
@@ -66,10 +67,11 @@ class GatewayConfig:
                 raise InvalidSpec(name, f"must be positive, got {getattr(self, name)}")
         if self.session_ttl_s > self.max_session_ttl_s:
             raise InvalidSpec("session_ttl_s", "must not exceed max_session_ttl_s")
-        # The dispatcher keeps a gateway session as a backstop for 2 x its TTL + 60 s, within the
-        # agents' bound: past it, the backstop would close a session the gateway still holds.
-        longest = (MAX_SESSION_TTL_S - 60) / 2
-        if self.max_session_ttl_s > longest:
+        # The dispatcher keeps a gateway session as a backstop for its agent TTL (``agent_ttl_s``),
+        # within the agents' bound: past it, the backstop would close a session the gateway holds.
+        if self.max_session_ttl_s > LONGEST_BACKSTOPPED_TTL_S:
             raise InvalidSpec(
-                "max_session_ttl_s", f"must be at most {longest:g} s (agents keep a session 7 days)"
+                "max_session_ttl_s",
+                f"must be at most {LONGEST_BACKSTOPPED_TTL_S:g} s "
+                f"(agents keep a session {MAX_SESSION_TTL_S / 86400:g} days)",
             )

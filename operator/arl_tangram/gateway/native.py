@@ -343,13 +343,15 @@ async def _session(request: web.Request, verb: str) -> GatewaySession:
     sid = request.match_info["sid"]
     session = state.sessions.sessions.get(sid)
     if session is None:
-        # Answer as for a session the caller may not see: nothing about others' sessions leaks.
-        raise NotFound("session", sid, f"no open session {sid!r} (closed, expired, or never opened)")
+        raise _no_session(sid)  # as for one the caller may not see: nothing about others' leaks
     await authorize(request, session.namespace, verb)
     if state.sessions.sessions.get(sid) is not session:
-        # Closed (its TTL, or another call) while the caller was being authorised.
-        raise NotFound("session", sid, f"no open session {sid!r} (closed, expired, or never opened)")
+        raise _no_session(sid)  # closed (its TTL, or another call) while the caller was authorised
     return session
+
+
+def _no_session(sid: str) -> NotFound:
+    return NotFound("session", sid, f"no open session {sid!r} (closed, expired, or never opened)")
 
 
 async def get_session(request: web.Request) -> web.Response:
