@@ -34,8 +34,8 @@ def parse_action_key(value: str | None) -> str | None:
         return None
     if not 1 <= len(value) <= MAX_KEY_CHARS:
         raise InvalidSpec(ACTION_KEY_HEADER, f"must be 1 to {MAX_KEY_CHARS} characters, got {len(value)}")
-    bad = next((c for c in value if not " " <= c <= "~"), None)
-    if bad is not None:
+    if not (value.isascii() and value.isprintable()):  # exactly " " to "~"; one C call each
+        bad = next(c for c in value if not " " <= c <= "~")
         raise InvalidSpec(ACTION_KEY_HEADER, f"must be printable ASCII; found {bad!r}")
     if value != value.strip(" "):
         # HTTP drops a header value's outer spaces: such a key could not be sent again as itself.
@@ -110,7 +110,7 @@ class ActionEntry:
     key: str
     cores: list[int] | None
     session_id: str | None
-    digest: str = ""  # what the first request under the key asked for (``server._request_digest``)
+    digest: int = 0  # what the first request under the key asked for (``server._request_digest``)
     control: ActionControl = field(default_factory=ActionControl)
     started_at: float = field(default_factory=time.time)
     finished_at: float | None = None
@@ -137,7 +137,7 @@ class ActionStore:
         return self.running.get(key) or self.finished.get(key)
 
     def begin(
-        self, key: str, cores: list[int] | None, session_id: str | None, digest: str = ""
+        self, key: str, cores: list[int] | None, session_id: str | None, digest: int = 0
     ) -> ActionEntry:
         """Register a new running action (the caller checked ``lookup`` with no await since)."""
         assert key not in self.running and key not in self.finished

@@ -107,7 +107,9 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
 async def serve(config: AgentConfig) -> None:
     """Serve until SIGTERM or SIGINT; then close every session and stop every action."""
     app = build_app(config)
-    runner = web.AppRunner(app, access_log=None)
+    # Not cancelled when a client goes away: a keyed action runs in its request's handler, and a
+    # dispatcher whose connection was cut reads its answer back by key (server._keyed).
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=False)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, backlog=1024, reuse_address=True)
     await site.start()

@@ -45,7 +45,6 @@ from arl_tangram.sandbox.actions import (
     parse_action_key,
     parse_cores_header,
 )
-from arl_tangram.sandbox.compilecache import parts_digest
 from arl_tangram.sandbox.config import AgentConfig
 from arl_tangram.sandbox.executor import ActionResult, ActionSpec, Executor
 from arl_tangram.sandbox.languages import known_name, unavailable_language
@@ -111,18 +110,6 @@ METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
 ACTIONS: web.AppKey[ActionStore] = web.AppKey("actions", ActionStore)
 
 
-class KeyedTasks:
-    """The tasks of keyed actions, referenced until they end (the loop keeps only weak ones)."""
-
-    def __init__(self) -> None:
-        self.tasks: set[asyncio.Task[None]] = set()
-
-    def add(self, task: asyncio.Task[None]) -> None:
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-
-TASKS: web.AppKey[KeyedTasks] = web.AppKey("tasks", KeyedTasks)
 # How long ``DELETE /v1/actions/{key}`` waits for the killed action's end before answering.
 CANCEL_WAIT_S = 5.0
 # The longest ``GET /v1/actions/{key}?wait=`` honoured (a client wanting longer asks again).
@@ -360,23 +347,24 @@ async def _run_code_action(
 Action = Callable[[ActionControl | None], Awaitable[web.Response]]
 
 
-def _request_digest(path: str, spec: ActionSpec) -> str:
+def _request_digest(path: str, spec: ActionSpec) -> int:
     """What a keyed request asks for: its endpoint and its program, input, files, session and memory;
-    not its cores or timeouts (a retry of the same action may come with another grant or timeout)."""
-    texts = [path, spec.runtime, spec.code, spec.stdin or "", spec.session_id or "", str(spec.memory_mb)]
-    texts += ["\0".join(spec.fetch_files), "\0".join(spec.args)]
-    # Any str the request could carry, a lone surrogate included (a strict encode was a 500).
-    parts = [text.encode("utf-8", "surrogatepass") for text in texts]
-    for name in sorted(spec.files):
-        parts += [name.encode("utf-8", "surrogatepass"), spec.files[name]]
-    return parts_digest(parts)
+    not its cores or timeouts (a retry of the same action may come with another grant or timeout).
+
+    Compared only within this process (the store lives and dies with it), so Python's own hash
+    serves: keyed by a secret drawn at start, no caller can make two requests collide; and it reads
+    every string without encoding it (a lone surrogate included)."""
+    what = (path, spec.runtime, spec.code, spec.stdin or "", spec.session_id or "", spec.memory_mb)
+    return hash((what, tuple(spec.fetch_files), tuple(spec.args), tuple(sorted(spec.files.items()))))
 
 
 async def _keyed(request: web.Request, key: str | None, spec: ActionSpec, action: Action) -> web.Response:
     """Run ``action`` once per key: a repeat waits for (or replays) the first one's response.
 
-    Without a key this is just ``action``. With one, the action runs in a task of its own, so that
-    the first caller going away neither stops it nor loses its response for the retry.
+    Without a key this is just ``action``. With one, the first caller going away neither stops the
+    action nor loses its response for the retry: aiohttp leaves a handler running when its client
+    disconnects (``handler_cancellation`` is off, as ``serve`` sets it), so the action runs in the
+    request's own task, with no task and no wait of its own per action.
     """
     if key is None:
         return await action(None)
@@ -405,29 +393,21 @@ async def _keyed(request: web.Request, key: str | None, spec: ActionSpec, action
         return await _replay(entry)
     # No await between the lookup and here: a concurrent repeat finds this entry.
     entry = store.begin(key, spec.cores, spec.session_id, digest)
-
-    async def run() -> None:
-        try:
-            response = await action(entry.control)
-        except REFUSALS as exc:
-            response = _refusal(request, exc)
-        except BaseException:
-            # Not an answer: a repeat of the key may run the action again.
-            store.finish(
-                entry, StoredResponse(500, b'{"error": "internal error"}', "application/json"), False
-            )
-            raise
-        body = response.body  # always bytes here: every answer is built from JSON
-        assert isinstance(body, bytes | bytearray), type(body)
-        stored = StoredResponse(response.status, bytes(body), response.content_type)
-        # 503: the action did not run (full, or the fork server was lost): a retry may run it. A
-        # refusal of the request is kept (to be read back) until a corrected request replaces it.
-        store.finish(entry, stored, keep=response.status != 503)
-
-    task = asyncio.create_task(run())
-    request.app[TASKS].add(task)
-    await asyncio.wait([task])  # not shielding: the caller going away must not cancel the action
-    return _answer(entry, replayed=False)
+    try:
+        response = await action(entry.control)
+    except REFUSALS as exc:
+        response = _refusal(request, exc)
+    except BaseException:
+        # Not an answer (a bug, or the agent shutting down): a repeat of the key may run it again.
+        store.finish(entry, StoredResponse(500, b'{"error": "internal error"}', "application/json"), False)
+        raise
+    body = response.body  # always bytes here: every answer is built from JSON
+    assert isinstance(body, bytes | bytearray), type(body)
+    # 503: the action did not run (full, or the fork server was lost): a retry may run it. A
+    # refusal of the request is kept (to be read back) until a corrected request replaces it.
+    stored = StoredResponse(response.status, bytes(body), response.content_type)
+    store.finish(entry, stored, keep=response.status != 503)
+    return response  # the first caller's answer is the stored one: the same status and bytes
 
 
 async def _replay(entry: ActionEntry) -> web.Response:
@@ -437,15 +417,15 @@ async def _replay(entry: ActionEntry) -> web.Response:
             await entry.done.wait()
         finally:
             entry.repeats -= 1
-    return _answer(entry, replayed=True)
+    return _replayed(entry)
 
 
-def _answer(entry: ActionEntry, replayed: bool) -> web.Response:
+def _replayed(entry: ActionEntry) -> web.Response:
+    """The stored response of a finished entry, marked as a replay."""
     stored = entry.response
     assert stored is not None
     resp = web.Response(status=stored.status, body=stored.body, content_type=stored.content_type)
-    if replayed:
-        resp.headers[REPLAYED_HEADER] = "1"
+    resp.headers[REPLAYED_HEADER] = "1"
     return resp
 
 
@@ -474,7 +454,7 @@ async def get_action(request: web.Request) -> web.Response:
             await asyncio.wait_for(entry.done.wait(), timeout=wait_s)
     if entry.response is None:
         return web.json_response({"state": "running"}, status=202)
-    return _answer(entry, replayed=True)
+    return _replayed(entry)
 
 
 async def cancel_action(request: web.Request) -> web.Response:
@@ -636,7 +616,6 @@ def build_app(config: AgentConfig) -> web.Application:
     app[EXECUTOR] = executor
     app[METRICS] = Metrics()
     app[ACTIONS] = ActionStore(config.action_key_ttl_s, config.action_keys_max, config.action_keys_max_bytes)
-    app[TASKS] = KeyedTasks()
 
     async def lifecycle(app: web.Application) -> Any:
         warnings = await executor.start()
@@ -644,11 +623,8 @@ def build_app(config: AgentConfig) -> web.Application:
             log.warning("sandbox isolation: %s", line)
         log.info("sandbox %s", executor.builder.detection.summary())
         yield
-        # Keyed actions still running die with the fork server; their tasks then end.
+        # Keyed actions still running die with the fork server.
         await executor.close()
-        for task in list(app[TASKS].tasks):
-            with contextlib.suppress(BaseException):
-                await task
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/execute", execute)

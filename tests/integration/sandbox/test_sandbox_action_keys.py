@@ -8,6 +8,7 @@ an action must still be running, it waits for a ``go`` file the test uploads (no
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -77,6 +78,26 @@ def test_a_repeat_of_a_running_key_waits_for_the_same_run(agent: Agent) -> None:
     assert a.json()["status"] == "ok" and a.json()["stdout"] == "done\n"
     assert a.content == b.content
     assert "X-Tangram-Replayed" not in a.headers and b.headers["X-Tangram-Replayed"] == "1"
+    assert _runs(agent, sid) == 1
+
+
+def test_a_caller_gone_mid_run_leaves_the_action_running_and_its_answer_stored(agent: Agent) -> None:
+    """A dispatcher whose connection is cut reads the answer back by key: the agent must neither
+    stop the action when its caller goes away nor lose what it answers."""
+    sid = _session(agent)
+    body = json.dumps({"runtime": "bash", "code": GATED, "session_id": sid}).encode()
+    host, port = agent.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        head = f"POST /v1/execute HTTP/1.1\r\nHost: {host}\r\n{KEY}: k-gone\r\n"
+        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        conn.sendall(head.encode() + body)
+        wait_until(lambda: _runs(agent, sid) == 1, what="the action to start")
+    # The caller is gone (its socket closed) while the action waits for ``go``.
+    wait_until(lambda: "k-gone" in _running(agent), what="the action to be listed as running")
+    _go(agent, sid)
+    fetched = requests.get(agent.url + "/v1/actions/k-gone?wait=60", timeout=90)
+    assert fetched.status_code == 200, fetched.text
+    assert fetched.json()["status"] == "ok" and fetched.json()["stdout"] == "done\n"
     assert _runs(agent, sid) == 1
 
 
