@@ -64,7 +64,7 @@ async def run_dedicated(
                     if i > 0:
                         await asyncio.sleep(turn.think_s)  # the LLM thinks; the sandbox waits, held
                         issued = now()
-                    body = await agent.execute(
+                    body, _ = await agent.execute(
                         host.address,
                         {"runtime": "python", "code": turn.code},
                         key=secrets.token_hex(8),

@@ -87,12 +87,13 @@ class AgentClient:
         target: str,
         *,
         timeout_s: float,
-        body: Mapping[str, Any] | None = None,
+        body: Mapping[str, Any] | bytes | None = None,
         headers: Mapping[str, str] | None = None,
         accept: tuple[int, ...] = (200,),
-    ) -> tuple[int, dict[str, Any], Mapping[str, str]]:
+    ) -> tuple[int, dict[str, Any], bytes]:
+        """The agent's status and JSON object, and that object as the agent encoded it."""
         url = f"http://{address}{target}"
-        data = None if body is None else json.dumps(body).encode()
+        data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
         try:
             resp = await self._http().request(
                 method, address, target, body=data, headers=headers, timeout_s=timeout_s
@@ -103,9 +104,10 @@ class AgentClient:
             raise Unreachable(f"{method} {url}: no answer within {timeout_s:g} s") from exc
         except (ExchangeError, OSError) as exc:
             raise Unreachable(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
-        raw, status, resp_headers = resp.body, resp.status, resp.headers
+        raw, status = resp.body, resp.status
         try:
-            parsed = json.loads(raw) if raw else {}
+            # UTF-8, as JSON between systems is (RFC 8259): no sniffing of other encodings per call.
+            parsed = json.loads(raw.decode()) if raw else {}
         except ValueError:
             parsed = None
         if status >= 500 or status == 429:
@@ -121,7 +123,7 @@ class AgentClient:
             raise InfrastructureError(
                 f"{method} {url}: unexpected status {status}: {json.dumps(parsed)[:200]}"
             )
-        return status, parsed, resp_headers
+        return status, parsed, raw
 
     async def execute(
         self,
@@ -133,21 +135,25 @@ class AgentClient:
         wire: Wire,
         timeout_s: float,
         session_id: str | None = None,
-    ) -> dict[str, Any]:
-        """Run one action on the agent with exactly ``cores``; returns the agent's response body."""
+        encoded: bytes | None = None,
+    ) -> tuple[dict[str, Any], bytes]:
+        """Run one action on the agent with exactly ``cores``; returns the agent's response body,
+        parsed and as it came. ``encoded``: the ``/run_code`` payload as JSON bytes, sent as they
+        are (the agent parses them as the caller's own body, with no second encoding)."""
         headers = {KEY_HEADER: key}
+        body: Mapping[str, Any] | bytes
         if wire == "run_code":
             headers[CORES_HEADER] = ",".join(str(c) for c in cores)
-            target, body = "/run_code", dict(payload)
+            target, body = "/run_code", dict(payload) if encoded is None else encoded
         else:
             target = "/v1/execute"
             body = {**payload, "cores": list(cores)}
             if session_id is not None:
                 body["session_id"] = session_id
-        _, parsed, _ = await self._call(
+        _, parsed, raw = await self._call(
             "POST", address, target, timeout_s=timeout_s + ANSWER_MARGIN_S, body=body, headers=headers
         )
-        return parsed
+        return parsed, raw
 
     async def result(self, address: str, key: str, wait_s: float) -> dict[str, Any] | None:
         """The stored response of a keyed action (None while it still runs, or when it is unknown:

@@ -35,7 +35,7 @@ from arl_tangram.dispatch.agent import ANSWER_MARGIN_S, AgentClient, AgentRefuse
 from arl_tangram.dispatch.outcomes import interpret
 from arl_tangram.dispatch.rewards import RewardRouter
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
-from arl_tangram.domain.batches import runner_of
+from arl_tangram.domain.batches import Runner, runner_of
 from arl_tangram.domain.pools import PoolConfig, agent_ttl_s, pool_key
 from arl_tangram.errors import InfrastructureError, KeyConflict, NotFound, QueueFull, TangramError
 from arl_tangram.managers.cpu import CpuManager, SandboxHost
@@ -108,6 +108,11 @@ def _nothing_ran(outcome: ActionOutcome) -> bool:
     """Whether nothing of the action ran to an end worth answering a repeat with: refused, or
     cancelled (a repeat of a cancelled key runs it)."""
     return outcome.reason in _NOTHING_RAN or outcome.state is Outcome.CANCELLED
+
+
+def _runner(request: ActionRequest) -> Runner:
+    """How a test's output is read for its reward (``runner_of``); the other kinds have none."""
+    return runner_of(request.payload) if request.kind == "test" else "unknown"
 
 
 def action_digest(request: ActionRequest) -> str:
@@ -799,8 +804,9 @@ class Dispatcher:
                 payload.setdefault("timeout_s", timeout_s)
             key = agent_key(req.key, job.attempts)
             sent = self.clock()
+            encoded: bytes | None = None  # the agent's answer as it came (not when read back by key)
             try:
-                body = await self.agent.execute(
+                body, encoded = await self.agent.execute(
                     endpoint.address,
                     payload,
                     key=key,
@@ -808,13 +814,15 @@ class Dispatcher:
                     wire=req.wire,
                     timeout_s=timeout_s,
                     session_id=session_id,
+                    encoded=req.payload_json,
                 )
             except Unreachable as exc:
                 self._count_failure(pool, grant.host)
                 # By the agent's own clock, the action is over this long after it was sent.
                 until = max(sent + timeout_s + ANSWER_MARGIN_S, self.clock() + ANSWER_MARGIN_S)
                 body = await self._settle(pool, endpoint, key, until, str(exc))
-            outcome = interpret(req.key, req.kind, req.wire, body, runner=runner_of(req.payload))
+            outcome = interpret(req.key, req.kind, req.wire, body, runner=_runner(req))
+            outcome.response_json = encoded
             self._answered(pool, grant.host)
         except AgentRefused as exc:
             if req.session and exc.body.get("field") == "session_id":
@@ -1172,7 +1180,7 @@ class Dispatcher:
             body = await self._read_stored(pool, endpoint, key)
             if body is None:
                 raise InfrastructureError(f"attempt {key} vanished from host {endpoint.name}")
-            outcome = interpret(req.key, req.kind, req.wire, body, runner=runner_of(req.payload))
+            outcome = interpret(req.key, req.kind, req.wire, body, runner=_runner(req))
             outcome.host = endpoint.name  # (its cores too, where the grant is known: ``_finish``)
         except (InfrastructureError, AgentRefused, asyncio.CancelledError) as exc:
             if isinstance(exc, asyncio.CancelledError) and not (job.host_lost or job.cancelled):

@@ -75,6 +75,10 @@ class ActionRequest:
     # a run), the longest phase and the caller's name for it: the pool's limits.timeoutSeconds
     # bounds each phase, not their sum. None: ``timeout_s`` is one phase, named timeoutSeconds.
     longest_phase: tuple[str, float] | None = None
+    # ``payload`` as the JSON bytes it was parsed from, where a door forwards the caller's body
+    # verbatim (/run_code): sent to the target as they are, not encoded a second time. Not part of
+    # what the action is (``payload`` is).
+    payload_json: bytes | None = None
 
     @property
     def tenant_name(self) -> str:
@@ -101,6 +105,9 @@ class ActionOutcome:
     cores: tuple[int, ...] = ()
     truncated: bool = False
     response: Mapping[str, Any] = field(default_factory=dict)
+    # ``response`` as the JSON bytes the target sent, where they came over the wire: a door that
+    # answers with the response unchanged sends these rather than encoding it again.
+    response_json: bytes | None = None
 
 
 class ActionService(Protocol):

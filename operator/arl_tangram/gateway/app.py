@@ -350,9 +350,7 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
             state.metrics.refused.labels(str(status)).inc()
         return _error_response(request, status, body, headers)
     finally:
-        route = _route_name(request)
-        state.metrics.requests.labels(route, str(status)).inc()
-        state.metrics.seconds.labels(route).observe(time.perf_counter() - start)
+        state.metrics.request_answered(_route_name(request), status, time.perf_counter() - start)
 
 
 async def _guarded(request: web.Request, handler: Handler, state: GatewayState) -> web.StreamResponse:

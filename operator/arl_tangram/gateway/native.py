@@ -100,9 +100,7 @@ async def run_action(state: GatewayState, request: ActionRequest, door: str) -> 
             outcome = await state.service.run(request)
         finally:
             state.metrics.in_flight.dec()
-    state.metrics.actions.labels(
-        door, outcome.state.value, outcome.reason.value if outcome.reason else ""
-    ).inc()
+    state.metrics.action_finished(door, outcome.state.value, outcome.reason.value if outcome.reason else "")
     return outcome
 
 
@@ -324,7 +322,7 @@ def _session_body(state: GatewayState, session: GatewaySession) -> dict[str, Any
 async def open_session(request: web.Request) -> web.Response:
     """``POST /v1/sessions``: open a session in a pool."""
     state = state_of(request)
-    body, _ = await parse(request, SessionCreate, state.config)
+    body = await parse(request, SessionCreate, state.config)
     namespace = body.namespace or state.config.default_namespace
     await authorize(request, namespace)
     ttl = body.ttl_seconds or state.config.session_ttl_s

@@ -46,12 +46,14 @@ class BadRequest(Exception):
         self.field = field
 
 
-async def read_json(request: web.Request, config: GatewayConfig) -> Any:
-    """The body as JSON: 413 past ``max_body_bytes``, 408 when it has not all arrived within
-    ``body_timeout_s``, 400 when it is not JSON."""
+async def read_body(request: web.Request, config: GatewayConfig) -> bytes:
+    """The body's bytes: 413 past ``max_body_bytes``, 408 when it has not all arrived within
+    ``body_timeout_s``."""
     try:
+        if request.content.is_eof():  # all of it came with the head (most bodies): nothing to time
+            return await request.read()
         async with asyncio.timeout(config.body_timeout_s):  # no task per request, as wait_for makes
-            raw = await request.read()
+            return await request.read()
     except TimeoutError as exc:
         raise BadRequest(
             408, f"the request body did not arrive within {config.body_timeout_s:g} seconds"
@@ -62,7 +64,11 @@ async def read_json(request: web.Request, config: GatewayConfig) -> Any:
         raise unreadable_body(exc) from exc
     except ConnectionResetError as exc:  # aiohttp's "Connection lost" mid-body
         raise ClientGone(str(exc)) from exc
-    return loads(raw)
+
+
+async def read_json(request: web.Request, config: GatewayConfig) -> Any:
+    """The body as JSON (see ``read_body``); 400 when it is not JSON."""
+    return loads(await read_body(request, config))
 
 
 def loads(raw: bytes | str) -> Any:
@@ -176,7 +182,6 @@ def validate(model: type[M], data: Any, where: str = "") -> M:
         raise BadRequest(422, f"invalid request: {summary}{more}", detail, first) from exc
 
 
-async def parse(request: web.Request, model: type[M], config: GatewayConfig) -> tuple[M, dict[str, Any]]:
-    """The body validated as ``model``, and the raw dict (for bodies forwarded verbatim)."""
-    data = await read_json(request, config)
-    return validate(model, data), data
+async def parse(request: web.Request, model: type[M], config: GatewayConfig) -> M:
+    """The body validated as ``model``."""
+    return validate(model, await read_json(request, config))

@@ -161,7 +161,7 @@ def _config(request: web.Request) -> GatewayConfig:
 
 async def native_rewards(request: web.Request) -> web.Response:
     """``POST /v1/rewards``."""
-    body, _ = await parse(request, RewardRequest, _config(request))
+    body = await parse(request, RewardRequest, _config(request))
     namespace = body.namespace or state_of(request).config.default_namespace
     if body.service and body.pool:
         raise InvalidSpec("pool", "give a service (model-based reward) or a pool (test-based), not both")
@@ -186,7 +186,7 @@ async def native_rewards(request: web.Request) -> web.Response:
 
 async def openrlhf_reward(request: web.Request) -> web.Response:
     """``POST /get_reward``: OpenRLHF's remote reward model."""
-    body, _ = await parse(request, OpenRLHFRewardRequest, _config(request))
+    body = await parse(request, OpenRLHFRewardRequest, _config(request))
     namespace = namespace_of(request)
     samples = openrlhf_samples(body.query, body.prompts, body.labels)
     rewards = await score(request, target_of(request, namespace), samples, OPENRLHF_FIELDS)
@@ -195,7 +195,7 @@ async def openrlhf_reward(request: web.Request) -> web.Response:
 
 async def slime_reward(request: web.Request) -> web.Response:
     """``POST /slime/reward``: slime's remote reward model; the answer is the reward itself."""
-    body, _ = await parse(request, SlimeRewardRequest, _config(request))
+    body = await parse(request, SlimeRewardRequest, _config(request))
     namespace = namespace_of(request)
     (reward,) = await score(
         request, target_of(request, namespace), [Sample(body.prompt, body.response, body.label)], SLIME_FIELDS
@@ -209,7 +209,7 @@ def _openai_envelope(model: str) -> dict[str, Any]:
 
 async def vllm_score(request: web.Request) -> web.Response:
     """``POST /score`` (vLLM): ``text_1`` scored against each ``text_2``."""
-    body, _ = await parse(request, VllmScoreRequest, _config(request))
+    body = await parse(request, VllmScoreRequest, _config(request))
     namespace = namespace_of(request)
     target = target_of(request, namespace, body.model)
     rewards = await score(request, target, score_pairs(body.text_1, body.text_2), listed("text_2"))
@@ -244,7 +244,7 @@ async def classify(request: web.Request) -> web.Response:
 
 async def vllm_pooling(request: web.Request) -> web.Response:
     """``POST /pooling`` (vLLM serves reward models' scores there)."""
-    body, _ = await parse(request, VllmPoolingRequest, _config(request))
+    body = await parse(request, VllmPoolingRequest, _config(request))
     namespace = namespace_of(request)
     target = target_of(request, namespace, body.model)
     rewards = await score(request, target, texts(body.input, "input"), listed("input"))

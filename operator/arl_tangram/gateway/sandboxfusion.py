@@ -18,7 +18,7 @@ from arl_tangram.gateway.admission import retry_after_header
 from arl_tangram.gateway.errors import INFRASTRUCTURE_REASONS, REASON_STATUS
 from arl_tangram.gateway.keys import scoped_key
 from arl_tangram.gateway.native import caller_key, run_action
-from arl_tangram.gateway.parsing import parse
+from arl_tangram.gateway.parsing import loads, read_body, validate
 from arl_tangram.gateway.routing import namespace_of, require_pool
 from arl_tangram.gateway.state import authorize, state_of
 from arl_tangram.sandbox.languages import LANGUAGE_UNAVAILABLE, compiles
@@ -46,6 +46,8 @@ def answer(outcome: ActionOutcome, retry_after_s: float) -> web.Response:
     if body.get("status") in ("Success", "Failed") or body.get(LANGUAGE_UNAVAILABLE):
         # The code ran (and passed, failed, or timed out): SandboxFusion's verdict, as the agent gave
         # it; or the language is not offered, which SandboxFusion answers 200 SandboxError too.
+        if outcome.response_json is not None:  # its bytes as they came: not encoded a second time
+            return web.Response(body=outcome.response_json, content_type="application/json")
         return web.json_response(dict(body))
     reason = outcome.reason or Reason.SANDBOX_ERROR
     status = REASON_STATUS.get(reason, 500)
@@ -67,7 +69,9 @@ async def run_code(request: web.Request) -> web.Response:
     namespace = namespace_of(request)
     pool = require_pool(request, namespace)
     await authorize(request, namespace)
-    body, raw = await parse(request, RunCodeRequest, state.config)
+    encoded = await read_body(request, state.config)
+    raw = loads(encoded)
+    body = validate(RunCodeRequest, raw)
     # A compiled language builds (up to compile_timeout), then runs (up to run_timeout): the call
     # may take both, and the pool's limit bounds each. Python and bash only run: their
     # compile_timeout (SandboxFusion's default 10 s, or a client's copy of its run timeout) is no
@@ -85,6 +89,7 @@ async def run_code(request: web.Request) -> web.Response:
         timeout_s=sum(phases.values()),
         longest_phase=longest,
         wire="run_code",
+        payload_json=encoded,  # forwarded as the caller sent it: the agent parses the same bytes
     )
     outcome = await run_action(state, req, "run_code")
     return answer(outcome, state.config.retry_after_s)

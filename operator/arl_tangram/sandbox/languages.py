@@ -279,7 +279,10 @@ def known_name(name: str) -> str | None:
 def compiles(name: str) -> bool:
     """Whether /run_code's ``compile_timeout`` applies to a language name: it builds before it runs
     (Python, bash and unknown names do not)."""
-    return any(lang.compiled and name in (lang.name, *lang.aliases) for lang in LANGUAGES)
+    return name in _COMPILED
+
+
+_COMPILED = frozenset(name for lang in LANGUAGES if lang.compiled for name in (lang.name, *lang.aliases))
 
 
 def _probe(argv: list[str], env: Mapping[str, str] | None = None) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -549,7 +550,7 @@ async def test_the_agent_client_reads_back_keys_of_any_printable_characters(agen
     core = health["cores"]["ids"][0]
     try:
         for key in ("gw/ns/a b?c=1#d%2Fe", "gw/ns/plain"):
-            body = await client.execute(
+            body, raw = await client.execute(
                 address,
                 {"code": f"print({key!r})", "language": "python"},
                 key=key,
@@ -558,9 +559,35 @@ async def test_the_agent_client_reads_back_keys_of_any_printable_characters(agen
                 timeout_s=10,
             )
             assert body["run_result"]["stdout"] == key + "\n"
+            assert json.loads(raw) == body
             state, stored = await client.lookup(address, key, 1)
             assert state == "done" and stored == body
             assert not await client.cancel(address, key)
         assert await client.lookup(address, "gw/ns/a b?c=1", 0) == ("unknown", None)
+    finally:
+        await client.close()
+
+
+async def test_run_code_sends_the_callers_own_bytes_and_returns_the_agents(agents: list[Agent]) -> None:
+    """A door that forwards its caller's body verbatim hands over the bytes it parsed: those are
+    what the agent gets (not the payload encoded again), and the agent's answer comes back as it
+    was sent, with its parsed form."""
+    client = AgentClient()
+    address = f"127.0.0.1:{agents[0].port}"
+    core = (await client.health(address))["cores"]["ids"][0]
+    try:
+        sent = b'{ "language" : "python",\n  "code" : "print(6 * 7)" }'
+        body, raw = await client.execute(
+            address,
+            {"code": "print('the payload, encoded again')", "language": "python"},
+            key="gw/ns/verbatim",
+            cores=(core,),
+            wire="run_code",
+            timeout_s=10,
+            encoded=sent,
+        )
+        assert body["run_result"]["stdout"] == "42\n"
+        state, stored = await client.lookup(address, "gw/ns/verbatim", 1)
+        assert state == "done" and stored == body == json.loads(raw)
     finally:
         await client.close()

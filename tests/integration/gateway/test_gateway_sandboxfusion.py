@@ -13,7 +13,9 @@ import test_sandbox_api as agent_contract
 from gateway_harness import NS, POOL, Gateway, serve_gateway
 from sandbox_agent_harness import Agent, start_agent, stop_agent
 
+from arl_tangram.dispatch.dispatcher import agent_key
 from arl_tangram.gateway import GatewayConfig
+from arl_tangram.gateway.keys import scoped_key
 
 # Imported through the module, so that pytest does not collect them here with the agent's fixture.
 CONTRACT = tuple(
@@ -110,3 +112,14 @@ def test_a_language_the_pool_does_not_run_is_the_callers_not_the_hosts(gateway: 
         assert resp.json()["status"] == "SandboxError" and "julia" in resp.json()["message"], resp.text
     body = {"code": "print('still here')", "language": "python"}
     assert _ran_on(requests.post(gateway.url + "/run_code", json=body, timeout=30)) == "still here\n"
+
+
+def test_the_answer_is_the_agents_own_bytes(gateway: Gateway, hosts: list[Agent]) -> None:
+    """The verdict is the agent's answer byte for byte, as the agent stored it under the attempt's
+    key (the gateway neither reshapes nor re-encodes what the code's run said)."""
+    body = b'{"language": "python",  "code": "print(\'\\u00e9t\\u00e9\')"}'
+    headers = {"Content-Type": "application/json", "X-Tangram-Action-Key": "sf-bytes"}
+    resp = requests.post(gateway.url + "/run_code", data=body, headers=headers, timeout=60)
+    assert resp.status_code == 200 and resp.json()["run_result"]["stdout"] == "\u00e9t\u00e9\n"
+    stored = requests.get(f"{hosts[0].url}/v1/actions/{agent_key(scoped_key(NS, 'sf-bytes'), 1)}", timeout=10)
+    assert stored.status_code == 200 and stored.content == resp.content
