@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -20,9 +21,15 @@ from arl_tangram.errors import CapacityExceeded, InvalidSpec
 
 @dataclass
 class DecisionStats:
-    """CPU time the scheduler spent per ``schedule`` call, in microseconds."""
+    """CPU time the scheduler spent per ``schedule`` call, in microseconds: every call's (a
+    simulation's run), or the latest ``keep`` (a long-running dispatcher, which would otherwise
+    hold one float per decision for as long as it runs)."""
 
-    samples_us: list[float] = field(default_factory=list)
+    keep: int | None = None
+    samples_us: deque[float] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.samples_us = deque(maxlen=self.keep)
 
 
 class Scheduler(ABC):

@@ -30,7 +30,7 @@ from typing import Any
 from arl_tangram.core.action import Action, Amdahl, DurationModel, Fixed
 from arl_tangram.core.policies.registry import POLICIES
 from arl_tangram.core.pool import Grant
-from arl_tangram.core.scheduler import Scheduler
+from arl_tangram.core.scheduler import DecisionStats, Scheduler
 from arl_tangram.dispatch.agent import ANSWER_MARGIN_S, AgentClient, AgentRefused, ConnectFailed, Unreachable
 from arl_tangram.dispatch.outcomes import interpret
 from arl_tangram.dispatch.rewards import RewardRouter
@@ -78,6 +78,8 @@ def agent_key(key: str, attempt: int) -> str:
     return f"{hashlib.sha256(key.encode()).hexdigest()[:32]}-{attempt}"
 
 
+# Decision times kept (the latest; the operator exports and clears its own, ``decision_us``).
+DECISIONS_KEPT = 4096
 # Keys whose actions the dispatcher remembers, to refuse one sent again with another action (the
 # agents keep as many finished responses by default: ``--action-keys-max``).
 KEYS_REMEMBERED = 10_000
@@ -166,6 +168,8 @@ class _Job:
     host_lost: bool = False
     # Its grant went back to the scheduler when it was sent (its cores booked for the next action).
     released: bool = False
+    # The callers' own futures for its outcome (``Dispatcher._outcome``), set with ``future``.
+    waiters: list[asyncio.Future[ActionOutcome]] = field(default_factory=list)
 
 
 @dataclass
@@ -243,6 +247,7 @@ class Dispatcher:
     ) -> None:
         self.agent = agent
         self.scheduler: Scheduler = POLICIES[policy]({})
+        self.scheduler.stats = DecisionStats(keep=DECISIONS_KEPT)
         self.clock = clock
         self.max_waiting_per_pool = max_waiting_per_pool
         self.max_waiting_per_tenant = max_waiting_per_tenant
@@ -271,7 +276,7 @@ class Dispatcher:
         self._ran: dict[str, tuple[str, int, str]] = {}
         self._by_action: dict[int, _Job] = {}
         self._tenant_waiting: dict[str, int] = {}
-        self.decision_us: deque[float] = deque(maxlen=4096)
+        self.decision_us: deque[float] = deque(maxlen=DECISIONS_KEPT)
         self.booked_ahead = 0  # grants sent while the action before them still ran on their cores
 
     # ---- pools and hosts ------------------------------------------------------------------------
@@ -453,6 +458,8 @@ class Dispatcher:
         for job in list(self._jobs.values()):
             if not job.future.done():
                 job.future.cancel()
+            for waiter in job.waiters:
+                waiter.cancel()
         self._jobs.clear()
 
     # ---- the ActionService ----------------------------------------------------------------------
@@ -463,7 +470,7 @@ class Dispatcher:
         self._same_action(request, digest)
         existing = self._jobs.get(request.key)
         if existing is not None:
-            return await asyncio.shield(existing.future)
+            return await self._outcome(existing)
         if request.kind == "reward":
             if not self.rewards.has(f"{request.namespace}/{request.target}") and self.learn is not None:
                 await self.learn("RewardModelService", request.namespace, request.target)
@@ -487,7 +494,7 @@ class Dispatcher:
         existing = self._jobs.get(request.key)
         if existing is not None:  # the same key came in while the pool was being looked up
             self._same_action(request, digest)
-            return await asyncio.shield(existing.future)
+            return await self._outcome(existing)
         if pool is None:
             raise NotFound(
                 "ActionPool",
@@ -508,14 +515,30 @@ class Dispatcher:
         pool.arrivals.append(now)
         try:
             if await self._reattach(pool, job):
-                return await asyncio.shield(job.future)
+                return await self._outcome(job)
             self._enter(pool, job)
-            return await asyncio.shield(job.future)
+            return await self._outcome(job)
         finally:
             if job.future.done():
                 self._jobs.pop(request.key, None)
                 if _refused(job.future):
                     self._forget(request.key)  # nothing ran: a corrected retry may use the key
+
+    @staticmethod
+    async def _outcome(job: _Job) -> ActionOutcome:
+        """The job's outcome, for one of its callers. As ``asyncio.shield(job.future)``: a caller
+        that goes away cancels its own wait, not the job (which runs on, and others may wait for);
+        but ``_resolve`` sets this caller's future itself, where shield's is set by a callback on
+        the loop's next turn: one turn less between the agent's answer and every caller."""
+        if job.future.done():
+            return job.future.result()
+        waiter: asyncio.Future[ActionOutcome] = asyncio.get_running_loop().create_future()
+        job.waiters.append(waiter)
+        try:
+            return await waiter
+        finally:
+            if waiter in job.waiters:  # cancelled before the outcome came
+                job.waiters.remove(waiter)
 
     def _same_action(self, request: ActionRequest, digest: str) -> None:
         """``KeyConflict`` when ``request.key`` already named another action (another payload, kind,
@@ -716,7 +739,7 @@ class Dispatcher:
     def _pump(self) -> None:
         """Admit what the scheduler grants now; each grant becomes a task calling its host. Then, if
         cores were booked ahead (see ``BOOK_AHEAD_MAX_S``), the scheduler decides once more."""
-        while True:
+        while self.scheduler.queued():  # nothing waits (an action ended on an idle pool): no decision
             t0 = time.perf_counter()
             grants = self.scheduler.schedule(self.clock())
             self.decision_us.append((time.perf_counter() - t0) * 1e6)
@@ -1040,6 +1063,10 @@ class Dispatcher:
     def _resolve(self, job: _Job, outcome: ActionOutcome) -> None:
         if not job.future.done():
             job.future.set_result(outcome)
+            for waiter in job.waiters:
+                if not waiter.done():
+                    waiter.set_result(outcome)
+            job.waiters.clear()
 
     # ---- re-attachment after an operator restart --------------------------------------------------
     async def _reattach(self, pool: _Pool, job: _Job) -> bool:

@@ -348,7 +348,7 @@ class Simulation:
             self.planner.finish(self, makespan)
         if isinstance(self.scheduler, StaticPolicy):
             self.gpu_s += self.static_gpus * makespan
-        samples = self.scheduler.stats.samples_us
+        samples = list(self.scheduler.stats.samples_us)
         unfinished = sum(1 for st in self._state.values() if not st.done)
         return SimResult(
             self.wl.name,

@@ -18,7 +18,7 @@ from sandbox_agent_harness import Agent, processes_of, start_agent, stop_agent, 
 
 from arl_tangram.api.actionpool import ActionPool
 from arl_tangram.dispatch.agent import AgentClient
-from arl_tangram.dispatch.dispatcher import BOOK_AHEAD_RUNS, Dispatcher, HostEndpoint
+from arl_tangram.dispatch.dispatcher import BOOK_AHEAD_RUNS, DECISIONS_KEPT, Dispatcher, HostEndpoint
 from arl_tangram.domain.actions import ActionRequest, Outcome, Reason
 from arl_tangram.domain.pools import PoolConfig, pool_config
 from arl_tangram.errors import InfrastructureError, NotFound
@@ -221,6 +221,34 @@ async def test_one_key_sent_twice_while_its_pool_is_looked_up_runs_once(agents: 
         assert starts == [("twice", 1)]
     finally:
         await client.close()
+
+
+async def test_a_caller_going_away_leaves_the_action_to_the_others_waiting_for_it(
+    dispatcher: Dispatcher,
+) -> None:
+    """Cancelling one caller's ``run`` (its client left) cancels that caller's wait only: the
+    action runs on, and a repeat of its key gets its outcome, as it ran once."""
+    code = "import time; time.sleep(0.5); print(time.time_ns())"
+    gone = asyncio.create_task(dispatcher.run(_req("left", code)))
+    await _wait(lambda: (s := dispatcher.stats(f"{NS}/py")) is not None and s.running_actions == 1)
+    stays = asyncio.create_task(dispatcher.run(_req("left", code)))
+    await asyncio.sleep(0.05)
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    out = await asyncio.wait_for(stays, 30)
+    assert out.state is Outcome.SUCCEEDED and out.attempts == 1 and out.stdout.strip().isdigit()
+    again = await dispatcher.run(_req("left", code))  # after its end: the same run's outcome
+    assert again.stdout == out.stdout
+
+
+def test_a_dispatchers_decision_times_are_bounded() -> None:
+    """The operator's dispatcher decides at least once per action for as long as it runs: it keeps
+    the latest decision times, not one per decision ever made."""
+    d = Dispatcher(AgentClient())
+    for _ in range(DECISIONS_KEPT + 100):
+        d.scheduler.schedule(0.0)
+    assert len(d.scheduler.stats.samples_us) == DECISIONS_KEPT
 
 
 async def test_cancelling_a_running_action_kills_it(dispatcher: Dispatcher, agents: list[Agent]) -> None:
