@@ -95,8 +95,15 @@ class TtlCache(Generic[K, V]):
     def __len__(self) -> int:
         return len(self._entries)
 
-    async def get(self, key: K, lookup: Callable[[], Awaitable[V]], ttl_s: float | None = None) -> V:
-        """The cached value of ``key``, else ``lookup()``'s, kept for ``ttl_s`` (at most the cache's)."""
+    async def get(
+        self,
+        key: K,
+        lookup: Callable[[], Awaitable[V]],
+        ttl_s: Callable[[], float | None] | None = None,
+    ) -> V:
+        """The cached value of ``key``, else ``lookup()``'s, kept for ``ttl_s()`` seconds (at most
+        the cache's TTL; None: the cache's). ``ttl_s`` is asked only on a miss, after the lookup:
+        what it reads (a token's own expiry) costs nothing on the hits that most calls are."""
         now = self.clock()
         entry = self._entries.get(key)
         if entry is not None and entry[0] > now:
@@ -129,7 +136,8 @@ class TtlCache(Generic[K, V]):
             raise
         finally:
             self._pending.pop(key, None)
-        keep = self.ttl_s if ttl_s is None else max(0.0, min(self.ttl_s, ttl_s))
+        left = None if ttl_s is None else ttl_s()
+        keep = self.ttl_s if left is None else max(0.0, min(self.ttl_s, left))
         self._store(key, self.clock() + keep, value, None)
         future.set_result(value)
         return value
@@ -190,9 +198,12 @@ class KubernetesAuthenticator:
     async def authenticate(self, token: str) -> Principal:
         # The cache is keyed by a digest: the tokens themselves are not kept in memory.
         digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
-        expires = token_expiry(token)
-        # A token is never trusted from the cache past its own expiry.
-        left = None if expires is None else expires - time.time()
+
+        def left() -> float | None:
+            # A token is never trusted from the cache past its own expiry.
+            expires = token_expiry(token)
+            return None if expires is None else expires - time.time()
+
         return await self.tokens.get(digest, lambda: self._review_token(token), left)
 
     async def authorize(self, principal: Principal, namespace: str, verb: str) -> None:

@@ -8,6 +8,7 @@ import asyncio
 import base64
 import json
 import socket
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -199,15 +200,37 @@ async def test_anonymous_access_needs_the_flag_and_loopback() -> None:
     assert resp.status_code == 403 and "only from loopback" in resp.json()["error"]
 
 
-def test_a_token_is_not_cached_past_its_own_expiry() -> None:
-    def jwt(claims: dict[str, object]) -> str:
-        payload = base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=")
-        return f"eyJhbGciOiJSUzI1NiJ9.{payload}.c2ln"
+def _jwt(claims: dict[str, object]) -> str:
+    payload = base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=")
+    return f"eyJhbGciOiJSUzI1NiJ9.{payload}.c2ln"
 
+
+def test_a_token_is_not_cached_past_its_own_expiry() -> None:
+    jwt = _jwt
     assert token_expiry(jwt({"exp": 1700000000, "aud": ["x"]})) == 1700000000.0
     assert token_expiry(jwt({"aud": ["x"]})) is None
     assert token_expiry("not-a-jwt") is None
     assert token_expiry("a.!!!.c") is None
+
+
+async def test_the_authenticator_trusts_a_cached_token_no_longer_than_its_own_expiry(
+    reviews: tuple[ReviewServer, str],
+) -> None:
+    """A token's ``exp`` bounds how long its review is kept: one that has expired is reviewed again
+    on every call (the API server says whether it still holds), one that lasts is reviewed once."""
+    server, url = reviews
+    user = "system:serviceaccount:team-a:alice"
+    lasting, expired = _jwt({"exp": time.time() + 3600}), _jwt({"exp": time.time() - 5})
+    server.tokens[lasting] = StandInToken(user, (AUD,))
+    server.tokens[expired] = StandInToken(user, (AUD,))
+    auth = KubernetesAuthenticator(api_client_for(url), AUD)
+    before = server.calls
+    for _ in range(3):
+        assert (await auth.authenticate(lasting)).username == user
+    assert server.calls == before + 1
+    for _ in range(3):
+        assert (await auth.authenticate(expired)).username == user
+    assert server.calls == before + 4
 
 
 async def test_a_short_lived_entry_expires_before_the_cache_ttl() -> None:
@@ -219,10 +242,10 @@ async def test_a_short_lived_entry_expires_before_the_cache_ttl() -> None:
         calls.append(1)
         return 1
 
-    await cache.get("t", lookup, ttl_s=2)
+    await cache.get("t", lookup, ttl_s=lambda: 2)
     now[0] = 1.0
-    await cache.get("t", lookup, ttl_s=2)
+    await cache.get("t", lookup, ttl_s=lambda: 2)
     assert len(calls) == 1
     now[0] = 2.5
-    await cache.get("t", lookup, ttl_s=2)
+    await cache.get("t", lookup, ttl_s=lambda: 2)
     assert len(calls) == 2
