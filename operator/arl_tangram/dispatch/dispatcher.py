@@ -90,14 +90,6 @@ KEYS_REMEMBERED = 10_000
 _NOTHING_RAN = (Reason.INVALID_PAYLOAD, Reason.CAPACITY_EXCEEDED)
 
 
-def _refused(future: asyncio.Future[ActionOutcome]) -> bool:
-    """Whether a finished job's target refused it before anything ran (its payload, or more units
-    than it could ever grant)."""
-    if future.cancelled() or future.exception() is not None:
-        return False
-    return future.result().reason in _NOTHING_RAN
-
-
 def _expiry_s(config: PoolConfig, sess: _Session) -> float:
     """The dispatcher's idle TTL for a session: the pool's; or, for one whose opener (the gateway)
     closes it at a TTL of its own, a backstop behind that (``agent_ttl_s``), for an opener that is
@@ -513,16 +505,10 @@ class Dispatcher:
         self._jobs[request.key] = job
         self._remember(request.key, digest)
         pool.arrivals.append(now)
-        try:
-            if await self._reattach(pool, job):
-                return await self._outcome(job)
-            self._enter(pool, job)
+        if await self._reattach(pool, job):
             return await self._outcome(job)
-        finally:
-            if job.future.done():
-                self._jobs.pop(request.key, None)
-                if _refused(job.future):
-                    self._forget(request.key)  # nothing ran: a corrected retry may use the key
+        self._enter(pool, job)
+        return await self._outcome(job)
 
     @staticmethod
     async def _outcome(job: _Job) -> ActionOutcome:
@@ -1061,12 +1047,22 @@ class Dispatcher:
             self._next_in_session(pool, job)
 
     def _resolve(self, job: _Job, outcome: ActionOutcome) -> None:
-        if not job.future.done():
-            job.future.set_result(outcome)
-            for waiter in job.waiters:
-                if not waiter.done():
-                    waiter.set_result(outcome)
-            job.waiters.clear()
+        if job.future.done():
+            return
+        job.future.set_result(outcome)
+        for waiter in job.waiters:
+            if not waiter.done():
+                waiter.set_result(outcome)
+        job.waiters.clear()
+        # Over: out of the table here, not in its caller's ``run`` (a job whose every caller had
+        # gone away stayed in it for good, payload and all); a repeat of its key from now on is
+        # answered from where it ran (``_ran``). A key whose action never ran is free again for
+        # the corrected request.
+        key = job.request.key
+        if self._jobs.get(key) is job:
+            del self._jobs[key]
+        if outcome.reason in _NOTHING_RAN:
+            self._forget(key)
 
     # ---- re-attachment after an operator restart --------------------------------------------------
     async def _reattach(self, pool: _Pool, job: _Job) -> bool:

@@ -121,6 +121,8 @@ class TtlCache(Generic[K, V]):
         self._pending[key] = future
         try:
             value = await lookup()
+            # Inside the try: the callers sharing this lookup hear of its failure too.
+            left = None if ttl_s is None else ttl_s()
         except (Unauthenticated, Forbidden) as exc:
             self._store(key, self.clock() + self.negative_ttl_s, None, exc)
             future.set_exception(exc)
@@ -136,7 +138,6 @@ class TtlCache(Generic[K, V]):
             raise
         finally:
             self._pending.pop(key, None)
-        left = None if ttl_s is None else ttl_s()
         keep = self.ttl_s if left is None else max(0.0, min(self.ttl_s, left))
         self._store(key, self.clock() + keep, value, None)
         future.set_result(value)
@@ -157,10 +158,15 @@ def token_expiry(token: str) -> float | None:
         return None
     try:
         claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
-    except (ValueError, binascii.Error):
+    except (ValueError, binascii.Error, RecursionError):
         return None
     exp = claims.get("exp") if isinstance(claims, dict) else None
-    return float(exp) if isinstance(exp, int | float) and not isinstance(exp, bool) else None
+    if not isinstance(exp, int | float) or isinstance(exp, bool):
+        return None
+    try:
+        return float(exp)
+    except OverflowError:  # an integer past any float: no expiry we can read
+        return None
 
 
 class AuthUnavailable(TangramError):

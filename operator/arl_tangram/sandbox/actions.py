@@ -63,7 +63,9 @@ class StoredResponse:
 
     status: int
     body: bytes
-    content_type: str
+    # Its headers but Content-Length (Content-Type with its charset, Retry-After...): a replay
+    # answers with them too.
+    headers: tuple[tuple[str, str], ...]
 
 
 class ActionControl:

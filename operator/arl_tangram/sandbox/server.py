@@ -354,7 +354,9 @@ def _request_digest(path: str, spec: ActionSpec) -> int:
     Compared only within this process (the store lives and dies with it), so Python's own hash
     serves: keyed by a secret drawn at start, no caller can make two requests collide; and it reads
     every string without encoding it (a lone surrogate included)."""
-    what = (path, spec.runtime, spec.code, spec.stdin or "", spec.session_id or "", spec.memory_mb)
+    # Strings only: their hash is keyed, an int's is not (memory_mb and memory_mb + 2**61 - 1 hash
+    # alike).
+    what = (path, spec.runtime, spec.code, spec.stdin or "", spec.session_id or "", str(spec.memory_mb))
     return hash((what, tuple(spec.fetch_files), tuple(spec.args), tuple(sorted(spec.files.items()))))
 
 
@@ -397,17 +399,27 @@ async def _keyed(request: web.Request, key: str | None, spec: ActionSpec, action
         response = await action(entry.control)
     except REFUSALS as exc:
         response = _refusal(request, exc)
+    except Exception:
+        # A bug, not an answer: said as JSON like any other, and not kept (a repeat may run it).
+        log.exception("keyed action %r failed", key)
+        response = _error_response(500, "internal error")
+        store.finish(entry, _stored(response), keep=False)
+        return response
     except BaseException:
-        # Not an answer (a bug, or the agent shutting down): a repeat of the key may run it again.
-        store.finish(entry, StoredResponse(500, b'{"error": "internal error"}', "application/json"), False)
+        # Cancelled (the agent shutting down): no answer; a repeat of the key may run it again.
+        store.finish(entry, _stored(_error_response(500, "internal error")), keep=False)
         raise
-    body = response.body  # always bytes here: every answer is built from JSON
-    assert isinstance(body, bytes | bytearray), type(body)
     # 503: the action did not run (full, or the fork server was lost): a retry may run it. A
     # refusal of the request is kept (to be read back) until a corrected request replaces it.
-    stored = StoredResponse(response.status, bytes(body), response.content_type)
-    store.finish(entry, stored, keep=response.status != 503)
-    return response  # the first caller's answer is the stored one: the same status and bytes
+    store.finish(entry, _stored(response), keep=response.status != 503)
+    return response  # the first caller's answer is the stored one: the same status, headers, bytes
+
+
+def _stored(response: web.Response) -> StoredResponse:
+    body = response.body  # always bytes here: every answer is built from JSON
+    assert isinstance(body, bytes | bytearray), type(body)
+    headers = tuple((k, v) for k, v in response.headers.items() if k.lower() != "content-length")
+    return StoredResponse(response.status, bytes(body), headers)
 
 
 async def _replay(entry: ActionEntry) -> web.Response:
@@ -424,7 +436,7 @@ def _replayed(entry: ActionEntry) -> web.Response:
     """The stored response of a finished entry, marked as a replay."""
     stored = entry.response
     assert stored is not None
-    resp = web.Response(status=stored.status, body=stored.body, content_type=stored.content_type)
+    resp = web.Response(status=stored.status, body=stored.body, headers=dict(stored.headers))
     resp.headers[REPLAYED_HEADER] = "1"
     return resp
 

@@ -242,6 +242,16 @@ async def test_a_caller_going_away_leaves_the_action_to_the_others_waiting_for_i
     assert again.stdout == out.stdout
 
 
+async def test_an_action_whose_every_caller_left_is_let_go_when_it_ends(dispatcher: Dispatcher) -> None:
+    """The dispatcher holds a job (its request, payload and outcome) only while it runs: one whose
+    callers all went away is dropped when it ends, not kept for as long as the process runs."""
+    gone = asyncio.create_task(dispatcher.run(_req("all-left", "import time; time.sleep(0.3); print(1)")))
+    await _wait(lambda: (s := dispatcher.stats(f"{NS}/py")) is not None and s.running_actions == 1)
+    gone.cancel()
+    await _wait(lambda: (s := dispatcher.stats(f"{NS}/py")) is not None and s.running_actions == 0)
+    await _wait(lambda: "all-left" not in dispatcher._jobs)  # the table itself is the point
+
+
 def test_a_dispatchers_decision_times_are_bounded() -> None:
     """The operator's dispatcher decides at least once per action for as long as it runs: it keeps
     the latest decision times, not one per decision ever made."""

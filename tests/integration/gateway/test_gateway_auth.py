@@ -211,6 +211,7 @@ def test_a_token_is_not_cached_past_its_own_expiry() -> None:
     assert token_expiry(jwt({"aud": ["x"]})) is None
     assert token_expiry("not-a-jwt") is None
     assert token_expiry("a.!!!.c") is None
+    assert token_expiry(jwt({"exp": 10**400})) is None  # past any float: no expiry to read
 
 
 async def test_the_authenticator_trusts_a_cached_token_no_longer_than_its_own_expiry(
@@ -231,6 +232,28 @@ async def test_the_authenticator_trusts_a_cached_token_no_longer_than_its_own_ex
     for _ in range(3):
         assert (await auth.authenticate(expired)).username == user
     assert server.calls == before + 4
+
+
+async def test_callers_sharing_a_lookup_all_hear_when_its_ttl_cannot_be_read() -> None:
+    """Concurrent misses of one key share one lookup: if what is looked up cannot be kept (its TTL
+    fails to read), every caller hears of it; none waits for ever."""
+    cache: TtlCache[str, int] = TtlCache(ttl_s=60, negative_ttl_s=1, max_entries=10)
+    release = asyncio.Event()
+
+    async def lookup() -> int:
+        await release.wait()
+        return 1
+
+    def ttl() -> float:
+        raise OverflowError("no expiry to read")
+
+    first = asyncio.create_task(cache.get("t", lookup, ttl_s=ttl))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(cache.get("t", lookup, ttl_s=ttl))
+    await asyncio.sleep(0)
+    release.set()
+    results = await asyncio.wait_for(asyncio.gather(first, second, return_exceptions=True), 5)
+    assert all(isinstance(r, OverflowError) for r in results), results
 
 
 async def test_a_short_lived_entry_expires_before_the_cache_ttl() -> None:

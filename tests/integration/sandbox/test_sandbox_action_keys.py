@@ -109,6 +109,7 @@ def test_a_finished_key_replays_its_stored_response_without_running(agent: Agent
     assert first.status_code == 200 and first.json()["status"] == "ok"
     again = _keyed(agent, "k-done", body)
     assert again.content == first.content and again.headers["X-Tangram-Replayed"] == "1"
+    assert again.headers["Content-Type"] == first.headers["Content-Type"]
     fetched = requests.get(agent.url + "/v1/actions/k-done", timeout=10)
     assert fetched.status_code == 200 and fetched.content == first.content
     assert fetched.headers["X-Tangram-Replayed"] == "1"
@@ -133,6 +134,16 @@ def test_a_key_sent_again_with_another_request_is_409_not_the_first_answer(agent
     assert run_code.status_code == 409 and run_code.json()["status"] == "SandboxError", run_code.text
     again = _keyed(agent, "k-one", {"code": "print('first')"})
     assert again.content == first.content and again.headers["X-Tangram-Replayed"] == "1"
+
+
+def test_requests_that_differ_only_in_a_huge_memory_limit_are_told_apart(agent: Agent) -> None:
+    """The key's request is compared by a hash that no caller's values can make collide: memory
+    limits 2**61 - 1 apart (equal as Python's unkeyed int hash sees them) are two requests."""
+    body = {"code": "print('ran')", "language": "python", "memory_limit_MB": 256}
+    first = _keyed(agent, "k-huge", body, path="/run_code")
+    assert first.status_code == 200 and first.json()["status"] == "Success", first.text
+    other = _keyed(agent, "k-huge", {**body, "memory_limit_MB": 256 + 2**61 - 1}, path="/run_code")
+    assert other.status_code == 409 and "X-Tangram-Replayed" not in other.headers, other.text
 
 
 def test_a_refused_request_leaves_its_key_free_for_the_corrected_one(agent: Agent) -> None:
