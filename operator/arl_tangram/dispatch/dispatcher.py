@@ -505,10 +505,25 @@ class Dispatcher:
         self._jobs[request.key] = job
         self._remember(request.key, digest)
         pool.arrivals.append(now)
-        if await self._reattach(pool, job):
-            return await self._outcome(job)
-        self._enter(pool, job)
+        if pool.synced.is_set():
+            self._start(pool, job)
+        else:
+            # Until the pool's hosts are first known (just after a start), the job waits for them
+            # in a task of its own: a caller going away meanwhile left it begun but never started,
+            # and a repeat of its key (the client's retry) waited on it for ever.
+            job.task = asyncio.get_running_loop().create_task(self._start_when_synced(pool, job))
         return await self._outcome(job)
+
+    def _start(self, pool: _Pool, job: _Job) -> None:
+        """Re-attach the job to an attempt already on the agents, or queue it."""
+        if not self._reattach(pool, job):
+            self._enter(pool, job)
+
+    async def _start_when_synced(self, pool: _Pool, job: _Job) -> None:
+        await pool.synced.wait()
+        job.task = None
+        if not job.future.done():  # not failed meanwhile (its pool deleted)
+            self._start(pool, job)
 
     @staticmethod
     async def _outcome(job: _Job) -> ActionOutcome:
@@ -1065,12 +1080,11 @@ class Dispatcher:
             self._forget(key)
 
     # ---- re-attachment after an operator restart --------------------------------------------------
-    async def _reattach(self, pool: _Pool, job: _Job) -> bool:
+    def _reattach(self, pool: _Pool, job: _Job) -> bool:
         """Find the job's latest attempt on the agents (an operator restart may have left one running,
         or finished, whether or not the batch's status recorded it). Returns True when one was found
         (running: the job waits for it; finished: its stored result is the outcome); False to run
-        a new attempt."""
-        await pool.synced.wait()
+        a new attempt. Called once the pool's hosts are known (``synced``)."""
         ran = self._ran.get(job.request.key)
         if ran is not None and ran[0] == pool.config.key:
             # This operator ran the key to its end: its host's agent answers from its store.

@@ -252,6 +252,32 @@ async def test_an_action_whose_every_caller_left_is_let_go_when_it_ends(dispatch
     await _wait(lambda: "all-left" not in dispatcher._jobs)  # the table itself is the point
 
 
+async def test_a_caller_gone_while_the_pools_hosts_are_not_yet_known_leaves_a_job_that_runs(
+    agents: list[Agent],
+) -> None:
+    """Just after a start, a pool's hosts are not known yet and an action waits for them. If its
+    caller goes away meanwhile, a repeat of its key (the client's retry) must still get it run,
+    not wait for ever on a job that nothing would start."""
+    client = AgentClient()
+    d = Dispatcher(client)
+    d.upsert_pool(_pool())
+    try:
+        code = "print('ran once')"
+        first = asyncio.create_task(d.run(_req("early", code)))
+        await asyncio.sleep(0.1)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        retry = asyncio.create_task(d.run(_req("early", code)))
+        await asyncio.sleep(0.1)
+        await d.sync_hosts(f"{NS}/py", [_endpoint(agents[0], "host-0")])
+        out = await asyncio.wait_for(retry, 30)
+        assert out.state is Outcome.SUCCEEDED and out.stdout == "ran once\n" and out.attempts == 1
+    finally:
+        await d.shutdown()
+        await client.close()
+
+
 def test_a_dispatchers_decision_times_are_bounded() -> None:
     """The operator's dispatcher decides at least once per action for as long as it runs: it keeps
     the latest decision times, not one per decision ever made."""
