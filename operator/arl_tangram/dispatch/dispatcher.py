@@ -306,8 +306,18 @@ class Dispatcher:
         pool = self._pools.get(key)
         if pool is None:
             return
-        for job in [j for j in self._jobs.values() if pool_key(j.request.namespace, j.request.target) == key]:
+        jobs = [j for j in self._jobs.values() if pool_key(j.request.namespace, j.request.target) == key]
+        for sess in pool.sessions.values():
+            sess.backlog.clear()  # failed below with the rest: none starts after its predecessor
+        tasks = [j.task for j in jobs if j.task is not None]
+        for job in jobs:
+            job.cancelled = True  # its task (stopped below) ends as cancelled: no retry
             self._fail(job, Reason.POOL_NOT_FOUND, f"ActionPool {key} was deleted")
+        # A failed job leaves the table at once: its task is stopped here, before the hosts go
+        # (removing a host that still runs an action is refused).
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.sync_hosts(key, [])
         self._pools.pop(key, None)
         self.scheduler.pools.pop(key, None)
@@ -522,8 +532,14 @@ class Dispatcher:
     async def _start_when_synced(self, pool: _Pool, job: _Job) -> None:
         await pool.synced.wait()
         job.task = None
-        if not job.future.done():  # not failed meanwhile (its pool deleted)
+        if job.future.done():  # failed or cancelled meanwhile (its pool deleted)
+            return
+        try:
             self._start(pool, job)
+        except Exception as exc:
+            # As it would have reached the caller had it started at once; no waiter is left hanging.
+            log.exception("action %s could not start", job.request.key)
+            self._fail(job, Reason.INVALID_PAYLOAD, f"could not start: {exc}")
 
     @staticmethod
     async def _outcome(job: _Job) -> ActionOutcome:
@@ -576,7 +592,9 @@ class Dispatcher:
         job.cancelled = True
         pool = self._pools.get(pool_key(job.request.namespace, job.request.target))
         if job.grant is None:
-            if job.action is not None and pool is not None:
+            if pool is not None and not pool.synced.is_set() and job.task is not None:
+                job.task.cancel()  # it waits for the pool's first hosts (``_start_when_synced``)
+            if job.action is not None and pool is not None and id(job.action) in self._by_action:
                 self._unqueue(pool, job)
             elif pool is not None and job.request.session in pool.sessions:
                 backlog = pool.sessions[job.request.session].backlog

@@ -18,7 +18,13 @@ from sandbox_agent_harness import Agent, processes_of, start_agent, stop_agent, 
 
 from arl_tangram.api.actionpool import ActionPool
 from arl_tangram.dispatch.agent import AgentClient
-from arl_tangram.dispatch.dispatcher import BOOK_AHEAD_RUNS, DECISIONS_KEPT, Dispatcher, HostEndpoint
+from arl_tangram.dispatch.dispatcher import (
+    BOOK_AHEAD_RUNS,
+    DECISIONS_KEPT,
+    Dispatcher,
+    HostEndpoint,
+    agent_key,
+)
 from arl_tangram.domain.actions import ActionRequest, Outcome, Reason
 from arl_tangram.domain.pools import PoolConfig, pool_config
 from arl_tangram.errors import InfrastructureError, NotFound
@@ -274,6 +280,29 @@ async def test_a_caller_gone_while_the_pools_hosts_are_not_yet_known_leaves_a_jo
         out = await asyncio.wait_for(retry, 30)
         assert out.state is Outcome.SUCCEEDED and out.stdout == "ran once\n" and out.attempts == 1
     finally:
+        await d.shutdown()
+        await client.close()
+
+
+async def test_deleting_a_pool_fails_its_running_action_and_removes_the_pool(agents: list[Agent]) -> None:
+    """A deleted pool's running action ends PoolNotFound (not retried on the pool), the pool goes,
+    and an action sent to it afterwards is refused by name instead of waiting for ever."""
+    client = AgentClient()
+    d = Dispatcher(client)
+    d.upsert_pool(_pool())
+    try:
+        await d.sync_hosts(f"{NS}/py", [_endpoint(agents[0], "host-0")])
+        running = asyncio.create_task(d.run(_req("doomed", "import time; time.sleep(5)")))
+        await _wait(lambda: (s := d.stats(f"{NS}/py")) is not None and s.running_actions == 1)
+        await d.remove_pool(f"{NS}/py")
+        out = await asyncio.wait_for(running, 10)
+        assert out.reason is Reason.POOL_NOT_FOUND, out
+        assert not d.has_pool(NS, "py")
+        with pytest.raises(NotFound):
+            await asyncio.wait_for(d.run(_req("after", "print(1)")), 10)
+    finally:
+        # The pool's pods would go with it; here the agent lives on: stop what it still runs.
+        await client.cancel(f"127.0.0.1:{agents[0].port}", agent_key("doomed", 1))
         await d.shutdown()
         await client.close()
 
