@@ -3,9 +3,9 @@ process; the operator serves this registry on the gateway's ``/metrics``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from arl_tangram.labelled import Labelled
 
 
 class GatewayMetrics:
@@ -48,28 +48,16 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.sessions = Gauge("tangram_gateway_sessions", "Open sessions", registry=self.registry)
-        # Each call's labelled children, looked up once each (``labels`` costs more than the count
-        # itself; the label sets are few: routes x statuses, doors x states x reasons).
-        self._answered: dict[tuple[str, str], Any] = {}
-        self._timed: dict[str, Any] = {}
-        self._finished: dict[tuple[str, str, str], Any] = {}
+        # Each call's children (routes x statuses, doors x states x reasons: few).
+        self._answered = Labelled(self.requests)
+        self._timed = Labelled(self.seconds)
+        self._finished = Labelled(self.actions)
 
     def request_answered(self, route: str, status: int, seconds: float) -> None:
         """Count one answered request and its time."""
-        key = (route, str(status))
-        counter = self._answered.get(key)
-        if counter is None:
-            counter = self._answered[key] = self.requests.labels(*key)
-        counter.inc()
-        timer = self._timed.get(route)
-        if timer is None:
-            timer = self._timed[route] = self.seconds.labels(route)
-        timer.observe(seconds)
+        self._answered(route, str(status)).inc()
+        self._timed(route).observe(seconds)
 
     def action_finished(self, door: str, state: str, reason: str) -> None:
         """Count one action finished through ``door``."""
-        key = (door, state, reason)
-        counter = self._finished.get(key)
-        if counter is None:
-            counter = self._finished[key] = self.actions.labels(*key)
-        counter.inc()
+        self._finished(door, state, reason).inc()

@@ -33,6 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from pydantic import BaseModel, ValidationError
 
 from arl_tangram.errors import CapacityExceeded, InfrastructureError, InvalidSpec, NotReady
+from arl_tangram.labelled import Labelled
 from arl_tangram.sandbox import workfiles
 from arl_tangram.sandbox.actions import (
     ACTION_KEY_HEADER,
@@ -88,22 +89,14 @@ class Metrics:
             "tangram_sandbox_waiting_requests", "Requests queued for a slot", registry=self.registry
         )
 
-        # The labelled children, looked up once each (``labels`` costs more than the count itself;
-        # the label sets are few: APIs x runtimes x outcomes).
-        self._counted: dict[tuple[str, str, str], Any] = {}
-        self._timed: dict[str, Any] = {}
+        # Each action's children (APIs x runtimes x outcomes: few).
+        self._counted = Labelled(self.actions)
+        self._timed = Labelled(self.seconds)
 
     def record(self, api: str, runtime: str, result: ActionResult) -> None:
         """Count one finished action."""
-        key = (api, runtime, result.outcome)
-        counter = self._counted.get(key)
-        if counter is None:
-            counter = self._counted[key] = self.actions.labels(*key)
-        counter.inc()
-        timer = self._timed.get(runtime)
-        if timer is None:
-            timer = self._timed[runtime] = self.seconds.labels(runtime)
-        timer.observe(result.wall_s)
+        self._counted(api, runtime, result.outcome).inc()
+        self._timed(runtime).observe(result.wall_s)
 
 
 METRICS: web.AppKey[Metrics] = web.AppKey("metrics", Metrics)
