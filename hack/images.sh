@@ -21,6 +21,12 @@
 #   BUILD_IMAGES    which to build, of: sandbox operator reward (default: all three)
 #   VERSION         the tag (default: pyproject.toml's version); FORK_LOOP, TORCH_SPEC: build arguments
 #   IMAGES_LOG_DIR  where each build's full log goes (default artifacts/images)
+#   IMAGES_KEEP_CACHE  after the builds, trim the engine's BuildKit cache to this size (`docker builder
+#                   prune --keep-storage`, e.g. 12GB); default: the cache is left alone. .ci/run sets
+#                   it: each commit's builds add gigabytes of cache, and a CI machine keeps its engine.
+#
+# An image a build replaces under its tag (the one the tag named before) is removed when nothing
+# else names it: left dangling, each rebuild kept gigabytes until the disk filled.
 set -euo pipefail
 # shellcheck source=hack/images/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/images/lib.sh"
@@ -81,13 +87,14 @@ extra_ca() {
 human_size() { awk -v b="$1" 'BEGIN { printf "%.0f MB", b / 1000000 }'; }
 
 build() {
-  local name="$1" base="$2" ca="$3" image="arl-tangram-$1:$version" log t0 elapsed size
+  local name="$1" base="$2" ca="$3" image="arl-tangram-$1:$version" log t0 elapsed size before
   local -a args=(--build-arg "BASE_IMAGE=$base" -f "${dockerfiles[$name]}" -t "$image")
   [ -z "$ca" ] || args+=(--build-arg "EXTRA_CA_CERTS=$ca")
   [ -z "${FORK_LOOP:-}" ] || args+=(--build-arg "FORK_LOOP=$FORK_LOOP")
   [ -z "${TORCH_SPEC:-}" ] || args+=(--build-arg "TORCH_SPEC=$TORCH_SPEC")
   [ "$builder" = legacy ] || args+=(--progress=plain)
   log="$log_dir/$name.log"
+  before="$("$DOCKER" image inspect -f '{{.Id}}' "$image" 2>/dev/null || true)"
   t0=$(date +%s.%N)
   if ! "$DOCKER" build "${args[@]}" . >"$log" 2>&1; then
     tail -n 60 "$log" >&2
@@ -96,6 +103,18 @@ build() {
   elapsed="$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')"
   size="$("$DOCKER" image inspect -f '{{.Size}}' "$image")"
   say "$image: $(human_size "$size"), built in ${elapsed} s ($builder builder, base $base)"
+  remove_if_unnamed "$before" "$("$DOCKER" image inspect -f '{{.Id}}' "$image")"
+}
+
+remove_if_unnamed() {
+  # The image the tag named before this build ($1), where the build made another ($2) and no tag
+  # names the old one any more; a container still using it keeps it (the removal just fails).
+  local old="$1" new="$2"
+  [ -n "$old" ] && [ "$old" != "$new" ] || return 0
+  [ "$("$DOCKER" image inspect -f '{{len .RepoTags}}' "$old" 2>/dev/null)" = 0 ] || return 0
+  if "$DOCKER" image rm "$old" >/dev/null 2>&1; then
+    say "removed the image this build replaced (${old:7:12})"
+  fi
 }
 
 DOCKER_BUILDKIT="${DOCKER_BUILDKIT:-1}"
@@ -125,3 +144,9 @@ ca="$(extra_ca)"
 [ -z "$ca" ] || say "extra CA certificates for the builds: $(grep -c 'BEGIN CERTIFICATE' <<<"$ca") (build argument EXTRA_CA_CERTS, build stages only)"
 for name in "${wanted[@]}"; do build "$name" "$base" "$ca"; done
 say "built ${wanted[*]} in $((SECONDS - t_all)) s (base image included)"
+if [ -n "${IMAGES_KEEP_CACHE:-}" ] && [ "$builder" = BuildKit ]; then
+  "$DOCKER" builder prune -f --keep-storage "$IMAGES_KEEP_CACHE" >/dev/null \
+    || die "IMAGES_KEEP_CACHE=$IMAGES_KEEP_CACHE: docker builder prune --keep-storage refused it"
+  say "BuildKit cache trimmed to at most $IMAGES_KEEP_CACHE (IMAGES_KEEP_CACHE)"
+fi
+say "disk: $(df -h --output=avail . | tail -n1 | tr -d ' ') free where the repository is"

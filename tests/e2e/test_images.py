@@ -23,6 +23,7 @@ import re
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import tomllib
@@ -120,14 +121,43 @@ def _build(
     quiet: bool = True,
 ) -> subprocess.CompletedProcess[str]:
     """`docker build` from ``context`` (the repository root), as a user would type it; quiet, its
-    stdout is the image id; else BuildKit's plain progress (every step's output) is on stderr."""
+    stdout is the image id; else BuildKit's plain progress (every step's output) is on stderr. The
+    legacy builder always prints its steps: they name the images it makes besides the last."""
     # The legacy builder works with any docker CLI; BuildKit with the one hack/images.sh picks.
     cli = docker if buildkit else (shutil.which("docker") or docker)
-    cmd = [cli, "build", "-f", dockerfile, "--build-arg", f"BASE_IMAGE={base}", *extra]
-    cmd += ["-q"] if quiet else (["--progress=plain"] if buildkit else [])
-    if extra_ca:
-        cmd += ["--build-arg", f"EXTRA_CA_CERTS={extra_ca}"]
-    return _run([*cmd, str(context)], env={"DOCKER_BUILDKIT": "1" if buildkit else "0"})
+    with tempfile.TemporaryDirectory() as tmp:
+        iidfile = Path(tmp) / "iid"
+        cmd = [cli, "build", "-f", dockerfile, "--build-arg", f"BASE_IMAGE={base}", "--iidfile", str(iidfile)]
+        cmd += [*extra, *((["-q"] if quiet else ["--progress=plain"]) if buildkit else [])]
+        if extra_ca:
+            cmd += ["--build-arg", f"EXTRA_CA_CERTS={extra_ca}"]
+        done = _run([*cmd, str(context)], env={"DOCKER_BUILDKIT": "1" if buildkit else "0"})
+        # The legacy builder keeps each step's image, and each stage's last one is no parent of the
+        # image: removing the image would leave those (gigabytes) behind.
+        _BUILT.extend(re.findall(r"^ ---> ([0-9a-f]{12,})$", done.stdout, re.M))
+        if iidfile.exists():
+            _BUILT.append(iidfile.read_text().strip())
+    return done
+
+
+# The images this module's builds made. They are untagged, so nothing else ever removes them: left
+# behind, each CI run on a machine kept about 9 GB of them until its disk filled.
+_BUILT: list[str] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remove_the_images_built_here() -> Iterator[None]:
+    yield
+    docker = shutil.which("docker")
+    if docker is None or not _BUILT:
+        return
+    # The latest first: an image goes before the steps it was built on.
+    for image_id in reversed(dict.fromkeys(_BUILT)):
+        # Only an image nothing names (`make images` may have tagged the very same id).
+        tags = _run([docker, "image", "inspect", "-f", "{{len .RepoTags}}", image_id], timeout=60)
+        if tags.returncode == 0 and tags.stdout.strip() == "0":
+            _run([docker, "image", "rm", image_id], timeout=120)
+    _BUILT.clear()
 
 
 def _inspect(docker: str, ref: str) -> dict[str, Any]:
@@ -170,8 +200,9 @@ def test_every_dockerfile_builds_with_the_legacy_builder(docker: str, base: str,
         assert done.returncode == 0, (
             f"DOCKER_BUILDKIT=0 docker build -f {dockerfile} . failed:\n{done.stderr[-4000:]}"
         )
-        image_id = done.stdout.strip().splitlines()[-1]
-        assert _inspect(docker, image_id)["Config"]["Entrypoint"] == ENTRYPOINTS[name]
+        built = re.findall(r"^Successfully built ([0-9a-f]+)$", done.stdout, re.M)
+        assert built, done.stdout[-2000:]
+        assert _inspect(docker, built[-1])["Config"]["Entrypoint"] == ENTRYPOINTS[name]
 
 
 def test_the_dockerfiles_share_one_default_base() -> None:
