@@ -191,6 +191,8 @@ class _Pool:
     recent_runs: dict[str, deque[float]] = field(default_factory=dict)
     # Hosts with calls in doubt (cut off on their way, being settled): not replaced meanwhile.
     in_doubt: dict[str, int] = field(default_factory=dict)
+    # Deleted, its actions being stopped: it takes no new action or session meanwhile.
+    removing: bool = False
 
 
 @dataclass(frozen=True)
@@ -290,7 +292,8 @@ class Dispatcher:
         key = pool_key(namespace, name)
         if key not in self._pools and self.learn is not None:
             await self.learn("ActionPool", namespace, name)
-        return self._pools.get(key)
+        pool = self._pools.get(key)
+        return None if pool is None or pool.removing else pool
 
     def pool_config(self, namespace: str, name: str) -> PoolConfig | None:
         pool = self._pools.get(pool_key(namespace, name))
@@ -304,8 +307,11 @@ class Dispatcher:
     async def remove_pool(self, key: str) -> None:
         """The pool was deleted: its queued and running actions fail (PoolNotFound)."""
         pool = self._pools.get(key)
-        if pool is None:
+        if pool is None or pool.removing:
             return
+        # From here on it is not found: an action sent while the running ones are stopped below
+        # (awaits) was queued on it and, once the pool was gone, waited for ever.
+        pool.removing = True
         jobs = [j for j in self._jobs.values() if pool_key(j.request.namespace, j.request.target) == key]
         for sess in pool.sessions.values():
             sess.backlog.clear()  # failed below with the rest: none starts after its predecessor

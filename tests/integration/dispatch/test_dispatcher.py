@@ -307,6 +307,33 @@ async def test_deleting_a_pool_fails_its_running_action_and_removes_the_pool(age
         await client.close()
 
 
+async def test_an_action_sent_while_a_pool_is_being_deleted_is_refused(agents: list[Agent]) -> None:
+    """Deleting a pool stops its running actions first (awaits); an action or session asked for
+    meanwhile is refused by name, as after the deletion, instead of waiting on a pool that goes."""
+    client = AgentClient()
+    d = Dispatcher(client)
+    d.upsert_pool(_pool())
+    try:
+        await d.sync_hosts(f"{NS}/py", [_endpoint(agents[0], "host-0")])
+        running = asyncio.create_task(d.run(_req("doomed-2", "import time; time.sleep(5)")))
+        await _wait(lambda: (s := d.stats(f"{NS}/py")) is not None and s.running_actions == 1)
+        remover = asyncio.create_task(d.remove_pool(f"{NS}/py"))
+        await asyncio.sleep(0)
+        assert not remover.done(), "the deletion is under way: its running action is being stopped"
+        late = asyncio.create_task(d.run(_req("late", "print(1)")))
+        with pytest.raises(NotFound):
+            await asyncio.wait_for(d.open_session(NS, "py"), 10)
+        await asyncio.wait_for(remover, 10)
+        with pytest.raises(NotFound):
+            await asyncio.wait_for(late, 10)
+        assert (await asyncio.wait_for(running, 10)).reason is Reason.POOL_NOT_FOUND
+        assert not d.has_pool(NS, "py")
+    finally:
+        await client.cancel(f"127.0.0.1:{agents[0].port}", agent_key("doomed-2", 1))
+        await d.shutdown()
+        await client.close()
+
+
 def test_a_dispatchers_decision_times_are_bounded() -> None:
     """The operator's dispatcher decides at least once per action for as long as it runs: it keeps
     the latest decision times, not one per decision ever made."""
