@@ -193,6 +193,9 @@ class _Pool:
     in_doubt: dict[str, int] = field(default_factory=dict)
     # Deleted, its actions being stopped: it takes no new action or session meanwhile.
     removing: bool = False
+    # Actions that came before its hosts were first known (just after a start): waiting too, so
+    # counted in its queue's statistics and limits.
+    before_sync: set[_Job] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -438,7 +441,9 @@ class Dispatcher:
         # Trajectories with a queued action and no host yet (dedicated pools start one pod for each).
         waiting_trajectories = len({a.trajectory for a in queued if a.trajectory not in pool.cpu.pins})
         return PoolStats(
-            queued_actions=len(queued) + sum(len(s.backlog) for s in pool.sessions.values()),
+            queued_actions=len(queued)
+            + sum(len(s.backlog) for s in pool.sessions.values())
+            + len(pool.before_sync),
             queued_units=sum(a.min_units for a in queued),
             running_actions=len(running),
             running_units=sum(j.grant.units for j in running if j.grant is not None),
@@ -509,10 +514,9 @@ class Dispatcher:
                 request.target,
                 f"ActionPool {request.target!r} not found in namespace {request.namespace!r}",
             )
-        if pool.waiting >= self.max_waiting_per_pool:
-            raise QueueFull(
-                f"pool {key} has {pool.waiting} actions waiting (limit {self.max_waiting_per_pool})"
-            )
+        waiting = pool.waiting + len(pool.before_sync)
+        if waiting >= self.max_waiting_per_pool:
+            raise QueueFull(f"pool {key} has {waiting} actions waiting (limit {self.max_waiting_per_pool})")
         tenant = request.tenant_name
         if self._tenant_waiting.get(tenant, 0) >= self.max_waiting_per_tenant:
             raise QueueFull(f"tenant {tenant} has {self.max_waiting_per_tenant} actions waiting (its limit)")
@@ -528,6 +532,10 @@ class Dispatcher:
             # in a task of its own: a caller going away meanwhile left it begun but never started,
             # and a repeat of its key (the client's retry) waited on it for ever.
             job.task = asyncio.get_running_loop().create_task(self._start_when_synced(pool, job))
+            self._wait_for_sync(pool, job, True)
+            # Cancelled (the action cancelled, its pool deleted, a shutdown), perhaps before its
+            # first step, where no ``finally`` of its own would run.
+            job.task.add_done_callback(lambda _: self._wait_for_sync(pool, job, False))
         return await self._outcome(job)
 
     def _start(self, pool: _Pool, job: _Job) -> None:
@@ -535,8 +543,22 @@ class Dispatcher:
         if not self._reattach(pool, job):
             self._enter(pool, job)
 
+    def _wait_for_sync(self, pool: _Pool, job: _Job, waits: bool) -> None:
+        """Count (or stop counting) ``job`` among those waiting for the pool's first hosts: in the
+        pool's and its tenant's waiting actions, as once it is queued."""
+        if waits == (job in pool.before_sync):
+            return
+        tenant = job.request.tenant_name
+        if waits:
+            pool.before_sync.add(job)
+            self._tenant_waiting[tenant] = self._tenant_waiting.get(tenant, 0) + 1
+        else:
+            pool.before_sync.discard(job)
+            self._tenant_waiting[tenant] = self._tenant_waiting.get(tenant, 1) - 1
+
     async def _start_when_synced(self, pool: _Pool, job: _Job) -> None:
         await pool.synced.wait()
+        self._wait_for_sync(pool, job, False)
         job.task = None
         if job.future.done():  # failed or cancelled meanwhile (its pool deleted)
             return

@@ -27,7 +27,7 @@ from arl_tangram.dispatch.dispatcher import (
 )
 from arl_tangram.domain.actions import ActionRequest, Outcome, Reason
 from arl_tangram.domain.pools import PoolConfig, pool_config
-from arl_tangram.errors import InfrastructureError, NotFound
+from arl_tangram.errors import InfrastructureError, NotFound, QueueFull
 
 NS = "team-a"
 
@@ -279,6 +279,35 @@ async def test_a_caller_gone_while_the_pools_hosts_are_not_yet_known_leaves_a_jo
         await d.sync_hosts(f"{NS}/py", [_endpoint(agents[0], "host-0")])
         out = await asyncio.wait_for(retry, 30)
         assert out.state is Outcome.SUCCEEDED and out.stdout == "ran once\n" and out.attempts == 1
+    finally:
+        await d.shutdown()
+        await client.close()
+
+
+async def test_actions_waiting_for_the_pools_first_hosts_count_as_waiting(agents: list[Agent]) -> None:
+    """Before a pool's hosts are first known (just after a start) its actions wait like queued ones:
+    in its queue statistics and against its waiting limit, and no longer once they are cancelled
+    or started."""
+    client = AgentClient()
+    d = Dispatcher(client, max_waiting_per_pool=2)
+    d.upsert_pool(_pool())
+    try:
+        early = [asyncio.create_task(d.run(_req(f"early-{i}", "print(1)"))) for i in range(2)]
+        await asyncio.sleep(0.05)
+        stats = d.stats(f"{NS}/py")
+        assert stats is not None and stats.queued_actions == 2
+        with pytest.raises(QueueFull):
+            await d.run(_req("one-too-many", "print(1)"))
+        assert await d.cancel("early-0")
+        await _wait(lambda: (s := d.stats(f"{NS}/py")) is not None and s.queued_actions == 1)
+        later = asyncio.create_task(d.run(_req("later", "print(2)")))
+        await d.sync_hosts(f"{NS}/py", [_endpoint(agents[0], "host-0")])
+        outs = await asyncio.wait_for(asyncio.gather(early[1], later), 30)
+        assert [o.stdout for o in outs] == ["1\n", "2\n"]
+        assert (await early[0]).state is Outcome.CANCELLED
+        stats = d.stats(f"{NS}/py")
+        assert stats is not None and stats.queued_actions == 0
+        assert d._tenant_waiting.get(_req("x", "").tenant_name, 0) == 0
     finally:
         await d.shutdown()
         await client.close()
