@@ -128,16 +128,32 @@ def _build(
     with tempfile.TemporaryDirectory() as tmp:
         iidfile = Path(tmp) / "iid"
         cmd = [cli, "build", "-f", dockerfile, "--build-arg", f"BASE_IMAGE={base}", "--iidfile", str(iidfile)]
-        cmd += [*extra, *((["-q"] if quiet else ["--progress=plain"]) if buildkit else [])]
+        # The legacy builder removes a failed step's container too, which would keep its image.
+        cmd += [*extra, *((["-q"] if quiet else ["--progress=plain"]) if buildkit else ["--force-rm"])]
         if extra_ca:
             cmd += ["--build-arg", f"EXTRA_CA_CERTS={extra_ca}"]
         done = _run([*cmd, str(context)], env={"DOCKER_BUILDKIT": "1" if buildkit else "0"})
-        # The legacy builder keeps each step's image, and each stage's last one is no parent of the
-        # image: removing the image would leave those (gigabytes) behind.
-        _BUILT.extend(re.findall(r"^ ---> ([0-9a-f]{12,})$", done.stdout, re.M))
+        made = _legacy_steps_made(done.stdout) if not buildkit else []
+        _BUILT.extend(made)
         if iidfile.exists():
-            _BUILT.append(iidfile.read_text().strip())
+            iid = iidfile.read_text().strip()
+            # A legacy build whose last step came from the cache made no image: an earlier one did.
+            if buildkit or iid.removeprefix("sha256:")[:12] in {m[:12] for m in made}:
+                _BUILT.append(iid)
     return done
+
+
+def _legacy_steps_made(out: str) -> list[str]:
+    """The images a legacy build's steps made, from its output. It keeps each step's image, and a
+    stage's last one is no parent of the image: removing the image would leave those (gigabytes)
+    behind. Not a FROM step's (the base) nor a cached step's (an earlier build's, perhaps yours)."""
+    made = []
+    for step in re.split(r"^Step \d+/\d+ : ", out, flags=re.M)[1:]:
+        if step.upper().startswith("FROM ") or re.search(r"^ ---> Using cache$", step, re.M):
+            continue
+        ids = re.findall(r"^ ---> ([0-9a-f]{12,})$", step, re.M)
+        made += ids[-1:]
+    return made
 
 
 # The images this module's builds made. They are untagged, so nothing else ever removes them: left

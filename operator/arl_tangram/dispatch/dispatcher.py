@@ -191,8 +191,11 @@ class _Pool:
     recent_runs: dict[str, deque[float]] = field(default_factory=dict)
     # Hosts with calls in doubt (cut off on their way, being settled): not replaced meanwhile.
     in_doubt: dict[str, int] = field(default_factory=dict)
-    # Deleted, its actions being stopped: it takes no new action or session meanwhile.
+    # Deleted, its actions being stopped: it takes no new action or session meanwhile; those who
+    # ask wait for ``removed``, then find the pool made again under its name (``recreated``) or none.
     removing: bool = False
+    removed: asyncio.Event = field(default_factory=asyncio.Event)
+    recreated: PoolConfig | None = None
     # Actions that came before its hosts were first known (just after a start): waiting too, so
     # counted in its queue's statistics and limits.
     before_sync: set[_Job] = field(default_factory=set)
@@ -280,7 +283,11 @@ class Dispatcher:
     def upsert_pool(self, config: PoolConfig) -> None:
         """Add a pool or take its new settings (limits apply to actions submitted from now on)."""
         pool = self._pools.get(config.key)
-        if pool is None:
+        if pool is not None and pool.removing:
+            # Made again under its name while the old one's actions are being stopped (nothing
+            # holds the name while it goes): the new one takes the name once the old one is gone.
+            pool.recreated = config
+        elif pool is None:
             cpu = CpuManager([], pool=config.key)
             self._pools[config.key] = _Pool(config=config, cpu=cpu)
             self.scheduler.pools[config.key] = cpu
@@ -293,10 +300,16 @@ class Dispatcher:
     async def _find_pool(self, namespace: str, name: str) -> _Pool | None:
         """The pool, after asking ``learn`` for one this dispatcher does not hold yet."""
         key = pool_key(namespace, name)
-        if key not in self._pools and self.learn is not None:
-            await self.learn("ActionPool", namespace, name)
-        pool = self._pools.get(key)
-        return None if pool is None or pool.removing else pool
+        learned = False
+        while True:
+            pool = self._pools.get(key)
+            if pool is not None and pool.removing:
+                await pool.removed.wait()  # then the pool made again under its name, or none
+            elif pool is None and not learned and self.learn is not None:
+                learned = True
+                await self.learn("ActionPool", namespace, name)
+            else:
+                return pool
 
     def pool_config(self, namespace: str, name: str) -> PoolConfig | None:
         pool = self._pools.get(pool_key(namespace, name))
@@ -312,9 +325,20 @@ class Dispatcher:
         pool = self._pools.get(key)
         if pool is None or pool.removing:
             return
-        # From here on it is not found: an action sent while the running ones are stopped below
-        # (awaits) was queued on it and, once the pool was gone, waited for ever.
+        # From here on it takes nothing new: an action sent while the running ones are stopped
+        # below (awaits) was queued on it and, once the pool was gone, waited for ever.
         pool.removing = True
+        try:
+            await self._stop_pool(key, pool)
+        finally:
+            if self._pools.get(key) is pool:
+                del self._pools[key]
+                self.scheduler.pools.pop(key, None)
+            if pool.recreated is not None:
+                self.upsert_pool(pool.recreated)
+            pool.removed.set()
+
+    async def _stop_pool(self, key: str, pool: _Pool) -> None:
         jobs = [j for j in self._jobs.values() if pool_key(j.request.namespace, j.request.target) == key]
         for sess in pool.sessions.values():
             sess.backlog.clear()  # failed below with the rest: none starts after its predecessor
@@ -327,16 +351,15 @@ class Dispatcher:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await self.sync_hosts(key, [])
-        self._pools.pop(key, None)
-        self.scheduler.pools.pop(key, None)
+        for name in list(pool.endpoints):
+            await self._lose_host(pool, name)
 
     async def sync_hosts(self, key: str, ready: Iterable[HostEndpoint]) -> None:
         """Make the pool's hosts exactly ``ready``: new ones are asked what they run (to re-attach
         actions started before an operator restart) and added; missing ones are lost."""
         pool = self._pools.get(key)
-        if pool is None:
-            return
+        if pool is None or pool.removing:
+            return  # a pool made again under its name while the old one goes: hosts at its next sync
         wanted = {h.name: h for h in ready}
         for name in [n for n in pool.endpoints if n not in wanted]:
             await self._lose_host(pool, name)
@@ -622,6 +645,7 @@ class Dispatcher:
         if job.grant is None:
             if pool is not None and not pool.synced.is_set() and job.task is not None:
                 job.task.cancel()  # it waits for the pool's first hosts (``_start_when_synced``)
+                self._wait_for_sync(pool, job, False)  # not waiting from now (its task ends later)
             if job.action is not None and pool is not None and id(job.action) in self._by_action:
                 self._unqueue(pool, job)
             elif pool is not None and job.request.session in pool.sessions:
@@ -1100,6 +1124,8 @@ class Dispatcher:
             and job.grant is None
         ):
             self._unqueue(pool, job)
+        if pool is not None:
+            self._wait_for_sync(pool, job, False)
         outcome = ActionOutcome(
             job.request.key, state, reason, message, attempts=job.attempts, queued_s=job.queued_s
         )

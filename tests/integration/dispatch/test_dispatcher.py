@@ -5,6 +5,7 @@ cancellation kills, and a new dispatcher (an operator restart) re-attaches inste
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 from collections.abc import AsyncIterator, Iterator
@@ -361,6 +362,57 @@ async def test_an_action_sent_while_a_pool_is_being_deleted_is_refused(agents: l
         await client.cancel(f"127.0.0.1:{agents[0].port}", agent_key("doomed-2", 1))
         await d.shutdown()
         await client.close()
+
+
+async def test_a_pool_made_again_while_its_old_self_is_deleted_takes_its_actions(
+    agents: list[Agent],
+) -> None:
+    """A pool deleted and made again under its name at once (nothing holds the name while it goes):
+    the new one takes the name when the old one's actions are stopped, and an action sent in
+    between runs on it rather than being refused."""
+    client = AgentClient()
+    d = Dispatcher(client)
+    d.upsert_pool(_pool())
+    try:
+        await d.sync_hosts(f"{NS}/py", [_endpoint(agents[0], "host-0")])
+        running = asyncio.create_task(d.run(_req("doomed-3", "import time; time.sleep(5)")))
+        await _wait(lambda: (s := d.stats(f"{NS}/py")) is not None and s.running_actions == 1)
+        remover = asyncio.create_task(d.remove_pool(f"{NS}/py"))
+        await asyncio.sleep(0)
+        assert not remover.done()
+        again = dataclasses.replace(_pool(), uid="uid-2")
+        d.upsert_pool(again)
+        await d.sync_hosts(f"{NS}/py", [_endpoint(agents[1], "host-1")])  # the old one's: ignored
+        meanwhile = asyncio.create_task(d.run(_req("meanwhile", "print('new pool')")))
+        assert await asyncio.wait_for(d.find_pool_config(NS, "py"), 10) == again
+        await asyncio.wait_for(remover, 10)
+        assert (await asyncio.wait_for(running, 10)).reason is Reason.POOL_NOT_FOUND
+        stats = d.stats(f"{NS}/py")
+        assert stats is not None and stats.cores_total == 0 and stats.queued_actions == 1
+        await d.sync_hosts(f"{NS}/py", [_endpoint(agents[1], "host-1")])
+        out = await asyncio.wait_for(meanwhile, 30)
+        assert out.state is Outcome.SUCCEEDED and out.stdout == "new pool\n" and out.host == "host-1"
+    finally:
+        await client.cancel(f"127.0.0.1:{agents[0].port}", agent_key("doomed-3", 1))
+        await d.shutdown()
+        await client.close()
+
+
+async def test_a_cancelled_action_stops_counting_as_waiting_at_once() -> None:
+    """An action cancelled while its pool's first hosts are not known yet frees its place in the
+    waiting limit when ``cancel`` returns, as a queued one does."""
+    d = Dispatcher(AgentClient(), max_waiting_per_pool=1)
+    d.upsert_pool(_pool())
+    try:
+        first = asyncio.create_task(d.run(_req("first", "print(1)")))
+        await asyncio.sleep(0.05)
+        assert await d.cancel("first")
+        second = asyncio.create_task(d.run(_req("second", "print(2)")))
+        await asyncio.sleep(0.05)
+        assert not second.done(), "it waits for the hosts (not refused QueueFull)"
+        assert (await first).state is Outcome.CANCELLED
+    finally:
+        await d.shutdown()
 
 
 def test_a_dispatchers_decision_times_are_bounded() -> None:
