@@ -590,6 +590,6 @@ class PoolController:
                 self.dispatcher.drain(cfg.key, op.name, op.draining)
                 await self.runtime.set_draining(cfg, op.name, op.draining)
 
-    async def deleted(self, namespace: str, name: str) -> None:
-        """The pool is gone: its actions fail, its pods go with it (ownerReferences)."""
-        await self.dispatcher.remove_pool(pool_key(namespace, name))
+    async def deleted(self, namespace: str, name: str, uid: str = "") -> None:
+        """The pool (of ``uid``) is gone: its actions fail, its pods go with it (ownerReferences)."""
+        await self.dispatcher.remove_pool(pool_key(namespace, name), uid)

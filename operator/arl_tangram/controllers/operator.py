@@ -441,7 +441,7 @@ class OperatorState:
     async def pool_deleted(self, namespace: str, name: str, uid: str = "") -> None:
         self._tombstone(uid)
         self._written_status.pop(("actionpools", namespace, name), None)
-        await self.pools.deleted(namespace, name)
+        await self.pools.deleted(namespace, name, uid)
 
     # ---- HTTP: the gateway (actions, /run_code, rewards, sessions), health, readiness, metrics ----
     def _leadership(self) -> Leadership:

@@ -37,7 +37,14 @@ from arl_tangram.dispatch.rewards import RewardRouter
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
 from arl_tangram.domain.batches import Runner, runner_of
 from arl_tangram.domain.pools import PoolConfig, agent_ttl_s, pool_key
-from arl_tangram.errors import InfrastructureError, KeyConflict, NotFound, QueueFull, TangramError
+from arl_tangram.errors import (
+    InfrastructureError,
+    KeyConflict,
+    NotFound,
+    NotReady,
+    QueueFull,
+    TangramError,
+)
 from arl_tangram.managers.cpu import CpuManager, SandboxHost
 from arl_tangram.runtime.interface import Resizer
 
@@ -278,6 +285,7 @@ class Dispatcher:
         self._tenant_waiting: dict[str, int] = {}
         self.decision_us: deque[float] = deque(maxlen=DECISIONS_KEPT)
         self.booked_ahead = 0  # grants sent while the action before them still ran on their cores
+        self._stopped = False
 
     # ---- pools and hosts ------------------------------------------------------------------------
     def upsert_pool(self, config: PoolConfig) -> None:
@@ -305,6 +313,8 @@ class Dispatcher:
             pool = self._pools.get(key)
             if pool is not None and pool.removing:
                 await pool.removed.wait()  # then the pool made again under its name, or none
+                if self._stopped:
+                    raise NotReady("the operator is stopping; send again to the next leader", 1.0)
             elif pool is None and not learned and self.learn is not None:
                 learned = True
                 await self.learn("ActionPool", namespace, name)
@@ -320,10 +330,17 @@ class Dispatcher:
         pool = await self._find_pool(namespace, name)
         return pool.config if pool else None
 
-    async def remove_pool(self, key: str) -> None:
-        """The pool was deleted: its queued and running actions fail (PoolNotFound)."""
+    async def remove_pool(self, key: str, uid: str = "") -> None:
+        """The pool (of ``uid``; "": whichever holds the name) was deleted: its queued and running
+        actions fail (PoolNotFound)."""
         pool = self._pools.get(key)
-        if pool is None or pool.removing:
+        if pool is None:
+            return
+        if pool.removing:
+            # The pool made again under its name meanwhile is deleted in turn: it is not made (it
+            # came back once the old one was gone, with no daemon left to give it hosts).
+            if pool.recreated is not None and uid in ("", pool.recreated.uid):
+                pool.recreated = None
             return
         # From here on it takes nothing new: an action sent while the running ones are stopped
         # below (awaits) was queued on it and, once the pool was gone, waited for ever.
@@ -487,6 +504,7 @@ class Dispatcher:
     async def shutdown(self) -> None:
         """Stop waiting for every action without cancelling any on the agents: what runs there goes
         on, and the next leader re-attaches to it (leadership lost, operator stopping)."""
+        self._stopped = True  # a caller waiting for a pool being deleted starts nothing after this
         tasks = [j.task for j in self._jobs.values() if j.task is not None]
         for task in tasks:
             task.cancel()

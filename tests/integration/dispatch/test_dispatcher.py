@@ -28,7 +28,7 @@ from arl_tangram.dispatch.dispatcher import (
 )
 from arl_tangram.domain.actions import ActionRequest, Outcome, Reason
 from arl_tangram.domain.pools import PoolConfig, pool_config
-from arl_tangram.errors import InfrastructureError, NotFound, QueueFull
+from arl_tangram.errors import InfrastructureError, NotFound, NotReady, QueueFull
 
 NS = "team-a"
 
@@ -396,6 +396,52 @@ async def test_a_pool_made_again_while_its_old_self_is_deleted_takes_its_actions
         await client.cancel(f"127.0.0.1:{agents[0].port}", agent_key("doomed-3", 1))
         await d.shutdown()
         await client.close()
+
+
+async def test_a_pool_made_again_and_deleted_while_its_old_self_goes_does_not_come_back() -> None:
+    """Deleted (uid-1), made again (uid-2) and deleted again while uid-1's actions are still being
+    stopped: neither is there afterwards (uid-2 came back, with nothing left to give it hosts, and
+    took actions that waited for ever); a delete of uid-1 sent again leaves uid-2 made. A caller
+    waiting for the name while the dispatcher shuts down is told to send again."""
+    gate = asyncio.Event()
+
+    class _SlowToLose(Dispatcher):
+        async def _lose_host(self, pool: object, name: str) -> None:  # type: ignore[override]
+            await gate.wait()  # the removal under way, as long as the test needs
+
+    for second_delete, made in (("uid-2", False), ("", False), ("uid-1", True)):
+        gate.clear()
+        d = _SlowToLose(AgentClient())
+        d.upsert_pool(dataclasses.replace(_pool(), uid="uid-1"))
+        d._pools[f"{NS}/py"].endpoints["host-0"] = HostEndpoint("host-0", "127.0.0.1:9", (0,), 1 << 30)
+        remover = asyncio.create_task(d.remove_pool(f"{NS}/py", "uid-1"))
+        await asyncio.sleep(0)
+        d.upsert_pool(dataclasses.replace(_pool(), uid="uid-2"))
+        await d.remove_pool(f"{NS}/py", second_delete)
+        gate.set()
+        await asyncio.wait_for(remover, 10)
+        config = d.pool_config(NS, "py")
+        assert (config is not None and config.uid == "uid-2") == made, second_delete
+        if not made:
+            with pytest.raises(NotFound):
+                await asyncio.wait_for(d.run(_req("late", "print(1)")), 10)
+        await d.shutdown()
+
+    gate.clear()
+    d = _SlowToLose(AgentClient())
+    d.upsert_pool(_pool())
+    d._pools[f"{NS}/py"].endpoints["host-0"] = HostEndpoint("host-0", "127.0.0.1:9", (0,), 1 << 30)
+    remover = asyncio.create_task(d.remove_pool(f"{NS}/py"))
+    await asyncio.sleep(0)
+    d.upsert_pool(dataclasses.replace(_pool(), uid="uid-2"))
+    waiting = asyncio.create_task(d.run(_req("waiting", "print(1)")))
+    await asyncio.sleep(0.05)
+    await d.shutdown()
+    gate.set()
+    await asyncio.wait_for(remover, 10)
+    with pytest.raises(NotReady):
+        await asyncio.wait_for(waiting, 10)
+    assert not d._jobs
 
 
 async def test_a_cancelled_action_stops_counting_as_waiting_at_once() -> None:
