@@ -291,14 +291,14 @@ class Dispatcher:
     def upsert_pool(self, config: PoolConfig) -> None:
         """Add a pool or take its new settings (limits apply to actions submitted from now on)."""
         pool = self._pools.get(config.key)
-        if pool is not None and pool.removing:
-            # Made again under its name while the old one's actions are being stopped (nothing
-            # holds the name while it goes): the new one takes the name once the old one is gone.
-            pool.recreated = config
-        elif pool is None:
+        if pool is None:
             cpu = CpuManager([], pool=config.key)
             self._pools[config.key] = _Pool(config=config, cpu=cpu)
             self.scheduler.pools[config.key] = cpu
+        elif pool.removing:
+            # Made again under its name while the old one's actions are being stopped (nothing
+            # holds the name while it goes): the new one takes the name once the old one is gone.
+            pool.recreated = config
         else:
             pool.config = config
 
@@ -346,16 +346,16 @@ class Dispatcher:
         # below (awaits) was queued on it and, once the pool was gone, waited for ever.
         pool.removing = True
         try:
-            await self._stop_pool(key, pool)
+            await self._stop_pool(pool)
         finally:
-            if self._pools.get(key) is pool:
-                del self._pools[key]
-                self.scheduler.pools.pop(key, None)
+            del self._pools[key]  # still this pool: a pool made meanwhile waits in ``recreated``
+            self.scheduler.pools.pop(key, None)
             if pool.recreated is not None:
                 self.upsert_pool(pool.recreated)
             pool.removed.set()
 
-    async def _stop_pool(self, key: str, pool: _Pool) -> None:
+    async def _stop_pool(self, pool: _Pool) -> None:
+        key = pool.config.key
         jobs = [j for j in self._jobs.values() if pool_key(j.request.namespace, j.request.target) == key]
         for sess in pool.sessions.values():
             sess.backlog.clear()  # failed below with the rest: none starts after its predecessor
@@ -589,13 +589,14 @@ class Dispatcher:
         pool's and its tenant's waiting actions, as once it is queued."""
         if waits == (job in pool.before_sync):
             return
-        tenant = job.request.tenant_name
         if waits:
             pool.before_sync.add(job)
-            self._tenant_waiting[tenant] = self._tenant_waiting.get(tenant, 0) + 1
         else:
             pool.before_sync.discard(job)
-            self._tenant_waiting[tenant] = self._tenant_waiting.get(tenant, 1) - 1
+        self._count_waiting(job.request.tenant_name, 1 if waits else -1)
+
+    def _count_waiting(self, tenant: str, change: int) -> None:
+        self._tenant_waiting[tenant] = self._tenant_waiting.get(tenant, 0) + change
 
     async def _start_when_synced(self, pool: _Pool, job: _Job) -> None:
         await pool.synced.wait()
@@ -809,7 +810,7 @@ class Dispatcher:
         # waits, so it waits like any other action (what can never fit was refused above).
         self.scheduler.submit(action, job.queued_since, growing=True)
         pool.waiting += 1
-        self._tenant_waiting[req.tenant_name] = self._tenant_waiting.get(req.tenant_name, 0) + 1
+        self._count_waiting(req.tenant_name, 1)
         pool.last_active = job.queued_since
         self._pump()
 
@@ -822,8 +823,7 @@ class Dispatcher:
         assert job.action is not None
         self._by_action.pop(id(job.action), None)
         pool.waiting -= 1
-        tenant = job.request.tenant_name
-        self._tenant_waiting[tenant] = self._tenant_waiting.get(tenant, 1) - 1
+        self._count_waiting(job.request.tenant_name, -1)
 
     def _pump(self) -> None:
         """Admit what the scheduler grants now; each grant becomes a task calling its host. Then, if

@@ -5,6 +5,7 @@ cancellation kills, and a new dispatcher (an operator restart) re-attaches inste
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -26,7 +27,7 @@ from arl_tangram.dispatch.dispatcher import (
     HostEndpoint,
     agent_key,
 )
-from arl_tangram.domain.actions import ActionRequest, Outcome, Reason
+from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
 from arl_tangram.domain.pools import PoolConfig, pool_config
 from arl_tangram.errors import InfrastructureError, NotFound, NotReady, QueueFull
 
@@ -337,19 +338,34 @@ async def test_deleting_a_pool_fails_its_running_action_and_removes_the_pool(age
         await client.close()
 
 
-async def test_an_action_sent_while_a_pool_is_being_deleted_is_refused(agents: list[Agent]) -> None:
-    """Deleting a pool stops its running actions first (awaits); an action or session asked for
-    meanwhile is refused by name, as after the deletion, instead of waiting on a pool that goes."""
+@contextlib.asynccontextmanager
+async def _deleting(
+    agents: list[Agent], key: str
+) -> AsyncIterator[tuple[Dispatcher, asyncio.Task[ActionOutcome], asyncio.Task[None]]]:
+    """A dispatcher whose pool is being deleted, its action ``key`` running on host-0 being stopped:
+    the dispatcher, that action's run, and the deletion (both under way)."""
     client = AgentClient()
     d = Dispatcher(client)
     d.upsert_pool(_pool())
     try:
         await d.sync_hosts(f"{NS}/py", [_endpoint(agents[0], "host-0")])
-        running = asyncio.create_task(d.run(_req("doomed-2", "import time; time.sleep(5)")))
+        running = asyncio.create_task(d.run(_req(key, "import time; time.sleep(5)")))
         await _wait(lambda: (s := d.stats(f"{NS}/py")) is not None and s.running_actions == 1)
         remover = asyncio.create_task(d.remove_pool(f"{NS}/py"))
         await asyncio.sleep(0)
         assert not remover.done(), "the deletion is under way: its running action is being stopped"
+        yield d, running, remover
+    finally:
+        # The pool's pods would go with it; here the agent lives on: stop what it still runs.
+        await client.cancel(f"127.0.0.1:{agents[0].port}", agent_key(key, 1))
+        await d.shutdown()
+        await client.close()
+
+
+async def test_an_action_sent_while_a_pool_is_being_deleted_is_refused(agents: list[Agent]) -> None:
+    """Deleting a pool stops its running actions first (awaits); an action or session asked for
+    meanwhile is refused by name, as after the deletion, instead of waiting on a pool that goes."""
+    async with _deleting(agents, "doomed-2") as (d, running, remover):
         late = asyncio.create_task(d.run(_req("late", "print(1)")))
         with pytest.raises(NotFound):
             await asyncio.wait_for(d.open_session(NS, "py"), 10)
@@ -358,10 +374,6 @@ async def test_an_action_sent_while_a_pool_is_being_deleted_is_refused(agents: l
             await asyncio.wait_for(late, 10)
         assert (await asyncio.wait_for(running, 10)).reason is Reason.POOL_NOT_FOUND
         assert not d.has_pool(NS, "py")
-    finally:
-        await client.cancel(f"127.0.0.1:{agents[0].port}", agent_key("doomed-2", 1))
-        await d.shutdown()
-        await client.close()
 
 
 async def test_a_pool_made_again_while_its_old_self_is_deleted_takes_its_actions(
@@ -370,16 +382,7 @@ async def test_a_pool_made_again_while_its_old_self_is_deleted_takes_its_actions
     """A pool deleted and made again under its name at once (nothing holds the name while it goes):
     the new one takes the name when the old one's actions are stopped, and an action sent in
     between runs on it rather than being refused."""
-    client = AgentClient()
-    d = Dispatcher(client)
-    d.upsert_pool(_pool())
-    try:
-        await d.sync_hosts(f"{NS}/py", [_endpoint(agents[0], "host-0")])
-        running = asyncio.create_task(d.run(_req("doomed-3", "import time; time.sleep(5)")))
-        await _wait(lambda: (s := d.stats(f"{NS}/py")) is not None and s.running_actions == 1)
-        remover = asyncio.create_task(d.remove_pool(f"{NS}/py"))
-        await asyncio.sleep(0)
-        assert not remover.done()
+    async with _deleting(agents, "doomed-3") as (d, running, remover):
         again = dataclasses.replace(_pool(), uid="uid-2")
         d.upsert_pool(again)
         await d.sync_hosts(f"{NS}/py", [_endpoint(agents[1], "host-1")])  # the old one's: ignored
@@ -392,10 +395,6 @@ async def test_a_pool_made_again_while_its_old_self_is_deleted_takes_its_actions
         await d.sync_hosts(f"{NS}/py", [_endpoint(agents[1], "host-1")])
         out = await asyncio.wait_for(meanwhile, 30)
         assert out.state is Outcome.SUCCEEDED and out.stdout == "new pool\n" and out.host == "host-1"
-    finally:
-        await client.cancel(f"127.0.0.1:{agents[0].port}", agent_key("doomed-3", 1))
-        await d.shutdown()
-        await client.close()
 
 
 async def test_a_pool_made_again_and_deleted_while_its_old_self_goes_does_not_come_back() -> None:
