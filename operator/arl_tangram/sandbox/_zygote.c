@@ -84,7 +84,7 @@
 #endif
 
 #define SETUP_FAILED 249
-#define MAX_FDS 5
+#define MAX_FDS 6 /* zygote_wire.REQUEST_MAX_FDS: out, err, in, two namespaces, a memfd */
 #define MAX_PIDFD 65536
 #define DGRAM_MAX (64 * 1024)
 
@@ -974,6 +974,13 @@ static PyObject *zygote_fresh_recursion(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* child._finish_and_exit's: what C code of the program wrote through stdio (printf, puts: ctypes, an
+ * extension) and left in its buffers, written out as exit(3) would; the child ends with _exit. */
+static PyObject *zygote_flush_stdio(PyObject *self, PyObject *unused) {
+    fflush(NULL);
+    Py_RETURN_NONE;
+}
+
 /* zygote_wire.IDENTITY_FILES, told once at start: (name in the workdir root, file it covers). */
 static PyObject *zygote_set_identity(PyObject *self, PyObject *pairs) {
     if (!PyTuple_Check(pairs) || PyTuple_GET_SIZE(pairs) > IDENTITY_MAX) {
@@ -1009,6 +1016,7 @@ static PyMethodDef methods[] = {
     {"malloc_trim", zygote_malloc_trim, METH_NOARGS, "Give freed heap back to the system (glibc)."},
     {"few_malloc_arenas", zygote_few_malloc_arenas, METH_NOARGS, "mallopt(M_ARENA_MAX, 2) (glibc)."},
     {"fresh_recursion", zygote_fresh_recursion, METH_NOARGS, "The thread's whole recursion budget."},
+    {"flush_stdio", zygote_flush_stdio, METH_NOARGS, "fflush(NULL): C stdio's buffers, as exit(3) does."},
     {"set_identity", zygote_set_identity, METH_O, "The identity files to bind (zygote_wire.IDENTITY_FILES)."},
     {NULL, NULL, 0, NULL},
 };

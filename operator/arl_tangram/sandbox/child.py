@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from typing import Any, NoReturn
 
 SETUP_FAILED = 249  # exit status of a child whose sandbox could not be set up (reported as an error)
+CANNOT_EXECUTE = 126  # a shell's status for a file it found but could not run
+_NOT_RUNNABLE = (13, 8)  # EACCES, ENOEXEC (errno's values, without importing it in every child)
 _CTRL_FD = 3  # the persistent interpreter's control socket, after the child's fd clean-up
 # The file a Python action's code runs from, in its workdir (the next names if the request brought
 # a file of that name); removed with the workdir.
@@ -260,7 +262,11 @@ def _run_action(req: dict[str, Any], ctrl_fd: int | None) -> NoReturn:
             except BaseException as exc:
                 with suppress(Exception):
                     os.write(2, f"tangram: cannot execute {argv[0]}: {exc}\n".encode())
-                os._exit(SETUP_FAILED)
+                # The program's own build that is no executable (a Go package not main, a Rust
+                # library: "./out" in its workdir) fails as a shell running it does, 126: the
+                # program's fault, not the sandbox's. A toolchain that cannot run is the sandbox's.
+                own = argv[0].startswith("./") and getattr(exc, "errno", None) in _NOT_RUNNABLE
+                os._exit(CANNOT_EXECUTE if own else SETUP_FAILED)
         _run_python_and_exit(req)
     finally:
         # Whatever happens (say, user code closed the interpreter's control socket and the reply
@@ -328,11 +334,26 @@ _CHILD_MAIN: dict[str, Any] | None = None
 # The C module's reset of the recursion budget (``_run_code``), where it was built: the code starts
 # with the zygote's frames below it, which would count against the program's recursion limit.
 try:
-    _FRESH_RECURSION: Callable[[], None] | None = __import__(
-        "arl_tangram.sandbox._zygote", fromlist=["fresh_recursion"]
-    ).fresh_recursion
+    _C_MODULE: Any = __import__("arl_tangram.sandbox._zygote", fromlist=["fresh_recursion"])
+    _FRESH_RECURSION: Callable[[], None] | None = _C_MODULE.fresh_recursion
+    _C_FLUSH: Callable[[], None] | None = _C_MODULE.flush_stdio
 except ImportError:  # no C compiler at install
     _FRESH_RECURSION = None
+    _C_FLUSH = None
+
+
+def _flush_c_stdio() -> None:
+    """Write out what the program's C code left in stdio's buffers (``printf`` through ctypes or an
+    extension), as ``exit(3)`` does after Python's own streams: a child ends with ``os._exit``,
+    which does not, and that output was lost. Without the C module, through ctypes where the
+    program loaded it (the usual way Python code reaches C's stdio)."""
+    with suppress(BaseException):
+        if _C_FLUSH is not None:
+            _C_FLUSH()
+        elif "ctypes" in sys.modules:
+            sys.modules["ctypes"].CDLL(None).fflush(None)
+
+
 # Made ready in the Python loop's zygote by prepare_python_children: installs the actions' seccomp
 # filter (isolation.prepared_seccomp); sets the parent-death signal (isolation.prepared_prctl).
 _INSTALL_SECCOMP: Callable[[], None] | None = None
@@ -500,7 +521,10 @@ def _run_code(
         else:
             # dont_inherit: not this module's ``from __future__ import annotations``, which
             # ``python file.py`` does not have either (annotations would come back as strings).
-            exec(compile(source or "", filename, "exec", dont_inherit=True), namespace)
+            text = source or ""
+            # Run from a file, the file's bytes (``python main.py``); else the text (``python -c``).
+            source_code = text if filename == "<string>" else source_of(text)
+            exec(compile(source_code, filename, "exec", dont_inherit=True), namespace)
     except BaseException as exc:
         # Skip our own frame, as the interpreter's own traceback would. Through BaseException's own
         # method and slot: a class of the program's may override ``with_traceback`` (one returning
@@ -660,11 +684,20 @@ def _forget_last_exception() -> None:
         pending += [exc.__cause__, exc.__context__]
 
 
+def source_of(code: str) -> bytes:
+    """The bytes of the main file holding ``code`` (``_write_main`` writes them), for ``compile``:
+    compiled from those, a coding declaration decodes them as ``python main.py`` does
+    (``# coding: latin-1`` makes the file's UTF-8 "é" two characters; an unknown codec is a
+    SyntaxError) and a leading BOM is allowed. Compiled from the text, the declaration was ignored
+    and a BOM was a SyntaxError."""
+    return code.encode("utf-8", "surrogatepass")
+
+
 def _write_main(path: str, source: str) -> bool:
     """Write the action's code to its main file (the Python loop's twin of _zygote.c's
     write_main): run from there, it looks as under ``python main.py`` (``__file__``, ``sys.argv``,
     tracebacks with their source lines, ``inspect.getsource``). ``False`` when it could not be."""
-    data = source.encode("utf-8", "surrogatepass")
+    data = source_of(source)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError:
@@ -746,6 +779,7 @@ def _finish_and_exit(code: int, namespace: dict[str, Any] | None = None) -> NoRe
                 _COLLECT()
         flushed = _flush_std_streams(say=flushed) and flushed
         _flush_first_streams()
+        _flush_c_stdio()
         if code == _BY_SIGINT:
             with suppress(BaseException):
                 _SIGNAL(_SIGINT, _SIG_DFL)
@@ -797,6 +831,7 @@ def _interpreter_loop() -> NoReturn:
         # What this call printed to the streams it started with and then rebound goes with its
         # output, not a later call's.
         _flush_first_streams()
+        _flush_c_stdio()
         for target in (0, 1, 2):
             os.dup2(devnull, target)
         ctrl.sendall(wire.SESSION_ANSWER.pack(request["call"], code))

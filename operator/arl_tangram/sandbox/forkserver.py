@@ -46,7 +46,7 @@ import types
 from collections import deque
 
 from arl_tangram.sandbox import isolation, seccomp, wire
-from arl_tangram.sandbox.child import MAIN_FILES, SETUP_FAILED, holds_module
+from arl_tangram.sandbox.child import MAIN_FILES, SETUP_FAILED, holds_module, source_of
 from arl_tangram.sandbox.cores import CorePool
 from arl_tangram.sandbox.lean import suppress
 from arl_tangram.sandbox.reaping import all_stopped, company_of, kill_uid, rss_kb, sweep_without_pidns
@@ -336,6 +336,7 @@ class ForkServer:
         self.queue: deque[RunMessage] = deque()
         self.private_tmp = False  # per action (see _zygote.c's private_tmp), set in ``prepare``
         self.netns_free: list[int] = []  # network namespaces ready for actions (_fill_netns_pool)
+        self.netns_stats: dict[int, tuple[int, ...]] = {}  # each one's sockstat files (netns_idle)
         self.netns_home = -1  # the fork server's own network namespace, while there is a pool
         self.mntns_free: list[PrivateTmp] = []  # mount namespaces with a private /tmp (_take_mntns)
         self.mntns_failed = False
@@ -444,10 +445,10 @@ class ForkServer:
         try:
             self.netns_home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
             for _ in range(len(self.pool.cores) + 4):
-                self.netns_free.append(isolation.loopback_netns(self.netns_home))
+                self.netns_free.append(self._new_netns())
         except OSError as exc:
             for fd in self.netns_free:
-                os.close(fd)
+                self._drop_netns(fd)
             self.netns_free = []
             self.netns_home = -1
             self.iso.notes = (*self.iso.notes, f"no network namespace per action ({exc.strerror})")
@@ -485,7 +486,29 @@ class ForkServer:
             return -1
         if self.netns_free:
             return self.netns_free.pop()
-        return isolation.loopback_netns(self.netns_home)
+        return self._new_netns()
+
+    def _new_netns(self) -> int:
+        fd, stats = isolation.loopback_netns(self.netns_home)
+        self.netns_stats[fd] = stats
+        return fd
+
+    def _drop_netns(self, fd: int) -> None:
+        for opened in (fd, *self.netns_stats.pop(fd, ())):
+            os.close(opened)
+
+    def _give_back_netns(self, fd: int) -> None:
+        """A namespace whose every process is gone goes back to the pool if it holds no socket
+        either (``isolation.netns_idle``: a port in TIME_WAIT kept the next action there from
+        binding it, without SO_REUSEADDR, for a minute). One that does is dropped (the kernel
+        frees it once its sockets are gone) and a fresh one takes its place, so that the pool
+        stays as full and an action start pays nothing for it."""
+        if isolation.netns_idle(self.netns_stats.get(fd, ())):
+            self.netns_free.append(fd)
+            return
+        self._drop_netns(fd)
+        with suppress(OSError):  # else made on the spot by the next start that finds none
+            self.netns_free.append(self._new_netns())
 
     # ---- the loop ---------------------------------------------------------------------------------
     def serve(self) -> None:
@@ -636,9 +659,15 @@ class ForkServer:
         A regular file here (a memfd) let programs pass that fail there: ``os.read(0,
         os.fstat(0).st_size)`` (a pipe's size is 0), ``mmap(0, 0)``, ``sys.stdin.seek(0)``. Growing
         the pipe to hold it all instead spent the user's pipe quota (``pipe-user-pages-soft``),
-        past which every new pipe of the agent, its output pipes too, gets two pages."""
+        past which every new pipe of the agent, its output pipes too, gets two pages.
+
+        No input is a pipe too, at its end at once: /dev/null here (a character device, seekable)
+        sent programs that look at their input (``[ -p /dev/stdin ]``, ``fstat``, ``fseek``) down
+        another branch than a pipe does."""
         if not data:
-            return self.devnull, -1, memoryview(b"")
+            r, w = os.pipe2(os.O_CLOEXEC)
+            os.close(w)
+            return r, -1, memoryview(b"")
         r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         try:
             os.set_blocking(r, True)  # the program's reads block, as on any pipe
@@ -759,7 +788,9 @@ class ForkServer:
                 with warnings.catch_warnings():
                     warnings.simplefilter("error")  # a warning must be the action's to print: see above
                     # dont_inherit: not this module's ``from __future__`` (``python file.py`` has none).
-                    kept = compile(code, path, "exec", dont_inherit=True)
+                    # From the main file's bytes, as ``python main.py`` reads it: a leading BOM
+                    # and a coding declaration mean what they mean there (child.source_of).
+                    kept = compile(source_of(code), path, "exec", dont_inherit=True)
             except Exception:
                 return  # the child compiles it again and reports the error as Python would
             if len(self.compiled) >= COMPILED_KEPT:
@@ -1036,8 +1067,8 @@ class ForkServer:
         call.exited = True
         call.ended_at = time.monotonic()
         if call.netns >= 0:
-            # Its PID namespace is empty now, so is its network namespace: ready for the next.
-            self.netns_free.append(call.netns)
+            # Its PID namespace is empty now: no process of it is left in its network namespace.
+            self._give_back_netns(call.netns)
             call.netns = -1
         if call.mntns is not None:
             self._give_back_mntns(call.mntns)
@@ -1077,7 +1108,7 @@ class ForkServer:
         os.close(interp.pidfd)
         interp.ctrl.close()
         if interp.netns >= 0:
-            self.netns_free.append(interp.netns)
+            self._give_back_netns(interp.netns)
             interp.netns = -1
         call = interp.call
         if call is not None and not call.exited:

@@ -120,22 +120,53 @@ SIOCSIFFLAGS = 0x8914
 IFF_UP, IFF_LOOPBACK, IFF_RUNNING = 0x1, 0x8, 0x40
 
 
-def loopback_netns(home_fd: int) -> int:
-    """A new network namespace with its loopback up, as a descriptor; the caller stays in (is put
-    back into) the namespace ``home_fd`` names."""
+def loopback_netns(home_fd: int) -> tuple[int, tuple[int, ...]]:
+    """A new network namespace with its loopback up, as a descriptor, and descriptors of its socket
+    counts (``/proc/net/sockstat`` and ``sockstat6`` as seen from inside it: ``netns_idle`` reads
+    them from anywhere); the caller stays in (is put back into) the namespace ``home_fd`` names."""
     import fcntl
     import socket
     import struct
 
     unshare(CLONE_NEWNET)
+    fd = -1
+    stats: list[int] = []
     try:
         fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
             ifreq = struct.pack("16sH22x", b"lo", IFF_UP | IFF_LOOPBACK | IFF_RUNNING)
             fcntl.ioctl(sock.fileno(), SIOCSIFFLAGS, ifreq)
+        for name in ("sockstat", "sockstat6"):  # no sockstat6 where IPv6 is off
+            with suppress(FileNotFoundError):
+                stats.append(os.open(f"/proc/thread-self/net/{name}", os.O_RDONLY | os.O_CLOEXEC))
+    except BaseException:
+        for opened in (fd, *stats):
+            if opened >= 0:
+                os.close(opened)
+        raise
     finally:
         setns(home_fd, CLONE_NEWNET)
-    return fd
+    return fd, tuple(stats)
+
+
+# The counts of ``/proc/net/sockstat`` that are the namespace's own sockets ("alloc" and "mem" are
+# the protocol's, across namespaces).
+_OWN_SOCKETS = frozenset({"used", "inuse", "orphan", "tw"})
+
+
+def netns_idle(stats: tuple[int, ...]) -> bool:
+    """Whether the network namespace whose sockstat files ``stats`` are holds no socket at all: none
+    open, none orphaned (closing, still sending), none in TIME_WAIT. Its processes all gone is not
+    enough: a port an action closed first stays in TIME_WAIT for a minute, and a listener whose
+    descriptor was in flight (SCM_RIGHTS) when the action ended lives until the kernel collects it.
+    A later action there could not bind that port, or reached the old listener. One pread each."""
+    for fd in stats:
+        for line in os.pread(fd, 4096, 0).decode("ascii", "replace").splitlines():
+            fields = line.partition(":")[2].split()
+            for key, value in zip(fields[::2], fields[1::2], strict=False):
+                if key in _OWN_SOCKETS and value != "0":
+                    return False
+    return True
 
 
 def setns(fd: int, nstype: int) -> None:

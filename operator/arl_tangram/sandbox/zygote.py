@@ -27,6 +27,7 @@ from arl_tangram.sandbox.child import (
 from arl_tangram.sandbox.zygote_wire import (
     IDENTITY_FILES,
     REQUEST_IN_MEMFD,
+    REQUEST_MAX_FDS,
     decode_request,
     error_record,
     exit_record,
@@ -173,7 +174,7 @@ class Zygote:
 
         from arl_tangram.sandbox import isolation
 
-        data, fds, flags = recv_with_fds(self.sock, 1 << 16, 5, 0)
+        data, fds, flags = recv_with_fds(self.sock, 1 << 16, REQUEST_MAX_FDS, 0)
         if not data:
             return False
         rid = struct.unpack_from("<q", data, 4)[0] if len(data) >= 12 else -1

@@ -39,6 +39,10 @@ IDENTITY_FILES = ((".passwd", "/etc/passwd"), (".group", "/etc/group"))
 REQUEST = b"TZR1"
 REQUEST_IN_MEMFD = b"TZRM"
 DATAGRAM_MAX = 60 << 10  # a larger request travels in a memfd (a datagram must fit the buffer)
+# Descriptors one request carries at most: stdout, stderr, stdin, a network and a mount namespace,
+# and the memfd of a request larger than a datagram (_zygote.c's MAX_FDS is the same). At 5 a large
+# request with its input lost its memfd and failed "reading the request: EIO".
+REQUEST_MAX_FDS = 6
 
 
 def _env_block(items: Any) -> bytes:

@@ -329,6 +329,57 @@ def test_each_action_has_its_own_network_with_loopback(agent: Agent) -> None:
         requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
 
 
+# The server side closes first, so its port stays in TIME_WAIT (a minute) after the action ends.
+CLOSE_FIRST = (
+    "import socket\n"
+    "srv = socket.socket()\n"
+    "srv.bind(('127.0.0.1', 6000))\n"
+    "srv.listen()\n"
+    "c = socket.create_connection(('127.0.0.1', 6000))\n"
+    "a, _ = srv.accept()\n"
+    "a.close()\n"
+    "c.recv(1)\n"
+    "c.close()\n"
+    "srv.close()\n"
+    "print('served')\n"
+)
+# A listener whose descriptor is in flight in a unix socket cycle when the action ends: it outlives
+# every process of the action, until the kernel's collector finds the cycle.
+LISTENER_IN_FLIGHT = (
+    "import socket\n"
+    "srv = socket.socket()\n"
+    "srv.bind(('127.0.0.1', 6001))\n"
+    "srv.listen()\n"
+    "a, b = socket.socketpair()\n"
+    "socket.send_fds(a, [b'x'], [srv.fileno(), b.fileno()])\n"
+    "print('left')\n"
+)
+BIND_AGAIN = (
+    "import socket\n"
+    "try:\n"
+    "    socket.create_connection(('127.0.0.1', 6001), timeout=2)\n"
+    "    print('reached an earlier action')\n"
+    "except OSError as e:\n"
+    "    print('refused', e.errno)\n"
+    "s = socket.socket()\n"
+    "s.bind(('127.0.0.1', 6000))\n"
+    "print('bound')\n"
+)
+
+
+def test_a_later_action_finds_no_socket_an_earlier_one_left(agent: Agent) -> None:
+    """Every process of an action gone is not every socket gone: a port it closed first stays in
+    TIME_WAIT, and a listener in flight lives on. A namespace is reused only once it holds no
+    socket at all, so the actions after these two bind the port (no SO_REUSEADDR, as
+    ``socketserver.TCPServer``) and reach no listener of theirs, as each would on a fresh machine.
+    Run in a row, each reuses the namespace the one before gave back, where one is reused."""
+    assert _result(_run(agent, CLOSE_FIRST))["stdout"] == "served\n"
+    assert _result(_run(agent, LISTENER_IN_FLIGHT))["stdout"] == "left\n"
+    for _ in range(3):
+        body = _run(agent, BIND_AGAIN)
+        assert _result(body)["stdout"] == "refused 111\nbound\n", body
+
+
 def test_the_outside_network_stays_unreachable(agent: Agent) -> None:
     code = (
         "import socket\n"

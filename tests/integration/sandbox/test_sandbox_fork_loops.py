@@ -135,6 +135,9 @@ def test_code_larger_than_one_datagram(loop_agent: Agent) -> None:
     lines = [f"x{i} = {i}" for i in range(20000)]  # about 200 KB: travels to the zygote in a memfd
     body = loop_agent.execute("\n".join([*lines, "print(x19999 + 1)"]))
     assert body["status"] == "ok" and body["stdout"] == "20000\n"
+    # With its input too: the request then carries every descriptor it can (the memfd the last).
+    body = loop_agent.execute("\n".join([*lines, "print(x19999 + int(input()))"]), stdin="5\n")
+    assert body["status"] == "ok" and body["stdout"] == "20004\n", body
 
 
 def test_a_session_interpreter_keeps_its_globals(loop_agent: Agent) -> None:

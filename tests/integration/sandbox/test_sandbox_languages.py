@@ -356,6 +356,27 @@ def test_a_failed_build_is_kept_and_reported_again(agent: Agent, found: dict[str
     assert second["run_result"] is None
 
 
+@pytest.mark.parametrize(
+    ("language", "code"),
+    [
+        ("go", "package notmain\n\nfunc F() {}\n"),  # builds an archive, not a program
+        ("rust", '#![crate_type = "lib"]\npub fn f() {}\n'),  # builds a library
+    ],
+)
+def test_a_build_that_is_no_program_fails_as_the_programs_own(
+    agent: Agent, found: dict[str, Any], language: str, code: str
+) -> None:
+    """The build succeeds but what it made cannot be run: the program's fault, answered as a shell
+    running it answers (126, Failed), not as the sandbox's (SandboxError, which clients retry or
+    drop instead of scoring)."""
+    need(found, language)
+    body = run(agent, language, code)
+    assert body["compile_result"]["return_code"] == 0, body
+    assert body["status"] == "Failed", body
+    assert body["run_result"]["return_code"] == 126, body
+    assert "cannot execute" in body["run_result"]["stderr"], body
+
+
 def test_concurrent_identical_builds_compile_once(agent: Agent, found: dict[str, Any]) -> None:
     need(found, "cpp")
     code = PROGRAMS["cpp"].sum_stdin + "\n// concurrent case\n"

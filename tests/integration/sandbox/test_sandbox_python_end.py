@@ -36,6 +36,15 @@ PROGRAMS = {
     "atexit._run_exitfuncs emptied, an exit function that fails": (
         "import atexit, os\natexit.register(lambda: os._exit(3))\natexit._run_exitfuncs = lambda: None\n"
     ),
+    # Read as ``python main.py`` reads its file: a leading BOM is allowed, and a coding declaration
+    # decodes the file's UTF-8 bytes (latin-1 makes "é" two characters; an unknown codec fails).
+    "a BOM before the code": "\ufeffprint('bom')\n",
+    "a coding declaration of latin-1": "# -*- coding: latin-1 -*-\nprint(len('\u00e9'))\n",
+    "an unknown codec declared": "# coding: nosuchcodec\nprint(1)\n",
+    # What C code printed through stdio is written at the exit, after Python's own output.
+    "C stdio's output left in its buffer": (
+        "import ctypes\nctypes.CDLL(None).puts(b'from C')\nprint('from Python')\n"
+    ),
     "sys.exit beyond a C long": "import sys\nsys.exit(2**64)\n",
     "sys.exit far below": "import sys\nsys.exit(-2**70)\n",
     "sys.exit of 2**32": "import sys\nsys.exit(2**32)\n",
@@ -194,16 +203,16 @@ def _default_signals() -> None:
 
 def _outside(code: str, tmp_path: Path, stdin: str | None = None, stderr: bool = False) -> dict[str, Any]:
     """``python main.py`` in a fresh directory, with the environment a container's shell gives;
-    ``stdin`` through a pipe, as SandboxFusion's runner feeds it (none: /dev/null). ``stderr``:
-    what it wrote there too, the main file's path left out (``_main_named``)."""
-    (tmp_path / "main.py").write_text(code)
+    ``stdin`` through a pipe, as SandboxFusion's runner feeds it (none: a pipe at its end at once).
+    ``stderr``: what it wrote there too, the main file's path left out (``_main_named``). The main
+    file holds the code's UTF-8 bytes, as the sandbox writes it."""
+    (tmp_path / "main.py").write_bytes(code.encode())
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(tmp_path)}
     done = subprocess.run(
         [sys.executable, "main.py"],
         cwd=tmp_path,
         env=env,
-        input=None if stdin is None else stdin.encode(),
-        stdin=subprocess.DEVNULL if stdin is None else None,
+        input=(stdin or "").encode(),
         capture_output=True,
         timeout=30,
         preexec_fn=_default_signals,  # not this test run's (a background job ignores SIGINT)
@@ -275,6 +284,12 @@ READERS: dict[str, tuple[str, str]] = {
     "what input is": (
         "import os, stat, sys\nprint(stat.S_ISFIFO(os.fstat(0).st_mode), sys.stdin.seekable())\n",
         "x\n",
+    ),
+    # No input is a pipe at its end too (SandboxFusion's runner feeds one whatever it holds).
+    "no input, what it is": (
+        "import os, stat, sys\n"
+        "print(stat.S_ISFIFO(os.fstat(0).st_mode), sys.stdin.seekable(), sys.stdin.read())\n",
+        "",
     ),
     "input summed": (
         "import sys\nprint(sum(map(int, sys.stdin.read().split())))\n",
