@@ -4,7 +4,10 @@ reward's action (the pass fraction of tests run in a sandbox).
 A test-based reward runs the policy's answer against the sample's ``label``: pytest source that
 imports the answer as the module ``solution`` (``from solution import add``). The answer's code is
 its last fenced code block when it has one (models answer in Markdown), else the whole answer. A
-label without any ``def test`` is run as a plain script: its reward is 1.0 when it exits 0.
+label without any ``def test`` is run as a plain script: its reward is 1.0 when it exits 0. A label
+that never names ``solution`` is refused: it cannot look at the answer, so it would give every
+answer the same reward (a dataset's test cases as JSON, or a math answer like ``42``, are valid
+Python that exits 0: each scored 1.0 for any answer, without a word).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ SOLUTION_FILE = "solution.py"
 TESTS_FILE = "test_solution.py"
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 _PYTEST_TEST = re.compile(r"^\s*(async\s+)?def\s+test", re.MULTILINE)
+_NAMES_SOLUTION = re.compile(r"\bsolution\b")
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,14 @@ def test_payload(sample: Sample, label_field: str) -> dict[str, Any]:
     ``label_field`` names the label as the caller's shape does."""
     if not isinstance(sample.label, str) or not sample.label.strip():
         raise InvalidSpec(label_field, "a test-based reward needs the tests (Python source) as the label")
+    if not _NAMES_SOLUTION.search(sample.label):
+        raise InvalidSpec(
+            label_field,
+            f"never names `solution`, the module the answer is saved as (`from solution import f`), "
+            f"so it would give every answer the same reward; a dataset's test cases (inputs and "
+            f"outputs) or a reference answer must first be written as Python tests of `solution` "
+            f"(label starts {sample.label[:40]!r})",
+        )
     files = {SOLUTION_FILE: answer_code(sample.response), TESTS_FILE: sample.label}
     if _PYTEST_TEST.search(sample.label):
         command = f"python -m pytest -q -p no:cacheprovider {TESTS_FILE}"

@@ -99,11 +99,40 @@ def test_test_based_rewards_are_pass_fractions(gateway: Gateway) -> None:
         gateway.url + "/v1/rewards",
         json={
             "pool": POOL,
-            "items": [{"response": RIGHT, "label": TESTS}, {"response": RIGHT, "label": "assert False"}],
+            "items": [
+                {"response": RIGHT, "label": TESTS},
+                {"response": RIGHT, "label": "import solution\nassert False"},
+            ],
         },
         timeout=120,
     )
     assert native.json() == {"rewards": [1.0, 0.0]}, native.text
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        # A code dataset's test cases as JSON text, and a math answer: valid Python that exits 0.
+        (
+            f"/slime/reward?pool={POOL}",
+            {"prompt": "p", "response": RIGHT, "label": '{"inputs": ["1"], "outputs": ["2"]}'},
+            "label",
+        ),
+        (f"/get_reward?pool={POOL}", {"query": [RIGHT, RIGHT], "labels": [TESTS, "42"]}, "labels[1]"),
+        (
+            "/v1/rewards",
+            {"pool": POOL, "items": [{"response": RIGHT, "label": "def test_x():\n    assert True\n"}]},
+            "items[0].label",
+        ),
+    ],
+)
+def test_a_label_that_never_looks_at_the_answer_is_refused(
+    gateway: Gateway, path: str, body: dict[str, object], field: str
+) -> None:
+    """Such a label scored every answer 1.0, silently: refused, naming the field, before anything runs."""
+    resp = requests.post(gateway.url + path, json=body, timeout=60)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["field"] == field and "solution" in resp.json()["error"], resp.text
 
 
 # Answers that fail the tests and try to pass for right: the program under test runs inside
