@@ -24,6 +24,7 @@ from prometheus_client import generate_latest
 
 from arl_tangram.domain.actions import ActionService
 from arl_tangram.gateway import native, rewards, sandboxfusion
+from arl_tangram.gateway.abandoned import Abandoned
 from arl_tangram.gateway.admission import Admission
 from arl_tangram.gateway.auth import ANONYMOUS, Authenticator, Forbidden, Unauthenticated
 from arl_tangram.gateway.config import LEADER_HEADER, GatewayConfig
@@ -399,7 +400,8 @@ def build_gateway_app(
     ``auth`` None means no authentication, which must be asked for with ``allow_anonymous=True``
     and then serves loopback callers only. ``readiness`` says whether this replica leads;
     ``batch_results`` serves ``/v1/batches/.../results``. Idle sessions are closed by their TTL,
-    checked every ``session_check_s`` seconds.
+    and keyless actions whose caller left are cancelled (``abandoned``), both checked every
+    ``session_check_s`` seconds.
     """
     if auth is None and not allow_anonymous:
         raise ValueError("no authenticator given: pass one, or allow_anonymous=True for loopback-only use")
@@ -416,6 +418,7 @@ def build_gateway_app(
         sessions=SessionRegistry(service, config.max_sessions_per_tenant, config.retry_after_s),
         readiness=readiness,
         batch_results=batch_results,
+        abandoned=Abandoned(service),
     )
     app[STATE] = state
     for route in ROUTES:
@@ -428,10 +431,14 @@ def build_gateway_app(
     app.router.add_get("/openapi.json", openapi_json)
 
     async def janitor(app: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(state.sessions.janitor(session_check_s))
+        tasks = [
+            asyncio.create_task(state.sessions.janitor(session_check_s)),
+            asyncio.create_task(state.abandoned.janitor(session_check_s)),
+        ]
         yield
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     app.cleanup_ctx.append(janitor)
     return app

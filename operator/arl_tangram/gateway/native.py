@@ -92,14 +92,21 @@ def result_body(outcome: ActionOutcome, action_id: str | None) -> dict[str, Any]
     ).model_dump(mode="json", by_alias=True)
 
 
-async def run_action(state: GatewayState, request: ActionRequest, door: str) -> ActionOutcome:
-    """Run one action under the gateway's bounds, counted in its metrics."""
+async def run_action(
+    state: GatewayState, request: ActionRequest, door: str, keyless_caller: web.Request | None = None
+) -> ActionOutcome:
+    """Run one action under the gateway's bounds, counted in its metrics. ``keyless_caller``: the
+    HTTP request of a caller that sent no key; the action is cancelled if it leaves (``abandoned``)."""
     with state.admission.hold(f"{request.namespace}/{request.target}", request.tenant_name):
         state.metrics.in_flight.inc()
+        if keyless_caller is not None:
+            state.abandoned.watch(request.key, keyless_caller)
         try:
             outcome = await state.service.run(request)
         finally:
             state.metrics.in_flight.dec()
+            if keyless_caller is not None:
+                state.abandoned.forget(request.key)
     state.metrics.action_finished(door, outcome.state.value, outcome.reason.value if outcome.reason else "")
     return outcome
 
@@ -167,8 +174,9 @@ async def post_action(request: web.Request) -> web.Response:
     state = state_of(request)
     data = await _read(request, state)
     action, req, session = await _prepare(request, data)
+    keyless = request if caller_key(request, action.key) is None else None
     with _in_use(state, session):
-        outcome = refused_payload(await run_action(state, req, "native"))
+        outcome = refused_payload(await run_action(state, req, "native", keyless))
     return web.json_response(result_body(outcome, action.id))
 
 
@@ -368,9 +376,10 @@ async def run_in_session(request: web.Request) -> web.Response:
         action: Any = validate(SessionAction, data)
         if action.type not in ("code", "test"):
             raise InvalidSpec("type", f"only code and test actions run in a session, not {action.type!r}")
-        key = scoped_key(session.namespace, caller_key(request, action.key))
+        given = caller_key(request, action.key)
+        key = scoped_key(session.namespace, given)
         req = build_request(action, session.namespace, session.pool, key, session.id)
-        outcome = refused_payload(await run_action(state, req, "session"))
+        outcome = refused_payload(await run_action(state, req, "session", request if given is None else None))
     return web.json_response(result_body(outcome, action.id))
 
 

@@ -116,9 +116,11 @@ def _action(
     )
 
 
-async def _one(state: GatewayState, request: ActionRequest, where: str) -> float:
+async def _one(
+    state: GatewayState, request: ActionRequest, where: str, keyless_caller: web.Request | None
+) -> float:
     kind = request.kind
-    outcome = await run_action(state, request, "reward")
+    outcome = await run_action(state, request, "reward", keyless_caller)
     if outcome.state is Outcome.SUCCEEDED and outcome.reward is not None:
         return outcome.reward
     if kind == "test" and outcome.reason in _PROGRAM_FAILURES:
@@ -152,7 +154,8 @@ async def score(
     actions = [
         _action(target, s, fields.label_of(i), f"{base}/{i}", action_timeout_s) for i, s in enumerate(samples)
     ]
-    return list(await asyncio.gather(*(_one(state, a, fields.of(i)) for i, a in enumerate(actions))))
+    keyless = request if key is None else None  # its samples are cancelled if it leaves
+    return list(await asyncio.gather(*(_one(state, a, fields.of(i), keyless) for i, a in enumerate(actions))))
 
 
 def _config(request: web.Request) -> GatewayConfig:

@@ -80,8 +80,9 @@ async def run_code(request: web.Request) -> web.Response:
     if compiles(body.language):
         phases["compile_timeout"] = body.compile_timeout
     longest = max(phases.items(), key=lambda item: item[1])
+    given = caller_key(request, None)
     req = ActionRequest(
-        key=scoped_key(namespace, caller_key(request, None)),
+        key=scoped_key(namespace, given),
         namespace=namespace,
         target=pool,
         kind="code",
@@ -91,7 +92,7 @@ async def run_code(request: web.Request) -> web.Response:
         wire="run_code",
         payload_json=encoded,  # forwarded as the caller sent it: the agent parses the same bytes
     )
-    outcome = await run_action(state, req, "run_code")
+    outcome = await run_action(state, req, "run_code", request if given is None else None)
     return answer(outcome, state.config.retry_after_s)
 
 

@@ -11,6 +11,7 @@ from typing import Protocol
 from aiohttp import web
 
 from arl_tangram.domain.actions import ActionService
+from arl_tangram.gateway.abandoned import Abandoned
 from arl_tangram.gateway.admission import Admission
 from arl_tangram.gateway.auth import ANONYMOUS, Authenticator, Forbidden, Principal
 from arl_tangram.gateway.config import GatewayConfig
@@ -54,6 +55,7 @@ class GatewayState:
     sessions: SessionRegistry
     readiness: Readiness
     batch_results: BatchResults | None
+    abandoned: Abandoned
 
 
 STATE: web.AppKey[GatewayState] = web.AppKey("gateway", GatewayState)

@@ -4,6 +4,8 @@ the agent. Then the routing (header, query, namespace default) and ``/v1/ping``.
 
 from __future__ import annotations
 
+import json
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -11,11 +13,12 @@ import pytest
 import requests
 import test_sandbox_api as agent_contract
 from gateway_harness import NS, POOL, Gateway, serve_gateway
-from sandbox_agent_harness import Agent, start_agent, stop_agent
+from sandbox_agent_harness import Agent, start_agent, stop_agent, wait_until
 
 from arl_tangram.dispatch.dispatcher import agent_key
 from arl_tangram.gateway import GatewayConfig
 from arl_tangram.gateway.keys import scoped_key
+from arl_tangram.gateway.state import STATE
 
 # Imported through the module, so that pytest does not collect them here with the agent's fixture.
 CONTRACT = tuple(
@@ -123,3 +126,37 @@ def test_the_answer_is_the_agents_own_bytes(gateway: Gateway, hosts: list[Agent]
     assert resp.status_code == 200 and resp.json()["run_result"]["stdout"] == "\u00e9t\u00e9\n"
     stored = requests.get(f"{hosts[0].url}/v1/actions/{agent_key(scoped_key(NS, 'sf-bytes'), 1)}", timeout=10)
     assert stored.status_code == 200 and stored.content == resp.content
+
+
+def _send_and_leave(gateway: Gateway, code: str, key: str | None = None) -> None:
+    """POST ``/run_code`` on a connection of its own, wait until the gateway holds the action, and
+    close the connection before any answer (a client that timed out)."""
+    body = json.dumps({"code": code, "language": "python", "run_timeout": 30}).encode()
+    head = f"X-Tangram-Action-Key: {key}\r\n" if key else ""
+    port = int(gateway.url.rsplit(":", 1)[1])
+    held = gateway.admission().pools.get(f"{NS}/{POOL}", 0)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(
+            f"POST /run_code HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n{head}"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        wait_until(lambda: gateway.admission().pools.get(f"{NS}/{POOL}", 0) > held, 20, "the action held")
+
+
+def test_a_keyless_action_whose_caller_left_is_cancelled(gateway: Gateway) -> None:
+    """Sent with no key, nobody can fetch its result once its caller has gone: it is cancelled (it
+    ran to its end, holding its core while the timed-out trainer sent it again as a new action).
+    One sent with a key runs on: a retry with the key gets its result."""
+    _send_and_leave(gateway, "import time\ntime.sleep(28)")
+    # Well before its 28 s end: within a few of the gateway's checks (every 0.05 s here).
+    wait_until(lambda: gateway.admission().pools.get(f"{NS}/{POOL}", 0) == 0, 10, "the action cancelled")
+    assert gateway.app[STATE].abandoned.cancelled >= 1
+    _send_and_leave(gateway, "import time\ntime.sleep(1)\nprint('kept')", key="sf-left")
+    again = requests.post(
+        gateway.url + "/run_code",
+        json={"code": "import time\ntime.sleep(1)\nprint('kept')", "language": "python", "run_timeout": 30},
+        headers={"X-Tangram-Action-Key": "sf-left"},
+        timeout=60,
+    )
+    assert _ran_on(again) == "kept\n"
