@@ -279,6 +279,8 @@ def _error_response(
     if request.path == "/run_code":
         # As the agent's own /run_code: SandboxFusion clients look at status and message.
         body = {**body, "status": "SandboxError", "message": body.get("error")}
+        if status in sandboxfusion.RETRY_LATER_INSTEAD_OF:
+            status = sandboxfusion.RETRY_LATER_STATUS  # what verl retries (see there)
     response = web.json_response(dict(body), status=status, headers=dict(headers))
     if status in (408, 413, 417):
         # The rest of the body is not read: the connection is closed after this answer (aiohttp
@@ -365,7 +367,7 @@ async def _guarded(request: web.Request, handler: Handler, state: GatewayState) 
             "Retry-After": "1",
             **({LEADER_HEADER: lead.leader_address} if lead.leader_address else {}),
         }
-        return web.json_response(body, status=503, headers=headers)
+        return _error_response(request, 503, body, headers)
     token = bearer_token(request.headers.get("Authorization"))
     if state.auth is None:
         # Only reachable with allow_anonymous (the factory refuses otherwise).

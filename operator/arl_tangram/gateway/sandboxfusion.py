@@ -24,6 +24,15 @@ from arl_tangram.gateway.state import authorize, state_of
 from arl_tangram.sandbox.languages import LANGUAGE_UNAVAILABLE, compiles
 from arl_tangram.sandbox.models import RunCodeRequest
 
+# ``/run_code``'s answer to "send it again later" (the platform failed: a host lost, retries spent;
+# or back-pressure: the pool's or tenant's bound is full; or this replica is a standby), where the
+# other routes answer 503 or 429. verl's client retries a 504 (three tries, backing off) and scores
+# any other error status as a sandbox error (-1) at once: answered 503, a host lost mid-step made
+# wrong rewards for every sample it held. Retry-After still says when; OpenRLHF's and slime's
+# clients retry any failure, and the operator's own client retries 504 as it does 503.
+RETRY_LATER_STATUS = 504
+RETRY_LATER_INSTEAD_OF = frozenset({429, 503})
+
 
 def sandbox_error(message: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """SandboxFusion's body for a request the sandbox could not run."""
@@ -57,6 +66,8 @@ def answer(outcome: ActionOutcome, retry_after_s: float) -> web.Response:
         # status, which the outcome does not carry but the body tells: the agent answers 422 with
         # ``detail`` for a request that fails validation, 400 for a value it cannot use.
         return web.json_response(dict(body), status=422 if "detail" in body else status)
+    if status in RETRY_LATER_INSTEAD_OF:
+        status = RETRY_LATER_STATUS
     response = web.json_response(sandbox_error(message, {"reason": reason.value}), status=status)
     if reason in INFRASTRUCTURE_REASONS:
         response.headers["Retry-After"] = retry_after_header(retry_after_s)

@@ -16,7 +16,9 @@ from gateway_harness import NS, POOL, Gateway, serve_gateway
 from sandbox_agent_harness import Agent, start_agent, stop_agent, wait_until
 
 from arl_tangram.dispatch.dispatcher import agent_key
-from arl_tangram.gateway import GatewayConfig
+from arl_tangram.domain.actions import ActionOutcome, Outcome, Reason
+from arl_tangram.gateway import GatewayConfig, sandboxfusion
+from arl_tangram.gateway.errors import INFRASTRUCTURE_REASONS
 from arl_tangram.gateway.keys import scoped_key
 from arl_tangram.gateway.state import STATE
 
@@ -160,3 +162,13 @@ def test_a_keyless_action_whose_caller_left_is_cancelled(gateway: Gateway) -> No
         timeout=60,
     )
     assert _ran_on(again) == "kept\n"
+
+
+@pytest.mark.parametrize("reason", sorted(INFRASTRUCTURE_REASONS, key=str))
+def test_a_platform_failure_is_what_verl_retries(reason: Reason) -> None:
+    """A host lost or retries spent: ``SandboxError`` with 504 and Retry-After, the one status verl's
+    client retries (it scored a 503 as a sandbox error, -1: a wrong reward for the sample). The
+    outcome is made here: a host lost is not something this test can cause on cue."""
+    resp = sandboxfusion.answer(ActionOutcome("k", Outcome.FAILED, reason, "host-0 was lost"), 2.0)
+    assert resp.status == 504 and resp.headers["Retry-After"] == "2"
+    assert resp.body is not None and b'"SandboxError"' in resp.body  # type: ignore[operator]
