@@ -111,6 +111,21 @@ def _nothing_ran(outcome: ActionOutcome) -> bool:
     return outcome.reason in _NOTHING_RAN or outcome.state is Outcome.CANCELLED
 
 
+def _memory_asked(req: ActionRequest) -> tuple[str, int] | None:
+    """The memory an action asks for, in MB, with its field's name as the caller wrote it: a
+    SandboxFusion body's ``memory_limit_MB`` (-1 or 0: the pool's most, none asked) or an agent
+    payload's ``memory_mb``; None when it asks for none."""
+    name = "memory_limit_MB" if req.wire == "run_code" else "memory_mb"
+    value = req.payload.get(name)
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    try:
+        asked = int(float(value))  # "1024" too, as the body's model coerces it
+    except ValueError:
+        return None  # the agent's own validation names it
+    return (name, asked) if asked > 0 else None
+
+
 def _runner(request: ActionRequest) -> Runner:
     """How a test's output is read for its reward (``runner_of``); the other kinds have none."""
     return runner_of(request.payload) if request.kind == "test" else "unknown"
@@ -792,6 +807,17 @@ class Dispatcher:
                 Reason.INVALID_PAYLOAD,
                 f"{bounded[0]} {bounded[1]:g} exceeds the pool's limits.timeoutSeconds "
                 f"{cfg.limits.timeout_s:g} ({cfg.key})",
+            )
+            return
+        memory = _memory_asked(req)
+        limit_mb = cfg.limits.memory_bytes >> 20
+        if memory is not None and memory[1] > limit_mb:
+            # Refused here in the caller's own words: the agent's refusal named its internal field
+            # ("memory_mb: 1024 MB is outside [16, 512] MB") and not the pool's limit to raise.
+            self._fail(
+                job,
+                Reason.INVALID_PAYLOAD,
+                f"{memory[0]} {memory[1]} exceeds the pool's limits.memory {limit_mb} MB ({cfg.key})",
             )
             return
         action = Action(

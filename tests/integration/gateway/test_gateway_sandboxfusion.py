@@ -106,6 +106,21 @@ def test_a_pools_limit_bounds_the_compile_and_the_run_each(gateway: Gateway) -> 
     assert over.status_code == 400 and "compile_timeout 45" in over.json()["message"], over.text
 
 
+def test_memory_past_the_pools_limit_is_refused_in_the_callers_words(gateway: Gateway) -> None:
+    """The agent's refusal named its own field (``memory_mb``) and bounds, not the request's
+    ``memory_limit_MB`` nor the pool's limit to raise: verl sends 1024 by default."""
+    body = {"code": "print(1)", "language": "python", "memory_limit_MB": 2048}
+    over = requests.post(gateway.url + "/run_code", json=body, timeout=60)
+    assert over.status_code == 400 and over.json()["status"] == "SandboxError", over.text
+    assert "memory_limit_MB 2048 exceeds the pool's limits.memory 1024 MB" in over.json()["message"], (
+        over.text
+    )
+    assert (
+        _ran_on(requests.post(gateway.url + "/run_code", json={**body, "memory_limit_MB": 1024}, timeout=60))
+        == "1\n"
+    )
+
+
 def test_a_language_the_pool_does_not_run_is_the_callers_not_the_hosts(gateway: Gateway) -> None:
     """A name SandboxFusion knows that this pool's image does not run is answered 200
     ``SandboxError`` naming it, as SandboxFusion answers it. It was taken for a failing host:
