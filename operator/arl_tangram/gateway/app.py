@@ -251,7 +251,9 @@ STREAMED_PATHS = frozenset(r.doc.path for r in ROUTES if r.doc.ndjson_in)
 
 def bearer_token(header: str | None) -> str | None:
     """The token of ``Authorization: Bearer T``, or the password of ``Basic`` (so a trainer whose
-    HTTP client sends no headers of its own can carry it in the URL: ``http://tangram:T@host/``)."""
+    HTTP client sends no headers of its own can carry it in the URL: ``http://tangram:T@host/``),
+    or its user where the password is empty (``http://T@host/``: the token was sent, as the user,
+    and was answered "missing bearer token")."""
     if not header:
         return None
     scheme, _, value = header.partition(" ")
@@ -263,8 +265,8 @@ def bearer_token(header: str | None) -> str | None:
             decoded = base64.b64decode(value, validate=True).decode("utf-8")
         except (binascii.Error, UnicodeDecodeError):
             raise Unauthenticated("the Basic credentials are not base64 of user:token") from None
-        token = decoded.partition(":")[2]
-        return token or None
+        user, _, token = decoded.partition(":")
+        return token or user or None
     raise Unauthenticated(f"unsupported Authorization scheme {scheme[:20]!r}: use Bearer <token>")
 
 

@@ -84,6 +84,14 @@ def test_a_token_with_rbac_runs_and_a_warm_request_makes_no_api_call(
         timeout=60,
     )
     assert rc.status_code == 200 and rc.json()["status"] == "Success"  # Basic auth carries it too
+    # The token as the URL's user (http://TOKEN@host/: Basic with an empty password) is taken too.
+    as_user = requests.post(
+        gw.url + "/run_code",
+        json={"code": "print(1)", "language": "python"},
+        auth=("tok-alice", ""),
+        timeout=60,
+    )
+    assert as_user.status_code == 200 and as_user.json()["status"] == "Success", as_user.text
     assert reviews[0].calls == calls, "a warm request called the API server"
 
 
