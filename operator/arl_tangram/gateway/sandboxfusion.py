@@ -3,8 +3,8 @@
 ``POST /run_code`` takes SandboxFusion's body (validated with the sandbox agent's own model, so both
 refuse alike) and forwards it verbatim to an agent of the chosen pool; the answer is the agent's
 body, so shapes and verdicts are exactly the agent's own ``/run_code``. ``GET /v1/ping`` answers
-``pong``. A failure of the platform (the host lost, retries spent) is SandboxFusion's
-``SandboxError`` with 503 and Retry-After.
+the JSON string ``"pong"``. A failure of the platform (the host lost, retries spent) is SandboxFusion's
+``SandboxError`` with 504 and Retry-After (``RETRY_LATER_STATUS``).
 """
 
 from __future__ import annotations
@@ -108,5 +108,5 @@ async def run_code(request: web.Request) -> web.Response:
 
 
 async def ping(request: web.Request) -> web.Response:
-    """``GET /v1/ping``, as SandboxFusion answers it."""
-    return web.Response(text="pong")
+    """``GET /v1/ping``, as SandboxFusion answers it (and the agent): the JSON string ``"pong"``."""
+    return web.json_response("pong")
