@@ -284,10 +284,11 @@ def _error_response(
         if status in sandboxfusion.RETRY_LATER_INSTEAD_OF:
             status = sandboxfusion.RETRY_LATER_STATUS  # what verl retries (see there)
     response = web.json_response(dict(body), status=status, headers=dict(headers))
-    if status in (408, 413, 417):
-        # The rest of the body is not read: the connection is closed after this answer (aiohttp
-        # first lingers a few seconds, reading and dropping what still comes, so that the client
-        # reads the answer rather than a reset), not kept alive for another request.
+    if status in (408, 413, 417) or request.content.exception() is not None:
+        # The rest of the body is not read, or its stream broke (a body that does not decode as
+        # its Content-Encoding says): the connection is closed after this answer (aiohttp first
+        # lingers a few seconds, reading and dropping what still comes, so that the client reads
+        # the answer rather than a reset), not kept alive for another request.
         response.force_close()
     return response
 
@@ -334,7 +335,12 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         status = exc.status
         if exc.status < 400:
             raise
-        return _error_response(request, exc.status, {"error": exc.reason}, {})
+        error, allowed = exc.reason, {}
+        allow = exc.headers.get("Allow")
+        if allow is not None:  # a 405: HTTP asks for the methods the path takes
+            allowed["Allow"] = allow
+            error = f"{request.method} is not allowed on {request.path}; it takes {allow}"
+        return _error_response(request, exc.status, {"error": error}, allowed)
     except ClientGone as exc:
         # Nobody left to answer, and not the gateway's failure: no 500 in its log or metrics.
         status = CLIENT_GONE

@@ -278,7 +278,8 @@ async def post_stream(request: web.Request) -> web.StreamResponse:
         except RequestPayloadError as exc:
             # The body itself cannot be decoded (a corrupt Content-Encoding): a line says so.
             await slots.acquire()
-            await done.put(_refusal(0, unreadable_body(exc), None))
+            await done.put(_refusal(0, unreadable_body(request, exc), None))
+            response.force_close()
         except Exception as exc:
             # The request stream broke (the client died mid-upload): what arrived still runs.
             log.info("stream from %s broke after some lines: %r", request.remote, exc)

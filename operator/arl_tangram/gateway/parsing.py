@@ -22,8 +22,12 @@ class ClientGone(Exception):
     """The client closed the connection before its request body arrived: nobody to answer."""
 
 
-def unreadable_body(exc: RequestPayloadError) -> BadRequest:
-    """A body aiohttp could not decode (a corrupt ``Content-Encoding``), as a 400 saying so."""
+def unreadable_body(request: web.BaseRequest, exc: RequestPayloadError) -> BadRequest:
+    """A body aiohttp could not decode (a corrupt ``Content-Encoding``), as a 400 saying so. Its
+    stream is marked ended: aiohttp would drain the rest after the answer, meet the same error
+    again and log it as an unhandled exception (a traceback per bad request). The connection is
+    closed after the answer (``app._error_response``): its parser cannot carry another request."""
+    request.content.feed_eof()
     cause = exc.__cause__ or exc
     return BadRequest(400, f"the request body could not be decoded ({cause}); check Content-Encoding")
 
@@ -61,7 +65,7 @@ async def read_body(request: web.Request, config: GatewayConfig) -> bytes:
     except web.HTTPRequestEntityTooLarge as exc:
         raise too_large(config) from exc
     except RequestPayloadError as exc:
-        raise unreadable_body(exc) from exc
+        raise unreadable_body(request, exc) from exc
     except ConnectionResetError as exc:  # aiohttp's "Connection lost" mid-body
         raise ClientGone(str(exc)) from exc
 
