@@ -225,11 +225,7 @@ class Builder:
         timeout_s: float,
         key: str | None,
     ) -> Build:
-        want = msg.get("want")  # a compiler's threads (rustc's, javac's) use every core granted
-        limits = {
-            **compile_limits,
-            "cpu": cpu_limit(timeout_s, want if isinstance(want, int) else len(want or ())),
-        }
+        limits = {**compile_limits, "cpu": cpu_limit(timeout_s)}
         step_msg = {
             **msg,
             "id": next_id(),

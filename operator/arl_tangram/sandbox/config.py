@@ -63,11 +63,14 @@ def default_workdir_root() -> str:
     return os.path.join(base, f"tangram-sandbox-{os.getpid()}")
 
 
-def cpu_limit(timeout_s: float, ncores: int) -> int:
-    """RLIMIT_CPU for a process given ``timeout_s`` on ``ncores`` cores: CPU time counts every
-    thread's, so a program on n cores may spend n CPU-seconds a second; one second over, so that
-    the timeout (which the fork server enforces by the wall clock) comes first."""
-    return int(timeout_s * max(1, ncores)) + 1
+def cpu_limit(timeout_s: float) -> int:
+    """RLIMIT_CPU for a process given ``timeout_s``: a backstop, the timeout's worth on every core of
+    the host, one second over, so that the timeout (which the fork server enforces by the wall
+    clock) always comes first. CPU time counts every thread's, and not only on the cores granted:
+    a program may widen its own affinity (``sched_setaffinity``), as it may outside, and a limit of
+    the granted cores' worth killed such a program with SIGXCPU where outside it passed (the limit
+    of one core's killed a two-thread program on two granted cores, before that)."""
+    return int(timeout_s * max(1, os.cpu_count() or 1)) + 1
 
 
 def host_memory_mb() -> int:

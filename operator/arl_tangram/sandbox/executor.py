@@ -319,13 +319,8 @@ class Executor:
                 "runtime", f"unknown runtime {runtime!r}; this pool offers {', '.join(self.config.runtimes)}"
             )
 
-    def _limits(
-        self, spec: ActionSpec, memory_mb: int | None, ncores: int = 1
-    ) -> tuple[float, dict[str, int]]:
-        """The action's timeout and limits. CPU time is per process and counts every thread's: on
-        ``ncores`` cores a program's threads spend up to ``ncores`` CPU-seconds a second, so its
-        limit is the timeout's worth on all of them (a limit of one core's killed a two-thread C
-        program with SIGXCPU after 3.6 s of a 6 s timeout; outside, and on one core, it passed)."""
+    def _limits(self, spec: ActionSpec, memory_mb: int | None) -> tuple[float, dict[str, int]]:
+        """The action's timeout and limits (its CPU time's: ``config.cpu_limit``, a backstop)."""
         lim = self.config.limits
         timeout = lim.timeout_s if spec.timeout_s is None else spec.timeout_s
         if not 0 < timeout <= lim.max_timeout_s:
@@ -334,7 +329,7 @@ class Executor:
         if not 16 <= memory <= lim.max_memory_mb:
             raise InvalidSpec("memory_mb", f"{memory} MB is outside [16, {lim.max_memory_mb}] MB")
         limits = {
-            "cpu": cpu_limit(timeout, ncores),
+            "cpu": cpu_limit(timeout),
             "as": memory << 20,
             "nproc": lim.nproc,
             "nofile": lim.nofile,
@@ -410,7 +405,7 @@ class Executor:
                 f"({session.memory_mb} MB); set memory_mb when creating the session",
             )
         memory_mb = spec.memory_mb if spec.memory_mb is not None else (session.memory_mb if session else None)
-        timeout, limits = self._limits(spec, memory_mb, len(want) if isinstance(want, frozenset) else want)
+        timeout, limits = self._limits(spec, memory_mb)
         # Validate the grant before queueing for it.
         self.cores.check(want)
         if self._slots.locked() and self._waiting >= self.config.max_waiting:

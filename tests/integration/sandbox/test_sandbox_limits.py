@@ -3,6 +3,7 @@ a budget, and the queue for slots is bounded (real agents, real HTTP)."""
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -136,22 +137,39 @@ int main(void) {
 """
 
 
-def test_the_cpu_limit_counts_every_core_granted(tmp_path: Path) -> None:
-    """CPU time is per process and counts all its threads': on two cores a program may spend two
-    CPU-seconds a second. The limit was one core's worth of the timeout, so a two-thread program
-    was killed by SIGXCPU well before its timeout (a false failure; outside, and on one core, it
-    passes). Now it is the timeout's worth on every core granted, one second over."""
+# The spinners, having first set their affinity to every core (as a program may, outside too).
+WIDENED_C = "#define _GNU_SOURCE\n#include <sched.h>\n" + SPINNERS_C.replace(
+    "int main(void) {",
+    "int main(void) {\n    cpu_set_t all;\n    CPU_ZERO(&all);\n"
+    "    for (int i = 0; i < CPU_SETSIZE; i++) CPU_SET(i, &all);\n"
+    "    sched_setaffinity(0, sizeof all, &all);",
+)
+
+
+def test_the_cpu_limit_never_comes_before_the_timeout(tmp_path: Path) -> None:
+    """CPU time is per process and counts all its threads', on whatever cores they run. The limit
+    was one core's worth of the timeout, then the granted cores' worth: a two-thread program on
+    two granted cores, and then one on one granted core that widened its own affinity (as it may
+    outside), were killed by SIGXCPU well before their timeout (false failures; outside they pass).
+    Now it is the timeout's worth on every core of the host, one second over: a backstop only."""
     agent = start_agent(tmp_path / "work")
     try:
         probe = "import resource\nprint(resource.getrlimit(resource.RLIMIT_CPU))"
+        want = int(5 * (os.cpu_count() or 1)) + 1
         one = agent.execute(probe, timeout_s=5.0)
-        two = agent.execute(probe, timeout_s=5.0, ncores=2)
-        assert (one["stdout"], two["stdout"]) == ("(6, 7)\n", "(11, 12)\n"), (one, two)
+        assert one["stdout"] == f"({want}, {want + 1})\n", one
         body = {"code": SPINNERS_C, "language": "c", "run_timeout": 6, "compile_timeout": 60}
         headers = {"X-Tangram-Cores": "0,1"}
         resp = requests.post(agent.url + "/run_code", json=body, headers=headers, timeout=120)
         run = resp.json()["run_result"]
         assert (run["return_code"], run["stdout"]) == (0, "done\n"), resp.json()
+        if (os.cpu_count() or 1) >= 2:
+            # On one granted core, the same spinners after widening their affinity to every core.
+            body = {**body, "code": WIDENED_C}
+            one_core = {"X-Tangram-Cores": "0"}
+            resp = requests.post(agent.url + "/run_code", json=body, headers=one_core, timeout=120)
+            run = resp.json()["run_result"]
+            assert (run["return_code"], run["stdout"]) == (0, "done\n"), resp.json()
     finally:
         stop_agent(agent)
 
