@@ -11,6 +11,7 @@ from __future__ import annotations
 import _signal
 import atexit
 import builtins  # imported here, not in each child (an import statement there costs page faults)
+import errno
 import gc
 import marshal
 import os
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 SETUP_FAILED = 249  # exit status of a child whose sandbox could not be set up (reported as an error)
 CANNOT_EXECUTE = 126  # a shell's status for a file it found but could not run
-_NOT_RUNNABLE = (13, 8)  # EACCES, ENOEXEC (errno's values, without importing it in every child)
+_NOT_RUNNABLE = (errno.EACCES, errno.ENOEXEC)
 _CTRL_FD = 3  # the persistent interpreter's control socket, after the child's fd clean-up
 # The file a Python action's code runs from, in its workdir (the next names if the request brought
 # a file of that name); removed with the workdir.
@@ -266,6 +267,9 @@ def _run_action(req: dict[str, Any], ctrl_fd: int | None) -> NoReturn:
                 # library: "./out" in its workdir) fails as a shell running it does, 126: the
                 # program's fault, not the sandbox's. A toolchain that cannot run is the sandbox's.
                 own = argv[0].startswith("./") and getattr(exc, "errno", None) in _NOT_RUNNABLE
+                if own:
+                    with suppress(OSError):  # a workdir on a noexec mount: the host's fault
+                        own = not os.statvfs(".").f_flag & os.ST_NOEXEC
                 os._exit(CANNOT_EXECUTE if own else SETUP_FAILED)
         _run_python_and_exit(req)
     finally:

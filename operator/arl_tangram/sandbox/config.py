@@ -70,7 +70,10 @@ def cpu_limit(timeout_s: float) -> int:
     a program may widen its own affinity (``sched_setaffinity``), as it may outside, and a limit of
     the granted cores' worth killed such a program with SIGXCPU where outside it passed (the limit
     of one core's killed a two-thread program on two granted cores, before that)."""
-    return int(timeout_s * max(1, os.cpu_count() or 1)) + 1
+    return int(timeout_s * _HOST_CPUS) + 1
+
+
+_HOST_CPUS = max(1, os.cpu_count() or 1)  # read once: glibc reads /sys for it on each call
 
 
 def host_memory_mb() -> int:

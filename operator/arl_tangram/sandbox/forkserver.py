@@ -337,6 +337,7 @@ class ForkServer:
         self.private_tmp = False  # per action (see _zygote.c's private_tmp), set in ``prepare``
         self.netns_free: list[int] = []  # network namespaces ready for actions (_fill_netns_pool)
         self.netns_stats: dict[int, tuple[int, ...]] = {}  # each one's sockstat files (netns_idle)
+        self.netns_own: frozenset[tuple[str, str]] = frozenset()  # the counts read (own_socket_counts)
         self.netns_home = -1  # the fork server's own network namespace, while there is a pool
         self.mntns_free: list[PrivateTmp] = []  # mount namespaces with a private /tmp (_take_mntns)
         self.mntns_failed = False
@@ -454,6 +455,17 @@ class ForkServer:
             self.iso.notes = (*self.iso.notes, f"no network namespace per action ({exc.strerror})")
             return
         self.iso.netns_per_action = True
+        try:
+            self.netns_own = isolation.own_socket_counts(self.netns_home)
+        except OSError as exc:
+            self.iso.notes = (
+                *self.iso.notes,
+                f"network namespaces reused unchecked for sockets ({exc.strerror})",
+            )
+            return
+        if ("TCP", "tw") not in self.netns_own:
+            note = "this kernel counts TIME_WAIT for the host only: a port an action left in it may be busy"
+            self.iso.notes = (*self.iso.notes, f"{note} for the next action in its network namespace")
 
     def _take_mntns(self) -> PrivateTmp | None:
         """A mount namespace whose /tmp and /dev/shm are fresh private tmpfs mounts, made ahead.
@@ -503,7 +515,7 @@ class ForkServer:
         binding it, without SO_REUSEADDR, for a minute). One that does is dropped (the kernel
         frees it once its sockets are gone) and a fresh one takes its place, so that the pool
         stays as full and an action start pays nothing for it."""
-        if isolation.netns_idle(self.netns_stats.get(fd, ())):
+        if isolation.netns_idle(self.netns_stats.get(fd, ()), self.netns_own):
             self.netns_free.append(fd)
             return
         self._drop_netns(fd)

@@ -149,24 +149,85 @@ def loopback_netns(home_fd: int) -> tuple[int, tuple[int, ...]]:
     return fd, tuple(stats)
 
 
-# The counts of ``/proc/net/sockstat`` that are the namespace's own sockets ("alloc" and "mem" are
-# the protocol's, across namespaces).
-_OWN_SOCKETS = frozenset({"used", "inuse", "orphan", "tw"})
+# The counts of ``/proc/net/sockstat`` (and ``sockstat6``) that may show an action's sockets after
+# its processes are gone, as (line, field). Which of them a kernel keeps per namespace differs (the
+# TIME_WAIT count became per namespace only in recent kernels; "orphan" is the host's everywhere):
+# ``own_socket_counts`` measures that once, and only those are read.
+SOCKET_COUNTS = (("sockets", "used"), ("TCP", "inuse"), ("TCP", "tw"), ("UDP", "inuse"), ("TCP6", "inuse"))
 
 
-def netns_idle(stats: tuple[int, ...]) -> bool:
-    """Whether the network namespace whose sockstat files ``stats`` are holds no socket at all: none
-    open, none orphaned (closing, still sending), none in TIME_WAIT. Its processes all gone is not
-    enough: a port an action closed first stays in TIME_WAIT for a minute, and a listener whose
-    descriptor was in flight (SCM_RIGHTS) when the action ended lives until the kernel collects it.
-    A later action there could not bind that port, or reached the old listener. One pread each."""
+def _counts(stats: tuple[int, ...]) -> dict[tuple[str, str], int]:
+    out: dict[tuple[str, str], int] = {}
     for fd in stats:
         for line in os.pread(fd, 4096, 0).decode("ascii", "replace").splitlines():
-            fields = line.partition(":")[2].split()
+            name, _, rest = line.partition(":")
+            fields = rest.split()
             for key, value in zip(fields[::2], fields[1::2], strict=False):
-                if key in _OWN_SOCKETS and value != "0":
-                    return False
-    return True
+                with suppress(ValueError):
+                    out[(name, key)] = int(value)
+    return out
+
+
+def own_socket_counts(home_fd: int) -> frozenset[tuple[str, str]]:
+    """Which ``SOCKET_COUNTS`` are each namespace's own on this kernel. One namespace is given a
+    socket of each kind (a listener, a TIME_WAIT, a UDP socket, an IPv6 listener where there is
+    IPv6); a count another, empty namespace reads as 0 is per namespace. One it reads otherwise
+    is the host's: checked, it would drop every namespace (about 1 ms each to make again, in the
+    fork server's loop) whenever the host had such a socket."""
+    import socket
+
+    probe, probe_stats = loopback_netns(home_fd)
+    held: list[socket.socket] = []
+    try:
+        setns(probe, CLONE_NEWNET)
+        try:
+            server = socket.socket()
+            held.append(server)
+            server.bind(("127.0.0.1", 0))
+            server.listen()
+            client = socket.create_connection(server.getsockname(), timeout=5)
+            held.append(client)
+            accepted, _ = server.accept()
+            accepted.close()  # closed first: this side goes to TIME_WAIT once the client closes
+            client.recv(1)
+            client.close()
+            udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            held.append(udp)
+            udp.bind(("127.0.0.1", 0))
+            with suppress(OSError):  # no IPv6 in this kernel or namespace
+                six = socket.socket(socket.AF_INET6)
+                held.append(six)
+                six.bind(("::1", 0))
+                six.listen()
+        finally:
+            setns(home_fd, CLONE_NEWNET)
+        empty, empty_stats = loopback_netns(home_fd)
+        try:
+            held_counts, empty_counts = _counts(probe_stats), _counts(empty_stats)
+        finally:
+            for fd in (empty, *empty_stats):
+                os.close(fd)
+        return frozenset(
+            c for c in SOCKET_COUNTS if held_counts.get(c, 0) > 0 and empty_counts.get(c, -1) == 0
+        )
+    finally:
+        for sock in held:
+            sock.close()
+        for fd in (probe, *probe_stats):
+            os.close(fd)
+
+
+def netns_idle(stats: tuple[int, ...], own: frozenset[tuple[str, str]]) -> bool:
+    """Whether the network namespace whose sockstat files ``stats`` are holds no socket, by the
+    counts ``own`` (``own_socket_counts``): none open, none closing, none in TIME_WAIT. Its
+    processes all gone is not enough: a port an action closed first stays in TIME_WAIT for a
+    minute, and a listener whose descriptor was in flight (SCM_RIGHTS) when the action ended lives
+    until the kernel collects it; a later action there could not bind that port, or reached the
+    old listener. A pread per file."""
+    if not own:
+        return True
+    counts = _counts(stats)
+    return not any(counts.get(c, 0) for c in own)
 
 
 def setns(fd: int, nstype: int) -> None:

@@ -378,6 +378,11 @@ def test_a_later_action_finds_no_socket_an_earlier_one_left(agent: Agent) -> Non
     for _ in range(3):
         body = _run(agent, BIND_AGAIN)
         assert _result(body)["stdout"] == "refused 111\nbound\n", body
+    # And a namespace its action left empty is reused (made again for each, that costs about 1 ms
+    # in the fork server's loop: a check reading a count that is the host's dropped every one).
+    which = "import os\nprint(os.readlink('/proc/self/ns/net'))"
+    first, second = (_result(_run(agent, which))["stdout"] for _ in range(2))
+    assert first == second, (first, second)
 
 
 def test_the_outside_network_stays_unreachable(agent: Agent) -> None:
