@@ -120,8 +120,10 @@ def _memory_asked(req: ActionRequest) -> tuple[str, int] | None:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         return None
     try:
-        asked = int(float(value))  # "1024" too, as the body's model coerces it
-    except ValueError:
+        # "1024" too, as the body's model coerces it; an integer of any size stays exact (a float
+        # of a 400-digit one overflowed, and the action was left begun and never answered).
+        asked = value if isinstance(value, int) else int(value)
+    except (ValueError, OverflowError):
         return None  # the agent's own validation names it
     return (name, asked) if asked > 0 else None
 
@@ -582,7 +584,13 @@ class Dispatcher:
         self._remember(request.key, digest)
         pool.arrivals.append(now)
         if pool.synced.is_set():
-            self._start(pool, job)
+            try:
+                self._start(pool, job)
+            except Exception as exc:
+                # Answered, as once its pool's hosts are known (``_start_when_synced``): left
+                # begun, the action held its key, and a retry with the key waited for ever.
+                log.exception("action %s could not start", request.key)
+                self._fail(job, Reason.INVALID_PAYLOAD, f"could not start: {exc}")
         else:
             # Until the pool's hosts are first known (just after a start), the job waits for them
             # in a task of its own: a caller going away meanwhile left it begun but never started,
@@ -810,7 +818,7 @@ class Dispatcher:
             )
             return
         memory = _memory_asked(req)
-        limit_mb = cfg.limits.memory_bytes >> 20
+        limit_mb = cfg.limits.memory_mb
         if memory is not None and memory[1] > limit_mb:
             # Refused here in the caller's own words: the agent's refusal named its internal field
             # ("memory_mb: 1024 MB is outside [16, 512] MB") and not the pool's limit to raise.

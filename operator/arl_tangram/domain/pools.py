@@ -48,6 +48,12 @@ class PoolLimits:
     max_processes: int
     max_cores: int
 
+    @property
+    def memory_mb(self) -> int:
+        """The memory an action may have, in MB, as the agents are told it (``--max-memory-mb``; 16
+        at least, the agent's floor) and as the dispatcher holds requests to it."""
+        return max(16, self.memory_bytes >> 20)
+
 
 @dataclass(frozen=True)
 class PoolConfig:

@@ -92,6 +92,13 @@ def result_body(outcome: ActionOutcome, action_id: str | None) -> dict[str, Any]
     ).model_dump(mode="json", by_alias=True)
 
 
+def _keyless(request: web.Request, key: str | None, session: GatewaySession | None) -> web.Request | None:
+    """The caller whose leaving cancels the action (``run_action``): one that sent no key, outside a
+    session. A session's call is not: stopping it stops the session's interpreter, whose state the
+    caller's retry in the same session would find gone."""
+    return request if key is None and session is None else None
+
+
 async def run_action(
     state: GatewayState, request: ActionRequest, door: str, keyless_caller: web.Request | None = None
 ) -> ActionOutcome:
@@ -174,7 +181,7 @@ async def post_action(request: web.Request) -> web.Response:
     state = state_of(request)
     data = await _read(request, state)
     action, req, session = await _prepare(request, data)
-    keyless = request if caller_key(request, action.key) is None else None
+    keyless = _keyless(request, caller_key(request, action.key), session)
     with _in_use(state, session):
         outcome = refused_payload(await run_action(state, req, "native", keyless))
     return web.json_response(result_body(outcome, action.id))
@@ -244,7 +251,8 @@ async def post_stream(request: web.Request) -> web.StreamResponse:
     yet written back); past that the gateway stops reading the request, so a fast sender is held by
     TCP flow control. A line that cannot run gets a line of its own with the status and message
     ``POST /v1/actions`` would answer; the other lines go on. A client that goes away does not cancel
-    its actions: they finish, and a retry with the same keys gets their results.
+    its keyed actions: they finish, and a retry with the same keys gets their results. Its keyless
+    ones are cancelled, as ``POST /v1/actions``'s (``abandoned``): nobody could fetch them.
     """
     state = state_of(request)
     limit = state.config.max_body_bytes
@@ -261,8 +269,9 @@ async def post_stream(request: web.Request) -> web.StreamResponse:
                 raise BadRequest(413, f"line {number} exceeds the limit of {limit} bytes")
             data = loads(raw)
             action, req, session = await _prepare(request, data, where=f"line {number}")
+            keyless = _keyless(request, action.key, session)
             with _in_use(state, session):
-                outcome = refused_payload(await run_action(state, req, "stream"))
+                outcome = refused_payload(await run_action(state, req, "stream", keyless))
             line = json.dumps(result_body(outcome, action.id)).encode() + b"\n"
         except Exception as exc:
             line = _refusal(number, exc, data)
@@ -377,10 +386,9 @@ async def run_in_session(request: web.Request) -> web.Response:
         action: Any = validate(SessionAction, data)
         if action.type not in ("code", "test"):
             raise InvalidSpec("type", f"only code and test actions run in a session, not {action.type!r}")
-        given = caller_key(request, action.key)
-        key = scoped_key(session.namespace, given)
+        key = scoped_key(session.namespace, caller_key(request, action.key))
         req = build_request(action, session.namespace, session.pool, key, session.id)
-        outcome = refused_payload(await run_action(state, req, "session", request if given is None else None))
+        outcome = refused_payload(await run_action(state, req, "session"))
     return web.json_response(result_body(outcome, action.id))
 
 

@@ -34,6 +34,11 @@ RETRY_LATER_STATUS = 504
 RETRY_LATER_INSTEAD_OF = frozenset({429, 503})
 
 
+def run_code_status(status: int) -> int:
+    """``/run_code``'s status for what another route answers ``status``."""
+    return RETRY_LATER_STATUS if status in RETRY_LATER_INSTEAD_OF else status
+
+
 def sandbox_error(message: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """SandboxFusion's body for a request the sandbox could not run."""
     return {
@@ -66,9 +71,9 @@ def answer(outcome: ActionOutcome, retry_after_s: float) -> web.Response:
         # status, which the outcome does not carry but the body tells: the agent answers 422 with
         # ``detail`` for a request that fails validation, 400 for a value it cannot use.
         return web.json_response(dict(body), status=422 if "detail" in body else status)
-    if status in RETRY_LATER_INSTEAD_OF:
-        status = RETRY_LATER_STATUS
-    response = web.json_response(sandbox_error(message, {"reason": reason.value}), status=status)
+    response = web.json_response(
+        sandbox_error(message, {"reason": reason.value}), status=run_code_status(status)
+    )
     if reason in INFRASTRUCTURE_REASONS:
         response.headers["Retry-After"] = retry_after_header(retry_after_s)
     return response

@@ -46,7 +46,6 @@ AGENT_CAPABILITIES = (
     "KILL",
 )
 WORKDIR = "/var/lib/tangram/work"
-MIB = 1 << 20
 
 
 def new_host_name(pool: PoolConfig) -> str:
@@ -57,7 +56,7 @@ def new_host_name(pool: PoolConfig) -> str:
 def agent_args(pool: PoolConfig) -> list[str]:
     """The sandbox agent's command line for a host of ``pool`` (its limits are the pool's)."""
     lim = pool.limits
-    memory_mb = max(16, lim.memory_bytes // MIB)
+    memory_mb = lim.memory_mb
     args = [
         f"--listen=$(POD_IP):{AGENT_PORT}",
         f"--workdir-root={WORKDIR}",

@@ -115,6 +115,9 @@ def test_memory_past_the_pools_limit_is_refused_in_the_callers_words(gateway: Ga
     assert "memory_limit_MB 2048 exceeds the pool's limits.memory 1024 MB" in over.json()["message"], (
         over.text
     )
+    # An integer too large for a float: refused the same way (it was a 500, its key held for ever).
+    huge = requests.post(gateway.url + "/run_code", json={**body, "memory_limit_MB": 10**400}, timeout=60)
+    assert huge.status_code == 400 and "limits.memory" in huge.json()["message"], huge.text
     assert (
         _ran_on(requests.post(gateway.url + "/run_code", json={**body, "memory_limit_MB": 1024}, timeout=60))
         == "1\n"
