@@ -391,6 +391,21 @@ def test_a_client_that_leaves_a_stream_does_not_cancel_its_actions(
     assert ran() == before + 4, "a retry ran an action again"
 
 
+def test_a_client_that_leaves_a_stream_cancels_its_keyless_actions(gateway: Gateway) -> None:
+    """Lines sent without a key cannot be fetched by anyone once their client has gone: they are
+    cancelled (``gateway/abandoned.py``), not left to hold their cores for 20 s each."""
+    from sandbox_agent_harness import wait_until
+
+    line = {"type": "code", "target": POOL, "payload": {"code": "import time; time.sleep(20)"}}
+    body = (json.dumps(line) + "\n") * 2
+    host, port = gateway.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as conn:
+        head = f"POST /v1/actions:stream HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(body)}\r\n\r\n"
+        conn.sendall(head.encode() + body.encode())
+        wait_until(lambda: gateway.service.running == 2, 30, "the gateway to take both")
+    wait_until(lambda: gateway.service.running == 0, 10, "both cancelled, well before their 20 s")
+
+
 def test_openapi_schemas_are_valid_and_describe_what_the_gateway_accepts(gateway: Gateway) -> None:
     from jsonschema import Draft202012Validator
 
