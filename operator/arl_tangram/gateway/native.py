@@ -92,7 +92,9 @@ def result_body(outcome: ActionOutcome, action_id: str | None) -> dict[str, Any]
     ).model_dump(mode="json", by_alias=True)
 
 
-def _keyless(request: web.Request, key: str | None, session: GatewaySession | None) -> web.Request | None:
+def keyless_caller(
+    request: web.Request, key: str | None, session: GatewaySession | None = None
+) -> web.Request | None:
     """The caller whose leaving cancels the action (``run_action``): one that sent no key, outside a
     session. A session's call is not: stopping it stops the session's interpreter, whose state the
     caller's retry in the same session would find gone."""
@@ -181,7 +183,7 @@ async def post_action(request: web.Request) -> web.Response:
     state = state_of(request)
     data = await _read(request, state)
     action, req, session = await _prepare(request, data)
-    keyless = _keyless(request, caller_key(request, action.key), session)
+    keyless = keyless_caller(request, caller_key(request, action.key), session)
     with _in_use(state, session):
         outcome = refused_payload(await run_action(state, req, "native", keyless))
     return web.json_response(result_body(outcome, action.id))
@@ -269,7 +271,7 @@ async def post_stream(request: web.Request) -> web.StreamResponse:
                 raise BadRequest(413, f"line {number} exceeds the limit of {limit} bytes")
             data = loads(raw)
             action, req, session = await _prepare(request, data, where=f"line {number}")
-            keyless = _keyless(request, action.key, session)
+            keyless = keyless_caller(request, action.key, session)
             with _in_use(state, session):
                 outcome = refused_payload(await run_action(state, req, "stream", keyless))
             line = json.dumps(result_body(outcome, action.id)).encode() + b"\n"

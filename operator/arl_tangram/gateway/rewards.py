@@ -47,7 +47,7 @@ from arl_tangram.gateway.models import (
     VllmScoreRequest,
     VllmScoreResponse,
 )
-from arl_tangram.gateway.native import ALL_LANGUAGES, caller_key, run_action
+from arl_tangram.gateway.native import ALL_LANGUAGES, caller_key, keyless_caller, run_action
 from arl_tangram.gateway.parsing import BadRequest, parse, read_json, validate
 from arl_tangram.gateway.routing import given, namespace_of, pool_of, service_of
 from arl_tangram.gateway.scoring import (
@@ -154,7 +154,7 @@ async def score(
     actions = [
         _action(target, s, fields.label_of(i), f"{base}/{i}", action_timeout_s) for i, s in enumerate(samples)
     ]
-    keyless = request if key is None else None  # its samples are cancelled if it leaves
+    keyless = keyless_caller(request, key)  # its samples are cancelled if it leaves
     return list(await asyncio.gather(*(_one(state, a, fields.of(i), keyless) for i, a in enumerate(actions))))
 
 

@@ -17,7 +17,7 @@ from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Reason
 from arl_tangram.gateway.admission import retry_after_header
 from arl_tangram.gateway.errors import INFRASTRUCTURE_REASONS, REASON_STATUS
 from arl_tangram.gateway.keys import scoped_key
-from arl_tangram.gateway.native import caller_key, run_action
+from arl_tangram.gateway.native import caller_key, keyless_caller, run_action
 from arl_tangram.gateway.parsing import loads, read_body, validate
 from arl_tangram.gateway.routing import namespace_of, require_pool
 from arl_tangram.gateway.state import authorize, state_of
@@ -108,7 +108,7 @@ async def run_code(request: web.Request) -> web.Response:
         wire="run_code",
         payload_json=encoded,  # forwarded as the caller sent it: the agent parses the same bytes
     )
-    outcome = await run_action(state, req, "run_code", request if given is None else None)
+    outcome = await run_action(state, req, "run_code", keyless_caller(request, given))
     return answer(outcome, state.config.retry_after_s)
 
 
