@@ -7,7 +7,7 @@
  * child's sandbox up (session, descriptors, cores, uid, rlimits, environment) before the child
  * runs a line of Python, which spares the child the faults of doing that in Python.
  *
- * serve(sock, pid_namespace, own_pidns, devnull[, namespace, environ_data, handler[, seccomp]]) runs
+ * serve(sock, pid_namespace, own_pidns, devnull[, namespace, environ_data[, seccomp]]) runs
  * the loop (seccomp: the actions' filter as sock_filter bytes, or None). In the zygote it returns None once
  * the manager closes its end. In each forked child it returns (kind, code, argv, env_delta,
  * ctrl_fd, main_file, compiled) with the sandbox set up: code is a str or None, argv a tuple of
@@ -449,7 +449,6 @@ static int write_main(const char *path, const unsigned char *code, uint32_t clen
 /* What the straight path below needs, given to serve() by the zygote (NULL: not given). */
 static PyObject *run_namespace;  /* the fresh __main__ every child starts from (child.py) */
 static PyObject *environ_data;   /* os.environ._data, the mapping os.environ reads */
-static PyObject *on_end;         /* child.py's end_straight: what ends the run, as Python ends */
 
 static void put_environ(const unsigned char *delta, uint32_t dlen) {
     for (uint32_t i = 0; i < dlen;) {
@@ -473,18 +472,72 @@ static void put_environ(const unsigned char *delta, uint32_t dlen) {
 /* Names the straight path looks up, made once in the zygote (interned: the very objects the
  * dictionaries hold as keys), and the sys module's dict. A look-up by C string makes and drops a
  * str in every child, and each such allocation writes pages of the child's copy of the heap. */
-enum { K_ARGV, K_PATH, K_MODULES, K_FILE, K_NUMPY, K_RANDOM, K_SEED, N_NAMES };
-static const char *const name_text[N_NAMES] = {"argv", "path", "modules", "__file__", "numpy", "random", "seed"};
+enum {
+    K_ARGV, K_PATH, K_MODULES, K_FILE, K_NUMPY, K_RANDOM, K_SEED,
+    /* The run's end (end_run) */
+    K_STDOUT, K_STDERR, K_FIRST_STDOUT, K_FIRST_STDERR, K_FLUSH, K_CLOSED, K_CODE, K_EXCEPTHOOK,
+    K_LAST_TYPE, K_LAST_VALUE, K_LAST_TRACEBACK, K_LAST_EXC, K_THREADING, K_SHUTDOWN, K_BUILTINS,
+    K_UNRAISABLEHOOK, N_NAMES
+};
+static const char *const name_text[N_NAMES] = {
+    "argv", "path", "modules", "__file__", "numpy", "random", "seed",
+    "stdout", "stderr", "__stdout__", "__stderr__", "flush", "closed", "code", "excepthook",
+    "last_type", "last_value", "last_traceback", "last_exc", "threading", "_shutdown", "__builtins__",
+    "unraisablehook",
+};
 static PyObject *names[N_NAMES];
 static PyObject *sys_dict;
+/* What the run's end calls that a program could otherwise replace by name, where Python's own end
+ * calls C (_PyAtExit_Call, the thread count): taken here, before any program runs. */
+static PyObject *run_exitfuncs; /* atexit._run_exitfuncs */
+static PyObject *thread_count;  /* _thread._count: the threads running besides the main one */
+static PyObject *unraisable_args; /* sys.UnraisableHookArgs, which sys does not name (NULL: unknown) */
 
+static PyObject *attribute_of(const char *module, const char *name) {
+    PyObject *m = PyImport_ImportModule(module);
+    if (m == NULL) return NULL;
+    PyObject *value = PyObject_GetAttrString(m, name);
+    Py_DECREF(m);
+    return value;
+}
+
+/* The type of what the interpreter hands sys.unraisablehook, taken from one error it reports to a
+ * hook that keeps it. */
+static PyObject *unraisable_args_type(void) {
+    PyObject *seen = PyList_New(0);
+    PyObject *keep = seen != NULL ? PyObject_GetAttrString(seen, "append") : NULL;
+    PyObject *hook = PyDict_GetItemWithError(sys_dict, names[K_UNRAISABLEHOOK]);
+    PyObject *type = NULL;
+    if (keep != NULL && hook != NULL) {
+        Py_INCREF(hook);
+        if (PyDict_SetItem(sys_dict, names[K_UNRAISABLEHOOK], keep) == 0) {
+            PyErr_SetString(PyExc_RuntimeError, "the type of an unraisable error's report");
+            PyErr_WriteUnraisable(Py_None);
+            if (PyList_GET_SIZE(seen) == 1) type = Py_NewRef((PyObject *)Py_TYPE(PyList_GET_ITEM(seen, 0)));
+        }
+        if (PyDict_SetItem(sys_dict, names[K_UNRAISABLEHOOK], hook) < 0) Py_CLEAR(type);
+        Py_DECREF(hook);
+    }
+    PyErr_Clear();
+    Py_XDECREF(keep);
+    Py_XDECREF(seen);
+    return type;
+}
+
+/* Once per process: in the zygote (serve), or in a child of the Python loop before its program runs
+ * (run_to_end). */
 static int prepare_names(void) {
+    if (sys_dict != NULL) return 0;
     for (int i = 0; i < N_NAMES; i++)
         if ((names[i] = PyUnicode_InternFromString(name_text[i])) == NULL) return -1;
+    if ((run_exitfuncs = attribute_of("atexit", "_run_exitfuncs")) == NULL) return -1;
+    /* Not a documented name: where it is gone, threading's own count stands in (other_threads). */
+    if ((thread_count = attribute_of("_thread", "_count")) == NULL) PyErr_Clear();
     PyObject *sys = PyImport_ImportModule("sys");
     if (sys == NULL) return -1;
     sys_dict = Py_NewRef(PyModule_GetDict(sys));
     Py_DECREF(sys);
+    unraisable_args = unraisable_args_type();
     return 0;
 }
 
@@ -497,13 +550,6 @@ static void call_method(PyObject *obj, int name) {
     PyErr_Clear();
 }
 
-/* Python code compiled by the manager, written to its main file: run it here, as `python main.py`
- * would, and exit. The same as child.py's _run_python_and_exit, without the Python function calls
- * in between: each of those wrote pages of its own (frames, reference counts, the interpreter's
- * per-instruction counters) and every page written is a copy-on-write fault in the child. The end
- * (an exception printed, threads, exit functions, streams, __main__ cleared, the status) is
- * child.py's end_straight for both loops: done here by looking up atexit._run_exitfuncs and
- * stream methods, the action's code could reassign them and fake its status. Never returns. */
 /* The thread's whole recursion budget, as a fresh interpreter has it where it starts a script. */
 static void full_recursion_budget(void) {
 #if PY_VERSION_HEX >= 0x030C0000
@@ -513,6 +559,386 @@ static void full_recursion_budget(void) {
 #endif
 }
 
+/* The run's end, as `python main.py` ends (Py_RunMain, Py_FinalizeEx) and for both loops: the status
+ * from the program's exception, then its threads, its exit functions, its streams, a collection and
+ * __main__ cleared, and _exit with the status. All of it here, with what it calls taken before the
+ * program ran: a program can reach every Python function of the sandbox (sys.modules) and replace
+ * its code or the names it calls. With the end in Python, one that wrapped os._exit to exit 0
+ * wherever a module held it, or made every function outside the standard library exit 0, failed
+ * outside and passed here. What Python's own end looks up by name (threading._shutdown, the
+ * streams and their methods, sys.excepthook) is looked up by name here too: replacing those does
+ * the same outside. child.py's _finish_and_exit is its twin where this module is not built. */
+
+#define BY_SIGINT (-2) /* the status that stands for "ends by SIGINT" (child._BY_SIGINT) */
+
+/* sys.<name> (borrowed, NULL when unset) while the program may have changed it. */
+static PyObject *sys_now(int name) {
+    PyObject *value = PyDict_GetItemWithError(sys_dict, names[name]);
+    if (value == NULL) PyErr_Clear();
+    return value;
+}
+
+static void sys_set(int name, PyObject *value) {
+    if (PyDict_SetItem(sys_dict, names[name], value) < 0) PyErr_Clear();
+}
+
+/* Python's file_is_closed: a `closed` that cannot be read or tested counts as open. */
+static int is_closed(PyObject *stream) {
+    PyObject *closed = PyObject_GetAttr(stream, names[K_CLOSED]);
+    if (closed == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int r = PyObject_IsTrue(closed);
+    Py_DECREF(closed);
+    if (r < 0) PyErr_Clear();
+    return r > 0;
+}
+
+/* stream.flush(); 0 when it raised (the error left set). */
+static int flush_stream(PyObject *stream) {
+    Py_INCREF(stream); /* the program's flush may drop sys's reference */
+    PyObject *r = PyObject_CallMethodNoArgs(stream, names[K_FLUSH]);
+    Py_XDECREF(r);
+    Py_DECREF(stream);
+    return r != NULL;
+}
+
+/* Python's flush_io, once the main module has run (or raised, before the error is printed):
+ * stderr, then stdout, errors ignored. What the program printed comes before what its threads,
+ * exit functions and subprocesses write at its end. */
+static void flush_io(void) {
+    const int order[2] = {K_STDERR, K_STDOUT};
+    for (int i = 0; i < 2; i++) {
+        PyObject *stream = sys_now(order[i]);
+        if (stream != NULL && !flush_stream(stream)) PyErr_Clear();
+    }
+}
+
+/* As PyErr_WriteUnraisable(obj) for the error being raised, but with the exception's own traceback:
+ * at Python's end no frame runs, and PyErr_WriteUnraisable would add the zygote's. Where the
+ * report's type is unknown, PyErr_WriteUnraisable itself. */
+static void write_unraisable(PyObject *obj) {
+    PyObject *hook = sys_now(K_UNRAISABLEHOOK);
+    if (unraisable_args == NULL || hook == NULL || hook == Py_None) {
+        PyErr_WriteUnraisable(obj);
+        return;
+    }
+    Py_INCREF(hook);
+    PyObject *exc = raised_exception();
+    PyObject *tb = exc != NULL ? PyException_GetTraceback(exc) : NULL;
+    PyObject *fields = exc != NULL ? PyTuple_Pack(5, (PyObject *)Py_TYPE(exc), exc, tb != NULL ? tb : Py_None,
+                                                  Py_None, obj)
+                                   : NULL;
+    PyObject *report = fields != NULL ? PyObject_CallOneArg(unraisable_args, fields) : NULL;
+    PyObject *r = report != NULL ? PyObject_CallOneArg(hook, report) : NULL;
+    Py_XDECREF(r);
+    Py_XDECREF(report);
+    Py_XDECREF(fields);
+    Py_XDECREF(tb);
+    Py_XDECREF(exc);
+    Py_DECREF(hook);
+    PyErr_Clear();
+}
+
+/* Python's flush_std_files: 0 when one that is not closed failed (Python then exits 120). `say`:
+ * report a failed stdout as Python does (the second flush, after __main__ is cleared, does not say
+ * it again). */
+static int flush_std_files(int say) {
+    int ok = 1;
+    PyObject *out = sys_now(K_STDOUT);
+    if (out != NULL && out != Py_None && !is_closed(out) && !flush_stream(out)) {
+        ok = 0;
+        if (say)
+            write_unraisable(out);
+        else
+            PyErr_Clear();
+    }
+    PyObject *err = sys_now(K_STDERR);
+    if (err != NULL && err != Py_None && !is_closed(err) && !flush_stream(err)) {
+        ok = 0;
+        PyErr_Clear();
+    }
+    return ok;
+}
+
+/* The streams the program started with, where it rebound sys.stdout or sys.stderr: Python's
+ * shutdown destroys them at its very end, which flushes what was printed to them before. */
+static void flush_first_streams(void) {
+    const int pairs[2][2] = {{K_FIRST_STDOUT, K_STDOUT}, {K_FIRST_STDERR, K_STDERR}};
+    for (int i = 0; i < 2; i++) {
+        PyObject *first = sys_now(pairs[i][0]);
+        if (first != NULL && first != Py_None && first != sys_now(pairs[i][1]) && !is_closed(first) &&
+            !flush_stream(first))
+            PyErr_Clear();
+    }
+}
+
+/* Python's _Py_HandleSystemExit: None 0; an int as (int)PyLong_AsLong gives it (beyond a C long:
+ * -1, status 255), its low 8 bits the status; anything else printed to stderr, status 1. */
+static int exit_code_of(PyObject *exc) {
+    PyObject *code = PyObject_GetAttr(exc, names[K_CODE]);
+    if (code == NULL) { /* a `code` that raises: the exception itself is printed, as Python does */
+        PyErr_Clear();
+        code = Py_NewRef(exc);
+    }
+    int status = 1;
+    if (code == Py_None) {
+        status = 0;
+    } else if (PyLong_Check(code)) { /* the real type, and its value, whatever a subclass overrides */
+        long value = PyLong_AsLong(code);
+        if (value == -1 && PyErr_Occurred()) PyErr_Clear();
+        status = (int)value & 0xFF;
+    } else {
+        PyObject *err = sys_now(K_STDERR);
+        if (err != NULL && err != Py_None) {
+            Py_INCREF(err);
+            if (PyFile_WriteObject(code, err, Py_PRINT_RAW) < 0) PyErr_Clear();
+            Py_DECREF(err);
+        } else {
+            if (PyObject_Print(code, stderr, Py_PRINT_RAW) < 0) PyErr_Clear();
+            fflush(stderr);
+        }
+        PySys_WriteStderr("\n");
+        PyErr_Clear();
+    }
+    Py_DECREF(code);
+    return status;
+}
+
+static int is_system_exit(PyObject *exc) {
+    /* The real class, as PyExceptionInstance_Class reads it: not a `__class__` the program made. */
+    return PyType_IsSubtype(Py_TYPE(exc), (PyTypeObject *)PyExc_SystemExit);
+}
+
+/* As PyErr_Print after a program's uncaught exception: sys.last_* set (the exit functions may read
+ * them), then sys.excepthook, or the interpreter's printer where the program deleted it. A hook that
+ * raises SystemExit ends the program with its status (returned; else -1); one that raises anything
+ * else is reported with the original exception. Called from here, no frame of ours is on either
+ * traceback. */
+static int report(PyObject *exc) {
+    PyObject *type = (PyObject *)Py_TYPE(exc);
+    PyObject *tb = PyException_GetTraceback(exc);
+    PyObject *tb_or_none = tb != NULL ? tb : Py_None;
+    sys_set(K_LAST_TYPE, type);
+    sys_set(K_LAST_VALUE, exc);
+    sys_set(K_LAST_TRACEBACK, tb_or_none);
+#if PY_VERSION_HEX >= 0x030C0000
+    sys_set(K_LAST_EXC, exc);
+#endif
+    int status = -1;
+    PyObject *hook = sys_now(K_EXCEPTHOOK);
+    if (hook == NULL) {
+        PySys_WriteStderr("sys.excepthook is missing\n");
+        PyErr_Display(type, exc, tb_or_none);
+    } else {
+        Py_INCREF(hook);
+        PyObject *r = PyObject_CallFunctionObjArgs(hook, type, exc, tb_or_none, NULL);
+        Py_DECREF(hook);
+        if (r == NULL) {
+            PyObject *failed = raised_exception();
+            if (failed != NULL && is_system_exit(failed)) {
+                status = exit_code_of(failed);
+            } else if (failed != NULL) {
+                fflush(stdout);
+                PySys_WriteStderr("Error in sys.excepthook:\n");
+                PyObject *failed_tb = PyException_GetTraceback(failed);
+                PyErr_Display((PyObject *)Py_TYPE(failed), failed, failed_tb != NULL ? failed_tb : Py_None);
+                Py_XDECREF(failed_tb);
+                PySys_WriteStderr("\nOriginal exception was:\n");
+                PyErr_Display(type, exc, tb_or_none);
+            }
+            Py_XDECREF(failed);
+        }
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(tb);
+    PyErr_Clear();
+    return status;
+}
+
+/* The status of a program ended by `exc`: a SystemExit's code; otherwise the exception reported,
+ * then the end by SIGINT after a KeyboardInterrupt of exactly that class (run_eval_code_obj
+ * compares the class itself, so a subclass ends with 1), else 1. */
+static int status_of(PyObject *exc) {
+    if (is_system_exit(exc)) return exit_code_of(exc);
+    int hooked = report(exc);
+    if (hooked >= 0) return hooked;
+    return Py_TYPE(exc) == (PyTypeObject *)PyExc_KeyboardInterrupt ? BY_SIGINT : 1;
+}
+
+/* As finalize_modules_delete_special: sys.last_* deleted before the collection, and the tracebacks
+ * of that exception (and of its causes and contexts) cut, so that its frames, and what they hold,
+ * can be released with __main__. */
+static void forget_last_exception(void) {
+    PyObject *value = sys_now(K_LAST_VALUE);
+    PyObject *pending = PyList_New(0);
+    PyObject *seen = PySet_New(NULL);
+    if (pending == NULL || seen == NULL || (value != NULL && PyList_Append(pending, value) < 0)) {
+        PyErr_Clear();
+        Py_XDECREF(pending);
+        Py_XDECREF(seen);
+        return;
+    }
+    const int special[4] = {K_LAST_TYPE, K_LAST_VALUE, K_LAST_TRACEBACK, K_LAST_EXC};
+    for (int i = 0; i < 4; i++)
+        if (PyDict_DelItem(sys_dict, names[special[i]]) < 0) PyErr_Clear();
+    while (PyList_GET_SIZE(pending) > 0) {
+        Py_ssize_t last = PyList_GET_SIZE(pending) - 1;
+        PyObject *exc = Py_NewRef(PyList_GET_ITEM(pending, last));
+        if (PyList_SetSlice(pending, last, last + 1, NULL) < 0) {
+            Py_DECREF(exc);
+            break;
+        }
+        PyObject *key = PyLong_FromVoidPtr(exc);
+        int known = key != NULL ? PySet_Contains(seen, key) : -1;
+        if (PyExceptionInstance_Check(exc) && known == 0 && PySet_Add(seen, key) == 0) {
+            PyException_SetTraceback(exc, Py_None);
+            PyObject *cause = PyException_GetCause(exc), *context = PyException_GetContext(exc);
+            if (cause != NULL && PyList_Append(pending, cause) < 0) PyErr_Clear();
+            if (context != NULL && PyList_Append(pending, context) < 0) PyErr_Clear();
+            Py_XDECREF(cause);
+            Py_XDECREF(context);
+        }
+        PyErr_Clear();
+        Py_XDECREF(key);
+        Py_DECREF(exc);
+    }
+    PyErr_Clear();
+    Py_DECREF(pending);
+    Py_DECREF(seen);
+}
+
+/* What a finaliser calls through the globals: kept while __main__'s other objects are released. */
+static int code_like(PyObject *value) {
+    return PyFunction_Check(value) || PyCFunction_Check(value) || PyModule_Check(value) || PyType_Check(value);
+}
+
+/* 1: a name with one leading underscore; 0: any other; -1: two (a dunder, or __builtins__). */
+static int underscores(PyObject *key) {
+    Py_ssize_t n = PyUnicode_GET_LENGTH(key);
+    if (n == 0 || PyUnicode_READ_CHAR(key, 0) != '_') return 0;
+    return n >= 2 && PyUnicode_READ_CHAR(key, 1) == '_' ? -1 : 1;
+}
+
+/* Release what __main__ holds, as Python's shutdown does (child._clear_main says why and in which
+ * order): its objects other than functions, classes and modules first, the newest first; then its
+ * names as _PyModule_ClearDict clears a module still alive, one leading underscore first, every
+ * other but __builtins__ next. Finalisers run, and files left open are flushed and closed. */
+static void clear_main(PyObject *ns) {
+    PyObject *keys = PyDict_Keys(ns);
+    if (keys == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    for (Py_ssize_t i = PyList_GET_SIZE(keys) - 1; i >= 0; i--) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        if (!PyUnicode_Check(key) || underscores(key) < 0) continue;
+        PyObject *value = PyDict_GetItemWithError(ns, key);
+        if (value != NULL && !code_like(value) && PyDict_SetItem(ns, key, Py_None) < 0) PyErr_Clear();
+        PyErr_Clear();
+    }
+    Py_DECREF(keys);
+    for (int single = 1; single >= 0; single--) {
+        if ((keys = PyDict_Keys(ns)) == NULL) {
+            PyErr_Clear();
+            return;
+        }
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++) {
+            PyObject *key = PyList_GET_ITEM(keys, i);
+            if (!PyUnicode_Check(key) || key == names[K_BUILTINS] ||
+                PyUnicode_Compare(key, names[K_BUILTINS]) == 0)
+                continue;
+            PyErr_Clear();
+            if ((underscores(key) == 1) == single && PyDict_SetItem(ns, key, Py_None) < 0) PyErr_Clear();
+        }
+        Py_DECREF(keys);
+    }
+}
+
+/* The threads running besides the main one: _thread's count (every thread started through Python),
+ * else threading's (none where threading was never imported, or the count cannot be read). */
+static long other_threads(void) {
+    PyObject *n = NULL;
+    long count = 0;
+    if (thread_count != NULL) {
+        n = PyObject_CallNoArgs(thread_count);
+    } else {
+        PyObject *threading = PyImport_GetModule(names[K_THREADING]);
+        if (threading != NULL) n = PyObject_CallMethod(threading, "active_count", NULL);
+        Py_XDECREF(threading);
+        count = -1; /* active_count counts the main thread too */
+    }
+    count = n != NULL ? count + PyLong_AsLong(n) : 0;
+    Py_XDECREF(n);
+    PyErr_Clear();
+    return count;
+}
+
+/* The end of a run: `exc` (stolen; NULL: the code ran to its end) in __main__'s namespace `ns`.
+ * Never returns. */
+static void end_run(PyObject *exc, PyObject *ns) {
+    flush_io();
+    int status = exc == NULL ? 0 : status_of(exc);
+    Py_XDECREF(exc);
+    /* wait_for_thread_shutdown: only code that imported threading can have started its threads. */
+    PyObject *threading = PyImport_GetModule(names[K_THREADING]);
+    if (threading != NULL) {
+        PyObject *r = PyObject_CallMethodNoArgs(threading, names[K_SHUTDOWN]);
+        if (r == NULL) PyErr_WriteUnraisable(threading);
+        Py_XDECREF(r);
+        Py_DECREF(threading);
+    }
+    PyErr_Clear();
+    PyObject *r = PyObject_CallNoArgs(run_exitfuncs);
+    Py_XDECREF(r);
+    PyErr_Clear();
+    int flushed = flush_std_files(1);
+    forget_last_exception();
+    /* Not while other threads run: Python's shutdown stops them first (they never take the
+     * interpreter again), and one that went on would find its globals gone. */
+    if (other_threads() == 0) {
+        PyGC_Collect();
+        clear_main(ns);
+        PyGC_Collect();
+    }
+    flushed = flush_std_files(flushed) && flushed;
+    flush_first_streams();
+    fflush(NULL); /* what C code of the program left in stdio's buffers, as exit(3) writes it */
+    if (status == BY_SIGINT) {
+        signal(SIGINT, SIG_DFL);
+        kill(getpid(), SIGINT);
+        status = 130; /* SIGINT blocked: what Python's exit_sigint then returns */
+    } else if (!flushed) {
+        status = 120;
+    }
+    _exit(status);
+}
+
+/* Run a code object in `ns` to its end, then end the run (end_run). Never returns. */
+static void run_to_end(PyObject *code, PyObject *ns) {
+    /* The program starts as deep as under `python main.py`, where its module is the first frame:
+     * the frames below it (the zygote's entry and loop, and in the Python loop the child's) would
+     * otherwise count against the recursion limit, and a recursion 995 to 998 deep that passes
+     * outside would fail here. Nothing returns to those frames, so the count is not restored. */
+    full_recursion_budget();
+    PyObject *done = code ? PyEval_EvalCode(code, ns, ns) : NULL;
+    PyObject *exc = NULL;
+    if (done == NULL) {
+        exc = raised_exception();
+        /* No exception set with the run failed: never a success. */
+        if (exc == NULL) exc = PyObject_CallFunction(PyExc_SystemError, "s", "the program failed with no exception set");
+        if (exc == NULL) _exit(1);
+    }
+    Py_XDECREF(done);
+    end_run(exc, ns);
+}
+
+/* Python code compiled by the manager, written to its main file: run it here, as `python main.py`
+ * would, and end (run_to_end). The same as child.py's _run_python_and_exit, without the Python
+ * function calls in between: each of those wrote pages of its own (frames, reference counts, the
+ * interpreter's per-instruction counters) and every page written is a copy-on-write fault in the
+ * child. Never returns. */
 static void run_straight(const char *main_file, const unsigned char *compiled, uint32_t cblen,
                          const unsigned char *delta, uint32_t dlen) {
     put_environ(delta, dlen);
@@ -544,23 +970,7 @@ static void run_straight(const char *main_file, const unsigned char *compiled, u
         Py_XDECREF(random);
         PyErr_Clear();
     }
-    PyObject *code = PyMarshal_ReadObjectFromString((const char *)compiled, (Py_ssize_t)cblen);
-    /* The program starts as deep as under `python main.py`, where its module is the first frame:
-     * the zygote's own frames below it (its entry, its loop, this call) would otherwise count
-     * against the recursion limit, and a recursion 995 to 998 deep that passes outside would fail
-     * here. Nothing returns to those frames (the child exits below), so the count is not restored. */
-    full_recursion_budget();
-    PyObject *done = code ? PyEval_EvalCode(code, run_namespace, run_namespace) : NULL;
-    PyObject *exc = NULL;
-    if (done == NULL) {
-        exc = raised_exception();
-        /* No exception set with the run failed: never a success. */
-        if (exc == NULL) exc = PyObject_CallFunction(PyExc_SystemError, "s", "the program failed with no exception set");
-        if (exc == NULL) _exit(1);
-    }
-    PyObject *r = PyObject_CallOneArg(on_end, exc ? exc : Py_None);
-    Py_XDECREF(r);
-    _exit(1);
+    run_to_end(PyMarshal_ReadObjectFromString((const char *)compiled, (Py_ssize_t)cblen), run_namespace);
 }
 
 /* (kind, code, argv, env_delta, ctrl_fd, main_file, compiled) for the child's Python side. */
@@ -890,9 +1300,8 @@ static void on_exit_of(int sock, int ep, int pidfd) {
 
 static PyObject *zygote_serve(PyObject *self, PyObject *args) {
     int sock, pid_namespace, own_pidns, devnull;
-    PyObject *ns = NULL, *env = NULL, *handler = NULL, *filter = NULL;
-    if (!PyArg_ParseTuple(args, "iiii|OOOO", &sock, &pid_namespace, &own_pidns, &devnull, &ns, &env, &handler,
-                          &filter))
+    PyObject *ns = NULL, *env = NULL, *filter = NULL;
+    if (!PyArg_ParseTuple(args, "iiii|OOO", &sock, &pid_namespace, &own_pidns, &devnull, &ns, &env, &filter))
         return NULL;
     if (filter != NULL && filter != Py_None) {
         if (!PyBytes_Check(filter) || PyBytes_GET_SIZE(filter) == 0 ||
@@ -910,14 +1319,13 @@ static PyObject *zygote_serve(PyObject *self, PyObject *args) {
         seccomp_prog.filter = copy;
     }
     if (ns != NULL && ns != Py_None) {
-        if (!PyDict_Check(ns) || env == NULL || !PyDict_Check(env) || handler == NULL || !PyCallable_Check(handler)) {
-            PyErr_SetString(PyExc_TypeError, "serve: namespace, environ data and handler must be a dict, a dict and a callable");
+        if (!PyDict_Check(ns) || env == NULL || !PyDict_Check(env)) {
+            PyErr_SetString(PyExc_TypeError, "serve: namespace and environ data must be dicts");
             return NULL;
         }
         /* Kept for the process's life (the children's copies are theirs). */
         run_namespace = Py_NewRef(ns);
         environ_data = Py_NewRef(env);
-        on_end = Py_NewRef(handler);
         if (prepare_names() < 0) return NULL;
     }
     int ep = epoll_create1(EPOLL_CLOEXEC);
@@ -967,8 +1375,9 @@ static PyObject *zygote_malloc_trim(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* child._run_code's: the program it runs starts with the whole budget (see run_straight). Nothing
- * returns below it in a child but the loops that run the code, which only gain by it. */
+/* child._run_code's (a session's call, or a child without this module's end): the program it runs
+ * starts with the whole budget (see run_to_end). Nothing returns below it in a child but the loops
+ * that run the code, which only gain by it. */
 static PyObject *zygote_fresh_recursion(PyObject *self, PyObject *unused) {
     full_recursion_budget();
     Py_RETURN_NONE;
@@ -982,6 +1391,30 @@ static PyObject *zygote_flush_stdio(PyObject *self, PyObject *unused) {
 }
 
 /* zygote_wire.IDENTITY_FILES, told once at start: (name in the workdir root, file it covers). */
+/* child._run_python_and_exit's: run_to_end for a code object the child compiled (or unmarshalled),
+ * in the Python loop and in the C loop's children that did not take the straight path. */
+static PyObject *zygote_run_to_end(PyObject *self, PyObject *args) {
+    PyObject *code, *ns;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyCode_Type, &code, &PyDict_Type, &ns)) return NULL;
+    if (prepare_names() < 0) return NULL;
+    run_to_end(Py_NewRef(code), ns);
+    return NULL; /* never reached */
+}
+
+/* child._run_python_and_exit's: the end of a run whose code could not be compiled (a SyntaxError),
+ * its exception raised before the program's first line, so with no traceback. */
+static PyObject *zygote_end_with(PyObject *self, PyObject *args) {
+    PyObject *exc, *ns;
+    if (!PyArg_ParseTuple(args, "OO!", &exc, &PyDict_Type, &ns)) return NULL;
+    if (!PyExceptionInstance_Check(exc)) {
+        PyErr_SetString(PyExc_TypeError, "end_with: an exception instance is needed");
+        return NULL;
+    }
+    if (prepare_names() < 0) return NULL;
+    end_run(Py_NewRef(exc), ns);
+    return NULL; /* never reached */
+}
+
 static PyObject *zygote_set_identity(PyObject *self, PyObject *pairs) {
     if (!PyTuple_Check(pairs) || PyTuple_GET_SIZE(pairs) > IDENTITY_MAX) {
         PyErr_SetString(PyExc_ValueError, "set_identity: a tuple of at most 4 (name, path) pairs");
@@ -1017,6 +1450,8 @@ static PyMethodDef methods[] = {
     {"few_malloc_arenas", zygote_few_malloc_arenas, METH_NOARGS, "mallopt(M_ARENA_MAX, 2) (glibc)."},
     {"fresh_recursion", zygote_fresh_recursion, METH_NOARGS, "The thread's whole recursion budget."},
     {"flush_stdio", zygote_flush_stdio, METH_NOARGS, "fflush(NULL): C stdio's buffers, as exit(3) does."},
+    {"run_to_end", zygote_run_to_end, METH_VARARGS, "Run a code object in a namespace and end as python does."},
+    {"end_with", zygote_end_with, METH_VARARGS, "End a run with an exception raised before its code ran."},
     {"set_identity", zygote_set_identity, METH_O, "The identity files to bind (zygote_wire.IDENTITY_FILES)."},
     {NULL, NULL, 0, NULL},
 };

@@ -47,7 +47,9 @@ _MAX_FD = 1 << 30  # closerange's upper bound: everything
 # Taken when the zygote imports this module, before any action's code runs. The end of a run must
 # not go through names the action's code can reassign, as the interpreter's own end does not (it
 # calls C): with ``os._exit = lambda c: real(0)`` a failing program exited 0, and with
-# ``atexit._run_exitfuncs`` replaced its exit functions never ran.
+# ``atexit._run_exitfuncs`` replaced its exit functions never ran. (Where the C module is built a
+# run ends in C, which the program cannot reach at all: these serve a session's calls, and the
+# end where it is not built.)
 _EXIT = os._exit
 _RUN_EXITFUNCS = atexit._run_exitfuncs
 _COLLECT = gc.collect
@@ -335,15 +337,20 @@ def prepare_child_world() -> None:
 
 
 _CHILD_MAIN: dict[str, Any] | None = None
-# The C module's reset of the recursion budget (``_run_code``), where it was built: the code starts
-# with the zygote's frames below it, which would count against the program's recursion limit.
+# The C module's parts, where it was built: the reset of the recursion budget (``_run_code``: the
+# code starts with the zygote's frames below it, which would count against the program's recursion
+# limit), C stdio's flush, and a run's whole end (``_run_python_and_exit``).
 try:
     _C_MODULE: Any = __import__("arl_tangram.sandbox._zygote", fromlist=["fresh_recursion"])
     _FRESH_RECURSION: Callable[[], None] | None = _C_MODULE.fresh_recursion
     _C_FLUSH: Callable[[], None] | None = _C_MODULE.flush_stdio
+    _C_RUN_TO_END: Callable[[types.CodeType, dict[str, Any]], NoReturn] | None = _C_MODULE.run_to_end
+    _C_END_WITH: Callable[[BaseException, dict[str, Any]], NoReturn] | None = _C_MODULE.end_with
 except ImportError:  # no C compiler at install
     _FRESH_RECURSION = None
     _C_FLUSH = None
+    _C_RUN_TO_END = None
+    _C_END_WITH = None
 
 
 def _flush_c_stdio() -> None:
@@ -386,10 +393,9 @@ def _die_with_parent() -> None:
 
 def straight_path() -> tuple[Any, ...]:
     """What the C loop's straight path for compiled Python code needs (_zygote.c's run_straight):
-    the prepared ``__main__`` namespace, the mapping behind ``os.environ``, and what ends the run
-    (``end_straight``)."""
+    the prepared ``__main__`` namespace and the mapping behind ``os.environ``."""
     environ: Any = os.environ
-    return (_CHILD_MAIN, environ._data, end_straight)
+    return (_CHILD_MAIN, environ._data)
 
 
 def warm_child_path() -> None:
@@ -520,26 +526,38 @@ def _run_code(
     try:
         if _FRESH_RECURSION is not None:
             _FRESH_RECURSION()  # as deep as under ``python main.py`` (_zygote.c's run_straight)
-        if compiled is not None:
-            exec(marshal.loads(compiled), namespace)
-        else:
-            # dont_inherit: not this module's ``from __future__ import annotations``, which
-            # ``python file.py`` does not have either (annotations would come back as strings).
-            text = source or ""
-            # Run from a file, the file's bytes (``python main.py``); else the text (``python -c``).
-            source_code = text if filename == "<string>" else source_of(text)
-            exec(compile(source_code, filename, "exec", dont_inherit=True), namespace)
+        code = _code_of(source, filename, compiled)
     except BaseException as exc:
-        # Skip our own frame, as the interpreter's own traceback would. Through BaseException's own
-        # method and slot: a class of the program's may override ``with_traceback`` (one returning
-        # ``SystemExit(0)`` turned a failure into a success) or ``__traceback__``.
-        tb = _TRACEBACK_OF(exc)
-        _WITH_TRACEBACK(exc, tb.tb_next if tb is not None else None)
-        failure = exc
+        # Raised before the program's first line (a SyntaxError): no frame of the program's.
+        failure = _WITH_TRACEBACK(exc, None)
+    else:
+        try:
+            exec(code, namespace)
+        except BaseException as exc:
+            # Skip our own frame, as the interpreter's own traceback would. Through BaseException's
+            # own method and slot: a class of the program's may override ``with_traceback`` (one
+            # returning ``SystemExit(0)`` turned a failure into a success) or ``__traceback__``.
+            tb = _TRACEBACK_OF(exc)
+            _WITH_TRACEBACK(exc, tb.tb_next if tb is not None else None)
+            failure = exc
     _flush_io()
     # Reported outside the ``except``, as Python reports it from C: an exception the program's
     # ``sys.excepthook`` raises has no context, and ``sys.exc_info()`` there is empty.
     return 0 if failure is None else _status_of(failure)
+
+
+def _code_of(source: str | None, filename: str, compiled: Any) -> types.CodeType:
+    """The action's code object: ``compiled`` (marshalled by the manager), else ``source`` compiled
+    under ``filename``. Raises what compiling raises (a SyntaxError), as ``python main.py`` would."""
+    if compiled is not None:
+        code: types.CodeType = marshal.loads(compiled)
+        return code
+    # dont_inherit: not this module's ``from __future__ import annotations``, which ``python
+    # file.py`` does not have either (annotations would come back as strings).
+    text = source or ""
+    # Run from a file, the file's bytes (``python main.py``); else the text (``python -c``).
+    source_code = text if filename == "<string>" else source_of(text)
+    return compile(source_code, filename, "exec", dont_inherit=True)
 
 
 def _status_of(exc: BaseException) -> int:
@@ -632,7 +650,9 @@ def _flush_first_streams() -> None:
     """The streams the program started with, where it rebound sys.stdout or sys.stderr: Python's
     shutdown destroys them at its very end, which flushes what was printed to them before. Each on
     its own (a detached one raises), and never a reason to fail."""
-    for first, now in ((sys.__stdout__, sys.stdout), (sys.__stderr__, sys.stderr)):
+    names = sys.__dict__  # a stream the program deleted is None here, not an error for both
+    for name in ("stdout", "stderr"):
+        first, now = names.get(f"__{name}__"), names.get(name)
         with suppress(BaseException):
             if first is not None and first is not now and not _is_closed(first):
                 first.flush()
@@ -745,26 +765,28 @@ def _run_python_and_exit(req: dict[str, Any]) -> NoReturn:
         # numpy's global generator is not reseeded at fork, unlike the random module's.
         with suppress(Exception):
             sys.modules["numpy"].random.seed()
-    _finish_and_exit(_run_code(req["code"], namespace, filename, compiled), namespace)
-
-
-def end_straight(exc: BaseException | None) -> NoReturn:
-    """The end of the C loop's straight path (_zygote.c's run_straight): the action's code ran to
-    its end (None) or raised ``exc``. Say it as ``python main.py`` would, and end as it would."""
-    code = 1
+    if _C_RUN_TO_END is None or _C_END_WITH is None:
+        _finish_and_exit(_run_code(req["code"], namespace, filename, compiled), namespace)
+    # The code runs, and the run ends, in C (_zygote.c's run_to_end): no frame of this module runs
+    # again once the program has started. The program can reach this module (``sys.modules``) and
+    # replace any of its functions or the names they call; with the end here, one that made every
+    # function outside the standard library exit 0 failed outside and passed in the sandbox.
     try:
-        _flush_io()
-        # Its traceback's first entry is the code's own frame: run from C, no frame of ours is on it.
-        code = 0 if exc is None else _status_of(exc)
-    finally:
-        _finish_and_exit(code)
+        code = _code_of(req["code"], filename, compiled)
+    except BaseException as exc:
+        # Raised before the program's first line (a SyntaxError): no frame of the program's.
+        _C_END_WITH(_WITH_TRACEBACK(exc, None), namespace)
+    _C_RUN_TO_END(code, namespace)
 
 
 def _finish_and_exit(code: int, namespace: dict[str, Any] | None = None) -> NoReturn:
     """What Python does after a program's main module (``Py_FinalizeEx``): its threads, its exit
     functions, its streams, a collection and ``__main__`` cleared (finalisers run, open files are
     flushed), its streams again; then the exit: 120 when a stream could not be flushed, and by
-    SIGINT after a KeyboardInterrupt. Every name it calls was taken before the action's code ran."""
+    SIGINT after a KeyboardInterrupt. Every name it calls was taken before the action's code ran.
+
+    Only where the C module is not built: this is Python code, which the program can reach and
+    replace (see ``_run_python_and_exit``); _zygote.c's end_run is its twin, in C."""
     try:
         threading = sys.modules.get("threading")
         if threading is not None:  # only code that imported it can have started threads

@@ -5,7 +5,8 @@ values is written here: the reference is the interpreter itself.
 
 The programs are the ways a run's end was found to differ: ones that fake success by reassigning
 what the sandbox's own end called (``os._exit``, ``atexit._run_exitfuncs``, builtins, ``signal``
-names, an int subclass's operators, a stream's ``closed``), exit statuses beyond a C long, SIGINT
+names, an int subclass's operators, a stream's ``closed``) or by replacing the sandbox's own
+functions (found through ``sys.modules``, without naming them), exit statuses beyond a C long, SIGINT
 raised or inherited, stdout that cannot be flushed at exit (Python's 120), what shutdown does
 (finalisers, generators' ``finally``, files left open) and a lone surrogate printed; exceptions that
 lie about their class or traceback, ``sys.excepthook``'s own end, output order at the end (Python
@@ -189,6 +190,41 @@ PROGRAMS = {
         "import subprocess\n"
         "subprocess.run('echo out > /dev/stdout; echo err > /dev/stderr', shell=True, check=True)\n"
     ),
+    # Fake successes through the sandbox's own code, found without naming it: what the run's end
+    # calls after the program is C, with what it needs taken before the program ran.
+    "os._exit replaced in every module's globals": (
+        "import os, sys\n"
+        "def fake(real=os._exit):\n    return lambda code: real(0)\n"
+        "target = os._exit\n"
+        "for m in list(sys.modules.values()):\n"
+        "    d = getattr(m, '__dict__', None)\n"
+        "    if isinstance(d, dict) and m is not sys.modules['__main__']:\n"
+        "        for k, v in list(d.items()):\n"
+        "            if v is target:\n"
+        "                d[k] = fake()\n"
+        "assert 1 == 2\n"
+    ),
+    "every function of every module outside the standard library made to exit 0": (
+        "import os, sys, sysconfig, types\n"
+        "stdlib = (sysconfig.get_paths()['stdlib'], sysconfig.get_paths()['platstdlib'])\n"
+        "leave = (lambda *a, **k: __import__('os')._exit(0)).__code__\n"
+        "for m in list(sys.modules.values()):\n"
+        "    if m is sys.modules['__main__'] or (getattr(m, '__file__', None) or '').startswith(stdlib):\n"
+        "        continue\n"
+        "    for f in list(getattr(m, '__dict__', {}).values()):\n"
+        "        if isinstance(f, types.FunctionType) and not f.__code__.co_freevars:\n"
+        "            f.__code__ = leave\n"
+        "assert 1 == 2\n"
+    ),
+    # What Python's own end calls by name, the program may replace outside too: the same status.
+    "threading._shutdown replaced to exit 0": (
+        "import os, threading\nthreading._shutdown = lambda: os._exit(0)\nassert 1 == 2\n"
+    ),
+    # Compiled in the child (the manager could not): what fails to compile fails before its first
+    # line, with no traceback of anyone's frames.
+    "a syntax error": "print('before')\nif True\n    print(1)\n",
+    "a syntax error with an exit function's module imported": "import atexit\nx = (\n",
+    "an indentation error": "def f():\nreturn 1\n",
     "a plain failure": "assert 1 == 2\n",
     "a plain success": "print(sum(range(10)))\n",
 }
@@ -233,6 +269,9 @@ def _main_named(text: str) -> str:
 # it built, both loops start it as deep as `python main.py` does (docs/sandbox-agent-api.md).
 # Where stderr is compared too (tracebacks with the main file by name): what the program's end says.
 STDERR_TOO = {
+    "a syntax error",
+    "a syntax error with an exit function's module imported",
+    "an indentation error",
     "an exception that claims to be SystemExit",
     "with_traceback overridden to return SystemExit(0)",
     "with_traceback overridden, compiled in the child",
@@ -250,6 +289,11 @@ C_MODULE_ONLY = {
     "a recursion 997 deep",
     "a recursion 997 deep, compiled in the child",
 }
+# Without the C module the run's end is Python code of the sandbox's, which these replace.
+C_END_ONLY = {
+    "os._exit replaced in every module's globals",
+    "every function of every module outside the standard library made to exit 0",
+}
 
 
 @pytest.mark.parametrize("name", list(PROGRAMS))
@@ -259,6 +303,8 @@ def test_a_program_ends_as_under_python(
     code = PROGRAMS[name]
     if name in C_MODULE_ONLY and not C_BUILT:
         request.applymarker(pytest.mark.xfail(strict=True, reason="the Python loop's frames count"))
+    if name in C_END_ONLY and not C_BUILT:
+        request.applymarker(pytest.mark.xfail(strict=True, reason="the run's end is Python's"))
     want = _outside(code, tmp_path, stderr=name in STDERR_TOO)
     resp = loop_agent.post("/run_code", {"code": code, "language": "python", "run_timeout": 20})
     assert resp.status_code == 200, resp.text
