@@ -307,6 +307,21 @@ async def _expect(request: web.Request) -> web.StreamResponse | None:
         return _error_response(
             request, 417, {"error": f"unknown Expect: {expect[:80]!r}; only 100-continue"}, {}
         )
+    # Who asks, before the body is sent: a client without a valid token (or at a standby) that
+    # waits for the 100 is refused at once, as it would be once it had sent its body.
+    try:
+        refusal = await _admit(request, state)
+    except Exception as exc:
+        answer = as_http(exc)
+        if answer is None:
+            raise
+        state.metrics.requests.labels(route, str(answer.status)).inc()
+        if answer.status in (401, 403, 429):
+            state.metrics.refused.labels(str(answer.status)).inc()
+        return _error_response(request, answer.status, answer.body, answer.headers)
+    if refusal is not None:
+        state.metrics.requests.labels(route, str(refusal.status)).inc()
+        return refusal
     limit = state.config.max_body_bytes
     length = request.content_length
     if length is not None and length > limit and route not in STREAMED_PATHS:
@@ -363,9 +378,12 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         state.metrics.request_answered(_route_name(request), status, time.perf_counter() - start)
 
 
-async def _guarded(request: web.Request, handler: Handler, state: GatewayState) -> web.StreamResponse:
-    if request.path in OPEN_PATHS:
-        return await handler(request)
+async def _admit(request: web.Request, state: GatewayState) -> web.StreamResponse | None:
+    """Whether this replica takes the request, and from whom: a standby's 503 (returned), or the
+    caller's principal (kept on the request); raises ``Unauthenticated`` or ``Forbidden``. Asked
+    once per request, by ``_expect`` where the client waits to send its body, else by ``_guarded``."""
+    if request.path in OPEN_PATHS or PRINCIPAL_KEY in request:
+        return None
     lead = state.readiness()
     if not lead.leader:
         state.metrics.refused.labels("standby").inc()
@@ -387,6 +405,15 @@ async def _guarded(request: web.Request, handler: Handler, state: GatewayState) 
         raise Unauthenticated("missing bearer token: send Authorization: Bearer <ServiceAccount token>")
     else:
         request[PRINCIPAL_KEY] = await state.auth.authenticate(token)
+    return None
+
+
+async def _guarded(request: web.Request, handler: Handler, state: GatewayState) -> web.StreamResponse:
+    if request.path in OPEN_PATHS:
+        return await handler(request)
+    refusal = await _admit(request, state)
+    if refusal is not None:
+        return refusal
     route = _route_name(request)
     if route in QUERY_OF:  # an unknown path or method is answered 404 / 405 by its own handler
         check_query(request, QUERY_OF[route])

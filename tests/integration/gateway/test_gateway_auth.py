@@ -10,6 +10,7 @@ import json
 import socket
 import time
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import pytest
 import requests
@@ -116,6 +117,51 @@ def test_refusals_name_what_is_missing(gateway: tuple[Gateway, KubernetesAuthent
         timeout=60,
     )
     assert run_code.status_code == 403 and run_code.json()["status"] == "SandboxError"
+
+
+def _expecting(gw: Gateway, token: str | None, body: bytes) -> socket.socket:
+    """A POST that announces its body and waits to be told to send it (``Expect: 100-continue``,
+    as curl sends it for a large upload)."""
+    where = urlsplit(gw.url)
+    conn = socket.create_connection((where.hostname, where.port), timeout=30)
+    auth = f"Authorization: Bearer {token}\r\n".encode() if token else b""
+    conn.sendall(
+        b"POST /v1/actions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        + auth
+        + b"Expect: 100-continue\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+    )
+    return conn
+
+
+def _until_closed(conn: socket.socket) -> bytes:
+    out = b""
+    while chunk := conn.recv(65536):
+        out += chunk
+    return out
+
+
+def test_a_body_waiting_for_100_continue_is_refused_before_it_is_sent(
+    gateway: tuple[Gateway, KubernetesAuthenticator],
+) -> None:
+    """A caller with no valid token that asks before sending its body hears 401 at once, not a
+    100 that has it upload the body only to be refused; one with a valid token gets the 100."""
+    gw, _ = gateway
+    body = json.dumps(ACTION).encode()
+    for token, why in ((None, "missing bearer token"), ("tok-nobody", "not accepted")):
+        with _expecting(gw, token, body) as conn:
+            answer = _until_closed(conn)  # the body never sent: the answer came before it
+        head, _, text = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 401"), answer
+        assert why in json.loads(text)["error"], answer
+    with _expecting(gw, "tok-alice", body) as conn:
+        assert conn.recv(64).startswith(b"HTTP/1.1 100 Continue"), "no 100 for a valid token"
+        conn.sendall(body)
+        answer = _until_closed(conn)
+    head, _, text = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), answer
+    assert json.loads(text)["stdout"] == "authorised\n", answer
 
 
 def test_open_routes_need_no_token(gateway: tuple[Gateway, KubernetesAuthenticator]) -> None:
