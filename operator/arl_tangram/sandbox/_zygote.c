@@ -477,13 +477,13 @@ enum {
     /* The run's end (end_run) */
     K_STDOUT, K_STDERR, K_FIRST_STDOUT, K_FIRST_STDERR, K_FLUSH, K_CLOSED, K_CODE, K_EXCEPTHOOK,
     K_LAST_TYPE, K_LAST_VALUE, K_LAST_TRACEBACK, K_LAST_EXC, K_THREADING, K_SHUTDOWN, K_BUILTINS,
-    K_UNRAISABLEHOOK, N_NAMES
+    K_UNRAISABLEHOOK, K_LOADER, K_MAIN, N_NAMES
 };
 static const char *const name_text[N_NAMES] = {
     "argv", "path", "modules", "__file__", "numpy", "random", "seed",
     "stdout", "stderr", "__stdout__", "__stderr__", "flush", "closed", "code", "excepthook",
     "last_type", "last_value", "last_traceback", "last_exc", "threading", "_shutdown", "__builtins__",
-    "unraisablehook",
+    "unraisablehook", "__loader__", "__main__",
 };
 static PyObject *names[N_NAMES];
 static PyObject *sys_dict;
@@ -492,6 +492,7 @@ static PyObject *sys_dict;
 static PyObject *run_exitfuncs; /* atexit._run_exitfuncs */
 static PyObject *thread_count;  /* _thread._count: the threads running besides the main one */
 static PyObject *unraisable_args; /* sys.UnraisableHookArgs, which sys does not name (NULL: unknown) */
+static PyObject *source_loader;   /* SourceFileLoader: what loads a script's __main__ (NULL: unknown) */
 
 static PyObject *attribute_of(const char *module, const char *name) {
     PyObject *m = PyImport_ImportModule(module);
@@ -538,6 +539,7 @@ static int prepare_names(void) {
     sys_dict = Py_NewRef(PyModule_GetDict(sys));
     Py_DECREF(sys);
     unraisable_args = unraisable_args_type();
+    if ((source_loader = attribute_of("_frozen_importlib_external", "SourceFileLoader")) == NULL) PyErr_Clear();
     return 0;
 }
 
@@ -947,6 +949,10 @@ static void run_straight(const char *main_file, const unsigned char *compiled, u
     PyObject *dir = PyUnicode_DecodeFSDefaultAndSize(main_file, slash ? slash - main_file : 0);
     if (file == NULL || dir == NULL || PyDict_SetItem(run_namespace, names[K_FILE], file) < 0)
         child_fail("the main module");
+    /* __loader__ as `python main.py` has it: a SourceFileLoader of its file (child._main_loader). */
+    PyObject *loader = source_loader ? PyObject_CallFunctionObjArgs(source_loader, names[K_MAIN], file, NULL) : NULL;
+    if (loader == NULL || PyDict_SetItem(run_namespace, names[K_LOADER], loader) < 0) PyErr_Clear();
+    Py_XDECREF(loader);
     /* sys.argv becomes [main_file]: the zygote's list (python -c's ['-c']) is reused in place. */
     PyObject *argv = sys_get(K_ARGV);
     if (argv != NULL && PyList_CheckExact(argv) && PyList_GET_SIZE(argv) == 1) {

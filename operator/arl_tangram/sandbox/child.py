@@ -414,6 +414,8 @@ def _fresh_main_module() -> dict[str, Any]:
     # As ``python main.py`` has them: a module-level annotation goes into ``__annotations__``, which
     # a program may read before it makes any; ``__cached__`` is None for a script.
     main.__dict__["__cached__"] = None
+    # ``python -c``'s loader; a run from its main file gets that file's (``_main_loader``).
+    main.__dict__["__loader__"] = sys.modules["_frozen_importlib"].BuiltinImporter
     if sys.version_info < (3, 14):  # 3.14 makes module annotations on demand (PEP 649)
         main.__dict__.update(__annotations__={})
     sys.modules["__main__"] = main
@@ -421,6 +423,12 @@ def _fresh_main_module() -> dict[str, Any]:
     if sys.path:
         sys.path[0] = ""
     return main.__dict__
+
+
+def _main_loader(filename: str) -> Any:
+    """``__loader__`` as ``python main.py`` has it: a SourceFileLoader of the file (the C loop's
+    straight path makes the same in run_straight)."""
+    return sys.modules["_frozen_importlib_external"].SourceFileLoader("__main__", filename)
 
 
 def _fresh_std_streams() -> None:
@@ -758,6 +766,7 @@ def _run_python_and_exit(req: dict[str, Any]) -> NoReturn:
         compiled = None  # compiled under the file's name: compile again, as `python -c` would
     else:
         namespace["__file__"] = filename
+        namespace["__loader__"] = _main_loader(filename)
         sys.argv = [filename]
         if sys.path:
             sys.path[0] = filename.rpartition("/")[0]

@@ -124,7 +124,14 @@ PROGRAMS = {
     "stdout set to None": "import sys\nprint('first')\nsys.stdout = None\n",
     "the main module's names": (
         "print(__annotations__, __cached__, __spec__, __package__, __doc__, __name__)\n"
-        "print(sorted(k for k in globals() if k.startswith('__') and k != '__loader__'))\n"
+        "print(sorted(k for k in globals() if k.startswith('__')))\n"
+    ),
+    "the main module's loader": (
+        "import inspect, sys\n"
+        "print(type(__loader__).__name__, __loader__.name, __loader__.path == __file__)\n"
+        "print(__loader__.get_source('__main__').splitlines()[0])\n"
+        "main = sys.modules['__main__']\n"
+        "print(main.__loader__ is __loader__, len(inspect.getsource(main)))\n"
     ),
     # Fake successes: the status must come from the exception's real class and traceback slot.
     "an exception that claims to be SystemExit": (
