@@ -477,13 +477,16 @@ enum {
     /* The run's end (end_run) */
     K_STDOUT, K_STDERR, K_FIRST_STDOUT, K_FIRST_STDERR, K_FLUSH, K_CLOSED, K_CODE, K_EXCEPTHOOK,
     K_LAST_TYPE, K_LAST_VALUE, K_LAST_TRACEBACK, K_LAST_EXC, K_THREADING, K_SHUTDOWN, K_BUILTINS,
-    K_UNRAISABLEHOOK, K_LOADER, K_MAIN, N_NAMES
+    K_UNRAISABLEHOOK, K_LOADER, K_MAIN,
+    /* A session's calls (serve_session) */
+    K_CALL, K_SOURCE, K_STRING, K_EXEC, K_DONT_INHERIT, N_NAMES
 };
 static const char *const name_text[N_NAMES] = {
     "argv", "path", "modules", "__file__", "numpy", "random", "seed",
     "stdout", "stderr", "__stdout__", "__stderr__", "flush", "closed", "code", "excepthook",
     "last_type", "last_value", "last_traceback", "last_exc", "threading", "_shutdown", "__builtins__",
     "unraisablehook", "__loader__", "__main__",
+    "call", "code", "<string>", "exec", "dont_inherit",
 };
 static PyObject *names[N_NAMES];
 static PyObject *sys_dict;
@@ -493,6 +496,7 @@ static PyObject *run_exitfuncs; /* atexit._run_exitfuncs */
 static PyObject *thread_count;  /* _thread._count: the threads running besides the main one */
 static PyObject *unraisable_args; /* sys.UnraisableHookArgs, which sys does not name (NULL: unknown) */
 static PyObject *source_loader;   /* SourceFileLoader: what loads a script's __main__ (NULL: unknown) */
+static PyObject *compile_source;  /* builtins.compile, as the interpreter had it (a session's calls) */
 
 static PyObject *attribute_of(const char *module, const char *name) {
     PyObject *m = PyImport_ImportModule(module);
@@ -532,6 +536,7 @@ static int prepare_names(void) {
     for (int i = 0; i < N_NAMES; i++)
         if ((names[i] = PyUnicode_InternFromString(name_text[i])) == NULL) return -1;
     if ((run_exitfuncs = attribute_of("atexit", "_run_exitfuncs")) == NULL) return -1;
+    if ((compile_source = attribute_of("builtins", "compile")) == NULL) return -1;
     /* Not a documented name: where it is gone, threading's own count stands in (other_threads). */
     if ((thread_count = attribute_of("_thread", "_count")) == NULL) PyErr_Clear();
     PyObject *sys = PyImport_ImportModule("sys");
@@ -918,7 +923,9 @@ static void end_run(PyObject *exc, PyObject *ns) {
 }
 
 /* Run a code object in `ns` to its end, then end the run (end_run). Never returns. */
-static void run_to_end(PyObject *code, PyObject *ns) {
+/* Run a code object (NULL: what made it failed, its exception set) in `ns`: the exception it ended
+ * with, or NULL where it ran to its end. */
+static PyObject *evaluate(PyObject *code, PyObject *ns) {
     /* The program starts as deep as under `python main.py`, where its module is the first frame:
      * the frames below it (the zygote's entry and loop, and in the Python loop the child's) would
      * otherwise count against the recursion limit, and a recursion 995 to 998 deep that passes
@@ -933,7 +940,106 @@ static void run_to_end(PyObject *code, PyObject *ns) {
         if (exc == NULL) _exit(1);
     }
     Py_XDECREF(done);
-    end_run(exc, ns);
+    return exc;
+}
+
+static void run_to_end(PyObject *code, PyObject *ns) { end_run(evaluate(code, ns), ns); }
+
+/* A session's persistent interpreter (child._interpreter_loop, whose Python loop serves where this
+ * module is not built): each call's code runs in the same globals, and its status goes back on the
+ * control socket as one answer (wire.SESSION_ANSWER: the call's token, the status). All of it here,
+ * for the reasons end_run gives, and because the program shares this process: from Python a call
+ * could read its token (the loop's frame) and write the answer itself, or replace what computes
+ * the status, and pass a call that failed. The token is the manager's secret for the call, taken
+ * out of the request before any of the program's code runs, and held only here; an answer
+ * written by another process (a helper the program left to forward the true one, changed) is
+ * refused by its sender's pid (SCM_CREDENTIALS, forkserver._on_ctrl). Python code of the
+ * agent's still runs before each call (`prepare`: its stdin, cores, environment, shadowed
+ * modules): replaced, it can make a call fail or end the interpreter, which fails the call. */
+static pid_t session_pid; /* the interpreter's own: a process its call forked is another */
+
+static int serve_call(int ctrl, PyObject *ns, PyObject *prepare, int devnull) { /* 0: served; 1: closed; -1 */
+    unsigned char header[4];
+    struct iovec iov = {header, sizeof header};
+    union {
+        char buf[CMSG_SPACE(3 * sizeof(int))];
+        struct cmsghdr align;
+    } control;
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf, .msg_controllen = sizeof control.buf};
+    ssize_t got = recvmsg(ctrl, &msg, MSG_CMSG_CLOEXEC);
+    if (got < (ssize_t)sizeof header) return 1; /* the manager closed its end (or a short read): done */
+    int fds[3], nfds = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            nfds = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            if (nfds > 3) nfds = 3;
+            memcpy(fds, CMSG_DATA(c), (size_t)nfds * sizeof(int));
+        }
+    uint32_t length;
+    memcpy(&length, header, sizeof length);
+    unsigned char *payload = length > 0 && length <= (1u << 30) ? malloc(length) : NULL;
+    if (payload == NULL) return -1;
+    for (uint32_t done = 0; done < length;) {
+        ssize_t n = recv(ctrl, payload + done, length - done, 0);
+        if (n <= 0) {
+            if (n < 0 && errno == EINTR) continue;
+            free(payload);
+            return -1;
+        }
+        done += (uint32_t)n;
+    }
+    PyObject *request = PyMarshal_ReadObjectFromString((const char *)payload, (Py_ssize_t)length);
+    free(payload);
+    if (request == NULL || !PyDict_Check(request)) return -1;
+    PyObject *token_of = PyDict_GetItemWithError(request, names[K_CALL]);
+    long long token = token_of != NULL ? PyLong_AsLongLong(token_of) : -1;
+    PyObject *source = PyDict_GetItemWithError(request, names[K_SOURCE]);
+    if (token_of == NULL || PyErr_Occurred() || source == NULL) return -1;
+    Py_INCREF(source);
+    /* Out of the program's reach from here on: neither is in any object it can find. */
+    if (PyDict_DelItem(request, names[K_CALL]) < 0 || PyDict_DelItem(request, names[K_SOURCE]) < 0) return -1;
+    for (int i = 0; i < nfds; i++) {
+        dup2(fds[i], i);
+        close(fds[i]);
+    }
+    PyObject *ready = PyObject_CallOneArg(prepare, request);
+    Py_DECREF(request);
+    if (ready == NULL) { /* said on the call's stderr; the interpreter ends, which fails the call */
+        PyObject *failed = raised_exception();
+        if (failed != NULL) PyErr_Display((PyObject *)Py_TYPE(failed), failed, Py_None);
+        Py_XDECREF(failed);
+        return -1;
+    }
+    Py_DECREF(ready);
+    PyObject *args = PyTuple_Pack(3, source, names[K_STRING], names[K_EXEC]);
+    PyObject *kwargs = args != NULL ? PyDict_New() : NULL;
+    if (kwargs == NULL || PyDict_SetItem(kwargs, names[K_DONT_INHERIT], Py_True) < 0) return -1;
+    /* As `python -c` compiles it: not with this module's caller's future flags (dont_inherit). */
+    PyObject *code = PyObject_Call(compile_source, args, kwargs);
+    Py_DECREF(args);
+    Py_DECREF(kwargs);
+    Py_DECREF(source);
+    PyObject *exc = evaluate(code, ns);
+    Py_XDECREF(code);
+    flush_io();
+    int status = exc == NULL ? 0 : status_of(exc);
+    Py_XDECREF(exc);
+    if (status == BY_SIGINT) status = 1; /* a KeyboardInterrupt ends the call, not the session */
+    flush_std_files(1);
+    /* What this call printed to the streams it started with and then rebound goes with its output,
+     * not a later call's. */
+    flush_first_streams();
+    fflush(NULL);
+    /* A process the call forked that ran on to its end (`if os.fork() == 0: ...` falling through):
+     * it ends there, as under `python -c`, and answers nothing. */
+    if (getpid() != session_pid) _exit(status & 0xFF);
+    for (int i = 0; i < 3; i++) dup2(devnull, i);
+    unsigned char answer[12];
+    int64_t t = (int64_t)token;
+    int32_t st = (int32_t)status;
+    memcpy(answer, &t, sizeof t); /* little-endian, as wire.SESSION_ANSWER packs it */
+    memcpy(answer + sizeof t, &st, sizeof st);
+    return send(ctrl, answer, sizeof answer, MSG_NOSIGNAL) == (ssize_t)sizeof answer ? 0 : -1;
 }
 
 /* Python code compiled by the manager, written to its main file: run it here, as `python main.py`
@@ -1421,6 +1527,22 @@ static PyObject *zygote_end_with(PyObject *self, PyObject *args) {
     return NULL; /* never reached */
 }
 
+/* child._interpreter_loop's: serve a session's calls on control descriptor `ctrl` until the manager
+ * closes it (serve_call: 1), then exit 0; 1 where a call could not be served. Never returns. */
+static PyObject *zygote_serve_session(PyObject *self, PyObject *args) {
+    int ctrl;
+    PyObject *ns, *prepare;
+    if (!PyArg_ParseTuple(args, "iO!O", &ctrl, &PyDict_Type, &ns, &prepare)) return NULL;
+    if (prepare_names() < 0) return NULL;
+    int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (devnull < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    session_pid = getpid();
+    int served;
+    while ((served = serve_call(ctrl, ns, prepare, devnull)) == 0) {
+    }
+    _exit(served > 0 ? 0 : 1);
+}
+
 static PyObject *zygote_set_identity(PyObject *self, PyObject *pairs) {
     if (!PyTuple_Check(pairs) || PyTuple_GET_SIZE(pairs) > IDENTITY_MAX) {
         PyErr_SetString(PyExc_ValueError, "set_identity: a tuple of at most 4 (name, path) pairs");
@@ -1458,6 +1580,7 @@ static PyMethodDef methods[] = {
     {"flush_stdio", zygote_flush_stdio, METH_NOARGS, "fflush(NULL): C stdio's buffers, as exit(3) does."},
     {"run_to_end", zygote_run_to_end, METH_VARARGS, "Run a code object in a namespace and end as python does."},
     {"end_with", zygote_end_with, METH_VARARGS, "End a run with an exception raised before its code ran."},
+    {"serve_session", zygote_serve_session, METH_VARARGS, "Serve a session's calls on its control socket."},
     {"set_identity", zygote_set_identity, METH_O, "The identity files to bind (zygote_wire.IDENTITY_FILES)."},
     {NULL, NULL, 0, NULL},
 };

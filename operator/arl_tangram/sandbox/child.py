@@ -339,18 +339,22 @@ def prepare_child_world() -> None:
 _CHILD_MAIN: dict[str, Any] | None = None
 # The C module's parts, where it was built: the reset of the recursion budget (``_run_code``: the
 # code starts with the zygote's frames below it, which would count against the program's recursion
-# limit), C stdio's flush, and a run's whole end (``_run_python_and_exit``).
+# limit), C stdio's flush, a run's whole end (``_run_python_and_exit``) and a session's loop.
 try:
     _C_MODULE: Any = __import__("arl_tangram.sandbox._zygote", fromlist=["fresh_recursion"])
     _FRESH_RECURSION: Callable[[], None] | None = _C_MODULE.fresh_recursion
     _C_FLUSH: Callable[[], None] | None = _C_MODULE.flush_stdio
     _C_RUN_TO_END: Callable[[types.CodeType, dict[str, Any]], NoReturn] | None = _C_MODULE.run_to_end
     _C_END_WITH: Callable[[BaseException, dict[str, Any]], NoReturn] | None = _C_MODULE.end_with
+    _C_SERVE_SESSION: Callable[[int, dict[str, Any], Callable[[dict[str, Any]], None]], NoReturn] | None = (
+        _C_MODULE.serve_session
+    )
 except ImportError:  # no C compiler at install
     _FRESH_RECURSION = None
     _C_FLUSH = None
     _C_RUN_TO_END = None
     _C_END_WITH = None
+    _C_SERVE_SESSION = None
 
 
 def _flush_c_stdio() -> None:
@@ -826,12 +830,25 @@ def _finish_and_exit(code: int, namespace: dict[str, Any] | None = None) -> NoRe
         _EXIT(code if 0 <= code <= 255 else 1)
 
 
+def _prepare_call(request: dict[str, Any]) -> None:
+    """Before a session's call runs: a fresh stdin, the call's cores and environment (TANGRAM_CORES,
+    TANGRAM_DOP...), and the program's own modules ahead of the agent's."""
+    _fresh_stdin()
+    if request.get("cores"):
+        os.sched_setaffinity(0, request["cores"])
+    os.environ.update(request.get("env") or {})
+    unshadow()
+
+
 def _interpreter_loop() -> NoReturn:
-    """A session's persistent interpreter: run each call's code in the same globals."""
+    """A session's persistent interpreter: run each call's code in the same globals. In C where the
+    C module is built (_zygote.c's serve_session, which says why); this loop otherwise."""
     namespace = _CHILD_MAIN
     if namespace is None:
         namespace = _fresh_main_module()
         _fresh_std_streams()
+    if _C_SERVE_SESSION is not None:
+        _C_SERVE_SESSION(_CTRL_FD, namespace, _prepare_call)
     import socket
 
     ctrl = socket.socket(fileno=_CTRL_FD)
@@ -854,11 +871,7 @@ def _interpreter_loop() -> NoReturn:
         for target, fd in zip((0, 1, 2), fds, strict=False):
             os.dup2(fd, target)
             os.close(fd)
-        _fresh_stdin()
-        if request.get("cores"):
-            os.sched_setaffinity(0, request["cores"])
-        os.environ.update(request.get("env") or {})
-        unshadow()
+        _prepare_call(request)
         code = _run_code(request["code"], namespace)
         if code == _BY_SIGINT:
             code = 1  # a KeyboardInterrupt ends the call, not the session (as at a Python prompt)

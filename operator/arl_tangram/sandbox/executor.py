@@ -655,10 +655,15 @@ class Executor:
         elif reply.get("memory_error"):
             outcome = "memory_limit_exceeded"
             message = "the program ran out of its memory limit"
-        elif reply.get("exit_code") == 0:
+        elif reply.get("exit_code") == 0 and not reply.get("interp_ended"):
             outcome = "ok"
         else:
             outcome = "failed"
+        if reply.get("interp_ended") and not message:
+            message = (
+                f"the session's interpreter ended during the call (exit status {reply.get('exit_code')}) "
+                "without answering it (its variables are gone; the next call starts a fresh one)"
+            )
         if reply.get("interp_stopped") and not message:
             message = (
                 "the call left processes running, so the session's interpreter was stopped (its "

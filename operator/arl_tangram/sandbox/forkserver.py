@@ -36,6 +36,7 @@ from __future__ import annotations
 import heapq
 import marshal
 import os
+import secrets
 import select
 import signal
 import socket
@@ -143,6 +144,7 @@ class Call:
         "exited",
         "id",
         "interp",
+        "interp_ended",
         "interp_restarted",
         "interp_stopped",
         "main_file",
@@ -163,6 +165,7 @@ class Call:
         "started",
         "stdin_feed",
         "timed_out",
+        "token",
         "uid",
         "watching",
     )
@@ -191,6 +194,8 @@ class Call:
         self.interp = interp
         self.interp_restarted = interp_restarted
         self.interp_stopped = False
+        self.interp_ended = False  # its interpreter ended during it, unanswered: never a success
+        self.token = -1  # a session call's secret, which its answer carries (``_answer_of``)
         self.out = bytearray()
         self.err = bytearray()
         self.out_truncated = False
@@ -913,9 +918,11 @@ class ForkServer:
         _hand_over(interp.uid, [w_out, w_err] if stdin_fd == self.devnull else [w_out, w_err, stdin_fd])
         # The interpreter was forked for an earlier call: it takes this call's cores and environment
         # (TANGRAM_CORES, TANGRAM_DOP...) itself before running the code.
-        # The call's id comes back with its answer (``_answer_of``).
+        # The call's token comes back with its answer (``_answer_of``): drawn afresh for each call,
+        # so that the program cannot know it (the C loop keeps it out of the program's reach).
+        token = secrets.randbits(62)
         payload = marshal.dumps(
-            {"call": msg["id"], "code": msg["code"], "cores": msg["cores"], "env": msg["env"]}
+            {"call": token, "code": msg["code"], "cores": msg["cores"], "env": msg["env"]}
         )
         started = time.monotonic()
         try:
@@ -946,6 +953,7 @@ class ForkServer:
             interp_restarted=restarted,
         )
         call.cores = msg["cores"]
+        call.token = token
         interp.call = call
         self._track(call, r_out, r_err)
         self._start_feed(call, stdin_w, stdin_rest)
@@ -963,6 +971,8 @@ class ForkServer:
         netns = self._take_netns()
         msg["netns"] = netns >= 0
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # Each read of its answers says which process wrote them (``_on_ctrl``).
+        parent.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         try:
             fds = [child.fileno()] if netns < 0 else [child.fileno(), netns]
             pid, pidfd = self.zy.spawn(msg, fds, interp=True)
@@ -1126,6 +1136,9 @@ class ForkServer:
         if call is not None and not call.exited:
             call.exited = True
             call.ended_at = time.monotonic()
+            # A call's status is its answer; an interpreter that ends without one (``os._exit(0)``
+            # in the call, or in agent code it replaced) has not passed it.
+            call.interp_ended = True
             self._set_status(call, status)
             if call.open_pipes:
                 heapq.heappush(self.timers, (call.ended_at + EOF_GRACE_S, call.id))
@@ -1133,28 +1146,31 @@ class ForkServer:
 
     def _on_ctrl(self, interp: Interp) -> None:
         try:
-            chunk = interp.ctrl.recv(65536)
+            chunk, ancillary, _, _ = interp.ctrl.recvmsg(65536, CREDENTIALS_SPACE)
         except BlockingIOError:
             return
         except OSError:
-            chunk = b""
+            chunk, ancillary = b"", []
         if not chunk:
             return  # the pidfd reports the death
+        # Written by the interpreter's own process, or not its loop's answer: another process
+        # holding the control socket (one the program started, to pass on the true answer changed).
+        forged = _sender_of(ancillary) != interp.pid
         interp.rbuf += chunk
-        if len(interp.rbuf) < ANSWER.size:
+        if len(interp.rbuf) < ANSWER.size and not forged:
             return  # the rest of the answer comes with the next read
         # Exactly one answer, read as two integers (``wire.SESSION_ANSWER``): never unmarshalled.
-        reply = bytes(interp.rbuf) if len(interp.rbuf) == ANSWER.size else None
+        reply = bytes(interp.rbuf) if len(interp.rbuf) == ANSWER.size and not forged else None
         interp.rbuf.clear()
         call = interp.call
         exit_code = _answer_of(reply, call)
         if exit_code is None or call is None:
             # Not the loop's one answer to the call waiting: a frame the program wrote on the
             # control socket itself (it shares the interpreter's process), malformed, too big,
-            # or for no call. The interpreter is no longer trusted: it goes (the next call gets
-            # a fresh one), and the call waiting, if any, fails. (A list frame crashed this
-            # loop for every action; {"exit_code": 0} passed a failing call and let it run on
-            # past its timeout.)
+            # or for no call, or from another process. The interpreter is no longer trusted: it
+            # goes (the next call gets a fresh one), and the call waiting, if any, fails. (A list
+            # frame crashed this loop for every action; {"exit_code": 0} passed a failing call and
+            # let it run on past its timeout.)
             if call is not None and not call.exited:
                 call.interp_stopped = True
             self._kill_interp(interp)
@@ -1242,6 +1258,7 @@ class ForkServer:
             "setup_error": call.exit_code == SETUP_FAILED and call.interp is None,
             "interp_restarted": call.interp_restarted,
             "interp_stopped": call.interp_stopped,
+            "interp_ended": call.interp_ended,
             "workdir_removed": False,
             "cores": call.cores,
             "busy_cores": self.pool.busy,
@@ -1434,13 +1451,27 @@ def _with_filename(code: types.CodeType, path: str) -> types.CodeType:
 
 def _answer_of(reply: bytes | None, call: Call | None) -> int | None:
     """The exit status in ``reply`` when it is the interpreter loop's answer to ``call``, the call
-    waiting: exactly ``ANSWER`` of its id and a status; else None."""
+    waiting: exactly ``ANSWER`` of its token and a status; else None."""
     if call is None or call.exited or reply is None:
         return None
-    call_id, code = ANSWER.unpack(reply)
-    if call_id != call.id or not 0 <= code <= 255:
+    token, code = ANSWER.unpack(reply)
+    if token != call.token or not 0 <= code <= 255:
         return None
     return int(code)
+
+
+# Room for one SCM_CREDENTIALS message (struct ucred: pid, uid, gid).
+CREDENTIALS = struct.Struct("=iII")
+CREDENTIALS_SPACE = socket.CMSG_SPACE(CREDENTIALS.size)
+
+
+def _sender_of(ancillary: list[tuple[int, int, bytes]]) -> int | None:
+    """The pid of the process that wrote what was read (SO_PASSCRED), as this process sees it."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= CREDENTIALS.size:
+            pid: int = CREDENTIALS.unpack_from(data)[0]
+            return pid
+    return None
 
 
 def _hand_over(uid: int | None, pipes: list[int]) -> None:

@@ -74,6 +74,7 @@ class Reply(TypedDict, total=False):
     setup_error: bool
     interp_restarted: bool
     interp_stopped: bool
+    interp_ended: bool
     workdir_removed: bool
     cores: list[int]
     busy_cores: int

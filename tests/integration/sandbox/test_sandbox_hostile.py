@@ -502,3 +502,100 @@ def test_threads_a_persistent_call_leaves_run_only_during_calls_on_their_cores(a
     finally:
         requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
     wait_until(lambda: processes_of(agent.uids) == [], what="the interpreter to be gone")
+
+
+# A session's call that fails, made to look as if it passed: by what the call itself does, or by
+# what an earlier call of the session left behind. None may be reported "ok".
+_FORWARDER = (
+    "import os, socket, subprocess, sys\n"
+    "a, b = socket.socketpair()\n"
+    "real = os.dup(3)\n"
+    "os.dup2(a.fileno(), 3)\n"
+    "helper = ('import os, struct, sys\\n'\n"
+    "          'b, real = int(sys.argv[1]), int(sys.argv[2])\\n'\n"
+    "          'token, status = struct.unpack(\"<qi\", os.read(b, 12))\\n'\n"
+    "          'os.write(real, struct.pack(\"<qi\", token, 0))\\n')\n"
+    "subprocess.Popen([sys.executable, '-c', helper, str(b.fileno()), str(real)],\n"
+    "                 pass_fds=(b.fileno(), real))\n"
+)
+FAKED_SESSION_CALLS: dict[str, tuple[str, str]] = {
+    # (an earlier call, the failing call)
+    "the answer written with the loop's token, read from its frame": (
+        "x = 1\n",
+        "import struct, sys, os\nf = sys._getframe()\n"
+        "while f is not None and 'request' not in f.f_locals:\n    f = f.f_back\n"
+        "token = f.f_locals['request']['call'] if f is not None else 0\n"
+        "os.write(3, struct.pack('<qi', token, 0))\nassert 1 == 2\n",
+    ),
+    "the answer written with every token a dict of the process holds": (
+        "x = 1\n",
+        "import gc, os, struct\n"
+        "for d in gc.get_objects():\n"
+        "    if isinstance(d, dict) and isinstance(d.get('call'), int):\n"
+        "        os.write(3, struct.pack('<qi', d['call'], 0))\n"
+        "assert 1 == 2\n",
+    ),
+    "the true answer passed on changed by a helper process": ("x = 1\n", _FORWARDER + "assert 1 == 2\n"),
+    "the true answer passed on changed by a thread": (
+        "x = 1\n",
+        "import os, socket, struct, threading\n"
+        "a, b = socket.socketpair()\nreal = os.dup(3)\nos.dup2(a.fileno(), 3)\n"
+        "def forward():\n"
+        "    token, status = struct.unpack('<qi', b.recv(12))\n"
+        "    os.write(real, struct.pack('<qi', token, 0))\n"
+        "threading.Thread(target=forward, daemon=True).start()\n"
+        "assert 1 == 2\n",
+    ),
+    "the agent's status functions replaced by an earlier call": (
+        "import sys\nfor m in list(sys.modules.values()):\n"
+        "    for k in ('_status_of', '_exit_code_of', '_run_code', '_report'):\n"
+        "        if isinstance(getattr(m, '__dict__', None), dict) and k in m.__dict__:\n"
+        "            m.__dict__[k] = lambda *a, **kw: 0\n",
+        "assert 1 == 2\n",
+    ),
+    "the agent's preparation replaced by an earlier call, to exit 0": (
+        "import os, sys\nfor m in list(sys.modules.values()):\n"
+        "    d = getattr(m, '__dict__', None)\n"
+        "    if isinstance(d, dict) and callable(d.get('_prepare_call')):\n"
+        "        d['_prepare_call'].__code__ = (lambda request: __import__('os')._exit(0)).__code__\n",
+        "assert 1 == 2\n",
+    ),
+    "the interpreter ended with status 0 by the call": ("x = 1\n", "import os\nos._exit(0)\n"),
+}
+
+
+@pytest.mark.parametrize("name", list(FAKED_SESSION_CALLS))
+def test_a_failing_session_call_cannot_be_made_to_pass(agent: Agent, name: str) -> None:
+    """The program shares its session's interpreter, so it can reach the loop that answers each
+    call, and the control socket it answers on. The answer carries a token drawn for each call and
+    held where the program cannot read it, it is taken only from the interpreter's own process, and
+    an interpreter that ends during a call has not passed it."""
+    earlier, failing = FAKED_SESSION_CALLS[name]
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    try:
+        assert agent.execute(earlier, session_id=sid)["status"] == "ok"
+        body = agent.execute(failing, session_id=sid, timeout_s=3)
+        assert body["status"] != "ok", (name, body)
+        assert agent.healthy()
+        # The session goes on (with a fresh interpreter where the old one went).
+        assert agent.execute("print('next')", session_id=sid)["stdout"] == "next\n"
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+    wait_until(lambda: processes_of(agent.uids) == [], what="the interpreter to be gone")
+
+
+def test_a_process_a_session_call_forked_ends_there(agent: Agent) -> None:
+    """A child the call forked that runs on to the call's end ends as it would under ``python -c``:
+    it does not answer in the interpreter's place, and the call is the parent's."""
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    try:
+        code = (
+            "import os\npid = os.fork()\n"
+            "if pid:\n    os.waitpid(pid, 0)\n    print('parent')\nelse:\n    print('child')\n"
+        )
+        body = agent.execute(code, session_id=sid)
+        assert body["status"] == "ok" and sorted(str(body["stdout"]).split()) == ["child", "parent"], body
+        again = agent.execute("print(pid > 0)", session_id=sid)
+        assert again["stdout"] == "True\n" and again["interpreter_restarted"] is False, again
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
