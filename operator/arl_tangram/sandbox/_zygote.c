@@ -477,7 +477,9 @@ enum {
     /* The run's end (end_run) */
     K_STDOUT, K_STDERR, K_FIRST_STDOUT, K_FIRST_STDERR, K_FLUSH, K_CLOSED, K_CODE, K_EXCEPTHOOK,
     K_LAST_TYPE, K_LAST_VALUE, K_LAST_TRACEBACK, K_LAST_EXC, K_THREADING, K_SHUTDOWN, K_BUILTINS,
-    K_UNRAISABLEHOOK, K_LOADER, K_MAIN,
+    K_UNRAISABLEHOOK, K_LOADER, K_MAIN, K_STDIN, K_FIRST_STDIN, K_CACHED, K_ACTIVE_COUNT, K_NAME,
+    K_DOC, K_PACKAGE, K_SPEC, K_ANNOTATIONS, K_PS1, K_PS2, K_PATH_HOOKS, K_PATH_IMPORTER_CACHE,
+    K_META_PATH, K_INTERACTIVEHOOK,
     /* A session's calls (serve_session) */
     K_CALL, K_SOURCE, K_STRING, K_EXEC, K_DONT_INHERIT, N_NAMES
 };
@@ -485,15 +487,16 @@ static const char *const name_text[N_NAMES] = {
     "argv", "path", "modules", "__file__", "numpy", "random", "seed",
     "stdout", "stderr", "__stdout__", "__stderr__", "flush", "closed", "code", "excepthook",
     "last_type", "last_value", "last_traceback", "last_exc", "threading", "_shutdown", "__builtins__",
-    "unraisablehook", "__loader__", "__main__",
+    "unraisablehook", "__loader__", "__main__", "stdin", "__stdin__", "__cached__", "active_count", "__name__",
+    "__doc__", "__package__", "__spec__", "__annotations__", "ps1", "ps2", "path_hooks", "path_importer_cache",
+    "meta_path", "__interactivehook__",
     "call", "code", "<string>", "exec", "dont_inherit",
 };
 static PyObject *names[N_NAMES];
 static PyObject *sys_dict;
 /* What the run's end calls that a program could otherwise replace by name, where Python's own end
- * calls C (_PyAtExit_Call, the thread count): taken here, before any program runs. */
+ * calls C (_PyAtExit_Call): taken here, before any program runs. */
 static PyObject *run_exitfuncs; /* atexit._run_exitfuncs */
-static PyObject *thread_count;  /* _thread._count: the threads running besides the main one */
 static PyObject *unraisable_args; /* sys.UnraisableHookArgs, which sys does not name (NULL: unknown) */
 static PyObject *source_loader;   /* SourceFileLoader: what loads a script's __main__ (NULL: unknown) */
 static PyObject *compile_source;  /* builtins.compile, as the interpreter had it (a session's calls) */
@@ -537,8 +540,6 @@ static int prepare_names(void) {
         if ((names[i] = PyUnicode_InternFromString(name_text[i])) == NULL) return -1;
     if ((run_exitfuncs = attribute_of("atexit", "_run_exitfuncs")) == NULL) return -1;
     if ((compile_source = attribute_of("builtins", "compile")) == NULL) return -1;
-    /* Not a documented name: where it is gone, threading's own count stands in (other_threads). */
-    if ((thread_count = attribute_of("_thread", "_count")) == NULL) PyErr_Clear();
     PyObject *sys = PyImport_ImportModule("sys");
     if (sys == NULL) return -1;
     sys_dict = Py_NewRef(PyModule_GetDict(sys));
@@ -567,8 +568,8 @@ static void full_recursion_budget(void) {
 }
 
 /* The run's end, as `python main.py` ends (Py_RunMain, Py_FinalizeEx) and for both loops: the status
- * from the program's exception, then its threads, its exit functions, its streams, a collection and
- * __main__ cleared, and _exit with the status. All of it here, with what it calls taken before the
+ * from the program's exception, then its threads, its exit functions, its streams, __main__ let go
+ * of and collected, and _exit with the status. All of it here, with what it calls taken before the
  * program ran: a program can reach every Python function of the sandbox (sys.modules) and replace
  * its code or the names it calls. With the end in Python, one that wrapped os._exit to exit 0
  * wherever a module held it, or made every function outside the standard library exit 0, failed
@@ -583,6 +584,12 @@ static PyObject *sys_now(int name) {
     PyObject *value = PyDict_GetItemWithError(sys_dict, names[name]);
     if (value == NULL) PyErr_Clear();
     return value;
+}
+
+/* The same, a strong reference (NULL or None: none): what the program's code may drop meanwhile. */
+static PyObject *sys_held(int name) {
+    PyObject *value = sys_now(name);
+    return value != NULL && value != Py_None ? Py_NewRef(value) : NULL;
 }
 
 static void sys_set(int name, PyObject *value) {
@@ -604,10 +611,8 @@ static int is_closed(PyObject *stream) {
 
 /* stream.flush(); 0 when it raised (the error left set). */
 static int flush_stream(PyObject *stream) {
-    Py_INCREF(stream); /* the program's flush may drop sys's reference */
     PyObject *r = PyObject_CallMethodNoArgs(stream, names[K_FLUSH]);
     Py_XDECREF(r);
-    Py_DECREF(stream);
     return r != NULL;
 }
 
@@ -617,282 +622,285 @@ static int flush_stream(PyObject *stream) {
 static void flush_io(void) {
     const int order[2] = {K_STDERR, K_STDOUT};
     for (int i = 0; i < 2; i++) {
-        PyObject *stream = sys_now(order[i]);
+        PyObject *stream = sys_held(order[i]);
         if (stream != NULL && !flush_stream(stream)) PyErr_Clear();
+        Py_XDECREF(stream);
     }
 }
 
-/* As PyErr_WriteUnraisable(obj) for the error being raised, but with the exception's own traceback:
- * at Python's end no frame runs, and PyErr_WriteUnraisable would add the zygote's. Where the
- * report's type is unknown, PyErr_WriteUnraisable itself. */
+/* As PyErr_WriteUnraisable(obj) for the error being raised, with the exception's own traceback:
+ * PyErr_WriteUnraisable adds the frame running, if any, as Python's end has none. */
 static void write_unraisable(PyObject *obj) {
-    PyObject *hook = sys_now(K_UNRAISABLEHOOK);
-    if (unraisable_args == NULL || hook == NULL || hook == Py_None) {
+    PyObject *exc = raised_exception();
+    PyObject *hook = sys_held(K_UNRAISABLEHOOK);
+    if (exc == NULL || unraisable_args == NULL || hook == NULL) {
+        if (exc != NULL) PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), exc, PyException_GetTraceback(exc));
         PyErr_WriteUnraisable(obj);
+        Py_XDECREF(hook);
         return;
     }
-    Py_INCREF(hook);
-    PyObject *exc = raised_exception();
-    PyObject *tb = exc != NULL ? PyException_GetTraceback(exc) : NULL;
-    PyObject *fields = exc != NULL ? PyTuple_Pack(5, (PyObject *)Py_TYPE(exc), exc, tb != NULL ? tb : Py_None,
-                                                  Py_None, obj)
-                                   : NULL;
+    PyObject *tb = PyException_GetTraceback(exc);
+    PyObject *fields = PyTuple_Pack(5, (PyObject *)Py_TYPE(exc), exc, tb != NULL ? tb : Py_None, Py_None, obj);
     PyObject *report = fields != NULL ? PyObject_CallOneArg(unraisable_args, fields) : NULL;
     PyObject *r = report != NULL ? PyObject_CallOneArg(hook, report) : NULL;
     Py_XDECREF(r);
     Py_XDECREF(report);
     Py_XDECREF(fields);
     Py_XDECREF(tb);
-    Py_XDECREF(exc);
+    Py_DECREF(exc);
     Py_DECREF(hook);
     PyErr_Clear();
 }
 
-/* Python's flush_std_files: 0 when one that is not closed failed (Python then exits 120). `say`:
- * report a failed stdout as Python does (the second flush, after __main__ is cleared, does not say
- * it again). */
-static int flush_std_files(int say) {
+/* Python's flush_std_files: 0 when one that is not closed failed (Python then exits 120). */
+static int flush_std_files(void) {
     int ok = 1;
-    PyObject *out = sys_now(K_STDOUT);
-    if (out != NULL && out != Py_None && !is_closed(out) && !flush_stream(out)) {
+    PyObject *out = sys_held(K_STDOUT);
+    if (out != NULL && !is_closed(out) && !flush_stream(out)) {
         ok = 0;
-        if (say)
-            write_unraisable(out);
-        else
-            PyErr_Clear();
+        write_unraisable(out);
     }
-    PyObject *err = sys_now(K_STDERR);
-    if (err != NULL && err != Py_None && !is_closed(err) && !flush_stream(err)) {
+    Py_XDECREF(out);
+    PyObject *err = sys_held(K_STDERR);
+    if (err != NULL && !is_closed(err) && !flush_stream(err)) {
         ok = 0;
         PyErr_Clear();
     }
+    Py_XDECREF(err);
     return ok;
 }
 
-/* The streams the program started with, where it rebound sys.stdout or sys.stderr: Python's
- * shutdown destroys them at its very end, which flushes what was printed to them before. */
-static void flush_first_streams(void) {
-    const int pairs[2][2] = {{K_FIRST_STDOUT, K_STDOUT}, {K_FIRST_STDERR, K_STDERR}};
-    for (int i = 0; i < 2; i++) {
-        PyObject *first = sys_now(pairs[i][0]);
-        if (first != NULL && first != Py_None && first != sys_now(pairs[i][1]) && !is_closed(first) &&
-            !flush_stream(first))
-            PyErr_Clear();
-    }
-}
-
-/* Python's _Py_HandleSystemExit: None 0; an int as (int)PyLong_AsLong gives it (beyond a C long:
- * -1, status 255), its low 8 bits the status; anything else printed to stderr, status 1. */
-static int exit_code_of(PyObject *exc) {
-    PyObject *code = PyObject_GetAttr(exc, names[K_CODE]);
-    if (code == NULL) { /* a `code` that raises: the exception itself is printed, as Python does */
-        PyErr_Clear();
-        code = Py_NewRef(exc);
+/* Python's _Py_HandleSystemExit, given the value raised as the interpreter holds it (below 3.12,
+ * `sys.exit(x)` leaves x itself, not a SystemExit): None 0; an exception's `code` (where it has
+ * one; else the exception is printed); an int as (int)PyLong_AsLong gives it (beyond a C long: -1,
+ * status 255), its low 8 bits the status; anything else printed to stderr, status 1. */
+static int exit_code_of(PyObject *value) {
+    fflush(stdout);
+    if (value == NULL || value == Py_None) return 0;
+    Py_INCREF(value);
+    if (PyExceptionInstance_Check(value)) {
+        PyObject *code = PyObject_GetAttr(value, names[K_CODE]);
+        if (code == NULL) {
+            PyErr_Clear(); /* no `code` to dig out: the exception itself is printed, as Python does */
+        } else {
+            Py_SETREF(value, code);
+            if (value == Py_None) {
+                Py_DECREF(value);
+                return 0;
+            }
+        }
     }
     int status = 1;
-    if (code == Py_None) {
-        status = 0;
-    } else if (PyLong_Check(code)) { /* the real type, and its value, whatever a subclass overrides */
-        long value = PyLong_AsLong(code);
-        if (value == -1 && PyErr_Occurred()) PyErr_Clear();
-        status = (int)value & 0xFF;
+    if (PyLong_Check(value)) { /* the real type, and its value, whatever a subclass overrides */
+        long v = PyLong_AsLong(value);
+        if (v == -1 && PyErr_Occurred()) PyErr_Clear();
+        status = (int)v & 0xFF;
     } else {
-        PyObject *err = sys_now(K_STDERR);
-        if (err != NULL && err != Py_None) {
-            Py_INCREF(err);
-            if (PyFile_WriteObject(code, err, Py_PRINT_RAW) < 0) PyErr_Clear();
+        PyObject *err = sys_held(K_STDERR);
+        if (err != NULL) {
+            if (PyFile_WriteObject(value, err, Py_PRINT_RAW) < 0) PyErr_Clear();
             Py_DECREF(err);
         } else {
-            if (PyObject_Print(code, stderr, Py_PRINT_RAW) < 0) PyErr_Clear();
+            if (PyObject_Print(value, stderr, Py_PRINT_RAW) < 0) PyErr_Clear();
             fflush(stderr);
         }
         PySys_WriteStderr("\n");
         PyErr_Clear();
     }
-    Py_DECREF(code);
+    Py_DECREF(value);
     return status;
 }
 
-static int is_system_exit(PyObject *exc) {
-    /* The real class, as PyExceptionInstance_Class reads it: not a `__class__` the program made. */
-    return PyType_IsSubtype(Py_TYPE(exc), (PyTypeObject *)PyExc_SystemExit);
+/* How a run ended, as the interpreter holds its error: the type (NULL: no error) and the value. The
+ * type is what PyErr_Print decides on below 3.12, where `raise E` keeps E as the type even when
+ * E() returned another exception (a class whose __new__ returns SystemExit(0) fails outside, with
+ * its traceback printed). A SystemExit's value is left as raised (_Py_HandleSystemExit reads it
+ * so); any other is normalised, with its traceback. */
+typedef struct {
+    PyObject *type;
+    PyObject *value;
+} ending;
+
+static ending fetch_ending(void) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (type == NULL) { /* a failure with no exception set: never a success */
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        type = Py_NewRef(PyExc_SystemError);
+        value = PyObject_CallFunction(PyExc_SystemError, "s", "the program failed with no exception set");
+        PyErr_Clear();
+        return (ending){type, value};
+    }
+    if (PyErr_GivenExceptionMatches(type, PyExc_SystemExit)) {
+        Py_XDECREF(tb);
+        return (ending){type, value};
+    }
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (value != NULL && tb != NULL && PyExceptionInstance_Check(value)) PyException_SetTraceback(value, tb);
+    Py_XDECREF(tb);
+    return (ending){type, value};
+}
+
+static void drop_ending(ending *e) {
+    Py_CLEAR(e->type);
+    Py_CLEAR(e->value);
 }
 
 /* As PyErr_Print after a program's uncaught exception: sys.last_* set (the exit functions may read
- * them), then sys.excepthook, or the interpreter's printer where the program deleted it. A hook that
- * raises SystemExit ends the program with its status (returned; else -1); one that raises anything
- * else is reported with the original exception. Called from here, no frame of ours is on either
- * traceback. */
-static int report(PyObject *exc) {
-    PyObject *type = (PyObject *)Py_TYPE(exc);
-    PyObject *tb = PyException_GetTraceback(exc);
+ * them), the "sys.excepthook" audit event, then sys.excepthook, or the interpreter's printer where
+ * the program deleted it. A hook that raises SystemExit ends the program with its status (returned;
+ * else -1, and `*by_exit` set); one that raises anything else is reported with the original
+ * exception. Called from here, no frame of ours is on either traceback. */
+static int report(ending e, int *by_exit) {
+    PyObject *type = e.type, *value = e.value != NULL ? e.value : Py_None;
+    PyObject *tb = PyExceptionInstance_Check(value) ? PyException_GetTraceback(value) : NULL;
     PyObject *tb_or_none = tb != NULL ? tb : Py_None;
     sys_set(K_LAST_TYPE, type);
-    sys_set(K_LAST_VALUE, exc);
+    sys_set(K_LAST_VALUE, value);
     sys_set(K_LAST_TRACEBACK, tb_or_none);
 #if PY_VERSION_HEX >= 0x030C0000
-    sys_set(K_LAST_EXC, exc);
+    sys_set(K_LAST_EXC, value);
 #endif
     int status = -1;
-    PyObject *hook = sys_now(K_EXCEPTHOOK);
+    PyObject *hook = sys_held(K_EXCEPTHOOK);
+    if (PySys_Audit("sys.excepthook", "OOOO", hook != NULL ? hook : Py_None, type, value, tb_or_none) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_RuntimeError)) {
+            PyErr_Clear(); /* an audit hook that refuses it: nothing is printed, as in Python */
+            goto done;
+        }
+        PyErr_WriteUnraisable(NULL);
+    }
     if (hook == NULL) {
         PySys_WriteStderr("sys.excepthook is missing\n");
-        PyErr_Display(type, exc, tb_or_none);
+        PyErr_Display(type, value, tb_or_none);
     } else {
-        Py_INCREF(hook);
-        PyObject *r = PyObject_CallFunctionObjArgs(hook, type, exc, tb_or_none, NULL);
-        Py_DECREF(hook);
+        PyObject *r = PyObject_CallFunctionObjArgs(hook, type, value, tb_or_none, NULL);
         if (r == NULL) {
-            PyObject *failed = raised_exception();
-            if (failed != NULL && is_system_exit(failed)) {
-                status = exit_code_of(failed);
-            } else if (failed != NULL) {
+            ending failed = fetch_ending();
+            if (PyErr_GivenExceptionMatches(failed.type, PyExc_SystemExit)) {
+                *by_exit = 1;
+                status = exit_code_of(failed.value);
+            } else {
+                PyObject *failed_value = failed.value != NULL ? failed.value : Py_None;
+                PyObject *failed_tb =
+                    PyExceptionInstance_Check(failed_value) ? PyException_GetTraceback(failed_value) : NULL;
                 fflush(stdout);
                 PySys_WriteStderr("Error in sys.excepthook:\n");
-                PyObject *failed_tb = PyException_GetTraceback(failed);
-                PyErr_Display((PyObject *)Py_TYPE(failed), failed, failed_tb != NULL ? failed_tb : Py_None);
+                PyErr_Display(failed.type, failed_value, failed_tb != NULL ? failed_tb : Py_None);
                 Py_XDECREF(failed_tb);
                 PySys_WriteStderr("\nOriginal exception was:\n");
-                PyErr_Display(type, exc, tb_or_none);
+                PyErr_Display(type, value, tb_or_none);
             }
-            Py_XDECREF(failed);
+            drop_ending(&failed);
         }
         Py_XDECREF(r);
     }
+done:
+    Py_XDECREF(hook);
     Py_XDECREF(tb);
     PyErr_Clear();
     return status;
 }
 
-/* The status of a program ended by `exc`: a SystemExit's code; otherwise the exception reported,
- * then the end by SIGINT after a KeyboardInterrupt of exactly that class (run_eval_code_obj
- * compares the class itself, so a subclass ends with 1), else 1. */
-static int status_of(PyObject *exc) {
-    if (is_system_exit(exc)) return exit_code_of(exc);
-    int hooked = report(exc);
+/* The status of a program that ended with `e`: a SystemExit's code (`*by_exit` set); otherwise the
+ * exception reported, then the end by SIGINT after a KeyboardInterrupt of exactly that class
+ * (run_eval_code_obj compares the class itself, so a subclass ends with 1), else 1. */
+static int status_of(ending e, int *by_exit) {
+    if (PyErr_GivenExceptionMatches(e.type, PyExc_SystemExit)) {
+        *by_exit = 1;
+        return exit_code_of(e.value);
+    }
+    int hooked = report(e, by_exit);
     if (hooked >= 0) return hooked;
-    return Py_TYPE(exc) == (PyTypeObject *)PyExc_KeyboardInterrupt ? BY_SIGINT : 1;
+    return e.type == PyExc_KeyboardInterrupt ? BY_SIGINT : 1;
 }
 
-/* As finalize_modules_delete_special: sys.last_* deleted before the collection, and the tracebacks
- * of that exception (and of its causes and contexts) cut, so that its frames, and what they hold,
- * can be released with __main__. */
-static void forget_last_exception(void) {
-    PyObject *value = sys_now(K_LAST_VALUE);
-    PyObject *pending = PyList_New(0);
-    PyObject *seen = PySet_New(NULL);
-    if (pending == NULL || seen == NULL || (value != NULL && PyList_Append(pending, value) < 0)) {
-        PyErr_Clear();
-        Py_XDECREF(pending);
-        Py_XDECREF(seen);
-        return;
+/* Python's finalize_modules_delete_special, before the modules go: these sys names None (the last
+ * exception among them, which lets its frames go), and the standard streams back to the ones the
+ * program started with (a finaliser's print goes there, as it does in Python). */
+static void delete_special(void) {
+    const int deletes[] = {K_PATH, K_ARGV, K_PS1, K_PS2, K_LAST_TYPE, K_LAST_VALUE, K_LAST_TRACEBACK,
+#if PY_VERSION_HEX >= 0x030C0000
+                           K_LAST_EXC,
+#endif
+                           K_PATH_HOOKS, K_PATH_IMPORTER_CACHE, K_META_PATH, K_INTERACTIVEHOOK};
+    for (size_t i = 0; i < sizeof deletes / sizeof deletes[0]; i++) sys_set(deletes[i], Py_None);
+    const int streams[3][2] = {{K_STDIN, K_FIRST_STDIN}, {K_STDOUT, K_FIRST_STDOUT}, {K_STDERR, K_FIRST_STDERR}};
+    for (int i = 0; i < 3; i++) {
+        PyObject *first = sys_now(streams[i][1]);
+        sys_set(streams[i][0], first != NULL ? first : Py_None);
     }
-    const int special[4] = {K_LAST_TYPE, K_LAST_VALUE, K_LAST_TRACEBACK, K_LAST_EXC};
-    for (int i = 0; i < 4; i++)
-        if (PyDict_DelItem(sys_dict, names[special[i]]) < 0) PyErr_Clear();
-    while (PyList_GET_SIZE(pending) > 0) {
-        Py_ssize_t last = PyList_GET_SIZE(pending) - 1;
-        PyObject *exc = Py_NewRef(PyList_GET_ITEM(pending, last));
-        if (PyList_SetSlice(pending, last, last + 1, NULL) < 0) {
-            Py_DECREF(exc);
-            break;
-        }
-        PyObject *key = PyLong_FromVoidPtr(exc);
-        int known = key != NULL ? PySet_Contains(seen, key) : -1;
-        if (PyExceptionInstance_Check(exc) && known == 0 && PySet_Add(seen, key) == 0) {
-            PyException_SetTraceback(exc, Py_None);
-            PyObject *cause = PyException_GetCause(exc), *context = PyException_GetContext(exc);
-            if (cause != NULL && PyList_Append(pending, cause) < 0) PyErr_Clear();
-            if (context != NULL && PyList_Append(pending, context) < 0) PyErr_Clear();
-            Py_XDECREF(cause);
-            Py_XDECREF(context);
-        }
-        PyErr_Clear();
-        Py_XDECREF(key);
-        Py_DECREF(exc);
-    }
-    PyErr_Clear();
-    Py_DECREF(pending);
-    Py_DECREF(seen);
 }
 
-/* What a finaliser calls through the globals: kept while __main__'s other objects are released. */
-static int code_like(PyObject *value) {
-    return PyFunction_Check(value) || PyCFunction_Check(value) || PyModule_Check(value) || PyType_Check(value);
-}
-
-/* 1: a name with one leading underscore; 0: any other; -1: two (a dunder, or __builtins__). */
-static int underscores(PyObject *key) {
-    Py_ssize_t n = PyUnicode_GET_LENGTH(key);
-    if (n == 0 || PyUnicode_READ_CHAR(key, 0) != '_') return 0;
-    return n >= 2 && PyUnicode_READ_CHAR(key, 1) == '_' ? -1 : 1;
-}
-
-/* Release what __main__ holds, as Python's shutdown does (child._clear_main says why and in which
- * order): its objects other than functions, classes and modules first, the newest first; then its
- * names as _PyModule_ClearDict clears a module still alive, one leading underscore first, every
- * other but __builtins__ next. Finalisers run, and files left open are flushed and closed. */
-static void clear_main(PyObject *ns) {
-    PyObject *keys = PyDict_Keys(ns);
-    if (keys == NULL) {
-        PyErr_Clear();
-        return;
-    }
-    for (Py_ssize_t i = PyList_GET_SIZE(keys) - 1; i >= 0; i--) {
-        PyObject *key = PyList_GET_ITEM(keys, i);
-        if (!PyUnicode_Check(key) || underscores(key) < 0) continue;
-        PyObject *value = PyDict_GetItemWithError(ns, key);
-        if (value != NULL && !code_like(value) && PyDict_SetItem(ns, key, Py_None) < 0) PyErr_Clear();
-        PyErr_Clear();
-    }
-    Py_DECREF(keys);
+/* _PyModule_ClearDict for a module still alive: names with one leading underscore None first, then
+ * every other but __builtins__ (finalisers run as they go). */
+static void clear_module_dict(PyObject *ns) {
     for (int single = 1; single >= 0; single--) {
-        if ((keys = PyDict_Keys(ns)) == NULL) {
+        PyObject *items = PyDict_Items(ns);
+        if (items == NULL) {
             PyErr_Clear();
             return;
         }
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++) {
-            PyObject *key = PyList_GET_ITEM(keys, i);
-            if (!PyUnicode_Check(key) || key == names[K_BUILTINS] ||
-                PyUnicode_Compare(key, names[K_BUILTINS]) == 0)
-                continue;
-            PyErr_Clear();
-            if ((underscores(key) == 1) == single && PyDict_SetItem(ns, key, Py_None) < 0) PyErr_Clear();
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
+            PyObject *key = PyTuple_GET_ITEM(PyList_GET_ITEM(items, i), 0);
+            PyObject *value = PyTuple_GET_ITEM(PyList_GET_ITEM(items, i), 1);
+            if (value == Py_None || !PyUnicode_Check(key) || PyUnicode_GET_LENGTH(key) == 0) continue;
+            int underscore = PyUnicode_READ_CHAR(key, 0) == '_';
+            int dunder = underscore && PyUnicode_GET_LENGTH(key) > 1 && PyUnicode_READ_CHAR(key, 1) == '_';
+            int first = underscore && !dunder;
+            if (first != single) continue;
+            if (!single && PyUnicode_CompareWithASCIIString(key, "__builtins__") == 0) continue;
+            if (PyDict_SetItem(ns, key, Py_None) < 0) PyErr_Clear();
         }
-        Py_DECREF(keys);
+        Py_DECREF(items);
     }
 }
 
-/* The threads running besides the main one: _thread's count (every thread started through Python),
- * else threading's (none where threading was never imported, or the count cannot be read). */
+/* The threads running besides the main one, as threading counts them (none where threading was
+ * never imported: only code that imported it can have started its threads). */
 static long other_threads(void) {
-    PyObject *n = NULL;
-    long count = 0;
-    if (thread_count != NULL) {
-        n = PyObject_CallNoArgs(thread_count);
-    } else {
-        PyObject *threading = PyImport_GetModule(names[K_THREADING]);
-        if (threading != NULL) n = PyObject_CallMethod(threading, "active_count", NULL);
-        Py_XDECREF(threading);
-        count = -1; /* active_count counts the main thread too */
+    PyObject *threading = PyImport_GetModule(names[K_THREADING]);
+    if (threading == NULL) {
+        PyErr_Clear();
+        return 0;
     }
-    count = n != NULL ? count + PyLong_AsLong(n) : 0;
+    PyObject *n = PyObject_CallMethodNoArgs(threading, names[K_ACTIVE_COUNT]);
+    long count = n != NULL ? PyLong_AsLong(n) - 1 : 1;
+    Py_DECREF(threading);
     Py_XDECREF(n);
     PyErr_Clear();
     return count;
 }
 
-/* The end of a run: `exc` (stolen; NULL: the code ran to its end) in __main__'s namespace `ns`.
- * Never returns. */
-static void end_run(PyObject *exc, PyObject *ns) {
+/* _PyGC_CollectNoFail: a full collection, whatever gc.disable() said. */
+static void collect_no_fail(void) {
+    int was = PyGC_Enable();
+    PyGC_Collect();
+    if (!was) PyGC_Disable();
+    PyErr_Clear();
+}
+
+/* The end of a run in module `main` (its reference stolen): `e` how it ended, `first` the standard
+ * streams it started with (stolen; flushed at the very end, as Python destroys them), `script`
+ * whether it ran from its main file. Never returns. */
+static void end_run(ending e, PyObject *main, PyObject *first[3], int script) {
     flush_io();
-    int status = exc == NULL ? 0 : status_of(exc);
-    Py_XDECREF(exc);
-    /* wait_for_thread_shutdown: only code that imported threading can have started its threads. */
+    int by_exit = 0;
+    int status = e.type == NULL ? 0 : status_of(e, &by_exit);
+    drop_ending(&e);
+    PyObject *ns = PyModule_GetDict(main); /* borrowed: `main` holds it */
+    /* _PyRun_SimpleFileObject: a script's __file__ and __cached__ go once it has run, unless it
+     * ended by SystemExit (Py_Exit finalises from within PyErr_Print, before that). */
+    if (script && !by_exit && ns != NULL) {
+        if (PyDict_DelItem(ns, names[K_FILE]) < 0) PyErr_Clear();
+        if (PyDict_DelItem(ns, names[K_CACHED]) < 0) PyErr_Clear();
+    }
+    /* Py_FinalizeEx: wait_for_thread_shutdown, only where the program imported threading. */
     PyObject *threading = PyImport_GetModule(names[K_THREADING]);
     if (threading != NULL) {
         PyObject *r = PyObject_CallMethodNoArgs(threading, names[K_SHUTDOWN]);
-        if (r == NULL) PyErr_WriteUnraisable(threading);
+        if (r == NULL) write_unraisable(threading);
         Py_XDECREF(r);
         Py_DECREF(threading);
     }
@@ -900,17 +908,37 @@ static void end_run(PyObject *exc, PyObject *ns) {
     PyObject *r = PyObject_CallNoArgs(run_exitfuncs);
     Py_XDECREF(r);
     PyErr_Clear();
-    int flushed = flush_std_files(1);
-    forget_last_exception();
-    /* Not while other threads run: Python's shutdown stops them first (they never take the
-     * interpreter again), and one that went on would find its globals gone. */
-    if (other_threads() == 0) {
-        PyGC_Collect();
-        clear_main(ns);
-        PyGC_Collect();
+    int flushed = flush_std_files();
+    PyGC_Collect(); /* _PyGC_CollectIfEnabled */
+    PyErr_Clear();
+    /* finalize_modules: __main__ out of sys.modules and let go of. Its dict dies as garbage (a
+     * cycle through its functions and classes), every finaliser running with the globals in
+     * place (PEP 442), as in Python; a module something else still holds is cleared in place. The
+     * other modules are left as they are (tearing them all down would cost every action). */
+    delete_special();
+    PyObject *modules = PyImport_GetModuleDict();
+    if (PyDict_SetItem(modules, names[K_MAIN], Py_None) < 0) PyErr_Clear();
+    PyObject *alive = PyWeakref_NewRef(main, NULL);
+    Py_DECREF(main);
+    if (alive == NULL) PyErr_Clear();
+    collect_no_fail();
+    PyObject *still = alive != NULL ? PyWeakref_GetObject(alive) : NULL;
+    /* Not while other threads run: Python stops them first (they never take the interpreter again),
+     * and one that went on would find its globals gone. */
+    if (still != NULL && still != Py_None && PyModule_Check(still) && other_threads() == 0) {
+        PyObject *dict = PyModule_GetDict(still);
+        Py_XINCREF(dict);
+        if (dict != NULL) clear_module_dict(dict);
+        Py_XDECREF(dict);
+        collect_no_fail();
     }
-    flushed = flush_std_files(flushed) && flushed;
-    flush_first_streams();
+    Py_XDECREF(alive);
+    /* The streams the program started with, destroyed at Python's very end, which flushes what
+     * was written to them (errors unsaid, as there). */
+    for (int i = 0; i < 3; i++) {
+        if (first[i] != NULL && !is_closed(first[i]) && !flush_stream(first[i])) PyErr_Clear();
+        Py_XDECREF(first[i]);
+    }
     fflush(NULL); /* what C code of the program left in stdio's buffers, as exit(3) writes it */
     if (status == BY_SIGINT) {
         signal(SIGINT, SIG_DFL);
@@ -922,28 +950,58 @@ static void end_run(PyObject *exc, PyObject *ns) {
     _exit(status);
 }
 
-/* Run a code object in `ns` to its end, then end the run (end_run). Never returns. */
-/* Run a code object (NULL: what made it failed, its exception set) in `ns`: the exception it ended
- * with, or NULL where it ran to its end. */
-static PyObject *evaluate(PyObject *code, PyObject *ns) {
+/* No Python frame under the program's: as under `python main.py`, its module's frame is the first
+ * (`sys._getframe().f_back` is None, a warning's stacklevel=2 names `sys`, an error reported at the
+ * end shows no frame of the agent's). Only where nothing returns to the frames below. */
+static void detach_frames(void) {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyThreadState_Get()->current_frame = NULL;
+#elif PY_VERSION_HEX >= 0x030B0000
+    PyThreadState_Get()->cframe->current_frame = NULL;
+#endif
+}
+
+/* Run a code object (NULL: what made it failed, its exception set) in `ns`: how it ended. */
+static ending evaluate(PyObject *code, PyObject *ns) {
     /* The program starts as deep as under `python main.py`, where its module is the first frame:
      * the frames below it (the zygote's entry and loop, and in the Python loop the child's) would
      * otherwise count against the recursion limit, and a recursion 995 to 998 deep that passes
      * outside would fail here. Nothing returns to those frames, so the count is not restored. */
     full_recursion_budget();
     PyObject *done = code ? PyEval_EvalCode(code, ns, ns) : NULL;
-    PyObject *exc = NULL;
-    if (done == NULL) {
-        exc = raised_exception();
-        /* No exception set with the run failed: never a success. */
-        if (exc == NULL) exc = PyObject_CallFunction(PyExc_SystemError, "s", "the program failed with no exception set");
-        if (exc == NULL) _exit(1);
+    if (done != NULL) {
+        Py_DECREF(done);
+        return (ending){NULL, NULL};
     }
-    Py_XDECREF(done);
-    return exc;
+    return fetch_ending();
 }
 
-static void run_to_end(PyObject *code, PyObject *ns) { end_run(evaluate(code, ns), ns); }
+/* The module the program runs in: a fresh __main__ of this process, with `prepared`'s names (the
+ * zygote's, frozen, would never be garbage: its finalisers could not run as Python runs them). In
+ * Python's order of a script's globals. */
+static PyObject *fresh_main(PyObject *prepared) {
+    PyObject *main = PyModule_NewObject(names[K_MAIN]);
+    PyObject *ns = main != NULL ? PyModule_GetDict(main) : NULL;
+    if (ns == NULL) child_fail("the main module");
+    const int order[] = {K_NAME, K_DOC, K_PACKAGE, K_LOADER, K_SPEC, K_ANNOTATIONS, K_BUILTINS, K_FILE, K_CACHED};
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
+        PyObject *value = PyDict_GetItemWithError(prepared, names[order[i]]);
+        if (value != NULL && PyDict_SetItem(ns, names[order[i]], value) < 0) child_fail("the main module");
+    }
+    if (PyErr_Occurred() || PyDict_Merge(ns, prepared, 0) < 0) child_fail("the main module");
+    PyObject *modules = PyImport_GetModuleDict();
+    if (PyDict_SetItem(modules, names[K_MAIN], main) < 0) child_fail("the main module");
+    return main;
+}
+
+/* Run a code object in a fresh __main__ made from `prepared`, to its end (end_run). Never returns. */
+static void run_to_end(PyObject *code, PyObject *prepared, int script) {
+    PyObject *first[3] = {sys_held(K_FIRST_STDIN), sys_held(K_FIRST_STDOUT), sys_held(K_FIRST_STDERR)};
+    PyObject *main = fresh_main(prepared);
+    detach_frames();
+    ending e = evaluate(code, PyModule_GetDict(main));
+    end_run(e, main, first, script);
+}
 
 /* A session's persistent interpreter (child._interpreter_loop, whose Python loop serves where this
  * module is not built): each call's code runs in the same globals, and its status goes back on the
@@ -1019,16 +1077,23 @@ static int serve_call(int ctrl, PyObject *ns, PyObject *prepare, int devnull) { 
     Py_DECREF(args);
     Py_DECREF(kwargs);
     Py_DECREF(source);
-    PyObject *exc = evaluate(code, ns);
+    ending e = evaluate(code, ns);
     Py_XDECREF(code);
     flush_io();
-    int status = exc == NULL ? 0 : status_of(exc);
-    Py_XDECREF(exc);
+    int by_exit = 0;
+    int status = e.type == NULL ? 0 : status_of(e, &by_exit);
+    drop_ending(&e);
     if (status == BY_SIGINT) status = 1; /* a KeyboardInterrupt ends the call, not the session */
-    flush_std_files(1);
+    flush_std_files();
     /* What this call printed to the streams it started with and then rebound goes with its output,
      * not a later call's. */
-    flush_first_streams();
+    const int pairs[2][2] = {{K_FIRST_STDOUT, K_STDOUT}, {K_FIRST_STDERR, K_STDERR}};
+    for (int i = 0; i < 2; i++) {
+        PyObject *first = sys_held(pairs[i][0]);
+        if (first != NULL && first != sys_now(pairs[i][1]) && !is_closed(first) && !flush_stream(first))
+            PyErr_Clear();
+        Py_XDECREF(first);
+    }
     fflush(NULL);
     /* A process the call forked that ran on to its end (`if os.fork() == 0: ...` falling through):
      * it ends there, as under `python -c`, and answers nothing. */
@@ -1082,7 +1147,7 @@ static void run_straight(const char *main_file, const unsigned char *compiled, u
         Py_XDECREF(random);
         PyErr_Clear();
     }
-    run_to_end(PyMarshal_ReadObjectFromString((const char *)compiled, (Py_ssize_t)cblen), run_namespace);
+    run_to_end(PyMarshal_ReadObjectFromString((const char *)compiled, (Py_ssize_t)cblen), run_namespace, 1);
 }
 
 /* (kind, code, argv, env_delta, ctrl_fd, main_file, compiled) for the child's Python side. */
@@ -1502,14 +1567,15 @@ static PyObject *zygote_flush_stdio(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* zygote_wire.IDENTITY_FILES, told once at start: (name in the workdir root, file it covers). */
 /* child._run_python_and_exit's: run_to_end for a code object the child compiled (or unmarshalled),
- * in the Python loop and in the C loop's children that did not take the straight path. */
+ * in the Python loop and in the C loop's children that did not take the straight path, in a fresh
+ * __main__ made from `namespace`; `script`: run from its main file. */
 static PyObject *zygote_run_to_end(PyObject *self, PyObject *args) {
     PyObject *code, *ns;
-    if (!PyArg_ParseTuple(args, "O!O!", &PyCode_Type, &code, &PyDict_Type, &ns)) return NULL;
+    int script;
+    if (!PyArg_ParseTuple(args, "O!O!p", &PyCode_Type, &code, &PyDict_Type, &ns, &script)) return NULL;
     if (prepare_names() < 0) return NULL;
-    run_to_end(Py_NewRef(code), ns);
+    run_to_end(Py_NewRef(code), ns, script);
     return NULL; /* never reached */
 }
 
@@ -1517,15 +1583,21 @@ static PyObject *zygote_run_to_end(PyObject *self, PyObject *args) {
  * its exception raised before the program's first line, so with no traceback. */
 static PyObject *zygote_end_with(PyObject *self, PyObject *args) {
     PyObject *exc, *ns;
-    if (!PyArg_ParseTuple(args, "OO!", &exc, &PyDict_Type, &ns)) return NULL;
+    int script;
+    if (!PyArg_ParseTuple(args, "OO!p", &exc, &PyDict_Type, &ns, &script)) return NULL;
     if (!PyExceptionInstance_Check(exc)) {
         PyErr_SetString(PyExc_TypeError, "end_with: an exception instance is needed");
         return NULL;
     }
     if (prepare_names() < 0) return NULL;
-    end_run(Py_NewRef(exc), ns);
+    PyObject *first[3] = {sys_held(K_FIRST_STDIN), sys_held(K_FIRST_STDOUT), sys_held(K_FIRST_STDERR)};
+    PyObject *main = fresh_main(ns);
+    detach_frames();
+    end_run((ending){Py_NewRef((PyObject *)Py_TYPE(exc)), Py_NewRef(exc)}, main, first, script);
     return NULL; /* never reached */
 }
+
+/* zygote_wire.IDENTITY_FILES, told once at start: (name in the workdir root, file it covers). */
 
 /* child._interpreter_loop's: serve a session's calls on control descriptor `ctrl` until the manager
  * closes it (serve_call: 1), then exit 0; 1 where a call could not be served. Never returns. */
@@ -1537,6 +1609,7 @@ static PyObject *zygote_serve_session(PyObject *self, PyObject *args) {
     int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (devnull < 0) return PyErr_SetFromErrno(PyExc_OSError);
     session_pid = getpid();
+    detach_frames(); /* the call's code runs with no frame of the agent's under it (never returned to) */
     int served;
     while ((served = serve_call(ctrl, ns, prepare, devnull)) == 0) {
     }

@@ -344,8 +344,8 @@ try:
     _C_MODULE: Any = __import__("arl_tangram.sandbox._zygote", fromlist=["fresh_recursion"])
     _FRESH_RECURSION: Callable[[], None] | None = _C_MODULE.fresh_recursion
     _C_FLUSH: Callable[[], None] | None = _C_MODULE.flush_stdio
-    _C_RUN_TO_END: Callable[[types.CodeType, dict[str, Any]], NoReturn] | None = _C_MODULE.run_to_end
-    _C_END_WITH: Callable[[BaseException, dict[str, Any]], NoReturn] | None = _C_MODULE.end_with
+    _C_RUN_TO_END: Callable[[types.CodeType, dict[str, Any], bool], NoReturn] | None = _C_MODULE.run_to_end
+    _C_END_WITH: Callable[[BaseException, dict[str, Any], bool], NoReturn] | None = _C_MODULE.end_with
     _C_SERVE_SESSION: Callable[[int, dict[str, Any], Callable[[dict[str, Any]], None]], NoReturn] | None = (
         _C_MODULE.serve_session
     )
@@ -784,12 +784,19 @@ def _run_python_and_exit(req: dict[str, Any]) -> NoReturn:
     # again once the program has started. The program can reach this module (``sys.modules``) and
     # replace any of its functions or the names they call; with the end here, one that made every
     # function outside the standard library exit 0 failed outside and passed in the sandbox.
+    script = filename != "<string>"
+    failed: BaseException | None = None
     try:
+        # As deep as under ``python main.py``: the compiler's own limit depends on the depth.
+        if _FRESH_RECURSION is not None:
+            _FRESH_RECURSION()
         code = _code_of(req["code"], filename, compiled)
     except BaseException as exc:
         # Raised before the program's first line (a SyntaxError): no frame of the program's.
-        _C_END_WITH(_WITH_TRACEBACK(exc, None), namespace)
-    _C_RUN_TO_END(code, namespace)
+        failed = _WITH_TRACEBACK(exc, None)
+    if failed is not None:  # ended outside the ``except``: no exception is being handled there
+        _C_END_WITH(failed, namespace, script)
+    _C_RUN_TO_END(code, namespace, script)
 
 
 def _finish_and_exit(code: int, namespace: dict[str, Any] | None = None) -> NoReturn:

@@ -223,6 +223,65 @@ PROGRAMS = {
         "            f.__code__ = leave\n"
         "assert 1 == 2\n"
     ),
+    # The error as the interpreter holds it: below 3.12 ``raise E`` keeps E as the type even where
+    # E() returned another exception, and ``sys.exit(x)`` keeps x itself; Python's end decides on
+    # those, not on what they normalise to.
+    "an exception class whose __new__ returns SystemExit(0)": (
+        "class Skip(Exception):\n    def __new__(cls, *a):\n        return SystemExit(0)\n"
+        "def solve():\n    raise Skip\nassert solve() == 3\n"
+    ),
+    "an exception class whose __new__ returns KeyboardInterrupt": (
+        "class Stop(Exception):\n    def __new__(cls, *a):\n        return KeyboardInterrupt()\nraise Stop\n"
+    ),
+    "a SystemExit(0) look-alike raised from sys.excepthook": (
+        "import sys\nclass Skip(Exception):\n    def __new__(cls, *a):\n        return SystemExit(0)\n"
+        "def hook(*a):\n    raise Skip\nsys.excepthook = hook\nassert False\n"
+    ),
+    "sys.exit of a one-tuple": "import sys\nsys.exit((0,))\n",
+    "sys.exit of an empty tuple": "import sys\nsys.exit(())\n",
+    "sys.exit of a tuple of 2": "import sys\nsys.exit((2,))\n",
+    "an expression nested 2990 deep": "x = " + "-" * 2990 + "1\nprint(x)\n",
+    # Python's shutdown: __main__ dies as garbage, its finalisers with the globals in place; the
+    # last collection ignores gc.disable(); the standard streams are the first ones again.
+    "a finaliser that reads its own global": (
+        "class D:\n    def __del__(self):\n        print('gone', d is None)\nd = D()\n"
+    ),
+    "a cycle's finaliser after gc.disable()": (
+        "import gc\ngc.disable()\nclass C:\n    def __del__(self):\n        print('del')\n"
+        "c = C()\nc.me = c\ndel c\n"
+    ),
+    "a finaliser with a _thread thread running": (
+        "import _thread, time\n_thread.start_new_thread(time.sleep, (100,))\ntime.sleep(0.1)\n"
+        "class D:\n    def __del__(self):\n        print('del')\nd = D()\n"
+    ),
+    "a finaliser's print after stdout went to /dev/full": (
+        "import os, sys\nclass D:\n    def __del__(self):\n        print('bye')\na = D()\n"
+        "sys.stdout.flush()\nos.dup2(os.open('/dev/full', os.O_WRONLY), 1)\n"
+    ),
+    "a finaliser's print after stdout was rebound to a StringIO": (
+        "import io, sys\nclass D:\n    def __del__(self):\n        print('bye')\nd = D()\n"
+        "sys.stdout = io.StringIO()\n"
+    ),
+    "an exit function that reads __file__ after a failure": (
+        "import atexit\natexit.register(lambda: print('__file__' in globals()))\nassert False\n"
+    ),
+    "an exit function that reads __file__ after sys.exit": (
+        "import atexit, sys\natexit.register(lambda: print('__file__' in globals()))\nsys.exit(0)\n"
+    ),
+    "C stdio's output before the exit functions after sys.exit": (
+        "import atexit, ctypes, os, sys\nctypes.CDLL(None).printf(b'C\\n')\n"
+        "atexit.register(os.write, 1, b'atexit\\n')\nsys.exit(0)\n"
+    ),
+    # No frame of the sandbox's under the program's.
+    "the main module's frame is the first": (
+        "import inspect, sys\nprint(sys._getframe().f_back, len(inspect.stack()))\n"
+    ),
+    "a warning two levels up": "import warnings\nwarnings.warn('up', stacklevel=2)\n",
+    "an exit function that fails": "import atexit, os\natexit.register(os.remove, '/nonexistent')\n",
+    "an audit hook that refuses sys.excepthook": (
+        "import sys\ndef audit(event, args):\n    if event == 'sys.excepthook':\n"
+        "        raise RuntimeError('no')\nsys.addaudithook(audit)\nraise ValueError('x')\n"
+    ),
     # What Python's own end calls by name, the program may replace outside too: the same status.
     "threading._shutdown replaced to exit 0": (
         "import os, threading\nthreading._shutdown = lambda: os._exit(0)\nassert 1 == 2\n"
@@ -276,6 +335,12 @@ def _main_named(text: str) -> str:
 # it built, both loops start it as deep as `python main.py` does (docs/sandbox-agent-api.md).
 # Where stderr is compared too (tracebacks with the main file by name): what the program's end says.
 STDERR_TOO = {
+    "an exception class whose __new__ returns SystemExit(0)",
+    "a SystemExit(0) look-alike raised from sys.excepthook",
+    "sys.exit of a one-tuple",
+    "a warning two levels up",
+    "an exit function that fails",
+    "an audit hook that refuses sys.excepthook",
     "a syntax error",
     "a syntax error with an exit function's module imported",
     "an indentation error",
