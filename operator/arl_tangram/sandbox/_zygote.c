@@ -500,6 +500,7 @@ static PyObject *run_exitfuncs; /* atexit._run_exitfuncs */
 static PyObject *unraisable_args; /* sys.UnraisableHookArgs, which sys does not name (NULL: unknown) */
 static PyObject *source_loader;   /* SourceFileLoader: what loads a script's __main__ (NULL: unknown) */
 static PyObject *compile_source;  /* builtins.compile, as the interpreter had it (a session's calls) */
+static PyObject *set_signal;      /* _signal.signal (signals_off) */
 
 static PyObject *attribute_of(const char *module, const char *name) {
     PyObject *m = PyImport_ImportModule(module);
@@ -540,6 +541,7 @@ static int prepare_names(void) {
         if ((names[i] = PyUnicode_InternFromString(name_text[i])) == NULL) return -1;
     if ((run_exitfuncs = attribute_of("atexit", "_run_exitfuncs")) == NULL) return -1;
     if ((compile_source = attribute_of("builtins", "compile")) == NULL) return -1;
+    if ((set_signal = attribute_of("_signal", "signal")) == NULL) return -1;
     PyObject *sys = PyImport_ImportModule("sys");
     if (sys == NULL) return -1;
     sys_dict = Py_NewRef(PyModule_GetDict(sys));
@@ -873,6 +875,29 @@ static long other_threads(void) {
     return count;
 }
 
+/* Python's own C handler for the signals a program handles in Python (SIGINT's, as Python installs
+ * it at start; NULL: unknown), taken before the program runs. */
+static PyOS_sighandler_t python_trampoline;
+
+static void take_trampoline(void) {
+    PyOS_sighandler_t h = PyOS_getsig(SIGINT);
+    python_trampoline = h != SIG_DFL && h != SIG_IGN && h != SIG_ERR ? h : NULL;
+}
+
+/* _PySignal_Fini: a signal the program handles in Python goes back to its default before the
+ * finalisers run, and its handler is let go of (a SIGALRM that comes then ends the process, and
+ * what the handler held, __main__'s globals through a function of its, can die, as there). */
+static void signals_off(void) {
+    if (python_trampoline == NULL) return;
+    for (int sig = 1; sig < NSIG; sig++) {
+        if (sig == SIGKILL || sig == SIGSTOP || PyOS_getsig(sig) != python_trampoline) continue;
+        PyObject *r = PyObject_CallFunction(set_signal, "ii", sig, 0 /* SIG_DFL */);
+        if (r == NULL) PyOS_setsig(sig, SIG_DFL);
+        Py_XDECREF(r);
+        PyErr_Clear();
+    }
+}
+
 /* _PyGC_CollectNoFail: a full collection, whatever gc.disable() said. */
 static void collect_no_fail(void) {
     int was = PyGC_Enable();
@@ -909,7 +934,8 @@ static void end_run(ending e, PyObject *main, PyObject *first[3], int script) {
     Py_XDECREF(r);
     PyErr_Clear();
     int flushed = flush_std_files();
-    PyGC_Collect(); /* _PyGC_CollectIfEnabled */
+    signals_off();
+    PyGC_Collect(); /* as Python's end: only where gc is enabled */
     PyErr_Clear();
     /* finalize_modules: __main__ out of sys.modules and let go of. Its dict dies as garbage (a
      * cycle through its functions and classes), every finaliser running with the globals in
@@ -998,6 +1024,7 @@ static PyObject *fresh_main(PyObject *prepared) {
 static void run_to_end(PyObject *code, PyObject *prepared, int script) {
     PyObject *first[3] = {sys_held(K_FIRST_STDIN), sys_held(K_FIRST_STDOUT), sys_held(K_FIRST_STDERR)};
     PyObject *main = fresh_main(prepared);
+    take_trampoline();
     detach_frames();
     ending e = evaluate(code, PyModule_GetDict(main));
     end_run(e, main, first, script);
@@ -1592,6 +1619,7 @@ static PyObject *zygote_end_with(PyObject *self, PyObject *args) {
     if (prepare_names() < 0) return NULL;
     PyObject *first[3] = {sys_held(K_FIRST_STDIN), sys_held(K_FIRST_STDOUT), sys_held(K_FIRST_STDERR)};
     PyObject *main = fresh_main(ns);
+    take_trampoline();
     detach_frames();
     end_run((ending){Py_NewRef((PyObject *)Py_TYPE(exc)), Py_NewRef(exc)}, main, first, script);
     return NULL; /* never reached */

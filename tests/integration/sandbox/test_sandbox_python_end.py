@@ -272,6 +272,11 @@ PROGRAMS = {
         "import atexit, ctypes, os, sys\nctypes.CDLL(None).printf(b'C\\n')\n"
         "atexit.register(os.write, 1, b'atexit\\n')\nsys.exit(0)\n"
     ),
+    "a SIGALRM during a finaliser, its Python handler set": (
+        "import os, signal, time\nsignal.signal(signal.SIGALRM, lambda *a: os._exit(0))\n"
+        "class D:\n    def __del__(self):\n        signal.setitimer(signal.ITIMER_REAL, 0.05)\n"
+        "        time.sleep(0.5)\n        print('after')\nd = D()\nassert 1 == 2\n"
+    ),
     # No frame of the sandbox's under the program's.
     "the main module's frame is the first": (
         "import inspect, sys\nprint(sys._getframe().f_back, len(inspect.stack()))\n"
