@@ -447,7 +447,8 @@ static int write_main(const char *path, const unsigned char *code, uint32_t clen
 }
 
 /* What the straight path below needs, given to serve() by the zygote (NULL: not given). */
-static PyObject *run_namespace;  /* the fresh __main__ every child starts from (child.py) */
+static PyObject *run_namespace;  /* the prepared __main__'s names every child starts from (child.py) */
+static PyObject *run_main;       /* a __main__ made of them once serve() starts (fresh_main) */
 static PyObject *environ_data;   /* os.environ._data, the mapping os.environ reads */
 
 static void put_environ(const unsigned char *delta, uint32_t dlen) {
@@ -477,20 +478,20 @@ enum {
     /* The run's end (end_run) */
     K_STDOUT, K_STDERR, K_FIRST_STDOUT, K_FIRST_STDERR, K_FLUSH, K_CLOSED, K_CODE, K_EXCEPTHOOK,
     K_LAST_TYPE, K_LAST_VALUE, K_LAST_TRACEBACK, K_LAST_EXC, K_THREADING, K_SHUTDOWN, K_BUILTINS,
-    K_UNRAISABLEHOOK, K_LOADER, K_MAIN, K_STDIN, K_FIRST_STDIN, K_CACHED, K_ACTIVE_COUNT, K_NAME,
+    K_UNRAISABLEHOOK, K_LOADER, K_MAIN, K_STDIN, K_FIRST_STDIN, K_CACHED, K_NAME,
     K_DOC, K_PACKAGE, K_SPEC, K_ANNOTATIONS, K_PS1, K_PS2, K_PATH_HOOKS, K_PATH_IMPORTER_CACHE,
-    K_META_PATH, K_INTERACTIVEHOOK,
+    K_META_PATH, K_INTERACTIVEHOOK, K_UNDERSCORE,
     /* A session's calls (serve_session) */
-    K_CALL, K_SOURCE, K_STRING, K_EXEC, K_DONT_INHERIT, N_NAMES
+    K_SOURCE, K_STRING, K_EXEC, K_DONT_INHERIT, N_NAMES
 };
 static const char *const name_text[N_NAMES] = {
     "argv", "path", "modules", "__file__", "numpy", "random", "seed",
     "stdout", "stderr", "__stdout__", "__stderr__", "flush", "closed", "code", "excepthook",
     "last_type", "last_value", "last_traceback", "last_exc", "threading", "_shutdown", "__builtins__",
-    "unraisablehook", "__loader__", "__main__", "stdin", "__stdin__", "__cached__", "active_count", "__name__",
+    "unraisablehook", "__loader__", "__main__", "stdin", "__stdin__", "__cached__", "__name__",
     "__doc__", "__package__", "__spec__", "__annotations__", "ps1", "ps2", "path_hooks", "path_importer_cache",
-    "meta_path", "__interactivehook__",
-    "call", "code", "<string>", "exec", "dont_inherit",
+    "meta_path", "__interactivehook__", "_",
+    "code", "<string>", "exec", "dont_inherit",
 };
 static PyObject *names[N_NAMES];
 static PyObject *sys_dict;
@@ -501,6 +502,8 @@ static PyObject *unraisable_args; /* sys.UnraisableHookArgs, which sys does not 
 static PyObject *source_loader;   /* SourceFileLoader: what loads a script's __main__ (NULL: unknown) */
 static PyObject *compile_source;  /* builtins.compile, as the interpreter had it (a session's calls) */
 static PyObject *set_signal;      /* _signal.signal (signals_off) */
+static PyObject *get_signal;      /* _signal.getsignal (signals_off) */
+static PyObject *gc_callbacks;    /* the list gc calls back, which _PyGC_CollectNoFail does not */
 
 static PyObject *attribute_of(const char *module, const char *name) {
     PyObject *m = PyImport_ImportModule(module);
@@ -542,6 +545,8 @@ static int prepare_names(void) {
     if ((run_exitfuncs = attribute_of("atexit", "_run_exitfuncs")) == NULL) return -1;
     if ((compile_source = attribute_of("builtins", "compile")) == NULL) return -1;
     if ((set_signal = attribute_of("_signal", "signal")) == NULL) return -1;
+    if ((get_signal = attribute_of("_signal", "getsignal")) == NULL) return -1;
+    if ((gc_callbacks = attribute_of("gc", "callbacks")) == NULL) return -1;
     PyObject *sys = PyImport_ImportModule("sys");
     if (sys == NULL) return -1;
     sys_dict = Py_NewRef(PyModule_GetDict(sys));
@@ -827,7 +832,17 @@ static void delete_special(void) {
                            K_LAST_EXC,
 #endif
                            K_PATH_HOOKS, K_PATH_IMPORTER_CACHE, K_META_PATH, K_INTERACTIVEHOOK};
-    for (size_t i = 0; i < sizeof deletes / sizeof deletes[0]; i++) sys_set(deletes[i], Py_None);
+    /* The import system's are kept (never freed): freeing its caches (the finders and the listings
+     * of every directory on sys.path) would write pages the zygote shares with every action. The
+     * rest are let go of: the last exception holds the program's frames, and so its globals. */
+    for (size_t i = 0; i < sizeof deletes / sizeof deletes[0]; i++) {
+        int kept = deletes[i] == K_PATH || deletes[i] == K_PATH_HOOKS || deletes[i] == K_PATH_IMPORTER_CACHE ||
+                   deletes[i] == K_META_PATH;
+        if (kept) Py_XINCREF(sys_now(deletes[i]));
+        sys_set(deletes[i], Py_None);
+    }
+    PyObject *builtins = PyEval_GetBuiltins();
+    if (builtins != NULL && PyDict_SetItem(builtins, names[K_UNDERSCORE], Py_None) < 0) PyErr_Clear();
     const int streams[3][2] = {{K_STDIN, K_FIRST_STDIN}, {K_STDOUT, K_FIRST_STDOUT}, {K_STDERR, K_FIRST_STDERR}};
     for (int i = 0; i < 3; i++) {
         PyObject *first = sys_now(streams[i][1]);
@@ -835,62 +850,46 @@ static void delete_special(void) {
     }
 }
 
-/* _PyModule_ClearDict for a module still alive: names with one leading underscore None first, then
- * every other but __builtins__ (finalisers run as they go). */
+/* _PyModule_ClearDict for a module still alive, walking the live dict as it does (a finaliser that
+ * runs sees the names not reached yet): names with one leading underscore None first, then every
+ * other but __builtins__. */
 static void clear_module_dict(PyObject *ns) {
     for (int single = 1; single >= 0; single--) {
-        PyObject *items = PyDict_Items(ns);
-        if (items == NULL) {
-            PyErr_Clear();
-            return;
-        }
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
-            PyObject *key = PyTuple_GET_ITEM(PyList_GET_ITEM(items, i), 0);
-            PyObject *value = PyTuple_GET_ITEM(PyList_GET_ITEM(items, i), 1);
-            if (value == Py_None || !PyUnicode_Check(key) || PyUnicode_GET_LENGTH(key) == 0) continue;
-            int underscore = PyUnicode_READ_CHAR(key, 0) == '_';
-            int dunder = underscore && PyUnicode_GET_LENGTH(key) > 1 && PyUnicode_READ_CHAR(key, 1) == '_';
-            int first = underscore && !dunder;
-            if (first != single) continue;
-            if (!single && PyUnicode_CompareWithASCIIString(key, "__builtins__") == 0) continue;
+        Py_ssize_t pos = 0;
+        PyObject *key, *value;
+        while (PyDict_Next(ns, &pos, &key, &value)) {
+            if (value == Py_None || !PyUnicode_Check(key)) continue;
+            Py_ssize_t n = PyUnicode_GET_LENGTH(key);
+            Py_UCS4 c0 = n > 0 ? PyUnicode_READ_CHAR(key, 0) : 0, c1 = n > 1 ? PyUnicode_READ_CHAR(key, 1) : 0;
+            if (single ? !(c0 == '_' && c1 != '_') : (c0 == '_' && PyUnicode_CompareWithASCIIString(key, "__builtins__") == 0))
+                continue;
             if (PyDict_SetItem(ns, key, Py_None) < 0) PyErr_Clear();
         }
-        Py_DECREF(items);
     }
 }
 
-/* The threads running besides the main one, as threading counts them (none where threading was
- * never imported: only code that imported it can have started its threads). */
+/* The threads running Python besides this one: the interpreter's thread states, counted here (a
+ * program can replace what threading would say; a fork leaves only the forking thread's). */
 static long other_threads(void) {
-    PyObject *threading = PyImport_GetModule(names[K_THREADING]);
-    if (threading == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    PyObject *n = PyObject_CallMethodNoArgs(threading, names[K_ACTIVE_COUNT]);
-    long count = n != NULL ? PyLong_AsLong(n) - 1 : 1;
-    Py_DECREF(threading);
-    Py_XDECREF(n);
-    PyErr_Clear();
+    PyThreadState *self = PyThreadState_Get();
+    long count = 0;
+    for (PyThreadState *t = PyInterpreterState_ThreadHead(self->interp); t != NULL; t = PyThreadState_Next(t))
+        count += t != self;
     return count;
-}
-
-/* Python's own C handler for the signals a program handles in Python (SIGINT's, as Python installs
- * it at start; NULL: unknown), taken before the program runs. */
-static PyOS_sighandler_t python_trampoline;
-
-static void take_trampoline(void) {
-    PyOS_sighandler_t h = PyOS_getsig(SIGINT);
-    python_trampoline = h != SIG_DFL && h != SIG_IGN && h != SIG_ERR ? h : NULL;
 }
 
 /* _PySignal_Fini: a signal the program handles in Python goes back to its default before the
  * finalisers run, and its handler is let go of (a SIGALRM that comes then ends the process, and
  * what the handler held, __main__'s globals through a function of its, can die, as there). */
 static void signals_off(void) {
-    if (python_trampoline == NULL) return;
     for (int sig = 1; sig < NSIG; sig++) {
-        if (sig == SIGKILL || sig == SIGSTOP || PyOS_getsig(sig) != python_trampoline) continue;
+        if (sig == SIGKILL || sig == SIGSTOP) continue;
+        /* Python's own table, read without a system call: a callable is a handler of Python's. */
+        PyObject *h = PyObject_CallFunction(get_signal, "i", sig);
+        int python = h != NULL && !PyLong_Check(h) && h != Py_None && PyCallable_Check(h);
+        Py_XDECREF(h);
+        PyErr_Clear();
+        if (!python) continue;
         PyObject *r = PyObject_CallFunction(set_signal, "ii", sig, 0 /* SIG_DFL */);
         if (r == NULL) PyOS_setsig(sig, SIG_DFL);
         Py_XDECREF(r);
@@ -898,8 +897,18 @@ static void signals_off(void) {
     }
 }
 
-/* _PyGC_CollectNoFail: a full collection, whatever gc.disable() said. */
+/* _PyGC_CollectNoFail: a full collection, whatever gc.disable() said, with no gc.callbacks (kept
+ * here, never called again: Python's end calls them no more either). */
 static void collect_no_fail(void) {
+    if (PyList_Check(gc_callbacks) && PyList_GET_SIZE(gc_callbacks) > 0) {
+        PyObject *kept = PyList_GetSlice(gc_callbacks, 0, PyList_GET_SIZE(gc_callbacks));
+        if (kept == NULL || PyList_SetSlice(gc_callbacks, 0, PyList_GET_SIZE(gc_callbacks), NULL) < 0) {
+            Py_XDECREF(kept);
+            PyErr_Clear();
+            return; /* not run with them: none is better than a collection Python would not make */
+        }
+        (void)kept; /* never freed: what they hold stays as it would there */
+    }
     int was = PyGC_Enable();
     PyGC_Collect();
     if (!was) PyGC_Disable();
@@ -952,10 +961,12 @@ static void end_run(ending e, PyObject *main, PyObject *first[3], int script) {
     /* Not while other threads run: Python stops them first (they never take the interpreter again),
      * and one that went on would find its globals gone. */
     if (still != NULL && still != Py_None && PyModule_Check(still) && other_threads() == 0) {
+        Py_INCREF(still);
         PyObject *dict = PyModule_GetDict(still);
         Py_XINCREF(dict);
         if (dict != NULL) clear_module_dict(dict);
         Py_XDECREF(dict);
+        Py_DECREF(still);
         collect_no_fail();
     }
     Py_XDECREF(alive);
@@ -1020,11 +1031,9 @@ static PyObject *fresh_main(PyObject *prepared) {
     return main;
 }
 
-/* Run a code object in a fresh __main__ made from `prepared`, to its end (end_run). Never returns. */
-static void run_to_end(PyObject *code, PyObject *prepared, int script) {
+/* Run a code object in `main` (fresh_main's) to its end (end_run). Never returns. */
+static void run_to_end(PyObject *code, PyObject *main, int script) { /* `main` stolen */
     PyObject *first[3] = {sys_held(K_FIRST_STDIN), sys_held(K_FIRST_STDOUT), sys_held(K_FIRST_STDERR)};
-    PyObject *main = fresh_main(prepared);
-    take_trampoline();
     detach_frames();
     ending e = evaluate(code, PyModule_GetDict(main));
     end_run(e, main, first, script);
@@ -1035,24 +1044,89 @@ static void run_to_end(PyObject *code, PyObject *prepared, int script) {
  * control socket as one answer (wire.SESSION_ANSWER: the call's token, the status). All of it here,
  * for the reasons end_run gives, and because the program shares this process: from Python a call
  * could read its token (the loop's frame) and write the answer itself, or replace what computes
- * the status, and pass a call that failed. The token is the manager's secret for the call, taken
- * out of the request before any of the program's code runs, and held only here; an answer
- * written by another process (a helper the program left to forward the true one, changed) is
- * refused by its sender's pid (SCM_CREDENTIALS, forkserver._on_ctrl). Python code of the
+ * the status, and pass a call that failed. Nothing secret travels on the control socket once the
+ * session's code may run (the code can read ahead of the loop there, MSG_PEEK): an answer counts
+ * for a call only with the MAC of its nonce and status under the interpreter's key, which is read
+ * first, before any of the session's code runs, and held in a C variable only. An answer written
+ * by another process (a helper the program left to pass the
+ * true one on, changed) is refused by its sender's pid (SCM_CREDENTIALS, forkserver._on_ctrl),
+ * and descriptor 3 must still be the socket the session started with (ctrl_intact), or a socket
+ * of the program's there would feed the loop requests and take its answers. Python code of the
  * agent's still runs before each call (`prepare`: its stdin, cores, environment, shadowed
  * modules): replaced, it can make a call fail or end the interpreter, which fails the call. */
-static pid_t session_pid; /* the interpreter's own: a process its call forked is another */
+/* SipHash-2-4 (Aumasson and Bernstein) of `len` bytes under a 16-byte key: wire.siphash24's twin. */
+static uint64_t le64(const unsigned char *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+#define ROTL64(x, b) (uint64_t)(((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND                                                                                              \
+    do {                                                                                                      \
+        v0 += v1; v1 = ROTL64(v1, 13); v1 ^= v0; v0 = ROTL64(v0, 32);                                         \
+        v2 += v3; v3 = ROTL64(v3, 16); v3 ^= v2;                                                              \
+        v0 += v3; v3 = ROTL64(v3, 21); v3 ^= v0;                                                              \
+        v2 += v1; v1 = ROTL64(v1, 17); v1 ^= v2; v2 = ROTL64(v2, 32);                                         \
+    } while (0)
+
+static uint64_t siphash24(const unsigned char key[16], const unsigned char *in, size_t len) {
+    uint64_t k0 = le64(key), k1 = le64(key + 8);
+    uint64_t v0 = 0x736f6d6570736575ULL ^ k0, v1 = 0x646f72616e646f6dULL ^ k1;
+    uint64_t v2 = 0x6c7967656e657261ULL ^ k0, v3 = 0x7465646279746573ULL ^ k1;
+    size_t whole = len - len % 8;
+    for (size_t i = 0; i < whole; i += 8) {
+        uint64_t m = le64(in + i);
+        v3 ^= m;
+        SIPROUND;
+        SIPROUND;
+        v0 ^= m;
+    }
+    uint64_t last = (uint64_t)(len & 0xff) << 56;
+    for (size_t i = 0; i < len % 8; i++) last |= (uint64_t)in[whole + i] << (8 * i);
+    v3 ^= last;
+    SIPROUND;
+    SIPROUND;
+    v0 ^= last;
+    v2 ^= 0xff;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+/* The interpreter's key (wire.SESSION_KEY_SIZE), read from the control socket before any of the
+ * session's code runs, and held here only: in no Python object, at no time. */
+static unsigned char session_key[16];
+static pid_t session_pid;  /* the interpreter's own: a process its call forked is another */
+static struct stat ctrl_is; /* what the control socket is: a descriptor 3 the program put there is not */
+
+/* Descriptor `ctrl` is still the control socket the session started with, blocking (the program
+ * shares it: it may make it non-blocking, or put a socket of its own there, from which requests of
+ * its making would come, and to which the loop's answer would go for it to pass on changed). */
+static int ctrl_intact(int ctrl) {
+    struct stat now;
+    if (fstat(ctrl, &now) < 0 || now.st_dev != ctrl_is.st_dev || now.st_ino != ctrl_is.st_ino) return 0;
+    int flags = fcntl(ctrl, F_GETFL);
+    return flags >= 0 && ((flags & O_NONBLOCK) == 0 || fcntl(ctrl, F_SETFL, flags & ~O_NONBLOCK) == 0);
+}
 
 static int serve_call(int ctrl, PyObject *ns, PyObject *prepare, int devnull) { /* 0: served; 1: closed; -1 */
-    unsigned char header[4];
+    if (!ctrl_intact(ctrl)) return -1;
+    unsigned char header[12]; /* wire.SESSION_CALL: the request's length, the call's token */
     struct iovec iov = {header, sizeof header};
     union {
         char buf[CMSG_SPACE(3 * sizeof(int))];
         struct cmsghdr align;
     } control;
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf, .msg_controllen = sizeof control.buf};
-    ssize_t got = recvmsg(ctrl, &msg, MSG_CMSG_CLOEXEC);
-    if (got < (ssize_t)sizeof header) return 1; /* the manager closed its end (or a short read): done */
+    ssize_t got;
+    do
+        got = recvmsg(ctrl, &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+    while (got < 0 && errno == EINTR);
+    if (got == 0) return 1; /* the manager closed its end: done */
+    if (got < (ssize_t)sizeof header) return -1;
     int fds[3], nfds = 0;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c))
         if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
@@ -1061,7 +1135,9 @@ static int serve_call(int ctrl, PyObject *ns, PyObject *prepare, int devnull) { 
             memcpy(fds, CMSG_DATA(c), (size_t)nfds * sizeof(int));
         }
     uint32_t length;
+    int64_t nonce; /* the call's, public: its answer carries it back */
     memcpy(&length, header, sizeof length);
+    memcpy(&nonce, header + sizeof length, sizeof nonce);
     unsigned char *payload = length > 0 && length <= (1u << 30) ? malloc(length) : NULL;
     if (payload == NULL) return -1;
     for (uint32_t done = 0; done < length;) {
@@ -1076,14 +1152,12 @@ static int serve_call(int ctrl, PyObject *ns, PyObject *prepare, int devnull) { 
     PyObject *request = PyMarshal_ReadObjectFromString((const char *)payload, (Py_ssize_t)length);
     free(payload);
     if (request == NULL || !PyDict_Check(request)) return -1;
-    PyObject *token_of = PyDict_GetItemWithError(request, names[K_CALL]);
-    long long token = token_of != NULL ? PyLong_AsLongLong(token_of) : -1;
     PyObject *source = PyDict_GetItemWithError(request, names[K_SOURCE]);
-    if (token_of == NULL || PyErr_Occurred() || source == NULL) return -1;
+    if (source == NULL) return -1;
     Py_INCREF(source);
-    /* Out of the program's reach from here on: neither is in any object it can find. */
-    if (PyDict_DelItem(request, names[K_CALL]) < 0 || PyDict_DelItem(request, names[K_SOURCE]) < 0) return -1;
+    if (PyDict_DelItem(request, names[K_SOURCE]) < 0) return -1;
     for (int i = 0; i < nfds; i++) {
+        if (fds[i] == i) continue; /* already in place (0-2 closed by the program, then reused) */
         dup2(fds[i], i);
         close(fds[i]);
     }
@@ -1126,11 +1200,15 @@ static int serve_call(int ctrl, PyObject *ns, PyObject *prepare, int devnull) { 
      * it ends there, as under `python -c`, and answers nothing. */
     if (getpid() != session_pid) _exit(status & 0xFF);
     for (int i = 0; i < 3; i++) dup2(devnull, i);
-    unsigned char answer[12];
-    int64_t t = (int64_t)token;
+    /* Checked last, with nothing between here and the answer that runs Python (which could let a
+     * thread of the program's swap the descriptor again). */
+    if (!ctrl_intact(ctrl)) return -1;
+    unsigned char answer[20]; /* wire.SESSION_ANSWER, little-endian: nonce, status, their MAC */
     int32_t st = (int32_t)status;
-    memcpy(answer, &t, sizeof t); /* little-endian, as wire.SESSION_ANSWER packs it */
-    memcpy(answer + sizeof t, &st, sizeof st);
+    memcpy(answer, &nonce, sizeof nonce);
+    memcpy(answer + sizeof nonce, &st, sizeof st);
+    uint64_t mac = siphash24(session_key, answer, sizeof nonce + sizeof st);
+    memcpy(answer + sizeof nonce + sizeof st, &mac, sizeof mac);
     return send(ctrl, answer, sizeof answer, MSG_NOSIGNAL) == (ssize_t)sizeof answer ? 0 : -1;
 }
 
@@ -1145,11 +1223,12 @@ static void run_straight(const char *main_file, const unsigned char *compiled, u
     PyObject *file = PyUnicode_DecodeFSDefault(main_file);
     const char *slash = strrchr(main_file, '/');
     PyObject *dir = PyUnicode_DecodeFSDefaultAndSize(main_file, slash ? slash - main_file : 0);
-    if (file == NULL || dir == NULL || PyDict_SetItem(run_namespace, names[K_FILE], file) < 0)
+    PyObject *main_ns = PyModule_GetDict(run_main);
+    if (file == NULL || dir == NULL || PyDict_SetItem(main_ns, names[K_FILE], file) < 0)
         child_fail("the main module");
     /* __loader__ as `python main.py` has it: a SourceFileLoader of its file (child._main_loader). */
     PyObject *loader = source_loader ? PyObject_CallFunctionObjArgs(source_loader, names[K_MAIN], file, NULL) : NULL;
-    if (loader == NULL || PyDict_SetItem(run_namespace, names[K_LOADER], loader) < 0) PyErr_Clear();
+    if (loader == NULL || PyDict_SetItem(main_ns, names[K_LOADER], loader) < 0) PyErr_Clear();
     Py_XDECREF(loader);
     /* sys.argv becomes [main_file]: the zygote's list (python -c's ['-c']) is reused in place. */
     PyObject *argv = sys_get(K_ARGV);
@@ -1174,7 +1253,10 @@ static void run_straight(const char *main_file, const unsigned char *compiled, u
         Py_XDECREF(random);
         PyErr_Clear();
     }
-    run_to_end(PyMarshal_ReadObjectFromString((const char *)compiled, (Py_ssize_t)cblen), run_namespace, 1);
+    /* This child's copy of the zygote's reference is the run's: none other may keep __main__ alive. */
+    PyObject *main = run_main;
+    run_main = NULL;
+    run_to_end(PyMarshal_ReadObjectFromString((const char *)compiled, (Py_ssize_t)cblen), main, 1);
 }
 
 /* (kind, code, argv, env_delta, ctrl_fd, main_file, compiled) for the child's Python side. */
@@ -1531,6 +1613,9 @@ static PyObject *zygote_serve(PyObject *self, PyObject *args) {
         run_namespace = Py_NewRef(ns);
         environ_data = Py_NewRef(env);
         if (prepare_names() < 0) return NULL;
+        /* Made here, after the zygote's gc.freeze: young in every child, so its dict can die as
+         * garbage at a run's end; and made once, not in each child (about 20 pages written). */
+        if ((run_main = fresh_main(run_namespace)) == NULL) return NULL;
     }
     int ep = epoll_create1(EPOLL_CLOEXEC);
     if (ep < 0) return PyErr_SetFromErrno(PyExc_OSError);
@@ -1602,7 +1687,7 @@ static PyObject *zygote_run_to_end(PyObject *self, PyObject *args) {
     int script;
     if (!PyArg_ParseTuple(args, "O!O!p", &PyCode_Type, &code, &PyDict_Type, &ns, &script)) return NULL;
     if (prepare_names() < 0) return NULL;
-    run_to_end(Py_NewRef(code), ns, script);
+    run_to_end(Py_NewRef(code), fresh_main(ns), script);
     return NULL; /* never reached */
 }
 
@@ -1619,7 +1704,6 @@ static PyObject *zygote_end_with(PyObject *self, PyObject *args) {
     if (prepare_names() < 0) return NULL;
     PyObject *first[3] = {sys_held(K_FIRST_STDIN), sys_held(K_FIRST_STDOUT), sys_held(K_FIRST_STDERR)};
     PyObject *main = fresh_main(ns);
-    take_trampoline();
     detach_frames();
     end_run((ending){Py_NewRef((PyObject *)Py_TYPE(exc)), Py_NewRef(exc)}, main, first, script);
     return NULL; /* never reached */
@@ -1637,11 +1721,32 @@ static PyObject *zygote_serve_session(PyObject *self, PyObject *args) {
     int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (devnull < 0) return PyErr_SetFromErrno(PyExc_OSError);
     session_pid = getpid();
+    if (fstat(ctrl, &ctrl_is) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    for (size_t got = 0; got < sizeof session_key;) {
+        ssize_t n = recv(ctrl, session_key + got, sizeof session_key - got, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) _exit(0); /* the fork server went before the first call */
+        got += (size_t)n;
+    }
     detach_frames(); /* the call's code runs with no frame of the agent's under it (never returned to) */
     int served;
     while ((served = serve_call(ctrl, ns, prepare, devnull)) == 0) {
     }
     _exit(served > 0 ? 0 : 1);
+}
+
+/* siphash24(key, data): for the test that the loop's MAC is the fork server's (wire.siphash24). */
+static PyObject *zygote_siphash24(PyObject *self, PyObject *args) {
+    Py_buffer key, data;
+    if (!PyArg_ParseTuple(args, "y*y*", &key, &data)) return NULL;
+    PyObject *r = NULL;
+    if (key.len != 16)
+        PyErr_SetString(PyExc_ValueError, "siphash24: the key is 16 bytes");
+    else
+        r = PyLong_FromUnsignedLongLong(siphash24(key.buf, data.buf, (size_t)data.len));
+    PyBuffer_Release(&key);
+    PyBuffer_Release(&data);
+    return r;
 }
 
 static PyObject *zygote_set_identity(PyObject *self, PyObject *pairs) {
@@ -1682,6 +1787,7 @@ static PyMethodDef methods[] = {
     {"run_to_end", zygote_run_to_end, METH_VARARGS, "Run a code object in a namespace and end as python does."},
     {"end_with", zygote_end_with, METH_VARARGS, "End a run with an exception raised before its code ran."},
     {"serve_session", zygote_serve_session, METH_VARARGS, "Serve a session's calls on its control socket."},
+    {"siphash24", zygote_siphash24, METH_VARARGS, "SipHash-2-4 of data under a 16-byte key."},
     {"set_identity", zygote_set_identity, METH_O, "The identity files to bind (zygote_wire.IDENTITY_FILES)."},
     {NULL, NULL, 0, NULL},
 };

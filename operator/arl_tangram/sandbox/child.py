@@ -17,7 +17,6 @@ import marshal
 import os
 import resource
 import signal
-import struct
 import sys
 import types
 
@@ -860,14 +859,22 @@ def _interpreter_loop() -> NoReturn:
 
     ctrl = socket.socket(fileno=_CTRL_FD)
     devnull = os.open(os.devnull, os.O_RDWR)
+    # The interpreter's key, sent before any call (wire.SESSION_KEY_SIZE). Here, in Python, a call's
+    # code can find it; the C loop holds it where it cannot.
+    key = b""
+    while len(key) < wire.SESSION_KEY_SIZE:
+        chunk = ctrl.recv(wire.SESSION_KEY_SIZE - len(key))
+        if not chunk:
+            _EXIT(0)
+        key += chunk
     while True:
         try:
-            header, fds, _, _ = socket.recv_fds(ctrl, 4, 3)
+            header, fds, _, _ = socket.recv_fds(ctrl, wire.SESSION_CALL.size, 3)
         except OSError:
             _EXIT(0)
-        if len(header) < 4:
+        if len(header) < wire.SESSION_CALL.size:
             _EXIT(0)
-        (length,) = struct.unpack("<I", header)
+        length, token = wire.SESSION_CALL.unpack(header)
         payload = bytearray()
         while len(payload) < length:
             chunk = ctrl.recv(length - len(payload))
@@ -889,4 +896,4 @@ def _interpreter_loop() -> NoReturn:
         _flush_c_stdio()
         for target in (0, 1, 2):
             os.dup2(devnull, target)
-        ctrl.sendall(wire.SESSION_ANSWER.pack(request["call"], code))
+        ctrl.sendall(wire.SESSION_ANSWER.pack(token, code, wire.session_mac(key, token, code)))

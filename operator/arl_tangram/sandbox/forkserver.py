@@ -195,7 +195,7 @@ class Call:
         self.interp_restarted = interp_restarted
         self.interp_stopped = False
         self.interp_ended = False  # its interpreter ended during it, unanswered: never a success
-        self.token = -1  # a session call's secret, which its answer carries (``_answer_of``)
+        self.token = -1  # a session call's nonce, which its answer carries (``_answer_of``)
         self.out = bytearray()
         self.err = bytearray()
         self.out_truncated = False
@@ -308,7 +308,7 @@ class PrivateTmp:
 class Interp:
     """A session's persistent interpreter."""
 
-    __slots__ = ("alive", "call", "ctrl", "frozen", "netns", "pid", "pidfd", "rbuf", "sid", "uid")
+    __slots__ = ("alive", "call", "ctrl", "frozen", "key", "netns", "pid", "pidfd", "rbuf", "sid", "uid")
 
     def __init__(
         self, sid: str, pid: int, pidfd: int, ctrl: socket.socket, uid: int | None, netns: int = -1
@@ -323,6 +323,9 @@ class Interp:
         self.call: Call | None = None
         self.alive = True
         self.frozen = False  # stopped (SIGSTOP) between calls: it keeps threads of its own
+        # Its key, the first bytes it reads (before any of the session's code runs): its answers
+        # carry their MAC under it (``_answer_of``).
+        self.key = secrets.token_bytes(wire.SESSION_KEY_SIZE)
 
 
 class ForkServer:
@@ -918,18 +921,16 @@ class ForkServer:
         _hand_over(interp.uid, [w_out, w_err] if stdin_fd == self.devnull else [w_out, w_err, stdin_fd])
         # The interpreter was forked for an earlier call: it takes this call's cores and environment
         # (TANGRAM_CORES, TANGRAM_DOP...) itself before running the code.
-        # The call's token comes back with its answer (``_answer_of``): drawn afresh for each call,
-        # so that the program cannot know it (the C loop keeps it out of the program's reach).
+        # The call's nonce comes back with its answer, with their MAC (``_answer_of``).
         token = secrets.randbits(62)
-        payload = marshal.dumps(
-            {"call": token, "code": msg["code"], "cores": msg["cores"], "env": msg["env"]}
-        )
+        payload = marshal.dumps({"code": msg["code"], "cores": msg["cores"], "env": msg["env"]})
         started = time.monotonic()
         try:
             # Bounded: an interpreter whose code stopped reading its control socket must not be able
             # to stall this loop (the call then runs into its timeout, which kills the interpreter).
             interp.ctrl.settimeout(2.0)
-            socket.send_fds(interp.ctrl, [struct.pack("<I", len(payload))], [stdin_fd, w_out, w_err])
+            header = wire.SESSION_CALL.pack(len(payload), token)
+            socket.send_fds(interp.ctrl, [header], [stdin_fd, w_out, w_err])
             interp.ctrl.sendall(payload)
         except OSError:
             # A dead interpreter: its exit is reported through the pidfd like any other exit.
@@ -983,8 +984,10 @@ class ForkServer:
             raise
         finally:
             child.close()
-        parent.setblocking(False)
         interp = Interp(sid=msg["sid"], pid=pid, pidfd=pidfd, ctrl=parent, uid=msg.get("uid"), netns=netns)
+        with suppress(OSError):  # one that is gone already: its exit is reported like any other
+            parent.sendall(interp.key)
+        parent.setblocking(False)
         self.interps[interp.sid] = interp
         self.zy.owners[pid] = interp
         self.sel.register(parent.fileno(), ("ctrl", interp))
@@ -1163,7 +1166,7 @@ class ForkServer:
         reply = bytes(interp.rbuf) if len(interp.rbuf) == ANSWER.size and not forged else None
         interp.rbuf.clear()
         call = interp.call
-        exit_code = _answer_of(reply, call)
+        exit_code = _answer_of(reply, call, interp.key)
         if exit_code is None or call is None:
             # Not the loop's one answer to the call waiting: a frame the program wrote on the
             # control socket itself (it shares the interpreter's process), malformed, too big,
@@ -1449,13 +1452,14 @@ def _with_filename(code: types.CodeType, path: str) -> types.CodeType:
     return code.replace(co_filename=path)
 
 
-def _answer_of(reply: bytes | None, call: Call | None) -> int | None:
+def _answer_of(reply: bytes | None, call: Call | None, key: bytes) -> int | None:
     """The exit status in ``reply`` when it is the interpreter loop's answer to ``call``, the call
-    waiting: exactly ``ANSWER`` of its token and a status; else None."""
+    waiting: exactly ``ANSWER`` of its nonce, a status and their MAC under the interpreter's
+    ``key``; else None."""
     if call is None or call.exited or reply is None:
         return None
-    token, code = ANSWER.unpack(reply)
-    if token != call.token or not 0 <= code <= 255:
+    nonce, code, mac = ANSWER.unpack(reply)
+    if nonce != call.token or not 0 <= code <= 255 or mac != wire.session_mac(key, nonce, code):
         return None
     return int(code)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -404,11 +405,12 @@ def test_an_answer_a_session_writes_itself_ends_its_interpreter_not_the_agent(
     wait_until(lambda: processes_of(agent.uids) == [], what="the interpreter to be gone")
 
 
-def test_an_interpreter_that_hijacks_its_control_socket_is_timed_out(agent: Agent) -> None:
+def test_an_interpreter_whose_control_socket_is_swapped_fails_the_call(agent: Agent) -> None:
     sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
     try:
-        # Keep the control socket open elsewhere and put a silent socket in its place: the
-        # interpreter's answer goes nowhere, so the call can only end at its deadline.
+        # Keep the control socket open elsewhere and put a silent socket in its place: the loop
+        # sees that descriptor 3 is no longer its socket, and the interpreter ends, failing the call
+        # (before, its answer went nowhere and the call ran into its deadline).
         hijack = (
             "import os, socket\n"
             "keep = os.dup(3)\n"
@@ -416,8 +418,9 @@ def test_an_interpreter_that_hijacks_its_control_socket_is_timed_out(agent: Agen
             "os.dup2(a.fileno(), 3)\n"
             "print('hijacked')"
         )
-        body = agent.execute(hijack, session_id=sid, timeout_s=1)
-        assert body["status"] == "timeout"
+        body = agent.execute(hijack, session_id=sid, timeout_s=5)
+        assert body["status"] == "failed", body
+        assert "interpreter ended during the call" in str(body["message"]), body
         assert body["stdout"] == "hijacked\n"
         assert agent.execute("print('still serving')")["stdout"] == "still serving\n"
         again = agent.execute("print('fresh')", session_id=sid)
@@ -561,6 +564,38 @@ FAKED_SESSION_CALLS: dict[str, tuple[str, str]] = {
         "assert 1 == 2\n",
     ),
     "the interpreter ended with status 0 by the call": ("x = 1\n", "import os\nos._exit(0)\n"),
+    # A socket of its own put on descriptor 3: the loop would read a request of the program's
+    # making (which runs Python, so a thread runs), and answer to it, for the thread to pass on.
+    "the loop fed a request of the program's making, its answer passed on changed": (
+        "x = 1\n",
+        "import marshal, os, socket, struct, threading\n"
+        "a, b = socket.socketpair()\nreal = os.dup(3)\nos.dup2(a.fileno(), 3)\n"
+        "fake = marshal.dumps({'code': 'import time\\ntime.sleep(5)\\n', 'cores': None, 'env': None})\n"
+        "b.sendall(struct.pack('<Iq', len(fake), 1) + fake)\n"
+        "def relay():\n    d = b''\n    while len(d) < 12:\n        d += b.recv(12 - len(d))\n"
+        "    token, status = struct.unpack('<qi', d)\n    os.write(real, struct.pack('<qi', token, 0))\n"
+        "threading.Thread(target=relay, daemon=True).start()\nassert 1 == 2\n",
+    ),
+    # Threads an earlier call left read each request ahead of the loop (MSG_PEEK), and answer it.
+    "the request read ahead of the loop, and answered with its nonce": (
+        "import os, socket, struct, sys, threading\nsys.setswitchinterval(1e-6)\ndone = []\n"
+        "def steal():\n    s = socket.socket(fileno=os.dup(3))\n    while not done:\n"
+        "        head = s.recv(12, socket.MSG_PEEK)\n        if len(head) == 12:\n"
+        "            length, nonce = struct.unpack('<Iq', head)\n            done.append(1)\n"
+        "            for status in (0,):\n"
+        "                os.write(3, struct.pack('<qiQ', nonce, status, 0))\n"
+        "for _ in range(4):\n    threading.Thread(target=steal, daemon=True).start()\n",
+        "import time\ntime.sleep(0.2)\nassert 1 == 2\n",
+    ),
+    # A gc callback that looks through what the process allocates while the loop takes a request.
+    "the token read by a gc callback while the request was read": (
+        "import gc\nTOK = []\ndef cb(phase, info):\n    if phase == 'start':\n"
+        "        for o in gc.get_objects(0):\n            if type(o) is dict and 'code' in o:\n"
+        "                TOK.extend(v for v in o.values() if type(v) is int and v > 1000)\n"
+        "gc.callbacks.append(cb)\ngc.set_threshold(1)\nprint('armed')\ngc.collect()\n",
+        "import os, struct, time\nfor t in TOK:\n    os.write(3, struct.pack('<qi', t, 0))\n"
+        "time.sleep(0.3)\nassert 1 == 2\n",
+    ),
 }
 
 
@@ -582,6 +617,38 @@ def test_a_failing_session_call_cannot_be_made_to_pass(agent: Agent, name: str) 
     finally:
         requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
     wait_until(lambda: processes_of(agent.uids) == [], what="the interpreter to be gone")
+
+
+def test_a_call_that_leaves_the_control_socket_non_blocking_does_not_fail_the_next(agent: Agent) -> None:
+    """The loop's descriptor is the program's too: one made non-blocking is set back, not read as
+    the fork server gone (the interpreter ended between calls, and the next, innocent call failed)."""
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    try:
+        first = agent.execute("import os\nos.set_blocking(3, False)\nx = 7\n", session_id=sid)
+        assert first["status"] == "ok", first
+        again = agent.execute("print(x)", session_id=sid)
+        assert again["status"] == "ok" and again["stdout"] == "7\n", again
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+
+
+def test_a_signal_between_session_calls_keeps_the_session(agent: Agent) -> None:
+    """A signal the session handles in Python, coming while its loop waits for the next call (an
+    alarm left set, SIGCONT when the fork server thaws it), interrupts that wait: it is waited
+    again, not taken for the fork server gone (which ended the interpreter and its state)."""
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    try:
+        first = agent.execute(
+            "import signal\nx = 41\nsignal.signal(signal.SIGALRM, lambda *a: None)\n"
+            "signal.setitimer(signal.ITIMER_REAL, 0.2)\n",
+            session_id=sid,
+        )
+        assert first["status"] == "ok", first
+        time.sleep(0.6)
+        again = agent.execute("print(x + 1)", session_id=sid)
+        assert again["stdout"] == "42\n" and again["interpreter_restarted"] is False, again
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
 
 
 def test_a_process_a_session_call_forked_ends_there(agent: Agent) -> None:

@@ -277,6 +277,20 @@ PROGRAMS = {
         "class D:\n    def __del__(self):\n        signal.setitimer(signal.ITIMER_REAL, 0.05)\n"
         "        time.sleep(0.5)\n        print('after')\nd = D()\nassert 1 == 2\n"
     ),
+    "a gc callback, gc disabled, then a failure": (
+        "import gc, os\ngc.disable()\ngc.callbacks.append(lambda p, i: os._exit(0))\nassert 1 == 2\n"
+    ),
+    "threading.active_count replaced, __main__ held elsewhere": (
+        "import os, sys, threading\nsys.modules['keep'] = sys.modules['__main__']\n"
+        "threading.active_count = lambda: os._exit(0)\nassert 1 == 2\n"
+    ),
+    "a finaliser of a __main__ held elsewhere, reading a later name": (
+        "import sys\nclass D:\n    def __del__(self):\n        print('del sees', tag)\n"
+        "d = D()\ntag = 'T'\nsys.keep = sys.modules[__name__]\n"
+    ),
+    "a finaliser held by builtins._": (
+        "import builtins\nclass D:\n    def __del__(self):\n        print('bye')\nbuiltins._ = D()\n"
+    ),
     # No frame of the sandbox's under the program's.
     "the main module's frame is the first": (
         "import inspect, sys\nprint(sys._getframe().f_back, len(inspect.stack()))\n"
