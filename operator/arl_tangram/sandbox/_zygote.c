@@ -832,12 +832,12 @@ static void delete_special(void) {
                            K_LAST_EXC,
 #endif
                            K_PATH_HOOKS, K_PATH_IMPORTER_CACHE, K_META_PATH, K_INTERACTIVEHOOK};
-    /* The import system's are kept (never freed): freeing its caches (the finders and the listings
-     * of every directory on sys.path) would write pages the zygote shares with every action. The
-     * rest are let go of: the last exception holds the program's frames, and so its globals. */
+    /* The import system's finders and caches are kept (never freed: freeing the listings of every
+     * directory on sys.path would write pages the zygote shares with every action), as Python's
+     * own import state keeps them alive there. The rest are let go of: the last exception holds
+     * the program's frames and so its globals, and sys.path may hold objects of the program's. */
     for (size_t i = 0; i < sizeof deletes / sizeof deletes[0]; i++) {
-        int kept = deletes[i] == K_PATH || deletes[i] == K_PATH_HOOKS || deletes[i] == K_PATH_IMPORTER_CACHE ||
-                   deletes[i] == K_META_PATH;
+        int kept = deletes[i] == K_PATH_HOOKS || deletes[i] == K_PATH_IMPORTER_CACHE || deletes[i] == K_META_PATH;
         if (kept) Py_XINCREF(sys_now(deletes[i]));
         sys_set(deletes[i], Py_None);
     }
@@ -897,22 +897,27 @@ static void signals_off(void) {
     }
 }
 
-/* _PyGC_CollectNoFail: a full collection, whatever gc.disable() said, with no gc.callbacks (kept
- * here, never called again: Python's end calls them no more either). */
+/* _PyGC_CollectNoFail: a full collection, whatever gc.disable() said, without calling gc.callbacks
+ * (taken out for it and put back after: a finaliser that runs meanwhile sees the list empty, where
+ * Python's own, which skips them, leaves it as it is). */
 static void collect_no_fail(void) {
+    PyObject *kept = NULL;
     if (PyList_Check(gc_callbacks) && PyList_GET_SIZE(gc_callbacks) > 0) {
-        PyObject *kept = PyList_GetSlice(gc_callbacks, 0, PyList_GET_SIZE(gc_callbacks));
+        kept = PyList_GetSlice(gc_callbacks, 0, PyList_GET_SIZE(gc_callbacks));
         if (kept == NULL || PyList_SetSlice(gc_callbacks, 0, PyList_GET_SIZE(gc_callbacks), NULL) < 0) {
             Py_XDECREF(kept);
             PyErr_Clear();
             return; /* not run with them: none is better than a collection Python would not make */
         }
-        (void)kept; /* never freed: what they hold stays as it would there */
     }
     int was = PyGC_Enable();
     PyGC_Collect();
     if (!was) PyGC_Disable();
     PyErr_Clear();
+    if (kept != NULL) {
+        if (PyList_SetSlice(gc_callbacks, 0, 0, kept) < 0) PyErr_Clear();
+        Py_DECREF(kept);
+    }
 }
 
 /* The end of a run in module `main` (its reference stolen): `e` how it ended, `first` the standard
@@ -1722,6 +1727,10 @@ static PyObject *zygote_serve_session(PyObject *self, PyObject *args) {
     if (devnull < 0) return PyErr_SetFromErrno(PyExc_OSError);
     session_pid = getpid();
     if (fstat(ctrl, &ctrl_is) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    /* Not dumpable: /proc/self/mem then belongs to root, and the session's code cannot read the key
+     * out of this process's memory with file I/O (an agent running as root has this already, from
+     * the change of uid; one that is not would leave it readable). */
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) return PyErr_SetFromErrno(PyExc_OSError);
     for (size_t got = 0; got < sizeof session_key;) {
         ssize_t n = recv(ctrl, session_key + got, sizeof session_key - got, 0);
         if (n < 0 && errno == EINTR) continue;

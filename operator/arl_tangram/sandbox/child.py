@@ -849,10 +849,12 @@ def _prepare_call(request: dict[str, Any]) -> None:
 def _interpreter_loop() -> NoReturn:
     """A session's persistent interpreter: run each call's code in the same globals. In C where the
     C module is built (_zygote.c's serve_session, which says why); this loop otherwise."""
-    namespace = _CHILD_MAIN
-    if namespace is None:
-        namespace = _fresh_main_module()
+    if _CHILD_MAIN is None:
+        _fresh_main_module()
         _fresh_std_streams()
+    # The globals of the module that is ``__main__`` here (the C loop's zygote makes its own from
+    # the prepared names): ``import __main__``, pickle and multiprocessing find the session's names.
+    namespace: dict[str, Any] = sys.modules["__main__"].__dict__
     if _C_SERVE_SESSION is not None:
         _C_SERVE_SESSION(_CTRL_FD, namespace, _prepare_call)
     import socket

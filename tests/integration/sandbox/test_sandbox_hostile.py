@@ -632,6 +632,22 @@ def test_a_call_that_leaves_the_control_socket_non_blocking_does_not_fail_the_ne
         requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
 
 
+def test_a_sessions_globals_are_its_main_module(agent: Agent) -> None:
+    """What finds things through ``__main__`` (pickle, multiprocessing, ``import __main__``) finds
+    a session's names, as in a notebook's kernel."""
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    try:
+        assert agent.execute("x = 1\ndef f():\n    return 2\n", session_id=sid)["status"] == "ok"
+        body = agent.execute(
+            "import pickle, sys, __main__\nprint(sys.modules['__main__'].__dict__ is globals(), __main__.x)\n"
+            "print(pickle.loads(pickle.dumps(f))())\n",
+            session_id=sid,
+        )
+        assert body["status"] == "ok" and body["stdout"] == "True 1\n2\n", body
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+
+
 def test_a_signal_between_session_calls_keeps_the_session(agent: Agent) -> None:
     """A signal the session handles in Python, coming while its loop waits for the next call (an
     alarm left set, SIGCONT when the fork server thaws it), interrupts that wait: it is waited

@@ -291,6 +291,11 @@ PROGRAMS = {
     "a finaliser held by builtins._": (
         "import builtins\nclass D:\n    def __del__(self):\n        print('bye')\nbuiltins._ = D()\n"
     ),
+    "a finaliser reached through sys.path": (
+        "import sys\nclass D:\n    def __del__(self):\n        print('finalised')\n"
+        "class P(str):\n    def m(self):\n        return d\n"
+        "sys.path.append(P('/nowhere'))\nd = D()\nprint('end')\n"
+    ),
     # No frame of the sandbox's under the program's.
     "the main module's frame is the first": (
         "import inspect, sys\nprint(sys._getframe().f_back, len(inspect.stack()))\n"
