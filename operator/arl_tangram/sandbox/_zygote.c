@@ -1119,7 +1119,7 @@ static int ctrl_intact(int ctrl) {
 
 static int serve_call(int ctrl, PyObject *ns, PyObject *prepare, int devnull) { /* 0: served; 1: closed; -1 */
     if (!ctrl_intact(ctrl)) return -1;
-    unsigned char header[12]; /* wire.SESSION_CALL: the request's length, the call's token */
+    unsigned char header[12]; /* wire.SESSION_CALL: the request's length, the call's nonce */
     struct iovec iov = {header, sizeof header};
     union {
         char buf[CMSG_SPACE(3 * sizeof(int))];
@@ -1214,7 +1214,11 @@ static int serve_call(int ctrl, PyObject *ns, PyObject *prepare, int devnull) { 
     memcpy(answer + sizeof nonce, &st, sizeof st);
     uint64_t mac = siphash24(session_key, answer, sizeof nonce + sizeof st);
     memcpy(answer + sizeof nonce + sizeof st, &mac, sizeof mac);
-    return send(ctrl, answer, sizeof answer, MSG_NOSIGNAL) == (ssize_t)sizeof answer ? 0 : -1;
+    ssize_t sent;
+    do
+        sent = send(ctrl, answer, sizeof answer, MSG_NOSIGNAL);
+    while (sent < 0 && errno == EINTR);
+    return sent == (ssize_t)sizeof answer ? 0 : -1;
 }
 
 /* Python code compiled by the manager, written to its main file: run it here, as `python main.py`
