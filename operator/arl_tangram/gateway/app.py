@@ -275,6 +275,19 @@ def _route_name(request: web.Request) -> str:
     return info.canonical if info is not None else "unmatched"
 
 
+def _answer_error(
+    request: web.Request,
+    state: GatewayState,
+    status: int,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str],
+) -> web.Response:
+    """An error's answer, counted among the refusals where it is one (401, 403, 429)."""
+    if status in (401, 403, 429):
+        state.metrics.refused.labels(str(status)).inc()
+    return _error_response(request, status, body, headers)
+
+
 def _error_response(
     request: web.Request, status: int, body: Mapping[str, Any], headers: Mapping[str, str]
 ) -> web.Response:
@@ -316,9 +329,7 @@ async def _expect(request: web.Request) -> web.StreamResponse | None:
         if answer is None:
             raise
         state.metrics.requests.labels(route, str(answer.status)).inc()
-        if answer.status in (401, 403, 429):
-            state.metrics.refused.labels(str(answer.status)).inc()
-        return _error_response(request, answer.status, answer.body, answer.headers)
+        return _answer_error(request, state, answer.status, answer.body, answer.headers)
     if refusal is not None:
         state.metrics.requests.labels(route, str(refusal.status)).inc()
         return refusal
@@ -371,9 +382,7 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         else:
             answer_status, body, headers = answer.status, answer.body, answer.headers
         status = answer_status
-        if status in (401, 403, 429):
-            state.metrics.refused.labels(str(status)).inc()
-        return _error_response(request, status, body, headers)
+        return _answer_error(request, state, status, body, headers)
     finally:
         state.metrics.request_answered(_route_name(request), status, time.perf_counter() - start)
 

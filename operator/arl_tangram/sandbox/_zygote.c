@@ -482,7 +482,7 @@ enum {
     K_DOC, K_PACKAGE, K_SPEC, K_ANNOTATIONS, K_PS1, K_PS2, K_PATH_HOOKS, K_PATH_IMPORTER_CACHE,
     K_META_PATH, K_INTERACTIVEHOOK, K_UNDERSCORE,
     /* A session's calls (serve_session) */
-    K_SOURCE, K_STRING, K_EXEC, K_DONT_INHERIT, N_NAMES
+    K_STRING, K_EXEC, K_DONT_INHERIT, N_NAMES
 };
 static const char *const name_text[N_NAMES] = {
     "argv", "path", "modules", "__file__", "numpy", "random", "seed",
@@ -491,7 +491,7 @@ static const char *const name_text[N_NAMES] = {
     "unraisablehook", "__loader__", "__main__", "stdin", "__stdin__", "__cached__", "__name__",
     "__doc__", "__package__", "__spec__", "__annotations__", "ps1", "ps2", "path_hooks", "path_importer_cache",
     "meta_path", "__interactivehook__", "_",
-    "code", "<string>", "exec", "dont_inherit",
+    "<string>", "exec", "dont_inherit",
 };
 static PyObject *names[N_NAMES];
 static PyObject *sys_dict;
@@ -1157,10 +1157,9 @@ static int serve_call(int ctrl, PyObject *ns, PyObject *prepare, int devnull) { 
     PyObject *request = PyMarshal_ReadObjectFromString((const char *)payload, (Py_ssize_t)length);
     free(payload);
     if (request == NULL || !PyDict_Check(request)) return -1;
-    PyObject *source = PyDict_GetItemWithError(request, names[K_SOURCE]);
+    PyObject *source = PyDict_GetItemWithError(request, names[K_CODE]); /* the request's "code" */
     if (source == NULL) return -1;
     Py_INCREF(source);
-    if (PyDict_DelItem(request, names[K_SOURCE]) < 0) return -1;
     for (int i = 0; i < nfds; i++) {
         if (fds[i] == i) continue; /* already in place (0-2 closed by the program, then reused) */
         dup2(fds[i], i);

@@ -876,7 +876,7 @@ def _interpreter_loop() -> NoReturn:
             _EXIT(0)
         if len(header) < wire.SESSION_CALL.size:
             _EXIT(0)
-        length, token = wire.SESSION_CALL.unpack(header)
+        length, nonce = wire.SESSION_CALL.unpack(header)
         payload = bytearray()
         while len(payload) < length:
             chunk = ctrl.recv(length - len(payload))
@@ -898,4 +898,4 @@ def _interpreter_loop() -> NoReturn:
         _flush_c_stdio()
         for target in (0, 1, 2):
             os.dup2(devnull, target)
-        ctrl.sendall(wire.SESSION_ANSWER.pack(token, code, wire.session_mac(key, token, code)))
+        ctrl.sendall(wire.SESSION_ANSWER.pack(nonce, code, wire.session_mac(key, nonce, code)))

@@ -152,6 +152,7 @@ class Call:
         "memory_limited",
         "mntns",
         "netns",
+        "nonce",
         "open_pipes",
         "out",
         "out_truncated",
@@ -165,7 +166,6 @@ class Call:
         "started",
         "stdin_feed",
         "timed_out",
-        "token",
         "uid",
         "watching",
     )
@@ -195,7 +195,7 @@ class Call:
         self.interp_restarted = interp_restarted
         self.interp_stopped = False
         self.interp_ended = False  # its interpreter ended during it, unanswered: never a success
-        self.token = -1  # a session call's nonce, which its answer carries (``_answer_of``)
+        self.nonce = -1  # a session call's, which its answer carries (``_answer_of``)
         self.out = bytearray()
         self.err = bytearray()
         self.out_truncated = False
@@ -922,14 +922,14 @@ class ForkServer:
         # The interpreter was forked for an earlier call: it takes this call's cores and environment
         # (TANGRAM_CORES, TANGRAM_DOP...) itself before running the code.
         # The call's nonce comes back with its answer, with their MAC (``_answer_of``).
-        token = secrets.randbits(62)
+        nonce = secrets.randbits(62)
         payload = marshal.dumps({"code": msg["code"], "cores": msg["cores"], "env": msg["env"]})
         started = time.monotonic()
         try:
             # Bounded: an interpreter whose code stopped reading its control socket must not be able
             # to stall this loop (the call then runs into its timeout, which kills the interpreter).
             interp.ctrl.settimeout(2.0)
-            header = wire.SESSION_CALL.pack(len(payload), token)
+            header = wire.SESSION_CALL.pack(len(payload), nonce)
             socket.send_fds(interp.ctrl, [header], [stdin_fd, w_out, w_err])
             interp.ctrl.sendall(payload)
         except OSError:
@@ -954,7 +954,7 @@ class ForkServer:
             interp_restarted=restarted,
         )
         call.cores = msg["cores"]
-        call.token = token
+        call.nonce = nonce
         interp.call = call
         self._track(call, r_out, r_err)
         self._start_feed(call, stdin_w, stdin_rest)
@@ -1459,7 +1459,7 @@ def _answer_of(reply: bytes | None, call: Call | None, key: bytes) -> int | None
     if call is None or call.exited or reply is None:
         return None
     nonce, code, mac = ANSWER.unpack(reply)
-    if nonce != call.token or not 0 <= code <= 255 or mac != wire.session_mac(key, nonce, code):
+    if nonce != call.nonce or not 0 <= code <= 255 or mac != wire.session_mac(key, nonce, code):
         return None
     return int(code)
 

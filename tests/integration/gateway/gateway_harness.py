@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import aiohttp
 import requests
@@ -190,6 +191,19 @@ class Gateway:
     def admission(self) -> Admission:
         """The gateway's counts of held actions (read from the test thread: plain dict reads)."""
         return self.app[STATE].admission
+
+    def raw_connection(self, timeout_s: float) -> socket.socket:
+        """A TCP connection to the gateway, for requests written byte by byte."""
+        where = urlsplit(self.url)
+        return socket.create_connection((where.hostname, where.port), timeout=timeout_s)
+
+
+def read_until_closed(conn: socket.socket) -> bytes:
+    """Everything the peer sends until it closes the connection."""
+    out = b""
+    while chunk := conn.recv(65536):
+        out += chunk
+    return out
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
         """Run ``coro`` on the gateway's loop and wait for it (e.g. to inspect the dispatcher)."""

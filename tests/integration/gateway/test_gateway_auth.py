@@ -10,12 +10,11 @@ import json
 import socket
 import time
 from collections.abc import Iterator
-from urllib.parse import urlsplit
 
 import pytest
 import requests
 from aiohttp import web
-from gateway_harness import NS, POOL, Gateway, free_port, serve_gateway, serve_reviews
+from gateway_harness import NS, POOL, Gateway, free_port, read_until_closed, serve_gateway, serve_reviews
 from sandbox_agent_harness import Agent, start_agent, stop_agent
 
 from arl_tangram.gateway import GatewayConfig, KubernetesAuthenticator, build_gateway_app
@@ -122,8 +121,7 @@ def test_refusals_name_what_is_missing(gateway: tuple[Gateway, KubernetesAuthent
 def _expecting(gw: Gateway, token: str | None, body: bytes) -> socket.socket:
     """A POST that announces its body and waits to be told to send it (``Expect: 100-continue``,
     as curl sends it for a large upload)."""
-    where = urlsplit(gw.url)
-    conn = socket.create_connection((where.hostname, where.port), timeout=30)
+    conn = gw.raw_connection(30)
     auth = f"Authorization: Bearer {token}\r\n".encode() if token else b""
     conn.sendall(
         b"POST /v1/actions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
@@ -135,13 +133,6 @@ def _expecting(gw: Gateway, token: str | None, body: bytes) -> socket.socket:
     return conn
 
 
-def _until_closed(conn: socket.socket) -> bytes:
-    out = b""
-    while chunk := conn.recv(65536):
-        out += chunk
-    return out
-
-
 def test_a_body_waiting_for_100_continue_is_refused_before_it_is_sent(
     gateway: tuple[Gateway, KubernetesAuthenticator],
 ) -> None:
@@ -151,14 +142,14 @@ def test_a_body_waiting_for_100_continue_is_refused_before_it_is_sent(
     body = json.dumps(ACTION).encode()
     for token, why in ((None, "missing bearer token"), ("tok-nobody", "not accepted")):
         with _expecting(gw, token, body) as conn:
-            answer = _until_closed(conn)  # the body never sent: the answer came before it
+            answer = read_until_closed(conn)  # the body never sent: the answer came before it
         head, _, text = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 401"), answer
         assert why in json.loads(text)["error"], answer
     with _expecting(gw, "tok-alice", body) as conn:
         assert conn.recv(64).startswith(b"HTTP/1.1 100 Continue"), "no 100 for a valid token"
         conn.sendall(body)
-        answer = _until_closed(conn)
+        answer = read_until_closed(conn)
     head, _, text = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200"), answer
     assert json.loads(text)["stdout"] == "authorised\n", answer

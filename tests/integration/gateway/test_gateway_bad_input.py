@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import requests
-from gateway_harness import NS, POOL, Gateway, serve_gateway
+from gateway_harness import NS, POOL, Gateway, read_until_closed, serve_gateway
 from sandbox_agent_harness import Agent, start_agent, stop_agent
 
 from arl_tangram.gateway import GatewayConfig
@@ -288,16 +288,7 @@ def test_trainer_shapes_keep_their_owners_lax_numbers(gateway: Gateway) -> None:
 
 
 def _raw(gateway: Gateway) -> socket.socket:
-    where = urlsplit(gateway.url)
-    return socket.create_connection((where.hostname, where.port), timeout=BODY_TIMEOUT_S * 10)
-
-
-def _answer(conn: socket.socket) -> bytes:
-    """Everything the gateway sends until it closes the connection."""
-    out = b""
-    while chunk := conn.recv(65536):
-        out += chunk
-    return out
+    return gateway.raw_connection(BODY_TIMEOUT_S * 10)
 
 
 def test_a_body_that_trickles_in_is_cut_off_with_408(gateway: Gateway) -> None:
@@ -335,7 +326,7 @@ def test_expect_continue_over_the_limit_is_refused_before_the_body(gateway: Gate
             b"POST /v1/actions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Expect: 100-continue\r\nContent-Length: " + str(LIMIT * 4).encode() + b"\r\n\r\n"
         )
-        answer = _answer(conn)
+        answer = read_until_closed(conn)
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 413"), answer
     assert str(LIMIT) in json.loads(body)["error"], answer
@@ -347,7 +338,7 @@ def test_expect_continue_over_the_limit_is_refused_before_the_body(gateway: Gate
         )
         assert conn.recv(64).startswith(b"HTTP/1.1 100 Continue"), "no 100 for a body within the limit"
         conn.sendall(small)
-        answer = _answer(conn)
+        answer = read_until_closed(conn)
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200"), answer
     assert json.loads(body)["stdout"] == "1\n", answer
@@ -371,7 +362,7 @@ def test_expect_continue_on_a_stream_bounds_its_lines_not_its_whole(gateway: Gat
         first = conn.recv(64)  # the stream's own answer begins at once, maybe in the same read
         assert first.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), "no 100 for a stream of small lines"
         conn.sendall(body)
-        answer = first[len(b"HTTP/1.1 100 Continue\r\n\r\n") :] + _answer(conn)
+        answer = first[len(b"HTTP/1.1 100 Continue\r\n\r\n") :] + read_until_closed(conn)
     head, _, rest = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200"), answer[:300]
     assert sorted(set(re.findall(rb'\{"id": "(a\d)"', rest))) == [b"a%d" % i for i in range(6)], rest[:500]
@@ -382,7 +373,7 @@ def test_an_unknown_expectation_is_refused_as_json(gateway: Gateway) -> None:
         conn.sendall(
             b"POST /v1/actions HTTP/1.1\r\nHost: x\r\nExpect: something-else\r\nContent-Length: 2\r\n\r\n"
         )
-        answer = _answer(conn)
+        answer = read_until_closed(conn)
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 417"), answer
     assert "something-else" in json.loads(body)["error"], answer
