@@ -197,6 +197,11 @@ class Gateway:
         where = urlsplit(self.url)
         return socket.create_connection((where.hostname, where.port), timeout=timeout_s)
 
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
+        """Run ``coro`` on the gateway's loop and wait for it (e.g. to inspect the dispatcher)."""
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return future.result(timeout)
+
 
 def read_until_closed(conn: socket.socket) -> bytes:
     """Everything the peer sends until it closes the connection."""
@@ -204,11 +209,6 @@ def read_until_closed(conn: socket.socket) -> bytes:
     while chunk := conn.recv(65536):
         out += chunk
     return out
-
-    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
-        """Run ``coro`` on the gateway's loop and wait for it (e.g. to inspect the dispatcher)."""
-        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        return future.result(timeout)
 
 
 @contextmanager
