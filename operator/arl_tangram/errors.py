@@ -40,6 +40,10 @@ class NotReady(TangramError):
         self.delay = delay
 
 
+class TargetUnavailable(NotReady):
+    """A pool has no host and none is coming soon (its status says why); send again after ``delay``."""
+
+
 class InfrastructureError(TangramError):
     """The platform failed the action (host lost, connection refused); safe to retry elsewhere."""
 

@@ -593,6 +593,76 @@ def test_a_pool_no_node_can_hold_says_so(cluster: Cluster, namespace: str, opera
     assert "500 cores" in ready["message"] and "spec.template.resources" in ready["message"], ready
 
 
+def test_a_pool_whose_hosts_cannot_start_refuses_callers_holds_batches_and_serves_once_fixed(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    """A template whose pods can never start (here a pod securityContext the agent's container
+    breaks: the kubelet's CreateContainerConfigError, as for an image it cannot pull or a Secret
+    it lacks) is named in the pool's conditions; a caller on the wire hears it at once (504
+    SandboxError on /run_code, with Retry-After) instead of waiting until it gives up; a batch
+    waits, its status saying why; once the template is fixed the batch's actions run."""
+    import urllib.error
+    import urllib.request
+
+    why = "breaks non-root policy"
+    _pool(
+        cluster,
+        namespace,
+        template={"podSpec": {"securityContext": {"runAsNonRoot": True}}},
+        scaling={"minHosts": 1},
+    )
+    _create(cluster, namespace, "actionbatches", batch_manifest("held", _sleepers(2, 0)))
+    pool = _wait_for(
+        cluster,
+        namespace,
+        "actionpools",
+        lambda o: any(
+            c["type"] == "Degraded" and c["reason"] == "HostsCannotStart"
+            for c in o.get("status", {}).get("conditions", [])
+        ),
+        description="Degraded HostsCannotStart",
+        timeout=120,
+    )
+    degraded = next(c for c in pool["status"]["conditions"] if c["type"] == "Degraded")
+    assert "CreateContainerConfigError" in degraded["message"] and why in degraded["message"], degraded
+    _wait_for(
+        cluster,
+        namespace,
+        "actionbatches",
+        lambda o: any(
+            c["type"] == "Running" and why in c.get("message", "")
+            for c in o.get("status", {}).get("conditions", [])
+        ),
+        field_selector="metadata.name=held",
+        description="the batch saying why it waits",
+        timeout=60,
+    )
+    token = trainer_token(cluster, namespace)
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{operator.leader().port}/run_code",
+        data=json.dumps({"code": "print(1)", "language": "python"}).encode(),
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {token}",
+            "X-Tangram-Namespace": namespace,
+            "X-Tangram-Pool": "py",
+        },
+    )
+    started = time.monotonic()
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(req, timeout=120)
+    assert time.monotonic() - started < 10, "the caller was left waiting"
+    answer = json.loads(refused.value.read())
+    assert refused.value.code == 504 and answer["status"] == "SandboxError", answer
+    assert why in answer["message"] and int(refused.value.headers["Retry-After"]) > 0, answer
+    cluster.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "actionpools", "py", {"spec": {"template": {"podSpec": None}}}
+    )
+    batch = _wait_batch(cluster, namespace, "held", timeout=180)
+    assert [r["state"] for r in batch["status"]["results"]] == ["Succeeded", "Succeeded"], batch["status"]
+
+
 def test_kubectl_scale_sets_the_hosts_within_bounds(
     cluster: Cluster, namespace: str, operator: Operator
 ) -> None:

@@ -29,7 +29,7 @@ from arl_tangram.domain.batches import (
     fit_results,
     rfc3339,
 )
-from arl_tangram.errors import InvalidSpec, NotFound, QueueFull
+from arl_tangram.errors import InvalidSpec, NotFound, QueueFull, TargetUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,8 @@ class BatchObservation:
     start_time: datetime | None
     completion_time: datetime | None
     act_seconds: Sequence[float] = ()
+    # Why its waiting actions cannot start (a pool with no host coming: ``TargetUnavailable``).
+    held_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,8 @@ def reconcile_actionbatch(
             ConditionType.RUNNING,
             running,
             ConditionReason.ACTIONS_RUNNING if running else ConditionReason.WAITING,
-            f"{counts.running} running, {counts.pending} waiting",
+            f"{counts.running} running, {counts.pending} waiting"
+            + (f" ({observed.held_by}; sent again when it has one)" if observed.held_by else ""),
             gen,
             now,
         )
@@ -189,6 +192,7 @@ class _Batch:
     dirty: bool = True
     written: dict[str, Any] | None = None
     deleting: bool = False
+    held_by: str | None = None  # the last TargetUnavailable one of its actions met, until one starts
 
 
 Runner = Callable[..., Awaitable[ActionOutcome]]
@@ -257,6 +261,7 @@ class BatchManager:
         if found is None:
             return
         batch, action_id = found
+        batch.held_by = None
         prior = batch.results.get(action_id)
         if prior is not None and prior.state in FINAL_STATES:
             return
@@ -291,6 +296,12 @@ class BatchManager:
                     break
                 except QueueFull as exc:
                     await asyncio.sleep(exc.retry_after)  # a batch waits its turn; it is never dropped
+                except TargetUnavailable as exc:
+                    # Its pool has no host coming: the batch waits for one (a node may be added, the
+                    # image fixed), its status saying why, where a caller on the wire is told at once.
+                    if batch.held_by != str(exc):
+                        batch.held_by, batch.dirty = str(exc), True
+                    await asyncio.sleep(exc.delay)
         except InvalidSpec as exc:
             outcome = ActionOutcome(action_id, Outcome.FAILED, Reason.INVALID_PAYLOAD, str(exc))
         except NotFound as exc:
@@ -352,6 +363,7 @@ class BatchManager:
             start_time=batch.start_time,
             completion_time=batch.completion_time,
             act_seconds=batch.acts,
+            held_by=batch.held_by,
         )
         status, ops = reconcile_actionbatch(batch.spec, observed, now)
         if status["completionTime"] and batch.completion_time is None:

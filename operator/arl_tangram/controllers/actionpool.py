@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -23,8 +22,9 @@ from arl_tangram.api.actionpool import ActionPool
 from arl_tangram.api.meta import ActStats
 from arl_tangram.api.validation import invalid_spec
 from arl_tangram.controllers.conditions import ConditionReason, ConditionType, set_condition
-from arl_tangram.controllers.failures import FailureStreaks, backoff_s
+from arl_tangram.controllers.failures import UNSCHEDULABLE_AFTER_S, FailureStreaks, Waits, backoff_s, outage
 from arl_tangram.dispatch.dispatcher import Dispatcher, HostEndpoint, PoolStats
+from arl_tangram.domain.actions import Outage
 from arl_tangram.domain.batches import act_stats
 from arl_tangram.domain.pools import PoolConfig, pool_config, pool_key
 from arl_tangram.errors import InfrastructureError, InvalidSpec
@@ -76,6 +76,8 @@ class PoolObservation:
     plan: ScalingPlan | None
     conditions: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
     unschedulable_for_s: float = 0.0
+    # How long some placed host's container has been unable to start (see ``HostObservation.stalled``).
+    stalled_for_s: float = 0.0
     resize_refusal: str | None = None
     # Hosts that failed in a row and how long since the last: no new host is started until the
     # back-off has passed (5 s doubling to 5 min, as a kubelet's crash loop), so a template whose
@@ -85,9 +87,24 @@ class PoolObservation:
     last_failure: str | None = None
 
 
-# A pod waiting this long without a node means no node can hold the template (the issue's minute,
-# with room for one planner period).
-UNSCHEDULABLE_AFTER_S = 30.0
+def pool_outage(cfg: PoolConfig, observed: PoolObservation) -> Outage | None:
+    """Why the pool can run nothing now and will not soon, or None (``failures.outage``): its
+    waiting actions are then refused with this message, instead of waiting for a host that is not
+    coming until their callers give up."""
+    plan = observed.plan
+    # The planner's "no room" counts only where it adds no host either (it places what fits).
+    adding = plan is not None and any(a.pool == cfg.key for a in plan.adds)
+    return outage(
+        f"pool {cfg.key} has no host",
+        "host",
+        [h for h in observed.hosts if h.phase != "terminating"],
+        None if adding else _unplaceable(cfg, plan),
+        observed.unschedulable_for_s,
+        observed.stalled_for_s,
+        observed.failures,
+        observed.since_failure_s,
+        observed.last_failure,
+    )
 
 
 def reconcile_actionpool(
@@ -201,12 +218,14 @@ def _status(
     starting = [h for h in live if h.phase == "starting"]
     failed = [h for h in live if h.phase == "failed"]
     pending = [h for h in starting if h.pending]
+    stalled = [h for h in starting if h.stalled]
     gen = cfg.generation
     conds: list[dict[str, Any]] = [dict(c) for c in observed.conditions]
     act: ActStats | None = act_stats(stats.act_recent_s, 300) if stats else None
     queue = stats.queued_actions if stats else 0
     lo, _ = cfg.desired_bounds
     stuck = bool(pending) and observed.unschedulable_for_s >= UNSCHEDULABLE_AFTER_S
+    cannot_start = bool(stalled) and observed.stalled_for_s >= UNSCHEDULABLE_AFTER_S
     unplaceable = _unplaceable(cfg, observed.plan)
     if ready:
         conds = set_condition(
@@ -229,6 +248,16 @@ def _status(
             False,
             ConditionReason.UNSCHEDULABLE,
             f"no node can hold a host of this pool: {pending[0].pending}",
+            gen,
+            now,
+        )
+    elif cannot_start:
+        conds = set_condition(
+            conds,
+            ConditionType.READY,
+            False,
+            ConditionReason.HOSTS_CANNOT_START,
+            f"host {stalled[0].name} cannot start: {stalled[0].stalled}",
             gen,
             now,
         )
@@ -307,6 +336,16 @@ def _status(
             True,
             ConditionReason.UNSCHEDULABLE,
             f"host {pending[0].name} cannot be placed: {pending[0].pending}",
+            gen,
+            now,
+        )
+    elif cannot_start:
+        conds = set_condition(
+            conds,
+            ConditionType.DEGRADED,
+            True,
+            ConditionReason.HOSTS_CANNOT_START,
+            f"host {stalled[0].name} cannot start: {stalled[0].stalled}",
             gen,
             now,
         )
@@ -497,7 +536,8 @@ class PoolController:
         self.runtime = runtime
         self.planner = planner
         self._cores: dict[str, tuple[int, ...]] = {}  # host -> the core ids its agent grants
-        self._pending_since: dict[str, float] = {}
+        self._unplaced = Waits()  # hosts with no node yet
+        self._stalled = Waits()  # placed hosts whose container cannot start
         self._failures = FailureStreaks()
 
     async def reconcile(
@@ -526,18 +566,14 @@ class PoolController:
         others = [h for h in all_hosts if h.pool != cfg.key]
         now = self.dispatcher.clock()
         plan = self.planner.plan(snapshot(now, cfg, hosts, others, nodes, stats))
-        pending = [h for h in hosts if h.pending]
-        if pending:
-            self._pending_since.setdefault(cfg.key, time.monotonic())
-        else:
-            self._pending_since.pop(cfg.key, None)
         streak = self._failures.observe(cfg.key, hosts)
         observed = PoolObservation(
             hosts=hosts,
             stats=stats,
             plan=plan,
             conditions=status.get("conditions") or (),
-            unschedulable_for_s=time.monotonic() - self._pending_since.get(cfg.key, time.monotonic()),
+            unschedulable_for_s=self._unplaced.observe(cfg.key, any(h.pending for h in hosts)),
+            stalled_for_s=self._stalled.observe(cfg.key, any(h.stalled for h in hosts)),
             failures=streak.count,
             since_failure_s=streak.since_s,
             last_failure=streak.last,
@@ -548,6 +584,7 @@ class PoolController:
                 observed, plan=None, resize_refusal=refusal(cfg.key) if callable(refusal) else None
             )
         new_status, ops = reconcile_actionpool(cfg, observed, now_dt)
+        self.dispatcher.set_outage(cfg.key, pool_outage(cfg, observed))
         await self._apply(cfg, ops)
         return new_status, ops
 
@@ -592,4 +629,7 @@ class PoolController:
 
     async def deleted(self, namespace: str, name: str, uid: str = "") -> None:
         """The pool (of ``uid``) is gone: its actions fail, its pods go with it (ownerReferences)."""
-        await self.dispatcher.remove_pool(pool_key(namespace, name), uid)
+        key = pool_key(namespace, name)
+        self._unplaced.forget(key)
+        self._stalled.forget(key)
+        await self.dispatcher.remove_pool(key, uid)

@@ -30,6 +30,9 @@ class ConditionReason(StrEnum):
     ROLLING_OUT = "RollingOut"
     STEADY = "Steady"
     UNSCHEDULABLE = "Unschedulable"
+    # A placed host's container waits on something that is not a normal start (an image it
+    # cannot pull, a Secret it lacks)
+    HOSTS_CANNOT_START = "HostsCannotStart"
     # RewardModelService: no node has free devices of the kind a replica asks for
     INSUFFICIENT_GPUS = "InsufficientGPUs"
     HOSTS_FAILED = "HostsFailed"

@@ -1,13 +1,23 @@
 """Failed hosts or replicas in a row, per pool or service: what the reconciles' crash-loop back-off
-reads (a pod that cannot start is not recreated in a tight loop)."""
+reads (a pod that cannot start is not recreated in a tight loop); and how long some of them have
+waited on what may never come (a node, a container start)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from arl_tangram.domain.actions import Outage
 from arl_tangram.runtime.interface import HostObservation
+
+# A pod waiting this long without a node means no node can hold the template (the issue's minute,
+# with room for one planner period); a placed pod whose container waits this long on something
+# other than a normal start (an image it cannot pull) is taken to wait for good too.
+UNSCHEDULABLE_AFTER_S = 30.0
+# Pods failed in a row (none ready between) after which the actions are refused during the back-off
+# before the next start, rather than wait for a pod that has failed each time.
+OUTAGE_AFTER_FAILURES = 3
 
 
 def backoff_s(failures: int) -> float:
@@ -43,3 +53,63 @@ class FailureStreaks:
         listed = {p.name for p in pods}
         self._state[key] = (count, when, why, (seen & listed) | {p.name for p in failed})
         return Streak(count, self.clock() - when if count else float("inf"), why)
+
+
+class Waits:
+    """Per pool or service, since when some of its pods have waited on one kind of thing (no node
+    for them, a container that cannot start): how long it has lasted, 0 while none waits."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._since: dict[str, float] = {}
+
+    def observe(self, key: str, waiting: bool) -> float:
+        now = self.clock()
+        if not waiting:
+            self._since.pop(key, None)
+            return 0.0
+        return now - self._since.setdefault(key, now)
+
+    def forget(self, key: str) -> None:
+        self._since.pop(key, None)
+
+
+def outage(
+    what: str,
+    noun: str,
+    live: Sequence[HostObservation],
+    unplaceable: str | None,
+    unplaced_for_s: float,
+    stalled_for_s: float,
+    failures: int,
+    since_failure_s: float,
+    last_failure: str | None,
+) -> Outage | None:
+    """Why a pool's hosts (a service's replicas: ``noun``) can run nothing now and will not soon,
+    or None; ``what`` opens the message ("pool ns/py has no host"). Only where none of ``live``
+    (those not terminating) is ready: the planner found no node for one (``unplaceable``) and none
+    is starting; one has waited ``UNSCHEDULABLE_AFTER_S`` for a node or for its container to start;
+    or ``OUTAGE_AFTER_FAILURES`` failed in a row and the next may not start yet."""
+    if any(h.phase == "ready" for h in live):
+        return None
+    starting = [h for h in live if h.phase == "starting"]
+    if unplaceable and not starting:
+        return Outage(f"{what}: {unplaceable}", UNSCHEDULABLE_AFTER_S)
+    pending = [h for h in starting if h.pending]
+    if pending and unplaced_for_s >= UNSCHEDULABLE_AFTER_S:
+        return Outage(
+            f"{what}: {noun} {pending[0].name} cannot be placed: {pending[0].pending}", UNSCHEDULABLE_AFTER_S
+        )
+    stalled = [h for h in starting if h.stalled]
+    if stalled and stalled_for_s >= UNSCHEDULABLE_AFTER_S:
+        return Outage(
+            f"{what}: {noun} {stalled[0].name} cannot start: {stalled[0].stalled}", UNSCHEDULABLE_AFTER_S
+        )
+    left = backoff_s(failures) - since_failure_s
+    if failures >= OUTAGE_AFTER_FAILURES and left > 0 and not starting:
+        return Outage(
+            f"{what}: {failures} {noun}(s) failed in a row, last: {last_failure}; "
+            f"the next starts in {left:.0f} s",
+            left,
+        )
+    return None

@@ -436,7 +436,7 @@ class OperatorState:
     def service_deleted(self, namespace: str, name: str, uid: str = "") -> None:
         self._tombstone(uid)
         self._written_status.pop(("rewardmodelservices", namespace, name), None)
-        self.dispatcher.rewards.remove(f"{namespace}/{name}")
+        self.services.deleted(f"{namespace}/{name}")
 
     async def pool_deleted(self, namespace: str, name: str, uid: str = "") -> None:
         self._tombstone(uid)

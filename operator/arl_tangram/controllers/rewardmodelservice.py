@@ -30,9 +30,10 @@ from pydantic import ValidationError
 from arl_tangram.api.rewardmodelservice import PlacementState, RewardModelService
 from arl_tangram.api.validation import invalid_spec
 from arl_tangram.controllers.conditions import ConditionReason, ConditionType, set_condition
-from arl_tangram.controllers.failures import FailureStreaks, backoff_s
+from arl_tangram.controllers.failures import UNSCHEDULABLE_AFTER_S, FailureStreaks, Waits, backoff_s, outage
 from arl_tangram.dispatch.agent import AgentClient
 from arl_tangram.dispatch.rewards import RewardRouter, ServiceStats
+from arl_tangram.domain.actions import Outage
 from arl_tangram.domain.batches import act_stats
 from arl_tangram.domain.services import BUILTIN_SERVER_FLAGS, ServiceConfig, service_config
 from arl_tangram.errors import InfrastructureError, InvalidSpec
@@ -139,6 +140,10 @@ class ServiceObservation:
     since_failure_s: float = float("inf")
     last_failure: str | None = None
     gpu: GpuView = field(default_factory=GpuView)
+    # How long some replica has waited for a node, and some placed one for its container to start
+    # (an image it cannot pull): past ``UNSCHEDULABLE_AFTER_S`` its requests are refused.
+    unschedulable_for_s: float = 0.0
+    stalled_for_s: float = 0.0
 
 
 def reconcile_rewardmodelservice(
@@ -195,6 +200,8 @@ def reconcile_rewardmodelservice(
     gen = cfg.generation
     conds = [dict(c) for c in observed.conditions]
     pending = [r for r in serving if r.pending]
+    stalled = [r for r in serving if r.stalled]
+    cannot_start = bool(stalled) and observed.stalled_for_s >= UNSCHEDULABLE_AFTER_S
     creating = sum(isinstance(o, CreateReplica) for o in ops)
     chosen_by = f"; {DEVICE_PLUGIN_CHOICE}" if by_plugin and (serving or creating) else ""
     if ready:
@@ -229,6 +236,16 @@ def reconcile_rewardmodelservice(
             False,
             ConditionReason.UNSCHEDULABLE,
             f"replica {pending[0].name} cannot be placed: {pending[0].pending}",
+            gen,
+            now,
+        )
+    elif cannot_start:
+        conds = set_condition(
+            conds,
+            ConditionType.READY,
+            False,
+            ConditionReason.HOSTS_CANNOT_START,
+            f"replica {stalled[0].name} cannot start: {stalled[0].stalled}",
             gen,
             now,
         )
@@ -276,6 +293,16 @@ def reconcile_rewardmodelservice(
             gen,
             now,
         )
+    elif cannot_start:
+        conds = set_condition(
+            conds,
+            ConditionType.DEGRADED,
+            True,
+            ConditionReason.HOSTS_CANNOT_START,
+            f"replica {stalled[0].name} cannot start: {stalled[0].stalled}",
+            gen,
+            now,
+        )
     else:
         conds = set_condition(
             conds, ConditionType.DEGRADED, False, ConditionReason.HEALTHY, "no failed replicas", gen, now
@@ -305,6 +332,27 @@ def reconcile_rewardmodelservice(
     return status, ops
 
 
+def service_outage(
+    cfg: ServiceConfig, observed: ServiceObservation, conditions: Sequence[Mapping[str, Any]]
+) -> Outage | None:
+    """Why the service can score nothing now and will not soon, or None (``failures.outage``; no
+    GPU free for a replica counts where the new ``conditions`` say ``InsufficientGPUs``): its
+    waiting requests are then refused with this message, not held for the cold-start budget."""
+    ready = next((c for c in conditions if c.get("type") == ConditionType.READY.value), {})
+    short = ready.get("message") if ready.get("reason") == ConditionReason.INSUFFICIENT_GPUS.value else None
+    return outage(
+        f"RewardModelService {cfg.key} has no replica",
+        "replica",
+        [r for r in observed.replicas if r.phase != "terminating"],
+        short,
+        observed.unschedulable_for_s,
+        observed.stalled_for_s,
+        observed.failures,
+        observed.since_failure_s,
+        observed.last_failure,
+    )
+
+
 class ServiceController:
     """Gathers one service's observations, runs the reconcile and applies it."""
 
@@ -324,6 +372,8 @@ class ServiceController:
         # Replicas that failed in a row: the reconcile's crash-loop back-off (it was never fed, so a
         # replica that could not start was recreated at once, every time).
         self._failures = FailureStreaks()
+        self._unplaced = Waits()  # replicas with no node yet
+        self._stalled = Waits()  # placed replicas whose container cannot start
         # Devices of pods created but not yet seen in the pod watch (pod name -> devices, when): taken
         # for every service meanwhile, so that two services reconciled back to back are not given the
         # same devices. Only for that gap: the pods themselves are the record.
@@ -370,8 +420,11 @@ class ServiceController:
             since_failure_s=streak.since_s,
             last_failure=streak.last,
             gpu=gpu,
+            unschedulable_for_s=self._unplaced.observe(cfg.key, any(r.pending for r in replicas)),
+            stalled_for_s=self._stalled.observe(cfg.key, any(r.stalled for r in replicas)),
         )
         new_status, ops = reconcile_rewardmodelservice(model, cfg, observed, now)
+        self.router.set_outage(cfg.key, service_outage(cfg, observed, new_status["conditions"]))
         for op in ops:
             if isinstance(op, CreateReplica):
                 # A placed replica's pod carries its node and devices (read back next round).
@@ -384,6 +437,12 @@ class ServiceController:
             else:
                 await self.runtime.delete_replica(cfg, op.name)
         return new_status
+
+    def deleted(self, key: str) -> None:
+        """The service is gone: the router and the waits forget it."""
+        self.router.remove(key)
+        self._unplaced.forget(key)
+        self._stalled.forget(key)
 
     def _in_flight(self, replica_pods: Mapping[str, Iterable[Mapping[str, Any]]]) -> frozenset[str]:
         """UUIDs of the pods this controller created that the watch has not shown yet (forgotten once

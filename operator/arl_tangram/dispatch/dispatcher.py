@@ -34,7 +34,7 @@ from arl_tangram.core.scheduler import DecisionStats, Scheduler
 from arl_tangram.dispatch.agent import ANSWER_MARGIN_S, AgentClient, AgentRefused, ConnectFailed, Unreachable
 from arl_tangram.dispatch.outcomes import interpret
 from arl_tangram.dispatch.rewards import RewardRouter
-from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
+from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outage, Outcome, Reason
 from arl_tangram.domain.batches import Runner, runner_of
 from arl_tangram.domain.pools import PoolConfig, agent_ttl_s, pool_key
 from arl_tangram.errors import (
@@ -44,6 +44,7 @@ from arl_tangram.errors import (
     NotReady,
     QueueFull,
     TangramError,
+    TargetUnavailable,
 )
 from arl_tangram.managers.cpu import CpuManager, SandboxHost
 from arl_tangram.runtime.interface import Resizer
@@ -93,8 +94,9 @@ KEYS_REMEMBERED = 10_000
 
 
 # Outcomes of actions their target refused before anything ran (its payload, or more units than it
-# could ever grant): their key stays free for a corrected request.
-_NOTHING_RAN = (Reason.INVALID_PAYLOAD, Reason.CAPACITY_EXCEEDED)
+# could ever grant, or a pool with no host coming): their key stays free for a corrected request,
+# or the same one sent again.
+_NOTHING_RAN = (Reason.INVALID_PAYLOAD, Reason.CAPACITY_EXCEEDED, Reason.TARGET_UNAVAILABLE)
 
 
 def _expiry_s(config: PoolConfig, sess: _Session) -> float:
@@ -223,6 +225,8 @@ class _Pool:
     # Actions that came before its hosts were first known (just after a start): waiting too, so
     # counted in its queue's statistics and limits.
     before_sync: set[_Job] = field(default_factory=set)
+    # No host and none coming (the controller's ``pool_outage``): what cannot run elsewhere is refused.
+    outage: Outage | None = None
 
 
 @dataclass(frozen=True)
@@ -470,6 +474,36 @@ class Dispatcher:
             pool.cpu.hosts[host].draining = draining or host in pool.unhealthy or host in pool.retired
             self._pump()
 
+    def set_outage(self, key: str, outage: Outage | None) -> None:
+        """Whether the pool has no host and none coming (``controllers.actionpool.pool_outage``).
+        While it does, an action that waits for a host (none of its session's holds it) is refused
+        with the outage's message, those waiting now at once: its caller hears why and when to send
+        it again, where it waited until the caller gave up. Running actions run on."""
+        pool = self._pools.get(key)
+        if pool is None:
+            return
+        if (outage is None) != (pool.outage is None):
+            log.warning("pool %s %s", key, outage.message if outage else "has a host coming again")
+        pool.outage = outage
+        if outage is None or not pool.waiting:
+            return
+        stranded = [
+            job
+            for job in self._by_action.values()
+            if job.grant is None
+            and job.action is not None
+            and job.action.pool == key
+            and self._stranded(pool, job.action.trajectory)
+        ]
+        for job in stranded:
+            self._fail(job, Reason.TARGET_UNAVAILABLE, outage.message)
+
+    @staticmethod
+    def _stranded(pool: _Pool, trajectory: str) -> bool:
+        """Whether an action of ``trajectory`` can only wait while the pool's outage lasts: no host
+        of the pool holds its session (a draining one still serves the sessions pinned to it)."""
+        return pool.outage is not None and pool.cpu.pins.get(trajectory) not in pool.cpu.hosts
+
     def stats(self, key: str) -> PoolStats | None:
         """The pool's queue, load per host and recent ACTs."""
         pool = self._pools.get(key)
@@ -536,7 +570,23 @@ class Dispatcher:
     # ---- the ActionService ----------------------------------------------------------------------
     async def run(self, request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
         """Run one action to its end. ``attempts_so_far`` (from a batch's status after an operator
-        restart) makes the dispatcher look for that attempt on the agents before starting another."""
+        restart) makes the dispatcher look for that attempt on the agents before starting another.
+        ``TargetUnavailable`` when its pool (or reward service) has no host and none coming (its
+        outage): it did not run, and may be sent again (its key is free) after the exception's
+        ``delay``."""
+        outcome = await self._run(request, attempts_so_far)
+        if outcome.reason is Reason.TARGET_UNAVAILABLE:
+            key = pool_key(request.namespace, request.target)
+            if request.kind == "reward":
+                outage = self.rewards.outage(key)
+            else:
+                pool = self._pools.get(key)
+                outage = pool.outage if pool is not None else None
+            delay = outage.retry_after_s if outage else 1.0
+            raise TargetUnavailable(outcome.message or f"{request.target} has no host", delay)
+        return outcome
+
+    async def _run(self, request: ActionRequest, attempts_so_far: int) -> ActionOutcome:
         digest = action_digest(request)  # once: it hashes the whole payload
         self._same_action(request, digest)
         existing = self._jobs.get(request.key)
@@ -681,7 +731,7 @@ class Dispatcher:
     async def cancel(self, key: str) -> bool:
         job = self._jobs.get(key)
         if job is None or job.future.done():
-            return False
+            return self.rewards.cancel(key)  # a reward action is no job: its router serves it
         job.cancelled = True
         pool = self._pools.get(pool_key(job.request.namespace, job.request.target))
         if job.grant is None:
@@ -799,6 +849,9 @@ class Dispatcher:
 
     def _queue(self, pool: _Pool, job: _Job) -> None:
         req, cfg = job.request, pool.config
+        if pool.outage is not None and self._stranded(pool, self._trajectory(req.session, req.key)):
+            self._fail(job, Reason.TARGET_UNAVAILABLE, pool.outage.message)
+            return
         lo, hi = req.units_min, min(req.units_max, cfg.limits.max_cores)
         if lo > cfg.limits.max_cores or lo > cfg.host_cores:
             self._fail(

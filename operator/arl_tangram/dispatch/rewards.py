@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from arl_tangram.dispatch.agent import AgentClient, AgentRefused, ConnectFailed
-from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
+from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outage, Outcome, Reason
 from arl_tangram.domain.services import ServiceConfig, reward_text
 from arl_tangram.errors import InfrastructureError, NotFound, QueueFull
 
@@ -45,6 +45,8 @@ class _Service:
     running: int = 0
     last_active: float | None = None
     acts: deque[tuple[float, float]] = field(default_factory=deque)
+    # No replica and none coming (the controller's ``service_outage``): requests are refused.
+    outage: Outage | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,9 @@ class RewardRouter:
         self.clock = clock
         self.suspect_s = suspect_s
         self._services: dict[str, _Service] = {}
+        # Key -> the requests under it being served (a retry may come while the first still runs):
+        # what ``cancel`` stops.
+        self._serving: dict[str, set[asyncio.Task[ActionOutcome]]] = {}
 
     def upsert(self, config: ServiceConfig) -> None:
         svc = self._services.get(config.key)
@@ -76,6 +81,21 @@ class RewardRouter:
 
     def remove(self, key: str) -> None:
         self._services.pop(key, None)
+
+    def set_outage(self, key: str, outage: Outage | None) -> None:
+        """Whether the service has no replica and none coming. While it does, a request that would
+        wait for a replica is refused with the outage's message (those waiting now at once)."""
+        svc = self._services.get(key)
+        if svc is None:
+            return
+        svc.outage = outage
+        if outage is not None:
+            svc.changed.set()  # what waits for a replica wakes, and finds the outage
+            svc.changed = asyncio.Event()
+
+    def outage(self, key: str) -> Outage | None:
+        svc = self._services.get(key)
+        return svc.outage if svc is not None else None
 
     def has(self, key: str) -> bool:
         return key in self._services
@@ -108,7 +128,7 @@ class RewardRouter:
             usable = [n for n in svc.endpoints if svc.suspect.get(n, -math.inf) <= now]
             if usable:
                 return min(usable, key=lambda n: svc.inflight.get(n, 0))
-            if now >= deadline:
+            if now >= deadline or svc.outage is not None:
                 return None
             lapse = min((svc.suspect[n] for n in svc.endpoints if n in svc.suspect), default=math.inf)
             with contextlib.suppress(TimeoutError):
@@ -143,6 +163,33 @@ class RewardRouter:
         cfg = svc.config
         if svc.waiting + svc.running >= cfg.max_queue:
             raise QueueFull(f"RewardModelService {key} holds {cfg.max_queue} requests (its maxQueueLength)")
+        # Served in a task of its own, so that ``cancel`` can stop it (waiting for a replica, or its
+        # call to one: the connection is closed, which a vLLM or SGLang server takes as an abort)
+        # and its caller still gets an outcome. A caller cancelled itself cancels it too.
+        task = asyncio.create_task(self._serve(svc, request, text))
+        serving = self._serving.setdefault(request.key, set())
+        serving.add(task)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # its caller was cancelled, not the request
+            return ActionOutcome(request.key, Outcome.CANCELLED, Reason.CANCELLED, "cancelled", attempts=0)
+        finally:
+            serving.discard(task)
+            if not serving:
+                self._serving.pop(request.key, None)
+
+    def cancel(self, key: str) -> bool:
+        """Stop the requests under ``key`` (waiting for a replica or scoring); False when none runs."""
+        tasks = [t for t in self._serving.get(key, ()) if not t.done()]
+        for task in tasks:
+            task.cancel()
+        return bool(tasks)
+
+    async def _serve(self, svc: _Service, request: ActionRequest, text: str) -> ActionOutcome:
+        key, cfg = f"{request.namespace}/{request.target}", svc.config
         submitted = self.clock()
         svc.last_active = submitted
         attempts = 0
@@ -153,6 +200,15 @@ class RewardRouter:
             while attempts <= request.max_retries:
                 patience = cfg.cold_start_budget_s + WAIT_MARGIN_S
                 replica = await self._replica(svc, patience)
+                if replica is None and svc.outage is not None:
+                    return ActionOutcome(
+                        request.key,
+                        Outcome.FAILED,
+                        Reason.TARGET_UNAVAILABLE,
+                        svc.outage.message,
+                        attempts=attempts,
+                        queued_s=self.clock() - submitted,
+                    )
                 if replica is None:
                     return ActionOutcome(
                         request.key,

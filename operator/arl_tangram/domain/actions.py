@@ -42,6 +42,8 @@ class Reason(StrEnum):
     RETRIES_EXHAUSTED = "RetriesExhausted"
     CANCELLED = "Cancelled"
     SANDBOX_ERROR = "SandboxError"
+    # Refused, never run: its pool or service has no host and none is coming soon (``TargetUnavailable``).
+    TARGET_UNAVAILABLE = "TargetUnavailable"
 
 
 @dataclass(frozen=True)
@@ -110,11 +112,23 @@ class ActionOutcome:
     response_json: bytes | None = None
 
 
+@dataclass(frozen=True)
+class Outage:
+    """Why a pool (or a reward service) can run nothing now and will not soon: no host (replica) is
+    ready and none is coming (no node can hold one, its container cannot start, or hosts failed in a
+    row and the next may not start yet). Its actions are refused meanwhile, to be sent again after
+    ``retry_after_s``."""
+
+    message: str
+    retry_after_s: float
+
+
 class ActionService(Protocol):
     """The one queue, seen from a door. The operator's dispatcher implements it; so does the
     embedded mode. ``run`` raises :class:`~arl_tangram.errors.InvalidSpec` for a request that can
     never run (bad payload), :class:`~arl_tangram.errors.QueueFull` when the pool's or the tenant's
-    bounded wait is full, and :class:`~arl_tangram.errors.NotFound` for an unknown target; every
+    bounded wait is full, :class:`~arl_tangram.errors.NotFound` for an unknown target, and
+    :class:`~arl_tangram.errors.TargetUnavailable` when its pool has no host and none coming; every
     other failure is an outcome, not an exception."""
 
     async def run(self, request: ActionRequest) -> ActionOutcome: ...

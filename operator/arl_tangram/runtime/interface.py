@@ -21,7 +21,10 @@ AGENT_PORT = 8080
 @dataclass(frozen=True)
 class HostObservation:
     """One host as observed: ``address`` is ``ip:port`` of its agent once it has one; ``pending``
-    says why a host that is not placed yet waits (e.g. the scheduler's Unschedulable message)."""
+    says why a host that is not placed yet waits (e.g. the scheduler's Unschedulable message);
+    ``stalled`` why a placed host's container is not running yet where that is not a normal step of
+    its start (the kubelet's waiting reason and message: an image it cannot pull, a Secret it
+    lacks), which it may wait on for ever."""
 
     name: str
     pool: str
@@ -33,6 +36,7 @@ class HostObservation:
     cpu_millicores: int
     memory_bytes: int
     pending: str | None = None
+    stalled: str | None = None
     failure: str | None = None
     cpu_applied_millicores: int | None = None  # the agent container's CPU limit as enacted (resize)
 

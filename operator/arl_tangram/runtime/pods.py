@@ -190,6 +190,25 @@ def observe_replica(pod: Mapping[str, Any]) -> HostObservation | None:
     return _observe(pod, ROLE_REWARD_REPLICA, SERVICE_LABEL, port, "runtime")
 
 
+# The kubelet's waiting reasons that are steps of a normal start; any other (ErrImagePull,
+# ImagePullBackOff, InvalidImageName, CreateContainerConfigError, CreateContainerError,
+# RunContainerError...) means the container cannot start as things are, and may wait for ever.
+STARTING_REASONS = frozenset({"ContainerCreating", "PodInitializing"})
+
+
+def _stalled(status: Mapping[str, Any]) -> str | None:
+    """Why a placed pod's containers (init containers first) cannot start, in the kubelet's words;
+    None while they start normally."""
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for cs in status.get(key) or ():
+            waiting = (cs.get("state") or {}).get("waiting")
+            if waiting and waiting.get("reason") and waiting["reason"] not in STARTING_REASONS:
+                message = waiting.get("message")
+                name = cs.get("name") or "?"
+                return f"container {name}: {waiting['reason']}" + (f": {message}" if message else "")
+    return None
+
+
 def _observe(
     pod: Mapping[str, Any], role: str, owner_label: str, port: int, container_name: str
 ) -> HostObservation | None:
@@ -220,6 +239,7 @@ def _observe(
             term = (cs.get("state") or {}).get("terminated")
             if term:
                 phase, failure = "failed", f"the agent exited {term.get('exitCode')}: {term.get('reason')}"
+        stalled = _stalled(status)
     container: Mapping[str, Any] = next(
         (c for c in spec.get("containers") or () if c.get("name") == container_name), {}
     )
@@ -241,6 +261,7 @@ def _observe(
         cpu_millicores=_millicores(requests.get("cpu", "0")),
         memory_bytes=_bytes(requests.get("memory", "0")),
         pending=pending,
+        stalled=stalled if phase == "starting" else None,
         failure=failure,
         cpu_applied_millicores=applied,
     )

@@ -18,6 +18,7 @@ import pytest
 from arl_tangram.controllers import actionbatch
 from arl_tangram.controllers.actionbatch import BatchManager
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome
+from arl_tangram.errors import TargetUnavailable
 
 
 class Recorder:
@@ -168,3 +169,38 @@ async def test_an_operator_fault_in_one_action_fails_it_and_the_batch_still_comp
     assert results["a1"].state == "Failed" and results["a1"].reason == "SandboxError"
     assert "RuntimeError: boom" in (results["a1"].output or "")
     assert "boom" in caplog.text
+
+
+async def test_a_batch_waits_for_a_pool_with_no_host_and_says_why() -> None:
+    """A gateway caller hears ``TargetUnavailable`` at once; a batch is asynchronous, so it waits for a
+    host (a node added, the image fixed), its status saying why, and its actions run when one comes."""
+    rec = Recorder()
+    why = "pool ns/py has no host: host py-1 cannot start: container agent: ImagePullBackOff"
+    refusals = {"left": 3}
+    mgr: BatchManager
+
+    async def run(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        if refusals["left"] > 0:
+            refusals["left"] -= 1
+            raise TargetUnavailable(why, delay=0.05)
+        mgr.started(request.key, 1)  # as the dispatcher reports a start
+        return await rec.run(request, attempts_so_far)
+
+    release = asyncio.Event()
+
+    async def held_run(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        if refusals["left"] == 0:
+            await release.wait()
+        return await run(request, attempts_so_far)
+
+    mgr = BatchManager(held_run, rec.cancel, _python_pool, rec.patch, rec.delete)
+    mgr.ensure(_body(1))
+    await _until(lambda: refusals["left"] == 0)
+    await mgr.flush()
+    running = {c["type"]: c for c in rec.writes[-1]["conditions"]}["Running"]
+    assert running["status"] == "False" and why in running["message"], running
+    assert rec.writes[-1]["counts"]["pending"] == 1
+    release.set()
+    await _until(lambda: mgr.pending_count() == 0)
+    await mgr.flush()
+    assert _complete(rec.writes[-1]) and rec.writes[-1]["results"][0]["state"] == "Succeeded"

@@ -80,3 +80,25 @@ def test_observations_of_a_host_pod() -> None:
     assert _observed(pod, {"phase": "Failed", "reason": "Evicted"}).phase == "failed"
     assert _observed(pod, ready, deletionTimestamp="2026-01-01T00:00:00Z").phase == "terminating"
     assert observe_host({"metadata": {"name": "x", "labels": {}}}) is None
+
+
+def test_a_container_that_cannot_start_is_told_from_one_that_is_starting() -> None:
+    pod = host_pod(_cfg(), "py-abc")
+
+    def waiting(reason: str, message: str | None = None, key: str = "containerStatuses") -> Any:
+        state = {"waiting": {"reason": reason, **({"message": message} if message else {})}}
+        return _observed(pod, {"phase": "Pending", key: [{"name": "agent", "state": state}]})
+
+    for normal in ("ContainerCreating", "PodInitializing"):
+        assert waiting(normal).stalled is None and waiting(normal).phase == "starting"
+    pull = waiting("ImagePullBackOff", 'Back-off pulling image "img:typo"')
+    assert pull.phase == "starting"
+    assert pull.stalled == 'container agent: ImagePullBackOff: Back-off pulling image "img:typo"'
+    assert waiting("CreateContainerConfigError", 'secret "x" not found').stalled.endswith(
+        'secret "x" not found'
+    )
+    assert (
+        waiting("InvalidImageName", key="initContainerStatuses").stalled
+        == "container agent: InvalidImageName"
+    )
+    assert _observed(pod, {"phase": "Pending"}).stalled is None

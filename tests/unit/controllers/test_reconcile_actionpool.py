@@ -3,6 +3,7 @@ status and operations out. No cluster, no I/O."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,15 +16,19 @@ from arl_tangram.controllers.actionpool import (
     DeleteHost,
     PoolObservation,
     SetDraining,
+    pool_outage,
     reconcile_actionpool,
 )
+from arl_tangram.controllers.failures import OUTAGE_AFTER_FAILURES, backoff_s
 from arl_tangram.dispatch.dispatcher import HostLoad, PoolStats
+from arl_tangram.domain.actions import Outage
 from arl_tangram.domain.pools import PoolConfig, pool_config
 from arl_tangram.planner.plan import (
     InstanceAdd,
     InstanceDrain,
     InstanceRemoval,
     PlacementReport,
+    PoolDecision,
     Reason,
     ScalingPlan,
 )
@@ -253,3 +258,79 @@ def test_hosts_that_keep_failing_are_replaced_with_back_off() -> None:
     assert degraded["status"] == "True" and "exit 1" in degraded["message"] and "20 s" in degraded["message"]
     later = PoolObservation([], stats(queued=1), adds, failures=3, since_failure_s=21.0)
     assert _kinds(reconcile_actionpool(CFG, later, NOW)[1]) == [("create", "n1")]
+
+
+# ---- a pool with no host coming: its actions are refused, not left waiting -------------------------
+def _unplaceable_plan() -> ScalingPlan:
+    decision = PoolDecision(
+        CFG.key, "sandbox", 4, 4, 0, 0, 4, 0.0, (Reason("Unplaceable", "0/2 nodes have 4 free cores"),)
+    )
+    return dataclasses.replace(plan(), pools=(decision,))
+
+
+def _outage(hosts: list[HostObservation], **observed: Any) -> Outage | None:
+    return pool_outage(CFG, PoolObservation(hosts, stats(queued=3), observed.pop("plan", plan()), **observed))
+
+
+def test_no_outage_while_a_host_is_ready_or_one_may_still_come() -> None:
+    waits = "0/2 nodes are available: 2 Insufficient cpu."
+    assert _outage([host("a"), host("b", "starting", pending=waits)], unschedulable_for_s=1e6) is None
+    assert (
+        _outage([host("b", "starting", pending=waits)], unschedulable_for_s=UNSCHEDULABLE_AFTER_S - 1) is None
+    )
+    stalled = "container agent: ImagePullBackOff: Back-off pulling image"
+    assert _outage([host("b", "starting", stalled=stalled)], stalled_for_s=UNSCHEDULABLE_AFTER_S - 1) is None
+    assert _outage([host("b", "starting")], stalled_for_s=1e6, unschedulable_for_s=1e6) is None
+    # Failures below the bound, or the back-off over (the next host may start now): it waits.
+    last = "the agent exited 1: Error"
+    assert _outage([], failures=OUTAGE_AFTER_FAILURES - 1, since_failure_s=0.0, last_failure=last) is None
+    over = backoff_s(OUTAGE_AFTER_FAILURES)
+    assert _outage([], failures=OUTAGE_AFTER_FAILURES, since_failure_s=over, last_failure=last) is None
+    # The planner says no node can hold one, but a host is starting anyway: it may yet come.
+    assert _outage([host("b", "starting")], plan=_unplaceable_plan()) is None
+
+
+def test_an_outage_names_why_and_when_to_send_again() -> None:
+    unplaceable = _outage([], plan=_unplaceable_plan())
+    assert unplaceable is not None and "no node can hold a host of 4 cores" in unplaceable.message
+    assert "0/2 nodes have 4 free cores" in unplaceable.message and CFG.key in unplaceable.message
+    waits = "0/2 nodes are available: 2 Insufficient cpu."
+    pending = _outage([host("b", "starting", pending=waits)], unschedulable_for_s=UNSCHEDULABLE_AFTER_S)
+    assert pending is not None and waits in pending.message
+    stalled = 'container agent: CreateContainerConfigError: secret "token" not found'
+    cannot = _outage([host("b", "starting", stalled=stalled)], stalled_for_s=UNSCHEDULABLE_AFTER_S)
+    assert cannot is not None and "host b cannot start" in cannot.message and stalled in cannot.message
+    last = "the agent exited 1: Error"
+    n = OUTAGE_AFTER_FAILURES + 1
+    failing = _outage([host("c", "failed", failure=last)], failures=n, since_failure_s=2.0, last_failure=last)
+    assert (
+        failing is not None and f"{n} host(s) failed in a row" in failing.message and last in failing.message
+    )
+    assert failing.retry_after_s == pytest.approx(backoff_s(n) - 2.0)
+    for outage in (unplaceable, pending, cannot):
+        assert outage.retry_after_s > 0
+
+
+def test_a_host_whose_container_cannot_start_says_so_after_a_while() -> None:
+    stalled = [host("a", "starting", stalled="container agent: ErrImagePull: pull access denied for img")]
+    early, _ = reconcile_actionpool(CFG, PoolObservation(stalled, stats(), plan(), stalled_for_s=1.0), NOW)
+    assert {c["type"]: c["reason"] for c in early["conditions"]}["Ready"] == "HostsStarting"
+    late, _ = reconcile_actionpool(
+        CFG, PoolObservation(stalled, stats(), plan(), stalled_for_s=UNSCHEDULABLE_AFTER_S), NOW
+    )
+    cond = {c["type"]: c for c in late["conditions"]}
+    for kind in ("Ready", "Degraded"):
+        assert cond[kind]["reason"] == "HostsCannotStart"
+        assert (
+            "host a cannot start: container agent: ErrImagePull: pull access denied" in cond[kind]["message"]
+        )
+    assert (cond["Ready"]["status"], cond["Degraded"]["status"]) == ("False", "True")
+
+
+def test_no_outage_while_the_planner_adds_a_host_beside_what_it_could_not_place() -> None:
+    """Scaling from zero, the planner places the hosts that fit and says "no room" for the rest:
+    the hosts it adds are coming."""
+    add = InstanceAdd(CFG.key, "n1", 4, 4000, 1 << 34, 0, R)
+    adding = dataclasses.replace(_unplaceable_plan(), adds=(add,))
+    assert _outage([], plan=adding) is None
+    assert _outage([], plan=_unplaceable_plan()) is not None

@@ -9,12 +9,14 @@ from typing import Any
 import pytest
 
 from arl_tangram.api.rewardmodelservice import RewardModelService
+from arl_tangram.controllers.failures import UNSCHEDULABLE_AFTER_S
 from arl_tangram.controllers.rewardmodelservice import (
     CreateReplica,
     DeleteReplica,
     ServiceObservation,
     backoff_s,
     reconcile_rewardmodelservice,
+    service_outage,
 )
 from arl_tangram.dispatch.rewards import ServiceStats
 from arl_tangram.domain.services import reward_text, service_config
@@ -650,3 +652,43 @@ def test_a_gpu_node_tainted_against_the_services_pods_takes_none_of_its_replicas
         assert [o.placement.node for o in ops if isinstance(o, CreateReplica) and o.placement] == ["g"]
     else:
         assert not ops and ready["reason"] == "InsufficientGPUs" and "tainted" in ready["message"]
+
+
+# ---- a service with no replica coming: its requests are refused, not held for the cold start ------
+def test_a_replica_that_cannot_start_is_named_and_its_requests_refused_after_a_while() -> None:
+    stalled = [rep("a", "starting", stalled="container runtime: ImagePullBackOff: img:typo not found")]
+    early = ServiceObservation(stalled, stats(queued=1, last=999.0), 1000.0, stalled_for_s=1.0)
+    status, _ = reconcile(early)
+    assert {c["type"]: c["reason"] for c in status["conditions"]}["Ready"] == "HostsStarting"
+    assert service_outage(cfg(), early, status["conditions"]) is None
+    late = ServiceObservation(
+        stalled, stats(queued=1, last=999.0), 1000.0, stalled_for_s=UNSCHEDULABLE_AFTER_S
+    )
+    status, _ = reconcile(late)
+    conds = {c["type"]: c for c in status["conditions"]}
+    for kind in ("Ready", "Degraded"):
+        assert (
+            conds[kind]["reason"] == "HostsCannotStart" and "replica a cannot start" in conds[kind]["message"]
+        )
+    outage = service_outage(cfg(), late, status["conditions"])
+    assert outage is not None and outage.message.startswith("RewardModelService ns/rm has no replica: ")
+    assert "ImagePullBackOff: img:typo not found" in outage.message
+    # A ready replica serves meanwhile: nothing is refused.
+    both = ServiceObservation([*stalled, rep("b")], stats(last=999.0), 1000.0, stalled_for_s=1e6)
+    assert service_outage(cfg(), both, reconcile(both)[0]["conditions"]) is None
+
+
+def test_no_free_gpu_and_a_crash_loop_refuse_requests_with_the_reason() -> None:
+    view = _view(_node("g", H100, cordoned=True))
+    short = ServiceObservation([], stats(queued=1, last=999.0), 1000.0, gpu=view)
+    status, _ = reconcile(short)
+    outage = service_outage(cfg(), short, status["conditions"])
+    assert outage is not None and "takes new pods" in outage.message
+    failing = ServiceObservation(
+        [], stats(queued=1, last=999.0), 1000.0, failures=3, since_failure_s=5.0, last_failure="exited 2"
+    )
+    outage = service_outage(cfg(), failing, reconcile(failing)[0]["conditions"])
+    assert outage is not None and "3 replica(s) failed in a row, last: exited 2" in outage.message
+    assert outage.retry_after_s == pytest.approx(backoff_s(3) - 5.0)
+    over = ServiceObservation([], stats(queued=1, last=999.0), 1000.0, failures=3, since_failure_s=21.0)
+    assert service_outage(cfg(), over, reconcile(over)[0]["conditions"]) is None  # the next may start

@@ -7,12 +7,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from arl_tangram.api.rewardmodelservice import RewardModelService
 from arl_tangram.dispatch.agent import ConnectFailed, Unreachable
+from arl_tangram.dispatch.dispatcher import Dispatcher
 from arl_tangram.dispatch.rewards import RewardRouter
-from arl_tangram.domain.actions import ActionRequest, Outcome
+from arl_tangram.domain.actions import ActionRequest, Outage, Outcome
 from arl_tangram.domain.services import service_config
-from arl_tangram.errors import InfrastructureError
+from arl_tangram.errors import InfrastructureError, TargetUnavailable
 
 
 class FakeReplicas:
@@ -107,3 +110,104 @@ async def test_the_only_replica_is_tried_again_once_its_suspicion_lapses() -> No
     await healer
     assert outcome.state is Outcome.SUCCEEDED and outcome.attempts == 2, outcome
     assert client.calls == ["a:8000", "a:8000"]
+
+
+class SlowReplica(FakeReplicas):
+    """A replica that holds each call until the test lets it answer (or the call is cancelled)."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.release = asyncio.Event()
+        self.aborted = 0
+
+    async def score(self, address: str, service: str, inputs: list[str], timeout_s: float) -> dict[str, Any]:
+        self.calls.append(address)
+        self.called.set()
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.aborted += 1  # the connection closed under the call: what a server sees as an abort
+            raise
+        return {"scores": [0.5], "restore_s": 0.0, "queue_s": 0.0, "exec_s": 0.001}
+
+
+async def test_a_cancelled_request_stops_waiting_for_a_replica_and_frees_its_place() -> None:
+    router = _router(FakeReplicas({}))  # no replica yet: the request waits for one (a cold start)
+    running = asyncio.create_task(router.run(_request()))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert router.stats("ns/rm").queued == 1  # type: ignore[union-attr]
+    assert router.cancel("b/r0") is True
+    outcome = await asyncio.wait_for(running, 5)
+    assert outcome.state is Outcome.CANCELLED and outcome.attempts == 0
+    stats = router.stats("ns/rm")
+    assert stats is not None and (stats.queued, stats.running) == (0, 0)
+    assert router.cancel("b/r0") is False  # nothing under the key any more
+
+
+async def test_a_cancelled_request_closes_its_call_to_the_replica() -> None:
+    replica = SlowReplica()
+    router = _router(replica)
+    router.sync("ns/rm", [("rm-0", "10.0.0.1:8000")])
+    running = asyncio.create_task(router.run(_request()))
+    await asyncio.wait_for(replica.called.wait(), 5)
+    assert router.stats("ns/rm").running == 1  # type: ignore[union-attr]
+    assert router.cancel("b/r0") is True
+    outcome = await asyncio.wait_for(running, 5)
+    assert outcome.state is Outcome.CANCELLED and replica.aborted == 1
+    stats = router.stats("ns/rm")
+    assert stats is not None and (stats.queued, stats.running, stats.inflight) == (0, 0, {"rm-0": 0})
+
+
+async def test_a_caller_cancelled_cancels_its_request_and_is_cancelled_itself() -> None:
+    replica = SlowReplica()
+    router = _router(replica)
+    router.sync("ns/rm", [("rm-0", "10.0.0.1:8000")])
+    running = asyncio.create_task(router.run(_request()))
+    await asyncio.wait_for(replica.called.wait(), 5)
+    running.cancel()
+    try:
+        await running
+        raise AssertionError("the caller's cancellation was swallowed")
+    except asyncio.CancelledError:
+        pass
+    assert replica.aborted == 1 and router.stats("ns/rm").running == 0  # type: ignore[union-attr]
+
+
+async def test_the_dispatcher_cancels_a_reward_action_by_its_key() -> None:
+    """What the gateway does for a keyless caller that left (``abandoned``) or a batch deleted."""
+    replica = SlowReplica()
+    dispatcher = Dispatcher(replica)  # type: ignore[arg-type]
+    dispatcher.rewards = _router(replica)
+    dispatcher.rewards.sync("ns/rm", [("rm-0", "10.0.0.1:8000")])
+    running = asyncio.create_task(dispatcher.run(_request()))
+    await asyncio.wait_for(replica.called.wait(), 5)
+    assert await dispatcher.cancel("b/r0") is True
+    outcome = await asyncio.wait_for(running, 5)
+    assert outcome.state is Outcome.CANCELLED and replica.aborted == 1
+    assert await dispatcher.cancel("b/r0") is False
+
+
+async def test_an_outage_refuses_what_waits_for_a_replica_and_what_comes_after() -> None:
+    """A service with no replica coming (``service_outage``): a request waiting through its cold
+    start is refused with the reason, as is a new one; through the dispatcher, as
+    ``TargetUnavailable`` with when to send again."""
+    why = "RewardModelService ns/rm has no replica: replica rm-1 cannot start: ImagePullBackOff"
+    dispatcher = Dispatcher(FakeReplicas({}))  # type: ignore[arg-type]
+    dispatcher.rewards = _router(FakeReplicas({}))
+    waiting = asyncio.create_task(dispatcher.run(_request()))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert dispatcher.rewards.stats("ns/rm").queued == 1  # type: ignore[union-attr]
+    dispatcher.rewards.set_outage("ns/rm", Outage(why, 30.0))
+    with pytest.raises(TargetUnavailable) as refused:
+        await asyncio.wait_for(waiting, 5)
+    assert str(refused.value) == why and refused.value.delay == 30.0
+    with pytest.raises(TargetUnavailable):
+        await asyncio.wait_for(dispatcher.run(_request()), 5)
+    assert dispatcher.rewards.stats("ns/rm").queued == 0  # type: ignore[union-attr]
+    # A replica comes: the outage is over and the same request is scored.
+    dispatcher.rewards.set_outage("ns/rm", None)
+    dispatcher.rewards.sync("ns/rm", [("rm-2", "10.0.0.2:8000")])
+    outcome = await asyncio.wait_for(dispatcher.run(_request()), 5)
+    assert outcome.state is Outcome.SUCCEEDED and outcome.reward == 0.5

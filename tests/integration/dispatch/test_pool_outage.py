@@ -1,0 +1,111 @@
+"""A pool with no host and none coming (no node can hold one, its container cannot start, hosts
+failing in a row: the controller's ``pool_outage``): the dispatcher refuses what waits for a host
+with the outage's message and when to send it again, instead of holding it until its caller gives
+up; what a host it still has can run (a session pinned to a draining host) runs on. Against a real
+sandbox agent on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import requests
+from sandbox_agent_harness import Agent, start_agent, stop_agent
+
+from arl_tangram.api.actionpool import ActionPool
+from arl_tangram.dispatch.agent import AgentClient
+from arl_tangram.dispatch.dispatcher import Dispatcher, HostEndpoint
+from arl_tangram.domain.actions import ActionRequest, Outage, Outcome
+from arl_tangram.domain.pools import pool_config
+from arl_tangram.errors import TargetUnavailable
+
+NS = "team-a"
+KEY = f"{NS}/py"
+OUTAGE = Outage(f"pool {KEY} has no host: host py-1 cannot start: container agent: ImagePullBackOff", 7.0)
+
+
+def _endpoint(agent: Agent, name: str, draining: bool = False) -> HostEndpoint:
+    health = requests.get(agent.url + "/v1/health", timeout=10).json()
+    return HostEndpoint(name, f"127.0.0.1:{agent.port}", tuple(health["cores"]["ids"]), 4 << 30, draining)
+
+
+def _req(key: str, code: str, session: str | None = None) -> ActionRequest:
+    return ActionRequest(
+        key=key,
+        namespace=NS,
+        target="py",
+        kind="code",
+        payload={"runtime": "python", "code": code},
+        session=session,
+    )
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    running = start_agent(tmp_path_factory.mktemp("host") / "work")
+    yield running
+    stop_agent(running)
+
+
+@pytest.fixture
+async def dispatcher() -> AsyncIterator[Dispatcher]:
+    client = AgentClient()
+    d = Dispatcher(client)
+    model = ActionPool.model_validate(
+        {
+            "metadata": {"name": "py", "namespace": NS, "generation": 1},
+            "spec": {"template": {"image": "sandbox:test", "resources": {"cpu": "2", "memory": "4Gi"}}},
+        }
+    )
+    d.upsert_pool(pool_config(model, uid="uid-1"))
+    await d.sync_hosts(KEY, [])  # known, and no host yet
+    yield d
+    await d.shutdown()
+    await client.close()
+
+
+async def test_waiting_actions_are_refused_with_the_reason_and_sent_again_later(
+    dispatcher: Dispatcher, agent: Agent
+) -> None:
+    waiting = [asyncio.create_task(dispatcher.run(_req(f"w-{i}", f"print({i})"))) for i in range(3)]
+    for _ in range(100):  # each is queued on the loop's next turns
+        await asyncio.sleep(0.01)
+    stats = dispatcher.stats(KEY)
+    assert stats is not None and stats.queued_actions == 3
+    dispatcher.set_outage(KEY, OUTAGE)
+    for task in waiting:
+        with pytest.raises(TargetUnavailable) as refused:
+            await asyncio.wait_for(task, 10)
+        assert str(refused.value) == OUTAGE.message and refused.value.delay == 7.0
+    stats = dispatcher.stats(KEY)
+    assert stats is not None and stats.queued_actions == 0
+    # One sent meanwhile is refused at once.
+    with pytest.raises(TargetUnavailable, match="ImagePullBackOff"):
+        await asyncio.wait_for(dispatcher.run(_req("w-0", "print(0)")), 10)
+    # A host comes: the outage ends and the same keys run (nothing ran under them before).
+    dispatcher.set_outage(KEY, None)
+    await dispatcher.sync_hosts(KEY, [_endpoint(agent, "py-2")])
+    outcomes = await asyncio.gather(*(dispatcher.run(_req(f"w-{i}", f"print({i})")) for i in range(3)))
+    assert [(o.state, o.stdout, o.host) for o in outcomes] == [
+        (Outcome.SUCCEEDED, f"{i}\n", "py-2") for i in range(3)
+    ]
+
+
+async def test_a_session_pinned_to_a_draining_host_runs_on_through_an_outage(
+    dispatcher: Dispatcher, agent: Agent
+) -> None:
+    await dispatcher.sync_hosts(KEY, [_endpoint(agent, "py-0")])
+    first = await dispatcher.run(_req("s-1", "open('state', 'w').write('kept')", session="traj"))
+    assert first.state is Outcome.SUCCEEDED and first.host == "py-0"
+    # Its host drains (a rollout to a template whose image cannot be pulled): no host is ready.
+    await dispatcher.sync_hosts(KEY, [_endpoint(agent, "py-0", draining=True)])
+    dispatcher.set_outage(KEY, OUTAGE)
+    second = await asyncio.wait_for(
+        dispatcher.run(_req("s-2", "print(open('state').read())", session="traj")), 30
+    )
+    assert (second.state, second.stdout, second.host) == (Outcome.SUCCEEDED, "kept\n", "py-0")
+    with pytest.raises(TargetUnavailable):
+        await asyncio.wait_for(dispatcher.run(_req("fresh", "print(1)")), 10)
+    with pytest.raises(TargetUnavailable):  # a new session has no host to go to either
+        await asyncio.wait_for(dispatcher.run(_req("n-1", "print(1)", session="new")), 10)
