@@ -38,6 +38,9 @@ FINAL_STATES = frozenset({"Succeeded", "Failed", "Cancelled"})
 # at once (a trainer waits on it).
 STATUS_PERIOD_S = 1.0
 """The longest a finished result waits before it is written (and the shortest gap between writes)."""
+# The least an action refused for an outage waits before it is sent again (whatever the refusal
+# said), so that a batch of thousands cannot spin the operator's loop.
+HELD_RETRY_MIN_S = 1.0
 
 
 # ---- pure -------------------------------------------------------------------------------------------
@@ -51,8 +54,9 @@ class BatchObservation:
     start_time: datetime | None
     completion_time: datetime | None
     act_seconds: Sequence[float] = ()
-    # Why its waiting actions cannot start (a pool with no host coming: ``TargetUnavailable``).
-    held_by: str | None = None
+    # Why some of its waiting actions cannot start (their target has no host coming:
+    # ``TargetUnavailable``), one line per target.
+    held_by: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,7 @@ def reconcile_actionbatch(
             running,
             ConditionReason.ACTIONS_RUNNING if running else ConditionReason.WAITING,
             f"{counts.running} running, {counts.pending} waiting"
-            + (f" ({observed.held_by}; sent again when it has one)" if observed.held_by else ""),
+            + "".join(f" ({why}; sent again when it has one)" for why in observed.held_by),
             gen,
             now,
         )
@@ -192,7 +196,10 @@ class _Batch:
     dirty: bool = True
     written: dict[str, Any] | None = None
     deleting: bool = False
-    held_by: str | None = None  # the last TargetUnavailable one of its actions met, until one starts
+    # Target -> the last TargetUnavailable one of its actions met there, until one of them starts.
+    held_by: dict[str, str] = field(default_factory=dict)
+    # The tasks of its actions waiting out a target's outage (``forget`` wakes them at once).
+    held: set[asyncio.Task[None]] = field(default_factory=set)
 
 
 Runner = Callable[..., Awaitable[ActionOutcome]]
@@ -219,7 +226,7 @@ class BatchManager:
         self._patch = patch_status
         self._delete = delete
         self._batches: dict[tuple[str, str], _Batch] = {}
-        self._by_key: dict[str, tuple[_Batch, str]] = {}
+        self._by_key: dict[str, tuple[_Batch, str, str]] = {}  # key -> batch, action id, target
         self.writes = 0
         self._finished = asyncio.Event()  # a batch's last action ended: write without waiting
 
@@ -260,8 +267,9 @@ class BatchManager:
         found = self._by_key.get(key)
         if found is None:
             return
-        batch, action_id = found
-        batch.held_by = None
+        batch, action_id, target = found
+        if batch.held_by.pop(target, None) is not None:
+            batch.dirty = True
         prior = batch.results.get(action_id)
         if prior is not None and prior.state in FINAL_STATES:
             return
@@ -289,7 +297,7 @@ class BatchManager:
                 # cancelled the keys it knew, not this one's, and its action must not start now.
                 raise asyncio.CancelledError
             request = batch_request(batch.namespace, batch.uid, batch.spec, action, languages)
-            self._by_key[request.key] = (batch, action_id)
+            self._by_key[request.key] = (batch, action_id, action.target)
             while True:
                 try:
                     outcome = await self._run(request, attempts_so_far=attempts)
@@ -297,11 +305,13 @@ class BatchManager:
                 except QueueFull as exc:
                     await asyncio.sleep(exc.retry_after)  # a batch waits its turn; it is never dropped
                 except TargetUnavailable as exc:
-                    # Its pool has no host coming: the batch waits for one (a node may be added, the
-                    # image fixed), its status saying why, where a caller on the wire is told at once.
-                    if batch.held_by != str(exc):
-                        batch.held_by, batch.dirty = str(exc), True
-                    await asyncio.sleep(exc.delay)
+                    # Its target has no host coming: the batch waits for one (a node may be added,
+                    # the image fixed), its status saying why, where a caller on the wire is told
+                    # at once.
+                    if batch.held_by.get(action.target) != str(exc):
+                        batch.held_by[action.target] = str(exc)
+                        batch.dirty = True
+                    await self._held(batch, exc.delay)
         except InvalidSpec as exc:
             outcome = ActionOutcome(action_id, Outcome.FAILED, Reason.INVALID_PAYLOAD, str(exc))
         except NotFound as exc:
@@ -318,6 +328,20 @@ class BatchManager:
             message = f"the operator failed to run it: {type(exc).__name__}: {exc}"
             outcome = ActionOutcome(action_id, Outcome.FAILED, Reason.SANDBOX_ERROR, message)
         self._record(batch, action_id, outcome, asyncio.get_running_loop().time() - started)
+
+    @staticmethod
+    async def _held(batch: _Batch, delay_s: float) -> None:
+        """Wait out a target's outage before sending the action again; a batch deleted meanwhile
+        ends the wait at once (``forget``) and the action with it (``CancelledError``)."""
+        task = asyncio.current_task()
+        assert task is not None
+        batch.held.add(task)
+        try:
+            await asyncio.sleep(max(delay_s, HELD_RETRY_MIN_S))
+        finally:
+            batch.held.discard(task)
+        if batch.deleting:
+            raise asyncio.CancelledError
 
     def _record(self, batch: _Batch, action_id: str, outcome: ActionOutcome, act_s: float) -> None:
         result = compact_result(action_id, outcome, batch.spec.results.output_bytes_per_action)
@@ -363,7 +387,7 @@ class BatchManager:
             start_time=batch.start_time,
             completion_time=batch.completion_time,
             act_seconds=batch.acts,
-            held_by=batch.held_by,
+            held_by=tuple(batch.held_by[t] for t in sorted(batch.held_by)),
         )
         status, ops = reconcile_actionbatch(batch.spec, observed, now)
         if status["completionTime"] and batch.completion_time is None:
@@ -416,7 +440,9 @@ class BatchManager:
         if batch is None:
             return
         batch.deleting = True
-        keys = [k for k, (b, _) in self._by_key.items() if b is batch]
+        for task in batch.held:  # waiting out an outage: nothing of theirs is in the dispatcher
+            task.cancel()
+        keys = [k for k, (b, _, _) in self._by_key.items() if b is batch]
         await asyncio.gather(*(self._cancel(k) for k in keys), return_exceptions=True)
         tasks = list(batch.tasks.values())
         if tasks:

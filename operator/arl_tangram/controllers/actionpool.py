@@ -78,6 +78,8 @@ class PoolObservation:
     unschedulable_for_s: float = 0.0
     # How long some placed host's container has been unable to start (see ``HostObservation.stalled``).
     stalled_for_s: float = 0.0
+    # How long the planner has found no node for a host of the pool, round after round.
+    unplaceable_for_s: float = 0.0
     resize_refusal: str | None = None
     # Hosts that failed in a row and how long since the last: no new host is started until the
     # back-off has passed (5 s doubling to 5 min, as a kubelet's crash loop), so a template whose
@@ -87,23 +89,32 @@ class PoolObservation:
     last_failure: str | None = None
 
 
-def pool_outage(cfg: PoolConfig, observed: PoolObservation) -> Outage | None:
+def pool_outage(cfg: PoolConfig, observed: PoolObservation, ops: Sequence[Operation]) -> Outage | None:
     """Why the pool can run nothing now and will not soon, or None (``failures.outage``): its
     waiting actions are then refused with this message, instead of waiting for a host that is not
-    coming until their callers give up."""
-    plan = observed.plan
-    # The planner's "no room" counts only where it adds no host either (it places what fits).
-    adding = plan is not None and any(a.pool == cfg.key for a in plan.adds)
+    coming until their callers give up. ``ops``: this round's (a host added or brought back is
+    coming; the planner places what fits and says "no room" for the rest in the same round)."""
+    coming = any(
+        isinstance(op, CreateHost) or (isinstance(op, SetDraining) and not op.draining) for op in ops
+    )
+    live = [h for h in observed.hosts if h.phase != "terminating"]
+    if cfg.mode == "dedicated":
+        # A pod serves one session for its life: one a session holds is no host for a new one.
+        loads = observed.stats.hosts if observed.stats else {}
+        used = {name for name, load in loads.items() if load.sessions or load.running}
+        live = [dataclasses.replace(h, phase="draining") if h.name in used else h for h in live]
     return outage(
         f"pool {cfg.key} has no host",
         "host",
-        [h for h in observed.hosts if h.phase != "terminating"],
-        None if adding else _unplaceable(cfg, plan),
-        observed.unschedulable_for_s,
-        observed.stalled_for_s,
-        observed.failures,
-        observed.since_failure_s,
-        observed.last_failure,
+        live,
+        coming=coming,
+        unplaceable=_unplaceable(cfg, observed.plan),
+        unplaceable_for_s=observed.unplaceable_for_s,
+        unplaced_for_s=observed.unschedulable_for_s,
+        stalled_for_s=observed.stalled_for_s,
+        failures=observed.failures,
+        since_failure_s=observed.since_failure_s,
+        last_failure=observed.last_failure,
     )
 
 
@@ -538,6 +549,7 @@ class PoolController:
         self._cores: dict[str, tuple[int, ...]] = {}  # host -> the core ids its agent grants
         self._unplaced = Waits()  # hosts with no node yet
         self._stalled = Waits()  # placed hosts whose container cannot start
+        self._unplaceable = Waits()  # the planner finding no node for a host
         self._failures = FailureStreaks()
 
     async def reconcile(
@@ -574,6 +586,7 @@ class PoolController:
             conditions=status.get("conditions") or (),
             unschedulable_for_s=self._unplaced.observe(cfg.key, any(h.pending for h in hosts)),
             stalled_for_s=self._stalled.observe(cfg.key, any(h.stalled for h in hosts)),
+            unplaceable_for_s=self._unplaceable.observe(cfg.key, _unplaceable(cfg, plan) is not None),
             failures=streak.count,
             since_failure_s=streak.since_s,
             last_failure=streak.last,
@@ -584,7 +597,7 @@ class PoolController:
                 observed, plan=None, resize_refusal=refusal(cfg.key) if callable(refusal) else None
             )
         new_status, ops = reconcile_actionpool(cfg, observed, now_dt)
-        self.dispatcher.set_outage(cfg.key, pool_outage(cfg, observed))
+        self.dispatcher.set_outage(cfg.key, pool_outage(cfg, observed, ops))
         await self._apply(cfg, ops)
         return new_status, ops
 
@@ -630,6 +643,6 @@ class PoolController:
     async def deleted(self, namespace: str, name: str, uid: str = "") -> None:
         """The pool (of ``uid``) is gone: its actions fail, its pods go with it (ownerReferences)."""
         key = pool_key(namespace, name)
-        self._unplaced.forget(key)
-        self._stalled.forget(key)
+        for waits in (self._unplaced, self._stalled, self._unplaceable):
+            waits.forget(key)
         await self.dispatcher.remove_pool(key, uid)

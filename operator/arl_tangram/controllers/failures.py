@@ -18,6 +18,10 @@ UNSCHEDULABLE_AFTER_S = 30.0
 # Pods failed in a row (none ready between) after which the actions are refused during the back-off
 # before the next start, rather than wait for a pod that has failed each time.
 OUTAGE_AFTER_FAILURES = 3
+# The least a refused caller is told to wait: the outage is looked at again each reconcile (every
+# few seconds), and a batch sending its actions again each time the back-off had a moment left
+# spun the operator's loop.
+OUTAGE_RETRY_MIN_S = 5.0
 
 
 def backoff_s(failures: int) -> float:
@@ -78,7 +82,10 @@ def outage(
     what: str,
     noun: str,
     live: Sequence[HostObservation],
+    *,
+    coming: bool,
     unplaceable: str | None,
+    unplaceable_for_s: float,
     unplaced_for_s: float,
     stalled_for_s: float,
     failures: int,
@@ -87,13 +94,17 @@ def outage(
 ) -> Outage | None:
     """Why a pool's hosts (a service's replicas: ``noun``) can run nothing now and will not soon,
     or None; ``what`` opens the message ("pool ns/py has no host"). Only where none of ``live``
-    (those not terminating) is ready: the planner found no node for one (``unplaceable``) and none
-    is starting; one has waited ``UNSCHEDULABLE_AFTER_S`` for a node or for its container to start;
-    or ``OUTAGE_AFTER_FAILURES`` failed in a row and the next may not start yet."""
-    if any(h.phase == "ready" for h in live):
+    (those not terminating) is ready and none is on its way (``coming``: being added or brought
+    back this round; or one starting that neither waits for a node nor is stalled), when: the
+    placement found no node for one (``unplaceable``) for ``UNSCHEDULABLE_AFTER_S``; one has waited
+    as long for a node or for its container to start; or ``OUTAGE_AFTER_FAILURES`` failed in a row
+    and the back-off keeps the next from starting yet."""
+    if coming or any(h.phase == "ready" for h in live):
         return None
     starting = [h for h in live if h.phase == "starting"]
-    if unplaceable and not starting:
+    if any(not h.pending and not h.stalled for h in starting):
+        return None  # one is on its way (an image pulled, an agent starting)
+    if unplaceable and unplaceable_for_s >= UNSCHEDULABLE_AFTER_S and not starting:
         return Outage(f"{what}: {unplaceable}", UNSCHEDULABLE_AFTER_S)
     pending = [h for h in starting if h.pending]
     if pending and unplaced_for_s >= UNSCHEDULABLE_AFTER_S:
@@ -108,8 +119,8 @@ def outage(
     left = backoff_s(failures) - since_failure_s
     if failures >= OUTAGE_AFTER_FAILURES and left > 0 and not starting:
         return Outage(
-            f"{what}: {failures} {noun}(s) failed in a row, last: {last_failure}; "
-            f"the next starts in {left:.0f} s",
-            left,
+            f"{what}: {failures} {noun}(s) failed in a row, last: {last_failure}; another may start "
+            f"in about {left:.0f} s, when something asks for one",
+            max(left, OUTAGE_RETRY_MIN_S),
         )
     return None

@@ -144,6 +144,8 @@ class ServiceObservation:
     # (an image it cannot pull): past ``UNSCHEDULABLE_AFTER_S`` its requests are refused.
     unschedulable_for_s: float = 0.0
     stalled_for_s: float = 0.0
+    # How long, round after round, no GPU has been free for a replica the service wants.
+    short_for_s: float = 0.0
 
 
 def reconcile_rewardmodelservice(
@@ -333,23 +335,29 @@ def reconcile_rewardmodelservice(
 
 
 def service_outage(
-    cfg: ServiceConfig, observed: ServiceObservation, conditions: Sequence[Mapping[str, Any]]
+    cfg: ServiceConfig,
+    observed: ServiceObservation,
+    conditions: Sequence[Mapping[str, Any]],
+    ops: Sequence[ServiceOperation],
 ) -> Outage | None:
     """Why the service can score nothing now and will not soon, or None (``failures.outage``; no
-    GPU free for a replica counts where the new ``conditions`` say ``InsufficientGPUs``): its
-    waiting requests are then refused with this message, not held for the cold-start budget."""
+    GPU free for a replica counts where the new ``conditions`` say ``InsufficientGPUs``, for
+    ``observed.short_for_s``): its waiting requests are then refused with this message, not held
+    for the cold-start budget. ``ops``: this round's (a replica created is coming)."""
     ready = next((c for c in conditions if c.get("type") == ConditionType.READY.value), {})
     short = ready.get("message") if ready.get("reason") == ConditionReason.INSUFFICIENT_GPUS.value else None
     return outage(
         f"RewardModelService {cfg.key} has no replica",
         "replica",
         [r for r in observed.replicas if r.phase != "terminating"],
-        short,
-        observed.unschedulable_for_s,
-        observed.stalled_for_s,
-        observed.failures,
-        observed.since_failure_s,
-        observed.last_failure,
+        coming=any(isinstance(op, CreateReplica) for op in ops),
+        unplaceable=short,
+        unplaceable_for_s=observed.short_for_s,
+        unplaced_for_s=observed.unschedulable_for_s,
+        stalled_for_s=observed.stalled_for_s,
+        failures=observed.failures,
+        since_failure_s=observed.since_failure_s,
+        last_failure=observed.last_failure,
     )
 
 
@@ -374,6 +382,7 @@ class ServiceController:
         self._failures = FailureStreaks()
         self._unplaced = Waits()  # replicas with no node yet
         self._stalled = Waits()  # placed replicas whose container cannot start
+        self._short = Waits()  # no GPU free for a replica
         # Devices of pods created but not yet seen in the pod watch (pod name -> devices, when): taken
         # for every service meanwhile, so that two services reconciled back to back are not given the
         # same devices. Only for that gap: the pods themselves are the record.
@@ -424,7 +433,11 @@ class ServiceController:
             stalled_for_s=self._stalled.observe(cfg.key, any(r.stalled for r in replicas)),
         )
         new_status, ops = reconcile_rewardmodelservice(model, cfg, observed, now)
-        self.router.set_outage(cfg.key, service_outage(cfg, observed, new_status["conditions"]))
+        short = any(
+            c.get("reason") == ConditionReason.INSUFFICIENT_GPUS.value for c in new_status["conditions"]
+        )
+        observed = replace(observed, short_for_s=self._short.observe(cfg.key, short))
+        self.router.set_outage(cfg.key, service_outage(cfg, observed, new_status["conditions"], ops))
         for op in ops:
             if isinstance(op, CreateReplica):
                 # A placed replica's pod carries its node and devices (read back next round).
@@ -441,8 +454,8 @@ class ServiceController:
     def deleted(self, key: str) -> None:
         """The service is gone: the router and the waits forget it."""
         self.router.remove(key)
-        self._unplaced.forget(key)
-        self._stalled.forget(key)
+        for waits in (self._unplaced, self._stalled, self._short):
+            waits.forget(key)
 
     def _in_flight(self, replica_pods: Mapping[str, Iterable[Mapping[str, Any]]]) -> frozenset[str]:
         """UUIDs of the pods this controller created that the watch has not shown yet (forgotten once

@@ -483,7 +483,7 @@ class Dispatcher:
         if pool is None:
             return
         if (outage is None) != (pool.outage is None):
-            log.warning("pool %s %s", key, outage.message if outage else "has a host coming again")
+            log.warning("%s", outage.message if outage else f"pool {key} has a host coming again")
         pool.outage = outage
         if outage is None or not pool.waiting:
             return
@@ -496,13 +496,24 @@ class Dispatcher:
             and self._stranded(pool, job.action.trajectory)
         ]
         for job in stranded:
-            self._fail(job, Reason.TARGET_UNAVAILABLE, outage.message)
+            self._refuse(pool, job, outage)
 
     @staticmethod
     def _stranded(pool: _Pool, trajectory: str) -> bool:
         """Whether an action of ``trajectory`` can only wait while the pool's outage lasts: no host
         of the pool holds its session (a draining one still serves the sessions pinned to it)."""
         return pool.outage is not None and pool.cpu.pins.get(trajectory) not in pool.cpu.hosts
+
+    def _refuse(self, pool: _Pool, job: _Job, outage: Outage) -> None:
+        """Refuse a stranded job, and the actions of its session queued behind it (stranded too: the
+        session has no host). In a loop: refused one by one, each the next one's ``_queue`` (through
+        ``_fail``'s ``_next_in_session``), a long backlog overflowed the stack."""
+        sess = pool.sessions.get(job.request.session) if job.request.session else None
+        behind = list(sess.backlog) if sess is not None else []
+        if sess is not None:
+            sess.backlog.clear()
+        for refused in (job, *behind):
+            self._fail(refused, Reason.TARGET_UNAVAILABLE, outage.message)
 
     def stats(self, key: str) -> PoolStats | None:
         """The pool's queue, load per host and recent ACTs."""
@@ -628,6 +639,18 @@ class Dispatcher:
         tenant = request.tenant_name
         if self._tenant_waiting.get(tenant, 0) >= self.max_waiting_per_tenant:
             raise QueueFull(f"tenant {tenant} has {self.max_waiting_per_tenant} actions waiting (its limit)")
+        outage = pool.outage
+        if (
+            outage is not None
+            and not attempts_so_far  # an attempt may run on a host still there: re-attach first
+            and pool.synced.is_set()
+            and self._beyond_limits(pool.config, request) is None
+            and self._stranded(pool, self._trajectory(request.session, request.key))
+            and not (request.session in pool.sessions and pool.sessions[request.session].busy)
+        ):
+            # Refused before it is a job: nothing to undo, and no arrival counted (a batch sending
+            # it again each second during an outage made the planner see a flood).
+            raise TargetUnavailable(outage.message, outage.retry_after_s)
         now = self.clock()
         job = _Job(request, asyncio.get_running_loop().create_future(), now, attempts_so_far)
         self._jobs[request.key] = job
@@ -847,40 +870,39 @@ class Dispatcher:
             return Amdahl(max(estimate, 1e-3), DEFAULT_PARALLEL_FRACTION)
         return Fixed(estimate)
 
-    def _queue(self, pool: _Pool, job: _Job) -> None:
-        req, cfg = job.request, pool.config
-        if pool.outage is not None and self._stranded(pool, self._trajectory(req.session, req.key)):
-            self._fail(job, Reason.TARGET_UNAVAILABLE, pool.outage.message)
-            return
-        lo, hi = req.units_min, min(req.units_max, cfg.limits.max_cores)
+    @staticmethod
+    def _beyond_limits(cfg: PoolConfig, req: ActionRequest) -> tuple[Reason, str] | None:
+        """Why the pool can never run ``req`` (more cores, time or memory than its limits), or None."""
+        lo = req.units_min
         if lo > cfg.limits.max_cores or lo > cfg.host_cores:
-            self._fail(
-                job,
-                Reason.CAPACITY_EXCEEDED,
-                f"asks for {lo} cores; pool {cfg.key} grants at most "
-                f"{min(cfg.limits.max_cores, cfg.host_cores)}",
-            )
-            return
+            most = min(cfg.limits.max_cores, cfg.host_cores)
+            return Reason.CAPACITY_EXCEEDED, f"asks for {lo} cores; pool {cfg.key} grants at most {most}"
         bounded = req.longest_phase or (None if req.timeout_s is None else ("timeoutSeconds", req.timeout_s))
         if bounded is not None and bounded[1] > cfg.limits.timeout_s:
-            self._fail(
-                job,
-                Reason.INVALID_PAYLOAD,
+            return Reason.INVALID_PAYLOAD, (
                 f"{bounded[0]} {bounded[1]:g} exceeds the pool's limits.timeoutSeconds "
-                f"{cfg.limits.timeout_s:g} ({cfg.key})",
+                f"{cfg.limits.timeout_s:g} ({cfg.key})"
             )
-            return
         memory = _memory_asked(req)
         limit_mb = cfg.limits.memory_mb
         if memory is not None and memory[1] > limit_mb:
             # Refused here in the caller's own words: the agent's refusal named its internal field
             # ("memory_mb: 1024 MB is outside [16, 512] MB") and not the pool's limit to raise.
-            self._fail(
-                job,
-                Reason.INVALID_PAYLOAD,
-                f"{memory[0]} {memory[1]} exceeds the pool's limits.memory {limit_mb} MB ({cfg.key})",
+            return Reason.INVALID_PAYLOAD, (
+                f"{memory[0]} {memory[1]} exceeds the pool's limits.memory {limit_mb} MB ({cfg.key})"
             )
+        return None
+
+    def _queue(self, pool: _Pool, job: _Job) -> None:
+        req, cfg = job.request, pool.config
+        beyond = self._beyond_limits(cfg, req)
+        if beyond is not None:  # before an outage: bad input is the caller's to fix, not to retry
+            self._fail(job, *beyond)
             return
+        if pool.outage is not None and self._stranded(pool, self._trajectory(req.session, req.key)):
+            self._refuse(pool, job, pool.outage)
+            return
+        lo, hi = req.units_min, min(req.units_max, cfg.limits.max_cores)
         action = Action(
             id=agent_key(req.key, job.attempts + 1),
             trajectory=self._trajectory(req.session, req.key),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
 from collections import deque
@@ -23,6 +24,8 @@ from arl_tangram.dispatch.agent import AgentClient, AgentRefused, ConnectFailed
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outage, Outcome, Reason
 from arl_tangram.domain.services import ServiceConfig, reward_text
 from arl_tangram.errors import InfrastructureError, NotFound, QueueFull
+
+log = logging.getLogger(__name__)
 
 # A request waits this long for a replica beyond the service's cold-start budget before it fails.
 WAIT_MARGIN_S = 60.0
@@ -47,6 +50,14 @@ class _Service:
     acts: deque[tuple[float, float]] = field(default_factory=deque)
     # No replica and none coming (the controller's ``service_outage``): requests are refused.
     outage: Outage | None = None
+
+
+@dataclass
+class _Progress:
+    """How far a request's task got, for its caller when it is cancelled."""
+
+    started: bool = False  # its task ran (and holds its place in the queue from then on)
+    attempts: int = 0  # calls made to replicas
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,10 @@ class RewardRouter:
         svc = self._services.get(key)
         if svc is None:
             return
+        if (outage is None) != (svc.outage is None):
+            log.warning(
+                "%s", outage.message if outage else f"RewardModelService {key} has a replica coming again"
+            )
         svc.outage = outage
         if outage is not None:
             svc.changed.set()  # what waits for a replica wakes, and finds the outage
@@ -163,10 +178,14 @@ class RewardRouter:
         cfg = svc.config
         if svc.waiting + svc.running >= cfg.max_queue:
             raise QueueFull(f"RewardModelService {key} holds {cfg.max_queue} requests (its maxQueueLength)")
+        # Its place in the queue is taken now, with the check: taken in its task, every request of
+        # the same turn of the loop passed the check before any was counted.
+        svc.waiting += 1
+        progress = _Progress()
         # Served in a task of its own, so that ``cancel`` can stop it (waiting for a replica, or its
         # call to one: the connection is closed, which a vLLM or SGLang server takes as an abort)
         # and its caller still gets an outcome. A caller cancelled itself cancels it too.
-        task = asyncio.create_task(self._serve(svc, request, text))
+        task = asyncio.create_task(self._serve(svc, request, text, progress))
         serving = self._serving.setdefault(request.key, set())
         serving.add(task)
         try:
@@ -175,8 +194,12 @@ class RewardRouter:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 raise  # its caller was cancelled, not the request
-            return ActionOutcome(request.key, Outcome.CANCELLED, Reason.CANCELLED, "cancelled", attempts=0)
+            return ActionOutcome(
+                request.key, Outcome.CANCELLED, Reason.CANCELLED, "cancelled", attempts=progress.attempts
+            )
         finally:
+            if not progress.started:  # cancelled before its task ran: its place is given back here
+                svc.waiting -= 1
             serving.discard(task)
             if not serving:
                 self._serving.pop(request.key, None)
@@ -188,13 +211,16 @@ class RewardRouter:
             task.cancel()
         return bool(tasks)
 
-    async def _serve(self, svc: _Service, request: ActionRequest, text: str) -> ActionOutcome:
+    async def _serve(
+        self, svc: _Service, request: ActionRequest, text: str, progress: _Progress
+    ) -> ActionOutcome:
+        """Serve one request, counted as waiting already (``run`` took its place in the queue)."""
+        progress.started = True
         key, cfg = f"{request.namespace}/{request.target}", svc.config
         submitted = self.clock()
         svc.last_active = submitted
         attempts = 0
         last_error = ""
-        svc.waiting += 1
         waiting = True
         try:
             while attempts <= request.max_retries:
@@ -221,6 +247,7 @@ class RewardRouter:
                     )
                 address = svc.endpoints[replica]
                 attempts += 1
+                progress.attempts = attempts
                 if waiting:
                     svc.waiting -= 1
                     waiting = False

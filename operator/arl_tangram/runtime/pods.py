@@ -222,6 +222,7 @@ def _observe(
     ready = _condition(status, "Ready")
     scheduled = _condition(status, "PodScheduled")
     pending = None
+    stalled = None
     failure = None
     phase: HostPhase
     if meta.get("deletionTimestamp"):
@@ -261,7 +262,7 @@ def _observe(
         cpu_millicores=_millicores(requests.get("cpu", "0")),
         memory_bytes=_bytes(requests.get("memory", "0")),
         pending=pending,
-        stalled=stalled if phase == "starting" else None,
+        stalled=stalled if phase == "starting" else None,  # a failed one is replaced, not waited on
         failure=failure,
         cpu_applied_millicores=applied,
     )

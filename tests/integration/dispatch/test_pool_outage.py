@@ -7,6 +7,7 @@ sandbox agent on loopback."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -16,7 +17,7 @@ from sandbox_agent_harness import Agent, start_agent, stop_agent
 from arl_tangram.api.actionpool import ActionPool
 from arl_tangram.dispatch.agent import AgentClient
 from arl_tangram.dispatch.dispatcher import Dispatcher, HostEndpoint
-from arl_tangram.domain.actions import ActionRequest, Outage, Outcome
+from arl_tangram.domain.actions import ActionRequest, Outage, Outcome, Reason
 from arl_tangram.domain.pools import pool_config
 from arl_tangram.errors import TargetUnavailable
 
@@ -109,3 +110,34 @@ async def test_a_session_pinned_to_a_draining_host_runs_on_through_an_outage(
         await asyncio.wait_for(dispatcher.run(_req("fresh", "print(1)")), 10)
     with pytest.raises(TargetUnavailable):  # a new session has no host to go to either
         await asyncio.wait_for(dispatcher.run(_req("n-1", "print(1)", session="new")), 10)
+
+
+async def test_a_long_session_backlog_is_refused_whole(dispatcher: Dispatcher) -> None:
+    """A session's actions queue behind its first: all are refused at the outage, each with the
+    reason (one by one, each the next one's queueing, they overflowed the stack at a few hundred)."""
+    calls = [
+        asyncio.create_task(dispatcher.run(_req(f"b-{i}", f"print({i})", session="long")))
+        for i in range(1200)
+    ]
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+    dispatcher.set_outage(KEY, OUTAGE)
+    results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 30)
+    assert all(isinstance(r, TargetUnavailable) for r in results), {type(r).__name__ for r in results}
+    stats = dispatcher.stats(KEY)
+    assert stats is not None and stats.queued_actions == 0
+
+
+async def test_bad_input_is_refused_as_such_and_nothing_is_counted_as_arriving(
+    dispatcher: Dispatcher,
+) -> None:
+    dispatcher.set_outage(KEY, OUTAGE)
+    outcome = await dispatcher.run(dataclasses.replace(_req("big", "print(1)"), units_min=64, units_max=64))
+    assert outcome.reason is Reason.CAPACITY_EXCEEDED  # the caller's to fix: not "send again later"
+    before = dispatcher.stats(KEY)
+    for i in range(50):
+        with pytest.raises(TargetUnavailable):
+            await dispatcher.run(_req(f"again-{i}", "print(1)"))
+    after = dispatcher.stats(KEY)
+    assert before is not None and after is not None
+    assert after.arrival_rate_per_s == before.arrival_rate_per_s  # refusals are no demand

@@ -204,3 +204,58 @@ async def test_a_batch_waits_for_a_pool_with_no_host_and_says_why() -> None:
     await _until(lambda: mgr.pending_count() == 0)
     await mgr.flush()
     assert _complete(rec.writes[-1]) and rec.writes[-1]["results"][0]["state"] == "Succeeded"
+
+
+async def test_a_batch_deleted_while_it_waits_out_an_outage_goes_at_once_and_runs_nothing() -> None:
+    rec = Recorder()
+    ran: list[str] = []
+    refused = asyncio.Event()
+
+    async def run(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        if not refused.is_set():
+            refused.set()
+            raise TargetUnavailable("pool ns/py has no host: host py-1 cannot start", delay=3.0)
+        ran.append(request.key)  # the outage over: only a batch still there may start it
+        return await rec.run(request, attempts_so_far)
+
+    mgr = BatchManager(run, rec.cancel, _python_pool, rec.patch, rec.delete)
+    mgr.ensure(_body(1))
+    await asyncio.wait_for(refused.wait(), 5)
+    batch = mgr._batches[("ns", "b")]
+    started = time.monotonic()
+    await asyncio.wait_for(mgr.forget("ns", "b"), 5)
+    assert time.monotonic() - started < 1.0, "forget waited for the outage's retry"
+    assert ran == [] and batch.results["a0"].state == "Cancelled"
+
+
+async def test_each_target_says_why_it_holds_and_a_start_clears_only_its_own() -> None:
+    rec = Recorder()
+    why = "pool ns/down has no host: 3 host(s) failed in a row"
+    mgr: BatchManager
+    done = asyncio.Event()
+
+    async def run(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        if request.target == "down":
+            raise TargetUnavailable(why, delay=0.01)
+        mgr.started(request.key, 1)
+        await done.wait()  # keeps running: the batch stays in progress
+        return await rec.run(request, attempts_so_far)
+
+    async def pools(namespace: str, pool: str) -> tuple[str, ...] | None:
+        return ("python",)
+
+    mgr = BatchManager(run, rec.cancel, pools, rec.patch, rec.delete)
+    body = _body(2)
+    body["spec"]["actions"][1]["target"] = "down"
+    mgr.ensure(body)
+    batch = mgr._batches[("ns", "b")]
+    await _until(lambda: "down" in batch.held_by and batch.results.get("a0") is not None)
+    await mgr.flush()
+    running = {c["type"]: c for c in rec.writes[-1]["conditions"]}["Running"]
+    assert running["message"].count(why) == 1, running
+    writes = len(rec.writes)
+    await asyncio.sleep(1.5)  # refused again and again meanwhile: nothing new to write
+    await mgr.flush()
+    assert len(rec.writes) == writes
+    done.set()
+    await mgr.forget("ns", "b")

@@ -19,7 +19,7 @@ from arl_tangram.controllers.actionpool import (
     pool_outage,
     reconcile_actionpool,
 )
-from arl_tangram.controllers.failures import OUTAGE_AFTER_FAILURES, backoff_s
+from arl_tangram.controllers.failures import OUTAGE_AFTER_FAILURES, OUTAGE_RETRY_MIN_S, backoff_s
 from arl_tangram.dispatch.dispatcher import HostLoad, PoolStats
 from arl_tangram.domain.actions import Outage
 from arl_tangram.domain.pools import PoolConfig, pool_config
@@ -268,37 +268,51 @@ def _unplaceable_plan() -> ScalingPlan:
     return dataclasses.replace(plan(), pools=(decision,))
 
 
-def _outage(hosts: list[HostObservation], **observed: Any) -> Outage | None:
-    return pool_outage(CFG, PoolObservation(hosts, stats(queued=3), observed.pop("plan", plan()), **observed))
+def _outage(hosts: list[HostObservation], ops: tuple[Any, ...] = (), **observed: Any) -> Outage | None:
+    config = observed.pop("cfg", CFG)
+    obs = PoolObservation(
+        hosts, observed.pop("stats", stats(queued=3)), observed.pop("plan", plan()), **observed
+    )
+    return pool_outage(config, obs, ops)
+
+
+LONG = UNSCHEDULABLE_AFTER_S  # a wait long enough to be taken for good
 
 
 def test_no_outage_while_a_host_is_ready_or_one_may_still_come() -> None:
     waits = "0/2 nodes are available: 2 Insufficient cpu."
-    assert _outage([host("a"), host("b", "starting", pending=waits)], unschedulable_for_s=1e6) is None
-    assert (
-        _outage([host("b", "starting", pending=waits)], unschedulable_for_s=UNSCHEDULABLE_AFTER_S - 1) is None
-    )
     stalled = "container agent: ImagePullBackOff: Back-off pulling image"
-    assert _outage([host("b", "starting", stalled=stalled)], stalled_for_s=UNSCHEDULABLE_AFTER_S - 1) is None
+    assert _outage([host("a"), host("b", "starting", pending=waits)], unschedulable_for_s=1e6) is None
+    assert _outage([host("b", "starting", pending=waits)], unschedulable_for_s=LONG - 1) is None
+    assert _outage([host("b", "starting", stalled=stalled)], stalled_for_s=LONG - 1) is None
     assert _outage([host("b", "starting")], stalled_for_s=1e6, unschedulable_for_s=1e6) is None
+    # One host waits for good, but another is on its way (placed, starting normally).
+    on_its_way = host("c", "starting")
+    assert _outage([host("b", "starting", pending=waits), on_its_way], unschedulable_for_s=1e6) is None
+    assert _outage([host("b", "starting", stalled=stalled), on_its_way], stalled_for_s=1e6) is None
+    # A host added or brought back this round is coming, whatever else the plan says.
+    for op in (CreateHost("n1", "2 actions waiting"), SetDraining("d", False, "needed again")):
+        assert _outage([], (op,), plan=_unplaceable_plan(), unplaceable_for_s=1e6) is None
+    # "No room" for a moment is not an outage (another pool's hosts may be going).
+    assert _outage([], plan=_unplaceable_plan(), unplaceable_for_s=LONG - 1) is None
     # Failures below the bound, or the back-off over (the next host may start now): it waits.
     last = "the agent exited 1: Error"
     assert _outage([], failures=OUTAGE_AFTER_FAILURES - 1, since_failure_s=0.0, last_failure=last) is None
     over = backoff_s(OUTAGE_AFTER_FAILURES)
     assert _outage([], failures=OUTAGE_AFTER_FAILURES, since_failure_s=over, last_failure=last) is None
     # The planner says no node can hold one, but a host is starting anyway: it may yet come.
-    assert _outage([host("b", "starting")], plan=_unplaceable_plan()) is None
+    assert _outage([host("b", "starting")], plan=_unplaceable_plan(), unplaceable_for_s=1e6) is None
 
 
 def test_an_outage_names_why_and_when_to_send_again() -> None:
-    unplaceable = _outage([], plan=_unplaceable_plan())
+    unplaceable = _outage([], plan=_unplaceable_plan(), unplaceable_for_s=LONG)
     assert unplaceable is not None and "no node can hold a host of 4 cores" in unplaceable.message
     assert "0/2 nodes have 4 free cores" in unplaceable.message and CFG.key in unplaceable.message
     waits = "0/2 nodes are available: 2 Insufficient cpu."
-    pending = _outage([host("b", "starting", pending=waits)], unschedulable_for_s=UNSCHEDULABLE_AFTER_S)
-    assert pending is not None and waits in pending.message
+    pending = _outage([host("b", "starting", pending=waits)], unschedulable_for_s=LONG)
+    assert pending is not None and f"host b cannot be placed: {waits}" in pending.message
     stalled = 'container agent: CreateContainerConfigError: secret "token" not found'
-    cannot = _outage([host("b", "starting", stalled=stalled)], stalled_for_s=UNSCHEDULABLE_AFTER_S)
+    cannot = _outage([host("b", "starting", stalled=stalled)], stalled_for_s=LONG)
     assert cannot is not None and "host b cannot start" in cannot.message and stalled in cannot.message
     last = "the agent exited 1: Error"
     n = OUTAGE_AFTER_FAILURES + 1
@@ -307,8 +321,25 @@ def test_an_outage_names_why_and_when_to_send_again() -> None:
         failing is not None and f"{n} host(s) failed in a row" in failing.message and last in failing.message
     )
     assert failing.retry_after_s == pytest.approx(backoff_s(n) - 2.0)
+    # A moment left of the back-off: the caller is still told to wait a while, not to spin.
+    almost = _outage([], failures=n, since_failure_s=backoff_s(n) - 0.01, last_failure=last)
+    assert almost is not None and almost.retry_after_s == OUTAGE_RETRY_MIN_S
     for outage in (unplaceable, pending, cannot):
         assert outage.retry_after_s > 0
+
+
+def test_a_dedicated_pool_whose_new_pods_cannot_start_refuses_new_sessions() -> None:
+    """Its pods each serve one session for life: the ready pods of running sessions are no host
+    for a new one (a rollout to an image that cannot be pulled)."""
+    dedicated = cfg(minHosts=0, maxHosts=4)
+    dedicated = dataclasses.replace(dedicated, mode="dedicated")
+    used = stats({"old": (0, 1)})
+    stalled = "container agent: ErrImagePull: not found"
+    hosts = [host("old"), host("new", "starting", stalled=stalled)]
+    refused = _outage(hosts, cfg=dedicated, stats=used, plan=None, stalled_for_s=LONG)
+    assert refused is not None and "host new cannot start" in refused.message
+    free = stats({"old": (0, 0)})
+    assert _outage(hosts, cfg=dedicated, stats=free, plan=None, stalled_for_s=LONG) is None
 
 
 def test_a_host_whose_container_cannot_start_says_so_after_a_while() -> None:
@@ -325,12 +356,3 @@ def test_a_host_whose_container_cannot_start_says_so_after_a_while() -> None:
             "host a cannot start: container agent: ErrImagePull: pull access denied" in cond[kind]["message"]
         )
     assert (cond["Ready"]["status"], cond["Degraded"]["status"]) == ("False", "True")
-
-
-def test_no_outage_while_the_planner_adds_a_host_beside_what_it_could_not_place() -> None:
-    """Scaling from zero, the planner places the hosts that fit and says "no room" for the rest:
-    the hosts it adds are coming."""
-    add = InstanceAdd(CFG.key, "n1", 4, 4000, 1 << 34, 0, R)
-    adding = dataclasses.replace(_unplaceable_plan(), adds=(add,))
-    assert _outage([], plan=adding) is None
-    assert _outage([], plan=_unplaceable_plan()) is not None

@@ -655,40 +655,50 @@ def test_a_gpu_node_tainted_against_the_services_pods_takes_none_of_its_replicas
 
 
 # ---- a service with no replica coming: its requests are refused, not held for the cold start ------
+def _outage_of(obs: ServiceObservation) -> Any:
+    status, ops = reconcile(obs)
+    return service_outage(cfg(), obs, status["conditions"], ops)
+
+
 def test_a_replica_that_cannot_start_is_named_and_its_requests_refused_after_a_while() -> None:
     stalled = [rep("a", "starting", stalled="container runtime: ImagePullBackOff: img:typo not found")]
     early = ServiceObservation(stalled, stats(queued=1, last=999.0), 1000.0, stalled_for_s=1.0)
     status, _ = reconcile(early)
     assert {c["type"]: c["reason"] for c in status["conditions"]}["Ready"] == "HostsStarting"
-    assert service_outage(cfg(), early, status["conditions"]) is None
+    assert service_outage(cfg(), early, status["conditions"], []) is None
     late = ServiceObservation(
         stalled, stats(queued=1, last=999.0), 1000.0, stalled_for_s=UNSCHEDULABLE_AFTER_S
     )
-    status, _ = reconcile(late)
+    status, ops = reconcile(late)
     conds = {c["type"]: c for c in status["conditions"]}
     for kind in ("Ready", "Degraded"):
         assert (
             conds[kind]["reason"] == "HostsCannotStart" and "replica a cannot start" in conds[kind]["message"]
         )
-    outage = service_outage(cfg(), late, status["conditions"])
+    outage = service_outage(cfg(), late, status["conditions"], ops)
     assert outage is not None and outage.message.startswith("RewardModelService ns/rm has no replica: ")
     assert "ImagePullBackOff: img:typo not found" in outage.message
     # A ready replica serves meanwhile: nothing is refused.
     both = ServiceObservation([*stalled, rep("b")], stats(last=999.0), 1000.0, stalled_for_s=1e6)
-    assert service_outage(cfg(), both, reconcile(both)[0]["conditions"]) is None
+    assert _outage_of(both) is None
+    # A replica created this round is coming.
+    assert service_outage(cfg(), late, status["conditions"], [CreateReplica("1 request(s) waiting")]) is None
 
 
 def test_no_free_gpu_and_a_crash_loop_refuse_requests_with_the_reason() -> None:
     view = _view(_node("g", H100, cordoned=True))
     short = ServiceObservation([], stats(queued=1, last=999.0), 1000.0, gpu=view)
-    status, _ = reconcile(short)
-    outage = service_outage(cfg(), short, status["conditions"])
+    assert _outage_of(short) is None  # no GPU for a moment: it waits
+    short = ServiceObservation(
+        [], stats(queued=1, last=999.0), 1000.0, gpu=view, short_for_s=UNSCHEDULABLE_AFTER_S
+    )
+    outage = _outage_of(short)
     assert outage is not None and "takes new pods" in outage.message
     failing = ServiceObservation(
         [], stats(queued=1, last=999.0), 1000.0, failures=3, since_failure_s=5.0, last_failure="exited 2"
     )
-    outage = service_outage(cfg(), failing, reconcile(failing)[0]["conditions"])
+    outage = _outage_of(failing)
     assert outage is not None and "3 replica(s) failed in a row, last: exited 2" in outage.message
     assert outage.retry_after_s == pytest.approx(backoff_s(3) - 5.0)
     over = ServiceObservation([], stats(queued=1, last=999.0), 1000.0, failures=3, since_failure_s=21.0)
-    assert service_outage(cfg(), over, reconcile(over)[0]["conditions"]) is None  # the next may start
+    assert _outage_of(over) is None  # the next may start

@@ -15,7 +15,7 @@ from arl_tangram.dispatch.dispatcher import Dispatcher
 from arl_tangram.dispatch.rewards import RewardRouter
 from arl_tangram.domain.actions import ActionRequest, Outage, Outcome
 from arl_tangram.domain.services import service_config
-from arl_tangram.errors import InfrastructureError, TargetUnavailable
+from arl_tangram.errors import InfrastructureError, QueueFull, TargetUnavailable
 
 
 class FakeReplicas:
@@ -211,3 +211,34 @@ async def test_an_outage_refuses_what_waits_for_a_replica_and_what_comes_after()
     dispatcher.rewards.sync("ns/rm", [("rm-2", "10.0.0.2:8000")])
     outcome = await asyncio.wait_for(dispatcher.run(_request()), 5)
     assert outcome.state is Outcome.SUCCEEDED and outcome.reward == 0.5
+
+
+async def test_requests_of_one_turn_of_the_loop_are_bounded_by_the_queue_length() -> None:
+    """``maxQueueLength`` holds for requests that all arrive at once (each took its place in the
+    queue only once its own task ran, and every one of them passed the check)."""
+    rms = RewardModelService.model_validate(
+        {
+            "metadata": {"name": "rm", "namespace": "ns"},
+            "spec": {"model": {"name": "m", "uri": "file:///w/rm.npz"}, "scaling": {"maxQueueLength": 2}},
+        }
+    )
+    router = RewardRouter(FakeReplicas({}))  # type: ignore[arg-type]
+    router.upsert(service_config(rms, uid="u"))
+    calls = [asyncio.create_task(router.run(_request())) for _ in range(10)]
+    for _ in range(20):
+        await asyncio.sleep(0)
+    refused = [c for c in calls if c.done() and isinstance(c.exception(), QueueFull)]
+    assert len(refused) == 8 and router.stats("ns/rm").queued == 2  # type: ignore[union-attr]
+    for c in calls:
+        c.cancel()
+    await asyncio.gather(*calls, return_exceptions=True)
+    assert router.stats("ns/rm").queued == 0  # type: ignore[union-attr]
+
+
+async def test_a_request_cancelled_before_its_task_ran_gives_its_place_back() -> None:
+    router = _router(FakeReplicas({}))
+    call = asyncio.create_task(router.run(_request()))
+    await asyncio.sleep(0)  # run() has taken its place and made its task, which has not run yet
+    assert router.cancel("b/r0") is True
+    outcome = await asyncio.wait_for(call, 5)
+    assert outcome.state is Outcome.CANCELLED and router.stats("ns/rm").queued == 0  # type: ignore[union-attr]
