@@ -301,6 +301,8 @@ class BatchManager:
             while True:
                 try:
                     outcome = await self._run(request, attempts_so_far=attempts)
+                    if batch.held_by.pop(action.target, None) is not None:  # its target served it
+                        batch.dirty = True
                     break
                 except QueueFull as exc:
                     await asyncio.sleep(exc.retry_after)  # a batch waits its turn; it is never dropped
@@ -333,6 +335,8 @@ class BatchManager:
     async def _held(batch: _Batch, delay_s: float) -> None:
         """Wait out a target's outage before sending the action again; a batch deleted meanwhile
         ends the wait at once (``forget``) and the action with it (``CancelledError``)."""
+        if batch.deleting:  # deleted while its refusal was on its way: ``forget`` has passed
+            raise asyncio.CancelledError
         task = asyncio.current_task()
         assert task is not None
         batch.held.add(task)

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from arl_tangram.domain.actions import Outage
+from arl_tangram.domain.actions import OUTAGE_RETRY_MIN_S, Outage
 from arl_tangram.runtime.interface import HostObservation
 
 # A pod waiting this long without a node means no node can hold the template (the minute,
@@ -18,10 +18,6 @@ UNSCHEDULABLE_AFTER_S = 30.0
 # Pods failed in a row (none ready between) after which the actions are refused during the back-off
 # before the next start, rather than wait for a pod that has failed each time.
 OUTAGE_AFTER_FAILURES = 3
-# The least a refused caller is told to wait: the outage is looked at again each reconcile (every
-# few seconds), and a batch sending its actions again each time the back-off had a moment left
-# spun the operator's loop.
-OUTAGE_RETRY_MIN_S = 5.0
 
 
 def backoff_s(failures: int) -> float:

@@ -34,7 +34,14 @@ from arl_tangram.core.scheduler import DecisionStats, Scheduler
 from arl_tangram.dispatch.agent import ANSWER_MARGIN_S, AgentClient, AgentRefused, ConnectFailed, Unreachable
 from arl_tangram.dispatch.outcomes import interpret
 from arl_tangram.dispatch.rewards import RewardRouter
-from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outage, Outcome, Reason
+from arl_tangram.domain.actions import (
+    OUTAGE_RETRY_MIN_S,
+    ActionOutcome,
+    ActionRequest,
+    Outage,
+    Outcome,
+    Reason,
+)
 from arl_tangram.domain.batches import Runner, runner_of
 from arl_tangram.domain.pools import PoolConfig, agent_ttl_s, pool_key
 from arl_tangram.errors import (
@@ -227,6 +234,12 @@ class _Pool:
     before_sync: set[_Job] = field(default_factory=set)
     # No host and none coming (the controller's ``pool_outage``): what cannot run elsewhere is refused.
     outage: Outage | None = None
+    # Refused callers are demand still (they send again after Retry-After): until when the pool's
+    # statistics count one waiting action of ``refused_units`` for them, so that the planner keeps
+    # looking for room for a host (its "no room" is what the outage may rest on), and keeps a host
+    # that waits for a node, instead of forgetting both once the refusals empty the queue.
+    refused_until: float = 0.0
+    refused_units: int = 1
 
 
 @dataclass(frozen=True)
@@ -504,6 +517,18 @@ class Dispatcher:
         of the pool holds its session (a draining one still serves the sessions pinned to it)."""
         return pool.outage is not None and pool.cpu.pins.get(trajectory) not in pool.cpu.hosts
 
+    @staticmethod
+    def _fresh_session(pool: _Pool, session: str | None) -> bool:
+        """Whether an action of ``session`` would be queued now as a new one: no session, or one
+        neither busy (its action goes behind the running one) nor lost or closed (``SessionLost``
+        is its answer, outage or not)."""
+        if session is None:
+            return True
+        sess = pool.sessions.get(session)
+        if sess is None:
+            return session not in pool.closed
+        return not sess.busy and sess.lost is None
+
     def _refuse(self, pool: _Pool, job: _Job, outage: Outage) -> None:
         """Refuse a stranded job, and the actions of its session queued behind it (stranded too: the
         session has no host). In a loop: refused one by one, each the next one's ``_queue`` (through
@@ -513,7 +538,13 @@ class Dispatcher:
         if sess is not None:
             sess.backlog.clear()
         for refused in (job, *behind):
+            self._count_refused(pool, refused.request, outage)
             self._fail(refused, Reason.TARGET_UNAVAILABLE, outage.message)
+
+    def _count_refused(self, pool: _Pool, req: ActionRequest, outage: Outage) -> None:
+        """Count a refused action as demand for two of its Retry-After (``refused_until``)."""
+        pool.refused_until = self.clock() + 2 * outage.retry_after_s
+        pool.refused_units = max(1, req.units_min)
 
     def stats(self, key: str) -> PoolStats | None:
         """The pool's queue, load per host and recent ACTs."""
@@ -542,11 +573,13 @@ class Dispatcher:
         runs = [run for _, run in pool.runs]
         # Trajectories with a queued action and no host yet (dedicated pools start one pod for each).
         waiting_trajectories = len({a.trajectory for a in queued if a.trajectory not in pool.cpu.pins})
+        refused = 1 if pool.outage is not None and now < pool.refused_until else 0
         return PoolStats(
             queued_actions=len(queued)
             + sum(len(s.backlog) for s in pool.sessions.values())
-            + len(pool.before_sync),
-            queued_units=sum(a.min_units for a in queued),
+            + len(pool.before_sync)
+            + refused,
+            queued_units=sum(a.min_units for a in queued) + refused * pool.refused_units,
             running_actions=len(running),
             running_units=sum(j.grant.units for j in running if j.grant is not None),
             cores_total=pool.cpu.total_units(),
@@ -559,7 +592,7 @@ class Dispatcher:
             # A host whose calls are being settled stays (drained): replacing it would kill what it
             # may still run, and lose the results it keeps.
             unhealthy=frozenset(h for h in pool.unhealthy if not pool.in_doubt.get(h)),
-            waiting_trajectories=waiting_trajectories,
+            waiting_trajectories=waiting_trajectories + refused,
             retired=frozenset(pool.retired),
         )
 
@@ -593,7 +626,8 @@ class Dispatcher:
             else:
                 pool = self._pools.get(key)
                 outage = pool.outage if pool is not None else None
-            delay = outage.retry_after_s if outage else 1.0
+            # The outage may have ended while the refusal was on its way: the least it ever says.
+            delay = outage.retry_after_s if outage else OUTAGE_RETRY_MIN_S
             raise TargetUnavailable(outcome.message or f"{request.target} has no host", delay)
         return outcome
 
@@ -646,10 +680,14 @@ class Dispatcher:
             and pool.synced.is_set()
             and self._beyond_limits(pool.config, request) is None
             and self._stranded(pool, self._trajectory(request.session, request.key))
-            and not (request.session in pool.sessions and pool.sessions[request.session].busy)
+            and self._fresh_session(pool, request.session)
+            and request.key not in self._ran  # a result a host still holds is answered from it
+            and not pool.known_running
+            and not pool.known_finished
         ):
             # Refused before it is a job: nothing to undo, and no arrival counted (a batch sending
-            # it again each second during an outage made the planner see a flood).
+            # it again each second during an outage made the planner see a flood); demand still.
+            self._count_refused(pool, request, outage)
             raise TargetUnavailable(outage.message, outage.retry_after_s)
         now = self.clock()
         job = _Job(request, asyncio.get_running_loop().create_future(), now, attempts_so_far)

@@ -112,6 +112,12 @@ class ActionOutcome:
     response_json: bytes | None = None
 
 
+# The least a caller refused for an outage is told to wait: the outage is looked at again each
+# reconcile (every few seconds), and a batch sending its actions again each time the back-off had a
+# moment left spun the operator's loop.
+OUTAGE_RETRY_MIN_S = 5.0
+
+
 @dataclass(frozen=True)
 class Outage:
     """Why a pool (or a reward service) can run nothing now and will not soon: no host (replica) is

@@ -79,8 +79,7 @@ async def test_waiting_actions_are_refused_with_the_reason_and_sent_again_later(
         with pytest.raises(TargetUnavailable) as refused:
             await asyncio.wait_for(task, 10)
         assert str(refused.value) == OUTAGE.message and refused.value.delay == 7.0
-    stats = dispatcher.stats(KEY)
-    assert stats is not None and stats.queued_actions == 0
+    assert not dispatcher.scheduler.queued()  # none left queued (the refused count as one demand)
     # One sent meanwhile is refused at once.
     with pytest.raises(TargetUnavailable, match="ImagePullBackOff"):
         await asyncio.wait_for(dispatcher.run(_req("w-0", "print(0)")), 10)
@@ -124,8 +123,7 @@ async def test_a_long_session_backlog_is_refused_whole(dispatcher: Dispatcher) -
     dispatcher.set_outage(KEY, OUTAGE)
     results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 30)
     assert all(isinstance(r, TargetUnavailable) for r in results), {type(r).__name__ for r in results}
-    stats = dispatcher.stats(KEY)
-    assert stats is not None and stats.queued_actions == 0
+    assert not dispatcher.scheduler.queued()  # none left queued (the refused count as one demand)
 
 
 async def test_bad_input_is_refused_as_such_and_nothing_is_counted_as_arriving(
@@ -141,3 +139,35 @@ async def test_bad_input_is_refused_as_such_and_nothing_is_counted_as_arriving(
     after = dispatcher.stats(KEY)
     assert before is not None and after is not None
     assert after.arrival_rate_per_s == before.arrival_rate_per_s  # refusals are no demand
+
+
+async def test_a_lost_or_closed_session_is_answered_as_such_during_an_outage(
+    dispatcher: Dispatcher, agent: Agent
+) -> None:
+    """``SessionLost`` is its answer, outage or not: told to send again later, a caller would send
+    the same call to a session that can never come back, for as long as the outage lasts."""
+    await dispatcher.sync_hosts(KEY, [_endpoint(agent, "py-0")])
+    session = await dispatcher.open_session(NS, "py")
+    await dispatcher.run(_req("c-1", "print(1)", session=session))
+    await dispatcher.close_session(NS, "py", session)
+    await dispatcher.sync_hosts(KEY, [])
+    dispatcher.set_outage(KEY, OUTAGE)
+    outcome = await asyncio.wait_for(dispatcher.run(_req("c-2", "print(2)", session=session)), 10)
+    assert outcome.reason is Reason.SESSION_LOST, outcome
+
+
+async def test_refused_callers_stay_demand_while_the_outage_lasts(dispatcher: Dispatcher) -> None:
+    """The planner's "no room" (what the outage may rest on) needs something waiting: refused
+    callers, who send again after Retry-After, count as one waiting action meanwhile."""
+    dispatcher.set_outage(KEY, OUTAGE)
+    with pytest.raises(TargetUnavailable):
+        await dispatcher.run(dataclasses.replace(_req("d-1", "print(1)"), units_min=2, units_max=2))
+    stats = dispatcher.stats(KEY)
+    assert stats is not None and (stats.queued_actions, stats.queued_units, stats.waiting_trajectories) == (
+        1,
+        2,
+        1,
+    )
+    dispatcher.set_outage(KEY, None)
+    stats = dispatcher.stats(KEY)
+    assert stats is not None and (stats.queued_actions, stats.queued_units) == (0, 0)

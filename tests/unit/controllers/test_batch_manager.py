@@ -259,3 +259,29 @@ async def test_each_target_says_why_it_holds_and_a_start_clears_only_its_own() -
     assert len(rec.writes) == writes
     done.set()
     await mgr.forget("ns", "b")
+
+
+async def test_a_target_that_serves_again_is_no_longer_named_even_without_a_start_report() -> None:
+    """Reward actions have no start report (``started``): the reason goes once one is served."""
+    rec = Recorder()
+    why = "RewardModelService ns/rm has no replica: replica rm-1 cannot start"
+    refusals = {"left": 1}
+    hold = asyncio.Event()
+
+    async def run(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        if request.key.endswith("a1"):
+            await hold.wait()  # keeps the batch in progress
+        elif refusals["left"]:
+            refusals["left"] -= 1
+            raise TargetUnavailable(why, delay=0.01)
+        return await rec.run(request, attempts_so_far)
+
+    mgr = BatchManager(run, rec.cancel, _python_pool, rec.patch, rec.delete)
+    mgr.ensure(_body(2))
+    batch = mgr._batches[("ns", "b")]
+    await _until(lambda: batch.results.get("a0") is not None and batch.results["a0"].state == "Succeeded")
+    await mgr.flush()
+    running = {c["type"]: c for c in rec.writes[-1]["conditions"]}["Running"]
+    assert why not in running["message"] and batch.held_by == {}, running
+    hold.set()
+    await _until(lambda: mgr.pending_count() == 0)

@@ -19,9 +19,9 @@ from arl_tangram.controllers.actionpool import (
     pool_outage,
     reconcile_actionpool,
 )
-from arl_tangram.controllers.failures import OUTAGE_AFTER_FAILURES, OUTAGE_RETRY_MIN_S, backoff_s
+from arl_tangram.controllers.failures import OUTAGE_AFTER_FAILURES, backoff_s
 from arl_tangram.dispatch.dispatcher import HostLoad, PoolStats
-from arl_tangram.domain.actions import Outage
+from arl_tangram.domain.actions import OUTAGE_RETRY_MIN_S, Outage
 from arl_tangram.domain.pools import PoolConfig, pool_config
 from arl_tangram.planner.plan import (
     InstanceAdd,
