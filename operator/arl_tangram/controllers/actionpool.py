@@ -22,7 +22,14 @@ from arl_tangram.api.actionpool import ActionPool
 from arl_tangram.api.meta import ActStats
 from arl_tangram.api.validation import invalid_spec
 from arl_tangram.controllers.conditions import ConditionReason, ConditionType, set_condition
-from arl_tangram.controllers.failures import UNSCHEDULABLE_AFTER_S, FailureStreaks, Waits, backoff_s, outage
+from arl_tangram.controllers.failures import (
+    UNSCHEDULABLE_AFTER_S,
+    FailureStreaks,
+    Waits,
+    backoff_s,
+    cannot_start,
+    outage,
+)
 from arl_tangram.dispatch.dispatcher import Dispatcher, HostEndpoint, PoolStats
 from arl_tangram.domain.actions import Outage
 from arl_tangram.domain.batches import act_stats
@@ -100,8 +107,7 @@ def pool_outage(cfg: PoolConfig, observed: PoolObservation, ops: Sequence[Operat
     live = [h for h in observed.hosts if h.phase != "terminating"]
     if cfg.mode == "dedicated":
         # A pod serves one session for its life: one a session holds is no host for a new one.
-        loads = observed.stats.hosts if observed.stats else {}
-        used = {name for name, load in loads.items() if load.sessions or load.running}
+        used = _used(observed.stats)
         live = [dataclasses.replace(h, phase="draining") if h.name in used else h for h in live]
     return outage(
         f"pool {cfg.key} has no host",
@@ -166,14 +172,19 @@ def reconcile_actionpool(
     return _status(cfg, live, observed, ops, now), ops
 
 
+def _used(stats: PoolStats | None) -> set[str]:
+    """Hosts that run an action or hold a session (a dedicated pod's: its one trajectory)."""
+    loads = stats.hosts if stats else {}
+    return {h for h, load in loads.items() if load.running or load.sessions}
+
+
 def _dedicated(
     cfg: PoolConfig, live: Sequence[HostObservation], gone: set[str], stats: PoolStats | None
 ) -> list[Operation]:
     """One pod per session, created for a session that waits for one and deleted when its session
     has ended (a pod is never handed to a second trajectory: that is the layout this mode keeps)."""
     ops: list[Operation] = []
-    loads = stats.hosts if stats else {}
-    used = {h for h, load in loads.items() if load.running or load.sessions}
+    used = _used(stats)
     for h in live:
         if h.name in gone:
             continue
@@ -229,14 +240,13 @@ def _status(
     starting = [h for h in live if h.phase == "starting"]
     failed = [h for h in live if h.phase == "failed"]
     pending = [h for h in starting if h.pending]
-    stalled = [h for h in starting if h.stalled]
     gen = cfg.generation
     conds: list[dict[str, Any]] = [dict(c) for c in observed.conditions]
     act: ActStats | None = act_stats(stats.act_recent_s, 300) if stats else None
     queue = stats.queued_actions if stats else 0
     lo, _ = cfg.desired_bounds
     stuck = bool(pending) and observed.unschedulable_for_s >= UNSCHEDULABLE_AFTER_S
-    cannot_start = bool(stalled) and observed.stalled_for_s >= UNSCHEDULABLE_AFTER_S
+    stalled = cannot_start("host", starting, observed.stalled_for_s)
     unplaceable = _unplaceable(cfg, observed.plan)
     if ready:
         conds = set_condition(
@@ -262,15 +272,9 @@ def _status(
             gen,
             now,
         )
-    elif cannot_start:
+    elif stalled:
         conds = set_condition(
-            conds,
-            ConditionType.READY,
-            False,
-            ConditionReason.HOSTS_CANNOT_START,
-            f"host {stalled[0].name} cannot start: {stalled[0].stalled}",
-            gen,
-            now,
+            conds, ConditionType.READY, False, ConditionReason.HOSTS_CANNOT_START, stalled, gen, now
         )
     elif lo == 0 and not starting:
         conds = set_condition(
@@ -350,15 +354,9 @@ def _status(
             gen,
             now,
         )
-    elif cannot_start:
+    elif stalled:
         conds = set_condition(
-            conds,
-            ConditionType.DEGRADED,
-            True,
-            ConditionReason.HOSTS_CANNOT_START,
-            f"host {stalled[0].name} cannot start: {stalled[0].stalled}",
-            gen,
-            now,
+            conds, ConditionType.DEGRADED, True, ConditionReason.HOSTS_CANNOT_START, stalled, gen, now
         )
     elif failed or observed.since_failure_s < backoff_s(observed.failures):
         cause = failed[0].failure if failed else observed.last_failure

@@ -74,6 +74,16 @@ class Waits:
         self._since.pop(key, None)
 
 
+def cannot_start(noun: str, hosts: Iterable[HostObservation], stalled_for_s: float) -> str | None:
+    """ "host X cannot start: <the kubelet's reason>" (``noun`` for "host") once some host's
+    container has waited ``stalled_for_s`` >= ``UNSCHEDULABLE_AFTER_S`` on what is not a normal
+    start (``HostObservation.stalled``); None before, or when none is stalled."""
+    if stalled_for_s < UNSCHEDULABLE_AFTER_S:
+        return None
+    stalled = next((h for h in hosts if h.stalled), None)
+    return None if stalled is None else f"{noun} {stalled.name} cannot start: {stalled.stalled}"
+
+
 def outage(
     what: str,
     noun: str,
@@ -107,11 +117,9 @@ def outage(
         return Outage(
             f"{what}: {noun} {pending[0].name} cannot be placed: {pending[0].pending}", UNSCHEDULABLE_AFTER_S
         )
-    stalled = [h for h in starting if h.stalled]
-    if stalled and stalled_for_s >= UNSCHEDULABLE_AFTER_S:
-        return Outage(
-            f"{what}: {noun} {stalled[0].name} cannot start: {stalled[0].stalled}", UNSCHEDULABLE_AFTER_S
-        )
+    stalled = cannot_start(noun, starting, stalled_for_s)
+    if stalled:
+        return Outage(f"{what}: {stalled}", UNSCHEDULABLE_AFTER_S)
     left = backoff_s(failures) - since_failure_s
     if failures >= OUTAGE_AFTER_FAILURES and left > 0 and not starting:
         return Outage(

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from arl_tangram.api.rewardmodelservice import PlacementState, RewardModelService
 from arl_tangram.api.validation import invalid_spec
 from arl_tangram.controllers.conditions import ConditionReason, ConditionType, set_condition
-from arl_tangram.controllers.failures import UNSCHEDULABLE_AFTER_S, FailureStreaks, Waits, backoff_s, outage
+from arl_tangram.controllers.failures import FailureStreaks, Waits, backoff_s, cannot_start, outage
 from arl_tangram.dispatch.agent import AgentClient
 from arl_tangram.dispatch.rewards import RewardRouter, ServiceStats
 from arl_tangram.domain.actions import Outage
@@ -202,8 +202,7 @@ def reconcile_rewardmodelservice(
     gen = cfg.generation
     conds = [dict(c) for c in observed.conditions]
     pending = [r for r in serving if r.pending]
-    stalled = [r for r in serving if r.stalled]
-    cannot_start = bool(stalled) and observed.stalled_for_s >= UNSCHEDULABLE_AFTER_S
+    stalled = cannot_start("replica", serving, observed.stalled_for_s)
     creating = sum(isinstance(o, CreateReplica) for o in ops)
     chosen_by = f"; {DEVICE_PLUGIN_CHOICE}" if by_plugin and (serving or creating) else ""
     if ready:
@@ -241,15 +240,9 @@ def reconcile_rewardmodelservice(
             gen,
             now,
         )
-    elif cannot_start:
+    elif stalled:
         conds = set_condition(
-            conds,
-            ConditionType.READY,
-            False,
-            ConditionReason.HOSTS_CANNOT_START,
-            f"replica {stalled[0].name} cannot start: {stalled[0].stalled}",
-            gen,
-            now,
+            conds, ConditionType.READY, False, ConditionReason.HOSTS_CANNOT_START, stalled, gen, now
         )
     else:
         conds = set_condition(
@@ -295,15 +288,9 @@ def reconcile_rewardmodelservice(
             gen,
             now,
         )
-    elif cannot_start:
+    elif stalled:
         conds = set_condition(
-            conds,
-            ConditionType.DEGRADED,
-            True,
-            ConditionReason.HOSTS_CANNOT_START,
-            f"replica {stalled[0].name} cannot start: {stalled[0].stalled}",
-            gen,
-            now,
+            conds, ConditionType.DEGRADED, True, ConditionReason.HOSTS_CANNOT_START, stalled, gen, now
         )
     else:
         conds = set_condition(
