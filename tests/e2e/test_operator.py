@@ -13,6 +13,8 @@ import asyncio
 import json
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -109,6 +111,29 @@ def _agents_ran(cluster: Cluster, ns: str) -> int:
         if ip and not pod["metadata"].get("deletionTimestamp"):
             total += sum(http_get_json(f"http://{ip}:8080/v1/health")["outcomes"].values())
     return total
+
+
+def _run_code(
+    operator: Operator, namespace: str, body: dict[str, Any], headers: dict[str, str]
+) -> tuple[int, dict[str, Any], Any]:
+    """POST /run_code to the leader's gateway for pool ``py`` of ``namespace``: status, JSON answer
+    and headers, an error status included."""
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{operator.leader().port}/run_code",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "X-Tangram-Namespace": namespace,
+            "X-Tangram-Pool": "py",
+            **headers,
+        },
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return resp.status, json.loads(resp.read()), resp.headers
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}"), exc.headers
 
 
 def _sleepers(n: int, seconds: float, prefix: str = "a") -> list[dict[str, Any]]:
@@ -601,9 +626,6 @@ def test_a_pool_whose_hosts_cannot_start_refuses_callers_holds_batches_and_serve
     it lacks) is named in the pool's conditions; a caller on the wire hears it at once (504
     SandboxError on /run_code, with Retry-After) instead of waiting until it gives up; a batch
     waits, its status saying why; once the template is fixed the batch's actions run."""
-    import urllib.error
-    import urllib.request
-
     why = "breaks non-root policy"
     _pool(
         cluster,
@@ -638,24 +660,13 @@ def test_a_pool_whose_hosts_cannot_start_refuses_callers_holds_batches_and_serve
         timeout=60,
     )
     token = trainer_token(cluster, namespace)
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{operator.leader().port}/run_code",
-        data=json.dumps({"code": "print(1)", "language": "python"}).encode(),
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "Authorization": f"Bearer {token}",
-            "X-Tangram-Namespace": namespace,
-            "X-Tangram-Pool": "py",
-        },
-    )
     started = time.monotonic()
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(req, timeout=120)
+    status, answer, headers = _run_code(
+        operator, namespace, {"code": "print(1)", "language": "python"}, {"Authorization": f"Bearer {token}"}
+    )
     assert time.monotonic() - started < 10, "the caller was left waiting"
-    answer = json.loads(refused.value.read())
-    assert refused.value.code == 504 and answer["status"] == "SandboxError", answer
-    assert why in answer["message"] and int(refused.value.headers["Retry-After"]) > 0, answer
+    assert status == 504 and answer["status"] == "SandboxError", answer
+    assert why in answer["message"] and int(headers["Retry-After"]) > 0, answer
     cluster.custom.patch_namespaced_custom_object(
         GROUP, VERSION, namespace, "actionpools", "py", {"spec": {"template": {"podSpec": None}}}
     )
@@ -763,9 +774,6 @@ def test_the_leaders_gateway_serves_run_code_to_a_token_with_rbac_only(
     """Trainers reach the operator's gateway with their ServiceAccount's token; RBAC on
     ActionBatches in the pool's namespace decides (the gateway's own suite covers the cases in
     depth; this checks the operator serves it with its own credentials)."""
-    import urllib.error
-    import urllib.request
-
     _pool(cluster, namespace, scaling={"minHosts": 1})
     cluster.kubectl("create", "serviceaccount", "trainer", "-n", namespace)
     cluster.kubectl(
@@ -789,26 +797,10 @@ def test_the_leaders_gateway_serves_run_code_to_a_token_with_rbac_only(
     token = cluster.kubectl(
         "create", "token", "trainer", "-n", namespace, "--audience=tangram-gateway"
     ).stdout.strip()
-    leader = operator.leader()
-    body = json.dumps({"code": "print(sum(range(10)))", "language": "python"}).encode()
+    body = {"code": "print(sum(range(10)))", "language": "python"}
 
     def call(headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{leader.port}/run_code",
-            data=body,
-            method="POST",
-            headers={
-                "Content-Type": "application/json",
-                "X-Tangram-Namespace": namespace,
-                "X-Tangram-Pool": "py",
-                **headers,
-            },
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=120) as resp:
-                return resp.status, json.loads(resp.read())
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"{}")
+        return _run_code(operator, namespace, body, headers)[:2]
 
     status, answer = call({"Authorization": f"Bearer {token}"})
     assert status == 200 and answer["status"] == "Success", answer

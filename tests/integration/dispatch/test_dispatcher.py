@@ -16,9 +16,11 @@ import aiohttp
 import pytest
 import requests
 from aiohttp import web
+from dispatch_harness import NS
+from dispatch_harness import endpoint as _endpoint
+from dispatch_harness import pool_for_tests as _pool
 from sandbox_agent_harness import Agent, processes_of, start_agent, stop_agent, wait_until
 
-from arl_tangram.api.actionpool import ActionPool
 from arl_tangram.dispatch.agent import AgentClient
 from arl_tangram.dispatch.dispatcher import (
     BOOK_AHEAD_RUNS,
@@ -28,30 +30,7 @@ from arl_tangram.dispatch.dispatcher import (
     agent_key,
 )
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
-from arl_tangram.domain.pools import PoolConfig, pool_config
 from arl_tangram.errors import InfrastructureError, NotFound, NotReady, QueueFull
-
-NS = "team-a"
-
-
-def _pool(name: str = "py", **scaling: object) -> PoolConfig:
-    model = ActionPool.model_validate(
-        {
-            "metadata": {"name": name, "namespace": NS, "generation": 1},
-            "spec": {
-                "template": {"image": "sandbox:test", "resources": {"cpu": "2", "memory": "4Gi"}},
-                "languages": ["python", "bash"],
-                "limits": {"timeoutSeconds": 30, "memory": "1Gi", "maxCores": 2},
-                "scaling": scaling,
-            },
-        }
-    )
-    return pool_config(model, uid="uid-1")
-
-
-def _endpoint(agent: Agent, name: str) -> HostEndpoint:
-    health = requests.get(agent.url + "/v1/health", timeout=10).json()
-    return HostEndpoint(name, f"127.0.0.1:{agent.port}", tuple(health["cores"]["ids"]), 4 << 30)
 
 
 def _req(key: str, code: str, *, runtime: str = "python", **kw: object) -> ActionRequest:

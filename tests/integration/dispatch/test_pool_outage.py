@@ -11,24 +11,17 @@ import dataclasses
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-import requests
+from dispatch_harness import NS, pool_for_tests
+from dispatch_harness import endpoint as _endpoint
 from sandbox_agent_harness import Agent, start_agent, stop_agent
 
-from arl_tangram.api.actionpool import ActionPool
 from arl_tangram.dispatch.agent import AgentClient
-from arl_tangram.dispatch.dispatcher import Dispatcher, HostEndpoint
+from arl_tangram.dispatch.dispatcher import Dispatcher
 from arl_tangram.domain.actions import ActionRequest, Outage, Outcome, Reason
-from arl_tangram.domain.pools import pool_config
 from arl_tangram.errors import TargetUnavailable
 
-NS = "team-a"
 KEY = f"{NS}/py"
 OUTAGE = Outage(f"pool {KEY} has no host: host py-1 cannot start: container agent: ImagePullBackOff", 7.0)
-
-
-def _endpoint(agent: Agent, name: str, draining: bool = False) -> HostEndpoint:
-    health = requests.get(agent.url + "/v1/health", timeout=10).json()
-    return HostEndpoint(name, f"127.0.0.1:{agent.port}", tuple(health["cores"]["ids"]), 4 << 30, draining)
 
 
 def _req(key: str, code: str, session: str | None = None) -> ActionRequest:
@@ -53,13 +46,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
 async def dispatcher() -> AsyncIterator[Dispatcher]:
     client = AgentClient()
     d = Dispatcher(client)
-    model = ActionPool.model_validate(
-        {
-            "metadata": {"name": "py", "namespace": NS, "generation": 1},
-            "spec": {"template": {"image": "sandbox:test", "resources": {"cpu": "2", "memory": "4Gi"}}},
-        }
-    )
-    d.upsert_pool(pool_config(model, uid="uid-1"))
+    d.upsert_pool(pool_for_tests())
     await d.sync_hosts(KEY, [])  # known, and no host yet
     yield d
     await d.shutdown()

@@ -5,6 +5,7 @@ request go to the replacement instead of spending every attempt on the dead repl
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from arl_tangram.api.rewardmodelservice import RewardModelService
 from arl_tangram.dispatch.agent import ConnectFailed, Unreachable
 from arl_tangram.dispatch.dispatcher import Dispatcher
 from arl_tangram.dispatch.rewards import RewardRouter
-from arl_tangram.domain.actions import ActionRequest, Outage, Outcome
+from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outage, Outcome
 from arl_tangram.domain.services import service_config
 from arl_tangram.errors import InfrastructureError, QueueFull, TargetUnavailable
 
@@ -131,6 +132,25 @@ class SlowReplica(FakeReplicas):
         return {"scores": [0.5], "restore_s": 0.0, "queue_s": 0.0, "exec_s": 0.001}
 
 
+async def _call(
+    replica: SlowReplica,
+    router: RewardRouter,
+    run: Callable[[ActionRequest], Coroutine[Any, Any, ActionOutcome]],
+) -> asyncio.Task[ActionOutcome]:
+    """``run`` a request with ``router``'s one replica, and return once the replica holds its call."""
+    router.sync("ns/rm", [("rm-0", "10.0.0.1:8000")])
+    running = asyncio.create_task(run(_request()))
+    await asyncio.wait_for(replica.called.wait(), 5)
+    return running
+
+
+async def _calling() -> tuple[SlowReplica, RewardRouter, asyncio.Task[ActionOutcome]]:
+    """A router whose one replica holds a request's call (``SlowReplica``)."""
+    replica = SlowReplica()
+    router = _router(replica)
+    return replica, router, await _call(replica, router, router.run)
+
+
 async def test_a_cancelled_request_stops_waiting_for_a_replica_and_frees_its_place() -> None:
     router = _router(FakeReplicas({}))  # no replica yet: the request waits for one (a cold start)
     running = asyncio.create_task(router.run(_request()))
@@ -146,11 +166,7 @@ async def test_a_cancelled_request_stops_waiting_for_a_replica_and_frees_its_pla
 
 
 async def test_a_cancelled_request_closes_its_call_to_the_replica() -> None:
-    replica = SlowReplica()
-    router = _router(replica)
-    router.sync("ns/rm", [("rm-0", "10.0.0.1:8000")])
-    running = asyncio.create_task(router.run(_request()))
-    await asyncio.wait_for(replica.called.wait(), 5)
+    replica, router, running = await _calling()
     assert router.stats("ns/rm").running == 1  # type: ignore[union-attr]
     assert router.cancel("b/r0") is True
     outcome = await asyncio.wait_for(running, 5)
@@ -160,11 +176,7 @@ async def test_a_cancelled_request_closes_its_call_to_the_replica() -> None:
 
 
 async def test_a_caller_cancelled_cancels_its_request_and_is_cancelled_itself() -> None:
-    replica = SlowReplica()
-    router = _router(replica)
-    router.sync("ns/rm", [("rm-0", "10.0.0.1:8000")])
-    running = asyncio.create_task(router.run(_request()))
-    await asyncio.wait_for(replica.called.wait(), 5)
+    replica, router, running = await _calling()
     running.cancel()
     try:
         await running
@@ -179,9 +191,7 @@ async def test_the_dispatcher_cancels_a_reward_action_by_its_key() -> None:
     replica = SlowReplica()
     dispatcher = Dispatcher(replica)  # type: ignore[arg-type]
     dispatcher.rewards = _router(replica)
-    dispatcher.rewards.sync("ns/rm", [("rm-0", "10.0.0.1:8000")])
-    running = asyncio.create_task(dispatcher.run(_request()))
-    await asyncio.wait_for(replica.called.wait(), 5)
+    running = await _call(replica, dispatcher.rewards, dispatcher.run)
     assert await dispatcher.cancel("b/r0") is True
     outcome = await asyncio.wait_for(running, 5)
     assert outcome.state is Outcome.CANCELLED and replica.aborted == 1
