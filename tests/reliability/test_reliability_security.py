@@ -51,7 +51,7 @@ DISK_FILL = (
     "except OSError as e:\n"
     "    print('STOPPED_AT_MB', n, type(e).__name__)\n"
 )
-# Files under the per-file limit, one after another: what bounds an action's disk in all.
+# Files under the per-file limit, one after another, 192 MB in all: past the pool's workdir limit.
 DISK_MANY = (
     "total = 0\n"
     "try:\n"
@@ -117,7 +117,7 @@ def _code(aid: str, code: str, timeout_s: int = 20) -> dict[str, Any]:
 def test_hostile_code_through_a_pool_is_contained_and_the_host_survives(
     cluster: Cluster, namespace: str, operator: Operator
 ) -> None:
-    make_pool(cluster, namespace, "sec", hosts=1, limits={"memory": "256Mi"})
+    make_pool(cluster, namespace, "sec", hosts=1, limits={"memory": "256Mi", "workdir": "128Mi"})
     [(host, ip)] = live_agents(cluster, namespace, "sec").items()
     actions = [
         _code("fork-bomb", FORK_BOMB, timeout_s=3),
@@ -147,9 +147,9 @@ def test_hostile_code_through_a_pool_is_contained_and_the_host_survives(
     assert r["fd-exhaustion"]["state"] == "Failed"
     assert "survived" in out["kill-all"]
     assert "STOPPED_AT_MB" in out["disk-fill"], out["disk-fill"]
-    # Known limit: the disk is bounded per file (RLIMIT_FSIZE), not per action: files under the
-    # limit add up (the row records how far).
-    assert out["disk-many-files"].startswith(("TOTAL_MB", "STOPPED_AT_MB")), out["disk-many-files"]
+    # Files under the per-file limit add up to the workdir's (limits.workdir), and stop there.
+    many = out["disk-many-files"].split()
+    assert many[0] == "STOPPED_AT_MB" and 120 <= int(many[1]) <= 128 and many[2] == "OSError", many
     assert "TOKEN False" in out["token"], out["token"]
     assert r["after"]["state"] == "Succeeded" and out["after"].strip() == "fine"
     # The same host, alive, running nothing, and its agent never restarted.

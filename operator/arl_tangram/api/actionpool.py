@@ -116,6 +116,10 @@ class SandboxHostTemplate(TangramModel):
         return env
 
 
+# A workdir holds at most one file (or directory) per this many bytes of its size limit.
+WORKDIR_BYTES_PER_FILE = 16 << 10
+
+
 class ActionLimits(TangramModel):
     """Limits that apply to every action the pool runs."""
 
@@ -128,6 +132,13 @@ class ActionLimits(TangramModel):
     memory: PositiveQuantity = Field(
         default="1Gi",
         description="Memory limit of one action (address space of its processes), e.g. 2Gi.",
+    )
+    workdir: PositiveQuantity = Field(
+        default="1Gi",
+        description="Most one action's (or one session's) working directory may hold, e.g. 4Gi; its "
+        f"files and directories are bounded too, one per {WORKDIR_BYTES_PER_FILE >> 10}Ki of it. "
+        "Workdirs are held in the host's memory: a write past the limit fails with ENOSPC, as on a "
+        "full disk, instead of filling the host.",
     )
     max_output_bytes: int = Field(
         default=1048576,

@@ -44,6 +44,7 @@ class PoolLimits:
 
     timeout_s: float
     memory_bytes: int
+    workdir_bytes: int
     max_output_bytes: int
     max_processes: int
     max_cores: int
@@ -53,6 +54,12 @@ class PoolLimits:
         """The memory an action may have, in MB, as the agents are told it (``--max-memory-mb``; 16
         at least, the agent's floor) and as the dispatcher holds requests to it."""
         return max(16, self.memory_bytes >> 20)
+
+    @property
+    def workdir_mb(self) -> int:
+        """An action's workdir limit in MB as the agents are told it (``--workdir-mb``; 1 at least:
+        0 would mean none)."""
+        return max(1, self.workdir_bytes >> 20)
 
 
 @dataclass(frozen=True)
@@ -191,6 +198,7 @@ def pool_config(pool: ActionPool, uid: str = "") -> PoolConfig:
         limits=PoolLimits(
             timeout_s=float(spec.limits.timeout_seconds),
             memory_bytes=quantity_bytes(spec.limits.memory),
+            workdir_bytes=quantity_bytes(spec.limits.workdir),
             max_output_bytes=spec.limits.max_output_bytes,
             max_processes=spec.limits.max_processes,
             max_cores=min(spec.limits.max_cores, whole_cores(res.cpu, "spec.template.resources.cpu")),

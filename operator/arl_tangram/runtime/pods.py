@@ -64,6 +64,7 @@ def agent_args(pool: PoolConfig) -> list[str]:
         f"--max-timeout={lim.timeout_s:g}",
         f"--memory-mb={memory_mb}",
         f"--max-memory-mb={memory_mb}",
+        f"--workdir-mb={lim.workdir_mb}",
         f"--nproc={lim.max_processes}",
         f"--output-bytes={lim.max_output_bytes}",
         f"--max-sessions={pool.sessions_per_host}",

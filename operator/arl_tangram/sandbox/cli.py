@@ -15,6 +15,7 @@ from aiohttp import web
 
 from arl_tangram.errors import InfrastructureError, InvalidSpec
 from arl_tangram.loop import stop_on_signals
+from arl_tangram.sandbox import isolation
 from arl_tangram.sandbox.config import AgentConfig, Limits
 from arl_tangram.sandbox.server import build_app
 
@@ -135,6 +136,12 @@ def main(argv: list[str]) -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    if config.limits.workdir_mb > 0:
+        # Here, while this process has one thread: a mount namespace is a thread's own, and every
+        # thread started later (the janitor's) must share this one.
+        why = isolation.own_mount_namespace(config.workdir_root)
+        if why is not None:
+            log.warning("no mount namespace of the agent's own (%s): workdirs cannot be bounded", why)
     try:
         asyncio.run(serve(config))
     except InfrastructureError as exc:  # the fork server could not start: say why, no traceback

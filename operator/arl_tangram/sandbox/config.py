@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field
 from typing import Any
 
+from arl_tangram.api.actionpool import WORKDIR_BYTES_PER_FILE
 from arl_tangram.errors import InvalidSpec
 
 RUNTIMES = ("python", "bash", "pytest")
@@ -148,6 +149,15 @@ class Limits:
     # it: a program that raises its soft limit to the hard one, as Go's runtime does, stays here.)
     nofile: int = setting(1024, flag="--nofile", help="open files per process")
     fsize_mb: int = setting(64, flag="--fsize-mb", help="largest file an action may write (MB)")
+    # Its own tmpfs per workdir (workfiles.make_workdir): the agent's workdirs are memory, and a
+    # pod's memory is its limit's. Beyond it a write fails as on a full disk; 0 leaves it unbounded.
+    workdir_mb: int = setting(
+        1024,
+        flag="--workdir-mb",
+        help="most an action's (and a session's) workdir may hold (MB; its files are bounded too, one per "
+        f"{WORKDIR_BYTES_PER_FILE >> 10} KiB of it): a write past it fails with ENOSPC, as on a full disk; "
+        "0: no limit",
+    )
     output_bytes: int = setting(8 << 20, flag="--output-bytes", help="cap on stdout and on stderr (bytes)")
 
 
@@ -284,3 +294,5 @@ class AgentConfig:
             raise InvalidSpec("timeout", "the default timeout must be positive and at most the maximum")
         if self.limits.memory_mb > self.limits.max_memory_mb:
             raise InvalidSpec("memory-mb", "the default memory limit exceeds the maximum")
+        if self.limits.workdir_mb < 0:
+            raise InvalidSpec("workdir-mb", "must be 0 (no limit) or more MB")

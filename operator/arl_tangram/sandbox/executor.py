@@ -137,9 +137,11 @@ class Session:
 
 
 class Janitor:
-    """One long-lived thread deleting finished workdirs, so that no request waits on ``rmtree``."""
+    """One long-lived thread deleting finished workdirs, so that no request waits on ``rmtree``
+    (nor on an unmount: ``mounted``, each workdir is a tmpfs of its own)."""
 
-    def __init__(self) -> None:
+    def __init__(self, mounted: bool = False) -> None:
+        self.mounted = mounted
         self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="tangram-janitor", daemon=True)
         self._thread.start()
@@ -149,7 +151,7 @@ class Janitor:
             path = self._queue.get()
             if path is None:
                 return
-            workfiles.remove_tree(path)
+            workfiles.remove_tree(path, self.mounted)
 
     def remove(self, path: str) -> None:
         """Queue ``path`` for deletion."""
@@ -173,6 +175,8 @@ class Executor:
         self.sessions: dict[str, Session] = {}
         self.isolation: dict[str, Any] = {}
         self.root = config.workdir_root
+        # Each workdir's size limit, its own tmpfs (0: none), once ``start`` knows it can mount them.
+        self.workdir_mb = 0
         # Languages beyond Python: their toolchains are found in ``start``.
         self.builder = Builder(
             Detection({}, {}), config.limits.max_timeout_s, compile_memory_mb=config.limits.memory_mb
@@ -196,6 +200,8 @@ class Executor:
     async def start(self) -> list[str]:
         """Create the workdir root, start the fork server; returns the isolation warnings."""
         self.root = _prepare_root(self.root)
+        if isolation.shared_root(self.root):  # the command made it so (cli: own_mount_namespace)
+            self.workdir_mb = self.config.limits.workdir_mb
         self.builder.detection = await asyncio.to_thread(detect)
         if self.run_as_root:
             base = self.config.uid_base
@@ -219,6 +225,7 @@ class Executor:
             # The zygote's own environment: an action's differs from it in a few variables.
             "base_env": self._env(self.root, 1),
             "writable": [self.root],
+            "workdir_mounts": bool(self.workdir_mb),
             "cores": self.config.cores,
             "readable": [*_runtime_paths(), *self.builder.detection.readable()],
         }
@@ -231,10 +238,10 @@ class Executor:
         except BaseException:
             # Nothing was served: leave nothing behind (the workdir root is ours alone).
             await self.server.close()
-            workfiles.remove_tree(self.root)
+            self._remove_root()
             raise
-        self.isolation = hello["isolation"]
-        self._janitor = Janitor()
+        self.isolation = {**hello["isolation"], "workdir_mb": self.workdir_mb}
+        self._janitor = Janitor(mounted=bool(self.workdir_mb))
         self._reaper = asyncio.create_task(self._expire_sessions())
         self._adopt_orphans()
         return _isolation_warnings(self.isolation)
@@ -273,7 +280,11 @@ class Executor:
                 await self.server.close()
         if self._janitor is not None:
             self._janitor.stop()
-        workfiles.remove_tree(self.root)
+        self._remove_root()
+
+    def _remove_root(self) -> None:
+        # The root's own mount (isolation.own_mount_namespace) first, with every workdir under it.
+        workfiles.remove_tree(self.root, mounted=isolation.shared_root(self.root))
 
     @property
     def waiting(self) -> int:
@@ -480,13 +491,17 @@ class Executor:
         self._seq += 1
         workdir = os.path.join(self.root, f"a{self._seq}")
         try:
-            if spec.files:
-                workfiles.make_workdir(workdir, uid)
+            # A tmpfs of its own is made here, files or not; a plain directory only for files (the
+            # fork server makes an empty one, and removes it when the action left it empty).
+            if spec.files or self.workdir_mb:
+                workfiles.make_workdir(workdir, uid, self.workdir_mb)
                 for path, data in spec.files.items():
                     workfiles.write_file(workdir, f"files[{path!r}]", path, data, uid)
 
             msg = self._message(spec, uid, workdir, want, timeout_s, limits)
-            msg["remove_workdir"] = not spec.fetch_files
+            msg["remove_workdir"] = not spec.fetch_files and not self.workdir_mb
+            if self.workdir_mb and not spec.files:
+                msg["workdir_made"] = True
             build = await self.builder.prepare(
                 spec.runtime,
                 spec.files,
@@ -602,13 +617,20 @@ class Executor:
         }
 
     def _fetch(self, workdir: str, paths: list[str]) -> tuple[dict[str, bytes | None], list[str]]:
-        """The files the request asked back, and why any of them is ``None`` beyond being absent.
+        """The files the request asked back, and why any of them is ``None`` beyond being absent;
+        and a note when the workdir is full (a write in it may have failed for want of room).
 
         The action has run by now: a file over the per-file limit, or over what one response
         carries in all, comes back as ``None`` with a note, never as an error that loses the result.
         """
         files: dict[str, bytes | None] = {}
         notes: list[str] = []
+        if self.workdir_mb and workfiles.full(workdir):
+            mb = self.workdir_mb
+            notes.append(
+                f"the workdir is full (its limit: {mb} MB and {workfiles.workdir_files(mb)} files and "
+                "directories): a write past it failed with ENOSPC, 'No space left on device'"
+            )
         budget = self.config.max_fetch_bytes
         for path in paths:
             field = f"fetch_files[{path!r}]"
@@ -692,7 +714,13 @@ class Executor:
     def _discard_workdir(self, workdir: str, uid: int | None) -> None:
         """Hand a workdir to the janitor, first out of reach of ``uid``, which goes back to the pool
         now: whoever gets it next must not walk into what the last holder left (workdir names are
-        guessable, and a tree of many files may keep the janitor busy for seconds)."""
+        guessable, and a tree of many files may keep the janitor busy for seconds).
+
+        A workdir of its own tmpfs is detached here instead, at once and from every namespace, its
+        files with it (an unmount costs no walk, however many files): nobody can walk into it.
+        """
+        if self.workdir_mb and workfiles.detach(workdir):
+            return
         if uid is not None:
             try:
                 workfiles.seal(workdir)
@@ -701,7 +729,7 @@ class Executor:
         if self._janitor is not None:
             self._janitor.remove(workdir)
         else:
-            workfiles.remove_tree(workdir)
+            workfiles.remove_tree(workdir, mounted=bool(self.workdir_mb))
 
     # ---- sessions ---------------------------------------------------------------------------------
     async def create_session(
@@ -723,7 +751,7 @@ class Executor:
         uid = self._session_uids.popleft() if self.run_as_root else None
         sid = secrets.token_hex(8)
         workdir = os.path.join(self.root, f"s-{sid}")
-        workfiles.make_workdir(workdir, uid)
+        workfiles.make_workdir(workdir, uid, self.workdir_mb)
         session = Session(
             id=sid,
             uid=uid,

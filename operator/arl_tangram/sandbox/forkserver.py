@@ -372,6 +372,7 @@ class ForkServer:
             list(self.config.get("writable", [])),
             list(self.config.get("readable", [])),
             pid_namespace=not self.config.get("no_pid_namespace"),
+            workdir_mounts=bool(self.config.get("workdir_mounts")),
         )
         try:
             # Once here instead of in every child: it is inherited by every fork and exec and can
@@ -746,6 +747,8 @@ class ForkServer:
         """Whether the workdir is new (else the agent made it, with the request's files)."""
         # Here rather than in the child: a few system calls in this process, instead of the child's
         # copy-on-write faults on every Python object the same work touches there.
+        if msg.get("workdir_made"):
+            return True  # the agent mounted it (workfiles.make_workdir), empty
         uid = msg.get("uid")
         try:
             os.mkdir(msg["workdir"], 0o700)

@@ -45,6 +45,9 @@ MS_REMOUNT = 32
 MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
+MS_SLAVE = 1 << 19
+MS_SHARED = 1 << 20
+UMOUNT_NOFOLLOW = 8
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
@@ -256,6 +259,35 @@ def umount2(target: str, flags: int) -> None:
     _check(_libc.umount2(target.encode(), ctypes.c_int(flags)), f"umount {target}")
 
 
+# The workdir root this process made a shared mount of, in a mount namespace of its own
+# (``own_mount_namespace``); "" until then.
+_shared_root = ""
+
+
+def own_mount_namespace(root: str) -> str | None:
+    """Give this process (single-threaded: the agent, before its loop starts) a mount namespace of
+    its own, where ``root`` is a shared mount: workdirs mounted under it later
+    (``workfiles.make_workdir``) reach the fork server's namespace and every action's, which are its
+    slaves, and all of them go with this process, however it ends. ``None`` if done, else why not."""
+    global _shared_root
+    real = os.path.realpath(root)
+    try:
+        os.makedirs(real, mode=0o711, exist_ok=True)
+        unshare(CLONE_NEWNS)
+        mount("none", "/", None, MS_REC | MS_PRIVATE)
+        mount(real, real, None, MS_BIND)
+        mount("none", real, None, MS_SHARED)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    _shared_root = real
+    return None
+
+
+def shared_root(root: str) -> bool:
+    """Whether ``root`` is the shared mount ``own_mount_namespace`` made in this process."""
+    return bool(_shared_root) and os.path.realpath(root) == _shared_root
+
+
 def own_proc() -> None:
     """Give the calling process, the first of its PID namespace's actions in a mount namespace of
     its own, a /proc of that PID namespace: it sees its own processes only, under the PIDs they
@@ -446,6 +478,7 @@ class Isolation:
         own_proc: bool = False,
         seccomp: bool = False,
         own_ipc: bool = False,
+        workdir_mb: int = 0,
     ) -> None:
         self.per_action_uid = per_action_uid
         self.pid_namespace = pid_namespace
@@ -458,6 +491,7 @@ class Isolation:
         self.own_proc = own_proc  # each action its own /proc (of its PID namespace)
         self.seccomp = seccomp  # each action under the seccomp filter (seccomp.py)
         self.own_ipc = own_ipc  # each action its own System V / POSIX IPC objects
+        self.workdir_mb = workdir_mb  # each workdir a tmpfs of this size (the agent's, not the fork server's)
 
     def as_dict(self) -> dict[str, object]:
         """Plain dict (for the wire and for /v1/health)."""
@@ -472,6 +506,7 @@ class Isolation:
             "own_proc": self.own_proc,
             "seccomp": self.seccomp,
             "own_ipc": self.own_ipc,
+            "workdir_mb": self.workdir_mb,
             "notes": list(self.notes),
         }
 
@@ -509,6 +544,12 @@ class Isolation:
             )
         if not self.private_tmp:
             lines.append("no private mount namespace: actions can write to /tmp and /dev/shm")
+        if not self.workdir_mb:
+            lines.append(
+                "no workdir size limit: an action can fill this host's memory with files (--workdir-mb; "
+                "each workdir is a tmpfs of its own where the agent, as root with CAP_SYS_ADMIN, has a "
+                "mount namespace of its own)"
+            )
         if self.pid_namespace and self.private_tmp and not self.own_proc:
             lines.append(
                 "no /proc per action: actions see the host pod's /proc (other actions' command lines "
@@ -573,7 +614,11 @@ def _under(path: str, top: str) -> bool:
 
 
 def enter_private_namespaces(
-    network_allowed: bool, writable: list[str], readable: list[str], pid_namespace: bool = True
+    network_allowed: bool,
+    writable: list[str],
+    readable: list[str],
+    pid_namespace: bool = True,
+    workdir_mounts: bool = False,
 ) -> Isolation:
     """Move the calling process into its own network and mount namespaces, as far as permitted.
 
@@ -582,6 +627,11 @@ def enter_private_namespaces(
     installation the actions run) are bind-mounted back at their own paths when they lie under a
     cover, the latter read-only: actions then reach the runtime even when it lives under a private
     home directory, and see nothing else there.
+
+    ``workdir_mounts``: the agent mounts each workdir under the workdir root, a shared mount in its
+    own namespace (``own_mount_namespace``), where nothing else is shared. Every mount here is then
+    made a slave rather than private: the root's copies (and their binds, in this namespace and in
+    every action's, made from it) receive those workdirs, and nothing made here goes back.
     """
     iso = Isolation(network_allowed=network_allowed, per_action_uid=can_switch_uid())
     notes: list[str] = []
@@ -596,7 +646,7 @@ def enter_private_namespaces(
     try:
         covers = _covers(writable, readable)
         unshare(CLONE_NEWNS)
-        mount("none", "/", None, MS_REC | MS_PRIVATE)
+        mount("none", "/", None, MS_REC | (MS_SLAVE if workdir_mounts else MS_PRIVATE))
         # Handles taken inside the new namespace (a bind source must belong to it), before covering.
         handles = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in writable + readable}
         for cover in covers:

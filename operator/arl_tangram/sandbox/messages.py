@@ -29,6 +29,7 @@ class RunMessage(TypedDict):
     limits: dict[str, int]  # "cpu", "as", "data" (exec'd languages), "nproc", "nofile", "fsize"
     cap: int  # bytes kept of stdout and of stderr each
     remove_workdir: NotRequired[bool]
+    workdir_made: NotRequired[bool]  # the agent made the workdir, empty (a tmpfs of its own)
     sid: NotRequired[str]  # interp_run: the session
     # Filled in by the manager before the zygote forks it:
     cores: NotRequired[list[int]]

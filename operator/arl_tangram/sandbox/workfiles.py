@@ -11,9 +11,17 @@ import os
 import shutil
 import stat
 
+from arl_tangram.api.actionpool import WORKDIR_BYTES_PER_FILE
 from arl_tangram.errors import InvalidSpec
+from arl_tangram.sandbox import isolation
 
 MAX_PATH_PARTS = 32
+# A workdir is a tmpfs of its own (``make_workdir``) sized by ``--workdir-mb``: its files are the
+# host's memory (a pod's, its limit's), and without a bound one action could fill it with files,
+# each under ``--fsize-mb``, until the kubelet killed the host and every action on it. tmpfs counts
+# bytes, not files, and each file costs the kernel about a kilobyte besides: files are bounded too,
+# one per WORKDIR_BYTES_PER_FILE of the size (65,536 for 1 GiB: a checkout of a large repository).
+WORKDIR_MIN_FILES = 4096
 
 
 def split_relpath(field: str, path: str) -> list[str]:
@@ -115,20 +123,50 @@ def write_file(root: str, field: str, path: str, data: bytes, uid: int | None) -
             if uid is not None:
                 os.fchown(fd, uid, uid)
             view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
+            try:
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+            except OSError as exc:  # ENOSPC: past the workdir's limit (or the host's disk)
+                raise InvalidSpec(field, f"cannot write {path!r}: {exc.strerror}") from exc
         finally:
             os.close(fd)
     finally:
         os.close(dirfd)
 
 
-def make_workdir(path: str, uid: int | None) -> None:
-    """Create a private workdir (0700, owned by ``uid``)."""
+def workdir_files(size_mb: int) -> int:
+    """How many files (and directories) a workdir of ``size_mb`` MB may hold."""
+    return max(WORKDIR_MIN_FILES, (size_mb << 20) // WORKDIR_BYTES_PER_FILE)
+
+
+def make_workdir(path: str, uid: int | None, size_mb: int = 0) -> None:
+    """Create a private workdir (0700, owned by ``uid``): when ``size_mb`` is not 0, a tmpfs of its
+    own of that size and ``workdir_files`` files, a write past either failing with ENOSPC, as on a
+    full disk. Mounted in the agent's own namespace (``isolation.own_mount_namespace``), it reaches
+    the fork server's and every action's."""
+    if size_mb:
+        os.mkdir(path, 0o700)
+        owner = 0 if uid is None else uid
+        opts = f"size={size_mb}m,nr_inodes={workdir_files(size_mb)},mode=0700,uid={owner},gid={owner}"
+        try:
+            isolation.mount("tangram-workdir", path, "tmpfs", isolation.MS_NOSUID | isolation.MS_NODEV, opts)
+        except OSError:
+            os.rmdir(path)
+            raise
+        return
     os.mkdir(path, 0o700)
     if uid is not None:
         os.chown(path, uid, uid)
+
+
+def full(path: str) -> bool:
+    """Whether the workdir at ``path``, a tmpfs of its own, has no room left for a page or a file."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail == 0 or st.f_favail == 0
 
 
 def seal(path: str) -> None:
@@ -145,9 +183,24 @@ def seal(path: str) -> None:
         os.close(fd)
 
 
-def remove_tree(path: str) -> None:
-    """Remove a workdir, whatever its untrusted owner left in it (modes, links are not followed)."""
+def remove_tree(path: str, mounted: bool = False) -> None:
+    """Remove a workdir, whatever its untrusted owner left in it (modes, links are not followed).
+    ``mounted``: a tmpfs of its own (``make_workdir``), detached with all its files at once."""
+    if mounted and detach(path):
+        return
     shutil.rmtree(path, ignore_errors=True)
+
+
+def detach(path: str) -> bool:
+    """Detach a workdir's own tmpfs (``make_workdir``) from every namespace it reached, at once and
+    whatever it holds (its files are freed once no process uses them), and remove its mount point.
+    Whether both were done."""
+    try:
+        isolation.umount2(path, isolation.MNT_DETACH | isolation.UMOUNT_NOFOLLOW)
+        os.rmdir(path)
+    except OSError:
+        return False
+    return True
 
 
 def tree_size(path: str) -> int:

@@ -43,6 +43,16 @@ def test_a_host_pod_is_owned_has_no_token_and_the_pools_limits() -> None:
     assert prefs[0]["preference"]["matchExpressions"][0]["values"] == ["n1"]
 
 
+def test_the_pools_workdir_limit_reaches_its_agents_in_mb() -> None:
+    """The CRD's default (1Gi) and a pool's own, as ``--workdir-mb``: every host bounds its
+    workdirs (the agent's 0, no limit, is not the operator's to ask for)."""
+    assert "--workdir-mb=1024" in host_pod(_cfg(), "p")["spec"]["containers"][0]["args"]
+    limits = {"timeoutSeconds": 90, "workdir": "6Gi"}
+    assert "--workdir-mb=6144" in host_pod(_cfg(limits=limits), "p")["spec"]["containers"][0]["args"]
+    tiny = _cfg(limits={"workdir": "100Ki"})
+    assert tiny.limits.workdir_mb == 1  # under a MB rounds up to the least limit, never to none
+
+
 def test_network_is_only_allowed_when_the_pool_says_so() -> None:
     pod = host_pod(_cfg(isolation={"network": "Enabled"}), "p")
     assert "--network-allowed" in pod["spec"]["containers"][0]["args"]
