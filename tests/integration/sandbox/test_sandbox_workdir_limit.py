@@ -74,7 +74,9 @@ def test_filling_the_workdir_fails_with_enospc_at_its_limit_and_says_so(agent: A
     # The program's verdict is its own (it caught the error and exited 0); the agent says why.
     assert body["status"] == "ok"
     (note,) = body["notes"]
-    assert note.startswith(f"the workdir is full (its limit: {LIMIT_MB} MB and {workdir_files(LIMIT_MB)} files")
+    assert note.startswith(
+        f"the workdir is full (its limit: {LIMIT_MB} MB and {workdir_files(LIMIT_MB)} files"
+    )
     # Gone with the action, from the agent's namespace and from the disk.
     wait_until(lambda: _workdir_mounts(agent) == [] and workdirs(agent) == [], what="the workdir to go")
 
@@ -101,7 +103,9 @@ def test_a_full_workdir_takes_no_room_from_another_action_or_session(agent: Agen
         # refused by name, the session kept.
         listing = _execute(agent, "import os; print(len(os.listdir('.')))", session_id=full)
         assert int(str(listing["stdout"])) >= (LIMIT_MB - 8) // 8
-        put = requests.put(f"{agent.url}/v1/sessions/{full}/files/more.bin", data=b"z" * (1 << 20), timeout=30)
+        put = requests.put(
+            f"{agent.url}/v1/sessions/{full}/files/more.bin", data=b"z" * (1 << 20), timeout=30
+        )
         assert put.status_code == 400 and put.json()["field"] == "path"
         assert "cannot write 'more.bin': No space left on device" in put.json()["error"]
         assert agent.post("/v1/execute", {"code": "print(1)", "session_id": full}).status_code == 200
@@ -147,7 +151,8 @@ def test_without_a_limit_workdirs_are_plain_directories_and_health_says_so(tmp_p
         # root's permissions refuse it (with a limit, the rename cannot cross filesystems at all).
         swap = (
             "import os\nopen('mine', 'w').write('root::0:0::/:/bin/sh\\n')\n"
-            "try:\n    os.replace('mine', '../.passwd')\nexcept OSError as exc:\n    print(type(exc).__name__)\n"
+            "try:\n    os.replace('mine', '../.passwd')\n"
+            "except OSError as exc:\n    print(type(exc).__name__)\n"
         )
         assert unbounded.execute(swap)["stdout"] == "PermissionError\n"
         assert _workdir_mounts(unbounded) == []
