@@ -674,6 +674,55 @@ def test_a_pool_whose_hosts_cannot_start_refuses_callers_holds_batches_and_serve
     assert [r["state"] for r in batch["status"]["results"]] == ["Succeeded", "Succeeded"], batch["status"]
 
 
+def test_a_pool_whose_pods_wait_for_a_missing_secret_says_so_and_starts_once_it_exists(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    """A Secret the pods mount (here for a sidecar) that does not exist: the kubelet leaves the
+    pod "ContainerCreating", PodReadyToStartContainers False, with the reason only in its events.
+    After 30 s the pool says its host cannot start (not "starting" for ever) and a batch says why
+    it waits; once the Secret is made, the pod starts by itself and the batch runs."""
+    sidecar = {
+        "name": "creds",
+        "image": "arl-tangram-sandbox:0.1.0",
+        "command": ["sleep", "infinity"],
+        "volumeMounts": [{"name": "creds", "mountPath": "/creds", "readOnly": True}],
+    }
+    pod_spec = {"containers": [sidecar], "volumes": [{"name": "creds", "secret": {"secretName": "api-key"}}]}
+    _pool(cluster, namespace, template={"podSpec": pod_spec}, scaling={"minHosts": 1})
+    _create(cluster, namespace, "actionbatches", batch_manifest("held", _sleepers(1, 0)))
+    pool = _wait_for(
+        cluster,
+        namespace,
+        "actionpools",
+        lambda o: any(
+            c["type"] == "Degraded" and c["reason"] == "HostsCannotStart"
+            for c in o.get("status", {}).get("conditions", [])
+        ),
+        description="Degraded HostsCannotStart",
+        timeout=120,
+    )
+    degraded = next(c for c in pool["status"]["conditions"] if c["type"] == "Degraded")
+    assert "its volumes or pod sandbox are not ready" in degraded["message"], degraded
+    assert "api-key" in degraded["message"], degraded  # the test bed's kubelet names it
+    _wait_for(
+        cluster,
+        namespace,
+        "actionbatches",
+        lambda o: any(
+            c["type"] == "Running" and "volumes or pod sandbox are not ready" in c.get("message", "")
+            for c in o.get("status", {}).get("conditions", [])
+        ),
+        field_selector="metadata.name=held",
+        description="the batch saying why it waits",
+        timeout=60,
+    )
+    cluster.core.create_namespaced_secret(
+        namespace, {"metadata": {"name": "api-key"}, "stringData": {"key": "k-123"}}
+    )
+    batch = _wait_batch(cluster, namespace, "held", timeout=180)
+    assert [r["state"] for r in batch["status"]["results"]] == ["Succeeded"], batch["status"]
+
+
 def test_kubectl_scale_sets_the_hosts_within_bounds(
     cluster: Cluster, namespace: str, operator: Operator
 ) -> None:

@@ -25,6 +25,7 @@ from arl_tangram.controllers.conditions import ConditionReason, ConditionType, s
 from arl_tangram.controllers.failures import (
     UNSCHEDULABLE_AFTER_S,
     FailureStreaks,
+    Stalls,
     Waits,
     backoff_s,
     cannot_start,
@@ -546,7 +547,7 @@ class PoolController:
         self.planner = planner
         self._cores: dict[str, tuple[int, ...]] = {}  # host -> the core ids its agent grants
         self._unplaced = Waits()  # hosts with no node yet
-        self._stalled = Waits()  # placed hosts whose container cannot start
+        self._stalled = Stalls()  # placed hosts whose container cannot start
         self._unplaceable = Waits()  # the planner finding no node for a host
         self._failures = FailureStreaks()
 
@@ -577,13 +578,15 @@ class PoolController:
         now = self.dispatcher.clock()
         plan = self.planner.plan(snapshot(now, cfg, hosts, others, nodes, stats))
         streak = self._failures.observe(cfg.key, hosts)
+        # Stalled only once a host has been for long enough (Stalls says why).
+        seen, stalled_for_s = self._stalled.observe(cfg.key, hosts)
         observed = PoolObservation(
-            hosts=hosts,
+            hosts=seen,
             stats=stats,
             plan=plan,
             conditions=status.get("conditions") or (),
             unschedulable_for_s=self._unplaced.observe(cfg.key, any(h.pending for h in hosts)),
-            stalled_for_s=self._stalled.observe(cfg.key, any(h.stalled for h in hosts)),
+            stalled_for_s=stalled_for_s,
             unplaceable_for_s=self._unplaceable.observe(cfg.key, _unplaceable(cfg, plan) is not None),
             failures=streak.count,
             since_failure_s=streak.since_s,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from arl_tangram.domain.actions import OUTAGE_RETRY_MIN_S, Outage
 from arl_tangram.runtime.interface import HostObservation
@@ -69,6 +69,36 @@ class Waits:
             self._since.pop(key, None)
             return 0.0
         return now - self._since.setdefault(key, now)
+
+    def forget(self, key: str) -> None:
+        self._since.pop(key, None)
+
+
+class Stalls:
+    """Per pool or service, since when each of its pods has been stalled (``HostObservation.stalled``),
+    each on its own clock: a pod counts as stalled only once it has been for
+    ``UNSCHEDULABLE_AFTER_S``, so that pods each stalled a moment as they start (a pod sandbox not
+    ready yet), one after another, never add up to a pool that looks stuck."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._since: dict[str, dict[str, float]] = {}
+
+    def observe(self, key: str, pods: Sequence[HostObservation]) -> tuple[list[HostObservation], float]:
+        """``pods`` with ``stalled`` cleared on those stalled for less than ``UNSCHEDULABLE_AFTER_S``
+        (they are starting, as far as anyone can tell yet), and the longest any has been stalled."""
+        now = self.clock()
+        was = self._since.get(key, {})
+        since = {p.name: was.get(p.name, now) for p in pods if p.stalled}
+        if since:
+            self._since[key] = since
+        else:
+            self._since.pop(key, None)
+        kept = [
+            p if not p.stalled or now - since[p.name] >= UNSCHEDULABLE_AFTER_S else replace(p, stalled=None)
+            for p in pods
+        ]
+        return kept, max((now - t for t in since.values()), default=0.0)
 
     def forget(self, key: str) -> None:
         self._since.pop(key, None)

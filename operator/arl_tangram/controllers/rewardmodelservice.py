@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from arl_tangram.api.rewardmodelservice import PlacementState, RewardModelService
 from arl_tangram.api.validation import invalid_spec
 from arl_tangram.controllers.conditions import ConditionReason, ConditionType, set_condition
-from arl_tangram.controllers.failures import FailureStreaks, Waits, backoff_s, cannot_start, outage
+from arl_tangram.controllers.failures import FailureStreaks, Stalls, Waits, backoff_s, cannot_start, outage
 from arl_tangram.dispatch.agent import AgentClient
 from arl_tangram.dispatch.rewards import RewardRouter, ServiceStats
 from arl_tangram.domain.actions import Outage
@@ -368,7 +368,7 @@ class ServiceController:
         # replica that could not start was recreated at once, every time).
         self._failures = FailureStreaks()
         self._unplaced = Waits()  # replicas with no node yet
-        self._stalled = Waits()  # placed replicas whose container cannot start
+        self._stalled = Stalls()  # placed replicas whose container cannot start
         self._short = Waits()  # no GPU free for a replica
         # Devices of pods created but not yet seen in the pod watch (pod name -> devices, when): taken
         # for every service meanwhile, so that two services reconciled back to back are not given the
@@ -406,8 +406,10 @@ class ServiceController:
         gpu = replace(gpu, taken=gpu.taken | self._in_flight(replica_pods or {}))
         for problem in gpu.problems:
             log.warning("service %s: %s", cfg.key, problem)
+        # Stalled only once a replica has been for long enough (Stalls says why).
+        seen, stalled_for_s = self._stalled.observe(cfg.key, replicas)
         observed = ServiceObservation(
-            replicas,
+            seen,
             self.router.stats(cfg.key),
             self.router.clock(),
             conditions,
@@ -417,7 +419,7 @@ class ServiceController:
             last_failure=streak.last,
             gpu=gpu,
             unschedulable_for_s=self._unplaced.observe(cfg.key, any(r.pending for r in replicas)),
-            stalled_for_s=self._stalled.observe(cfg.key, any(r.stalled for r in replicas)),
+            stalled_for_s=stalled_for_s,
         )
         new_status, ops = reconcile_rewardmodelservice(model, cfg, observed, now)
         short = any(

@@ -195,11 +195,14 @@ def observe_replica(pod: Mapping[str, Any]) -> HostObservation | None:
 # ImagePullBackOff, InvalidImageName, CreateContainerConfigError, CreateContainerError,
 # RunContainerError...) means the container cannot start as things are, and may wait for ever.
 STARTING_REASONS = frozenset({"ContainerCreating", "PodInitializing"})
+READY_TO_START = "PodReadyToStartContainers"  # a pod condition since Kubernetes 1.29 (beta, on)
 
 
 def _stalled(status: Mapping[str, Any]) -> str | None:
     """Why a placed pod's containers (init containers first) cannot start, in the kubelet's words;
-    None while they start normally."""
+    None while they start normally, as far as this status tells (a moment of it is normal:
+    ``failures.Stalls`` decides when it has lasted)."""
+    starting = None
     for key in ("initContainerStatuses", "containerStatuses"):
         for cs in status.get(key) or ():
             waiting = (cs.get("state") or {}).get("waiting")
@@ -207,6 +210,19 @@ def _stalled(status: Mapping[str, Any]) -> str | None:
                 message = waiting.get("message")
                 name = cs.get("name") or "?"
                 return f"container {name}: {waiting['reason']}" + (f": {message}" if message else "")
+            if waiting and waiting.get("message") and starting is None:
+                starting = str(waiting["message"])
+    # The kubelet mounts a pod's volumes and makes its sandbox before anything else, and says
+    # PodReadyToStartContainers once both are done (before any image is pulled). A Secret or
+    # ConfigMap a volume needs that does not exist keeps it False, the containers
+    # "ContainerCreating" without a word, and the reason in the pod's events (FailedMount) only.
+    scheduled, ready_to_start = _condition(status, "PodScheduled"), _condition(status, READY_TO_START)
+    placed = (scheduled or {}).get("status") == "True"
+    if placed and ready_to_start is not None and ready_to_start.get("status") == "False":
+        why = starting or ready_to_start.get("message")
+        return "its volumes or pod sandbox are not ready" + (
+            f": {why}" if why else " (a Secret or ConfigMap it mounts may be missing: its events say which)"
+        )
     return None
 
 

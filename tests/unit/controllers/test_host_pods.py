@@ -112,3 +112,38 @@ def test_a_container_that_cannot_start_is_told_from_one_that_is_starting() -> No
         == "container agent: InvalidImageName"
     )
     assert _observed(pod, {"phase": "Pending"}).stalled is None
+
+
+def _conditions(**status: str) -> list[dict[str, str]]:
+    return [{"type": kind, "status": value} for kind, value in status.items()]
+
+
+def test_a_pod_whose_volumes_or_sandbox_are_not_ready_is_told_from_one_pulling_its_image() -> None:
+    """A Secret a volume needs that does not exist: the kubelet keeps PodReadyToStartContainers
+    False and the container "ContainerCreating", silent (the reason is in the pod's events). An
+    image being pulled comes after the sandbox: the condition is True by then."""
+    pod = host_pod(_cfg(), "py-abc")
+    creating = [{"name": "agent", "state": {"waiting": {"reason": "ContainerCreating"}}}]
+
+    def seen(conditions: list[dict[str, str]], statuses: Any = creating) -> Any:
+        return _observed(pod, {"phase": "Pending", "conditions": conditions, "containerStatuses": statuses})
+
+    stuck = seen(_conditions(PodScheduled="True", PodReadyToStartContainers="False"))
+    assert stuck.phase == "starting" and stuck.stalled == (
+        "its volumes or pod sandbox are not ready (a Secret or ConfigMap it mounts may be missing: "
+        "its events say which)"
+    )
+    # Where the waiting container says why (the test bed's node runner does), that is said.
+    said = [
+        {
+            "name": "agent",
+            "state": {"waiting": {"reason": "ContainerCreating", "message": 'secret "s" not found'}},
+        }
+    ]
+    told = seen(_conditions(PodScheduled="True", PodReadyToStartContainers="False"), said)
+    assert told.stalled == 'its volumes or pod sandbox are not ready: secret "s" not found'
+    assert seen(_conditions(PodScheduled="True", PodReadyToStartContainers="True")).stalled is None
+    # Not placed yet: pending, not stalled; a cluster without the condition: nothing to tell.
+    unplaced = seen(_conditions(PodScheduled="False", PodReadyToStartContainers="False"))
+    assert unplaced.stalled is None and unplaced.pending
+    assert seen(_conditions(PodScheduled="True")).stalled is None

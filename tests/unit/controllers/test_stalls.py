@@ -1,0 +1,57 @@
+"""How long each pod has been stalled, on its own clock (``failures.Stalls``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from arl_tangram.controllers.failures import UNSCHEDULABLE_AFTER_S, Stalls
+from arl_tangram.runtime.interface import HostObservation
+
+BASE = HostObservation(
+    name="x",
+    pool="ns/py",
+    phase="starting",
+    node="n1",
+    address=None,
+    template_hash="h",
+    created_at=0.0,
+    cpu_millicores=1000,
+    memory_bytes=1 << 30,
+)
+
+
+def pod(name: str, stalled: str | None = None) -> HostObservation:
+    return replace(BASE, name=name, stalled=stalled)
+
+
+def test_pods_each_stalled_a_moment_one_after_another_never_add_up() -> None:
+    """A pool starting pods in turn, each with its sandbox not ready for 2 s: some pod is always
+    stalled, for minutes, and none ever counts as stuck."""
+    now = [0.0]
+    stalls = Stalls(clock=lambda: now[0])
+    for k in range(100):
+        for t in (0.0, 1.0, 2.0):
+            now[0] = 2.0 * k + t
+            seen, longest = stalls.observe("ns/py", [pod(f"p{k}", "not ready"), pod(f"q{k}")])
+            assert longest <= 2.0 and all(p.stalled is None for p in seen)
+
+
+def test_one_stuck_pod_counts_once_its_own_wait_is_long_enough_and_is_the_one_named() -> None:
+    now = [0.0]
+    stalls = Stalls(clock=lambda: now[0])
+    stalls.observe("ns/py", [pod("stuck", "no secret")])
+    now[0] = UNSCHEDULABLE_AFTER_S - 1
+    seen, longest = stalls.observe("ns/py", [pod("stuck", "no secret"), pod("new", "not ready")])
+    assert longest == UNSCHEDULABLE_AFTER_S - 1 and [p.stalled for p in seen] == [None, None]
+    now[0] = UNSCHEDULABLE_AFTER_S
+    seen, longest = stalls.observe("ns/py", [pod("stuck", "no secret"), pod("new", "not ready")])
+    assert longest == UNSCHEDULABLE_AFTER_S
+    assert [(p.name, p.stalled) for p in seen] == [("stuck", "no secret"), ("new", None)]
+    # It starts: the clock is cleared, and a later stall of the same pod starts from zero.
+    assert stalls.observe("ns/py", [pod("stuck")]) == ([pod("stuck")], 0.0)
+    now[0] += 100
+    assert stalls.observe("ns/py", [pod("stuck", "again")])[1] == 0.0
+    # Other pools keep their own; a forgotten one starts over.
+    assert stalls.observe("ns/other", [pod("o", "x")])[1] == 0.0
+    stalls.forget("ns/py")
+    assert stalls.observe("ns/py", [pod("stuck", "again")])[1] == 0.0
