@@ -66,7 +66,9 @@ class HostResources(TangramModel):
     )
     ephemeral_storage: PositiveQuantity | None = Field(
         default=None,
-        description="Local disk of one host for session working directories, e.g. 20Gi.",
+        description="Ephemeral storage one host requests, e.g. 20Gi, and the size limit of its work "
+        "volume. The working directories themselves are each a tmpfs of their own, bounded by "
+        "limits.workdir and counted in the host's memory, not here.",
     )
 
 
@@ -137,8 +139,9 @@ class ActionLimits(TangramModel):
         default="1Gi",
         description="Most one action's (or one session's) working directory may hold, e.g. 4Gi; its "
         f"files and directories are bounded too, one per {WORKDIR_BYTES_PER_FILE >> 10}Ki of it. "
-        "Workdirs are held in the host's memory: a write past the limit fails with ENOSPC, as on a "
-        "full disk, instead of filling the host.",
+        "Workdirs are held in the host's memory (resources.memory counts them; size it for what the "
+        "actions and sessions running at once may hold): a write past the limit fails with ENOSPC, "
+        "as on a full disk, instead of filling the host.",
     )
     max_output_bytes: int = Field(
         default=1048576,

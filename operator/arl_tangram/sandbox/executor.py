@@ -283,8 +283,12 @@ class Executor:
         self._remove_root()
 
     def _remove_root(self) -> None:
-        # The root's own mount (isolation.own_mount_namespace) first, with every workdir under it.
-        workfiles.remove_tree(self.root, mounted=isolation.shared_root(self.root))
+        if isolation.shared_root(self.root):
+            # Its own mount (isolation.own_mount_namespace), with every workdir under it: a bind of
+            # the directory, whose filesystem is left as it is.
+            with contextlib.suppress(OSError):
+                isolation.umount2(self.root, isolation.MNT_DETACH)
+        workfiles.remove_tree(self.root)
 
     @property
     def waiting(self) -> int:
@@ -629,7 +633,7 @@ class Executor:
             mb = self.workdir_mb
             notes.append(
                 f"the workdir is full (its limit: {mb} MB and {workfiles.workdir_files(mb)} files and "
-                "directories): a write past it failed with ENOSPC, 'No space left on device'"
+                "directories): a write past it fails with ENOSPC, 'No space left on device'"
             )
         budget = self.config.max_fetch_bytes
         for path in paths:
@@ -750,8 +754,16 @@ class Executor:
             raise CapacityExceeded("no session uid left")
         uid = self._session_uids.popleft() if self.run_as_root else None
         sid = secrets.token_hex(8)
-        workdir = os.path.join(self.root, f"s-{sid}")
-        workfiles.make_workdir(workdir, uid, self.workdir_mb)
+        # Not named by its id, which is all it takes to use the session: every action's mount
+        # table lists the workdirs that are mounts.
+        self._seq += 1
+        workdir = os.path.join(self.root, f"s{self._seq}")
+        try:
+            workfiles.make_workdir(workdir, uid, self.workdir_mb)
+        except BaseException:
+            if uid is not None:
+                self._session_uids.append(uid)
+            raise
         session = Session(
             id=sid,
             uid=uid,
@@ -776,13 +788,17 @@ class Executor:
         if session is None:
             raise _no_session(sid)
         session.closed = True
-        async with session.lock:
-            server = session.interp_server
-            if server is not None and server.alive:
-                await server.call({"op": "interp_stop", "id": next_id(), "sid": sid})
-        self._discard_workdir(session.workdir, session.uid)
-        if session.uid is not None:
-            self._session_uids.append(session.uid)
+        try:
+            async with session.lock:
+                server = session.interp_server
+                if server is not None and server.alive:
+                    await server.call({"op": "interp_stop", "id": next_id(), "sid": sid})
+        finally:
+            # Also when the fork server was lost meanwhile (its interpreter with it): the session
+            # is gone either way, and nothing would come back for its workdir and uid.
+            self._discard_workdir(session.workdir, session.uid)
+            if session.uid is not None:
+                self._session_uids.append(session.uid)
 
     async def _expire_sessions(self) -> None:
         while True:

@@ -194,7 +194,21 @@ def remove_tree(path: str, mounted: bool = False) -> None:
 def detach(path: str) -> bool:
     """Detach a workdir's own tmpfs (``make_workdir``) from every namespace it reached, at once and
     whatever it holds (its files are freed once no process uses them), and remove its mount point.
-    Whether both were done."""
+    Whether both were done.
+
+    First its size is cut to what it holds: a process that kept a descriptor of a directory in it
+    (a session's interpreter, handed one by a hostile action) could otherwise go on filling it
+    after the detach, where no limit anyone sees applies, for as long as it lives.
+    """
+    try:
+        st = os.statvfs(path)
+        # Never 0, which a tmpfs takes as no limit: a page and an inode more than nothing.
+        pages, inodes = max(1, st.f_blocks - st.f_bfree), max(1, st.f_files - st.f_ffree)
+        flags = isolation.MS_REMOUNT | isolation.MS_NOSUID | isolation.MS_NODEV
+        cut = f"size={pages * st.f_frsize},nr_inodes={inodes}"
+        isolation.mount("tangram-workdir", path, "tmpfs", flags, cut)
+    except OSError:
+        pass  # detached all the same
     try:
         isolation.umount2(path, isolation.MNT_DETACH | isolation.UMOUNT_NOFOLLOW)
         os.rmdir(path)

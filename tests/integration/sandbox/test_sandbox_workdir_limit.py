@@ -5,7 +5,10 @@ has room of its own. Real agents, real actions, real tmpfs mounts (this machine'
 from __future__ import annotations
 
 import base64
+import os
+import signal
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -15,13 +18,14 @@ from sandbox_agent_harness import Agent, start_agent, stop_agent, wait_until, wo
 from arl_tangram.sandbox.workfiles import workdir_files
 
 LIMIT_MB = 64
-# Writes files of 8 MB (under --fsize-mb) until one fails; says how many MB and which errno.
-FILL = """
+# Writes files of 8 MB (under --fsize-mb) until one fails, up to twice the limit (where the limit
+# did not hold, the test fails without filling the machine); says how many MB and which errno.
+FILL = f"""
 import errno, os
 written = 0
 try:
-    for i in range(10_000):
-        with open(f"blob{i}", "wb") as f:
+    for i in range({2 * LIMIT_MB // 8}):
+        with open(f"blob{{i}}", "wb") as f:
             for _ in range(8):
                 f.write(b"x" * (1 << 20))
                 written += 1
@@ -30,16 +34,18 @@ except OSError as exc:
 else:
     print("never stopped", written)
 """
-# Empty files until one cannot be made.
-MANY = """
+# Empty files until one cannot be made (or twice as many as may be).
+MANY = f"""
 import errno
 made = 0
 try:
-    while True:
-        open(f"e{made}", "w").close()
+    while made < {2 * workdir_files(LIMIT_MB)}:
+        open(f"e{{made}}", "w").close()
         made += 1
 except OSError as exc:
     print("stopped", made, errno.errorcode[exc.errno])
+else:
+    print("never stopped", made)
 """
 
 
@@ -54,10 +60,24 @@ def _execute(agent: Agent, code: str, **fields: object) -> dict[str, object]:
     return agent.execute(code, timeout_s=60, **fields)
 
 
-def _workdir_mounts(agent: Agent) -> list[str]:
-    """The workdir mounts the agent's own mount namespace holds now."""
-    lines = Path(f"/proc/{agent.proc.pid}/mounts").read_text().splitlines()
+def _mounts_of(pid: int) -> list[str]:
+    lines = Path(f"/proc/{pid}/mounts").read_text().splitlines()
     return [line.split()[1] for line in lines if line.startswith("tangram-workdir ")]
+
+
+def _fork_server(agent: Agent) -> int:
+    """The pid of the agent's fork server (its child running ``sandbox.forkserver``)."""
+    for task in Path(f"/proc/{agent.proc.pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if b"sandbox.forkserver" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return int(child)
+    raise AssertionError("the agent has no fork server")
+
+
+def _workdir_mounts(agent: Agent) -> list[str]:
+    """The workdir mounts the agent's own mount namespace holds now, and the fork server's (a
+    slave of it, as each action's is)."""
+    return _mounts_of(agent.proc.pid) + _mounts_of(_fork_server(agent))
 
 
 def _stopped_at(body: dict[str, object]) -> tuple[int, str]:
@@ -71,6 +91,7 @@ def test_filling_the_workdir_fails_with_enospc_at_its_limit_and_says_so(agent: A
     written, err = _stopped_at(body)
     assert err == "ENOSPC"
     assert LIMIT_MB - 8 <= written <= LIMIT_MB  # every MB up to the limit, none past it
+    assert _mounts_of(_fork_server(agent)) == []  # received, and gone, there too
     # The program's verdict is its own (it caught the error and exited 0); the agent says why.
     assert body["status"] == "ok"
     (note,) = body["notes"]
@@ -178,3 +199,87 @@ def test_request_files_past_the_limit_are_refused_by_name_and_leave_nothing(tmp_
         assert small.execute("print('next')")["stdout"] == "next\n"
     finally:
         stop_agent(small)
+
+
+def test_no_action_learns_a_sessions_id_from_its_mount_table(agent: Agent) -> None:
+    """Every workdir is a mount every action's namespace lists; a session's id, all it takes to use
+    the session through the agent's API, is not in its name."""
+    sid = agent.post("/v1/sessions", {}).json()["session_id"]
+    try:
+        _execute(agent, "open('x', 'w').write('held')", session_id=sid)
+        table = str(_execute(agent, "print(open('/proc/self/mountinfo').read())")["stdout"])
+        assert "tangram-workdir" in table and sid not in table
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=30)
+
+
+def test_a_descriptor_kept_of_an_ended_actions_workdir_gains_no_room(agent: Agent) -> None:
+    """An action opens its workdir to all (its own to do) and a session's interpreter keeps a
+    descriptor of it past the action's end; once detached, the workdir takes nothing more through
+    it: its size was cut to what it held first."""
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    opened = (
+        "import os, time\nos.chmod('.', 0o777)\nopen('ready', 'w').close()\n"
+        "deadline = time.monotonic() + 30\n"
+        "while not os.path.exists('go') and time.monotonic() < deadline:\n    time.sleep(0.01)\n"
+    )
+    # The root may not be listed (0711): the workdirs' names are tried ("a<n>", a counter).
+    grab = (
+        "import os, time\nheld = None\nroot = os.path.dirname(os.getcwd())\n"
+        "deadline = time.monotonic() + 30\n"
+        "while held is None and time.monotonic() < deadline:\n"
+        "    for n in range(1, 1000):\n"
+        "        try:\n"
+        "            fd = os.open(f'{root}/a{n}', os.O_RDONLY | os.O_DIRECTORY)\n"
+        "        except OSError:\n"
+        "            continue\n"
+        "        if os.path.exists(f'/proc/self/fd/{fd}/ready'):\n"
+        "            held = fd\n"
+        "            break\n"
+        "        os.close(fd)\n"
+        "os.close(os.open('go', os.O_WRONLY | os.O_CREAT, 0o666, dir_fd=held))\nprint('held')\n"
+    )
+    fill = (
+        "import errno\nwritten = 0\ntry:\n"
+        "    with open(os.open('more', os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=held), 'wb') as f:\n"
+        f"        for _ in range({2 * LIMIT_MB}):\n"
+        "            f.write(b'x' * (1 << 20)); f.flush(); written += 1\n"
+        "except OSError as exc:\n    print('stopped', written, errno.errorcode[exc.errno])\n"
+    )
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            victim = pool.submit(_execute, agent, opened)
+            assert _execute(agent, grab, session_id=sid)["stdout"] == "held\n"
+            assert victim.result()["status"] == "ok"
+        # Only the session's own is left mounted ("s<n>"; an action's is "a<n>").
+        wait_until(
+            lambda: [os.path.basename(m)[0] for m in _mounts_of(agent.proc.pid)] == ["s"],
+            what="the action's workdir to be detached",
+        )
+        assert _stopped_at(_execute(agent, fill, session_id=sid)) == (0, "ENOSPC")
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=30)
+
+
+def test_closing_a_session_whose_fork_server_is_lost_still_frees_its_workdir(tmp_path: Path) -> None:
+    """The interpreter's stop fails with the fork server: the workdir goes all the same."""
+    own = start_agent(tmp_path / "work", "--workdir-mb", str(LIMIT_MB))
+    try:
+        sid = own.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+        own.execute("open('x', 'wb').write(b'y' * (8 << 20))", session_id=sid)
+        assert len(_mounts_of(own.proc.pid)) == 1
+        server = _fork_server(own)
+        os.kill(server, signal.SIGSTOP)
+        with ThreadPoolExecutor(1) as pool:
+            closing = pool.submit(requests.delete, f"{own.url}/v1/sessions/{sid}", timeout=60)
+            # Gone from the agent's table once its close waits on the interpreter's stop.
+            wait_until(
+                lambda: requests.get(f"{own.url}/v1/sessions/{sid}", timeout=10).status_code == 400,
+                what="the close to wait on the fork server",
+            )
+            os.kill(server, signal.SIGKILL)
+            assert closing.result().status_code in (200, 503)
+        wait_until(lambda: _mounts_of(own.proc.pid) == [], what="the session's workdir to go")
+        assert own.execute("print('next')")["stdout"] == "next\n"  # on a new fork server
+    finally:
+        stop_agent(own)
