@@ -76,17 +76,19 @@ class Waits:
 
 class Stalls:
     """Per pool or service, since when each of its pods has been stalled (``HostObservation.stalled``),
-    each on its own clock: a pod counts as stalled only once it has been for
-    ``UNSCHEDULABLE_AFTER_S``, so that pods each stalled a moment as they start (a pod sandbox not
-    ready yet), one after another, never add up to a pool that looks stuck."""
+    each on its own clock. A pod waiting for its volumes or sandbox (``setting_up``) counts as
+    stalled only once it has for ``UNSCHEDULABLE_AFTER_S``: every pod does for a moment as it
+    starts, and pods starting one after another must never add up to a pool that looks stuck. A
+    container the kubelet cannot start (an image it cannot pull) counts at once, as no normal start
+    looks like that."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._since: dict[str, dict[str, float]] = {}
 
     def observe(self, key: str, pods: Sequence[HostObservation]) -> tuple[list[HostObservation], float]:
-        """``pods`` with ``stalled`` cleared on those stalled for less than ``UNSCHEDULABLE_AFTER_S``
-        (they are starting, as far as anyone can tell yet), and the longest any has been stalled."""
+        """``pods``, those setting up for less than ``UNSCHEDULABLE_AFTER_S`` as starting
+        (``stalled`` cleared); and the longest any of the rest has been stalled."""
         now = self.clock()
         was = self._since.get(key, {})
         since = {p.name: was.get(p.name, now) for p in pods if p.stalled}
@@ -94,11 +96,12 @@ class Stalls:
             self._since[key] = since
         else:
             self._since.pop(key, None)
-        kept = [
-            p if not p.stalled or now - since[p.name] >= UNSCHEDULABLE_AFTER_S else replace(p, stalled=None)
-            for p in pods
-        ]
-        return kept, max((now - t for t in since.values()), default=0.0)
+
+        def young(p: HostObservation) -> bool:
+            return p.setting_up and now - since[p.name] < UNSCHEDULABLE_AFTER_S
+
+        kept = [replace(p, stalled=None, setting_up=False) if p.stalled and young(p) else p for p in pods]
+        return kept, max((now - since[p.name] for p in kept if p.stalled), default=0.0)
 
     def forget(self, key: str) -> None:
         self._since.pop(key, None)

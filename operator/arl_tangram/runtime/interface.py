@@ -24,7 +24,8 @@ class HostObservation:
     says why a host that is not placed yet waits (e.g. the scheduler's Unschedulable message);
     ``stalled`` why a placed host's container is not running yet where that is not a normal step of
     its start (the kubelet's waiting reason and message: an image it cannot pull, a Secret it
-    lacks), which it may wait on for ever."""
+    lacks), which it may wait on for ever; ``setting_up``: that is its volumes or sandbox not
+    ready yet, normal for a moment of every start (``failures.Stalls`` times it per pod)."""
 
     name: str
     pool: str
@@ -37,6 +38,7 @@ class HostObservation:
     memory_bytes: int
     pending: str | None = None
     stalled: str | None = None
+    setting_up: bool = False
     failure: str | None = None
     cpu_applied_millicores: int | None = None  # the agent container's CPU limit as enacted (resize)
 

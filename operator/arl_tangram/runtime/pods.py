@@ -196,13 +196,14 @@ def observe_replica(pod: Mapping[str, Any]) -> HostObservation | None:
 # RunContainerError...) means the container cannot start as things are, and may wait for ever.
 STARTING_REASONS = frozenset({"ContainerCreating", "PodInitializing"})
 READY_TO_START = "PodReadyToStartContainers"  # a pod condition since Kubernetes 1.29 (beta, on)
+# Volume kinds the kubelet makes on the node at once (nothing to attach): a pod waiting on these
+# for long waits on something missing, not on something slow.
+INSTANT_VOLUMES = frozenset({"secret", "configMap", "projected", "downwardAPI", "emptyDir", "hostPath"})
 
 
 def _stalled(status: Mapping[str, Any]) -> str | None:
     """Why a placed pod's containers (init containers first) cannot start, in the kubelet's words;
-    None while they start normally, as far as this status tells (a moment of it is normal:
-    ``failures.Stalls`` decides when it has lasted)."""
-    starting = None
+    None while they start normally."""
     for key in ("initContainerStatuses", "containerStatuses"):
         for cs in status.get(key) or ():
             waiting = (cs.get("state") or {}).get("waiting")
@@ -210,20 +211,76 @@ def _stalled(status: Mapping[str, Any]) -> str | None:
                 message = waiting.get("message")
                 name = cs.get("name") or "?"
                 return f"container {name}: {waiting['reason']}" + (f": {message}" if message else "")
-            if waiting and waiting.get("message") and starting is None:
-                starting = str(waiting["message"])
-    # The kubelet mounts a pod's volumes and makes its sandbox before anything else, and says
-    # PodReadyToStartContainers once both are done (before any image is pulled). A Secret or
-    # ConfigMap a volume needs that does not exist keeps it False, the containers
-    # "ContainerCreating" without a word, and the reason in the pod's events (FailedMount) only.
-    scheduled, ready_to_start = _condition(status, "PodScheduled"), _condition(status, READY_TO_START)
-    placed = (scheduled or {}).get("status") == "True"
-    if placed and ready_to_start is not None and ready_to_start.get("status") == "False":
-        why = starting or ready_to_start.get("message")
-        return "its volumes or pod sandbox are not ready" + (
-            f": {why}" if why else " (a Secret or ConfigMap it mounts may be missing: its events say which)"
-        )
     return None
+
+
+def _setting_up(spec: Mapping[str, Any], status: Mapping[str, Any]) -> str | None:
+    """Why a placed pod waits for its volumes or its sandbox, where that can only be a moment of a
+    normal start; None otherwise (``HostObservation.setting_up``).
+
+    The kubelet mounts the volumes its containers use, then makes the pod's sandbox, and says
+    PodReadyToStartContainers once both are done (Kubernetes 1.29 and later; images are pulled
+    after). A Secret or ConfigMap such a volume needs that does not exist keeps it False and the
+    containers "ContainerCreating", silently: the reason is in the pod's events (FailedMount). Only
+    pods whose mounted volumes are all made on the node at once count: a claim's volume (a PVC, a
+    CSI or ephemeral volume, a resource claim) may take minutes to attach, and its pod is left
+    starting for as long as the kubelet waits on it.
+    """
+    scheduled, ready_to_start = _condition(status, "PodScheduled"), _condition(status, READY_TO_START)
+    if (scheduled or {}).get("status") != "True" or (ready_to_start or {}).get("status") != "False":
+        return None
+    if spec.get("resourceClaims"):
+        return None
+    used = {
+        m.get("name")
+        for c in (*(spec.get("initContainers") or ()), *(spec.get("containers") or ()))
+        for m in c.get("volumeMounts") or ()
+    }
+    needed: list[str] = []
+    for volume in spec.get("volumes") or ():
+        if volume.get("name") not in used:
+            continue  # the kubelet ignores a volume no container mounts
+        kind = next((k for k in volume if k != "name"), "")
+        if kind not in INSTANT_VOLUMES:
+            return None
+        needed += _objects(volume)
+    said = next(
+        (
+            str(w["message"])
+            for cs in status.get("containerStatuses") or ()
+            if (w := (cs.get("state") or {}).get("waiting")) and w.get("message")
+        ),
+        None,
+    )
+    if said:
+        return f"its volumes or pod sandbox are not ready: {said}"
+    if needed:
+        return (
+            "its volumes or pod sandbox are not ready (does it lack "
+            + ", ".join(needed)
+            + "? its events say which)"
+        )
+    return "its volumes or pod sandbox are not ready (its events say why)"
+
+
+def _objects(volume: Mapping[str, Any]) -> list[str]:
+    """The Secrets and ConfigMaps a volume is made from, as "Secret x", that may be missing
+    (those marked optional may not be)."""
+    sources: list[tuple[str, Mapping[str, Any]]] = []
+    if "secret" in volume:
+        sources.append(("Secret", volume["secret"] or {}))
+    if "configMap" in volume:
+        sources.append(("ConfigMap", volume["configMap"] or {}))
+    for src in (volume.get("projected") or {}).get("sources") or ():
+        if "secret" in src:
+            sources.append(("Secret", src["secret"] or {}))
+        if "configMap" in src:
+            sources.append(("ConfigMap", src["configMap"] or {}))
+    return [
+        f"{kind} {ref.get('secretName') or ref.get('name')}"
+        for kind, ref in sources
+        if not ref.get("optional") and (ref.get("secretName") or ref.get("name"))
+    ]
 
 
 def _observe(
@@ -240,6 +297,7 @@ def _observe(
     scheduled = _condition(status, "PodScheduled")
     pending = None
     stalled = None
+    setting_up = False
     failure = None
     phase: HostPhase
     if meta.get("deletionTimestamp"):
@@ -258,6 +316,9 @@ def _observe(
             if term:
                 phase, failure = "failed", f"the agent exited {term.get('exitCode')}: {term.get('reason')}"
         stalled = _stalled(status)
+        if stalled is None:
+            stalled = _setting_up(spec, status)
+            setting_up = stalled is not None
     container: Mapping[str, Any] = next(
         (c for c in spec.get("containers") or () if c.get("name") == container_name), {}
     )
@@ -280,6 +341,7 @@ def _observe(
         memory_bytes=_bytes(requests.get("memory", "0")),
         pending=pending,
         stalled=stalled if phase == "starting" else None,  # a failed one is replaced, not waited on
+        setting_up=setting_up and phase == "starting",
         failure=failure,
         cpu_applied_millicores=applied,
     )

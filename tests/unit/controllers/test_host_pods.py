@@ -114,6 +114,10 @@ def test_a_container_that_cannot_start_is_told_from_one_that_is_starting() -> No
     assert _observed(pod, {"phase": "Pending"}).stalled is None
 
 
+def _with_pod_spec(pod_spec: dict[str, Any]) -> Any:
+    return _cfg(template={"image": "img:1", "resources": {"cpu": "4", "memory": "8Gi"}, "podSpec": pod_spec})
+
+
 def _conditions(**status: str) -> list[dict[str, str]]:
     return [{"type": kind, "status": value} for kind, value in status.items()]
 
@@ -122,15 +126,30 @@ def test_a_pod_whose_volumes_or_sandbox_are_not_ready_is_told_from_one_pulling_i
     """A Secret a volume needs that does not exist: the kubelet keeps PodReadyToStartContainers
     False and the container "ContainerCreating", silent (the reason is in the pod's events). An
     image being pulled comes after the sandbox: the condition is True by then."""
-    pod = host_pod(_cfg(), "py-abc")
     creating = [{"name": "agent", "state": {"waiting": {"reason": "ContainerCreating"}}}]
+    not_ready = _conditions(PodScheduled="True", PodReadyToStartContainers="False")
 
-    def seen(conditions: list[dict[str, str]], statuses: Any = creating) -> Any:
+    def seen(pod: Any, conditions: list[dict[str, str]] = not_ready, statuses: Any = creating) -> Any:
         return _observed(pod, {"phase": "Pending", "conditions": conditions, "containerStatuses": statuses})
 
-    stuck = seen(_conditions(PodScheduled="True", PodReadyToStartContainers="False"))
-    assert stuck.phase == "starting" and stuck.stalled == (
-        "its volumes or pod sandbox are not ready (a Secret or ConfigMap it mounts may be missing: "
+    plain = host_pod(_cfg(), "py-abc")  # its one volume, the workdirs' emptyDir
+    stuck = seen(plain)
+    assert stuck.phase == "starting" and stuck.setting_up
+    assert stuck.stalled == "its volumes or pod sandbox are not ready (its events say why)"
+    # The Secrets and ConfigMaps its containers mount are named; not the optional ones, nor a
+    # volume no container mounts (the kubelet ignores it).
+    sidecar = {"name": "creds", "image": "i", "volumeMounts": [{"name": "k", "mountPath": "/k"}]}
+    volumes = [
+        {
+            "name": "k",
+            "projected": {"sources": [{"secret": {"name": "api-key"}}, {"configMap": {"name": "cm"}}]},
+        },
+        {"name": "opt", "secret": {"secretName": "maybe", "optional": True}},
+        {"name": "unused", "secret": {"secretName": "nobody-mounts-it"}},
+    ]
+    secret = host_pod(_with_pod_spec({"containers": [sidecar], "volumes": volumes}), "py-s")
+    assert seen(secret).stalled == (
+        "its volumes or pod sandbox are not ready (does it lack Secret api-key, ConfigMap cm? "
         "its events say which)"
     )
     # Where the waiting container says why (the test bed's node runner does), that is said.
@@ -140,10 +159,34 @@ def test_a_pod_whose_volumes_or_sandbox_are_not_ready_is_told_from_one_pulling_i
             "state": {"waiting": {"reason": "ContainerCreating", "message": 'secret "s" not found'}},
         }
     ]
-    told = seen(_conditions(PodScheduled="True", PodReadyToStartContainers="False"), said)
-    assert told.stalled == 'its volumes or pod sandbox are not ready: secret "s" not found'
-    assert seen(_conditions(PodScheduled="True", PodReadyToStartContainers="True")).stalled is None
+    assert (
+        seen(plain, statuses=said).stalled == 'its volumes or pod sandbox are not ready: secret "s" not found'
+    )
+    assert seen(plain, _conditions(PodScheduled="True", PodReadyToStartContainers="True")).stalled is None
     # Not placed yet: pending, not stalled; a cluster without the condition: nothing to tell.
-    unplaced = seen(_conditions(PodScheduled="False", PodReadyToStartContainers="False"))
+    unplaced = seen(plain, _conditions(PodScheduled="False", PodReadyToStartContainers="False"))
     assert unplaced.stalled is None and unplaced.pending
-    assert seen(_conditions(PodScheduled="True")).stalled is None
+    assert seen(plain, _conditions(PodScheduled="True")).stalled is None
+    # A claim's volume may take minutes to attach: such a pod is left starting, however long.
+    pvc = {"name": "w", "persistentVolumeClaim": {"claimName": "weights"}}
+    mounts = {**sidecar, "volumeMounts": [{"name": "w", "mountPath": "/w"}]}
+    claimed = host_pod(_with_pod_spec({"containers": [mounts], "volumes": [pvc]}), "py-p")
+    assert seen(claimed).stalled is None and not seen(claimed).setting_up
+    with_claims = host_pod(_with_pod_spec({"resourceClaims": [{"name": "gpu"}]}), "py-g")
+    assert seen(with_claims).stalled is None
+    # Ready, failed or going: never stalled, whatever the condition says.
+    ready = _observed(
+        plain,
+        {
+            "phase": "Running",
+            "podIP": "10.0.0.9",
+            "conditions": [*not_ready, {"type": "Ready", "status": "True"}],
+        },
+    )
+    assert ready.phase == "ready" and ready.stalled is None and not ready.setting_up
+    failed = _observed(plain, {"phase": "Failed", "conditions": not_ready})
+    assert failed.stalled is None and not failed.setting_up
+    going = _observed(
+        plain, {"phase": "Pending", "conditions": not_ready}, deletionTimestamp="2026-12-06T00:00:00Z"
+    )
+    assert going.phase == "terminating" and going.stalled is None

@@ -20,8 +20,9 @@ BASE = HostObservation(
 )
 
 
-def pod(name: str, stalled: str | None = None) -> HostObservation:
-    return replace(BASE, name=name, stalled=stalled)
+def pod(name: str, stalled: str | None = None, setting_up: bool = True) -> HostObservation:
+    """A pod stalled on its volumes or sandbox (``setting_up``), or on a container's start."""
+    return replace(BASE, name=name, stalled=stalled, setting_up=setting_up and stalled is not None)
 
 
 def test_pods_each_stalled_a_moment_one_after_another_never_add_up() -> None:
@@ -42,7 +43,7 @@ def test_one_stuck_pod_counts_once_its_own_wait_is_long_enough_and_is_the_one_na
     stalls.observe("ns/py", [pod("stuck", "no secret")])
     now[0] = UNSCHEDULABLE_AFTER_S - 1
     seen, longest = stalls.observe("ns/py", [pod("stuck", "no secret"), pod("new", "not ready")])
-    assert longest == UNSCHEDULABLE_AFTER_S - 1 and [p.stalled for p in seen] == [None, None]
+    assert longest == 0.0 and [p.stalled for p in seen] == [None, None]  # both still starting
     now[0] = UNSCHEDULABLE_AFTER_S
     seen, longest = stalls.observe("ns/py", [pod("stuck", "no secret"), pod("new", "not ready")])
     assert longest == UNSCHEDULABLE_AFTER_S
@@ -55,3 +56,19 @@ def test_one_stuck_pod_counts_once_its_own_wait_is_long_enough_and_is_the_one_na
     assert stalls.observe("ns/other", [pod("o", "x")])[1] == 0.0
     stalls.forget("ns/py")
     assert stalls.observe("ns/py", [pod("stuck", "again")])[1] == 0.0
+
+
+def test_a_container_that_cannot_start_counts_at_once_each_pod_on_its_own_clock() -> None:
+    """A broken image: no normal start looks like that, so a new pod of it is never taken for one
+    on its way; and a template that keeps adding such pods is stuck 30 s after its first."""
+    now = [0.0]
+    stalls = Stalls(clock=lambda: now[0])
+    broken = "container agent: ImagePullBackOff"
+    pods = [pod("p0", broken, setting_up=False)]
+    seen, longest = stalls.observe("ns/py", pods)
+    assert seen == pods and longest == 0.0
+    for k in range(1, 4):
+        now[0] = 20.0 * k
+        pods.append(pod(f"p{k}", broken, setting_up=False))
+        seen, longest = stalls.observe("ns/py", pods)
+        assert seen == pods and longest == now[0]  # the first pod's wait, every pod still stalled
