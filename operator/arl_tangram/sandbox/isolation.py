@@ -288,6 +288,16 @@ def shared_root(root: str) -> bool:
     return bool(_shared_root) and os.path.realpath(root) == _shared_root
 
 
+def reserve(fd: int, length: int) -> None:
+    """``fallocate(2)`` of ``length`` bytes from 0 of the file behind ``fd``: room for them taken
+    now (ENOSPC now, where there is none), its content left as it is. Not glibc's
+    ``posix_fallocate``, which writes zeros where the filesystem cannot do it."""
+    _check(
+        _libc.fallocate(ctypes.c_int(fd), ctypes.c_int(0), ctypes.c_int64(0), ctypes.c_int64(length)),
+        "fallocate",
+    )
+
+
 def own_proc() -> None:
     """Give the calling process, the first of its PID namespace's actions in a mount namespace of
     its own, a /proc of that PID namespace: it sees its own processes only, under the PIDs they

@@ -7,6 +7,7 @@ relative to the workdir's descriptor, and ``..`` or absolute paths are refused u
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -117,18 +118,26 @@ def write_file(root: str, field: str, path: str, data: bytes, uid: int | None) -
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise InvalidSpec(field, f"cannot write {path!r}: not a regular file")
-            # Truncate only once it is known to be a regular file (O_TRUNC on a FIFO or a device
-            # is not ours to decide).
-            os.ftruncate(fd, 0)
             if uid is not None:
                 os.fchown(fd, uid, uid)
-            view = memoryview(data)
             try:
-                while view:
-                    written = os.write(fd, view)
-                    view = view[written:]
+                # Room for the new content first: where there is none (past the workdir's limit),
+                # the file a session had is refused, not lost. Then it is written over and cut to
+                # its length, once it is known to be a regular file (O_TRUNC on a FIFO or a device
+                # is not ours to decide).
+                if data:
+                    try:
+                        isolation.reserve(fd, len(data))
+                    except OSError as exc:
+                        if exc.errno != errno.EOPNOTSUPP:
+                            raise
+                view, at = memoryview(data), 0
+                while at < len(data):
+                    at += os.pwrite(fd, view[at:], at)
+                os.ftruncate(fd, len(data))
             except OSError as exc:  # ENOSPC: past the workdir's limit (or the host's disk)
-                raise InvalidSpec(field, f"cannot write {path!r}: {exc.strerror}") from exc
+                why = os.strerror(exc.errno) if exc.errno else str(exc)
+                raise InvalidSpec(field, f"cannot write {path!r}: {why}") from exc
         finally:
             os.close(fd)
     finally:

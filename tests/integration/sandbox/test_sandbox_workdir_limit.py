@@ -114,7 +114,9 @@ def test_a_full_workdir_takes_no_room_from_another_action_or_session(agent: Agen
     write nearly all of their own limit (one workdir's bound is not a shared pool)."""
     full = agent.post("/v1/sessions", {}).json()["session_id"]
     other = agent.post("/v1/sessions", {}).json()["session_id"]
+    files = f"{agent.url}/v1/sessions/{full}/files"
     try:
+        assert requests.put(f"{files}/keep.txt", data=b"the session's own", timeout=30).status_code == 201
         assert _stopped_at(_execute(agent, FILL, session_id=full))[1] == "ENOSPC"
         write = "open('x', 'wb').write(b'y' * (48 << 20)); print('wrote')"
         fresh = _execute(agent, write)
@@ -124,11 +126,12 @@ def test_a_full_workdir_takes_no_room_from_another_action_or_session(agent: Agen
         # refused by name, the session kept.
         listing = _execute(agent, "import os; print(len(os.listdir('.')))", session_id=full)
         assert int(str(listing["stdout"])) >= (LIMIT_MB - 8) // 8
-        put = requests.put(
-            f"{agent.url}/v1/sessions/{full}/files/more.bin", data=b"z" * (1 << 20), timeout=30
-        )
+        put = requests.put(f"{files}/more.bin", data=b"z" * (1 << 20), timeout=30)
         assert put.status_code == 400 and put.json()["field"] == "path"
         assert "cannot write 'more.bin': No space left on device" in put.json()["error"]
+        # A file the session has, replaced by more than there is room for: refused, and kept.
+        assert requests.put(f"{files}/keep.txt", data=b"w" * (1 << 20), timeout=30).status_code == 400
+        assert requests.get(f"{files}/keep.txt", timeout=30).content == b"the session's own"
         assert agent.post("/v1/execute", {"code": "print(1)", "session_id": full}).status_code == 200
     finally:
         for sid in (full, other):
