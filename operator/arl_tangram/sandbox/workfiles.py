@@ -7,6 +7,7 @@ relative to the workdir's descriptor, and ``..`` or absolute paths are refused u
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -110,9 +111,14 @@ def write_file(root: str, field: str, path: str, data: bytes, uid: int | None) -
     try:
         # O_NONBLOCK: opening a FIFO the action planted for writing would otherwise wait for a
         # reader forever, on the agent's event loop. Without a reader it fails (ENXIO) instead.
-        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        created = True
         try:
-            fd = os.open(parts[-1], flags, 0o644, dir_fd=dirfd)
+            try:
+                fd = os.open(parts[-1], flags | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dirfd)
+            except FileExistsError:
+                created = False
+                fd = os.open(parts[-1], flags, dir_fd=dirfd)
         except OSError as exc:
             raise InvalidSpec(field, f"cannot write {path!r}: {exc.strerror}") from exc
         try:
@@ -120,28 +126,44 @@ def write_file(root: str, field: str, path: str, data: bytes, uid: int | None) -
                 raise InvalidSpec(field, f"cannot write {path!r}: not a regular file")
             if uid is not None:
                 os.fchown(fd, uid, uid)
-            try:
-                # Room for the new content first: where there is none (past the workdir's limit),
-                # the file a session had is refused, not lost. Then it is written over and cut to
-                # its length, once it is known to be a regular file (O_TRUNC on a FIFO or a device
-                # is not ours to decide).
-                if data:
-                    try:
-                        isolation.reserve(fd, len(data))
-                    except OSError as exc:
-                        if exc.errno != errno.EOPNOTSUPP:
-                            raise
-                view, at = memoryview(data), 0
-                while at < len(data):
-                    at += os.pwrite(fd, view[at:], at)
-                os.ftruncate(fd, len(data))
-            except OSError as exc:  # ENOSPC: past the workdir's limit (or the host's disk)
-                why = os.strerror(exc.errno) if exc.errno else str(exc)
-                raise InvalidSpec(field, f"cannot write {path!r}: {why}") from exc
+            _write_over(fd, data)
+        except OSError as exc:  # ENOSPC: past the workdir's limit (or the host's disk)
+            if created:  # refused: nothing of it is left
+                with contextlib.suppress(OSError):
+                    os.unlink(parts[-1], dir_fd=dirfd)
+            why = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise InvalidSpec(field, f"cannot write {path!r}: {why}") from exc
         finally:
             os.close(fd)
     finally:
         os.close(dirfd)
+
+
+def _write_over(fd: int, data: bytes) -> None:
+    """Make the regular file behind ``fd`` hold ``data``. Room for it is taken first (fallocate):
+    where there is none (past the workdir's limit), the file a session had is refused, not lost.
+    Then it is written over and cut to its length. Where room cannot be taken ahead (a filesystem
+    without fallocate), it is emptied first, as before, and a write that fails leaves the part
+    written, never new bytes over an old tail."""
+    reserved = False
+    if data:
+        try:
+            isolation.reserve(fd, len(data))
+            reserved = True
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+    if not reserved:
+        os.ftruncate(fd, 0)
+    view, at = memoryview(data), 0
+    try:
+        while at < len(data):
+            at += os.pwrite(fd, view[at:], at)
+    except OSError:
+        if not reserved:
+            os.ftruncate(fd, at)
+        raise
+    os.ftruncate(fd, len(data))
 
 
 def workdir_files(size_mb: int) -> int:

@@ -129,6 +129,7 @@ def test_a_full_workdir_takes_no_room_from_another_action_or_session(agent: Agen
         put = requests.put(f"{files}/more.bin", data=b"z" * (1 << 20), timeout=30)
         assert put.status_code == 400 and put.json()["field"] == "path"
         assert "cannot write 'more.bin': No space left on device" in put.json()["error"]
+        assert requests.get(f"{files}/more.bin", timeout=30).status_code == 404  # nothing of it left
         # A file the session has, replaced by more than there is room for: refused, and kept.
         assert requests.put(f"{files}/keep.txt", data=b"w" * (1 << 20), timeout=30).status_code == 400
         assert requests.get(f"{files}/keep.txt", timeout=30).content == b"the session's own"
