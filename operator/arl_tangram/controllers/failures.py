@@ -97,11 +97,16 @@ class Stalls:
         else:
             self._since.pop(key, None)
 
-        def young(p: HostObservation) -> bool:
-            return p.setting_up and now - since[p.name] < UNSCHEDULABLE_AFTER_S
+        def seen(p: HostObservation) -> HostObservation:
+            if not p.stalled:
+                return p
+            waited = now - since[p.name]
+            if p.setting_up and waited < UNSCHEDULABLE_AFTER_S:
+                return replace(p, stalled=None, setting_up=False)
+            return replace(p, stalled_s=waited)
 
-        kept = [replace(p, stalled=None, setting_up=False) if p.stalled and young(p) else p for p in pods]
-        return kept, max((now - since[p.name] for p in kept if p.stalled), default=0.0)
+        kept = [seen(p) for p in pods]
+        return kept, max((p.stalled_s for p in kept if p.stalled), default=0.0)
 
     def forget(self, key: str) -> None:
         self._since.pop(key, None)
@@ -113,7 +118,8 @@ def cannot_start(noun: str, hosts: Iterable[HostObservation], stalled_for_s: flo
     start (``HostObservation.stalled``); None before, or when none is stalled."""
     if stalled_for_s < UNSCHEDULABLE_AFTER_S:
         return None
-    stalled = next((h for h in hosts if h.stalled), None)
+    # The one stalled longest: a pod of the same template stalled a moment ago may be a later one.
+    stalled = max((h for h in hosts if h.stalled), key=lambda h: h.stalled_s, default=None)
     return None if stalled is None else f"{noun} {stalled.name} cannot start: {stalled.stalled}"
 
 

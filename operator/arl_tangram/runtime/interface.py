@@ -39,6 +39,7 @@ class HostObservation:
     pending: str | None = None
     stalled: str | None = None
     setting_up: bool = False
+    stalled_s: float = 0.0  # how long it has been stalled, as its controller has seen (Stalls)
     failure: str | None = None
     cpu_applied_millicores: int | None = None  # the agent container's CPU limit as enacted (resize)
 

@@ -199,6 +199,10 @@ READY_TO_START = "PodReadyToStartContainers"  # a pod condition since Kubernetes
 # Volume kinds the kubelet makes on the node at once (nothing to attach): a pod waiting on these
 # for long waits on something missing, not on something slow.
 INSTANT_VOLUMES = frozenset({"secret", "configMap", "projected", "downwardAPI", "emptyDir", "hostPath"})
+# ... and the sources of a projected volume made so (a pod certificate waits for a signer).
+INSTANT_PROJECTIONS = frozenset(
+    {"secret", "configMap", "downwardAPI", "serviceAccountToken", "clusterTrustBundle"}
+)
 
 
 def _stalled(status: Mapping[str, Any]) -> str | None:
@@ -233,21 +237,25 @@ def _setting_up(spec: Mapping[str, Any], status: Mapping[str, Any]) -> str | Non
         return None
     used = {
         m.get("name")
-        for c in (*(spec.get("initContainers") or ()), *(spec.get("containers") or ()))
-        for m in c.get("volumeMounts") or ()
+        for key in ("initContainers", "containers", "ephemeralContainers")
+        for c in spec.get(key) or ()
+        for field in ("volumeMounts", "volumeDevices")
+        for m in c.get(field) or ()
     }
     needed: list[str] = []
     for volume in spec.get("volumes") or ():
         if volume.get("name") not in used:
             continue  # the kubelet ignores a volume no container mounts
         kind = next((k for k in volume if k != "name"), "")
-        if kind not in INSTANT_VOLUMES:
+        sources = (volume.get("projected") or {}).get("sources") or () if kind == "projected" else ()
+        if kind not in INSTANT_VOLUMES or any(set(src) - INSTANT_PROJECTIONS for src in sources):
             return None
         needed += _objects(volume)
     said = next(
         (
             str(w["message"])
-            for cs in status.get("containerStatuses") or ()
+            for key in ("initContainerStatuses", "containerStatuses")
+            for cs in status.get(key) or ()
             if (w := (cs.get("state") or {}).get("waiting")) and w.get("message")
         ),
         None,

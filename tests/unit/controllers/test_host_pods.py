@@ -174,6 +174,16 @@ def test_a_pod_whose_volumes_or_sandbox_are_not_ready_is_told_from_one_pulling_i
     assert seen(claimed).stalled is None and not seen(claimed).setting_up
     with_claims = host_pod(_with_pod_spec({"resourceClaims": [{"name": "gpu"}]}), "py-g")
     assert seen(with_claims).stalled is None
+    # Used as a block device, or only by an ephemeral container, a claim is waited on all the same;
+    # and a projected pod certificate waits for its signer.
+    block = {**sidecar, "volumeMounts": [], "volumeDevices": [{"name": "w", "devicePath": "/dev/w"}]}
+    assert seen(host_pod(_with_pod_spec({"containers": [block], "volumes": [pvc]}), "py-b")).stalled is None
+    debug = {"ephemeralContainers": [{"name": "dbg", "volumeMounts": [{"name": "w", "mountPath": "/w"}]}]}
+    assert seen(host_pod(_with_pod_spec({**debug, "volumes": [pvc]}), "py-e")).stalled is None
+    cert = {"name": "k", "projected": {"sources": [{"secret": {"name": "a"}}, {"podCertificate": {}}]}}
+    assert (
+        seen(host_pod(_with_pod_spec({"containers": [sidecar], "volumes": [cert]}), "py-c")).stalled is None
+    )
     # Ready, failed or going: never stalled, whatever the condition says.
     ready = _observed(
         plain,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from arl_tangram.controllers.failures import UNSCHEDULABLE_AFTER_S, Stalls
+from arl_tangram.controllers.failures import UNSCHEDULABLE_AFTER_S, Stalls, cannot_start
 from arl_tangram.runtime.interface import HostObservation
 
 BASE = HostObservation(
@@ -47,7 +47,10 @@ def test_one_stuck_pod_counts_once_its_own_wait_is_long_enough_and_is_the_one_na
     now[0] = UNSCHEDULABLE_AFTER_S
     seen, longest = stalls.observe("ns/py", [pod("stuck", "no secret"), pod("new", "not ready")])
     assert longest == UNSCHEDULABLE_AFTER_S
-    assert [(p.name, p.stalled) for p in seen] == [("stuck", "no secret"), ("new", None)]
+    assert [(p.name, p.stalled, p.stalled_s) for p in seen] == [
+        ("stuck", "no secret", UNSCHEDULABLE_AFTER_S),
+        ("new", None, 0.0),
+    ]
     # It starts: the clock is cleared, and a later stall of the same pod starts from zero.
     assert stalls.observe("ns/py", [pod("stuck")]) == ([pod("stuck")], 0.0)
     now[0] += 100
@@ -66,9 +69,12 @@ def test_a_container_that_cannot_start_counts_at_once_each_pod_on_its_own_clock(
     broken = "container agent: ImagePullBackOff"
     pods = [pod("p0", broken, setting_up=False)]
     seen, longest = stalls.observe("ns/py", pods)
-    assert seen == pods and longest == 0.0
+    assert [p.stalled for p in seen] == [broken] and longest == 0.0  # counts at once
     for k in range(1, 4):
         now[0] = 20.0 * k
         pods.append(pod(f"p{k}", broken, setting_up=False))
         seen, longest = stalls.observe("ns/py", pods)
-        assert seen == pods and longest == now[0]  # the first pod's wait, every pod still stalled
+        assert [p.stalled for p in seen] == [broken] * len(pods)  # every pod, however new
+        assert longest == now[0]  # the first pod's wait
+    # The host named is the one stuck longest, wherever it is listed.
+    assert cannot_start("host", reversed(seen), longest) == f"host p0 cannot start: {broken}"
