@@ -284,3 +284,26 @@ def trainer_token(cluster: Cluster, namespace: str, name: str = "trainer") -> st
     return cluster.kubectl(
         "create", "token", name, "-n", namespace, "--audience=tangram-gateway"
     ).stdout.strip()
+
+
+def post_run_code(
+    port: int, namespace: str, pool: str, body: dict[str, Any], headers: dict[str, str]
+) -> tuple[int, bytes, Any]:
+    """POST /run_code to the gateway on ``port`` for ``pool`` of ``namespace``: status, body and
+    headers, an error status included."""
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/run_code",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "X-Tangram-Namespace": namespace,
+            "X-Tangram-Pool": pool,
+            **headers,
+        },
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return resp.status, resp.read(), resp.headers
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), exc.headers

@@ -26,6 +26,7 @@ from testbed import Cluster, wait_for
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "integration" / "sandbox"))
 sys.path.insert(0, str(TESTS / "integration" / "gateway"))
+sys.path.insert(0, str(TESTS / "integration" / "dispatch"))  # gateway_harness's dispatch_harness
 
 from gateway_harness import Gateway, serve_gateway  # noqa: E402
 from sandbox_agent_harness import Agent, start_agent, stop_agent  # noqa: E402

@@ -13,8 +13,6 @@ import asyncio
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from operator_harness import (
     batch_manifest,
     install,
     pool_manifest,
+    post_run_code,
     sa_kubeconfig,
     service_manifest,
     trainer_token,
@@ -118,22 +117,8 @@ def _run_code(
 ) -> tuple[int, dict[str, Any], Any]:
     """POST /run_code to the leader's gateway for pool ``py`` of ``namespace``: status, JSON answer
     and headers, an error status included."""
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{operator.leader().port}/run_code",
-        data=json.dumps(body).encode(),
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "X-Tangram-Namespace": namespace,
-            "X-Tangram-Pool": "py",
-            **headers,
-        },
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            return resp.status, json.loads(resp.read()), resp.headers
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}"), exc.headers
+    status, data, answer_headers = post_run_code(operator.leader().port, namespace, "py", body, headers)
+    return status, json.loads(data or b"{}"), answer_headers
 
 
 def _sleepers(n: int, seconds: float, prefix: str = "a") -> list[dict[str, Any]]:
@@ -618,6 +603,36 @@ def test_a_pool_no_node_can_hold_says_so(cluster: Cluster, namespace: str, opera
     assert "500 cores" in ready["message"] and "spec.template.resources" in ready["message"], ready
 
 
+def _cannot_start(cluster: Cluster, namespace: str, batch: str, why: str) -> dict[str, Any]:
+    """Wait for pool ``py`` to be Degraded with HostsCannotStart and for ``batch`` to say it waits
+    because of ``why``; the pool's Degraded condition."""
+    pool = _wait_for(
+        cluster,
+        namespace,
+        "actionpools",
+        lambda o: any(
+            c["type"] == "Degraded" and c["reason"] == "HostsCannotStart"
+            for c in o.get("status", {}).get("conditions", [])
+        ),
+        description="Degraded HostsCannotStart",
+        timeout=120,
+    )
+    _wait_for(
+        cluster,
+        namespace,
+        "actionbatches",
+        lambda o: any(
+            c["type"] == "Running" and why in c.get("message", "")
+            for c in o.get("status", {}).get("conditions", [])
+        ),
+        field_selector=f"metadata.name={batch}",
+        description="the batch saying why it waits",
+        timeout=60,
+    )
+    degraded: dict[str, Any] = next(c for c in pool["status"]["conditions"] if c["type"] == "Degraded")
+    return degraded
+
+
 def test_a_pool_whose_hosts_cannot_start_refuses_callers_holds_batches_and_serves_once_fixed(
     cluster: Cluster, namespace: str, operator: Operator
 ) -> None:
@@ -634,31 +649,8 @@ def test_a_pool_whose_hosts_cannot_start_refuses_callers_holds_batches_and_serve
         scaling={"minHosts": 1},
     )
     _create(cluster, namespace, "actionbatches", batch_manifest("held", _sleepers(2, 0)))
-    pool = _wait_for(
-        cluster,
-        namespace,
-        "actionpools",
-        lambda o: any(
-            c["type"] == "Degraded" and c["reason"] == "HostsCannotStart"
-            for c in o.get("status", {}).get("conditions", [])
-        ),
-        description="Degraded HostsCannotStart",
-        timeout=120,
-    )
-    degraded = next(c for c in pool["status"]["conditions"] if c["type"] == "Degraded")
+    degraded = _cannot_start(cluster, namespace, "held", why)
     assert "CreateContainerConfigError" in degraded["message"] and why in degraded["message"], degraded
-    _wait_for(
-        cluster,
-        namespace,
-        "actionbatches",
-        lambda o: any(
-            c["type"] == "Running" and why in c.get("message", "")
-            for c in o.get("status", {}).get("conditions", [])
-        ),
-        field_selector="metadata.name=held",
-        description="the batch saying why it waits",
-        timeout=60,
-    )
     token = trainer_token(cluster, namespace)
     started = time.monotonic()
     status, answer, headers = _run_code(
@@ -690,32 +682,9 @@ def test_a_pool_whose_pods_wait_for_a_missing_secret_says_so_and_starts_once_it_
     pod_spec = {"containers": [sidecar], "volumes": [{"name": "creds", "secret": {"secretName": "api-key"}}]}
     _pool(cluster, namespace, template={"podSpec": pod_spec}, scaling={"minHosts": 1})
     _create(cluster, namespace, "actionbatches", batch_manifest("held", _sleepers(1, 0)))
-    pool = _wait_for(
-        cluster,
-        namespace,
-        "actionpools",
-        lambda o: any(
-            c["type"] == "Degraded" and c["reason"] == "HostsCannotStart"
-            for c in o.get("status", {}).get("conditions", [])
-        ),
-        description="Degraded HostsCannotStart",
-        timeout=120,
-    )
-    degraded = next(c for c in pool["status"]["conditions"] if c["type"] == "Degraded")
+    degraded = _cannot_start(cluster, namespace, "held", "volumes or pod sandbox are not ready")
     assert "its volumes or pod sandbox are not ready" in degraded["message"], degraded
     assert "api-key" in degraded["message"], degraded  # the test bed's kubelet names it
-    _wait_for(
-        cluster,
-        namespace,
-        "actionbatches",
-        lambda o: any(
-            c["type"] == "Running" and "volumes or pod sandbox are not ready" in c.get("message", "")
-            for c in o.get("status", {}).get("conditions", [])
-        ),
-        field_selector="metadata.name=held",
-        description="the batch saying why it waits",
-        timeout=60,
-    )
     cluster.core.create_namespaced_secret(
         namespace, {"metadata": {"name": "api-key"}, "stringData": {"key": "k-123"}}
     )

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +24,7 @@ from chaos import (
     submit,
     wait_complete,
 )
-from operator_harness import Operator, trainer_token
+from operator_harness import Operator, post_run_code, trainer_token
 from testbed import REPO, Cluster
 
 from arl_tangram.sandbox import seccomp
@@ -207,22 +205,8 @@ def test_sandbox_pods_have_no_token_and_the_pools_network_policy_denies_egress(
 
 
 def _call(port: int, ns: str, token: str | None) -> int:
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/run_code",
-        data=json.dumps({"code": "print(1)", "language": "python"}).encode(),
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "X-Tangram-Namespace": ns,
-            "X-Tangram-Pool": "sec",
-            **({"Authorization": f"Bearer {token}"} if token else {}),
-        },
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
+    return post_run_code(port, ns, "sec", {"code": "print(1)", "language": "python"}, auth)[0]
 
 
 def test_the_gateway_refuses_no_token_no_rbac_and_other_namespaces(

@@ -1,4 +1,5 @@
-"""What the dispatcher's tests share: a pool of namespace ``team-a``, and a real agent as a host."""
+"""What the dispatcher's and the gateway's tests share: a pool of namespace ``team-a``, and a real
+agent as a host."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from arl_tangram.domain.pools import PoolConfig, pool_config
 NS = "team-a"
 
 
-def pool_for_tests(name: str = "py", **scaling: object) -> PoolConfig:
+def pool_for_tests(name: str = "py", namespace: str = NS, **scaling: object) -> PoolConfig:
     """A pool of hosts of 2 cores and 4Gi, actions of at most 2 cores, 30 s and 1Gi."""
     model = ActionPool.model_validate(
         {
-            "metadata": {"name": name, "namespace": NS, "generation": 1},
+            "metadata": {"name": name, "namespace": namespace, "generation": 1},
             "spec": {
                 "template": {"image": "sandbox:test", "resources": {"cpu": "2", "memory": "4Gi"}},
                 "languages": ["python", "bash"],
@@ -25,7 +26,7 @@ def pool_for_tests(name: str = "py", **scaling: object) -> PoolConfig:
             },
         }
     )
-    return pool_config(model, uid="uid-1")
+    return pool_config(model, uid=f"uid-{namespace}-{name}")
 
 
 def endpoint(agent: Agent, name: str, draining: bool = False) -> HostEndpoint:

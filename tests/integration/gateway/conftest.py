@@ -7,4 +7,5 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sandbox"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dispatch"))  # dispatch_harness
 sys.path.insert(0, str(Path(__file__).resolve().parent))

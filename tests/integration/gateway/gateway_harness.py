@@ -25,16 +25,14 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
-import requests
 import yaml
 from aiohttp import web
+from dispatch_harness import NS, endpoint, pool_for_tests
 from sandbox_agent_harness import Agent
 
-from arl_tangram.api.actionpool import ActionPool
 from arl_tangram.dispatch.agent import AgentClient
-from arl_tangram.dispatch.dispatcher import Dispatcher, HostEndpoint
+from arl_tangram.dispatch.dispatcher import Dispatcher
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
-from arl_tangram.domain.pools import PoolConfig, pool_config
 from arl_tangram.errors import NotFound
 from arl_tangram.gateway import GatewayConfig, build_gateway_app
 from arl_tangram.gateway.admission import Admission
@@ -43,29 +41,9 @@ from arl_tangram.gateway.review_server import ReviewServer
 from arl_tangram.gateway.state import STATE, BatchResults, Readiness, always_leader
 from arl_tangram.rewards.builtin import BuiltinScorer, write_model
 
-NS = "team-a"
 POOL = "py"
 SERVICE = "rm"
 T = TypeVar("T")
-
-
-def pool_for_tests(name: str = POOL, namespace: str = NS) -> PoolConfig:
-    model = ActionPool.model_validate(
-        {
-            "metadata": {"name": name, "namespace": namespace, "generation": 1},
-            "spec": {
-                "template": {"image": "sandbox:test", "resources": {"cpu": "2", "memory": "4Gi"}},
-                "languages": ["python", "bash"],
-                "limits": {"timeoutSeconds": 30, "memory": "1Gi", "maxCores": 2},
-            },
-        }
-    )
-    return pool_config(model, uid=f"uid-{namespace}-{name}")
-
-
-def endpoint(agent: Agent, name: str) -> HostEndpoint:
-    health = requests.get(agent.url + "/v1/health", timeout=10).json()
-    return HostEndpoint(name, f"127.0.0.1:{agent.port}", tuple(health["cores"]["ids"]), 4 << 30)
 
 
 def sample_text(payload: Mapping[str, Any]) -> str:
