@@ -274,16 +274,12 @@ def _setting_up(spec: Mapping[str, Any], status: Mapping[str, Any]) -> str | Non
 def _objects(volume: Mapping[str, Any]) -> list[str]:
     """The Secrets and ConfigMaps a volume is made from, as "Secret x", that may be missing
     (those marked optional may not be)."""
-    sources: list[tuple[str, Mapping[str, Any]]] = []
-    if "secret" in volume:
-        sources.append(("Secret", volume["secret"] or {}))
-    if "configMap" in volume:
-        sources.append(("ConfigMap", volume["configMap"] or {}))
-    for src in (volume.get("projected") or {}).get("sources") or ():
-        if "secret" in src:
-            sources.append(("Secret", src["secret"] or {}))
-        if "configMap" in src:
-            sources.append(("ConfigMap", src["configMap"] or {}))
+    sources = [
+        (kind, src[key] or {})
+        for src in (volume, *((volume.get("projected") or {}).get("sources") or ()))
+        for key, kind in (("secret", "Secret"), ("configMap", "ConfigMap"))
+        if key in src
+    ]
     return [
         f"{kind} {ref.get('secretName') or ref.get('name')}"
         for kind, ref in sources

@@ -288,14 +288,16 @@ def shared_root(root: str) -> bool:
     return bool(_shared_root) and os.path.realpath(root) == _shared_root
 
 
+_fallocate = _libc.fallocate64  # off_t of 64 bits whatever the build's
+_fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+
+
 def reserve(fd: int, length: int) -> None:
     """``fallocate(2)`` of ``length`` bytes from 0 of the file behind ``fd``: room for them taken
     now (ENOSPC now, where there is none), its content left as it is. Not glibc's
     ``posix_fallocate``, which writes zeros where the filesystem cannot do it. Kernels before 6.9
     abort a tmpfs one on any signal (the agent's SIGCHLD among them): tried again then."""
-    call = _libc.fallocate64  # off_t of 64 bits whatever the build's
-    call.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
-    while call(fd, 0, 0, length) != 0:
+    while _fallocate(fd, 0, 0, length) != 0:
         err = ctypes.get_errno()
         if err != errno.EINTR:
             raise OSError(err, f"fallocate: {os.strerror(err)}")
