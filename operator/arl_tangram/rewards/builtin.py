@@ -112,20 +112,25 @@ def features(texts: Sequence[str], meta: ModelMeta) -> tuple[np.ndarray, np.ndar
 
 
 def score_numpy(arrays: dict[str, np.ndarray], meta: ModelMeta, texts: Sequence[str]) -> list[float]:
-    """Scores on CPU (float32 arithmetic whatever the stored dtype)."""
+    """Scores on CPU: each text's score is the same whatever batch it is in and in every process.
+
+    BLAS picks its kernel and summation order by the matrices' shapes (and threads and alignment), so
+    a float32 product changes in its last bits with the batch: a reward service that batches requests
+    together would give a text a reward that depends on what else was queued. So the sums run in
+    float64, whose differences (about 1e-16) vanish when the result is rounded to float32."""
     if not texts:
         return []
     ids, offsets = features(texts, meta)
-    emb = arrays["embed"][ids].astype(np.float32)
+    emb = arrays["embed"][ids].astype(np.float64)
     sums = np.add.reduceat(emb, offsets, axis=0)
-    counts = np.diff(np.append(offsets, len(ids))).astype(np.float32)[:, None]
+    counts = np.diff(np.append(offsets, len(ids))).astype(np.float64)[:, None]
     # Some OpenBLAS kernels leave the FE_INVALID flag set for finite inputs, which numpy reports as
     # "invalid value encountered in matmul" (numpy issues 24067 and 13173). A real NaN or inf in the
     # weights still reaches the scores, so only the spurious warning is silenced.
     with np.errstate(invalid="ignore"):
-        h = np.tanh(sums / counts @ arrays["w1"].astype(np.float32) + arrays["b1"].astype(np.float32))
-        out = h @ arrays["w2"].astype(np.float32) + arrays["b2"].astype(np.float32)
-    return [float(x) for x in out[:, 0]]
+        h = np.tanh(sums / counts @ arrays["w1"].astype(np.float64) + arrays["b1"].astype(np.float64))
+        out = h @ arrays["w2"].astype(np.float64) + arrays["b2"].astype(np.float64)
+    return [float(x) for x in out[:, 0].astype(np.float32)]
 
 
 class BuiltinScorer:
@@ -200,10 +205,11 @@ class BuiltinScorer:
         with torch.inference_mode():
             emb = torch.nn.functional.embedding_bag(
                 torch.from_numpy(ids).to(self.device),
-                d["embed"].float(),
+                d["embed"].double(),
                 torch.from_numpy(offsets).to(self.device),
                 mode="mean",
             )
-            h = torch.tanh(emb @ d["w1"].float() + d["b1"].float())
-            out = h @ d["w2"].float() + d["b2"].float()
-            return [float(x) for x in out[:, 0].cpu().tolist()]
+            # float64 sums, as in score_numpy: a score independent of its batch, and numpy's
+            h = torch.tanh(emb @ d["w1"].double() + d["b1"].double())
+            out = h @ d["w2"].double() + d["b2"].double()
+            return [float(x) for x in out[:, 0].float().cpu().tolist()]
