@@ -25,6 +25,7 @@ from testbed import (
     http_get_json,
     pod_manifest,
     pod_ready,
+    restarts_explained,
     wait_for,
     wait_for_audit_event,
     wait_for_gone,
@@ -66,7 +67,8 @@ def test_pods_serve_http_at_their_own_pod_ips(cluster: Cluster, namespace: str) 
         assert seen["env"]["UNDEFINED"] == "$(NO_SUCH_VAR)"
         assert seen["argv"] == [f"hello-{name}", namespace]
         status = pod["status"]["containerStatuses"][0]
-        assert status["ready"] and status["restartCount"] == 0 and "running" in status["state"]
+        assert status["restartCount"] == 0, restarts_explained(cluster, namespace, pod)
+        assert status["ready"] and "running" in status["state"]
         assert pod["status"]["phase"] == "Running"
     assert len(set(ips)) == 2
 

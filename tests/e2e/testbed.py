@@ -343,6 +343,28 @@ def dump_cluster_state(cluster: Cluster, dest: Path, namespace: str | None) -> N
             )
 
 
+def restarts_explained(cluster: Cluster, namespace: str, pod: Json) -> str:
+    """Why a pod's containers restarted: each one's last termination (exit code, reason, message)
+    and the end of its previous run's log, for an assertion's message. A restart seen once in many
+    runs can then be understood from the CI output alone."""
+    lines = []
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if not status.get("restartCount"):
+            continue
+        last = (status.get("lastState") or {}).get("terminated") or {}
+        try:
+            log = cluster.core.read_namespaced_pod_log(
+                pod["metadata"]["name"], namespace, container=status["name"], previous=True, tail_lines=20
+            )
+        except ApiException as exc:
+            log = f"(no previous log: {exc.status} {exc.reason})"
+        lines.append(
+            f"container {status['name']} restarted {status['restartCount']}x; last exit "
+            f"{last.get('exitCode')} {last.get('reason', '')} {last.get('message', '')}; its log:\n{log}"
+        )
+    return "\n".join(lines)
+
+
 # ---- pods the tests run ------------------------------------------------------------------------------
 
 # A small HTTP server that answers with what its process sees (environment, argv, hostname), bound to
