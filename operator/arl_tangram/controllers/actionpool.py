@@ -84,8 +84,6 @@ class PoolObservation:
     plan: ScalingPlan | None
     conditions: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
     unschedulable_for_s: float = 0.0
-    # How long some placed host's container has been unable to start (see ``HostObservation.stalled``).
-    stalled_for_s: float = 0.0
     # How long the planner has found no node for a host of the pool, round after round.
     unplaceable_for_s: float = 0.0
     resize_refusal: str | None = None
@@ -118,7 +116,6 @@ def pool_outage(cfg: PoolConfig, observed: PoolObservation, ops: Sequence[Operat
         unplaceable=_unplaceable(cfg, observed.plan),
         unplaceable_for_s=observed.unplaceable_for_s,
         unplaced_for_s=observed.unschedulable_for_s,
-        stalled_for_s=observed.stalled_for_s,
         failures=observed.failures,
         since_failure_s=observed.since_failure_s,
         last_failure=observed.last_failure,
@@ -247,7 +244,7 @@ def _status(
     queue = stats.queued_actions if stats else 0
     lo, _ = cfg.desired_bounds
     stuck = bool(pending) and observed.unschedulable_for_s >= UNSCHEDULABLE_AFTER_S
-    stalled = cannot_start("host", starting, observed.stalled_for_s)
+    stalled = cannot_start("host", starting)
     unplaceable = _unplaceable(cfg, observed.plan)
     if ready:
         conds = set_condition(
@@ -579,14 +576,12 @@ class PoolController:
         plan = self.planner.plan(snapshot(now, cfg, hosts, others, nodes, stats))
         streak = self._failures.observe(cfg.key, hosts)
         # Stalled only once a host has been for long enough (Stalls says why).
-        seen, stalled_for_s = self._stalled.observe(cfg.key, hosts)
         observed = PoolObservation(
-            hosts=seen,
+            hosts=self._stalled.observe(cfg.key, hosts),
             stats=stats,
             plan=plan,
             conditions=status.get("conditions") or (),
             unschedulable_for_s=self._unplaced.observe(cfg.key, any(h.pending for h in hosts)),
-            stalled_for_s=stalled_for_s,
             unplaceable_for_s=self._unplaceable.observe(cfg.key, _unplaceable(cfg, plan) is not None),
             failures=streak.count,
             since_failure_s=streak.since_s,

@@ -86,9 +86,9 @@ class Stalls:
         self.clock = clock
         self._since: dict[str, dict[str, float]] = {}
 
-    def observe(self, key: str, pods: Sequence[HostObservation]) -> tuple[list[HostObservation], float]:
+    def observe(self, key: str, pods: Sequence[HostObservation]) -> list[HostObservation]:
         """``pods``, those setting up for less than ``UNSCHEDULABLE_AFTER_S`` as starting
-        (``stalled`` cleared); and the longest any of the rest has been stalled."""
+        (``stalled`` cleared), each of the rest with how long it has been stalled (``stalled_s``)."""
         now = self.clock()
         was = self._since.get(key, {})
         since = {p.name: was.get(p.name, now) for p in pods if p.stalled}
@@ -105,22 +105,21 @@ class Stalls:
                 return replace(p, stalled=None, setting_up=False)
             return replace(p, stalled_s=waited)
 
-        kept = [seen(p) for p in pods]
-        return kept, max((p.stalled_s for p in kept if p.stalled), default=0.0)
+        return [seen(p) for p in pods]
 
     def forget(self, key: str) -> None:
         self._since.pop(key, None)
 
 
-def cannot_start(noun: str, hosts: Iterable[HostObservation], stalled_for_s: float) -> str | None:
-    """ "host X cannot start: <the kubelet's reason>" (``noun`` for "host") once some host's
-    container has waited ``stalled_for_s`` >= ``UNSCHEDULABLE_AFTER_S`` on what is not a normal
-    start (``HostObservation.stalled``); None before, or when none is stalled."""
-    if stalled_for_s < UNSCHEDULABLE_AFTER_S:
-        return None
+def cannot_start(noun: str, hosts: Iterable[HostObservation]) -> str | None:
+    """ "host X cannot start: <the kubelet's reason>" (``noun`` for "host") once one of ``hosts``
+    has waited ``UNSCHEDULABLE_AFTER_S`` on what is not a normal start (``HostObservation.stalled``
+    for ``stalled_s``); None before, or when none is stalled."""
     # The one stalled longest: a pod of the same template stalled a moment ago may be a later one.
     stalled = max((h for h in hosts if h.stalled), key=lambda h: h.stalled_s, default=None)
-    return None if stalled is None else f"{noun} {stalled.name} cannot start: {stalled.stalled}"
+    if stalled is None or stalled.stalled_s < UNSCHEDULABLE_AFTER_S:
+        return None
+    return f"{noun} {stalled.name} cannot start: {stalled.stalled}"
 
 
 def outage(
@@ -132,7 +131,6 @@ def outage(
     unplaceable: str | None,
     unplaceable_for_s: float,
     unplaced_for_s: float,
-    stalled_for_s: float,
     failures: int,
     since_failure_s: float,
     last_failure: str | None,
@@ -156,7 +154,7 @@ def outage(
         return Outage(
             f"{what}: {noun} {pending[0].name} cannot be placed: {pending[0].pending}", UNSCHEDULABLE_AFTER_S
         )
-    stalled = cannot_start(noun, starting, stalled_for_s)
+    stalled = cannot_start(noun, starting)
     if stalled:
         return Outage(f"{what}: {stalled}", UNSCHEDULABLE_AFTER_S)
     left = backoff_s(failures) - since_failure_s

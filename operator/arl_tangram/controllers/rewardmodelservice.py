@@ -140,10 +140,9 @@ class ServiceObservation:
     since_failure_s: float = float("inf")
     last_failure: str | None = None
     gpu: GpuView = field(default_factory=GpuView)
-    # How long some replica has waited for a node, and some placed one for its container to start
-    # (an image it cannot pull): past ``UNSCHEDULABLE_AFTER_S`` its requests are refused.
+    # How long some replica has waited for a node: past ``UNSCHEDULABLE_AFTER_S`` its requests are
+    # refused (as they are once a placed one has been stalled as long: ``HostObservation.stalled_s``).
     unschedulable_for_s: float = 0.0
-    stalled_for_s: float = 0.0
     # How long, round after round, no GPU has been free for a replica the service wants.
     short_for_s: float = 0.0
 
@@ -202,7 +201,7 @@ def reconcile_rewardmodelservice(
     gen = cfg.generation
     conds = [dict(c) for c in observed.conditions]
     pending = [r for r in serving if r.pending]
-    stalled = cannot_start("replica", serving, observed.stalled_for_s)
+    stalled = cannot_start("replica", serving)
     creating = sum(isinstance(o, CreateReplica) for o in ops)
     chosen_by = f"; {DEVICE_PLUGIN_CHOICE}" if by_plugin and (serving or creating) else ""
     if ready:
@@ -341,7 +340,6 @@ def service_outage(
         unplaceable=short,
         unplaceable_for_s=observed.short_for_s,
         unplaced_for_s=observed.unschedulable_for_s,
-        stalled_for_s=observed.stalled_for_s,
         failures=observed.failures,
         since_failure_s=observed.since_failure_s,
         last_failure=observed.last_failure,
@@ -407,9 +405,8 @@ class ServiceController:
         for problem in gpu.problems:
             log.warning("service %s: %s", cfg.key, problem)
         # Stalled only once a replica has been for long enough (Stalls says why).
-        seen, stalled_for_s = self._stalled.observe(cfg.key, replicas)
         observed = ServiceObservation(
-            seen,
+            self._stalled.observe(cfg.key, replicas),
             self.router.stats(cfg.key),
             self.router.clock(),
             conditions,
@@ -419,7 +416,6 @@ class ServiceController:
             last_failure=streak.last,
             gpu=gpu,
             unschedulable_for_s=self._unplaced.observe(cfg.key, any(r.pending for r in replicas)),
-            stalled_for_s=stalled_for_s,
         )
         new_status, ops = reconcile_rewardmodelservice(model, cfg, observed, now)
         short = any(

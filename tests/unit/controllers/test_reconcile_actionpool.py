@@ -284,12 +284,12 @@ def test_no_outage_while_a_host_is_ready_or_one_may_still_come() -> None:
     stalled = "container agent: ImagePullBackOff: Back-off pulling image"
     assert _outage([host("a"), host("b", "starting", pending=waits)], unschedulable_for_s=1e6) is None
     assert _outage([host("b", "starting", pending=waits)], unschedulable_for_s=LONG - 1) is None
-    assert _outage([host("b", "starting", stalled=stalled)], stalled_for_s=LONG - 1) is None
-    assert _outage([host("b", "starting")], stalled_for_s=1e6, unschedulable_for_s=1e6) is None
+    assert _outage([host("b", "starting", stalled=stalled, stalled_s=LONG - 1)]) is None
+    assert _outage([host("b", "starting", stalled_s=1e6)], unschedulable_for_s=1e6) is None
     # One host waits for good, but another is on its way (placed, starting normally).
     on_its_way = host("c", "starting")
     assert _outage([host("b", "starting", pending=waits), on_its_way], unschedulable_for_s=1e6) is None
-    assert _outage([host("b", "starting", stalled=stalled), on_its_way], stalled_for_s=1e6) is None
+    assert _outage([host("b", "starting", stalled=stalled, stalled_s=1e6), on_its_way]) is None
     # A host added or brought back this round is coming, whatever else the plan says.
     for op in (CreateHost("n1", "2 actions waiting"), SetDraining("d", False, "needed again")):
         assert _outage([], (op,), plan=_unplaceable_plan(), unplaceable_for_s=1e6) is None
@@ -312,7 +312,7 @@ def test_an_outage_names_why_and_when_to_send_again() -> None:
     pending = _outage([host("b", "starting", pending=waits)], unschedulable_for_s=LONG)
     assert pending is not None and f"host b cannot be placed: {waits}" in pending.message
     stalled = 'container agent: CreateContainerConfigError: secret "token" not found'
-    cannot = _outage([host("b", "starting", stalled=stalled)], stalled_for_s=LONG)
+    cannot = _outage([host("b", "starting", stalled=stalled, stalled_s=LONG)])
     assert cannot is not None and "host b cannot start" in cannot.message and stalled in cannot.message
     last = "the agent exited 1: Error"
     n = OUTAGE_AFTER_FAILURES + 1
@@ -335,20 +335,21 @@ def test_a_dedicated_pool_whose_new_pods_cannot_start_refuses_new_sessions() -> 
     dedicated = dataclasses.replace(dedicated, mode="dedicated")
     used = stats({"old": (0, 1)})
     stalled = "container agent: ErrImagePull: not found"
-    hosts = [host("old"), host("new", "starting", stalled=stalled)]
-    refused = _outage(hosts, cfg=dedicated, stats=used, plan=None, stalled_for_s=LONG)
+    hosts = [host("old"), host("new", "starting", stalled=stalled, stalled_s=LONG)]
+    refused = _outage(hosts, cfg=dedicated, stats=used, plan=None)
     assert refused is not None and "host new cannot start" in refused.message
     free = stats({"old": (0, 0)})
-    assert _outage(hosts, cfg=dedicated, stats=free, plan=None, stalled_for_s=LONG) is None
+    assert _outage(hosts, cfg=dedicated, stats=free, plan=None) is None
 
 
 def test_a_host_whose_container_cannot_start_says_so_after_a_while() -> None:
-    stalled = [host("a", "starting", stalled="container agent: ErrImagePull: pull access denied for img")]
-    early, _ = reconcile_actionpool(CFG, PoolObservation(stalled, stats(), plan(), stalled_for_s=1.0), NOW)
+    def stalled(for_s: float) -> list[HostObservation]:
+        why = "container agent: ErrImagePull: pull access denied for img"
+        return [host("a", "starting", stalled=why, stalled_s=for_s)]
+
+    early, _ = reconcile_actionpool(CFG, PoolObservation(stalled(1.0), stats(), plan()), NOW)
     assert {c["type"]: c["reason"] for c in early["conditions"]}["Ready"] == "HostsStarting"
-    late, _ = reconcile_actionpool(
-        CFG, PoolObservation(stalled, stats(), plan(), stalled_for_s=UNSCHEDULABLE_AFTER_S), NOW
-    )
+    late, _ = reconcile_actionpool(CFG, PoolObservation(stalled(UNSCHEDULABLE_AFTER_S), stats(), plan()), NOW)
     cond = {c["type"]: c for c in late["conditions"]}
     for kind in ("Ready", "Degraded"):
         assert cond[kind]["reason"] == "HostsCannotStart"

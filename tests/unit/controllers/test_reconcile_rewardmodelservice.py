@@ -661,14 +661,15 @@ def _outage_of(obs: ServiceObservation) -> Any:
 
 
 def test_a_replica_that_cannot_start_is_named_and_its_requests_refused_after_a_while() -> None:
-    stalled = [rep("a", "starting", stalled="container runtime: ImagePullBackOff: img:typo not found")]
-    early = ServiceObservation(stalled, stats(queued=1, last=999.0), 1000.0, stalled_for_s=1.0)
+    why = "container runtime: ImagePullBackOff: img:typo not found"
+    early = ServiceObservation(
+        [rep("a", "starting", stalled=why, stalled_s=1.0)], stats(queued=1, last=999.0), 1000.0
+    )
     status, _ = reconcile(early)
     assert {c["type"]: c["reason"] for c in status["conditions"]}["Ready"] == "HostsStarting"
     assert service_outage(cfg(), early, status["conditions"], []) is None
-    late = ServiceObservation(
-        stalled, stats(queued=1, last=999.0), 1000.0, stalled_for_s=UNSCHEDULABLE_AFTER_S
-    )
+    stalled = [rep("a", "starting", stalled=why, stalled_s=UNSCHEDULABLE_AFTER_S)]
+    late = ServiceObservation(stalled, stats(queued=1, last=999.0), 1000.0)
     status, ops = reconcile(late)
     conds = {c["type"]: c for c in status["conditions"]}
     for kind in ("Ready", "Degraded"):
@@ -679,7 +680,7 @@ def test_a_replica_that_cannot_start_is_named_and_its_requests_refused_after_a_w
     assert outage is not None and outage.message.startswith("RewardModelService ns/rm has no replica: ")
     assert "ImagePullBackOff: img:typo not found" in outage.message
     # A ready replica serves meanwhile: nothing is refused.
-    both = ServiceObservation([*stalled, rep("b")], stats(last=999.0), 1000.0, stalled_for_s=1e6)
+    both = ServiceObservation([*stalled, rep("b")], stats(last=999.0), 1000.0)
     assert _outage_of(both) is None
     # A replica created this round is coming.
     assert service_outage(cfg(), late, status["conditions"], [CreateReplica("1 request(s) waiting")]) is None

@@ -25,6 +25,11 @@ def pod(name: str, stalled: str | None = None, setting_up: bool = True) -> HostO
     return replace(BASE, name=name, stalled=stalled, setting_up=setting_up and stalled is not None)
 
 
+def longest(seen: list[HostObservation]) -> float:
+    """How long the pod stalled longest has been (0 when none is)."""
+    return max((p.stalled_s for p in seen if p.stalled), default=0.0)
+
+
 def test_pods_each_stalled_a_moment_one_after_another_never_add_up() -> None:
     """A pool starting pods in turn, each with its sandbox not ready for 2 s: some pod is always
     stalled, for minutes, and none ever counts as stuck."""
@@ -33,8 +38,9 @@ def test_pods_each_stalled_a_moment_one_after_another_never_add_up() -> None:
     for k in range(100):
         for t in (0.0, 1.0, 2.0):
             now[0] = 2.0 * k + t
-            seen, longest = stalls.observe("ns/py", [pod(f"p{k}", "not ready"), pod(f"q{k}")])
-            assert longest <= 2.0 and all(p.stalled is None for p in seen)
+            seen = stalls.observe("ns/py", [pod(f"p{k}", "not ready"), pod(f"q{k}")])
+            assert longest(seen) <= 2.0 and all(p.stalled is None for p in seen)
+            assert cannot_start("host", seen) is None
 
 
 def test_one_stuck_pod_counts_once_its_own_wait_is_long_enough_and_is_the_one_named() -> None:
@@ -42,23 +48,24 @@ def test_one_stuck_pod_counts_once_its_own_wait_is_long_enough_and_is_the_one_na
     stalls = Stalls(clock=lambda: now[0])
     stalls.observe("ns/py", [pod("stuck", "no secret")])
     now[0] = UNSCHEDULABLE_AFTER_S - 1
-    seen, longest = stalls.observe("ns/py", [pod("stuck", "no secret"), pod("new", "not ready")])
-    assert longest == 0.0 and [p.stalled for p in seen] == [None, None]  # both still starting
+    seen = stalls.observe("ns/py", [pod("stuck", "no secret"), pod("new", "not ready")])
+    assert longest(seen) == 0.0 and [p.stalled for p in seen] == [None, None]  # both still starting
     now[0] = UNSCHEDULABLE_AFTER_S
-    seen, longest = stalls.observe("ns/py", [pod("stuck", "no secret"), pod("new", "not ready")])
-    assert longest == UNSCHEDULABLE_AFTER_S
+    seen = stalls.observe("ns/py", [pod("stuck", "no secret"), pod("new", "not ready")])
+    assert cannot_start("host", seen) == "host stuck cannot start: no secret"
     assert [(p.name, p.stalled, p.stalled_s) for p in seen] == [
         ("stuck", "no secret", UNSCHEDULABLE_AFTER_S),
         ("new", None, 0.0),
     ]
     # It starts: the clock is cleared, and a later stall of the same pod starts from zero.
-    assert stalls.observe("ns/py", [pod("stuck")]) == ([pod("stuck")], 0.0)
+    assert stalls.observe("ns/py", [pod("stuck")]) == [pod("stuck")]
     now[0] += 100
-    assert stalls.observe("ns/py", [pod("stuck", "again")])[1] == 0.0
+    assert longest(stalls.observe("ns/py", [pod("stuck", "again", setting_up=False)])) == 0.0
     # Other pools keep their own; a forgotten one starts over.
-    assert stalls.observe("ns/other", [pod("o", "x")])[1] == 0.0
+    assert longest(stalls.observe("ns/other", [pod("o", "x", setting_up=False)])) == 0.0
+    now[0] += 100
     stalls.forget("ns/py")
-    assert stalls.observe("ns/py", [pod("stuck", "again")])[1] == 0.0
+    assert longest(stalls.observe("ns/py", [pod("stuck", "again", setting_up=False)])) == 0.0
 
 
 def test_a_container_that_cannot_start_counts_at_once_each_pod_on_its_own_clock() -> None:
@@ -68,13 +75,16 @@ def test_a_container_that_cannot_start_counts_at_once_each_pod_on_its_own_clock(
     stalls = Stalls(clock=lambda: now[0])
     broken = "container agent: ImagePullBackOff"
     pods = [pod("p0", broken, setting_up=False)]
-    seen, longest = stalls.observe("ns/py", pods)
-    assert [p.stalled for p in seen] == [broken] and longest == 0.0  # counts at once
+    seen = stalls.observe("ns/py", pods)
+    assert [p.stalled for p in seen] == [broken] and longest(seen) == 0.0  # counts at once
     for k in range(1, 4):
         now[0] = 20.0 * k
         pods.append(pod(f"p{k}", broken, setting_up=False))
-        seen, longest = stalls.observe("ns/py", pods)
+        seen = stalls.observe("ns/py", pods)
         assert [p.stalled for p in seen] == [broken] * len(pods)  # every pod, however new
-        assert longest == now[0]  # the first pod's wait
+        assert longest(seen) == now[0]  # the first pod's wait
     # The host named is the one stuck longest, wherever it is listed.
-    assert cannot_start("host", reversed(seen), longest) == f"host p0 cannot start: {broken}"
+    assert cannot_start("host", reversed(seen)) == f"host p0 cannot start: {broken}"
+    # Only once the longest wait is long enough: p2's 20 s (p3's 0 s) name neither.
+    assert [p.stalled_s for p in seen] == [60.0, 40.0, 20.0, 0.0]
+    assert cannot_start("host", seen[2:]) is None
