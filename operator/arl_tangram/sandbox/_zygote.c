@@ -250,6 +250,23 @@ static kid kids[MAX_PIDFD];
 #define IDENTITY_NAME_MAX 64
 static char identity[IDENTITY_MAX][2][IDENTITY_NAME_MAX];
 static int n_identity = 0;
+/* Files (and directories) each of them may hold: one per tmp_bytes_per_file of its size, at least
+ * tmp_min_files (set_tmp_files; child.tmp_options is the Python loop's twin and says why). */
+static long long tmp_bytes_per_file = 0;
+static long long tmp_min_files = 0;
+
+/* The mount options of one of them of `size` bytes (0: no bound). */
+static void tmp_options(char *out, size_t n, long long size) {
+    if (size > 0 && tmp_bytes_per_file > 0) {
+        long long files = size / tmp_bytes_per_file;
+        if (files < tmp_min_files) files = tmp_min_files;
+        snprintf(out, n, "size=%lld,nr_inodes=%lld,mode=1777", size, files);
+    } else if (size > 0) {
+        snprintf(out, n, "size=%lld,mode=1777", size);
+    } else {
+        snprintf(out, n, "mode=1777");
+    }
+}
 
 static void private_tmp(const char *workdir, const unsigned char *limits, uint32_t nlimits) {
     long long size = 0;
@@ -277,9 +294,8 @@ static void private_tmp(const char *workdir, const unsigned char *limits, uint32
     /* Taken in the new namespace (a bind source must belong to it), before the covering mounts. */
     int rootfd = open(root, O_PATH | O_CLOEXEC);
     if (rootfd < 0) child_fail("open(workdir root)");
-    char opts[64];
-    if (size > 0) snprintf(opts, sizeof opts, "size=%lld,mode=1777", size);
-    else snprintf(opts, sizeof opts, "mode=1777");
+    char opts[128];
+    tmp_options(opts, sizeof opts, size);
     static const char *const points[] = {"/tmp", "/dev/shm"};
     for (size_t i = 0; i < 2; i++) {
         if (mount("tangram", points[i], "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) child_fail("mount tmpfs");
@@ -1781,6 +1797,27 @@ static PyObject *zygote_set_identity(PyObject *self, PyObject *pairs) {
     Py_RETURN_NONE;
 }
 
+static PyObject *zygote_set_tmp_files(PyObject *self, PyObject *args) {
+    long long per, least;
+    if (!PyArg_ParseTuple(args, "LL", &per, &least)) return NULL;
+    if (per < 0 || least < 0) {
+        PyErr_SetString(PyExc_ValueError, "set_tmp_files: negative bytes per file or files");
+        return NULL;
+    }
+    tmp_bytes_per_file = per;
+    tmp_min_files = least;
+    Py_RETURN_NONE;
+}
+
+/* What tmp_options makes of `size`: the tests hold it to child.tmp_options, its twin. */
+static PyObject *zygote_tmp_options(PyObject *self, PyObject *args) {
+    long long size;
+    if (!PyArg_ParseTuple(args, "L", &size)) return NULL;
+    char opts[128];
+    tmp_options(opts, sizeof opts, size);
+    return PyUnicode_FromString(opts);
+}
+
 /* See isolation.few_malloc_arenas (the Python loop's twin), which says why. */
 static PyObject *zygote_few_malloc_arenas(PyObject *self, PyObject *unused) {
 #ifdef __GLIBC__
@@ -1801,6 +1838,8 @@ static PyMethodDef methods[] = {
     {"serve_session", zygote_serve_session, METH_VARARGS, "Serve a session's calls on its control socket."},
     {"siphash24", zygote_siphash24, METH_VARARGS, "SipHash-2-4 of data under a 16-byte key."},
     {"set_identity", zygote_set_identity, METH_O, "The identity files to bind (zygote_wire.IDENTITY_FILES)."},
+    {"set_tmp_files", zygote_set_tmp_files, METH_VARARGS, "Files per byte of a private /tmp (child.tmp_options)."},
+    {"tmp_options", zygote_tmp_options, METH_VARARGS, "A private /tmp's mount options (child.tmp_options)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -199,6 +199,30 @@ def child_main(req: dict[str, Any], stdin_fd: int, out_fd: int, err_fd: int, ctr
     _run_action(req, ctrl_fd)
 
 
+# How many files and directories a private /tmp or /dev/shm of a given size may hold: one per
+# this many bytes of it, and at least the second (the rule of workfiles.workdir_files, sent in the
+# fork server's config; see tmp_options).
+_tmp_files = (0, 0)
+
+
+def set_tmp_files(bytes_per_file: int, min_files: int) -> None:
+    """The file bound of each private /tmp and /dev/shm (``tmp_options``), from the config."""
+    global _tmp_files
+    _tmp_files = (bytes_per_file, min_files)
+
+
+def tmp_options(size: int) -> str:
+    """The mount options of a private /tmp or /dev/shm of ``size`` bytes (0: no bound). tmpfs
+    counts bytes, not files: without ``nr_inodes`` (the kernel's default is one per two pages of
+    the machine's memory) an action's empty files, each about a kilobyte of the kernel's memory
+    and none of the size, could take gigabytes of the host's memory. _zygote.c's is its twin."""
+    if size <= 0:
+        return "mode=1777"
+    per, least = _tmp_files
+    files = f",nr_inodes={max(least, size // per)}" if per > 0 else ""
+    return f"size={size}{files},mode=1777"
+
+
 def private_tmp(workdir: str, size: int) -> None:
     """The Python loop's twin of _zygote.c's private_tmp (whose comment says what and why)."""
     from arl_tangram.sandbox import isolation
@@ -206,7 +230,7 @@ def private_tmp(workdir: str, size: int) -> None:
     root = os.path.dirname(workdir)
     isolation.unshare(isolation.CLONE_NEWNS)
     rootfd = os.open(root, os.O_PATH | os.O_CLOEXEC)  # in the new namespace: a bind source must be
-    opts = f"size={size},mode=1777" if size > 0 else "mode=1777"
+    opts = tmp_options(size)
     for point in ("/tmp", "/dev/shm"):
         isolation.mount("tangram", point, "tmpfs", isolation.MS_NOSUID | isolation.MS_NODEV, opts)
         if root.startswith(point + "/"):

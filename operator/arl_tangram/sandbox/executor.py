@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from arl_tangram.api.actionpool import MAX_SESSION_TTL_S
+from arl_tangram.api.actionpool import MAX_SESSION_TTL_S, WORKDIR_BYTES_PER_FILE
 from arl_tangram.errors import CapacityExceeded, InvalidSpec, NotReady
 from arl_tangram.sandbox import isolation, reaping, workfiles
 from arl_tangram.sandbox.actions import ActionControl
@@ -217,8 +217,12 @@ class Executor:
             "no_pid_namespace": self.config.no_pid_namespace,
             "private_tmp": self.config.private_tmp,
             "seccomp": self.config.seccomp,
-            # Each action's private /tmp and /dev/shm hold at most the pool's default memory each.
+            # Each action's private /tmp and /dev/shm hold at most the pool's default memory each
+            # (an action's own memory limit where the tmpfs is made for it), and files by the
+            # workdirs' rule (child.tmp_options).
             "tmp_bytes": self.config.limits.memory_mb << 20,
+            "tmp_bytes_per_file": WORKDIR_BYTES_PER_FILE,
+            "tmp_min_files": workfiles.WORKDIR_MIN_FILES,
             "preload": zygote_modules(self.config.preload),
             "zygote": self.config.fork_loop,
             "infra_cores": self._place_infra(),

@@ -47,7 +47,7 @@ import types
 from collections import deque
 
 from arl_tangram.sandbox import isolation, seccomp, wire
-from arl_tangram.sandbox.child import MAIN_FILES, SETUP_FAILED, holds_module, source_of
+from arl_tangram.sandbox.child import MAIN_FILES, SETUP_FAILED, holds_module, set_tmp_files, source_of
 from arl_tangram.sandbox.cores import CorePool
 from arl_tangram.sandbox.lean import suppress
 from arl_tangram.sandbox.reaping import all_stopped, company_of, kill_uid, rss_kb, sweep_without_pidns
@@ -405,6 +405,11 @@ class ForkServer:
                 self.iso.notes = (*self.iso.notes, f"no IPC namespace per action ({why_not})")
         self.tmp_root = (self.config.get("writable") or [""])[0]
         self.tmp_bytes = int(self.config.get("tmp_bytes") or 0)
+        tmp_files = (
+            int(self.config.get("tmp_bytes_per_file") or 0),
+            int(self.config.get("tmp_min_files") or 0),
+        )
+        set_tmp_files(*tmp_files)  # for the namespaces made ahead (PrivateTmp.make)
         self.zy = _ZygoteLink.start(self.config, self.iso.pid_namespace, self.sock)
         self._fill_netns_pool()
         if self.zy.notes:

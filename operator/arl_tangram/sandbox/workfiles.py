@@ -167,7 +167,8 @@ def _write_over(fd: int, data: bytes) -> None:
 
 
 def workdir_files(size_mb: int) -> int:
-    """How many files (and directories) a workdir of ``size_mb`` MB may hold."""
+    """How many files (and directories) a workdir of ``size_mb`` MB may hold (and an action's
+    private /tmp or /dev/shm of that size: ``child.tmp_options``)."""
     return max(WORKDIR_MIN_FILES, (size_mb << 20) // WORKDIR_BYTES_PER_FILE)
 
 

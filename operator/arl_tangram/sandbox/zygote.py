@@ -20,6 +20,7 @@ from arl_tangram.sandbox.child import (
     note_shadowable,
     prepare_child_world,
     prepare_python_children,
+    set_tmp_files,
     split_off_init,
     straight_path,
     warm_child_path,
@@ -68,11 +69,16 @@ def zygote_main(sock: int, config: dict[str, Any], pid_namespace: bool, startup:
         # module, the Python loop's through ctypes (isolation): with the C loop neither ctypes nor
         # isolation is imported, 0.5 MiB and 9 mappings that every fork would copy and every
         # action's exit tear down (measured with the default preloads).
+        # The file bound of each action's private /tmp and /dev/shm (child.tmp_options), where the
+        # action's child makes them (a cold pool's, or each action's without namespaces made ahead).
+        tmp_files = (int(config.get("tmp_bytes_per_file") or 0), int(config.get("tmp_min_files") or 0))
+        set_tmp_files(*tmp_files)
         if fast is not None:
             fast.die_with_parent()
             # Before the preloads, whose threads (a BLAS pool) would make arenas every child keeps.
             fast.few_malloc_arenas()
             fast.set_identity(IDENTITY_FILES)
+            fast.set_tmp_files(*tmp_files)
         else:
             from arl_tangram.sandbox import isolation
 

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from arl_tangram.sandbox import isolation
+from arl_tangram.api.actionpool import WORKDIR_BYTES_PER_FILE
+from arl_tangram.sandbox import child, isolation
 from arl_tangram.sandbox.forkserver import PrivateTmp
+from arl_tangram.sandbox.workfiles import WORKDIR_MIN_FILES, workdir_files
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces need root")
 
@@ -101,6 +103,27 @@ def test_a_namespace_is_clean_only_as_fresh(tmp_path: Path) -> None:
             assert mnt.clean()
             _inside(mnt, _left_file)
             assert not mnt.clean()
+        finally:
+            mnt.close()
+
+    _in_own_mounts(check)
+
+
+def test_a_namespace_made_ahead_has_the_bound(tmp_path: Path) -> None:
+    """Its /tmp and /dev/shm hold one file per ``WORKDIR_BYTES_PER_FILE`` of their size (an action's
+    empty files cost the kernel memory no size counts: test_sandbox_tmp_files.py)."""
+    root = tmp_path / "work"
+    root.mkdir()
+
+    def counts() -> None:
+        for d in ("/tmp", "/dev/shm"):
+            assert os.statvfs(d).f_files == workdir_files(128), d
+
+    def check() -> None:
+        child.set_tmp_files(WORKDIR_BYTES_PER_FILE, WORKDIR_MIN_FILES)
+        mnt = PrivateTmp.make(str(root), 128 << 20)
+        try:
+            _inside(mnt, counts)
         finally:
             mnt.close()
 
