@@ -112,12 +112,14 @@ def features(texts: Sequence[str], meta: ModelMeta) -> tuple[np.ndarray, np.ndar
 
 
 def score_numpy(arrays: dict[str, np.ndarray], meta: ModelMeta, texts: Sequence[str]) -> list[float]:
-    """Scores on CPU: each text's score is the same whatever batch it is in and in every process.
+    """Scores on CPU: a text's score does not depend on the batch it is in, nor on the process.
 
     BLAS picks its kernel and summation order by the matrices' shapes (and threads and alignment), so
     a float32 product changes in its last bits with the batch: a reward service that batches requests
     together would give a text a reward that depends on what else was queued. So the sums run in
-    float64, whose differences (about 1e-16) vanish when the result is rounded to float32."""
+    float64, whose differences (at most about 1e-12 relative, measured) vanish when the result is
+    rounded to float32, except where one lies that close to a rounding boundary: about once in 1e8
+    scores, never seen in a review's sweep of five models, 3,000 texts and 19 batch sizes."""
     if not texts:
         return []
     ids, offsets = features(texts, meta)
@@ -203,11 +205,11 @@ class BuiltinScorer:
         ids, offsets = features(texts, self.meta)
         d = self._dev
         with torch.inference_mode():
+            # Only the rows the batch uses in float64: the whole table's copy would take twice its
+            # size of the device's memory on every call (four times for float16 weights).
+            used, at = torch.unique(torch.from_numpy(ids).to(self.device), return_inverse=True)
             emb = torch.nn.functional.embedding_bag(
-                torch.from_numpy(ids).to(self.device),
-                d["embed"].double(),
-                torch.from_numpy(offsets).to(self.device),
-                mode="mean",
+                at, d["embed"][used].double(), torch.from_numpy(offsets).to(self.device), mode="mean"
             )
             # float64 sums, as in score_numpy: a score independent of its batch, and numpy's
             h = torch.tanh(emb @ d["w1"].double() + d["b1"].double())

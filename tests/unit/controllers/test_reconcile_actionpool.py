@@ -342,6 +342,23 @@ def test_a_dedicated_pool_whose_new_pods_cannot_start_refuses_new_sessions() -> 
     assert _outage(hosts, cfg=dedicated, stats=free, plan=None) is None
 
 
+def test_a_held_hosts_stall_is_not_a_new_hosts() -> None:
+    """In a dedicated pool a host a session holds is no host for a new session, and how long it has
+    been stalled says nothing of a new host: new sessions are refused once the new one itself has
+    waited long enough."""
+    dedicated = dataclasses.replace(cfg(minHosts=0, maxHosts=4), mode="dedicated")
+    held = stats({"old": (0, 1)})
+
+    def hosts(new_for_s: float) -> list[HostObservation]:
+        old = host("old", "starting", stalled="container agent: CrashLoopBackOff", stalled_s=600.0)
+        new = host("new", "starting", stalled="container agent: ErrImagePull: not found", stalled_s=new_for_s)
+        return [old, new]
+
+    assert _outage(hosts(1.0), cfg=dedicated, stats=held, plan=None) is None
+    refused = _outage(hosts(LONG), cfg=dedicated, stats=held, plan=None)
+    assert refused is not None and "host new cannot start: container agent: ErrImagePull" in refused.message
+
+
 def test_a_host_whose_container_cannot_start_says_so_after_a_while() -> None:
     def stalled(for_s: float) -> list[HostObservation]:
         why = "container agent: ErrImagePull: pull access denied for img"
