@@ -202,6 +202,15 @@ class AgentConfig:
         negated=True,
         help="no private writable /tmp and /dev/shm per action (both are then read-only to actions)",
     )
+    # The memory guard (memguard.py): an action's memory limit bounds each of its processes, not
+    # their sum, so an action of many processes (or of memfds) could take the host's memory and the
+    # kernel or the kubelet would kill the host with every action on it.
+    memory_reserve_mb: int = setting(
+        -1,
+        flag="--memory-reserve-mb",
+        help="when less than this is left of the container's memory (or the machine's), kill the action "
+        "holding the most (MB; -1, the default: a twentieth of it, at least 64; 0: never)",
+    )
     # A seccomp filter per action (seccomp.py: kernel modules, keyrings, bpf, mounts, new namespaces,
     # ... answer EPERM); off, actions may make every call their uid and capabilities allow.
     seccomp: bool = setting(
@@ -296,3 +305,7 @@ class AgentConfig:
             raise InvalidSpec("memory-mb", "the default memory limit exceeds the maximum")
         if self.limits.workdir_mb < 0:
             raise InvalidSpec("workdir-mb", "must be 0 (no limit) or more MB")
+        if self.memory_reserve_mb < -1:
+            raise InvalidSpec(
+                "memory-reserve-mb", "must be -1 (a twentieth of the memory), 0 (no guard) or more MB"
+            )

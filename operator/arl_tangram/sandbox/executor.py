@@ -217,6 +217,7 @@ class Executor:
             "no_pid_namespace": self.config.no_pid_namespace,
             "private_tmp": self.config.private_tmp,
             "seccomp": self.config.seccomp,
+            "memory_reserve_mb": self.config.memory_reserve_mb,
             # Each action's private /tmp and /dev/shm hold at most the pool's default memory each
             # (an action's own memory limit where the tmpfs is made for it), and files by the
             # workdirs' rule (child.tmp_options).
@@ -682,6 +683,13 @@ class Executor:
         elif reply.get("timed_out"):
             outcome = "timeout"
             message = f"killed after the {timeout_s:g} s wall-clock limit"
+        elif reply.get("memory_evicted_mb") is not None:
+            outcome = "memory_limit_exceeded"
+            message = (
+                "killed: the host's memory was nearly exhausted and this action held the most of it "
+                f"({reply['memory_evicted_mb']} MB in its processes and files; its memory limit bounds "
+                "each process, not their sum)"
+            )
         elif reply.get("memory_error"):
             outcome = "memory_limit_exceeded"
             message = "the program ran out of its memory limit"

@@ -46,7 +46,7 @@ import time
 import types
 from collections import deque
 
-from arl_tangram.sandbox import isolation, seccomp, wire
+from arl_tangram.sandbox import isolation, memguard, seccomp, wire
 from arl_tangram.sandbox.child import MAIN_FILES, SETUP_FAILED, holds_module, set_tmp_files, source_of
 from arl_tangram.sandbox.cores import CorePool
 from arl_tangram.sandbox.lean import suppress
@@ -87,6 +87,9 @@ COMPILED_KEPT = 128
 # and all go at once when it is dropped. Dropping one (the manager's last handle on it closed) waits
 # for one RCU grace period here, and making the next (PrivateTmp.make) costs about a millisecond.
 MNTNS_USES = 64
+# How often the memory left is read while actions run (memguard): an action faulting in memory as
+# fast as a core can (a few GB/s) takes a few hundred MB more before the next look.
+GUARD_PERIOD_S = 0.1
 # The most of an action's input written to its pipe in one turn of the loop (``_feed``): a pipe's
 # default capacity.
 STDIN_CHUNK = 64 << 10
@@ -140,6 +143,7 @@ class Call:
         "ended_at",
         "err",
         "err_truncated",
+        "evicted_mb",
         "exit_code",
         "exited",
         "id",
@@ -221,6 +225,8 @@ class Call:
         self.watching = False  # its pipes are in the poller (see PIPE_WATCH_DELAY_S)
         # Its input still to write (``ForkServer._feed``): the pipe's write end and what is left.
         self.stdin_feed: tuple[int, memoryview] | None = None
+        # Killed by the memory guard (_guard_memory): what it held then, in MB.
+        self.evicted_mb: int | None = None
 
     def stream_of(self, fd: int) -> str:
         """``"out"`` or ``"err"``: which of the action's streams the read end ``fd`` is."""
@@ -351,6 +357,11 @@ class ForkServer:
         self.mntns_failed = False
         self.tmp_root = ""  # the workdir root, bound back into each private /dev/shm
         self.tmp_bytes = 0  # each private tmpfs's size (0: the kernel's default, half the memory)
+        # Where the memory left is read and the reserve kept (memguard; None: no guard), when it is
+        # next read, and the action it last killed until that one has exited.
+        self.guard: tuple[memguard.MemorySource, int] | None = None
+        self.guard_at = 0.0
+        self.guard_victim: Call | None = None
         self.compiled: dict[str, types.CodeType] = {}  # source -> its code object (_main_file)
         # Made in ``prepare``, after the zygote is started: it must inherit none of them.
         self.zy: _ZygoteLink
@@ -388,6 +399,7 @@ class ForkServer:
             # inherited by the zygote: the orphans of its children come here.)
             with suppress(OSError):
                 isolation.prctl(isolation.PR_SET_CHILD_SUBREAPER, 1)
+        self._start_guard()
         self.private_tmp = bool(self.config.get("private_tmp")) and self.iso.private_tmp
         if self.private_tmp and self.iso.pid_namespace:
             # Each action's /proc its own PID namespace's (mounted in the child: see own_proc).
@@ -536,6 +548,26 @@ class ForkServer:
         with suppress(OSError):  # else made on the spot by the next start that finds none
             self.netns_free.append(self._new_netns())
 
+    def _start_guard(self) -> None:
+        """The memory guard (memguard), unless it is turned off or cannot tell actions apart."""
+        setting = int(self.config.get("memory_reserve_mb", -1))
+        if setting == 0:
+            return
+        if not self.iso.per_action_uid:
+            why = "actions share one uid, so whose processes hold the memory cannot be told"
+            self.iso.notes = (*self.iso.notes, f"no memory guard ({why})")
+            return
+        source = memguard.find_source()
+        try:
+            _, total = memguard.left(source)
+        except (OSError, ValueError) as exc:
+            why = f"the {source.kind}'s memory cannot be read: {exc}"
+            self.iso.notes = (*self.iso.notes, f"no memory guard ({why})")
+            return
+        reserve = memguard.reserve_of(setting, total)
+        self.guard = (source, reserve)
+        self.iso.memory_guard = {"source": source.kind, "reserve_mb": reserve >> 20, "total_mb": total >> 20}
+
     # ---- the loop ---------------------------------------------------------------------------------
     def serve(self) -> None:
         """Serve until the agent closes its end of the socket."""
@@ -548,6 +580,9 @@ class ForkServer:
                 timeout = 0.0  # exit records taken in while waiting for a fork: handle them now
             elif self.timers:
                 timeout = max(0.0, self.timers[0][0] - time.monotonic())
+            if self.guard is not None and self.calls:
+                wait = max(0.0, self.guard_at - time.monotonic())
+                timeout = wait if timeout is None else min(timeout, wait)
             for fd, data in self.sel.select(timeout):
                 if self.sel.data.get(fd) is not data:
                     # Closed earlier in this turn (its number perhaps reused already by an action
@@ -568,6 +603,7 @@ class ForkServer:
                     self._on_pipe(fd, kind, owner)
             self._process_exits()
             self._fire_timers()
+            self._guard_memory()
             self._drain()  # cores freed by this turn's exits go to the next actions now
             self.flush()
 
@@ -1223,6 +1259,54 @@ class ForkServer:
                 # Something outside the action's namespace still holds its pipes: stop waiting.
                 self._finish(call)
 
+    def _guard_memory(self) -> None:
+        """Every GUARD_PERIOD_S while actions run: where less memory is left than the reserve, kill
+        the running action that holds the most (its processes' resident memory, its private /tmp
+        and /dev/shm, and a fresh action's workdir: what its end gives back), unless that is less
+        than ``memguard.MIN_VICTIM``. One at a time: the next look comes a period after that one
+        has exited, when its memory is back."""
+        if self.guard is None or not self.calls:
+            return
+        now = time.monotonic()
+        if now < self.guard_at:
+            return
+        self.guard_at = now + GUARD_PERIOD_S
+        if self.guard_victim is not None:
+            if not self.guard_victim.exited:
+                return
+            # Exited in the last period: what it held is given back as its last processes go.
+            self.guard_victim = None
+            return
+        source, reserve = self.guard
+        try:
+            free, _ = memguard.left(source)
+        except (OSError, ValueError):
+            return
+        if free >= reserve:
+            return
+        running: dict[int, Call] = {}
+        for c in self.calls.values():
+            uid = _uid_of(c)
+            if uid is not None and not c.exited:
+                running[uid] = c
+        if not running:
+            return
+        rss = memguard.uid_held(set(running))
+        held: dict[int, int] = {}
+        for uid, call in running.items():
+            held[uid] = rss[uid]
+            if call.mntns is not None:
+                held[uid] += memguard.fs_used(call.mntns.tmp) + memguard.fs_used(call.mntns.shm)
+            if call.remove_workdir is not None and self.config.get("workdir_mounts"):
+                held[uid] += memguard.fs_used(call.remove_workdir)
+        uid = max(held, key=held.__getitem__)
+        if held[uid] < memguard.MIN_VICTIM:
+            return  # what is short is not the actions'
+        victim = running[uid]
+        victim.evicted_mb = held[uid] >> 20
+        self._kill(victim)
+        self.guard_victim = victim
+
     def _kill(self, call: Call) -> None:
         with suppress(OSError):
             signal.pidfd_send_signal(call.pidfd, signal.SIGKILL)
@@ -1246,7 +1330,7 @@ class ForkServer:
         if call.interp is not None and call.interp.call is call:
             call.interp.call = None
         memory_error = call.memory_limited and call.exit_code not in (0, None) and not call.timed_out
-        if memory_error:
+        if memory_error and call.evicted_mb is None:
             # Its first and last lines: a runtime says it at the top of a long dump (Go's
             # "fatal error: runtime: out of memory" above every goroutine's stack).
             ends = bytes(call.err[:4096]) + b"\n" + bytes(call.err[-4096:])
@@ -1265,7 +1349,8 @@ class ForkServer:
             "wall_s": end - call.started,
             "cpu_s": call.cpu_s,
             "max_rss_kb": call.max_rss_kb,
-            "memory_error": memory_error,
+            "memory_error": memory_error or call.evicted_mb is not None,
+            "memory_evicted_mb": call.evicted_mb,
             "setup_error": call.exit_code == SETUP_FAILED and call.interp is None,
             "interp_restarted": call.interp_restarted,
             "interp_stopped": call.interp_stopped,
@@ -1484,6 +1569,11 @@ def _sender_of(ancillary: list[tuple[int, int, bytes]]) -> int | None:
             pid: int = CREDENTIALS.unpack_from(data)[0]
             return pid
     return None
+
+
+def _uid_of(call: Call) -> int | None:
+    """The uid a call's processes run as: its own, or its session's interpreter's."""
+    return call.uid if call.interp is None else call.interp.uid
 
 
 def _hand_over(uid: int | None, pipes: list[int]) -> None:

@@ -494,6 +494,7 @@ class Isolation:
         seccomp: bool = False,
         own_ipc: bool = False,
         workdir_mb: int = 0,
+        memory_guard: dict[str, object] | None = None,
     ) -> None:
         self.per_action_uid = per_action_uid
         self.pid_namespace = pid_namespace
@@ -507,6 +508,8 @@ class Isolation:
         self.seccomp = seccomp  # each action under the seccomp filter (seccomp.py)
         self.own_ipc = own_ipc  # each action its own System V / POSIX IPC objects
         self.workdir_mb = workdir_mb  # each workdir a tmpfs of this size (the agent's, not the fork server's)
+        # Where the memory left is watched and how much is kept (forkserver._guard_memory; None: off).
+        self.memory_guard = memory_guard
 
     def as_dict(self) -> dict[str, object]:
         """Plain dict (for the wire and for /v1/health)."""
@@ -522,6 +525,7 @@ class Isolation:
             "seccomp": self.seccomp,
             "own_ipc": self.own_ipc,
             "workdir_mb": self.workdir_mb,
+            "memory_guard": self.memory_guard,
             "notes": list(self.notes),
         }
 

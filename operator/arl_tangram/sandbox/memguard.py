@@ -1,0 +1,159 @@
+"""The host's memory guard: when the memory the agent's container (or machine) has left falls below
+a reserve, the action holding the most of it is killed, before the kernel or the kubelet kills the
+whole host with every action on it.
+
+An action's memory limit (``RLIMIT_AS``) bounds each of its processes, not their sum: eight children
+of 200 MB each run under a limit of 256 MB, and memory an action writes to a ``memfd`` or a System V
+segment it has detached is in none of its processes' address spaces. None of that may take the host
+down. A memory cgroup per action would bound it exactly, but an agent in a pod has no cgroup tree of
+its own to make them in, so the guard watches the one number that matters: what is left.
+
+Where it looks (``MemorySource``): the container's memory cgroup when it has a limit (v2:
+``memory.max`` against ``memory.current`` less its inactive file pages, which the kernel reclaims
+before it kills; v1: ``memory.limit_in_bytes`` and ``memory.usage_in_bytes`` likewise), else the
+machine's ``MemAvailable``. Pure parsing here; the fork server owns the timing and the killing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+# A v1 cgroup without a limit reports one near 2**63 (rounded to pages).
+_V1_UNLIMITED = 1 << 62
+# The reserve when none is set: this share of the memory watched, and at least MIN_RESERVE.
+RESERVE_SHARE = 0.05
+MIN_RESERVE = 64 << 20
+# An action holding less is never killed for the host's memory: it is not what took it (a fresh
+# Python action holds about 10 MB), and killing it would give back too little to matter.
+MIN_VICTIM = 32 << 20
+
+
+@dataclass(frozen=True)
+class MemorySource:
+    """Where the memory left is read: ``kind`` is ``cgroup2``, ``cgroup1`` or ``host``; ``path``
+    the cgroup's directory (empty for the host)."""
+
+    kind: str
+    path: str = ""
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="ascii") as fh:
+        return fh.read()
+
+
+def _stat_value(text: str, key: str) -> int:
+    """``key``'s value in a ``memory.stat`` or ``/proc/meminfo`` text (0 when absent)."""
+    for line in text.splitlines():
+        name, _, rest = line.partition(" ")
+        if name.rstrip(":") == key:
+            return int(rest.split()[0])
+    return 0
+
+
+def find_source(proc: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> MemorySource:
+    """The memory cgroup this process is in where it has a limit; else the host."""
+    try:
+        lines = _read(f"{proc}/self/cgroup").splitlines()
+    except OSError:
+        return MemorySource("host")
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # cgroup v2: one hierarchy
+            # In a container with its own cgroup namespace the path is "/": its root is its own.
+            for d in (cgroup_root + path.rstrip("/"), cgroup_root):
+                try:
+                    limit = _read(f"{d}/memory.max").strip()
+                    if limit != "max" and int(limit) > 0:
+                        return MemorySource("cgroup2", d)
+                except (OSError, ValueError):
+                    continue
+        elif "memory" in controllers.split(","):
+            base = f"{cgroup_root}/memory"
+            for d in (base + path.rstrip("/"), base):
+                try:
+                    if int(_read(f"{d}/memory.limit_in_bytes")) < _V1_UNLIMITED:
+                        return MemorySource("cgroup1", d)
+                except (OSError, ValueError):
+                    continue
+    return MemorySource("host")
+
+
+def left(source: MemorySource, proc: str = "/proc") -> tuple[int, int]:
+    """(bytes left, bytes in all) at ``source``; raises OSError where it cannot be read."""
+    if source.kind == "cgroup2":
+        limit = int(_read(f"{source.path}/memory.max"))
+        used = int(_read(f"{source.path}/memory.current"))
+        used -= _stat_value(_read(f"{source.path}/memory.stat"), "inactive_file")
+        return limit - max(used, 0), limit
+    if source.kind == "cgroup1":
+        limit = int(_read(f"{source.path}/memory.limit_in_bytes"))
+        used = int(_read(f"{source.path}/memory.usage_in_bytes"))
+        used -= _stat_value(_read(f"{source.path}/memory.stat"), "total_inactive_file")
+        return limit - max(used, 0), limit
+    meminfo = _read(f"{proc}/meminfo")
+    return _stat_value(meminfo, "MemAvailable") << 10, _stat_value(meminfo, "MemTotal") << 10
+
+
+def reserve_of(setting_mb: int, total: int) -> int:
+    """The reserve in bytes: ``setting_mb`` MB, or where it is negative (the default) a share of
+    ``total``; 0 turns the guard off."""
+    if setting_mb >= 0:
+        return setting_mb << 20
+    return max(MIN_RESERVE, int(total * RESERVE_SHARE))
+
+
+def uid_held(uids: set[int], proc: str = "/proc") -> dict[int, int]:
+    """The memory (bytes) each of ``uids`` (real uid) holds in its processes: their resident memory,
+    and the memfds they have open, which are memory in no address space until mapped (each counted
+    once). Read only when memory is short: one pass over every process's ``status``, and the open
+    files of these uids' processes."""
+    held = dict.fromkeys(uids, 0)
+    memfds: dict[int, set[tuple[int, int]]] = {uid: set() for uid in uids}
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            text = _read(f"{proc}/{name}/status")
+        except (OSError, UnicodeDecodeError):
+            continue  # gone meanwhile
+        uid = rss = None
+        for line in text.splitlines():
+            if line.startswith("Uid:"):
+                uid = int(line.split()[1])
+            elif line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) << 10
+        if uid in held and rss is not None:
+            held[uid] += rss
+            held[uid] += _memfds(f"{proc}/{name}/fd", memfds[uid])
+    return held
+
+
+def _memfds(fd_dir: str, seen: set[tuple[int, int]]) -> int:
+    """The bytes in the memfds open in ``fd_dir`` that are not in ``seen`` (which gains them)."""
+    total = 0
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return 0
+    for fd in names:
+        try:
+            if not os.readlink(f"{fd_dir}/{fd}").startswith("/memfd:"):
+                continue
+            st = os.stat(f"{fd_dir}/{fd}")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_blocks * 512
+    return total
+
+
+def fs_used(fd_or_path: int | str) -> int:
+    """The bytes a filesystem (a tmpfs) holds, by descriptor or path; 0 where it cannot be read."""
+    try:
+        st = os.fstatvfs(fd_or_path) if isinstance(fd_or_path, int) else os.statvfs(fd_or_path)
+    except OSError:
+        return 0
+    return (st.f_blocks - st.f_bfree) * st.f_frsize

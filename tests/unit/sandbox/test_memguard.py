@@ -1,0 +1,122 @@
+"""Where the memory guard reads what is left, and what it counts an action holding (memguard)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from arl_tangram.sandbox import memguard
+from arl_tangram.sandbox.memguard import MemorySource
+
+
+def _tree(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name.lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+MEMINFO = "MemTotal:       16000000 kB\nMemFree:         1000 kB\nMemAvailable:    4000000 kB\n"
+
+
+def test_a_v2_container_with_a_limit_is_watched_by_its_cgroup(tmp_path: Path) -> None:
+    """In a container with its own cgroup namespace its cgroup is the root: its limit is the pod's
+    memory, and inactive file pages (reclaimed before anything is killed) are not counted used."""
+    _tree(
+        tmp_path,
+        {
+            "proc/self/cgroup": "0::/\n",
+            "proc/meminfo": MEMINFO,
+            "cg/memory.max": f"{8 << 30}\n",
+            "cg/memory.current": f"{7 << 30}\n",
+            "cg/memory.stat": f"anon {5 << 30}\nfile {2 << 30}\ninactive_file {1 << 30}\nactive_file 0\n",
+        },
+    )
+    source = memguard.find_source(str(tmp_path / "proc"), str(tmp_path / "cg"))
+    assert source == MemorySource("cgroup2", str(tmp_path / "cg"))
+    assert memguard.left(source) == (2 << 30, 8 << 30)
+
+
+def test_a_v2_cgroup_without_a_limit_is_the_hosts_memory(tmp_path: Path) -> None:
+    _tree(
+        tmp_path,
+        {
+            "proc/self/cgroup": "0::/kubepods/x\n",
+            "proc/meminfo": MEMINFO,
+            "cg/kubepods/x/memory.max": "max\n",
+        },
+    )
+    proc = str(tmp_path / "proc")
+    source = memguard.find_source(proc, str(tmp_path / "cg"))
+    assert source == MemorySource("host")
+    assert memguard.left(source, proc) == (4000000 << 10, 16000000 << 10)
+
+
+def test_a_v1_memory_cgroup_with_a_limit_and_one_without(tmp_path: Path) -> None:
+    limited = "12:memory:/kubepods/pod1/c1\n11:cpu,cpuacct:/kubepods/pod1/c1\n"
+    _tree(
+        tmp_path,
+        {
+            "proc/self/cgroup": limited,
+            "cg/memory/kubepods/pod1/c1/memory.limit_in_bytes": f"{4 << 30}\n",
+            "cg/memory/kubepods/pod1/c1/memory.usage_in_bytes": f"{3 << 30}\n",
+            "cg/memory/kubepods/pod1/c1/memory.stat": f"cache 1\ntotal_inactive_file {512 << 20}\n",
+        },
+    )
+    source = memguard.find_source(str(tmp_path / "proc"), str(tmp_path / "cg"))
+    assert source.kind == "cgroup1"
+    assert memguard.left(source) == ((4 << 30) - (3 << 30) + (512 << 20), 4 << 30)
+    # No limit (a number near 2**63): the host's memory is what runs out.
+    (tmp_path / "cg/memory/kubepods/pod1/c1/memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert memguard.find_source(str(tmp_path / "proc"), str(tmp_path / "cg")) == MemorySource("host")
+
+
+def test_the_reserve_is_a_share_of_the_memory_unless_set() -> None:
+    assert memguard.reserve_of(-1, 16 << 30) == int((16 << 30) * memguard.RESERVE_SHARE)
+    assert memguard.reserve_of(-1, 256 << 20) == memguard.MIN_RESERVE
+    assert memguard.reserve_of(500, 16 << 30) == 500 << 20
+    assert memguard.reserve_of(0, 16 << 30) == 0
+
+
+def test_a_uids_processes_are_summed_and_others_ignored(tmp_path: Path) -> None:
+    def status(uid: int, rss_kb: int | None) -> str:
+        rss = f"VmRSS:\t{rss_kb} kB\n" if rss_kb is not None else ""
+        return f"Name:\tx\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n{rss}Threads:\t1\n"
+
+    _tree(
+        tmp_path,
+        {
+            "1/status": status(0, 5000),
+            "10/status": status(1001, 100),
+            "11/status": status(1001, 200),
+            "12/status": status(1002, 300),
+            "13/status": status(1001, None),  # a kernel thread's or a zombie's: no resident memory
+            "self/status": status(1001, 999999),
+            "meminfo": MEMINFO,
+        },
+    )
+    assert memguard.uid_held({1001, 1002, 1003}, str(tmp_path)) == {1001: 300 << 10, 1002: 300 << 10, 1003: 0}
+
+
+def test_memory_in_a_memfd_is_counted_once_however_many_descriptors_hold_it() -> None:
+    """A memfd is memory in no process's address space until it is mapped: written with write(2)
+    it is past every RLIMIT_AS, so the guard counts it from the descriptors open."""
+    before = memguard._memfds("/proc/self/fd", set())
+    fd = os.memfd_create("guard-test")
+    try:
+        os.write(fd, b"x" * (1 << 20))
+        again = os.dup(fd)
+        try:
+            assert memguard._memfds("/proc/self/fd", set()) - before == 1 << 20
+        finally:
+            os.close(again)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("bad", ["not a number\n", ""])
+def test_an_unreadable_cgroup_is_passed_over(tmp_path: Path, bad: str) -> None:
+    _tree(tmp_path, {"proc/self/cgroup": "0::/\n", "cg/memory.max": bad})
+    assert memguard.find_source(str(tmp_path / "proc"), str(tmp_path / "cg")) == MemorySource("host")
