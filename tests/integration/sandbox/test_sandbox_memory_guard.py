@@ -9,7 +9,9 @@ about ``HEADROOM_MB`` of it, with the hostile ones taking four times that."""
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -91,6 +93,57 @@ def test_the_action_holding_the_hosts_memory_is_killed_and_the_others_run_on(age
     # What it held is back: the next action runs (one holding less than memguard.MIN_VICTIM is
     # never taken for the cause, whatever else on the machine takes its memory meanwhile).
     assert agent.execute("print(1)")["stdout"] == "1\n"
+
+
+def _v1_memory_cgroup() -> Path | None:
+    """A fresh child of this process's v1 memory cgroup (cgroup v2 hosts: None)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            parent = Path("/sys/fs/cgroup/memory" + path.rstrip("/"))
+            child = parent / f"tangram-guard-{os.getpid()}"
+            try:
+                child.mkdir()
+            except OSError:
+                return None
+            return child
+    return None
+
+
+def test_a_container_with_a_memory_limit_is_guarded_by_its_cgroup(tmp_path: Path) -> None:
+    """As in a pod: the agent in a memory cgroup of 3 GB (cgroup v1, as on this machine) watches
+    that cgroup, not the machine, and kills the action of many processes before the kernel's OOM
+    killer would pick a process of the cgroup itself."""
+    cgroup = _v1_memory_cgroup()
+    if cgroup is None:
+        pytest.skip("no v1 memory cgroup can be made here")
+    try:
+        (cgroup / "memory.limit_in_bytes").write_text(str(3 << 30))
+        enter = f'echo $$ > {cgroup}/cgroup.procs && exec "$@"'
+        running = start_agent(
+            tmp_path / "work",
+            "--memory-mb",
+            "256",
+            "--memory-reserve-mb",
+            "1024",
+            prefix=("sh", "-c", enter, "sh"),
+        )
+        try:
+            iso = requests.get(running.url + "/v1/health", timeout=10).json()["isolation"]
+            assert iso["memory_guard"] == {"source": "cgroup1", "reserve_mb": 1024, "total_mb": 3072}, iso
+            body = running.execute(MANY_PROCESSES, timeout_s=60)
+            assert body["status"] == "memory_limit_exceeded" and "held the most" in str(body["message"]), body
+            assert int((cgroup / "memory.failcnt").read_text()) == 0, "the cgroup's limit was reached"
+            assert running.execute("print(1)")["stdout"] == "1\n"
+        finally:
+            stop_agent(running)
+    finally:
+        for _ in range(100):  # its last processes leave the cgroup as they are reaped
+            try:
+                cgroup.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
 
 
 def test_processes_within_the_hosts_memory_are_left_alone(tmp_path: Path) -> None:
