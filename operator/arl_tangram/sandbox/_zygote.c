@@ -268,15 +268,50 @@ static void tmp_options(char *out, size_t n, long long size) {
     }
 }
 
-static void private_tmp(const char *workdir, const unsigned char *limits, uint32_t nlimits) {
+/* The request's limit on `which` (0: none). */
+static long long limit_of(const unsigned char *limits, uint32_t nlimits, int which) {
     long long size = 0;
     for (uint32_t i = 0; i < nlimits; i++) {
         int32_t res;
         int64_t value;
         memcpy(&res, limits + i * 12, 4);
         memcpy(&value, limits + i * 12 + 4, 8);
-        if (res == RLIMIT_AS) size = value;
+        if (res == which) size = value;
     }
+    return size;
+}
+
+/* child.ipc_bounds's twin: what the action's own IPC namespace may hold, from its memory limit. */
+static void ipc_bounds(long long size, long long *shm_pages, long long *queues) {
+    *shm_pages = size / sysconf(_SC_PAGESIZE);
+    *queues = size >> 14; /* a queue holds 16 KiB (msgmnb's default) */
+    if (*queues < 16) *queues = 16;
+    if (*queues > 32000) *queues = 32000; /* the kernel's default */
+}
+
+/* The action's own IPC namespace holds System V memory up to its memory limit (child.bound_ipc
+ * says why). Where /proc/sys cannot be written, the kernel's defaults stay. */
+static void bound_ipc(const unsigned char *limits, uint32_t nlimits) {
+    /* What the program may write: its data limit beyond Python, its address space in it. */
+    long long size = limit_of(limits, nlimits, RLIMIT_DATA), shm_pages, queues;
+    if (size <= 0) size = limit_of(limits, nlimits, RLIMIT_AS);
+    if (size <= 0) return;
+    ipc_bounds(size, &shm_pages, &queues);
+    const char *files[2] = {"/proc/sys/kernel/shmall", "/proc/sys/kernel/msgmni"};
+    long long values[2] = {shm_pages, queues};
+    for (int i = 0; i < 2; i++) {
+        int fd = open(files[i], O_WRONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        char text[32];
+        int n = snprintf(text, sizeof text, "%lld", values[i]);
+        if (write(fd, text, (size_t)n) < 0) { /* best effort */
+        }
+        close(fd);
+    }
+}
+
+static void private_tmp(const char *workdir, const unsigned char *limits, uint32_t nlimits) {
+    long long size = limit_of(limits, nlimits, RLIMIT_AS);
     char root[4096];
     size_t wlen = strlen(workdir);
     if (wlen >= sizeof root) {
@@ -378,7 +413,10 @@ static void child_setup(int interp, int *fds, int nfds, int devnull, int32_t uid
     if (private_mounts) private_tmp(workdir, limits, nlimits);
     if (proc_of_its_own) own_proc();
     /* Its own System V and POSIX IPC objects (forkserver's probe says why). */
-    if (ipc_of_its_own && syscall(SYS_unshare, CLONE_NEWIPC) < 0) child_fail("unshare(CLONE_NEWIPC)");
+    if (ipc_of_its_own) {
+        if (syscall(SYS_unshare, CLONE_NEWIPC) < 0) child_fail("unshare(CLONE_NEWIPC)");
+        bound_ipc(limits, nlimits);
+    }
     if (chdir(workdir) < 0) child_fail("chdir");
     umask(022);
     if (uid >= 0) {
@@ -1809,6 +1847,14 @@ static PyObject *zygote_set_tmp_files(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* What ipc_bounds makes of `size`: the tests hold it to child.ipc_bounds, its twin. */
+static PyObject *zygote_ipc_bounds(PyObject *self, PyObject *args) {
+    long long size, shm_pages, queues;
+    if (!PyArg_ParseTuple(args, "L", &size)) return NULL;
+    ipc_bounds(size, &shm_pages, &queues);
+    return Py_BuildValue("(LL)", shm_pages, queues);
+}
+
 /* What tmp_options makes of `size`: the tests hold it to child.tmp_options, its twin. */
 static PyObject *zygote_tmp_options(PyObject *self, PyObject *args) {
     long long size;
@@ -1840,6 +1886,7 @@ static PyMethodDef methods[] = {
     {"set_identity", zygote_set_identity, METH_O, "The identity files to bind (zygote_wire.IDENTITY_FILES)."},
     {"set_tmp_files", zygote_set_tmp_files, METH_VARARGS, "Files per byte of a private /tmp (child.tmp_options)."},
     {"tmp_options", zygote_tmp_options, METH_VARARGS, "A private /tmp's mount options (child.tmp_options)."},
+    {"ipc_bounds", zygote_ipc_bounds, METH_VARARGS, "An action's System V bounds (child.ipc_bounds)."},
     {NULL, NULL, 0, NULL},
 };
 

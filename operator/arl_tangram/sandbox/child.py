@@ -170,6 +170,9 @@ def child_main(req: dict[str, Any], stdin_fd: int, out_fd: int, err_fd: int, ctr
             isolation.own_proc()
         if req.get("own_ipc"):
             isolation.unshare(isolation.CLONE_NEWIPC)
+            limits = dict(req.get("limits", ()))
+            # What the program may write: its data limit beyond Python, its address space in it.
+            bound_ipc(limits.get(resource.RLIMIT_DATA) or limits.get(resource.RLIMIT_AS, 0))
         os.chdir(workdir)  # created by the fork server before the fork
         os.umask(0o022)
         if uid is not None:
@@ -221,6 +224,29 @@ def tmp_options(size: int) -> str:
     per, least = _tmp_files
     files = f",nr_inodes={max(least, size // per)}" if per > 0 else ""
     return f"size={size}{files},mode=1777"
+
+
+def ipc_bounds(size: int) -> tuple[int, int]:
+    """(System V shared memory in pages, message queues) that an action with a memory limit of
+    ``size`` bytes may hold in its own IPC namespace (_zygote.c's ipc_bounds is its twin)."""
+    return size // os.sysconf("SC_PAGESIZE"), min(max(size >> 14, 16), 32000)
+
+
+def bound_ipc(size: int) -> None:
+    """Bound the System V memory of the action's own IPC namespace by its memory limit: a segment
+    it writes and detaches is in no process's address space, so RLIMIT_AS does not hold it, and a
+    namespace's defaults let it hold all the host's memory (32,000 message queues of 16 KiB each
+    besides). Best effort: where /proc/sys cannot be written, the kernel's defaults stay."""
+    if size <= 0:
+        return
+    shm_pages, queues = ipc_bounds(size)
+    for name, value in (("shmall", shm_pages), ("msgmni", queues)):
+        with suppress(OSError):
+            fd = os.open(f"/proc/sys/kernel/{name}", os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, str(value).encode())
+            finally:
+                os.close(fd)
 
 
 def private_tmp(workdir: str, size: int) -> None:

@@ -509,6 +509,7 @@ class Executor:
 
             msg = self._message(spec, uid, workdir, want, timeout_s, limits)
             msg["remove_workdir"] = not spec.fetch_files and not self.workdir_mb
+            msg["workdir_tmpfs"] = bool(self.workdir_mb)  # the memory guard counts it (forkserver._held)
             if self.workdir_mb and not spec.files:
                 msg["workdir_made"] = True
             build = await self.builder.prepare(

@@ -90,6 +90,8 @@ MNTNS_USES = 64
 # How often the memory left is read while actions run (memguard): an action faulting in memory as
 # fast as a core can (a few GB/s) takes a few hundred MB more before the next look.
 GUARD_PERIOD_S = 0.1
+# How long the guard waits where memory is short but no action holds it, or a kill gave back little.
+GUARD_FUTILE_S = 10.0
 # The most of an action's input written to its pipe in one turn of the loop (``_feed``): a pipe's
 # default capacity.
 STDIN_CHUNK = 64 << 10
@@ -172,6 +174,7 @@ class Call:
         "timed_out",
         "uid",
         "watching",
+        "workdir",
     )
 
     def __init__(
@@ -227,6 +230,7 @@ class Call:
         self.stdin_feed: tuple[int, memoryview] | None = None
         # Killed by the memory guard (_guard_memory): what it held then, in MB.
         self.evicted_mb: int | None = None
+        self.workdir: str | None = None  # a fresh action's own tmpfs, which its end gives back
 
     def stream_of(self, fd: int) -> str:
         """``"out"`` or ``"err"``: which of the action's streams the read end ``fd`` is."""
@@ -362,6 +366,7 @@ class ForkServer:
         self.guard: tuple[memguard.MemorySource, int] | None = None
         self.guard_at = 0.0
         self.guard_victim: Call | None = None
+        self.guard_kill: tuple[int, int] | None = None  # memory left then, and what the victim held
         self.compiled: dict[str, types.CodeType] = {}  # source -> its code object (_main_file)
         # Made in ``prepare``, after the zygote is started: it must inherit none of them.
         self.zy: _ZygoteLink
@@ -926,6 +931,8 @@ class ForkServer:
             call.remove_workdir = msg["workdir"]
         call.uid = msg.get("uid")
         call.main_file = msg.get("main_file")
+        if msg.get("workdir_tmpfs"):
+            call.workdir = msg["workdir"]
         self.zy.owners[pid] = call
         self._track(call, r_out, r_err, watch=False)
         self._start_feed(call, stdin_w, stdin_rest)
@@ -1261,10 +1268,11 @@ class ForkServer:
 
     def _guard_memory(self) -> None:
         """Every GUARD_PERIOD_S while actions run: where less memory is left than the reserve, kill
-        the running action that holds the most (its processes' resident memory, its private /tmp
-        and /dev/shm, and a fresh action's workdir: what its end gives back), unless that is less
-        than ``memguard.MIN_VICTIM``. One at a time: the next look comes a period after that one
-        has exited, when its memory is back."""
+        the running action that holds the most (``_held``: what its end gives back), unless that is
+        less than ``memguard.MIN_VICTIM``. One at a time: the next look comes a period after that
+        one has exited, when its memory is back; and where it did not come back, the memory short
+        is not what the actions are seen to hold, and killing more would only kill the innocent:
+        the guard looks again only after GUARD_FUTILE_S."""
         if self.guard is None or not self.calls:
             return
         now = time.monotonic()
@@ -1282,6 +1290,12 @@ class ForkServer:
             free, _ = memguard.left(source)
         except (OSError, ValueError):
             return
+        if self.guard_kill is not None:
+            before, gone = self.guard_kill
+            self.guard_kill = None
+            if free - before < gone // 4:
+                self.guard_at = now + GUARD_FUTILE_S
+                return
         if free >= reserve:
             return
         running: dict[int, Call] = {}
@@ -1289,23 +1303,39 @@ class ForkServer:
             uid = _uid_of(c)
             if uid is not None and not c.exited:
                 running[uid] = c
-        if not running:
+        held = self._held(running) if running else {}
+        uid = max(held, key=held.__getitem__, default=None)
+        if uid is None or held[uid] < memguard.MIN_VICTIM:
+            self.guard_at = now + GUARD_FUTILE_S  # what is short is not the actions'
             return
-        rss = memguard.uid_held(set(running))
-        held: dict[int, int] = {}
-        for uid, call in running.items():
-            held[uid] = rss[uid]
-            if call.mntns is not None:
-                held[uid] += memguard.fs_used(call.mntns.tmp) + memguard.fs_used(call.mntns.shm)
-            if call.remove_workdir is not None and self.config.get("workdir_mounts"):
-                held[uid] += memguard.fs_used(call.remove_workdir)
-        uid = max(held, key=held.__getitem__)
-        if held[uid] < memguard.MIN_VICTIM:
-            return  # what is short is not the actions'
         victim = running[uid]
         victim.evicted_mb = held[uid] >> 20
         self._kill(victim)
         self.guard_victim = victim
+        self.guard_kill = (free, held[uid])
+
+    def _held(self, running: dict[int, Call]) -> dict[int, int]:
+        """What each running action (by uid) would give back at its end: its processes' memory
+        (proportional, pages shared after a fork once, for the two that hold the most where that
+        can be read), their memfds, its private /tmp and /dev/shm (a session's interpreter's, seen
+        through its root), and a fresh action's workdir."""
+        processes = memguard.uid_held(set(running))
+        held: dict[int, int] = {}
+        for uid, call in running.items():
+            resident, in_memfds = processes[uid]
+            held[uid] = resident + in_memfds
+            if call.mntns is not None:
+                held[uid] += memguard.fs_used(call.mntns.tmp) + memguard.fs_used(call.mntns.shm)
+            elif call.interp is not None:
+                root = f"/proc/{call.interp.pid}/root"
+                held[uid] += memguard.fs_used(root + "/tmp") + memguard.fs_used(root + "/dev/shm")
+            if call.workdir is not None:
+                held[uid] += memguard.fs_used(call.workdir)
+        for uid in sorted(held, key=held.__getitem__, reverse=True)[:2]:
+            proportional = memguard.pss(uid)
+            if proportional is not None:
+                held[uid] += proportional - processes[uid][0]
+        return held
 
     def _kill(self, call: Call) -> None:
         with suppress(OSError):

@@ -39,7 +39,9 @@ class MemorySource:
 
 
 def _read(path: str) -> str:
-    with open(path, encoding="ascii") as fh:
+    # Latin-1 takes any byte: a process may name itself in any bytes (prctl PR_SET_NAME), and a
+    # status that failed to decode would hide its memory.
+    with open(path, encoding="latin-1") as fh:
         return fh.read()
 
 
@@ -82,15 +84,21 @@ def find_source(proc: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> Mem
 
 def left(source: MemorySource, proc: str = "/proc") -> tuple[int, int]:
     """(bytes left, bytes in all) at ``source``; raises OSError where it cannot be read."""
+    # File cache, active or not, is what the kernel reclaims before it kills anything; tmpfs and
+    # memfd pages are on the anonymous lists, so they stay counted.
     if source.kind == "cgroup2":
         limit = int(_read(f"{source.path}/memory.max"))
         used = int(_read(f"{source.path}/memory.current"))
-        used -= _stat_value(_read(f"{source.path}/memory.stat"), "inactive_file")
+        stat = _read(f"{source.path}/memory.stat")
+        used -= _stat_value(stat, "active_file") + _stat_value(stat, "inactive_file")
         return limit - max(used, 0), limit
     if source.kind == "cgroup1":
+        stat = _read(f"{source.path}/memory.stat")
         limit = int(_read(f"{source.path}/memory.limit_in_bytes"))
+        # A parent's limit below this cgroup's own is the one that holds.
+        limit = min(limit, _stat_value(stat, "hierarchical_memory_limit") or limit)
         used = int(_read(f"{source.path}/memory.usage_in_bytes"))
-        used -= _stat_value(_read(f"{source.path}/memory.stat"), "total_inactive_file")
+        used -= _stat_value(stat, "total_active_file") + _stat_value(stat, "total_inactive_file")
         return limit - max(used, 0), limit
     meminfo = _read(f"{proc}/meminfo")
     return _stat_value(meminfo, "MemAvailable") << 10, _stat_value(meminfo, "MemTotal") << 10
@@ -104,30 +112,81 @@ def reserve_of(setting_mb: int, total: int) -> int:
     return max(MIN_RESERVE, int(total * RESERVE_SHARE))
 
 
-def uid_held(uids: set[int], proc: str = "/proc") -> dict[int, int]:
-    """The memory (bytes) each of ``uids`` (real uid) holds in its processes: their resident memory,
-    and the memfds they have open, which are memory in no address space until mapped (each counted
-    once). Read only when memory is short: one pass over every process's ``status``, and the open
-    files of these uids' processes."""
-    held = dict.fromkeys(uids, 0)
+def uid_held(uids: set[int], proc: str = "/proc") -> dict[int, tuple[int, int]]:
+    """The memory (bytes) each of ``uids`` (real uid) holds in its processes: (their resident
+    memory, the memfds they have open), the second memory in no address space until mapped (each
+    counted once). Read only when memory is short: one pass over every process's ``status``, and the
+    open files of these uids' processes."""
+    resident = dict.fromkeys(uids, 0)
+    in_memfds = dict.fromkeys(uids, 0)
     memfds: dict[int, set[tuple[int, int]]] = {uid: set() for uid in uids}
     for name in os.listdir(proc):
         if not name.isdigit():
             continue
+        found = _process(f"{proc}/{name}")
+        if found is None or found[0] not in resident:
+            continue
+        uid, rss, task = found
+        resident[uid] += rss
+        in_memfds[uid] += _memfds(f"{task}/fd", memfds[uid])
+    return {uid: (resident[uid], in_memfds[uid]) for uid in uids}
+
+
+def _status(path: str) -> tuple[int | None, int | None, int]:
+    """(real uid, resident bytes, threads) from a ``status`` file (None where it has no such line)."""
+    uid = rss = None
+    threads = 1
+    for line in _read(path).splitlines():
+        if line.startswith("Uid:"):
+            uid = int(line.split()[1])
+        elif line.startswith("VmRSS:"):
+            rss = int(line.split()[1]) << 10
+        elif line.startswith("Threads:"):
+            threads = int(line.split()[1])
+    return uid, rss, threads
+
+
+def _process(pid_dir: str) -> tuple[int, int, str] | None:
+    """(uid, resident bytes, the task directory whose ``fd`` lists its files) of a process, or None
+    when it is gone or holds no memory. A process whose first thread has exited while others run
+    shows neither memory nor files there: a live thread's task directory does."""
+    try:
+        uid, rss, threads = _status(f"{pid_dir}/status")
+        if uid is None:
+            return None
+        if rss is not None:
+            return uid, rss, pid_dir
+        if threads <= 1:
+            return None  # a zombie
+        for tid in os.listdir(f"{pid_dir}/task"):
+            task = f"{pid_dir}/task/{tid}"
+            _, rss, _ = _status(f"{task}/status")
+            if rss is not None:
+                return uid, rss, task
+    except (OSError, ValueError):
+        pass  # gone meanwhile
+    return None
+
+
+def pss(uid: int, proc: str = "/proc") -> int | None:
+    """The proportional memory (bytes) of ``uid``'s processes: pages shared after a
+    fork counted once, where resident memory counts them in each process. None where a process's
+    ``smaps_rollup`` cannot be read (no CAP_SYS_PTRACE over another uid)."""
+    total = 0
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        found = _process(f"{proc}/{name}")
+        if found is None or found[0] != uid:
+            continue
         try:
-            text = _read(f"{proc}/{name}/status")
-        except (OSError, UnicodeDecodeError):
+            text = _read(f"{found[2]}/smaps_rollup")
+        except FileNotFoundError:
             continue  # gone meanwhile
-        uid = rss = None
-        for line in text.splitlines():
-            if line.startswith("Uid:"):
-                uid = int(line.split()[1])
-            elif line.startswith("VmRSS:"):
-                rss = int(line.split()[1]) << 10
-        if uid in held and rss is not None:
-            held[uid] += rss
-            held[uid] += _memfds(f"{proc}/{name}/fd", memfds[uid])
-    return held
+        except OSError:
+            return None
+        total += _stat_value(text, "Pss") << 10
+    return total
 
 
 def _memfds(fd_dir: str, seen: set[tuple[int, int]]) -> int:

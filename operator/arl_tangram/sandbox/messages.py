@@ -30,6 +30,7 @@ class RunMessage(TypedDict):
     cap: int  # bytes kept of stdout and of stderr each
     remove_workdir: NotRequired[bool]
     workdir_made: NotRequired[bool]  # the agent made the workdir, empty (a tmpfs of its own)
+    workdir_tmpfs: NotRequired[bool]  # a fresh action's workdir is a tmpfs of its own (the memory guard's)
     sid: NotRequired[str]  # interp_run: the session
     # Filled in by the manager before the zygote forks it:
     cores: NotRequired[list[int]]
@@ -72,6 +73,7 @@ class Reply(TypedDict, total=False):
     cpu_s: float | None
     max_rss_kb: int | None
     memory_error: bool
+    memory_evicted_mb: int | None  # killed by the memory guard, holding this much (forkserver)
     setup_error: bool
     interp_restarted: bool
     interp_stopped: bool

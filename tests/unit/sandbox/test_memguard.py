@@ -80,24 +80,65 @@ def test_the_reserve_is_a_share_of_the_memory_unless_set() -> None:
     assert memguard.reserve_of(0, 16 << 30) == 0
 
 
-def test_a_uids_processes_are_summed_and_others_ignored(tmp_path: Path) -> None:
-    def status(uid: int, rss_kb: int | None) -> str:
-        rss = f"VmRSS:\t{rss_kb} kB\n" if rss_kb is not None else ""
-        return f"Name:\tx\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n{rss}Threads:\t1\n"
+def _status(uid: int, rss_kb: int | None, threads: int = 1, name: bytes = b"x") -> bytes:
+    rss = f"VmRSS:\t{rss_kb} kB\n".encode() if rss_kb is not None else b""
+    return (
+        b"Name:\t"
+        + name
+        + f"\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n".encode()
+        + rss
+        + f"Threads:\t{threads}\n".encode()
+    )
 
+
+def test_a_uids_processes_are_summed_and_others_ignored(tmp_path: Path) -> None:
+    files = {
+        "1/status": _status(0, 5000),
+        "10/status": _status(1001, 100),
+        "11/status": _status(1001, 200),
+        "12/status": _status(1002, 300),
+        "13/status": _status(1001, None),  # a zombie: no resident memory
+        # A name in any bytes (prctl PR_SET_NAME) does not hide a process.
+        "14/status": _status(1002, 50, name=b"h\xc3\xa9\xff"),
+        # Its first thread gone, another running: the memory is seen through the live thread's task.
+        "15/status": _status(1001, None, threads=2),
+        "15/task/15/status": _status(1001, None),
+        "15/task/16/status": _status(1001, 400),
+        "self/status": _status(1001, 999999),
+    }
+    for name, data in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    assert memguard.uid_held({1001, 1002, 1003}, str(tmp_path)) == {
+        1001: (700 << 10, 0),
+        1002: (350 << 10, 0),
+        1003: (0, 0),
+    }
+
+
+def test_file_cache_is_not_counted_as_used_and_a_parents_v1_limit_holds(tmp_path: Path) -> None:
+    """The kernel reclaims file cache, active or not, before it kills: an action reading a large
+    file twice must not look like one taking the container's memory."""
+    stat = f"active_file {1 << 30}\ninactive_file {1 << 30}\nanon {1 << 30}\n"
+    _tree(
+        tmp_path,
+        {"v2/memory.max": f"{4 << 30}\n", "v2/memory.current": f"{3 << 30}\n", "v2/memory.stat": stat},
+    )
+    assert memguard.left(MemorySource("cgroup2", str(tmp_path / "v2"))) == (3 << 30, 4 << 30)
+    stat1 = (
+        f"hierarchical_memory_limit {2 << 30}\ntotal_active_file {256 << 20}\n"
+        f"total_inactive_file {256 << 20}\ntotal_rss {1 << 30}\n"
+    )
     _tree(
         tmp_path,
         {
-            "1/status": status(0, 5000),
-            "10/status": status(1001, 100),
-            "11/status": status(1001, 200),
-            "12/status": status(1002, 300),
-            "13/status": status(1001, None),  # a kernel thread's or a zombie's: no resident memory
-            "self/status": status(1001, 999999),
-            "meminfo": MEMINFO,
+            "v1/memory.limit_in_bytes": f"{8 << 30}\n",
+            "v1/memory.usage_in_bytes": f"{1536 << 20}\n",
+            "v1/memory.stat": stat1,
         },
     )
-    assert memguard.uid_held({1001, 1002, 1003}, str(tmp_path)) == {1001: 300 << 10, 1002: 300 << 10, 1003: 0}
+    assert memguard.left(MemorySource("cgroup1", str(tmp_path / "v1"))) == (1 << 30, 2 << 30)
 
 
 def test_memory_in_a_memfd_is_counted_once_however_many_descriptors_hold_it() -> None:
