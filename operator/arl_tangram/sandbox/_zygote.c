@@ -260,6 +260,7 @@ static void tmp_options(char *out, size_t n, long long size) {
     if (size > 0 && tmp_bytes_per_file > 0) {
         long long files = size / tmp_bytes_per_file;
         if (files < tmp_min_files) files = tmp_min_files;
+        if (files < 1) files = 1; /* 0 would be no bound */
         snprintf(out, n, "size=%lld,nr_inodes=%lld,mode=1777", size, files);
     } else if (size > 0) {
         snprintf(out, n, "size=%lld,mode=1777", size);

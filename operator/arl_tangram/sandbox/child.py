@@ -222,7 +222,7 @@ def tmp_options(size: int) -> str:
     if size <= 0:
         return "mode=1777"
     per, least = _tmp_files
-    files = f",nr_inodes={max(least, size // per)}" if per > 0 else ""
+    files = f",nr_inodes={max(least, size // per, 1)}" if per > 0 else ""  # 0 would be no bound
     return f"size={size}{files},mode=1777"
 
 

@@ -103,7 +103,7 @@ def test_the_c_loop_mounts_what_the_python_loop_mounts() -> None:
     from arl_tangram.sandbox import _zygote  # type: ignore[attr-defined]
 
     sizes = [0, 1, 4095, 1 << 20, WORKDIR_BYTES_PER_FILE * WORKDIR_MIN_FILES + 1, 3 << 30, (1 << 40) + 12345]
-    for rule in ((WORKDIR_BYTES_PER_FILE, WORKDIR_MIN_FILES), (0, 0), (4096, 1)):
+    for rule in ((WORKDIR_BYTES_PER_FILE, WORKDIR_MIN_FILES), (0, 0), (4096, 1), (WORKDIR_BYTES_PER_FILE, 0)):
         child.set_tmp_files(*rule)
         _zygote.set_tmp_files(*rule)
         try:
