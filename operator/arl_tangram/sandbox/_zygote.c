@@ -282,37 +282,44 @@ static long long limit_of(const unsigned char *limits, uint32_t nlimits, int whi
     return size;
 }
 
-/* child.ipc_bounds's twin: what the action's own IPC namespace may hold, from its memory limit. */
-static void ipc_bounds(long long size, long long *shm_pages, long long *queues) {
+/* child.ipc_bounds's twin: what the action's own IPC namespace may hold, from its memory limit
+ * (child.py says why each bound is what it is: IPC_QUEUE_BYTES, IPC_SEM_BYTES, SEM_DEFAULTS). */
+static void ipc_bounds(long long size, long long *shm_pages, long long *queues, long long *sems) {
     *shm_pages = size / sysconf(_SC_PAGESIZE);
-    *queues = size >> 14; /* a queue holds 16 KiB (msgmnb's default) */
+    *queues = size / (2LL << 20);
     if (*queues < 16) *queues = 16;
     if (*queues > 32000) *queues = 32000; /* the kernel's default */
+    *sems = size / 128;
+    if (*sems < 32000) *sems = 32000;
+    if (*sems > 1024000000) *sems = 1024000000; /* the kernel's default */
 }
 
 /* The action's own IPC namespace holds System V memory up to its memory limit (child.bound_ipc
  * says why). Where /proc/sys cannot be written, the kernel's defaults stay. */
 static void bound_ipc(const unsigned char *limits, uint32_t nlimits) {
     /* What the program may write: its data limit beyond Python, its address space in it. */
-    long long size = limit_of(limits, nlimits, RLIMIT_DATA), shm_pages, queues;
+    long long size = limit_of(limits, nlimits, RLIMIT_DATA), shm_pages, queues, sems;
     if (size <= 0) size = limit_of(limits, nlimits, RLIMIT_AS);
     if (size <= 0) return;
-    ipc_bounds(size, &shm_pages, &queues);
-    const char *files[2] = {"/proc/sys/kernel/shmall", "/proc/sys/kernel/msgmni"};
-    long long values[2] = {shm_pages, queues};
-    for (int i = 0; i < 2; i++) {
+    ipc_bounds(size, &shm_pages, &queues, &sems);
+    const char *files[3] = {"/proc/sys/kernel/shmall", "/proc/sys/kernel/msgmni", "/proc/sys/kernel/sem"};
+    char texts[3][64];
+    snprintf(texts[0], sizeof texts[0], "%lld", shm_pages);
+    snprintf(texts[1], sizeof texts[1], "%lld", queues);
+    snprintf(texts[2], sizeof texts[2], "32000 %lld 500 32000", sems); /* child.SEM_DEFAULTS */
+    for (int i = 0; i < 3; i++) {
         int fd = open(files[i], O_WRONLY | O_CLOEXEC);
         if (fd < 0) continue;
-        char text[32];
-        int n = snprintf(text, sizeof text, "%lld", values[i]);
-        if (write(fd, text, (size_t)n) < 0) { /* best effort */
+        if (write(fd, texts[i], strlen(texts[i])) < 0) { /* best effort */
         }
         close(fd);
     }
 }
 
 static void private_tmp(const char *workdir, const unsigned char *limits, uint32_t nlimits) {
-    long long size = limit_of(limits, nlimits, RLIMIT_AS);
+    /* What the program may write, as bound_ipc takes it (child.py's twin says why). */
+    long long size = limit_of(limits, nlimits, RLIMIT_DATA);
+    if (size <= 0) size = limit_of(limits, nlimits, RLIMIT_AS);
     char root[4096];
     size_t wlen = strlen(workdir);
     if (wlen >= sizeof root) {
@@ -420,6 +427,13 @@ static void child_setup(int interp, int *fds, int nfds, int devnull, int32_t uid
     }
     if (chdir(workdir) < 0) child_fail("chdir");
     umask(022);
+    /* The OOM killer's first choice, before the agent (child.oom_first says why). */
+    int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (oom >= 0) {
+        if (write(oom, "1000", 4) < 0) { /* best effort */
+        }
+        close(oom);
+    }
     if (uid >= 0) {
         if (setgroups(0, NULL) < 0) child_fail("setgroups");
         if (setgid((gid_t)uid) < 0) child_fail("setgid");
@@ -1850,10 +1864,10 @@ static PyObject *zygote_set_tmp_files(PyObject *self, PyObject *args) {
 
 /* What ipc_bounds makes of `size`: the tests hold it to child.ipc_bounds, its twin. */
 static PyObject *zygote_ipc_bounds(PyObject *self, PyObject *args) {
-    long long size, shm_pages, queues;
+    long long size, shm_pages, queues, sems;
     if (!PyArg_ParseTuple(args, "L", &size)) return NULL;
-    ipc_bounds(size, &shm_pages, &queues);
-    return Py_BuildValue("(LL)", shm_pages, queues);
+    ipc_bounds(size, &shm_pages, &queues, &sems);
+    return Py_BuildValue("(LLL)", shm_pages, queues, sems);
 }
 
 /* What tmp_options makes of `size`: the tests hold it to child.tmp_options, its twin. */

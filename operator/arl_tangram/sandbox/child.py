@@ -164,17 +164,20 @@ def child_main(req: dict[str, Any], stdin_fd: int, out_fd: int, err_fd: int, ctr
             os.sched_setaffinity(0, cores)
         workdir = req["workdir"]
         uid = req.get("uid")
+        limits = dict(req.get("limits", ()))
+        # What the program may write: its data limit beyond Python, its address space in it (which
+        # beyond Python is --max-memory-mb, the most any request may ask for).
+        written = limits.get(resource.RLIMIT_DATA) or limits.get(resource.RLIMIT_AS, 0)
         if req.get("private_tmp"):
-            private_tmp(workdir, dict(req.get("limits", ())).get(resource.RLIMIT_AS, 0))
+            private_tmp(workdir, written)
         if req.get("own_proc"):
             isolation.own_proc()
         if req.get("own_ipc"):
             isolation.unshare(isolation.CLONE_NEWIPC)
-            limits = dict(req.get("limits", ()))
-            # What the program may write: its data limit beyond Python, its address space in it.
-            bound_ipc(limits.get(resource.RLIMIT_DATA) or limits.get(resource.RLIMIT_AS, 0))
+            bound_ipc(written)
         os.chdir(workdir)  # created by the fork server before the fork
         os.umask(0o022)
+        oom_first()
         if uid is not None:
             os.setgroups([])
             os.setgid(uid)
@@ -226,25 +229,62 @@ def tmp_options(size: int) -> str:
     return f"size={size}{files},mode=1777"
 
 
-def ipc_bounds(size: int) -> tuple[int, int]:
-    """(System V shared memory in pages, message queues) that an action with a memory limit of
-    ``size`` bytes may hold in its own IPC namespace (_zygote.c's ipc_bounds is its twin)."""
-    return size // os.sysconf("SC_PAGESIZE"), min(max(size >> 14, 16), 32000)
+# What the kernel spends, at most, per System V message queue (msgmnb's default 16 KiB, each byte of
+# it a message of its own of about 72 bytes of the kernel's memory when they are empty) and per
+# semaphore, rounded up: the bounds below keep either class within half the action's limit.
+IPC_QUEUE_BYTES = 2 << 20
+IPC_SEM_BYTES = 128
+# The kernel's defaults of an IPC namespace: the most semaphores in a set, operations in one
+# semop, and sets (kernel.sem's first, third and fourth fields); the fewest queues left to a program.
+SEM_DEFAULTS = (32000, 500, 32000)
+MIN_QUEUES = 16
+
+
+def ipc_bounds(size: int) -> tuple[int, int, int]:
+    """(System V shared memory in pages, message queues, semaphores) that an action with a memory
+    limit of ``size`` bytes may hold in its own IPC namespace (_zygote.c's ipc_bounds is its twin).
+    Shared memory is counted by the page; queues and semaphores are kernel memory that no count
+    of the guard's sees, so their number is what bounds them."""
+    queues = min(max(size // IPC_QUEUE_BYTES, MIN_QUEUES), 32000)
+    sems = min(max(size // IPC_SEM_BYTES, SEM_DEFAULTS[0]), 1024000000)
+    return size // os.sysconf("SC_PAGESIZE"), queues, sems
+
+
+def oom_first() -> None:
+    """Make this process (and what it starts) the first the kernel's OOM killer takes, before the
+    agent or the fork server: the memory guard's last resort, where memory it cannot place on an
+    action runs out (_zygote.c's twin). Raising it needs no privilege; the program cannot lower
+    it again (CAP_SYS_RESOURCE)."""
+    with suppress(OSError):
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, OOM_FIRST)
+        finally:
+            os.close(fd)
+
+
+OOM_FIRST = b"1000"
 
 
 def bound_ipc(size: int) -> None:
     """Bound the System V memory of the action's own IPC namespace by its memory limit: a segment
     it writes and detaches is in no process's address space, so RLIMIT_AS does not hold it, and a
-    namespace's defaults let it hold all the host's memory (32,000 message queues of 16 KiB each
-    besides). Best effort: where /proc/sys cannot be written, the kernel's defaults stay."""
+    namespace's defaults let it hold all the host's memory (32,000 queues of 16,384 empty messages,
+    a gigabyte of the kernel's memory per thousand; a billion semaphores of 64 bytes). Best effort:
+    where /proc/sys cannot be written, the kernel's defaults stay."""
     if size <= 0:
         return
-    shm_pages, queues = ipc_bounds(size)
-    for name, value in (("shmall", shm_pages), ("msgmni", queues)):
+    shm_pages, queues, sems = ipc_bounds(size)
+    semmsl, semopm, semmni = SEM_DEFAULTS
+    for name, value in (
+        ("shmall", str(shm_pages)),
+        ("msgmni", str(queues)),
+        ("sem", f"{semmsl} {sems} {semopm} {semmni}"),
+    ):
         with suppress(OSError):
             fd = os.open(f"/proc/sys/kernel/{name}", os.O_WRONLY | os.O_CLOEXEC)
             try:
-                os.write(fd, str(value).encode())
+                os.write(fd, value.encode())
             finally:
                 os.close(fd)
 

@@ -90,8 +90,11 @@ MNTNS_USES = 64
 # How often the memory left is read while actions run (memguard): an action faulting in memory as
 # fast as a core can (a few GB/s) takes a few hundred MB more before the next look.
 GUARD_PERIOD_S = 0.1
-# How long the guard waits where memory is short but no action holds it, or a kill gave back little.
-GUARD_FUTILE_S = 10.0
+# How long the guard waits where memory is short but no action is seen to hold it: a look reads
+# every process's status, a few milliseconds on a busy host.
+GUARD_IDLE_S = 1.0
+# How often, at most, the memory in use while no action runs is read (_guard_baseline).
+GUARD_BASE_S = 1.0
 # The most of an action's input written to its pipe in one turn of the loop (``_feed``): a pipe's
 # default capacity.
 STDIN_CHUNK = 64 << 10
@@ -366,7 +369,9 @@ class ForkServer:
         self.guard: tuple[memguard.MemorySource, int] | None = None
         self.guard_at = 0.0
         self.guard_victim: Call | None = None
-        self.guard_kill: tuple[int, int] | None = None  # memory left then, and what the victim held
+        # The memory in use while no action ran (_guard_baseline), and when it is next read.
+        self.guard_base = 0
+        self.guard_base_at = 0.0
         self.compiled: dict[str, types.CodeType] = {}  # source -> its code object (_main_file)
         # Made in ``prepare``, after the zygote is started: it must inherit none of them.
         self.zy: _ZygoteLink
@@ -564,13 +569,14 @@ class ForkServer:
             return
         source = memguard.find_source()
         try:
-            _, total = memguard.left(source)
+            free, total = memguard.left(source)
         except (OSError, ValueError) as exc:
             why = f"the {source.kind}'s memory cannot be read: {exc}"
             self.iso.notes = (*self.iso.notes, f"no memory guard ({why})")
             return
         reserve = memguard.reserve_of(setting, total)
         self.guard = (source, reserve)
+        self.guard_base = total - free
         self.iso.memory_guard = {"source": source.kind, "reserve_mb": reserve >> 20, "total_mb": total >> 20}
 
     # ---- the loop ---------------------------------------------------------------------------------
@@ -939,6 +945,8 @@ class ForkServer:
         heapq.heappush(self.timers, (started + PIPE_WATCH_DELAY_S, call.id))
 
     def _track(self, call: Call, r_out: int, r_err: int, watch: bool = True) -> None:
+        if not self.calls:
+            self._guard_baseline()
         self.calls[call.id] = call
         call.pipes = [r_out, r_err]
         call.pipes_at_start = (r_out, r_err)
@@ -1269,10 +1277,17 @@ class ForkServer:
     def _guard_memory(self) -> None:
         """Every GUARD_PERIOD_S while actions run: where less memory is left than the reserve, kill
         the running action that holds the most (``_held``: what its end gives back), unless that is
-        less than ``memguard.MIN_VICTIM``. One at a time: the next look comes a period after that
-        one has exited, when its memory is back; and where it did not come back, the memory short
-        is not what the actions are seen to hold, and killing more would only kill the innocent:
-        the guard looks again only after GUARD_FUTILE_S."""
+        less than ``memguard.MIN_VICTIM`` or less than the memory the actions use that the guard
+        cannot place (``unseen``). One at a time: the next look comes a period after that one has
+        exited, when its memory is back.
+
+        Why the second bound: what the guard cannot see (memfds passed over a socket, kernel memory)
+        belongs to some action, not necessarily the one it sees holding the most, and killing
+        that one and then the next innocent gives nothing back. An action is only killed for
+        holding more than everything unplaced, which it then surely ranks above; otherwise the
+        guard looks again each GUARD_IDLE_S (the kernel's OOM killer, which action processes are
+        first for, is the last resort). A kill that gave back less than was counted shows up as
+        more unseen at the next look, so the same bound stops a second wrong kill."""
         if self.guard is None or not self.calls:
             return
         now = time.monotonic()
@@ -1287,15 +1302,9 @@ class ForkServer:
             return
         source, reserve = self.guard
         try:
-            free, _ = memguard.left(source)
+            free, total = memguard.left(source)
         except (OSError, ValueError):
             return
-        if self.guard_kill is not None:
-            before, gone = self.guard_kill
-            self.guard_kill = None
-            if free - before < gone // 4:
-                self.guard_at = now + GUARD_FUTILE_S
-                return
         if free >= reserve:
             return
         running: dict[int, Call] = {}
@@ -1305,20 +1314,33 @@ class ForkServer:
                 running[uid] = c
         held = self._held(running) if running else {}
         uid = max(held, key=held.__getitem__, default=None)
-        if uid is None or held[uid] < memguard.MIN_VICTIM:
-            self.guard_at = now + GUARD_FUTILE_S  # what is short is not the actions'
+        # The memory in use beyond what was when no action ran, less what the guard places.
+        unseen = (total - free) - self.guard_base - sum(held.values())
+        if uid is None or held[uid] < max(memguard.MIN_VICTIM, unseen):
+            self.guard_at = now + GUARD_IDLE_S
             return
         victim = running[uid]
         victim.evicted_mb = held[uid] >> 20
         self._kill(victim)
         self.guard_victim = victim
-        self.guard_kill = (free, held[uid])
+
+    def _guard_baseline(self) -> None:
+        """The memory in use while no action runs (the agent's, the idle sessions'): what the guard
+        does not count as the actions'. Read as the first action starts after an idle spell, at
+        most once per GUARD_BASE_S."""
+        now = time.monotonic()
+        if self.guard is None or now < self.guard_base_at:
+            return
+        self.guard_base_at = now + GUARD_BASE_S
+        with suppress(OSError, ValueError):
+            free, total = memguard.left(self.guard[0])
+            self.guard_base = total - free
 
     def _held(self, running: dict[int, Call]) -> dict[int, int]:
         """What each running action (by uid) would give back at its end: its processes' memory
-        (proportional, pages shared after a fork once, for the two that hold the most where that
-        can be read), their memfds, its private /tmp and /dev/shm (a session's interpreter's, seen
-        through its root), and a fresh action's workdir."""
+        (proportional, pages shared after a fork once, where that can be read), their memfds, its
+        private /tmp and /dev/shm (a session's interpreter's, seen through its root), and a fresh
+        action's workdir."""
         processes = memguard.uid_held(set(running))
         held: dict[int, int] = {}
         for uid, call in running.items():
@@ -1326,16 +1348,31 @@ class ForkServer:
             held[uid] = resident + in_memfds
             if call.mntns is not None:
                 held[uid] += memguard.fs_used(call.mntns.tmp) + memguard.fs_used(call.mntns.shm)
-            elif call.interp is not None:
+            elif call.interp is not None and self._own_mounts(call.interp.pid):
                 root = f"/proc/{call.interp.pid}/root"
                 held[uid] += memguard.fs_used(root + "/tmp") + memguard.fs_used(root + "/dev/shm")
             if call.workdir is not None:
                 held[uid] += memguard.fs_used(call.workdir)
-        for uid in sorted(held, key=held.__getitem__, reverse=True)[:2]:
+        # Proportional memory is at most resident memory, so it is read from the largest down, until
+        # the next can no longer outrank the largest found: an action whose resident memory is
+        # pages shared by many forks is not taken for the one that holds the most.
+        best = 0
+        for uid in sorted(held, key=held.__getitem__, reverse=True):
+            if held[uid] <= best:
+                break
             proportional = memguard.pss(uid)
             if proportional is not None:
                 held[uid] += proportional - processes[uid][0]
+            best = max(best, held[uid])
         return held
+
+    @staticmethod
+    def _own_mounts(pid: int) -> bool:
+        """Whether ``pid`` has a mount namespace of its own (else its /tmp is the host's)."""
+        try:
+            return os.stat(f"/proc/{pid}/ns/mnt").st_ino != os.stat("/proc/self/ns/mnt").st_ino
+        except OSError:
+            return False
 
     def _kill(self, call: Call) -> None:
         with suppress(OSError):

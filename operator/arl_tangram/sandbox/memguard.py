@@ -129,27 +129,35 @@ def uid_held(uids: set[int], proc: str = "/proc") -> dict[int, tuple[int, int]]:
         uid, rss, task = found
         resident[uid] += rss
         in_memfds[uid] += _memfds(f"{task}/fd", memfds[uid])
+        in_memfds[uid] += _mapped_memfds(f"{proc}/{name}", memfds[uid])
     return {uid: (resident[uid], in_memfds[uid]) for uid in uids}
 
 
 def _status(path: str) -> tuple[int | None, int | None, int]:
-    """(real uid, resident bytes, threads) from a ``status`` file (None where it has no such line)."""
-    uid = rss = None
+    """(real uid, resident bytes, threads) from a ``status`` file (None where it has no such line).
+    Resident means anonymous and shared memory (``RssAnon`` + ``RssShmem``): the file pages it maps
+    are cache the kernel reclaims, and its end would not give them back (``VmRSS`` where a kernel
+    has no such split)."""
+    uid = vm_rss = None
+    split: int | None = None
     threads = 1
     for line in _read(path).splitlines():
         if line.startswith("Uid:"):
             uid = int(line.split()[1])
         elif line.startswith("VmRSS:"):
-            rss = int(line.split()[1]) << 10
+            vm_rss = int(line.split()[1]) << 10
+        elif line.startswith(("RssAnon:", "RssShmem:")):
+            split = (split or 0) + (int(line.split()[1]) << 10)
         elif line.startswith("Threads:"):
             threads = int(line.split()[1])
-    return uid, rss, threads
+    return uid, (split if split is not None and vm_rss is not None else vm_rss), threads
 
 
 def _process(pid_dir: str) -> tuple[int, int, str] | None:
     """(uid, resident bytes, the task directory whose ``fd`` lists its files) of a process, or None
     when it is gone or holds no memory. A process whose first thread has exited while others run
-    shows neither memory nor files there: a live thread's task directory does."""
+    shows neither memory nor files there: a live thread's task directory does (threads that exit
+    as they are read are passed over, not the process)."""
     try:
         uid, rss, threads = _status(f"{pid_dir}/status")
         if uid is None:
@@ -158,20 +166,25 @@ def _process(pid_dir: str) -> tuple[int, int, str] | None:
             return uid, rss, pid_dir
         if threads <= 1:
             return None  # a zombie
-        for tid in os.listdir(f"{pid_dir}/task"):
-            task = f"{pid_dir}/task/{tid}"
-            _, rss, _ = _status(f"{task}/status")
-            if rss is not None:
-                return uid, rss, task
+        tids = os.listdir(f"{pid_dir}/task")
     except (OSError, ValueError):
-        pass  # gone meanwhile
+        return None  # gone meanwhile
+    for tid in tids:
+        task = f"{pid_dir}/task/{tid}"
+        try:
+            _, rss, _ = _status(f"{task}/status")
+        except (OSError, ValueError):
+            continue  # this thread is gone; another may not be
+        if rss is not None:
+            return uid, rss, task
     return None
 
 
 def pss(uid: int, proc: str = "/proc") -> int | None:
-    """The proportional memory (bytes) of ``uid``'s processes: pages shared after a
-    fork counted once, where resident memory counts them in each process. None where a process's
-    ``smaps_rollup`` cannot be read (no CAP_SYS_PTRACE over another uid)."""
+    """The proportional memory (bytes) of ``uid``'s processes, anonymous and shared as ``_status``
+    counts it: pages shared after a fork counted once, where resident memory counts them in each
+    process. None where a process's ``smaps_rollup`` cannot be read (no CAP_SYS_PTRACE over
+    another uid)."""
     total = 0
     for name in os.listdir(proc):
         if not name.isdigit():
@@ -185,7 +198,10 @@ def pss(uid: int, proc: str = "/proc") -> int | None:
             continue  # gone meanwhile
         except OSError:
             return None
-        total += _stat_value(text, "Pss") << 10
+        if "Pss_Anon:" in text:
+            total += (_stat_value(text, "Pss_Anon") + _stat_value(text, "Pss_Shmem")) << 10
+        else:  # a kernel before 5.7 has no split
+            total += _stat_value(text, "Pss") << 10
     return total
 
 
@@ -206,6 +222,35 @@ def _memfds(fd_dir: str, seen: set[tuple[int, int]]) -> int:
         if (st.st_dev, st.st_ino) not in seen:
             seen.add((st.st_dev, st.st_ino))
             total += st.st_blocks * 512
+    return total
+
+
+def _mapped_memfds(pid_dir: str, seen: set[tuple[int, int]]) -> int:
+    """The bytes in the memfds mapped in ``pid_dir``'s process and not in ``seen`` (which gains
+    them): a memfd mapped and then closed is in no descriptor, and what it holds beyond the pages
+    touched through the mapping is in no resident count either. Its size is read through
+    ``map_files`` (CAP_SYS_ADMIN); 0 where that cannot be read."""
+    total = 0
+    try:
+        lines = _read(f"{pid_dir}/maps").splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        if "/memfd:" not in line:
+            continue
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or not fields[5].startswith("/memfd:"):
+            continue
+        try:
+            major, minor = (int(part, 16) for part in fields[3].split(":"))
+            key = (os.makedev(major, minor), int(fields[4]))
+            if key in seen:
+                continue
+            st = os.stat(f"{pid_dir}/map_files/{fields[0]}")
+        except (OSError, ValueError):
+            continue
+        seen.add(key)
+        total += st.st_blocks * 512
     return total
 
 

@@ -99,6 +99,25 @@ for i in range({PIECES}):
 time.sleep(30)
 print("never stopped")
 """
+# Mapped with a plain mmap(2) (not Python's, which keeps a descriptor) and closed: in no descriptor,
+# and only the one page mapped, untouched, in no resident count.
+MAPPED_MEMFDS = f"""
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [
+    ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long
+]
+chunk = b"x" * (1 << 20)
+for i in range({PIECES}):
+    fd = os.memfd_create(f"m{{i}}")
+    for _ in range({PIECE_MB}):
+        os.write(fd, chunk)
+    assert libc.mmap(None, 4096, 1, 1, fd, 0) not in (None, ctypes.c_void_p(-1).value)
+    os.close(fd)
+time.sleep(30)
+print("never stopped")
+"""
 WORKDIR_FILES = f"""
 import time
 chunk = b"x" * (1 << 20)
@@ -117,7 +136,9 @@ BYSTANDER = (
 
 
 @pytest.mark.parametrize(
-    "hog", [MANY_PROCESSES, MEMFDS, WORKDIR_FILES], ids=["many-processes", "memfds", "workdir-files"]
+    "hog",
+    [MANY_PROCESSES, MEMFDS, MAPPED_MEMFDS, WORKDIR_FILES],
+    ids=["many-processes", "memfds", "mapped-memfds", "workdir-files"],
 )
 def test_the_action_holding_the_memory_is_killed_and_the_others_run_on(
     contained: tuple[Agent, Path], hog: str
@@ -146,6 +167,46 @@ def test_the_action_holding_the_memory_is_killed_and_the_others_run_on(
     assert agent.execute("print(1)")["stdout"] == "1\n"
 
 
+# 2 GB in memfds passed over a socket to itself and closed: in flight, in no process's descriptors
+# or mappings, so no action is seen to hold it. Then it ends by itself.
+HIDDEN_MB = 2000
+HIDDEN = f"""
+import os, socket, time
+a, b = socket.socketpair()
+chunk = b"x" * (1 << 20)
+for i in range({PIECES}):
+    fd = os.memfd_create(f"m{{i}}")
+    for _ in range({HIDDEN_MB // PIECES}):
+        os.write(fd, chunk)
+    socket.send_fds(a, [b"."], [fd])
+    os.close(fd)
+time.sleep(3)
+print("held it")
+"""
+
+
+def test_memory_no_action_is_seen_to_hold_costs_no_innocent_its_run(contained: tuple[Agent, Path]) -> None:
+    """Memory short that the guard cannot place is some action's, not necessarily the largest
+    one it sees: the bystander of 100 MB is not killed for the 2 GB another holds out of sight
+    (before, it was, and the hog ran on). The kernel's OOM killer stays the last resort; here the
+    cgroup's limit is not reached."""
+    agent, cgroup = contained
+    others: list[dict[str, object]] = []
+
+    def bystander() -> None:
+        others.append(agent.execute(BYSTANDER.replace("sleep(4)", "sleep(6)"), timeout_s=60))
+
+    thread = threading.Thread(target=bystander)
+    thread.start()
+    time.sleep(0.5)
+    body = agent.execute(HIDDEN, timeout_s=60)
+    thread.join()
+    assert (body["status"], body["stdout"]) == ("ok", "held it\n"), body
+    (other,) = others
+    assert (other["status"], other["stdout"]) == ("ok", "fine\n"), other
+    assert int((cgroup / "memory.failcnt").read_text()) == 0, "the cgroup's limit was reached"
+
+
 def test_processes_within_the_memory_are_left_alone(tmp_path: Path) -> None:
     """With the default reserve (a twentieth of the memory), an action of several processes that
     the host has room for runs to its end, as it would outside."""
@@ -171,16 +232,23 @@ def test_the_guard_can_be_turned_off(tmp_path: Path) -> None:
         stop_agent(running)
 
 
-# System V shared memory written and detached is in no process's address space: an action's own
-# IPC namespace holds at most its memory limit of it (the agent's default, 1024 MB, here).
+# System V shared memory written and detached is in no process's address space, and message queues
+# and semaphores are kernel memory: an action's own IPC namespace holds at most its memory limit of
+# each (the agent's default, 1024 MB, here).
 SYSV = """
 import ctypes, errno
 libc = ctypes.CDLL(None, use_errno=True)
 libc.shmget.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]
 def segment(size):
     return "made" if libc.shmget(0, size, 0o1000 | 0o600) >= 0 else errno.errorcode[ctypes.get_errno()]
+def queues():
+    made = 0
+    while libc.msgget(0, 0o1000 | 0o600) >= 0:
+        made += 1
+    return made, errno.errorcode[ctypes.get_errno()]
 bounds = [int(open(f"/proc/sys/kernel/{n}").read()) for n in ("shmall", "msgmni")]
-print(bounds, segment((1024 << 20) + 4096), segment(1000 << 20), segment(100 << 20))
+bounds.append(int(open("/proc/sys/kernel/sem").read().split()[1]))
+print(bounds, segment((1024 << 20) + 4096), segment(1000 << 20), segment(100 << 20), *queues())
 """
 
 
@@ -191,10 +259,30 @@ def test_an_actions_system_v_memory_is_bounded_by_its_limit(loop_agent: Agent) -
 
     body = loop_agent.execute(SYSV, timeout_s=60)
     assert body["exit_code"] == 0, body
-    shm_pages, queues = child.ipc_bounds(1024 << 20)
+    shm_pages, queues, sems = child.ipc_bounds(1024 << 20)
+    assert queues < 1000 and sems < 10_000_000  # the kernel's defaults are 32,000 and 1,024,000,000
     # Past the limit: refused as the kernel refuses it (ENOSPC); within it, made; and what is made
-    # counts: 100 MB more no longer fits.
-    assert body["stdout"] == f"[{shm_pages}, {queues}] ENOSPC made ENOSPC\n", body
+    # counts: 100 MB more no longer fits. Queues: as many as the bound, then ENOSPC.
+    assert body["stdout"] == f"[{shm_pages}, {queues}, {sems}] ENOSPC made ENOSPC {queues} ENOSPC\n", body
+
+
+def test_an_action_and_what_it_starts_are_the_oom_killers_first_choice(loop_agent: Agent) -> None:
+    """Where memory the guard cannot place runs out, the kernel kills an action's process, not the
+    agent or the fork server; the program cannot lower it (child.oom_first and its C twin)."""
+    code = (
+        "import subprocess\n"
+        "print(open('/proc/self/oom_score_adj').read().strip())\n"
+        "out = subprocess.run(['cat', '/proc/self/oom_score_adj'], capture_output=True, text=True)\n"
+        "print(out.stdout.strip())\n"
+        "import os\n"
+        "try:\n"
+        "    os.write(os.open('/proc/self/oom_score_adj', os.O_WRONLY), b'0')\n"
+        "except OSError as e:\n"
+        "    print(type(e).__name__)\n"
+    )
+    body = loop_agent.execute(code, timeout_s=60)
+    assert body["stdout"] == "1000\n1000\nPermissionError\n", body
+    assert int(Path("/proc/self/oom_score_adj").read_text()) < 1000
 
 
 @pytest.mark.skipif(not C_BUILT, reason="the C fork loop is not built here (no C compiler at install)")

@@ -161,3 +161,33 @@ def test_memory_in_a_memfd_is_counted_once_however_many_descriptors_hold_it() ->
 def test_an_unreadable_cgroup_is_passed_over(tmp_path: Path, bad: str) -> None:
     _tree(tmp_path, {"proc/self/cgroup": "0::/\n", "cg/memory.max": bad})
     assert memguard.find_source(str(tmp_path / "proc"), str(tmp_path / "cg")) == MemorySource("host")
+
+
+def test_file_pages_a_process_maps_are_not_what_it_holds(tmp_path: Path) -> None:
+    """Mapped file pages are cache the kernel reclaims, which the process's end would not give back:
+    resident counts anonymous and shared memory, proportional likewise (a kernel without the split
+    falls back to the totals)."""
+    split = (
+        b"Uid:\t1001\t1001\t1001\t1001\nVmRSS:\t1000 kB\n"
+        b"RssAnon:\t100 kB\nRssFile:\t850 kB\nRssShmem:\t50 kB\n"
+    )
+    rollup = "Rss: 1000 kB\nPss: 900 kB\nPss_Anon: 80 kB\nPss_File: 800 kB\nPss_Shmem: 20 kB\n"
+    _tree(tmp_path, {"20/smaps_rollup": rollup, "21/smaps_rollup": "Rss: 70 kB\nPss: 60 kB\n"})
+    (tmp_path / "20/status").write_bytes(split)
+    (tmp_path / "21/status").write_bytes(_status(1001, 70))
+    assert memguard.uid_held({1001}, str(tmp_path)) == {1001: ((150 + 70) << 10, 0)}
+    assert memguard.pss(1001, str(tmp_path)) == (100 + 60) << 10
+
+
+def test_threads_that_end_as_they_are_read_do_not_hide_their_process(tmp_path: Path) -> None:
+    """A process whose first thread has exited, with threads coming and going: one gone between the
+    listing and the read is passed over, not the whole process."""
+    (tmp_path / "30/task").mkdir(parents=True)
+    (tmp_path / "30/status").write_bytes(_status(1001, None, threads=7))
+    for tid in range(40, 47):
+        (tmp_path / f"30/task/{tid}").mkdir()
+    # The live thread is the one listed last, so that gone ones are read before it; the others are
+    # listed, gone by the time their status is read.
+    live = os.listdir(tmp_path / "30/task")[-1]
+    (tmp_path / f"30/task/{live}/status").write_bytes(_status(1001, 300))
+    assert memguard.uid_held({1001}, str(tmp_path)) == {1001: (300 << 10, 0)}
