@@ -11,7 +11,9 @@ its own to make them in, so the guard watches the one number that matters: what 
 Where it looks (``MemorySource``): the container's memory cgroup when it has a limit (v2:
 ``memory.max`` against ``memory.current`` less its inactive file pages, which the kernel reclaims
 before it kills; v1: ``memory.limit_in_bytes`` and ``memory.usage_in_bytes`` likewise), else the
-machine's ``MemAvailable``. Pure parsing here; the fork server owns the timing and the killing.
+machine's ``MemAvailable``. A limited parent seen from here (a pod's cgroup, which its containers
+share) is read too, and the least left anywhere is what is left. Pure parsing here; the fork server
+owns the timing and the killing.
 """
 
 from __future__ import annotations
@@ -32,10 +34,13 @@ MIN_VICTIM = 32 << 20
 @dataclass(frozen=True)
 class MemorySource:
     """Where the memory left is read: ``kind`` is ``cgroup2``, ``cgroup1`` or ``host``; ``path``
-    the cgroup's directory (empty for the host)."""
+    the nearest cgroup directory with a limit (empty for the host), and ``above`` the limited
+    ancestors seen from here: what is left is the least left at any of them (a pod's limit, or a
+    parent's, is shared with sibling containers)."""
 
     kind: str
     path: str = ""
+    above: tuple[str, ...] = ()
 
 
 def _read(path: str) -> str:
@@ -54,8 +59,19 @@ def _stat_value(text: str, key: str) -> int:
     return 0
 
 
+def _limited(kind: str, d: str) -> bool:
+    try:
+        if kind == "cgroup2":
+            limit = _read(f"{d}/memory.max").strip()
+            return limit != "max" and int(limit) > 0
+        return int(_read(f"{d}/memory.limit_in_bytes")) < _V1_UNLIMITED
+    except (OSError, ValueError):
+        return False
+
+
 def find_source(proc: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> MemorySource:
-    """The memory cgroup this process is in where it has a limit; else the host."""
+    """The memory cgroup this process is in, or its nearest ancestor, where one has a limit (with
+    the limited ones above it that can be read); else the host."""
     try:
         lines = _read(f"{proc}/self/cgroup").splitlines()
     except OSError:
@@ -63,43 +79,46 @@ def find_source(proc: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> Mem
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if controllers == "":  # cgroup v2: one hierarchy
-            # In a container with its own cgroup namespace the path is "/": its root is its own.
-            for d in (cgroup_root + path.rstrip("/"), cgroup_root):
-                try:
-                    limit = _read(f"{d}/memory.max").strip()
-                    if limit != "max" and int(limit) > 0:
-                        return MemorySource("cgroup2", d)
-                except (OSError, ValueError):
-                    continue
+            kind, base = "cgroup2", cgroup_root
         elif "memory" in controllers.split(","):
-            base = f"{cgroup_root}/memory"
-            for d in (base + path.rstrip("/"), base):
-                try:
-                    if int(_read(f"{d}/memory.limit_in_bytes")) < _V1_UNLIMITED:
-                        return MemorySource("cgroup1", d)
-                except (OSError, ValueError):
-                    continue
+            kind, base = "cgroup1", f"{cgroup_root}/memory"
+        else:
+            continue
+        # Its own directory, then each parent up to the root. In a container with its own cgroup
+        # namespace the path is "/": its root is its own, and nothing above it is seen.
+        parts = [p for p in path.split("/") if p]
+        chain = [base + "".join(f"/{p}" for p in parts[:n]) for n in range(len(parts), -1, -1)]
+        limited = [d for d in chain if _limited(kind, d)]
+        if limited:
+            return MemorySource(kind, limited[0], tuple(limited[1:]))
     return MemorySource("host")
 
 
-def left(source: MemorySource, proc: str = "/proc") -> tuple[int, int]:
-    """(bytes left, bytes in all) at ``source``; raises OSError where it cannot be read."""
+def _left_at(kind: str, d: str) -> tuple[int, int]:
     # File cache, active or not, is what the kernel reclaims before it kills anything; tmpfs and
     # memfd pages are on the anonymous lists, so they stay counted.
-    if source.kind == "cgroup2":
-        limit = int(_read(f"{source.path}/memory.max"))
-        used = int(_read(f"{source.path}/memory.current"))
-        stat = _read(f"{source.path}/memory.stat")
+    if kind == "cgroup2":
+        limit = int(_read(f"{d}/memory.max"))
+        used = int(_read(f"{d}/memory.current"))
+        stat = _read(f"{d}/memory.stat")
         used -= _stat_value(stat, "active_file") + _stat_value(stat, "inactive_file")
         return limit - max(used, 0), limit
-    if source.kind == "cgroup1":
-        stat = _read(f"{source.path}/memory.stat")
-        limit = int(_read(f"{source.path}/memory.limit_in_bytes"))
-        # A parent's limit below this cgroup's own is the one that holds.
-        limit = min(limit, _stat_value(stat, "hierarchical_memory_limit") or limit)
-        used = int(_read(f"{source.path}/memory.usage_in_bytes"))
-        used -= _stat_value(stat, "total_active_file") + _stat_value(stat, "total_inactive_file")
-        return limit - max(used, 0), limit
+    stat = _read(f"{d}/memory.stat")
+    limit = int(_read(f"{d}/memory.limit_in_bytes"))
+    # A parent's limit below this cgroup's own holds; where the parent cannot be read (no
+    # ``above``), this cgroup's own use against it is the best estimate there is.
+    limit = min(limit, _stat_value(stat, "hierarchical_memory_limit") or limit)
+    used = int(_read(f"{d}/memory.usage_in_bytes"))
+    used -= _stat_value(stat, "total_active_file") + _stat_value(stat, "total_inactive_file")
+    return limit - max(used, 0), limit
+
+
+def left(source: MemorySource, proc: str = "/proc") -> tuple[int, int]:
+    """(bytes left, bytes in all) at ``source``: the least left at its cgroup and the limited ones
+    above it, and the smallest limit; raises OSError where it cannot be read."""
+    if source.kind in ("cgroup2", "cgroup1"):
+        seen = [_left_at(source.kind, d) for d in (source.path, *source.above)]
+        return min(free for free, _ in seen), min(limit for _, limit in seen)
     meminfo = _read(f"{proc}/meminfo")
     return _stat_value(meminfo, "MemAvailable") << 10, _stat_value(meminfo, "MemTotal") << 10
 

@@ -191,3 +191,42 @@ def test_threads_that_end_as_they_are_read_do_not_hide_their_process(tmp_path: P
     live = os.listdir(tmp_path / "30/task")[-1]
     (tmp_path / f"30/task/{live}/status").write_bytes(_status(1001, 300))
     assert memguard.uid_held({1001}, str(tmp_path)) == {1001: (300 << 10, 0)}
+
+
+@pytest.mark.parametrize("kind", ["cgroup2", "cgroup1"])
+def test_a_limited_parent_that_siblings_share_is_what_is_left(tmp_path: Path, kind: str) -> None:
+    """A pod's cgroup limits its containers together: what is left is the least left at any limited
+    level seen, the siblings' use counted there; and a container with no limit of its own is held
+    by its pod's."""
+    if kind == "cgroup2":
+        base, line = tmp_path / "cg", "0::/kubepods/pod1/c1\n"
+
+        def level(d: str, limit: str, used: int) -> dict[str, str]:
+            return {
+                f"{d}/memory.max": limit,
+                f"{d}/memory.current": str(used),
+                f"{d}/memory.stat": "inactive_file 0\n",
+            }
+    else:
+        base, line = tmp_path / "cg/memory", "7:memory:/kubepods/pod1/c1\n"
+
+        def level(d: str, limit: str, used: int) -> dict[str, str]:
+            return {
+                f"{d}/memory.limit_in_bytes": limit,
+                f"{d}/memory.usage_in_bytes": str(used),
+                f"{d}/memory.stat": "total_inactive_file 0\n",
+            }
+
+    root = str(base.relative_to(tmp_path))
+    files = {"proc/self/cgroup": line}
+    files |= level(f"{root}/kubepods/pod1/c1", str(4 << 30), 1 << 30)
+    files |= level(f"{root}/kubepods/pod1", str(5 << 30), (9 << 30) // 2)  # a sibling uses 3.5 GB
+    _tree(tmp_path, files)
+    source = memguard.find_source(str(tmp_path / "proc"), str(tmp_path / "cg"))
+    assert source == MemorySource(kind, str(base / "kubepods/pod1/c1"), (str(base / "kubepods/pod1"),))
+    assert memguard.left(source) == (1 << 29, 4 << 30)
+    unlimited = "max" if kind == "cgroup2" else "9223372036854771712"
+    _tree(tmp_path, level(f"{root}/kubepods/pod1/c1", unlimited, 1 << 30))
+    source = memguard.find_source(str(tmp_path / "proc"), str(tmp_path / "cg"))
+    assert source == MemorySource(kind, str(base / "kubepods/pod1"))
+    assert memguard.left(source) == (1 << 29, 5 << 30)
