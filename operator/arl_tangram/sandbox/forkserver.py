@@ -1312,10 +1312,11 @@ class ForkServer:
             uid = _uid_of(c)
             if uid is not None and not c.exited:
                 running[uid] = c
-        held = self._held(running) if running else {}
+        held, resting = self._held(running)
         uid = max(held, key=held.__getitem__, default=None)
-        # The memory in use beyond what was when no action ran, less what the guard places.
-        unseen = (total - free) - self.guard_base - sum(held.values())
+        # The memory in use beyond the agent's own (what was in use while no action ran, less what
+        # the guard saw then), less all it sees now.
+        unseen = (total - free) - self.guard_base - sum(held.values()) - resting
         if uid is None or held[uid] < max(memguard.MIN_VICTIM, unseen):
             self.guard_at = now + GUARD_IDLE_S
             return
@@ -1325,32 +1326,35 @@ class ForkServer:
         self.guard_victim = victim
 
     def _guard_baseline(self) -> None:
-        """The memory in use while no action runs (the agent's, the idle sessions'): what the guard
-        does not count as the actions'. Read as the first action starts after an idle spell, at
-        most once per GUARD_BASE_S."""
+        """The agent's own memory: what is in use while no action runs, less what the guard sees of
+        the actions' then (idle sessions, workdirs), so that neither counts as unseen later. Read
+        as the first action starts after an idle spell, at most once per GUARD_BASE_S."""
         now = time.monotonic()
         if self.guard is None or now < self.guard_base_at:
             return
         self.guard_base_at = now + GUARD_BASE_S
         with suppress(OSError, ValueError):
             free, total = memguard.left(self.guard[0])
-            self.guard_base = total - free
+            self.guard_base = total - free - self._held({})[1]
 
-    def _held(self, running: dict[int, Call]) -> dict[int, int]:
+    def _held(self, running: dict[int, Call]) -> tuple[dict[int, int], int]:
         """What each running action (by uid) would give back at its end: its processes' memory
         (proportional, pages shared after a fork once, where that can be read), their memfds, its
         private /tmp and /dev/shm (a session's interpreter's, seen through its root), and a fresh
-        action's workdir."""
-        processes = memguard.uid_held(set(running))
+        action's workdir. And the memory the guard sees beside: idle sessions' interpreters (their
+        processes, /tmp and /dev/shm) and every other workdir (each a tmpfs below the root)."""
+        idle = {
+            i.uid: i for i in self.interps.values() if i.alive and i.uid is not None and i.uid not in running
+        }
+        processes = memguard.uid_held(set(running) | set(idle))
         held: dict[int, int] = {}
         for uid, call in running.items():
             resident, in_memfds = processes[uid]
             held[uid] = resident + in_memfds
             if call.mntns is not None:
                 held[uid] += memguard.fs_used(call.mntns.tmp) + memguard.fs_used(call.mntns.shm)
-            elif call.interp is not None and self._own_mounts(call.interp.pid):
-                root = f"/proc/{call.interp.pid}/root"
-                held[uid] += memguard.fs_used(root + "/tmp") + memguard.fs_used(root + "/dev/shm")
+            elif call.interp is not None:
+                held[uid] += self._interp_tmp(call.interp.pid)
             if call.workdir is not None:
                 held[uid] += memguard.fs_used(call.workdir)
         # Proportional memory is at most resident memory, so it is read from the largest down, until
@@ -1364,7 +1368,21 @@ class ForkServer:
             if proportional is not None:
                 held[uid] += proportional - processes[uid][0]
             best = max(best, held[uid])
-        return held
+        resting = sum(sum(processes[uid]) + self._interp_tmp(i.pid) for uid, i in idle.items())
+        counted = {c.workdir for c in running.values() if c.workdir is not None}
+        if self.tmp_root:
+            resting += sum(
+                memguard.fs_used(d) for d in memguard.tmpfs_under(self.tmp_root) if d not in counted
+            )
+        return held, resting
+
+    def _interp_tmp(self, pid: int) -> int:
+        """A session interpreter's private /tmp and /dev/shm (none where it has no mounts of its own:
+        its /tmp is then the host's)."""
+        if not self._own_mounts(pid):
+            return 0
+        root = f"/proc/{pid}/root"
+        return memguard.fs_used(root + "/tmp") + memguard.fs_used(root + "/dev/shm")
 
     @staticmethod
     def _own_mounts(pid: int) -> bool:

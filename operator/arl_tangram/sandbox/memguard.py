@@ -19,6 +19,7 @@ owns the timing and the killing.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 # A v1 cgroup without a limit reports one near 2**63 (rounded to pages).
@@ -136,6 +137,8 @@ def uid_held(uids: set[int], proc: str = "/proc") -> dict[int, tuple[int, int]]:
     memory, the memfds they have open), the second memory in no address space until mapped (each
     counted once). Read only when memory is short: one pass over every process's ``status``, and the
     open files of these uids' processes."""
+    if not uids:
+        return {}
     resident = dict.fromkeys(uids, 0)
     in_memfds = dict.fromkeys(uids, 0)
     memfds: dict[int, set[tuple[int, int]]] = {uid: set() for uid in uids}
@@ -271,6 +274,27 @@ def _mapped_memfds(pid_dir: str, seen: set[tuple[int, int]]) -> int:
         seen.add(key)
         total += st.st_blocks * 512
     return total
+
+
+def tmpfs_under(root: str, mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """The tmpfs mount points below ``root`` (the workdirs, each a tmpfs of its own) in this
+    process's mount namespace."""
+    prefix = root.rstrip("/") + "/"
+    found: list[str] = []
+    try:
+        lines = _read(mountinfo).splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        mine, _, theirs = line.partition(" - ")
+        fields = mine.split(" ")
+        if len(fields) < 5 or not theirs.startswith("tmpfs "):
+            continue
+        # The kernel escapes space, tab, newline and backslash in octal.
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+        if point.startswith(prefix) and point not in found:
+            found.append(point)  # once: mounts stacked on one point show the top one
+    return found
 
 
 def fs_used(fd_or_path: int | str) -> int:

@@ -207,6 +207,40 @@ def test_memory_no_action_is_seen_to_hold_costs_no_innocent_its_run(contained: t
     assert int((cgroup / "memory.failcnt").read_text()) == 0, "the cgroup's limit was reached"
 
 
+def test_what_an_idle_session_holds_does_not_shield_the_action_that_holds_the_most(
+    contained: tuple[Agent, Path],
+) -> None:
+    """Memory the guard sees, though on no running action (a session's interpreter between calls,
+    which grew while other actions ran), is not taken for memory it cannot place: the hog of 1 GB
+    is killed though the idle session holds more."""
+    agent, cgroup = contained
+    made = agent.post("/v1/sessions", {"persistent": True, "memory_mb": 1600})
+    assert made.status_code in (200, 201), made.text
+    sid = made.json()["session_id"]
+    others: list[dict[str, object]] = []
+
+    def bystander() -> None:
+        others.append(agent.execute(BYSTANDER.replace("sleep(4)", "sleep(12)"), timeout_s=60))
+
+    thread = threading.Thread(target=bystander)
+    thread.start()
+    try:
+        time.sleep(0.5)  # from here on an action runs: the guard's picture of the idle agent is older
+        grow = "kept = bytearray(1200 << 20); kept[::4096] = b'x' * len(kept[::4096]); print('kept')"
+        grown = agent.execute(grow, timeout_s=60, session_id=sid)
+        assert (grown["status"], grown["stdout"]) == ("ok", "kept\n"), grown
+        hog = MANY_PROCESSES.replace(f"range({PIECES})", "range(17)")  # 1,020 MB
+        body = agent.execute(hog, timeout_s=60)
+        assert body["status"] == "memory_limit_exceeded" and body["signal"] == 9, body
+        assert "held the most" in str(body["message"]), body
+    finally:
+        thread.join()
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=30)
+    (other,) = others
+    assert (other["status"], other["stdout"]) == ("ok", "fine\n"), other
+    assert int((cgroup / "memory.failcnt").read_text()) == 0, "the cgroup's limit was reached"
+
+
 def test_processes_within_the_memory_are_left_alone(tmp_path: Path) -> None:
     """With the default reserve (a twentieth of the memory), an action of several processes that
     the host has room for runs to its end, as it would outside."""

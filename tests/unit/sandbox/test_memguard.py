@@ -230,3 +230,20 @@ def test_a_limited_parent_that_siblings_share_is_what_is_left(tmp_path: Path, ki
     source = memguard.find_source(str(tmp_path / "proc"), str(tmp_path / "cg"))
     assert source == MemorySource(kind, str(base / "kubepods/pod1"))
     assert memguard.left(source) == (1 << 29, 5 << 30)
+
+
+def test_the_workdirs_are_the_tmpfs_mounts_below_the_root(tmp_path: Path) -> None:
+    """Each workdir is a tmpfs of its own below the agent's root: those are what the guard sums as
+    seen beside the running actions, read from the mount table (names escaped as the kernel does)."""
+    info = tmp_path / "mountinfo"
+    info.write_text(
+        "22 1 0:21 / /proc rw,nosuid - proc proc rw\n"
+        "40 30 0:40 / /w/root/a1 rw,relatime shared:5 - tmpfs tmpfs rw,size=1024k\n"
+        "41 30 0:41 / /w/root/my\\040dir rw,relatime master:7 - tmpfs tmpfs rw\n"
+        "42 30 0:42 / /w/root/a1 rw,relatime - tmpfs tmpfs rw\n"
+        "43 30 8:1 / /w/root/disk rw,relatime - ext4 /dev/sda1 rw\n"
+        "44 30 0:44 / /w/rootless rw - tmpfs tmpfs rw\n"
+        "45 30 0:45 / /w/root rw - tmpfs tmpfs rw\n"
+    )
+    assert memguard.tmpfs_under("/w/root", str(info)) == ["/w/root/a1", "/w/root/my dir"]
+    assert memguard.tmpfs_under("/w/root", str(tmp_path / "missing")) == []
