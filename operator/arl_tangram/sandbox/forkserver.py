@@ -425,6 +425,10 @@ class ForkServer:
             self.iso.own_ipc = why_not is None
             if why_not is not None:
                 self.iso.notes = (*self.iso.notes, f"no IPC namespace per action ({why_not})")
+            elif (why_not := isolation.probe_ipc_bounds(self.iso.own_proc)) is not None:
+                # The kernel's defaults then stay: System V memory up to the host's (child.bound_ipc).
+                note = f"System V memory per action not bounded by its limit ({why_not})"
+                self.iso.notes = (*self.iso.notes, note)
         self.tmp_root = (self.config.get("writable") or [""])[0]
         self.tmp_bytes = int(self.config.get("tmp_bytes") or 0)
         tmp_files = (

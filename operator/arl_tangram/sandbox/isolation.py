@@ -360,6 +360,32 @@ def probe_own_ipc() -> str | None:
     return _why_not(_in_child(unshared))
 
 
+def probe_ipc_bounds(with_own_proc: bool) -> str | None:
+    """Whether an action's own IPC namespace can be bounded here (child.bound_ipc writes
+    /proc/sys/kernel; a container runtime may mount /proc/sys read-only), tried in a throwaway
+    child as an action's does it: through its own /proc where it has one. ``None`` if so, else
+    why not."""
+
+    def bounded() -> int:
+        unshare(CLONE_NEWIPC)
+        fd = os.open("/proc/sys/kernel/msgmni", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, b"16")
+        finally:
+            os.close(fd)
+        return 0
+
+    def mounted() -> int:
+        own_proc()
+        return bounded()
+
+    def in_namespaces() -> int:
+        unshare(CLONE_NEWNS | CLONE_NEWPID)
+        return _in_child(mounted)
+
+    return _why_not(_in_child(in_namespaces if with_own_proc else bounded))
+
+
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
 

@@ -9,6 +9,7 @@ cannot move the point where it acts (2 GB, with a reserve of 1 GB)."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -317,6 +318,36 @@ def test_an_action_and_what_it_starts_are_the_oom_killers_first_choice(loop_agen
     body = loop_agent.execute(code, timeout_s=60)
     assert body["stdout"] == "1000\n1000\nPermissionError\n", body
     assert int(Path("/proc/self/oom_score_adj").read_text()) < 1000
+
+
+def test_a_read_only_proc_sys_leaves_system_v_unbounded_and_the_probe_says_so() -> None:
+    """A container runtime may mount /proc/sys read-only: the bounds cannot be written there, and
+    the fork server's probe says so (a note in /v1/health) instead of leaving the kernel's defaults
+    in silence; an action with a /proc of its own writes them through it."""
+    from arl_tangram.sandbox import isolation
+
+    assert isolation.probe_ipc_bounds(False) is None and isolation.probe_ipc_bounds(True) is None
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a mount namespace of its own with /proc/sys read-only, as in such a container
+        code = 1
+        try:
+            os.close(r)
+            isolation.unshare(isolation.CLONE_NEWNS)
+            isolation.mount("none", "/", None, isolation.MS_REC | isolation.MS_PRIVATE)
+            isolation.mount("/proc/sys", "/proc/sys", None, isolation.MS_BIND)
+            flags = isolation.MS_REMOUNT | isolation.MS_BIND | isolation.MS_RDONLY
+            isolation.mount("none", "/proc/sys", None, flags)
+            answers = [isolation.probe_ipc_bounds(False), isolation.probe_ipc_bounds(True)]
+            os.write(w, json.dumps(answers).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as fh:
+        seen = fh.read()
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    assert json.loads(seen) == ["Read-only file system", None], seen
 
 
 @pytest.mark.skipif(not C_BUILT, reason="the C fork loop is not built here (no C compiler at install)")
