@@ -253,8 +253,9 @@ def ipc_bounds(size: int) -> tuple[int, int, int]:
 def oom_first() -> None:
     """Make this process (and what it starts) the first the kernel's OOM killer takes, before the
     agent or the fork server: the memory guard's last resort, where memory it cannot place on an
-    action runs out (_zygote.c's twin). Raising it needs no privilege; the program cannot lower
-    it again (CAP_SYS_RESOURCE)."""
+    action runs out (_zygote.c's twin). Raising it needs no privilege. Best effort: only where
+    the agent has CAP_SYS_RESOURCE does the kernel keep it as the program's floor; without (most
+    pods, and here) a program that execs may write it back down."""
     with suppress(OSError):
         fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
         try:

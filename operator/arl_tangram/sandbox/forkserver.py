@@ -95,6 +95,11 @@ GUARD_PERIOD_S = 0.1
 GUARD_IDLE_S = 1.0
 # How often, at most, the memory in use while no action runs is read (_guard_baseline).
 GUARD_BASE_S = 1.0
+# How long after a kill the guard waits, at most, for the victim's workdir to be detached (the
+# agent does it once it has the reply).
+GUARD_SETTLE_S = 10.0
+# The most proportional-memory reads in one look (each is a pass over /proc).
+GUARD_PSS_READS = 4
 # The most of an action's input written to its pipe in one turn of the loop (``_feed``): a pipe's
 # default capacity.
 STDIN_CHUNK = 64 << 10
@@ -372,6 +377,7 @@ class ForkServer:
         # The memory in use while no action ran (_guard_baseline), and when it is next read.
         self.guard_base = 0
         self.guard_base_at = 0.0
+        self.guard_settle = 0.0  # until when the last victim's workdir is waited for
         self.compiled: dict[str, types.CodeType] = {}  # source -> its code object (_main_file)
         # Made in ``prepare``, after the zygote is started: it must inherit none of them.
         self.zy: _ZygoteLink
@@ -573,14 +579,14 @@ class ForkServer:
             return
         source = memguard.find_source()
         try:
-            free, total = memguard.left(source)
+            _, total = memguard.left(source)
         except (OSError, ValueError) as exc:
             why = f"the {source.kind}'s memory cannot be read: {exc}"
             self.iso.notes = (*self.iso.notes, f"no memory guard ({why})")
             return
         reserve = memguard.reserve_of(setting, total)
         self.guard = (source, reserve)
-        self.guard_base = total - free
+        self._guard_baseline()
         self.iso.memory_guard = {"source": source.kind, "reserve_mb": reserve >> 20, "total_mb": total >> 20}
 
     # ---- the loop ---------------------------------------------------------------------------------
@@ -1281,15 +1287,16 @@ class ForkServer:
     def _guard_memory(self) -> None:
         """Every GUARD_PERIOD_S while actions run: where less memory is left than the reserve, kill
         the running action that holds the most (``_held``: what its end gives back), unless that is
-        less than ``memguard.MIN_VICTIM`` or less than the memory the actions use that the guard
-        cannot place (``unseen``). One at a time: the next look comes a period after that one has
-        exited, when its memory is back.
+        less than ``memguard.MIN_VICTIM`` or less than the memory in use that the guard cannot
+        place (``unseen``), less the reserve. One at a time: the next look comes a period after
+        that one has exited and its workdir is detached, when its memory is back.
 
         Why the second bound: what the guard cannot see (memfds passed over a socket, kernel memory)
         belongs to some action, not necessarily the one it sees holding the most, and killing
         that one and then the next innocent gives nothing back. An action is only killed for
-        holding more than everything unplaced, which it then surely ranks above; otherwise the
-        guard looks again each GUARD_IDLE_S (the kernel's OOM killer, which action processes are
+        holding more than everything unplaced (within the reserve: the figure it is taken from
+        is as old as the last idle spell), which it then surely ranks above; otherwise the guard
+        looks again each GUARD_IDLE_S (the kernel's OOM killer, which action processes are
         first for, is the last resort). A kill that gave back less than was counted shows up as
         more unseen at the next look, so the same bound stops a second wrong kill."""
         if self.guard is None or not self.calls:
@@ -1299,9 +1306,14 @@ class ForkServer:
             return
         self.guard_at = now + GUARD_PERIOD_S
         if self.guard_victim is not None:
-            if not self.guard_victim.exited:
+            victim = self.guard_victim
+            if not victim.exited:
                 return
-            # Exited in the last period: what it held is given back as its last processes go.
+            # Its workdir gives its memory back only once the agent has detached it, after the
+            # reply; until then memory is still short for want of it, and the next look would take
+            # the next largest action for the one to kill.
+            if victim.workdir is not None and now < self.guard_settle and os.path.ismount(victim.workdir):
+                return
             self.guard_victim = None
             return
         source, reserve = self.guard
@@ -1316,41 +1328,54 @@ class ForkServer:
             uid = _uid_of(c)
             if uid is not None and not c.exited:
                 running[uid] = c
-        held, resting = self._held(running)
+        try:
+            held, resting = self._held(running)
+        except OSError:  # /proc unreadable for now (out of descriptors or memory): look again later
+            return
         uid = max(held, key=held.__getitem__, default=None)
-        # The memory in use beyond the agent's own (what was in use while no action ran, less what
-        # the guard saw then), less all it sees now.
-        unseen = (total - free) - self.guard_base - sum(held.values()) - resting
-        if uid is None or held[uid] < max(memguard.MIN_VICTIM, unseen):
+        # What the agent's own cgroup uses (not a pod's, whose sibling containers' use is not the
+        # actions'), beyond the memory that was neither seen nor the actions' while no action ran,
+        # less all that is seen now. Up to the reserve of it is taken for that figure's error (it
+        # is older than this look where actions never stop).
+        used = memguard.used_own(source)
+        unseen = (total - free if used is None else used) - self.guard_base - sum(held.values()) - resting
+        if uid is None or held[uid] < max(memguard.MIN_VICTIM, unseen - reserve):
             self.guard_at = now + GUARD_IDLE_S
             return
         victim = running[uid]
         victim.evicted_mb = held[uid] >> 20
         self._kill(victim)
         self.guard_victim = victim
+        self.guard_settle = now + GUARD_SETTLE_S
 
     def _guard_baseline(self) -> None:
-        """The agent's own memory: what is in use while no action runs, less what the guard sees of
-        the actions' then (idle sessions, workdirs), so that neither counts as unseen later. Read
-        as the first action starts after an idle spell, at most once per GUARD_BASE_S."""
+        """The memory in use that is neither seen nor the actions': what is in use while no action
+        runs, less what the guard sees then (every process's, idle sessions', workdirs), so that
+        none of those counts as unseen later, however it grows. Read as the first action starts
+        after an idle spell, at most once per GUARD_BASE_S."""
         now = time.monotonic()
         if self.guard is None or now < self.guard_base_at:
             return
         self.guard_base_at = now + GUARD_BASE_S
+        source = self.guard[0]
         with suppress(OSError, ValueError):
-            free, total = memguard.left(self.guard[0])
-            self.guard_base = total - free - self._held({})[1]
+            used = memguard.used_own(source)
+            if used is None:
+                free, total = memguard.left(source)
+                used = total - free
+            self.guard_base = used - self._held({})[1]
 
     def _held(self, running: dict[int, Call]) -> tuple[dict[int, int], int]:
         """What each running action (by uid) would give back at its end: its processes' memory
         (proportional, pages shared after a fork once, where that can be read), their memfds, its
         private /tmp and /dev/shm (a session's interpreter's, seen through its root), and a fresh
-        action's workdir. And the memory the guard sees beside: idle sessions' interpreters (their
-        processes, /tmp and /dev/shm) and every other workdir (each a tmpfs below the root)."""
+        action's workdir. And the memory the guard sees beside: every other process's (the agent's
+        own among them), idle sessions' interpreters (their processes, /tmp and /dev/shm) and every
+        other workdir (each a tmpfs below the root)."""
         idle = {
             i.uid: i for i in self.interps.values() if i.alive and i.uid is not None and i.uid not in running
         }
-        processes = memguard.uid_held(set(running) | set(idle))
+        processes, others = memguard.processes_held(set(running) | set(idle))
         held: dict[int, int] = {}
         for uid, call in running.items():
             resident, in_memfds = processes[uid]
@@ -1365,14 +1390,14 @@ class ForkServer:
         # the next can no longer outrank the largest found: an action whose resident memory is
         # pages shared by many forks is not taken for the one that holds the most.
         best = 0
-        for uid in sorted(held, key=held.__getitem__, reverse=True):
+        for uid in sorted(held, key=held.__getitem__, reverse=True)[:GUARD_PSS_READS]:
             if held[uid] <= best:
                 break
             proportional = memguard.pss(uid)
             if proportional is not None:
                 held[uid] += proportional - processes[uid][0]
             best = max(best, held[uid])
-        resting = sum(sum(processes[uid]) + self._interp_tmp(i.pid) for uid, i in idle.items())
+        resting = others + sum(sum(processes[uid]) + self._interp_tmp(i.pid) for uid, i in idle.items())
         counted = {c.workdir for c in running.values() if c.workdir is not None}
         if self.tmp_root:
             resting += sum(

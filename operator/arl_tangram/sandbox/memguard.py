@@ -42,6 +42,7 @@ class MemorySource:
     kind: str
     path: str = ""
     above: tuple[str, ...] = ()
+    own: str = ""  # this process's own cgroup (limited or not): what its processes use, alone
 
 
 def _read(path: str) -> str:
@@ -91,27 +92,36 @@ def find_source(proc: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> Mem
         chain = [base + "".join(f"/{p}" for p in parts[:n]) for n in range(len(parts), -1, -1)]
         limited = [d for d in chain if _limited(kind, d)]
         if limited:
-            return MemorySource(kind, limited[0], tuple(limited[1:]))
+            usage = "memory.current" if kind == "cgroup2" else "memory.usage_in_bytes"
+            own = next((d for d in chain if os.path.exists(f"{d}/{usage}")), "")
+            return MemorySource(kind, limited[0], tuple(limited[1:]), own)
     return MemorySource("host")
 
 
-def _left_at(kind: str, d: str) -> tuple[int, int]:
-    # File cache, active or not, is what the kernel reclaims before it kills anything; tmpfs and
-    # memfd pages are on the anonymous lists, so they stay counted.
+def _used_at(kind: str, d: str) -> int:
+    """What cgroup ``d`` uses, less its file cache: file cache, active or not, is what the kernel
+    reclaims before it kills anything; tmpfs and memfd pages are on the anonymous lists, so they
+    stay counted."""
     if kind == "cgroup2":
-        limit = int(_read(f"{d}/memory.max"))
         used = int(_read(f"{d}/memory.current"))
         stat = _read(f"{d}/memory.stat")
         used -= _stat_value(stat, "active_file") + _stat_value(stat, "inactive_file")
-        return limit - max(used, 0), limit
-    stat = _read(f"{d}/memory.stat")
-    limit = int(_read(f"{d}/memory.limit_in_bytes"))
-    # A parent's limit below this cgroup's own holds; where the parent cannot be read (no
-    # ``above``), this cgroup's own use against it is the best estimate there is.
-    limit = min(limit, _stat_value(stat, "hierarchical_memory_limit") or limit)
-    used = int(_read(f"{d}/memory.usage_in_bytes"))
-    used -= _stat_value(stat, "total_active_file") + _stat_value(stat, "total_inactive_file")
-    return limit - max(used, 0), limit
+    else:
+        used = int(_read(f"{d}/memory.usage_in_bytes"))
+        stat = _read(f"{d}/memory.stat")
+        used -= _stat_value(stat, "total_active_file") + _stat_value(stat, "total_inactive_file")
+    return max(used, 0)
+
+
+def _left_at(kind: str, d: str) -> tuple[int, int]:
+    if kind == "cgroup2":
+        limit = int(_read(f"{d}/memory.max"))
+    else:
+        limit = int(_read(f"{d}/memory.limit_in_bytes"))
+        # A parent's limit below this cgroup's own holds; where the parent cannot be read (no
+        # ``above``), this cgroup's own use against it is the best estimate there is.
+        limit = min(limit, _stat_value(_read(f"{d}/memory.stat"), "hierarchical_memory_limit") or limit)
+    return limit - _used_at(kind, d), limit
 
 
 def left(source: MemorySource, proc: str = "/proc") -> tuple[int, int]:
@@ -124,6 +134,18 @@ def left(source: MemorySource, proc: str = "/proc") -> tuple[int, int]:
     return _stat_value(meminfo, "MemAvailable") << 10, _stat_value(meminfo, "MemTotal") << 10
 
 
+def used_own(source: MemorySource) -> int | None:
+    """The memory this process's own cgroup uses, less file cache (None: no such figure, as on a
+    host without a limit): unlike what is left at the level that binds, it does not grow with a
+    sibling container's use or another tenant's."""
+    if not source.own:
+        return None
+    try:
+        return _used_at(source.kind, source.own)
+    except (OSError, ValueError):
+        return None
+
+
 def reserve_of(setting_mb: int, total: int) -> int:
     """The reserve in bytes: ``setting_mb`` MB, or where it is negative (the default) a share of
     ``total``; 0 turns the guard off."""
@@ -134,25 +156,33 @@ def reserve_of(setting_mb: int, total: int) -> int:
 
 def uid_held(uids: set[int], proc: str = "/proc") -> dict[int, tuple[int, int]]:
     """The memory (bytes) each of ``uids`` (real uid) holds in its processes: (their resident
-    memory, the memfds they have open), the second memory in no address space until mapped (each
-    counted once). Read only when memory is short: one pass over every process's ``status``, and the
-    open files of these uids' processes."""
-    if not uids:
-        return {}
+    memory, the memfds they have open or mapped), the second memory in no address space until
+    mapped (each counted once). Read only when memory is short: one pass over every process's
+    ``status``, and the open files and mappings of these uids' processes."""
+    return processes_held(uids, proc)[0]
+
+
+def processes_held(uids: set[int], proc: str = "/proc") -> tuple[dict[int, tuple[int, int]], int]:
+    """``uid_held``'s figures, and the resident memory of every other process (the agent's own,
+    or anything else on the machine the guard watches): memory seen, whoever holds it."""
     resident = dict.fromkeys(uids, 0)
     in_memfds = dict.fromkeys(uids, 0)
     memfds: dict[int, set[tuple[int, int]]] = {uid: set() for uid in uids}
+    others = 0
     for name in os.listdir(proc):
         if not name.isdigit():
             continue
         found = _process(f"{proc}/{name}")
-        if found is None or found[0] not in resident:
+        if found is None:
             continue
         uid, rss, task = found
+        if uid not in resident:
+            others += rss
+            continue
         resident[uid] += rss
         in_memfds[uid] += _memfds(f"{task}/fd", memfds[uid])
         in_memfds[uid] += _mapped_memfds(f"{proc}/{name}", memfds[uid])
-    return {uid: (resident[uid], in_memfds[uid]) for uid in uids}
+    return {uid: (resident[uid], in_memfds[uid]) for uid in uids}, others
 
 
 def _status(path: str) -> tuple[int | None, int | None, int]:

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -242,6 +245,77 @@ def test_what_an_idle_session_holds_does_not_shield_the_action_that_holds_the_mo
     assert int((cgroup / "memory.failcnt").read_text()) == 0, "the cgroup's limit was reached"
 
 
+# A sibling container's memory, as the agent sees it in a pod: in no process it can see (another
+# container's processes are in another PID namespace), so here in a file of a tmpfs of its own.
+SIBLING = """
+import sys
+with open(sys.argv[1], "wb") as f:
+    for _ in range(2200):
+        f.write(b"x" * (1 << 20))
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_sibling_containers_memory_is_not_taken_for_the_actions(tmp_path: Path) -> None:
+    """As in a pod of two containers: the agent's cgroup has no limit, its parent (the pod's) has
+    4 GB, and a sibling takes 2.2 GB while actions run. What is short is then the pod's, but what
+    the guard cannot place is counted in the agent's own cgroup: the sibling's memory does not
+    shield a 900 MB hog (counted in the pod's, it did)."""
+    pod = _v1_memory_cgroup()
+    if pod is None:
+        pytest.skip("no v1 memory cgroup can be made here")
+    mine, sibling = pod / "agent", pod / "sibling"
+    for d in (mine, sibling):
+        d.mkdir()
+    neighbour = None
+    kept = Path(f"/dev/shm/tangram-sibling-{os.getpid()}")
+    try:
+        (pod / "memory.limit_in_bytes").write_text(str(4096 << 20))
+        enter = f'echo $$ > {mine}/cgroup.procs && exec "$@"'
+        args = ("--memory-mb", "256", "--memory-reserve-mb", str(RESERVE_MB))
+        agent = start_agent(tmp_path / "work", *args, prefix=("sh", "-c", enter, "sh"))
+        try:
+            guard = requests.get(agent.url + "/v1/health", timeout=10).json()["isolation"]["memory_guard"]
+            assert guard == {"source": "cgroup1", "reserve_mb": RESERVE_MB, "total_mb": 4096}, guard
+            others: list[dict[str, object]] = []
+
+            def bystander() -> None:
+                others.append(agent.execute(BYSTANDER.replace("sleep(4)", "sleep(10)"), timeout_s=60))
+
+            thread = threading.Thread(target=bystander)
+            thread.start()
+            time.sleep(0.5)  # from here on an action runs
+            side = f'echo $$ > {sibling}/cgroup.procs && exec "$@"'
+            neighbour = subprocess.Popen(
+                ["sh", "-c", side, "sh", sys.executable, "-c", SIBLING, str(kept)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert neighbour.stdout is not None and neighbour.stdout.readline() == "ready\n"
+            body = agent.execute(MANY_PROCESSES.replace(f"range({PIECES})", "range(15)"), timeout_s=60)
+            thread.join()
+            assert body["status"] == "memory_limit_exceeded" and body["signal"] == 9, body
+            (other,) = others
+            assert (other["status"], other["stdout"]) == ("ok", "fine\n"), other
+            assert int((pod / "memory.failcnt").read_text()) == 0, "the pod's limit was reached"
+        finally:
+            stop_agent(agent)
+    finally:
+        if neighbour is not None:
+            neighbour.kill()
+            neighbour.wait()
+        kept.unlink(missing_ok=True)
+        for d in (mine, sibling, pod):
+            for _ in range(100):
+                try:
+                    d.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
 def test_processes_within_the_memory_are_left_alone(tmp_path: Path) -> None:
     """With the default reserve (a twentieth of the memory), an action of several processes that
     the host has room for runs to its end, as it would outside."""
@@ -302,22 +376,25 @@ def test_an_actions_system_v_memory_is_bounded_by_its_limit(loop_agent: Agent) -
 
 
 def test_an_action_and_what_it_starts_are_the_oom_killers_first_choice(loop_agent: Agent) -> None:
-    """Where memory the guard cannot place runs out, the kernel kills an action's process, not the
-    agent or the fork server; the program cannot lower it (child.oom_first and its C twin)."""
+    """Where memory the guard cannot place runs out, the kernel kills an action's process before
+    the agent and its fork server (child.oom_first and its C twin). Without CAP_SYS_RESOURCE (as
+    here, and in most pods) a program that execs may write it back down: best effort."""
     code = (
         "import subprocess\n"
         "print(open('/proc/self/oom_score_adj').read().strip())\n"
         "out = subprocess.run(['cat', '/proc/self/oom_score_adj'], capture_output=True, text=True)\n"
         "print(out.stdout.strip())\n"
-        "import os\n"
-        "try:\n"
-        "    os.write(os.open('/proc/self/oom_score_adj', os.O_WRONLY), b'0')\n"
-        "except OSError as e:\n"
-        "    print(type(e).__name__)\n"
     )
     body = loop_agent.execute(code, timeout_s=60)
-    assert body["stdout"] == "1000\n1000\nPermissionError\n", body
-    assert int(Path("/proc/self/oom_score_adj").read_text()) < 1000
+    assert body["stdout"] == "1000\n1000\n", body
+    # The agent and every process of its own (fork server, zygote) keep the default.
+    agent_pids = [loop_agent.proc.pid]
+    for pid in agent_pids:
+        with suppress(FileNotFoundError):
+            agent_pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    assert len(agent_pids) >= 3, agent_pids
+    for pid in agent_pids:
+        assert int(Path(f"/proc/{pid}/oom_score_adj").read_text()) < 1000, pid
 
 
 def test_a_read_only_proc_sys_leaves_system_v_unbounded_and_the_probe_says_so() -> None:

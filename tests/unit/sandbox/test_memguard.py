@@ -35,8 +35,9 @@ def test_a_v2_container_with_a_limit_is_watched_by_its_cgroup(tmp_path: Path) ->
         },
     )
     source = memguard.find_source(str(tmp_path / "proc"), str(tmp_path / "cg"))
-    assert source == MemorySource("cgroup2", str(tmp_path / "cg"))
+    assert source == MemorySource("cgroup2", str(tmp_path / "cg"), own=str(tmp_path / "cg"))
     assert memguard.left(source) == (2 << 30, 8 << 30)
+    assert memguard.used_own(source) == 6 << 30
 
 
 def test_a_v2_cgroup_without_a_limit_is_the_hosts_memory(tmp_path: Path) -> None:
@@ -223,13 +224,18 @@ def test_a_limited_parent_that_siblings_share_is_what_is_left(tmp_path: Path, ki
     files |= level(f"{root}/kubepods/pod1", str(5 << 30), (9 << 30) // 2)  # a sibling uses 3.5 GB
     _tree(tmp_path, files)
     source = memguard.find_source(str(tmp_path / "proc"), str(tmp_path / "cg"))
-    assert source == MemorySource(kind, str(base / "kubepods/pod1/c1"), (str(base / "kubepods/pod1"),))
+    own = str(base / "kubepods/pod1/c1")
+    assert source == MemorySource(kind, own, (str(base / "kubepods/pod1"),), own)
     assert memguard.left(source) == (1 << 29, 4 << 30)
+    # What the agent's own cgroup uses, without the sibling's 3.5 GB: what the guard's count of
+    # memory it cannot place is taken from.
+    assert memguard.used_own(source) == 1 << 30
     unlimited = "max" if kind == "cgroup2" else "9223372036854771712"
     _tree(tmp_path, level(f"{root}/kubepods/pod1/c1", unlimited, 1 << 30))
     source = memguard.find_source(str(tmp_path / "proc"), str(tmp_path / "cg"))
-    assert source == MemorySource(kind, str(base / "kubepods/pod1"))
+    assert source == MemorySource(kind, str(base / "kubepods/pod1"), own=own)
     assert memguard.left(source) == (1 << 29, 5 << 30)
+    assert memguard.used_own(source) == 1 << 30
 
 
 def test_the_workdirs_are_the_tmpfs_mounts_below_the_root(tmp_path: Path) -> None:
