@@ -294,32 +294,38 @@ static void ipc_bounds(long long size, long long *shm_pages, long long *queues, 
     if (*sems > 1024000000) *sems = 1024000000; /* the kernel's default */
 }
 
-/* The action's own IPC namespace holds System V memory up to its memory limit (child.bound_ipc
- * says why). Where /proc/sys cannot be written, the kernel's defaults stay. */
-static void bound_ipc(const unsigned char *limits, uint32_t nlimits) {
-    /* What the program may write: its data limit beyond Python, its address space in it. */
-    long long size = limit_of(limits, nlimits, RLIMIT_DATA), shm_pages, queues, sems;
-    if (size <= 0) size = limit_of(limits, nlimits, RLIMIT_AS);
-    if (size <= 0) return;
-    ipc_bounds(size, &shm_pages, &queues, &sems);
-    const char *files[3] = {"/proc/sys/kernel/shmall", "/proc/sys/kernel/msgmni", "/proc/sys/kernel/sem"};
-    char texts[3][64];
-    snprintf(texts[0], sizeof texts[0], "%lld", shm_pages);
-    snprintf(texts[1], sizeof texts[1], "%lld", queues);
-    snprintf(texts[2], sizeof texts[2], "32000 %lld 500 32000", sems); /* child.SEM_DEFAULTS */
-    for (int i = 0; i < 3; i++) {
-        int fd = open(files[i], O_WRONLY | O_CLOEXEC);
-        if (fd < 0) continue;
-        if (write(fd, texts[i], strlen(texts[i])) < 0) { /* best effort */
-        }
-        close(fd);
+/* Write `text` to `path`, best effort (a /proc file the kernel may refuse). */
+static void put(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    if (write(fd, text, strlen(text)) < 0) { /* best effort */
     }
+    close(fd);
 }
 
-static void private_tmp(const char *workdir, const unsigned char *limits, uint32_t nlimits) {
-    /* What the program may write, as bound_ipc takes it (child.py's twin says why). */
+/* What the program may write (child.py's `written`): its data limit beyond Python, its address
+ * space in it. */
+static long long written_limit(const unsigned char *limits, uint32_t nlimits) {
     long long size = limit_of(limits, nlimits, RLIMIT_DATA);
-    if (size <= 0) size = limit_of(limits, nlimits, RLIMIT_AS);
+    return size > 0 ? size : limit_of(limits, nlimits, RLIMIT_AS);
+}
+
+/* The action's own IPC namespace holds System V memory up to its memory limit `size` (child.bound_ipc
+ * says why). Where /proc/sys cannot be written, the kernel's defaults stay. */
+static void bound_ipc(long long size) {
+    if (size <= 0) return;
+    long long shm_pages, queues, sems;
+    ipc_bounds(size, &shm_pages, &queues, &sems);
+    char text[64];
+    snprintf(text, sizeof text, "%lld", shm_pages);
+    put("/proc/sys/kernel/shmall", text);
+    snprintf(text, sizeof text, "%lld", queues);
+    put("/proc/sys/kernel/msgmni", text);
+    snprintf(text, sizeof text, "32000 %lld 500 32000", sems); /* child.SEM_DEFAULTS */
+    put("/proc/sys/kernel/sem", text);
+}
+
+static void private_tmp(const char *workdir, long long size) {
     char root[4096];
     size_t wlen = strlen(workdir);
     if (wlen >= sizeof root) {
@@ -418,22 +424,18 @@ static void child_setup(int interp, int *fds, int nfds, int devnull, int32_t uid
         }
         if (sched_setaffinity(0, sizeof set, &set) < 0) child_fail("sched_setaffinity");
     }
-    if (private_mounts) private_tmp(workdir, limits, nlimits);
+    long long written = written_limit(limits, nlimits);
+    if (private_mounts) private_tmp(workdir, written);
     if (proc_of_its_own) own_proc();
     /* Its own System V and POSIX IPC objects (forkserver's probe says why). */
     if (ipc_of_its_own) {
         if (syscall(SYS_unshare, CLONE_NEWIPC) < 0) child_fail("unshare(CLONE_NEWIPC)");
-        bound_ipc(limits, nlimits);
+        bound_ipc(written);
     }
     if (chdir(workdir) < 0) child_fail("chdir");
     umask(022);
     /* The OOM killer's first choice, before the agent (child.oom_first says why). */
-    int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-    if (oom >= 0) {
-        if (write(oom, "1000", 4) < 0) { /* best effort */
-        }
-        close(oom);
-    }
+    put("/proc/self/oom_score_adj", "1000");
     if (uid >= 0) {
         if (setgroups(0, NULL) < 0) child_fail("setgroups");
         if (setgid((gid_t)uid) < 0) child_fail("setgid");

@@ -256,12 +256,10 @@ def oom_first() -> None:
     action runs out (_zygote.c's twin). Raising it needs no privilege. Best effort: only where
     the agent has CAP_SYS_RESOURCE does the kernel keep it as the program's floor; without (most
     pods, and here) a program that execs may write it back down."""
+    from arl_tangram.sandbox import isolation  # the Python loop's zygote holds it already
+
     with suppress(OSError):
-        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.write(fd, OOM_FIRST)
-        finally:
-            os.close(fd)
+        isolation.write_proc("/proc/self/oom_score_adj", OOM_FIRST)
 
 
 OOM_FIRST = b"1000"
@@ -273,6 +271,8 @@ def bound_ipc(size: int) -> None:
     namespace's defaults let it hold all the host's memory (32,000 queues of 16,384 empty messages,
     a gigabyte of the kernel's memory per thousand; a billion semaphores of 64 bytes). Best effort:
     where /proc/sys cannot be written, the kernel's defaults stay."""
+    from arl_tangram.sandbox import isolation  # the Python loop's zygote holds it already
+
     if size <= 0:
         return
     shm_pages, queues, sems = ipc_bounds(size)
@@ -283,11 +283,7 @@ def bound_ipc(size: int) -> None:
         ("sem", f"{semmsl} {sems} {semopm} {semmni}"),
     ):
         with suppress(OSError):
-            fd = os.open(f"/proc/sys/kernel/{name}", os.O_WRONLY | os.O_CLOEXEC)
-            try:
-                os.write(fd, value.encode())
-            finally:
-                os.close(fd)
+            isolation.write_proc(f"/proc/sys/kernel/{name}", value.encode())
 
 
 def private_tmp(workdir: str, size: int) -> None:

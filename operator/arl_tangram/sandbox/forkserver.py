@@ -1337,8 +1337,7 @@ class ForkServer:
         # actions'), beyond the memory that was neither seen nor the actions' while no action ran,
         # less all that is seen now. Up to the reserve of it is taken for that figure's error (it
         # is older than this look where actions never stop).
-        used = memguard.used_own(source)
-        unseen = (total - free if used is None else used) - self.guard_base - sum(held.values()) - resting
+        unseen = memguard.in_use(source, free, total) - self.guard_base - sum(held.values()) - resting
         if uid is None or held[uid] < max(memguard.MIN_VICTIM, unseen - reserve):
             self.guard_at = now + GUARD_IDLE_S
             return
@@ -1359,11 +1358,7 @@ class ForkServer:
         self.guard_base_at = now + GUARD_BASE_S
         source = self.guard[0]
         with suppress(OSError, ValueError):
-            used = memguard.used_own(source)
-            if used is None:
-                free, total = memguard.left(source)
-                used = total - free
-            self.guard_base = used - self._held({})[1]
+            self.guard_base = memguard.in_use(source, *memguard.left(source)) - self._held({})[1]
 
     def _held(self, running: dict[int, Call]) -> tuple[dict[int, int], int]:
         """What each running action (by uid) would give back at its end: its processes' memory

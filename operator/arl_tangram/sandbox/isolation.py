@@ -360,6 +360,16 @@ def probe_own_ipc() -> str | None:
     return _why_not(_in_child(unshared))
 
 
+def write_proc(path: str, value: bytes) -> None:
+    """Write ``value`` to the /proc file ``path`` in one write (as the kernel reads a setting);
+    OSError where it refuses."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value)
+    finally:
+        os.close(fd)
+
+
 def probe_ipc_bounds(with_own_proc: bool) -> str | None:
     """Whether an action's own IPC namespace can be bounded here (child.bound_ipc writes
     /proc/sys/kernel; a container runtime may mount /proc/sys read-only), tried in a throwaway
@@ -368,11 +378,7 @@ def probe_ipc_bounds(with_own_proc: bool) -> str | None:
 
     def bounded() -> int:
         unshare(CLONE_NEWIPC)
-        fd = os.open("/proc/sys/kernel/msgmni", os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.write(fd, b"16")
-        finally:
-            os.close(fd)
+        write_proc("/proc/sys/kernel/msgmni", b"16")
         return 0
 
     def mounted() -> int:

@@ -146,6 +146,14 @@ def used_own(source: MemorySource) -> int | None:
         return None
 
 
+def in_use(source: MemorySource, free: int, total: int) -> int:
+    """The memory the guard counts as the agent's and its actions': its own cgroup's use where
+    there is one (``used_own``), else what is in use at ``source`` (``free`` and ``total`` as
+    ``left`` read them)."""
+    used = used_own(source)
+    return total - free if used is None else used
+
+
 def reserve_of(setting_mb: int, total: int) -> int:
     """The reserve in bytes: ``setting_mb`` MB, or where it is negative (the default) a share of
     ``total``; 0 turns the guard off."""

@@ -199,24 +199,26 @@ def test_a_limited_parent_that_siblings_share_is_what_is_left(tmp_path: Path, ki
     """A pod's cgroup limits its containers together: what is left is the least left at any limited
     level seen, the siblings' use counted there; and a container with no limit of its own is held
     by its pod's."""
-    if kind == "cgroup2":
-        base, line = tmp_path / "cg", "0::/kubepods/pod1/c1\n"
+    # Each hierarchy's files: the limit, the use, and a stat with no file cache.
+    base, line, limit_file, usage_file, stat = {
+        "cgroup2": (
+            tmp_path / "cg",
+            "0::/kubepods/pod1/c1\n",
+            "memory.max",
+            "memory.current",
+            "inactive_file 0\n",
+        ),
+        "cgroup1": (
+            tmp_path / "cg/memory",
+            "7:memory:/kubepods/pod1/c1\n",
+            "memory.limit_in_bytes",
+            "memory.usage_in_bytes",
+            "total_inactive_file 0\n",
+        ),
+    }[kind]
 
-        def level(d: str, limit: str, used: int) -> dict[str, str]:
-            return {
-                f"{d}/memory.max": limit,
-                f"{d}/memory.current": str(used),
-                f"{d}/memory.stat": "inactive_file 0\n",
-            }
-    else:
-        base, line = tmp_path / "cg/memory", "7:memory:/kubepods/pod1/c1\n"
-
-        def level(d: str, limit: str, used: int) -> dict[str, str]:
-            return {
-                f"{d}/memory.limit_in_bytes": limit,
-                f"{d}/memory.usage_in_bytes": str(used),
-                f"{d}/memory.stat": "total_inactive_file 0\n",
-            }
+    def level(d: str, limit: str, used: int) -> dict[str, str]:
+        return {f"{d}/{limit_file}": limit, f"{d}/{usage_file}": str(used), f"{d}/memory.stat": stat}
 
     root = str(base.relative_to(tmp_path))
     files = {"proc/self/cgroup": line}
