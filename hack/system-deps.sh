@@ -8,6 +8,16 @@ command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 # The sandbox's C++ actions (sandbox/languages.py; java, go, rust and node are found where installed).
 command -v g++ >/dev/null 2>&1 || need+=(g++)
+# Where g++ is (or is about to be), OpenSSL's headers and libraries: C++ links -lcrypto -lssl where
+# they link, as SandboxFusion's does (HumanEval-X's string_to_md5 calls MD5).
+if command -v g++ >/dev/null 2>&1 || [[ " ${need[*]} " == *" g++ "* ]]; then
+  [ -e /usr/include/openssl/md5.h ] || need+=(libssl-dev)
+fi
+# Where javac is, javatuples (SandboxFusion puts javatuples-1.2.jar on Java's class path; every
+# MultiPL-E HumanEval-Java prompt imports org.javatuples).
+if command -v javac >/dev/null 2>&1 && ! compgen -G '/usr/share/java/javatuples*.jar' >/dev/null; then
+  need+=(libjavatuples-java)
+fi
 # TypeScript actions are transpiled by esbuild (as SandboxFusion's tsx does), from npm where npm is.
 if command -v npm >/dev/null 2>&1 && ! command -v esbuild >/dev/null 2>&1; then
   if [ "$(id -u)" -eq 0 ]; then

@@ -182,7 +182,9 @@ class Builder:
         # The program's memory limit: what it writes (executor._limits sets it for every runtime
         # a toolchain runs).
         memory_mb = int(limits["data"]) >> 20
-        jars = ":".join([".", *sorted(p for p in files if p.endswith(".jar"))])
+        # ``.``, the jars found here (javatuples), the request's own: the key holds the argv, so
+        # the class path, and the toolchain's fingerprint the found jars' size and mtime.
+        jars = toolchain.jars(sorted(p for p in files if p.endswith(".jar")))
         values = {"heap_mb": str(toolchain.heap_mb(memory_mb)), "jars": jars}
         msg["env"] = {**msg["env"], **toolchain.env}
         msg["argv"] = toolchain.argv(language.run, values)

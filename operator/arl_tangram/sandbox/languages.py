@@ -6,7 +6,8 @@ no plain C), the others carry SandboxFusion's names.
 Each ``Language`` names the file its code is written to, the toolchain binaries it needs, the
 argv of its compile step (none for interpreted languages) and of its run, and which files the
 compile leaves behind (what the compile cache keeps). The argv are templates: ``{cc}``-style
-fields are the resolved toolchain binaries, ``{heap_mb}`` and ``{jars}`` are filled per action.
+fields are the resolved toolchain binaries, ``{heap_mb}`` and ``{jars}`` are filled per action,
+and a ``{link_flags}`` part stands for the link flags ``detect`` found (none or several arguments).
 
 What is learnt from SandboxFusion's runners (its behaviour, not its code): the compiled binary is
 ``test`` (C++, Rust) or ``out`` (Go); Java's class is ``Main`` in ``Main.java``, run with ``-ea`` and
@@ -15,20 +16,37 @@ Rust is a bare ``rustc`` (its default edition); TypeScript runs the way ``tsx`` 
 strips the types, nothing checks them), so a TypeScript error shows as the run's failure and no
 ``compile_result`` is reported; ``nodejs``/``js`` and ``typescript``/``ts`` are the same language.
 
+The libraries SandboxFusion's runners give programs, which benchmarks' code relies on:
+
+- C++ is linked with each of ``-lcrypto -lssl -lpthread`` that links on the host (SandboxFusion
+  probes them once; HumanEval-X's and MultiPL-E's ``string_to_md5`` call OpenSSL's ``MD5``). Our C
+  gets the same probed flags after its ``-lm`` (OpenSSL is a C library; C had ``-lpthread`` before).
+  A flag that does not link (no ``libssl-dev``) is left out and ``/v1/health`` names it.
+- Java has javatuples on the class path of ``javac`` and ``java``, after ``.`` and before the
+  request's own jars (SandboxFusion's ``.:javatuples-1.2.jar``; every MultiPL-E HumanEval-Java
+  prompt starts with ``import org.javatuples.*;``). The jar is Debian's ``libjavatuples-java``
+  (``/usr/share/java/javatuples*.jar``, its real file; ``TANGRAM_JAVATUPLES_JAR`` names another).
+  Without it Java runs as before and ``/v1/health`` and the start-up line say javatuples is missing.
+
 ``detect`` runs once at start-up: it resolves every binary on ``PATH`` to its real file (a rustup
-proxy to the toolchain's own ``rustc``), reads each toolchain's version (the compile cache's key
-includes it) and lists the directories the sandbox must let actions read (a toolchain under a
-private home directory, Go's build cache).
+proxy to the toolchain's own ``rustc``), reads each toolchain's version, probes the link flags and
+finds the jars (the compile cache's key includes all of them: the flags and the jar's path are in
+the compile's argv, the version and the jar's size and mtime in the toolchain's fingerprint) and
+lists the directories the sandbox must let actions read (a toolchain under a private home
+directory, Go's build cache, the jar's directory).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import fnmatch
+import glob
 import hashlib
 import os
 import shutil
 import subprocess
+import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -86,6 +104,18 @@ _JVM_LIMITS = (
 # A compiler JVM that starts fast: C1 only (javac's own run is short).
 _JAVAC_FLAGS = tuple(f"-J{flag}" for flag in (*_JVM_LIMITS, "-XX:TieredStopAtLevel=1"))
 
+# A compile template's part that stands for the link flags ``detect`` found (none, one or more).
+LINK_FLAGS = "{link_flags}"
+# SandboxFusion's optional C++ link flags, in its order: each one that links here is added.
+OPTIONAL_LINK_FLAGS = ("-lcrypto", "-lssl", "-lpthread")
+# How long the link probes of one compiler may take together (one link when all flags link).
+LINK_PROBE_TIMEOUT_S = 30.0
+
+# javatuples (SandboxFusion's javatuples-1.2.jar): Debian's libjavatuples-java installs
+# /usr/share/java/javatuples.jar and a versioned link to it; the environment variable names another.
+JAVATUPLES_ENV = "TANGRAM_JAVATUPLES_JAR"
+JAVATUPLES_GLOB = "/usr/share/java/javatuples*.jar"
+
 
 @dataclass(frozen=True)
 class Language:
@@ -104,6 +134,10 @@ class Language:
     env: Mapping[str, str] = field(default_factory=dict)  # extra environment, compile and run
     version_tool: str = ""  # the tool whose ``--version`` (or ``version``) identifies the toolchain
     version_args: tuple[str, ...] = ("--version",)
+    # Link flags added to the compile (at its ``{link_flags}``) where they link with its compiler.
+    optional_link_flags: tuple[str, ...] = ()
+    # Jars (by library name, see ``_find_jar``) put on the class path before the request's own.
+    jars: tuple[str, ...] = ()
 
     @property
     def compiled(self) -> bool:
@@ -116,20 +150,22 @@ LANGUAGES: tuple[Language, ...] = (
         name="cpp",
         source="main.cpp",
         tools={"cxx": "g++"},
-        # -lpthread: std::thread links with it on every glibc (a no-op on 2.34 and later).
-        compile=("{cxx}", "-std=c++17", "main.cpp", "-o", "test", "-lpthread"),
+        # SandboxFusion's link flags, those of them that link here (see OPTIONAL_LINK_FLAGS).
+        compile=("{cxx}", "-std=c++17", "main.cpp", "-o", "test", LINK_FLAGS),
         run=("./test",),
         artifacts=("test",),
         version_tool="cxx",
+        optional_link_flags=OPTIONAL_LINK_FLAGS,
     ),
     Language(
         name="c",
         source="main.c",
         tools={"cc": "gcc"},
-        compile=("{cc}", "-std=gnu17", "main.c", "-o", "test", "-lm", "-lpthread"),
+        compile=("{cc}", "-std=gnu17", "main.c", "-o", "test", "-lm", LINK_FLAGS),
         run=("./test",),
         artifacts=("test",),
         version_tool="cc",
+        optional_link_flags=OPTIONAL_LINK_FLAGS,
     ),
     Language(
         name="java",
@@ -142,6 +178,7 @@ LANGUAGES: tuple[Language, ...] = (
         env={"MALLOC_ARENA_MAX": "1"},
         version_tool="javac",
         version_args=("-version",),
+        jars=("javatuples",),
     ),
     Language(
         name="go",
@@ -220,6 +257,11 @@ class Toolchain:
     # The JVM's own default heap here (``java`` without -Xmx: a quarter of the memory it sees), in
     # MB; 0 where unknown or not a JVM language.
     default_heap_mb: int = 0
+    link_flags: tuple[str, ...] = ()  # the optional link flags that link here (at ``{link_flags}``)
+    class_path: tuple[str, ...] = ()  # jars found, in order, for the class path after ``.``
+    libraries: Mapping[str, str] = field(default_factory=dict)  # jar name -> its path
+    # What of the language's optional flags and jars this host lacks, and why.
+    missing_libraries: Mapping[str, str] = field(default_factory=dict)
 
     def heap_mb(self, memory_mb: int) -> int:
         """The JVM heap of a program limited to ``memory_mb``: what fits the limit (see
@@ -229,9 +271,21 @@ class Toolchain:
         return min(fits, self.default_heap_mb) if self.default_heap_mb > 0 else fits
 
     def argv(self, template: tuple[str, ...], values: Mapping[str, str]) -> list[str]:
-        """``template`` with the binaries and ``values`` filled in."""
+        """``template`` with the binaries and ``values`` filled in (``{link_flags}``: the link
+        flags found, none or several arguments)."""
         fields = {**values, **self.binaries}
-        return [part.format_map(fields) for part in template]
+        argv: list[str] = []
+        for part in template:
+            if part == LINK_FLAGS:
+                argv.extend(self.link_flags)
+            else:
+                argv.append(part.format_map(fields))
+        return argv
+
+    def jars(self, request_jars: list[str]) -> str:
+        """The class path: ``.``, the jars found here, then the request's own (SandboxFusion's
+        ``.:javatuples-1.2.jar:<the request's jars>``)."""
+        return ":".join([".", *self.class_path, *request_jars])
 
     def describe(self) -> dict[str, object]:
         """JSON view for ``/v1/health``."""
@@ -240,7 +294,15 @@ class Toolchain:
             "version": self.version,
             "binaries": dict(self.binaries),
             "aliases": list(self.language.aliases),
+            "link_flags": list(self.link_flags),
+            "libraries": dict(self.libraries),
+            "missing_libraries": dict(self.missing_libraries),
         }
+
+    def label(self) -> str:
+        """The version, and what the toolchain lacks (the start-up line)."""
+        lacks = ", ".join(sorted(self.missing_libraries))
+        return f"{self.version}; without {lacks}" if lacks else self.version
 
 
 @dataclass(frozen=True)
@@ -263,7 +325,7 @@ class Detection:
 
     def summary(self) -> str:
         """One line for the start-up log."""
-        found = ", ".join(f"{name} ({tc.version})" for name, tc in sorted(self.found.items())) or "none"
+        found = ", ".join(f"{name} ({tc.label()})" for name, tc in sorted(self.found.items())) or "none"
         missing = "; ".join(f"{name}: {why}" for name, why in sorted(self.missing.items()))
         return f"languages found: {found}" + (f"; not offered: {missing}" if missing else "")
 
@@ -360,12 +422,85 @@ def _install_root(binary: str) -> str:
     return os.path.dirname(parent) if os.path.basename(parent) == "bin" else parent
 
 
-def _fingerprint(binaries: Mapping[str, str], version: str) -> str:
+def _fingerprint(binaries: Mapping[str, str], version: str, extra: Mapping[str, str] | None = None) -> str:
+    """The toolchain's identity: version, binaries and ``extra`` files (jars) by path, size and
+    mtime."""
     digest = hashlib.sha256(version.encode())
-    for key in sorted(binaries):
-        info = os.stat(binaries[key])
-        digest.update(f"{key}={binaries[key]}:{info.st_size}:{info.st_mtime_ns}".encode())
+    files = {**binaries, **{f"file:{key}": path for key, path in (extra or {}).items()}}
+    for key in sorted(files):
+        info = os.stat(files[key])
+        digest.update(f"{key}={files[key]}:{info.st_size}:{info.st_mtime_ns}".encode())
     return digest.hexdigest()[:32]
+
+
+def _link_flags(compiler: str, source: str, flags: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """Which of ``flags`` link with ``compiler`` here (SandboxFusion's probe): an empty ``main``
+    linked, in a temporary directory, with all of them at once, and only when that fails with each
+    alone. Returns the flags that link, in their order, and why each other one does not."""
+    deadline = time.monotonic() + LINK_PROBE_TIMEOUT_S
+    env = {"PATH": f"{os.path.dirname(compiler)}:{ACTION_SYSTEM_PATH}", "LC_ALL": "C"}
+    with tempfile.TemporaryDirectory(prefix="tangram-link-probe-") as tmp:
+        with open(os.path.join(tmp, source), "w", encoding="utf-8") as out:
+            out.write("int main(void) { return 0; }\n")
+
+        def links(chosen: tuple[str, ...]) -> str | None:
+            """None when ``chosen`` links, else why not."""
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return f"not probed: the probes took over {LINK_PROBE_TIMEOUT_S:g} s"
+            try:
+                done = subprocess.run(
+                    [compiler, source, "-o", "probe", *chosen],
+                    capture_output=True,
+                    text=True,
+                    timeout=left,
+                    env=env,
+                    cwd=tmp,
+                    check=False,
+                )
+            except (OSError, subprocess.SubprocessError) as exc:
+                return f"the probe failed ({exc.__class__.__name__})"
+            if done.returncode == 0:
+                return None
+            lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+            first = lines[0] if lines else "no output"
+            return f"does not link with {os.path.basename(compiler)} here: {first}"
+
+        if not flags or links(flags) is None:
+            return flags, {}
+        found: list[str] = []
+        missing: dict[str, str] = {}
+        for flag in flags:
+            why = links((flag,))
+            if why is None:
+                found.append(flag)
+            else:
+                missing[flag] = why
+        return tuple(found), missing
+
+
+def _find_jar(name: str) -> tuple[str | None, str]:
+    """The real file of a jar of ``jars`` (only javatuples is known), or None and why it is missing.
+
+    ``TANGRAM_JAVATUPLES_JAR`` names the jar; otherwise Debian's unversioned
+    ``/usr/share/java/javatuples.jar`` first, then any versioned one."""
+    if name != "javatuples":
+        return None, f"no such library known: {name!r}"
+    override = os.environ.get(JAVATUPLES_ENV, "")
+    if override:
+        candidates = [override]
+    else:
+        found = glob.glob(JAVATUPLES_GLOB)
+        candidates = sorted(found, key=lambda p: (os.path.basename(p) != "javatuples.jar", p))
+    for candidate in candidates:
+        real = os.path.realpath(candidate)
+        if not os.path.isfile(real) or not os.access(real, os.R_OK):
+            continue
+        if ":" in real:  # it could not be a class path entry
+            continue
+        return real, ""
+    where = f"{override} ({JAVATUPLES_ENV})" if override else JAVATUPLES_GLOB
+    return None, f"no readable jar at {where}; Debian's libjavatuples-java installs it"
 
 
 def _detect_one(language: Language, path: str) -> Toolchain | str:
@@ -389,14 +524,31 @@ def _detect_one(language: Language, path: str) -> Toolchain | str:
             failed = _warm_go_cache(binaries["go"], env)
             if failed:
                 return failed
+    link_flags: tuple[str, ...] = ()
+    missing: dict[str, str] = {}
+    if language.optional_link_flags:
+        compiler = binaries[language.version_tool]
+        link_flags, missing = _link_flags(compiler, language.source, language.optional_link_flags)
+    libraries: dict[str, str] = {}
+    for jar in language.jars:
+        jar_path, why = _find_jar(jar)
+        if jar_path is None:
+            missing[jar] = why
+        else:
+            libraries[jar] = jar_path
+            readable.add(os.path.dirname(jar_path))
     return Toolchain(
         language=language,
         binaries=binaries,
         version=version,
-        fingerprint=_fingerprint(binaries, version),
+        fingerprint=_fingerprint(binaries, version, libraries),
         env=env,
         readable=tuple(sorted(readable)),
         default_heap_mb=_default_heap_mb(binaries["java"], env) if "java" in binaries else 0,
+        link_flags=link_flags,
+        class_path=tuple(libraries[jar] for jar in language.jars if jar in libraries),
+        libraries=libraries,
+        missing_libraries=missing,
     )
 
 

@@ -1,0 +1,196 @@
+"""The libraries SandboxFusion's runners give C++ and Java programs, against a real agent.
+
+SandboxFusion links C++ with each of ``-lcrypto -lssl -lpthread`` that links on its host (HumanEval-X
+and MultiPL-E's ``string_to_md5`` call OpenSSL's ``MD5``), and puts ``javatuples-1.2.jar`` on the
+class path of ``javac`` and ``java`` (every MultiPL-E HumanEval-Java prompt starts with
+``import org.javatuples.*;``). Our C gets the same link flags. Without the jar, Java still runs and
+``/v1/health`` says javatuples is missing.
+
+A case is skipped only when this host lacks the language's toolchain, and the skip names it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from sandbox_agent_harness import Agent, processes_of, start_agent, stop_agent
+
+from arl_tangram.sandbox import languages
+
+COMPILE_TIMEOUT_S = 120
+ABC_MD5 = "900150983cd24fb0d6963f7d28e17f72"
+
+CPP_MD5 = r"""#include <openssl/md5.h>
+#include <cstdio>
+#include <cstring>
+int main() {
+    const char *text = "abc";
+    unsigned char digest[MD5_DIGEST_LENGTH];
+    MD5((const unsigned char *)text, strlen(text), digest);
+    for (int i = 0; i < MD5_DIGEST_LENGTH; i++) printf("%02x", digest[i]);
+    printf("\n");
+}
+"""
+C_MD5 = (
+    CPP_MD5.replace("<cstdio>", "<stdio.h>")
+    .replace("<cstring>", "<string.h>")
+    .replace("int main()", "int main(void)")
+)
+JAVA_TUPLES = """import org.javatuples.Pair;
+public class Main {
+    public static void main(String[] args) {
+        System.out.println(Pair.with(1, 2).getValue1());
+    }
+}
+"""
+# A MultiPL-E HumanEval-Java prompt's imports, as every one starts.
+JAVA_TUPLES_WILDCARD = """import java.util.*;
+import java.lang.reflect.*;
+import org.javatuples.*;
+import java.security.*;
+import java.math.*;
+import java.io.*;
+import java.util.stream.*;
+class Problem {
+    public static Pair<Long, Long> evenOdd(long n) { return Pair.with(n / 2, n - n / 2); }
+}
+public class Main {
+    public static void main(String[] args) {
+        assert(Problem.evenOdd(5L).equals((Pair.with(2L, 3L))));
+        System.out.println(Problem.evenOdd(5L));
+    }
+}
+"""
+JAVA_PLAIN = """import java.util.*;
+public class Main {
+    public static void main(String[] args) {
+        List<Integer> xs = new ArrayList<>(List.of(3, 1, 2));
+        Collections.sort(xs);
+        System.out.println(xs);
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    """One agent for the module (real process, real HTTP on loopback)."""
+    root: Path = tmp_path_factory.mktemp("language-libs") / "work"
+    running = start_agent(root)
+    yield running
+    stop_agent(running)
+    assert processes_of(running.uids) == []
+
+
+def health_languages(agent: Agent) -> dict[str, Any]:
+    body: dict[str, Any] = requests.get(agent.url + "/v1/health", timeout=10).json()["languages"]
+    return body
+
+
+@pytest.fixture(scope="module")
+def found(agent: Agent) -> dict[str, Any]:
+    return health_languages(agent)
+
+
+def need(found: dict[str, Any], language: str) -> None:
+    """Skip unless the agent runs ``language``, naming the missing binary."""
+    if language not in found["found"]:
+        pytest.skip(f"{language}: {found['missing'].get(language, 'not detected')}")
+
+
+def run(agent: Agent, language: str, code: str, **fields: Any) -> dict[str, Any]:
+    body = {"code": code, "language": language, "compile_timeout": COMPILE_TIMEOUT_S, **fields}
+    resp = agent.post("/run_code", body, timeout=COMPILE_TIMEOUT_S + 60)
+    assert resp.status_code == 200, resp.text
+    answer: dict[str, Any] = resp.json()
+    return answer
+
+
+@pytest.mark.parametrize("language,code", [("cpp", CPP_MD5), ("c", C_MD5)])
+def test_openssl_md5_links(agent: Agent, found: dict[str, Any], language: str, code: str) -> None:
+    """HumanEval-X's ``string_to_md5``: OpenSSL's MD5 links, as under SandboxFusion's g++."""
+    need(found, language)
+    body = run(agent, language, code)
+    assert body["status"] == "Success", str(body)
+    assert body["compile_result"]["return_code"] == 0, body["compile_result"]
+    assert body["run_result"]["stdout"] == ABC_MD5 + "\n"
+    assert "-lcrypto" in found["found"][language]["link_flags"], found["found"][language]
+
+
+@pytest.mark.parametrize("code,expected", [(JAVA_TUPLES, "2\n"), (JAVA_TUPLES_WILDCARD, "[2, 3]\n")])
+def test_java_has_javatuples(agent: Agent, found: dict[str, Any], code: str, expected: str) -> None:
+    need(found, "java")
+    body = run(agent, "java", code)
+    assert body["status"] == "Success", str(body)
+    assert body["compile_result"]["return_code"] == 0, body["compile_result"]
+    assert body["run_result"]["stdout"] == expected
+    java = found["found"]["java"]
+    assert java["libraries"].get("javatuples"), java
+    assert "javatuples" not in java["missing_libraries"], java
+
+
+def test_java_without_javatuples_is_java_as_before(tmp_path: Path, found: dict[str, Any]) -> None:
+    """A host without the jar: plain Java runs, a javatuples import fails to compile, and
+    ``/v1/health`` says what is missing."""
+    need(found, "java")
+    missing_jar = tmp_path / "absent" / "javatuples-1.2.jar"
+    running = start_agent(tmp_path / "work", env={"TANGRAM_JAVATUPLES_JAR": str(missing_jar)})
+    try:
+        java = health_languages(running)["found"]["java"]
+        assert "javatuples" in java["missing_libraries"], java
+        assert "absent" in java["missing_libraries"]["javatuples"]
+        assert "javatuples" not in java["libraries"], java
+        plain = run(running, "java", JAVA_PLAIN)
+        assert plain["status"] == "Success", plain
+        assert plain["run_result"]["stdout"] == "[1, 2, 3]\n"
+        tuples = run(running, "java", JAVA_TUPLES)
+        assert tuples["status"] == "Failed", tuples
+        assert "org.javatuples" in tuples["compile_result"]["stderr"]
+        assert tuples["run_result"] is None
+    finally:
+        stop_agent(running)
+    assert processes_of(running.uids) == []
+
+
+def test_java_plain_program_with_javatuples_present(agent: Agent, found: dict[str, Any]) -> None:
+    need(found, "java")
+    body = run(agent, "java", JAVA_PLAIN)
+    assert body["status"] == "Success", str(body)
+    assert body["run_result"]["stdout"] == "[1, 2, 3]\n"
+
+
+def _java_only() -> tuple[languages.Language, ...]:
+    return tuple(lang for lang in languages.LANGUAGES if lang.name == "java")
+
+
+def test_a_changed_jar_changes_the_compile_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The jar's identity is in the toolchain's fingerprint (a key of the compile cache): a jar
+    replaced in place builds again rather than serving classes compiled against the old one."""
+    if shutil.which("javac") is None or shutil.which("java") is None:
+        pytest.skip("java: 'javac' or 'java' not found on PATH")
+    jar = tmp_path / "javatuples-1.2.jar"
+    jar.write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip
+    monkeypatch.setenv("TANGRAM_JAVATUPLES_JAR", str(jar))
+    first = languages.detect(languages=_java_only()).found["java"]
+    assert str(jar) in first.class_path
+    jar.write_bytes(b"PK\x05\x06" + bytes(18) + b"changed")
+    second = languages.detect(languages=_java_only()).found["java"]
+    assert first.fingerprint != second.fingerprint
+    # The jar's directory is readable to actions (here under a private /tmp).
+    assert str(tmp_path) in second.readable
+
+
+def test_link_flags_are_in_the_compile_argv() -> None:
+    """The flags found are in the compile's argv (the compile cache's key holds the argv)."""
+    if shutil.which("g++") is None:
+        pytest.skip("cpp: 'g++' not found on PATH")
+    cpp = [lang for lang in languages.LANGUAGES if lang.name == "cpp"]
+    toolchain = languages.detect(languages=tuple(cpp)).found["cpp"]
+    argv = toolchain.argv(toolchain.language.compile, {})
+    assert "-lcrypto" in argv and "-lssl" in argv, argv
+    assert argv[-len(toolchain.link_flags) :] == list(toolchain.link_flags)
