@@ -239,7 +239,37 @@ typedef struct {
     double cpu_s;
     int64_t max_rss_kb;
     void *stack;
+    unsigned char *flag; /* an action's set-up flag (see setup_flag) */
+    int setup_failed;
 } kid;
+
+/* Whether a child's set-up failed is told out of band, not by its exit status: a program may exit
+ * with any status, SETUP_FAILED's included, and one taken for a set-up failure is retried and counted
+ * against the host (an ordinary `exit 249` drained hosts). Each child gets a page of its own, shared
+ * with the zygote, holding 1 while its set-up runs; the child clears it just before the program
+ * starts (before execve, whose failure of the sandbox's own sets it again, or before Python code
+ * runs) and unmaps it then, so that no program can reach it. The zygote reads it at the child's
+ * exit. In a child: its page, until the program starts. */
+#define FLAG_PAGE 4096
+static unsigned char *setup_flag = NULL;
+
+static unsigned char *new_setup_flag(void) {
+    void *page = mmap(NULL, FLAG_PAGE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (page == MAP_FAILED) return NULL;
+    *(volatile unsigned char *)page = 1;
+    return page;
+}
+
+/* In a child: its set-up is over (``running`` 0) or, after a failed execve of the sandbox's own
+ * making, failed after all (1); ``unmap``: the program starts in this process, so the page goes. */
+static void mark_setup(int running, int unmap) {
+    if (setup_flag == NULL) return;
+    *(volatile unsigned char *)setup_flag = (unsigned char)(running != 0);
+    if (unmap) {
+        munmap(setup_flag, FLAG_PAGE);
+        setup_flag = NULL;
+    }
+}
 
 static kid kids[MAX_PIDFD];
 
@@ -1335,6 +1365,7 @@ static void run_straight(const char *main_file, const unsigned char *compiled, u
     /* This child's copy of the zygote's reference is the run's: none other may keep __main__ alive. */
     PyObject *main = run_main;
     run_main = NULL;
+    mark_setup(0, 1);
     run_to_end(PyMarshal_ReadObjectFromString((const char *)compiled, (Py_ssize_t)cblen), main, 1);
 }
 
@@ -1500,8 +1531,19 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
     if ((flags & 4u) && nfds > (interp ? 1 : 2)) netns_fd = fds[--nfds];
     if ((flags & 8u) && nfds > (interp ? 1 : 2)) mntns_fd = fds[--nfds];
 
+    unsigned char *flag = new_setup_flag();
+    if (flag == NULL) {
+        int err = errno;
+        if (netns_fd >= 0) close(netns_fd);
+        if (mntns_fd >= 0) close(mntns_fd);
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        free(big);
+        send_error(sock, id, "mmap (the set-up flag)", err);
+        return 0;
+    }
     if (pid_namespace && syscall(SYS_unshare, CLONE_NEWPID) < 0) {
         int err = errno;
+        munmap(flag, FLAG_PAGE);
         if (netns_fd >= 0) close(netns_fd);
         if (mntns_fd >= 0) close(mntns_fd);
         for (int i = 0; i < nfds; i++) close(fds[i]);
@@ -1520,6 +1562,7 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
         if (init_pid < 0) {
             int err = errno;
             if (init_stack != NULL) give_stack(init_stack);
+            munmap(flag, FLAG_PAGE);
             setns(own_pidns, CLONE_NEWPID);
             if (netns_fd >= 0) close(netns_fd);
             if (mntns_fd >= 0) close(mntns_fd);
@@ -1534,6 +1577,7 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
     pid_t pid = fork();
     if (pid == 0) {
         PyOS_AfterFork_Child();
+        setup_flag = flag;
         /* The action's own network namespace (loopback up), made ahead by the manager. */
         if (netns_fd >= 0 && setns(netns_fd, CLONE_NEWNET) < 0) child_fail("setns(network)");
         /* Its own /tmp and /dev/shm: a mount namespace the manager made ahead (see forkserver). */
@@ -1587,6 +1631,7 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
             give_stack_if(init_stack);
         }
         if (pidfd >= 0) close(pidfd);
+        munmap(flag, FLAG_PAGE);
         send_error(sock, id, pid < 0 ? "fork" : "pidfd_open", err);
         return 0;
     }
@@ -1594,6 +1639,7 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
     memset(k, 0, sizeof *k);
     k->pid = pid;
     k->init_pidfd = init_pidfd;
+    k->flag = flag;
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = pidfd};
     epoll_ctl(ep, EPOLL_CTL_ADD, pidfd, &ev);
     if (init_pidfd >= 0) {
@@ -1617,13 +1663,14 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
 }
 
 static void send_exit(int sock, const kid *k) {
-    unsigned char rec[25];
+    unsigned char rec[26];
     rec[0] = 'X';
     int32_t pid32 = k->pid;
     memcpy(rec + 1, &pid32, 4);
     memcpy(rec + 5, &k->status, 4);
     memcpy(rec + 9, &k->cpu_s, 8);
     memcpy(rec + 17, &k->max_rss_kb, 8);
+    rec[25] = (unsigned char)(k->setup_failed != 0);
     send_record(sock, rec, sizeof rec, -1);
 }
 
@@ -1653,6 +1700,12 @@ static void on_exit_of(int sock, int ep, int pidfd) {
     k->cpu_s = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
                ru.ru_stime.tv_usec / 1e6;
     k->max_rss_kb = ru.ru_maxrss;
+    if (k->flag != NULL) {
+        /* Final now: the page is the child's alone, and it has exited (see setup_flag). */
+        k->setup_failed = *(volatile unsigned char *)k->flag != 0;
+        munmap(k->flag, FLAG_PAGE);
+        k->flag = NULL;
+    }
     if (k->init_pidfd >= 0) {
         /* Whatever the action left in its namespace goes with the init; the record waits for it. */
         k->exited = 1;
@@ -1733,6 +1786,26 @@ static PyObject *zygote_serve(PyObject *self, PyObject *args) {
  * ctypes (nor libffi), whose memory and mappings every fork would copy and every exit tear down. */
 static PyObject *zygote_die_with_parent(PyObject *self, PyObject *unused) {
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+/* Signals 32 and 33 (glibc's own, for thread cancellation and set*id across threads) back to their
+ * default, as every program outside has them: the agent starts this process with posix_spawn, whose
+ * helper leaves them ignored, and ignored they stayed in every action and what it executes (`kill
+ * -s 33 $$` killed a shell outside and not here). glibc's sigaction refuses them, so this is the
+ * kernel's; glibc installs its own handlers when it needs them, whatever they were. */
+static PyObject *zygote_default_reserved_signals(PyObject *self, PyObject *unused) {
+    for (int sig = 32; sig <= 33; sig++) {
+        unsigned long act[4] = {(unsigned long)SIG_DFL, 0, 0, 0}; /* handler, flags, restorer, mask */
+        if (syscall(SYS_rt_sigaction, sig, act, NULL, 8) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *zygote_mark_setup(PyObject *self, PyObject *args) {
+    int running, unmap;
+    if (!PyArg_ParseTuple(args, "pp", &running, &unmap)) return NULL;
+    mark_setup(running, unmap);
     Py_RETURN_NONE;
 }
 
@@ -1892,6 +1965,8 @@ static PyObject *zygote_few_malloc_arenas(PyObject *self, PyObject *unused) {
 static PyMethodDef methods[] = {
     {"serve", zygote_serve, METH_VARARGS, "Run the zygote's fork loop (see the module's source)."},
     {"die_with_parent", zygote_die_with_parent, METH_NOARGS, "prctl(PR_SET_PDEATHSIG, SIGKILL)."},
+    {"default_reserved_signals", zygote_default_reserved_signals, METH_NOARGS, "Signals 32 and 33 to SIG_DFL."},
+    {"mark_setup", zygote_mark_setup, METH_VARARGS, "A child's set-up flag: (running, unmap); see setup_flag."},
     {"malloc_trim", zygote_malloc_trim, METH_NOARGS, "Give freed heap back to the system (glibc)."},
     {"few_malloc_arenas", zygote_few_malloc_arenas, METH_NOARGS, "mallopt(M_ARENA_MAX, 2) (glibc)."},
     {"fresh_recursion", zygote_fresh_recursion, METH_NOARGS, "The thread's whole recursion budget."},

@@ -337,16 +337,44 @@ def _adopt_environment(delta: tuple[tuple[str, str | None], ...]) -> None:
             data[environ.encodekey(key)] = environ.encodevalue(value)
 
 
+# The Python loop's set-up flag (``mmap``; _zygote.c's ``setup_flag`` says what and why): this
+# child's page while its set-up runs, given by its zygote (``adopt_setup_flag``).
+_SETUP_FLAG: Any = None
+
+
+def adopt_setup_flag(page: Any) -> None:
+    """In a child of the Python loop, just forked: its set-up flag (holding 1)."""
+    global _SETUP_FLAG
+    _SETUP_FLAG = page
+
+
+def mark_setup(running: bool, unmap: bool) -> None:
+    """This child's set-up is over (``running`` False: the program starts) or, after an execve of
+    the sandbox's own that failed, failed after all (True); ``unmap``: the program runs in this
+    process, so the flag's page goes first, out of its reach. The C loop's children hold the C
+    module's flag (``mark_setup`` there), the Python loop's this module's."""
+    global _SETUP_FLAG
+    if _SETUP_FLAG is not None:
+        _SETUP_FLAG[0] = 1 if running else 0
+        if unmap:
+            _SETUP_FLAG.close()
+            _SETUP_FLAG = None
+    elif _C_MARK_SETUP is not None:
+        _C_MARK_SETUP(running, unmap)
+
+
 def _run_action(req: dict[str, Any], ctrl_fd: int | None) -> NoReturn:
     """Run the action in this set-up child: a session's interpreter, an executable, or Python code."""
     try:
         if ctrl_fd is not None:
+            mark_setup(False, True)
             _interpreter_loop()
         argv = req.get("argv")
         if argv:
             try:
                 for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
                     signal.signal(sig, signal.SIG_DFL)
+                mark_setup(False, False)  # the page goes with the exec
                 os.execve(argv[0], argv, os.environ)
             except BaseException as exc:
                 with suppress(Exception):
@@ -358,7 +386,10 @@ def _run_action(req: dict[str, Any], ctrl_fd: int | None) -> NoReturn:
                 if own:
                     with suppress(OSError):  # a workdir on a noexec mount: the host's fault
                         own = not os.statvfs(".").f_flag & os.ST_NOEXEC
+                if not own:
+                    mark_setup(True, False)
                 os._exit(CANNOT_EXECUTE if own else SETUP_FAILED)
+        mark_setup(False, True)
         _run_python_and_exit(req)
     finally:
         # Whatever happens (say, user code closed the interpreter's control socket and the reply
@@ -435,7 +466,9 @@ try:
     _C_SERVE_SESSION: Callable[[int, dict[str, Any], Callable[[dict[str, Any]], None]], NoReturn] | None = (
         _C_MODULE.serve_session
     )
+    _C_MARK_SETUP: Callable[[bool, bool], None] | None = _C_MODULE.mark_setup
 except ImportError:  # no C compiler at install
+    _C_MARK_SETUP = None
     _FRESH_RECURSION = None
     _C_FLUSH = None
     _C_RUN_TO_END = None

@@ -47,7 +47,7 @@ import types
 from collections import deque
 
 from arl_tangram.sandbox import isolation, memguard, seccomp, wire
-from arl_tangram.sandbox.child import MAIN_FILES, SETUP_FAILED, holds_module, set_tmp_files, source_of
+from arl_tangram.sandbox.child import MAIN_FILES, holds_module, set_tmp_files, source_of
 from arl_tangram.sandbox.cores import CorePool
 from arl_tangram.sandbox.lean import suppress
 from arl_tangram.sandbox.reaping import all_stopped, company_of, kill_uid, rss_kb, sweep_without_pidns
@@ -176,6 +176,7 @@ class Call:
         "pipes",
         "pipes_at_start",
         "remove_workdir",
+        "setup_failed",
         "signal",
         "started",
         "stdin_feed",
@@ -220,6 +221,7 @@ class Call:
         self.pipes_at_start: tuple[int, int] = (-1, -1)  # (stdout, stderr) read ends
         self.exited = False
         self.exit_code: int | None = None
+        self.setup_failed = False  # its sandbox's set-up failed (the zygote's flag, not the status)
         self.signal: int | None = None
         self.timed_out = False
         self.cancelled = False  # killed by the agent's cancel frame
@@ -1149,7 +1151,12 @@ class ForkServer:
             self._on_exit(*pending.popleft())
 
     def _on_exit(
-        self, owner: Call | Interp, status: int | None, cpu_s: float | None, max_rss_kb: int | None
+        self,
+        owner: Call | Interp,
+        status: int | None,
+        cpu_s: float | None,
+        max_rss_kb: int | None,
+        setup_failed: bool = False,
     ) -> None:
         if isinstance(owner, Interp):
             self._interp_gone(owner, status)
@@ -1172,6 +1179,7 @@ class ForkServer:
         self._set_status(call, status if true_status is None else true_status)
         call.cpu_s = cpu_s
         call.max_rss_kb = max_rss_kb
+        call.setup_failed = setup_failed
         if call.pgid_fallback:
             sweep_without_pidns(call.pid, call.id, call.uid, self._tracked_pids())
         if not call.watching:
@@ -1460,7 +1468,7 @@ class ForkServer:
             "max_rss_kb": call.max_rss_kb,
             "memory_error": memory_error or call.evicted_mb is not None,
             "memory_evicted_mb": call.evicted_mb,
-            "setup_error": call.exit_code == SETUP_FAILED and call.interp is None,
+            "setup_error": call.setup_failed and call.interp is None,
             "interp_restarted": call.interp_restarted,
             "interp_stopped": call.interp_stopped,
             "interp_ended": call.interp_ended,
@@ -1489,9 +1497,9 @@ class _ZygoteLink:
 
     A datagram socket (SOCK_SEQPACKET) keeps each request together with the descriptors it carries.
     Records back (as tuples): ``("s", id, pid)`` with the child's pidfd, ``("e", id, message)`` when
-    the fork failed, ``("x", pid, status, cpu_s, max_rss_kb)`` when a child exited (the zygote, its
-    parent, reaps it), and ``("w", id, status)`` from a PID namespace's init: the wait status of the
-    action under it (the truth; the init's own exit status can only approximate it).
+    the fork failed, ``("x", pid, status, cpu_s, max_rss_kb, setup_failed)`` when a child exited
+    (the zygote, its parent, reaps it), and ``("w", id, status)`` from a PID namespace's init: the
+    wait status of the action under it (the truth; the init's own exit status can only approximate it).
 
     An exit record is matched to its call (``owners``) the moment it is read, even while waiting
     for a fork: the pid is free again once reaped, and the very fork being waited for may reuse it.
@@ -1510,7 +1518,8 @@ class _ZygoteLink:
         self.shadowable: frozenset[str] = frozenset(ready[3])
         self.base_env = base_env  # the zygote's own environment
         self.owners: dict[int, Any] = {}  # pid -> the Call or Interp whose process it is
-        self.pending: deque[tuple[Any, ...]] = deque()  # (owner, status, cpu_s, max_rss_kb) to handle
+        # (owner, status, cpu_s, max_rss_kb, setup_failed) to handle
+        self.pending: deque[tuple[Any, ...]] = deque()
         self.statuses: dict[int, int | None] = {}  # action id -> its true wait status (its init's report)
 
     @classmethod
@@ -1578,7 +1587,7 @@ class _ZygoteLink:
 
     def wait_exit(self, owner: Any) -> tuple[Any, ...]:
         """Block until ``owner``'s process (killed just now) is reported gone; returns its
-        (owner, status, cpu_s, max_rss_kb), taken out of ``pending``."""
+        (owner, status, cpu_s, max_rss_kb, setup_failed), taken out of ``pending``."""
         while True:
             for entry in self.pending:
                 if entry[0] is owner:
@@ -1591,10 +1600,10 @@ class _ZygoteLink:
                 self._exited(record)
 
     def _exited(self, record: tuple[Any, ...]) -> None:
-        _, pid, status, cpu_s, max_rss_kb = record
+        _, pid, status, cpu_s, max_rss_kb, setup_failed = record
         owner = self.owners.pop(pid, None)
         if owner is not None:
-            self.pending.append((owner, status, cpu_s, max_rss_kb))
+            self.pending.append((owner, status, cpu_s, max_rss_kb, setup_failed))
 
     def _recv(self, flags: int) -> tuple[tuple[Any, ...], list[int]]:
         data, fds, _ = recv_with_fds(self.sock, 4096, 1, flags)

@@ -114,6 +114,22 @@ def _check(result: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
+# rt_sigaction's number (the calls glibc refuses for its own signals go to the kernel directly).
+_RT_SIGACTION = {"x86_64": 13, "aarch64": 134}
+
+
+def default_reserved_signals() -> None:
+    """Signals 32 and 33 back to their default (_zygote.c's twin, whose comment says why)."""
+    nr = _RT_SIGACTION.get(os.uname().machine)
+    if nr is None:
+        return
+    for sig in (32, 33):
+        act = (ctypes.c_ulong * 4)(0, 0, 0, 0)  # SIG_DFL, no flags, no restorer, empty mask
+        if _libc.syscall(ctypes.c_long(nr), ctypes.c_long(sig), act, None, ctypes.c_long(8)) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"rt_sigaction({sig}): {os.strerror(err)}")
+
+
 def unshare(flags: int) -> None:
     """``unshare(2)`` for the calling process."""
     _check(_libc.unshare(ctypes.c_int(flags)), "unshare")

@@ -9,12 +9,14 @@ from __future__ import annotations
 import atexit
 import gc
 import marshal
+import mmap
 import os
 import signal
 import struct
 
 from arl_tangram.sandbox.child import (
     SETUP_FAILED,
+    adopt_setup_flag,
     child_after_c_setup,
     child_main,
     note_shadowable,
@@ -75,6 +77,7 @@ def zygote_main(sock: int, config: dict[str, Any], pid_namespace: bool, startup:
         set_tmp_files(*tmp_files)
         if fast is not None:
             fast.die_with_parent()
+            fast.default_reserved_signals()
             # Before the preloads, whose threads (a BLAS pool) would make arenas every child keeps.
             fast.few_malloc_arenas()
             fast.set_identity(IDENTITY_FILES)
@@ -83,6 +86,7 @@ def zygote_main(sock: int, config: dict[str, Any], pid_namespace: bool, startup:
             from arl_tangram.sandbox import isolation
 
             isolation.prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
+            isolation.default_reserved_signals()
             isolation.few_malloc_arenas()
         # The exit functions of the zygote's own modules go, once here rather than in every child:
         # the zygote never runs them (it ends with os._exit), and an action's program must not run
@@ -141,6 +145,14 @@ def zygote_main(sock: int, config: dict[str, Any], pid_namespace: bool, startup:
     os._exit(0)
 
 
+def _new_setup_flag() -> Any:
+    """A child's set-up flag (_zygote.c's ``setup_flag``): a page of its own, shared with this
+    process, holding 1 until the child's program starts."""
+    page = mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_SHARED)
+    page[0] = 1
+    return page
+
+
 class Zygote:
     """The forking process's loop in Python (the C loop in _zygote.c does the same, faster)."""
 
@@ -153,7 +165,7 @@ class Zygote:
         self.own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC) if pid_namespace else -1
         self.devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         self.ep: Any = None
-        self.kids: dict[int, int] = {}  # pidfd -> pid
+        self.kids: dict[int, tuple[int, Any]] = {}  # pidfd -> (pid, its set-up flag)
         self.applied_env: dict[str, str] = dict(os.environ)  # what os.environ holds (see _apply_env)
 
     def serve(self) -> None:
@@ -201,13 +213,19 @@ class Zygote:
             namespaces = [fd for fd in (netns_fd, mntns_fd) if fd >= 0]
             fds += namespaces  # closed with the rest below, in both processes
             self._apply_env(req["env"])
-            pid = self._fork_isolated()
+            flag = _new_setup_flag()
+            try:
+                pid = self._fork_isolated()
+            except BaseException:
+                flag.close()
+                raise
         except BaseException as exc:
             for fd in fds:
                 os.close(fd)
             self.sock.send(error_record(rid, f"{exc.__class__.__name__}: {exc}"))
             return True
         if pid == 0:
+            adopt_setup_flag(flag)
             try:
                 if netns_fd >= 0:
                     isolation.setns(netns_fd, isolation.CLONE_NEWNET)
@@ -231,15 +249,16 @@ class Zygote:
         except OSError as exc:  # out of descriptors: the child must not run untracked
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+            flag.close()
             self.sock.send(error_record(rid, f"{exc.__class__.__name__}: {exc}"))
             return True
-        self.kids[pidfd] = pid
+        self.kids[pidfd] = (pid, flag)
         self.ep.register(pidfd, select.EPOLLIN)
         socket.send_fds(self.sock, [spawn_record(rid, pid)], [pidfd])
         return True
 
     def _on_exit(self, pidfd: int) -> None:
-        pid = self.kids[pidfd]
+        pid, flag = self.kids[pidfd]
         try:
             got, status, rusage = os.wait4(pid, os.WNOHANG)
         except ChildProcessError:
@@ -249,8 +268,11 @@ class Zygote:
         del self.kids[pidfd]
         self.ep.unregister(pidfd)
         os.close(pidfd)
+        setup_failed = flag[0] != 0  # final: its processes are gone (see _zygote.c's setup_flag)
+        flag.close()
         cpu_s = 0.0 if rusage is None else rusage.ru_utime + rusage.ru_stime
-        self.sock.send(exit_record(pid, status, cpu_s, 0 if rusage is None else rusage.ru_maxrss))
+        max_rss = 0 if rusage is None else rusage.ru_maxrss
+        self.sock.send(exit_record(pid, status, cpu_s, max_rss, setup_failed))
 
     def _apply_env(self, env: dict[str, str]) -> None:
         """Make the zygote's own environment the action's, so the child inherits it as is.

@@ -6,7 +6,9 @@ with the action's descriptors. Records back, as ``parse_record`` gives them:
 
 - ``("s", id, pid)``: forked (the child's pidfd comes with it);
 - ``("e", id, message)``: the fork failed;
-- ``("x", pid, status, cpu_s, max_rss_kb)``: a child exited (``status`` a wait status or ``None``);
+- ``("x", pid, status, cpu_s, max_rss_kb, setup_failed)``: a child exited (``status`` a wait status
+  or ``None``; ``setup_failed``: its sandbox's set-up failed, told out of band by its set-up flag,
+  never by its status, which a program may choose: _zygote.c's ``setup_flag``);
 - ``("w", id, status)``: from a PID namespace's init (the Python loop): the action's own status;
 - ``("r", notes, loop, shadowable)``: the zygote is ready (its notes; ``"c"`` or ``"python"``; the
   modules it holds that a program's own file of the same name would shadow, ``child.shadowable``).
@@ -142,8 +144,8 @@ def parse_record(data: bytes) -> tuple[Any, ...]:
         rid, pid = struct.unpack_from("<qi", data, 1)
         return ("s", rid, pid)
     if kind == b"X":
-        pid, status, cpu_s, max_rss_kb = struct.unpack_from("<iidq", data, 1)
-        return ("x", pid, None if status < 0 else status, cpu_s, max_rss_kb)
+        pid, status, cpu_s, max_rss_kb, setup_failed = struct.unpack_from("<iidq?", data, 1)
+        return ("x", pid, None if status < 0 else status, cpu_s, max_rss_kb, setup_failed)
     if kind == b"E":
         (rid,) = struct.unpack_from("<q", data, 1)
         return ("e", rid, data[9:].decode("utf-8", "replace"))
@@ -168,8 +170,12 @@ def status_record(rid: int, status: int | None) -> bytes:
     return b"W" + struct.pack("<qi", rid, -1 if status is None else status)
 
 
-def exit_record(pid: int, status: int | None, cpu_s: float, max_rss_kb: int) -> bytes:
-    return b"X" + struct.pack("<iidq", pid, -1 if status is None else status, cpu_s, max_rss_kb)
+def exit_record(
+    pid: int, status: int | None, cpu_s: float, max_rss_kb: int, setup_failed: bool = False
+) -> bytes:
+    return b"X" + struct.pack(
+        "<iidq?", pid, -1 if status is None else status, cpu_s, max_rss_kb, setup_failed
+    )
 
 
 def recv_with_fds(sock: socket.socket, size: int, max_fds: int, flags: int) -> tuple[bytes, list[int], int]:

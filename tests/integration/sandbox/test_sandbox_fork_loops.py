@@ -234,3 +234,60 @@ def test_without_the_c_loop_auto_forks_from_python_and_says_so(
         assert agent.execute("print(6 * 7)")["stdout"] == "42\n"
     finally:
         stop_agent(agent)
+
+
+def test_a_program_may_exit_with_any_status_the_sandboxs_own_included(loop_agent: Agent) -> None:
+    """249 is the status a child whose set-up failed exits with, and it was read as such: a program's
+    own `exit 249` came back `sandbox_error`, which the dispatcher retries and counts against its
+    host (three in a row drained it). Set-up failure is told out of band now; any status is the
+    program's, from Python, from what it execs and from a session's interpreter alike."""
+    for code, runtime in (
+        ("print(42)\nraise SystemExit(249)", "python"),
+        ("import os; os._exit(249)", "python"),
+        ("echo 42; exit 249", "bash"),
+    ):
+        body = loop_agent.execute(code, runtime=runtime)
+        assert (body["status"], body["exit_code"]) == ("failed", 249), body
+    session = loop_agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    try:
+        for _ in range(2):  # the session's interpreter restarts after the first
+            body = loop_agent.execute("raise SystemExit(249)", session_id=session)
+            assert (body["status"], body["exit_code"]) == ("failed", 249), body
+    finally:
+        requests.delete(f"{loop_agent.url}/v1/sessions/{session}", timeout=10)
+
+
+def test_a_set_up_that_fails_is_still_the_sandboxs_error(tmp_path: Path) -> None:
+    """The other side of the flag: a toolchain the action cannot execute is the sandbox's failure,
+    not the program's, in both loops. Here the agent found `perl` in a directory of the host's /tmp,
+    which an action, with a private /tmp of its own, cannot see."""
+    perl = shutil.which("perl")
+    if perl is None:
+        pytest.skip("no perl here to stand in for a toolchain")
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    fake = tools / "perl"
+    fake.write_text(f'#!/bin/sh\nexec {perl} "$@"\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tools}:{os.environ['PATH']}"}
+    for loop in ("c", "python"):
+        agent = start_agent(tmp_path / f"work-{loop}", "--fork-loop", loop, env=env)
+        try:
+            body = agent.execute("print 6*7", runtime="perl")
+            assert (body["status"], body["exit_code"]) == ("sandbox_error", 249), body
+            assert "cannot execute" in str(body["stderr"]), body
+            assert agent.execute("import sys; sys.exit(249)")["status"] == "failed"
+        finally:
+            stop_agent(agent)
+
+
+def test_glibcs_own_signals_kill_as_they_do_outside(loop_agent: Agent) -> None:
+    """Signals 32 and 33 were ignored in every action (the agent starts its zygote with posix_spawn,
+    whose helper leaves them so, and ignored signals survive fork and exec): a program that sent
+    itself one ran on where outside it dies."""
+    body = loop_agent.execute("import os\nos.kill(os.getpid(), 33)\nprint('survived')")
+    assert (body["exit_code"], body["stdout"]) == (-33, ""), body
+    body = loop_agent.execute("kill -s 32 $$; echo alive", runtime="bash")
+    assert (body["exit_code"], body["stdout"]) == (-32, ""), body
+    status = loop_agent.execute("grep SigIgn /proc/self/status", runtime="bash")["stdout"]
+    assert int(str(status).split()[1], 16) & (0b11 << 31) == 0, status

@@ -270,7 +270,9 @@ def test_zygote_records_parse() -> None:
         256,
         0.5,
         9000,
+        False,
     )
+    assert zygote_wire.parse_record(zygote_wire.exit_record(1234, 249 << 8, 0.0, 0, True))[5] is True
     assert zygote_wire.parse_record(zygote_wire.exit_record(1234, None, 0.0, 0))[2] is None
     ready = b"R" + marshal.dumps((["a note"], "c", ["heapq", "json"]))
     assert zygote_wire.parse_record(ready) == ("r", ["a note"], "c", ["heapq", "json"])
