@@ -1701,8 +1701,10 @@ static void on_exit_of(int sock, int ep, int pidfd) {
                ru.ru_stime.tv_usec / 1e6;
     k->max_rss_kb = ru.ru_maxrss;
     if (k->flag != NULL) {
-        /* Final now: the page is the child's alone, and it has exited (see setup_flag). */
-        k->setup_failed = *(volatile unsigned char *)k->flag != 0;
+        /* Final now: the page is the child's alone, and it has exited (see setup_flag). Its own
+         * end, too: a child killed during its set-up (a timeout of a millisecond) was killed. */
+        k->setup_failed = *(volatile unsigned char *)k->flag != 0 && got > 0 && WIFEXITED(status) &&
+                          WEXITSTATUS(status) == SETUP_FAILED;
         munmap(k->flag, FLAG_PAGE);
         k->flag = NULL;
     }

@@ -268,7 +268,9 @@ class Zygote:
         del self.kids[pidfd]
         self.ep.unregister(pidfd)
         os.close(pidfd)
-        setup_failed = flag[0] != 0  # final: its processes are gone (see _zygote.c's setup_flag)
+        # Final: its processes are gone (see _zygote.c's setup_flag); killed during it, it was killed.
+        setup_failed = flag[0] != 0 and status is not None and os.WIFEXITED(status)
+        setup_failed = setup_failed and os.WEXITSTATUS(status) == SETUP_FAILED
         flag.close()
         cpu_s = 0.0 if rusage is None else rusage.ru_utime + rusage.ru_stime
         max_rss = 0 if rusage is None else rusage.ru_maxrss
