@@ -17,6 +17,7 @@ Not thread-safe: everything runs on one asyncio loop, and scheduling decisions n
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -318,6 +319,8 @@ class Dispatcher:
         self._by_action: dict[int, _Job] = {}
         self._tenant_waiting: dict[str, int] = {}
         self.decision_us: deque[float] = deque(maxlen=DECISIONS_KEPT)
+        # Pools whose /run_code limits were lowered to the pool's (``_within_limits``): said once each.
+        self._capped_pools: set[str] = set()
         self.booked_ahead = 0  # grants sent while the action before them still ran on their cores
         self._stopped = False
 
@@ -915,6 +918,10 @@ class Dispatcher:
         if lo > cfg.limits.max_cores or lo > cfg.host_cores:
             most = min(cfg.limits.max_cores, cfg.host_cores)
             return Reason.CAPACITY_EXCEEDED, f"asks for {lo} cores; pool {cfg.key} grants at most {most}"
+        if req.wire == "run_code":
+            # SandboxFusion's limits above the pool's run at the pool's (``_within_limits``), as
+            # SandboxFusion refuses none and verl scores a refusal -1 for every sample.
+            return None
         bounded = req.longest_phase or (None if req.timeout_s is None else ("timeoutSeconds", req.timeout_s))
         if bounded is not None and bounded[1] > cfg.limits.timeout_s:
             return Reason.INVALID_PAYLOAD, (
@@ -931,7 +938,40 @@ class Dispatcher:
             )
         return None
 
+    def _within_limits(self, cfg: PoolConfig, req: ActionRequest) -> ActionRequest:
+        """A ``/run_code`` request whose limits are above the pool's, waited for as long as the
+        pool's limits let it run: its host runs it at those limits (an agent's ceilings are its
+        pool's limits, ``runtime.pods.agent_args``) and its answer's ``notes`` say so. Said in the
+        log once per pool: its limits are below what its callers ask for. The native API's requests
+        are refused instead (``_beyond_limits``)."""
+        over: list[str] = []
+        limit_s = cfg.limits.timeout_s
+        timeout_s, phase = req.timeout_s, req.longest_phase
+        if timeout_s is not None and phase is not None and phase[1] > limit_s:
+            # The longest phase and the others (a compile's and a run's timeouts), each held.
+            timeout_s = limit_s + min(max(timeout_s - phase[1], 0.0), limit_s)
+            over.append(f"{phase[0]} {phase[1]:g} s (limits.timeoutSeconds {limit_s:g} s)")
+            phase = (phase[0], limit_s)
+        memory = _memory_asked(req)
+        if memory is not None and memory[1] > cfg.limits.memory_mb:
+            over.append(f"{memory[0]} {memory[1]} (limits.memory {cfg.limits.memory_mb} MB)")
+        if not over:
+            return req
+        if cfg.key not in self._capped_pools:
+            self._capped_pools.add(cfg.key)
+            log.warning(
+                "pool %s: /run_code asked for more than the pool's limits (%s); such requests run at "
+                "the pool's limits and their answers say so (said once per pool)",
+                cfg.key,
+                ", ".join(over),
+            )
+        if timeout_s == req.timeout_s:
+            return req
+        return dataclasses.replace(req, timeout_s=timeout_s, longest_phase=phase)
+
     def _queue(self, pool: _Pool, job: _Job) -> None:
+        if job.request.wire == "run_code":
+            job.request = self._within_limits(pool.config, job.request)
         req, cfg = job.request, pool.config
         beyond = self._beyond_limits(cfg, req)
         if beyond is not None:  # before an outage: bad input is the caller's to fix, not to retry

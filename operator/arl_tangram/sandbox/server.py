@@ -26,6 +26,7 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -48,7 +49,7 @@ from arl_tangram.sandbox.actions import (
 )
 from arl_tangram.sandbox.config import AgentConfig
 from arl_tangram.sandbox.executor import ActionResult, ActionSpec, Executor
-from arl_tangram.sandbox.languages import known_name, unavailable_language
+from arl_tangram.sandbox.languages import compiles, known_name, unavailable_language
 from arl_tangram.sandbox.models import ExecuteRequest, RunCodeRequest, SessionRequest
 
 log = logging.getLogger(__name__)
@@ -158,7 +159,7 @@ def _decode_files(files: dict[str, str] | dict[str, str | None]) -> dict[str, by
         if content is None or IGNORED_FILE_MARK in path:
             continue
         # By the path it is written to: two names of one file ("main.c" and "./main.c", "a/b" and
-        # "a\\b") would otherwise be written in turn, the later one winning over the request's own
+        # "a//b") would otherwise be written in turn, the later one winning over the request's own
         # code or another file, and a build cached under one order served for the other.
         name = "/".join(workfiles.split_relpath(f"files[{path!r}]", path))
         if name in out:
@@ -306,14 +307,14 @@ async def run_code(request: web.Request) -> web.Response:
         offered += executor.builder.names()
         status, answer = unavailable_language(body.language, offered, executor.builder.detection.missing)
         return web.json_response(answer, status=status)
+    limits = _within_ceilings(request.app, body)
     spec = ActionSpec(
         runtime=runtime,
         code=body.code,
         stdin=body.stdin,
-        timeout_s=body.run_timeout,
-        compile_timeout_s=body.compile_timeout,
-        # SandboxFusion: -1 (its default) is no limit; here, the most this pool allows.
-        memory_mb=body.memory_limit_MB if body.memory_limit_MB > 0 else executor.config.limits.max_memory_mb,
+        timeout_s=limits.run_timeout,
+        compile_timeout_s=limits.compile_timeout,
+        memory_mb=limits.memory_mb,
         files=_decode_files(body.files),
         # Not refused here: as SandboxFusion leaves out a file it cannot return, a path outside the
         # workdir is left out of ``files`` with a note saying why (the action still runs).
@@ -326,14 +327,97 @@ async def run_code(request: web.Request) -> web.Response:
             executor.cores.check(frozenset(cores))
         except InvalidSpec as exc:
             raise InvalidSpec(CORES_HEADER, str(exc)) from exc
-    return await _keyed(request, key, spec, lambda control: _run_code_action(request, spec, control))
+    return await _keyed(
+        request, key, spec, lambda control: _run_code_action(request, spec, control, limits.notes)
+    )
+
+
+@dataclass(frozen=True)
+class _RunCodeLimits:
+    run_timeout: float
+    compile_timeout: float
+    memory_mb: int
+    notes: tuple[str, ...]
+
+
+# Our own names of /run_code's limits (the executor's refusals name them) -> SandboxFusion's, the
+# names its client sent: an answer must speak of the fields the caller knows.
+RUN_CODE_FIELDS = {
+    "timeout": "run_timeout",
+    "memory_mb": "memory_limit_MB",
+    "compile_timeout": "compile_timeout",
+}
+CAPPED: web.AppKey[set[str]] = web.AppKey("capped", set)
+
+
+def _within_ceilings(app: web.Application, body: RunCodeRequest) -> _RunCodeLimits:
+    """``/run_code``'s limits, each held to this agent's ceiling (``--max-timeout``,
+    ``--max-memory-mb``: an ActionPool's ``limits.timeoutSeconds`` and ``limits.memory``), with a
+    note for each that was lowered.
+
+    SandboxFusion refuses no limit (it only sets rlimits), and its clients always send them (verl:
+    ``memory_limit_MB`` 1024 and its timeout, each configurable): refused, a value above the pool's
+    limits turned every sample's reward into -1. Run at the ceiling, the verdict is the ceiling's
+    (a program that needs more memory fails as out of memory, one that runs longer times out), and
+    the answer's ``notes`` say so. The native API refuses such values (its own contract). Values
+    that are no limit at all stay the request's error (its model: 422): a timeout not above 0, a
+    memory limit under 16 MB other than SandboxFusion's -1 and 0 (no limit: the ceiling)."""
+    lim = app[EXECUTOR].config.limits
+    notes: list[str] = []
+    lowered: list[str] = []
+
+    def timeout(name: str, asked: float, noted: bool) -> float:
+        if asked <= lim.max_timeout_s:
+            return asked
+        if noted:
+            notes.append(
+                f"{name} {asked:.15g} s is above the most this sandbox allows, {lim.max_timeout_s:g} s "
+                f"(its pool's limits.timeoutSeconds): it ran with {lim.max_timeout_s:g} s"
+            )
+            lowered.append(name)
+        return lim.max_timeout_s
+
+    run_timeout = timeout("run_timeout", body.run_timeout, True)
+    # Only a language that builds has a compile to time (SandboxFusion's default 10 s, or a client's
+    # copy of its run timeout, is no part of a Python run): held all the same, noted where it counts.
+    compile_timeout = timeout("compile_timeout", body.compile_timeout, compiles(body.language))
+    memory_mb = body.memory_limit_MB
+    if memory_mb <= 0:  # SandboxFusion's -1 (its default) and 0: no limit; here the ceiling
+        memory_mb = lim.max_memory_mb
+    elif memory_mb > lim.max_memory_mb:
+        notes.append(
+            f"memory_limit_MB {memory_mb} is above the most this sandbox allows, {lim.max_memory_mb} MB "
+            f"(its pool's limits.memory): it ran with {lim.max_memory_mb} MB"
+        )
+        lowered.append("memory_limit_MB")
+        memory_mb = lim.max_memory_mb
+    said = app[CAPPED]
+    for name in lowered:
+        if name not in said:  # once per agent and field: the operator learns the pool is too small
+            said.add(name)
+            log.warning(
+                "/run_code asked for more than this agent's ceiling (%s); it runs at the ceiling and "
+                "says so in its answer's notes: %s (said once per field)",
+                name,
+                next(n for n in notes if n.startswith(name)),
+            )
+    return _RunCodeLimits(run_timeout, compile_timeout, memory_mb, tuple(notes))
 
 
 async def _run_code_action(
-    request: web.Request, spec: ActionSpec, control: ActionControl | None
+    request: web.Request, spec: ActionSpec, control: ActionControl | None, notes: tuple[str, ...] = ()
 ) -> web.Response:
-    result = await request.app[EXECUTOR].run(spec, control)
+    try:
+        result = await request.app[EXECUTOR].run(spec, control)
+    except InvalidSpec as exc:
+        # Named as the client named it ("run_timeout", not our "timeout").
+        name = RUN_CODE_FIELDS.get(exc.field)
+        if name is None or type(exc) is not InvalidSpec:
+            raise
+        raise InvalidSpec(name, exc.message) from exc
     request.app[METRICS].record("run_code", spec.runtime, result)
+    if notes:
+        result.notes = [*notes, *result.notes]
     return web.json_response(sandboxfusion_response(result))
 
 
@@ -621,6 +705,7 @@ def build_app(config: AgentConfig) -> web.Application:
     app[EXECUTOR] = executor
     app[METRICS] = Metrics()
     app[ACTIONS] = ActionStore(config.action_key_ttl_s, config.action_keys_max, config.action_keys_max_bytes)
+    app[CAPPED] = set()
 
     async def lifecycle(app: web.Application) -> Any:
         warnings = await executor.start()

@@ -32,7 +32,11 @@ def split_relpath(field: str, path: str) -> list[str]:
         raise InvalidSpec(field, "must be a non-empty relative path")
     if "\0" in path:
         raise InvalidSpec(field, "must not contain NUL bytes")
-    parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]
+    # Split on "/" alone: on Linux a backslash is an ordinary character of a name, and
+    # SandboxFusion (os.path.join) writes `a\b.txt` as the file of that name, which the program
+    # then opens by it (it was made a directory `a` holding `b.txt`). `..\x` is then a name in
+    # the workdir too, not a way out of it.
+    parts = [p for p in path.split("/") if p not in ("", ".")]
     if path.startswith("/"):
         raise InvalidSpec(
             field,

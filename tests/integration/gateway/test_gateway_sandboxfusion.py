@@ -90,7 +90,9 @@ def test_a_pools_limit_bounds_the_compile_and_the_run_each(gateway: Gateway) -> 
     """verl's tool sends its timeout as both ``compile_timeout`` and ``run_timeout`` (30 s each by
     default); on a pool of 30 s the two were added and every call refused (400), though Python
     never compiles. Python counts its run only; a compiled language its compile and its run, each
-    bounded by the pool's limit; a phase past it is refused by name."""
+    bounded by the pool's limit; a phase past it is not refused (SandboxFusion refuses none): it
+    runs at the pool's limit, its answer saying so (``test_gateway_sf_limits.py``, on a host whose
+    ceilings are the pool's limits, as the operator starts them)."""
     python = {"code": "print('hi')", "language": "python", "compile_timeout": 30, "run_timeout": 30}
     assert _ran_on(requests.post(gateway.url + "/run_code", json=python, timeout=60)) == "hi\n"
     cpp = {
@@ -101,23 +103,20 @@ def test_a_pools_limit_bounds_the_compile_and_the_run_each(gateway: Gateway) -> 
     }
     assert _ran_on(requests.post(gateway.url + "/run_code", json=cpp, timeout=120)) == "hi\n"
     over = requests.post(gateway.url + "/run_code", json={**python, "run_timeout": 31}, timeout=60)
-    assert over.status_code == 400 and "run_timeout 31" in over.json()["message"], over.text
-    over = requests.post(gateway.url + "/run_code", json={**cpp, "compile_timeout": 45}, timeout=60)
-    assert over.status_code == 400 and "compile_timeout 45" in over.json()["message"], over.text
+    assert _ran_on(over) == "hi\n"
+    over = requests.post(gateway.url + "/run_code", json={**cpp, "compile_timeout": 45}, timeout=120)
+    assert _ran_on(over) == "hi\n"
 
 
-def test_memory_past_the_pools_limit_is_refused_in_the_callers_words(gateway: Gateway) -> None:
-    """The agent's refusal named its own field (``memory_mb``) and bounds, not the request's
-    ``memory_limit_MB`` nor the pool's limit to raise: verl sends 1024 by default."""
+def test_memory_past_the_pools_limit_runs_at_the_pools_limit(gateway: Gateway) -> None:
+    """verl sends ``memory_limit_MB`` 1024 by default: above the pool's limit it was refused (first
+    in the agent's own words, ``memory_mb``, then in the caller's), a -1 reward for every sample.
+    It runs at the pool's limit (``test_gateway_sf_limits.py``), even an integer too large for a
+    float (it was a 500, its key held for ever)."""
     body = {"code": "print(1)", "language": "python", "memory_limit_MB": 2048}
-    over = requests.post(gateway.url + "/run_code", json=body, timeout=60)
-    assert over.status_code == 400 and over.json()["status"] == "SandboxError", over.text
-    assert "memory_limit_MB 2048 exceeds the pool's limits.memory 1024 MB" in over.json()["message"], (
-        over.text
-    )
-    # An integer too large for a float: refused the same way (it was a 500, its key held for ever).
+    assert _ran_on(requests.post(gateway.url + "/run_code", json=body, timeout=60)) == "1\n"
     huge = requests.post(gateway.url + "/run_code", json={**body, "memory_limit_MB": 10**400}, timeout=60)
-    assert huge.status_code == 400 and "limits.memory" in huge.json()["message"], huge.text
+    assert _ran_on(huge) == "1\n"
     assert (
         _ran_on(requests.post(gateway.url + "/run_code", json={**body, "memory_limit_MB": 1024}, timeout=60))
         == "1\n"
