@@ -36,6 +36,7 @@ from __future__ import annotations
 import heapq
 import marshal
 import os
+import re
 import secrets
 import select
 import signal
@@ -107,14 +108,27 @@ STDIN_CHUNK = 64 << 10
 SHADOW_SCAN_MAX = 64
 # What a tmpfs directory's size grows by with each entry (see PrivateTmp).
 BOGO_DIRENT_SIZE = 20
-_MEMORY_MARKERS = (
-    b"MemoryError",
-    b"Cannot allocate memory",
-    b"std::bad_alloc",
-    b"out of memory",
-    b"memory allocation of ",  # Rust's: "memory allocation of N bytes failed"
-    b"Array buffer allocation failed",  # V8's
-    b": cannot allocate ",  # bash's "xmalloc: cannot allocate N bytes"
+# How runtimes say they ran out of memory, each as a line of stderr begins it (``_memory_said``).
+# Anywhere in the text, a program's own words ("ValueError: out of memory", a source line echoed
+# with a SyntaxError) made an ordinary failure memory_limit_exceeded.
+_MEMORY_LINES = re.compile(
+    rb"^(?:"
+    rb"MemoryError(?::|$)"  # Python's exception, the traceback's last line
+    rb"|(?:\w+\.)*\w*(?:Error|Exception): \[Errno 12\] "  # ENOMEM raised (Python's OSError)
+    rb"|terminate called after throwing an instance of 'std::bad_alloc'"  # C++
+    rb"|\s*what\(\):\s+std::bad_alloc$"
+    rb"|Exception in thread \".*\" java\.lang\.OutOfMemoryError"  # Java
+    rb"|java\.lang\.OutOfMemoryError"
+    rb"|fatal error: (?:runtime: )?(?:out of memory|cannot allocate memory)"  # Go, above its stacks
+    rb"|runtime: out of memory: "
+    rb"|FATAL ERROR: .*JavaScript heap out of memory"  # Node
+    rb"|(?:Uncaught )?RangeError: Array buffer allocation failed"
+    rb"|memory allocation of \d+ bytes failed"  # Rust
+    rb"|Out of memory!"  # Perl
+    rb"|.*: xmalloc: .*cannot allocate \d+ bytes"  # bash
+    rb"|.*: [Cc]annot allocate memory$"  # perror's ENOMEM (a shell's fork, a C program's)
+    rb")",
+    re.MULTILINE,
 )
 
 
@@ -1451,7 +1465,7 @@ class ForkServer:
             # Its first and last lines: a runtime says it at the top of a long dump (Go's
             # "fatal error: runtime: out of memory" above every goroutine's stack).
             ends = bytes(call.err[:4096]) + b"\n" + bytes(call.err[-4096:])
-            memory_error = any(m in ends for m in _MEMORY_MARKERS)
+            memory_error = _MEMORY_LINES.search(ends) is not None
         end = call.ended_at if call.ended_at is not None else time.monotonic()
         reply = {
             "id": call.id,

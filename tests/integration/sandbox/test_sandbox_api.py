@@ -58,6 +58,23 @@ def test_run_code_memory_limit_is_reported_explicitly(agent: Agent) -> None:
     assert body["outcome"] == "memory_limit_exceeded"
 
 
+@pytest.mark.parametrize(
+    "code",
+    [
+        'raise ValueError("out of memory")',
+        'import sys; print("std::bad_alloc, Cannot allocate memory, MemoryError", file=sys.stderr); sys.exit(1)',
+        'print("out of memory" +',  # a SyntaxError echoes its source line
+    ],
+)
+def test_a_failure_that_speaks_of_memory_is_an_ordinary_failure(agent: Agent, code: str) -> None:
+    """Only a runtime's own words for running out of memory, as a line of stderr begins them, make
+    a failure memory_limit_exceeded; a program's own words anywhere did."""
+    body = agent.post("/run_code", {"code": code, "language": "python"}).json()
+    assert body["status"] == "Failed", body
+    assert body["run_result"]["memory_limit_exceeded"] is False, body
+    assert body["outcome"] == "failed", body
+
+
 def test_run_code_files_stdin_and_fetch(agent: Agent) -> None:
     code = (
         "import sys\n"
