@@ -142,6 +142,12 @@ class Builder:
         """Whether ``runtime`` is a language of this host's toolchains."""
         return runtime in self.detection.found
 
+    def main_stack(self, runtime: str) -> bool:
+        """Whether ``runtime``'s programs may grow their main stack to the memory limit
+        (``Language.main_stack``)."""
+        toolchain = self.detection.found.get(runtime)
+        return toolchain is not None and toolchain.language.main_stack
+
     def names(self) -> list[str]:
         """Every /run_code name of the languages found (aliases included)."""
         found = [tc.language for tc in self.detection.found.values()]
@@ -196,7 +202,8 @@ class Builder:
             language.compile, {"heap_mb": str(toolchain.heap_mb(compile_mb)), "jars": jars}
         )
         # The address space stays the program's cap (``--max-memory-mb``, never below a compile's).
-        compile_limits = {**limits, "data": compile_mb << 20}
+        # A compiler's stack is the one it has outside (the program's may grow: executor._limits).
+        compile_limits = {**{k: v for k, v in limits.items() if k != "stack"}, "data": compile_mb << 20}
         if not cacheable:
             return await self._compile(toolchain, command, msg, compile_limits, dispatch, timeout, None)
         # The compile's memory is in its key (javac's heap flag, in the command, follows it).

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import queue
+import resource
 import secrets
 import signal
 import sys
@@ -36,6 +37,9 @@ from arl_tangram.sandbox.preload import zygote_modules
 log = logging.getLogger(__name__)
 
 PYTEST_FILE = "test_solution.py"
+# The most an action's stack limit may be: the agent's own hard limit, which no child may raise.
+_STACK_HARD = resource.getrlimit(resource.RLIMIT_STACK)[1]
+STACK_HARD_LIMIT = 1 << 62 if _STACK_HARD == resource.RLIM_INFINITY else _STACK_HARD
 # Runtimes whose memory limit is an address-space limit (Python's own, and the tests it runs).
 PYTHON_RUNTIMES = ("python", "pytest")
 # A bash action's code, run from this file as ``bash .tangram-main.sh`` (SandboxFusion runs ``bash
@@ -364,6 +368,14 @@ class Executor:
             # does not count (shared mappings).
             limits["data"] = memory << 20
             limits["as"] = lim.max_memory_mb << 20
+        if spec.runtime == "python" or self.builder.main_stack(spec.runtime):
+            # The main thread's stack may grow to the memory limit, as SandboxFusion sets it (a
+            # memoised recursion 200,000 deep, a depth-first search over a million nodes: outside
+            # its 8 MB a segmentation fault here, a pass there). Threads keep their 8 MB: a Python
+            # action's are sized by the zygote's start, a C or C++ program's by thread_stack.c.
+            # What a Python action executes inherits the limit, and its threads are sized by it (as
+            # every thread is under SandboxFusion). Within the limit the agent may set.
+            limits["stack"] = min(memory << 20, STACK_HARD_LIMIT)
         return timeout, limits
 
     def _argv(self, spec: ActionSpec, dop: int) -> list[str] | None:

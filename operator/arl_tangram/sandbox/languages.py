@@ -104,6 +104,10 @@ _JVM_LIMITS = (
 # A compiler JVM that starts fast: C1 only (javac's own run is short).
 _JAVAC_FLAGS = tuple(f"-J{flag}" for flag in (*_JVM_LIMITS, "-XX:TieredStopAtLevel=1"))
 
+# Compiled and linked into every C and C++ program beside its source: the threads' default stack
+# back to the 8 MB they have outside, where the main stack may grow to the memory limit (the file
+# says why; ``Language.main_stack``).
+THREAD_STACK_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "thread_stack.c")
 # A compile template's part that stands for the link flags ``detect`` found (none, one or more).
 LINK_FLAGS = "{link_flags}"
 # SandboxFusion's optional C++ link flags, in its order: each one that links here is added.
@@ -138,6 +142,10 @@ class Language:
     optional_link_flags: tuple[str, ...] = ()
     # Jars (by library name, see ``_find_jar``) put on the class path before the request's own.
     jars: tuple[str, ...] = ()
+    # The run's main stack may grow to its memory limit (RLIMIT_STACK, as SandboxFusion sets it):
+    # natively compiled programs, whose deep recursion uses the process's own stack (the JVM, Go
+    # and V8 keep stacks of their own, which the limit does not change). executor._limits.
+    main_stack: bool = False
 
     @property
     def compiled(self) -> bool:
@@ -151,21 +159,23 @@ LANGUAGES: tuple[Language, ...] = (
         source="main.cpp",
         tools={"cxx": "g++"},
         # SandboxFusion's link flags, those of them that link here (see OPTIONAL_LINK_FLAGS).
-        compile=("{cxx}", "-std=c++17", "main.cpp", "-o", "test", LINK_FLAGS),
+        compile=("{cxx}", "-std=c++17", "main.cpp", THREAD_STACK_SOURCE, "-o", "test", LINK_FLAGS),
         run=("./test",),
         artifacts=("test",),
         version_tool="cxx",
         optional_link_flags=OPTIONAL_LINK_FLAGS,
+        main_stack=True,
     ),
     Language(
         name="c",
         source="main.c",
         tools={"cc": "gcc"},
-        compile=("{cc}", "-std=gnu17", "main.c", "-o", "test", "-lm", LINK_FLAGS),
+        compile=("{cc}", "-std=gnu17", "main.c", THREAD_STACK_SOURCE, "-o", "test", "-lm", LINK_FLAGS),
         run=("./test",),
         artifacts=("test",),
         version_tool="cc",
         optional_link_flags=OPTIONAL_LINK_FLAGS,
+        main_stack=True,
     ),
     Language(
         name="java",
@@ -201,6 +211,8 @@ LANGUAGES: tuple[Language, ...] = (
         run=("./test",),
         artifacts=("test",),
         version_tool="rustc",
+        # Rust sizes its threads' stacks itself (2 MiB), whatever the limit.
+        main_stack=True,
     ),
     Language(
         name="nodejs",
@@ -537,11 +549,16 @@ def _detect_one(language: Language, path: str) -> Toolchain | str:
         else:
             libraries[jar] = jar_path
             readable.add(os.path.dirname(jar_path))
+    # What the build takes besides the request's files is in the compile cache's key too.
+    built_with = dict(libraries)
+    if THREAD_STACK_SOURCE in language.compile:
+        built_with["thread_stack"] = THREAD_STACK_SOURCE
+        readable.add(os.path.dirname(THREAD_STACK_SOURCE))
     return Toolchain(
         language=language,
         binaries=binaries,
         version=version,
-        fingerprint=_fingerprint(binaries, version, libraries),
+        fingerprint=_fingerprint(binaries, version, built_with),
         env=env,
         readable=tuple(sorted(readable)),
         default_heap_mb=_default_heap_mb(binaries["java"], env) if "java" in binaries else 0,

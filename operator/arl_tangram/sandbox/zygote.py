@@ -269,8 +269,8 @@ class Zygote:
         self.ep.unregister(pidfd)
         os.close(pidfd)
         # Final: its processes are gone (see _zygote.c's setup_flag); killed during it, it was killed.
-        setup_failed = flag[0] != 0 and status is not None and os.WIFEXITED(status)
-        setup_failed = setup_failed and os.WEXITSTATUS(status) == SETUP_FAILED
+        exited = status is not None and os.WIFEXITED(status)
+        setup_failed = flag[0] != 0 and exited and os.WEXITSTATUS(status or 0) == SETUP_FAILED
         flag.close()
         cpu_s = 0.0 if rusage is None else rusage.ru_utime + rusage.ru_stime
         max_rss = 0 if rusage is None else rusage.ru_maxrss

@@ -197,5 +197,6 @@ RLIMITS = {
     "data": resource.RLIMIT_DATA,
     "nproc": resource.RLIMIT_NPROC,
     "fsize": resource.RLIMIT_FSIZE,
+    "stack": resource.RLIMIT_STACK,
     "nofile": resource.RLIMIT_NOFILE,
 }
