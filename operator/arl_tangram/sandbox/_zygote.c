@@ -424,8 +424,17 @@ static struct sock_fprog seccomp_prog = {0, NULL};
 static void child_setup(int interp, int *fds, int nfds, int devnull, int32_t uid, const int32_t *cores,
                         uint32_t ncores, const unsigned char *limits, uint32_t nlimits,
                         const char *workdir, const char *env, uint32_t env_len, int private_mounts,
-                        int proc_of_its_own, int ipc_of_its_own) {
-    if (setsid() < 0) child_fail("setsid");
+                        int proc_of_its_own, int ipc_of_its_own, int under_init) {
+    /* Under its namespace's init, the program joins the init's process group (the zygote made the
+     * init lead one): it leads neither a group nor a session, as a program a shell or a server
+     * starts does not, so its own setsid() and setpgrp() work as outside (they failed, EPERM: a
+     * session's leader may do neither), and what it signals as its group (kill(0)) is its own
+     * namespace's, never the zygote's. Without an init it leads a session of its own. */
+    if (under_init) {
+        if (setpgid(0, 1) < 0) child_fail("setpgid");
+    } else if (setsid() < 0) {
+        child_fail("setsid");
+    }
     int in_fd = devnull, out_fd = devnull, err_fd = devnull, ctrl = -1;
     if (interp) {
         ctrl = fds[0];
@@ -1559,6 +1568,14 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
         init_stack = take_stack();
         if (init_stack != NULL)
             init_pid = clone(ns_init, (char *)init_stack + INIT_STACK, CLONE_VM | SIGCHLD, NULL);
+        /* The init leads a process group of its own, which the action joins (child_setup). Set
+         * here, by its parent, before the action exists: the action cannot race it. */
+        if (init_pid > 0 && setpgid(init_pid, init_pid) < 0) {
+            kill(init_pid, SIGKILL);
+            while (waitpid(init_pid, NULL, __WALL) < 0 && errno == EINTR) {
+            }
+            init_pid = -1;
+        }
         if (init_pid < 0) {
             int err = errno;
             if (init_stack != NULL) give_stack(init_stack);
@@ -1583,7 +1600,8 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
         /* Its own /tmp and /dev/shm: a mount namespace the manager made ahead (see forkserver). */
         if (mntns_fd >= 0 && setns(mntns_fd, CLONE_NEWNS) < 0) child_fail("setns(mount)");
         child_setup(interp, fds, nfds, devnull, uid, cores, ncores, limits, nlimits, (const char *)workdir,
-                    (const char *)env, elen, (flags & 2u) != 0, (flags & 32u) != 0, (flags & 64u) != 0);
+                    (const char *)env, elen, (flags & 2u) != 0, (flags & 32u) != 0, (flags & 64u) != 0,
+                    init_pid > 0);
         const char *written = NULL;
         if (main_file != NULL && !interp && alen == 0 && write_main((const char *)main_file, code, clen))
             written = (const char *)main_file;

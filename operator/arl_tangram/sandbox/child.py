@@ -109,7 +109,9 @@ _INIT_FORWARDED = (
 def split_off_init(sockfd: int, rid: int) -> None:
     """In a fresh PID namespace's first process: fork the action (returns in it) and be the
     namespace's init (never returns there). The Python loop's twin of _zygote.c's split_off_init
-    (whose comment says why)."""
+    (whose comment says why). The init leads a process group of its own, which the action is
+    forked into (``child_main`` with ``under_init``: _zygote.c's child_setup says why)."""
+    os.setpgid(0, 0)
     action = os.fork()
     if action == 0:
         return
@@ -141,13 +143,21 @@ def split_off_init(sockfd: int, rid: int) -> None:
         os._exit(1)
 
 
-def child_main(req: dict[str, Any], stdin_fd: int, out_fd: int, err_fd: int, ctrl_fd: int | None) -> NoReturn:
+def child_main(
+    req: dict[str, Any],
+    stdin_fd: int,
+    out_fd: int,
+    err_fd: int,
+    ctrl_fd: int | None,
+    under_init: bool = False,
+) -> NoReturn:
     """Set up the sandbox in the freshly forked child, then run the action (``req`` as
     ``decode_request`` gives it). Never returns. (The C loop does this set-up in C.)"""
     from arl_tangram.sandbox import isolation  # the Python loop's zygote holds it already
 
     try:
-        os.setsid()
+        if not under_init:  # in its init's process group otherwise (split_off_init)
+            os.setsid()
         # The fork server never changes signal dispositions, so they are the interpreter's own, as
         # `python -c` has them; exec'd runtimes get SIGPIPE/SIGXFSZ/SIGINT back to default below.
         os.dup2(stdin_fd, 0)

@@ -241,7 +241,7 @@ class Zygote:
             if self.pid_namespace:
                 split_off_init(self.sockfd, req["id"])
             stdin_fd = fds[2] if len(fds) > 2 else self.devnull
-            child_main(req, stdin_fd, fds[0], fds[1], None)
+            child_main(req, stdin_fd, fds[0], fds[1], None, under_init=self.pid_namespace)
         for fd in fds:
             os.close(fd)
         try:

@@ -291,3 +291,27 @@ def test_glibcs_own_signals_kill_as_they_do_outside(loop_agent: Agent) -> None:
     assert (body["exit_code"], body["stdout"]) == (-32, ""), body
     status = loop_agent.execute("grep SigIgn /proc/self/status", runtime="bash")["stdout"]
     assert int(str(status).split()[1], 16) & (0b11 << 31) == 0, status
+
+
+def test_a_program_leads_neither_a_session_nor_a_group(loop_agent: Agent) -> None:
+    """As a program a shell or a server starts: its setsid() and setpgrp() work (they failed with
+    EPERM, the program being a session's leader), and what it signals as its group is its own
+    namespace's, not the agent's."""
+    code = (
+        "import os\n"
+        "print(os.getpgrp() != os.getpid(), os.getsid(0) != os.getpid())\n"
+        "os.setsid(); print(os.getsid(0) == os.getpid() == os.getpgrp())\n"
+    )
+    body = loop_agent.execute(code)
+    assert (body["status"], body["stdout"]) == ("ok", "True True\nTrue\n"), body
+    body = loop_agent.execute("import os\nos.setpgrp()\nprint(os.getpgrp() == os.getpid())")
+    assert (body["status"], body["stdout"]) == ("ok", "True\n"), body
+    body = loop_agent.execute(
+        "import os\nif os.fork() == 0:\n    os.setsid()\n    os._exit(0)\nos.wait()\nprint('ok')"
+    )
+    assert (body["status"], body["stdout"]) == ("ok", "ok\n"), body
+    body = loop_agent.execute("setsid -w sh -c 'echo in its own session'", runtime="bash")
+    assert body["stdout"] == "in its own session\n", body
+    body = loop_agent.execute("import os, signal\nos.kill(0, signal.SIGKILL)\nprint('alive')")
+    assert (body["exit_code"], body["stdout"]) == (-9, ""), body
+    assert loop_agent.execute("print('the agent lives')")["stdout"] == "the agent lives\n"
