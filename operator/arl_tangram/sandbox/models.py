@@ -37,8 +37,9 @@ class RunCodeRequest(BaseModel):
     run_timeout: float = Field(
         10, gt=0, allow_inf_nan=False, description="wall-clock limit of the run, seconds"
     )
+    # 0 or less (SandboxFusion's -1, its default): no limit asked, as SandboxFusion reads any of them.
     memory_limit_MB: int = Field(
-        -1, ge=-1, description="address-space limit in MB (at least 16); -1: the pool's default"
+        -1, description="memory limit in MB (at least 16); 0 or less (-1): the most the pool allows"
     )
     code: Text
     stdin: Text | None = None
@@ -52,7 +53,7 @@ class RunCodeRequest(BaseModel):
     def _usable_memory(cls, value: int) -> int:
         # Named here as the client named it (the limit below was refused as ``memory_mb``).
         if 0 < value < 16:
-            raise ValueError("at least 16 MB, or -1 (or 0) for the pool's default")
+            raise ValueError("at least 16 MB, or 0 or less (SandboxFusion's -1) for the most the pool allows")
         return value
 
 

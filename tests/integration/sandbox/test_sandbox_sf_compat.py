@@ -142,3 +142,11 @@ def test_nonsense_limits_are_refused_in_the_callers_words(agent: Agent) -> None:
         resp = agent.post("/run_code", {"code": "print(1)", "language": "python", field: value})
         assert resp.status_code == 422 and resp.json()["status"] == "SandboxError", resp.text
         assert field in resp.json()["message"], resp.text
+
+
+def test_any_memory_limit_of_zero_or_less_asks_for_none(agent: Agent) -> None:
+    """SandboxFusion sets a memory limit only for a positive memory_limit_MB: -5 ran there and was
+    refused here (422)."""
+    for value in (-1, 0, -5, -(10**6)):
+        body = _ok(agent, code="print('ok')", memory_limit_MB=value)
+        assert body["run_result"]["stdout"] == "ok\n", body
