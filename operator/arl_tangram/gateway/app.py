@@ -62,7 +62,7 @@ from arl_tangram.gateway.state import (
     is_loopback,
     state_of,
 )
-from arl_tangram.sandbox.models import RunCodeRequest
+from arl_tangram.sandbox.models import RunCodeRequest, run_code_status
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -294,7 +294,7 @@ def _error_response(
     if request.path == "/run_code":
         # As the agent's own /run_code: SandboxFusion clients look at status and message.
         body = {**body, "status": "SandboxError", "message": body.get("error")}
-        status = sandboxfusion.run_code_status(status)  # 504 for 429 and 503: what verl retries
+        status = run_code_status(status)  # 504 for 429 and 503: what verl retries
     response = web.json_response(dict(body), status=status, headers=dict(headers))
     if status in (408, 413, 417) or request.content.exception() is not None:
         # The rest of the body is not read, or its stream broke (a body that does not decode as

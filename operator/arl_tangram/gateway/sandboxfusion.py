@@ -4,7 +4,7 @@
 refuse alike) and forwards it verbatim to an agent of the chosen pool; the answer is the agent's
 body, so shapes and verdicts are exactly the agent's own ``/run_code``. ``GET /v1/ping`` answers
 the JSON string ``"pong"``. A failure of the platform (the host lost, retries spent) is SandboxFusion's
-``SandboxError`` with 504 and Retry-After (``RETRY_LATER_STATUS``).
+``SandboxError`` with 504 and Retry-After (``models.RETRY_LATER_STATUS``).
 """
 
 from __future__ import annotations
@@ -22,21 +22,7 @@ from arl_tangram.gateway.parsing import loads, read_body, validate
 from arl_tangram.gateway.routing import namespace_of, require_pool
 from arl_tangram.gateway.state import authorize, state_of
 from arl_tangram.sandbox.languages import LANGUAGE_UNAVAILABLE, compiles
-from arl_tangram.sandbox.models import RunCodeRequest
-
-# ``/run_code``'s answer to "send it again later" (the platform failed: a host lost, retries spent;
-# or back-pressure: the pool's or tenant's bound is full; or this replica is a standby), where the
-# other routes answer 503 or 429. verl's client retries a 504 (three tries, backing off) and scores
-# any other error status as a sandbox error (-1) at once: answered 503, a host lost mid-step made
-# wrong rewards for every sample it held. Retry-After still says when; OpenRLHF's and slime's
-# clients retry any failure, and the operator's own client retries 504 as it does 503.
-RETRY_LATER_STATUS = 504
-RETRY_LATER_INSTEAD_OF = frozenset({429, 503})
-
-
-def run_code_status(status: int) -> int:
-    """``/run_code``'s status for what another route answers ``status``."""
-    return RETRY_LATER_STATUS if status in RETRY_LATER_INSTEAD_OF else status
+from arl_tangram.sandbox.models import RunCodeRequest, run_code_status
 
 
 def sandbox_error(message: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:

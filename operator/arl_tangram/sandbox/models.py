@@ -57,6 +57,22 @@ class RunCodeRequest(BaseModel):
         return value
 
 
+# ``/run_code``'s answer to "send it again later" (the platform failed: a host lost, retries spent;
+# or back-pressure: a bound is full; or a gateway replica is a standby), where the other routes
+# answer 503 or 429; the agent's and the gateway's alike. verl's client retries a 504 (three tries,
+# backing off) and scores any other error status as a sandbox error (-1) at once: answered 503, a
+# host lost mid-step, or an agent's full queue, made wrong rewards for every sample it held.
+# Retry-After still says when; OpenRLHF's and slime's clients retry any failure, and the
+# operator's own client retries 504 as it does 503.
+RETRY_LATER_STATUS = 504
+RETRY_LATER_INSTEAD_OF = frozenset({429, 503})
+
+
+def run_code_status(status: int) -> int:
+    """``/run_code``'s status for what another route answers ``status``."""
+    return RETRY_LATER_STATUS if status in RETRY_LATER_INSTEAD_OF else status
+
+
 class ExecuteRequest(BaseModel):
     """The native ``POST /v1/execute`` request."""
 

@@ -50,7 +50,13 @@ from arl_tangram.sandbox.actions import (
 from arl_tangram.sandbox.config import AgentConfig
 from arl_tangram.sandbox.executor import ActionResult, ActionSpec, Executor
 from arl_tangram.sandbox.languages import compiles, known_name, unavailable_language
-from arl_tangram.sandbox.models import ExecuteRequest, RunCodeRequest, SessionRequest
+from arl_tangram.sandbox.models import (
+    RETRY_LATER_STATUS,
+    ExecuteRequest,
+    RunCodeRequest,
+    SessionRequest,
+    run_code_status,
+)
 
 log = logging.getLogger(__name__)
 EXECUTOR: web.AppKey[Executor] = web.AppKey("executor", Executor)
@@ -222,7 +228,9 @@ def _refusal(request: web.Request, exc: Exception) -> web.Response:
     extra: dict[str, Any] = {}
     if isinstance(exc, NotReady):
         metrics.rejected.labels("not_ready").inc()
-        resp = _error_response(503, str(exc))
+        if request.path == "/run_code":
+            extra.update({"status": "SandboxError", "message": str(exc)})
+        resp = _error_response(run_code_status(503) if request.path == "/run_code" else 503, str(exc), extra)
         resp.headers["Retry-After"] = str(int(exc.delay))
         return resp
     if isinstance(exc, BadRequest):
@@ -239,6 +247,7 @@ def _refusal(request: web.Request, exc: Exception) -> web.Response:
     metrics.rejected.labels(str(status)).inc()
     if request.path == "/run_code":
         extra.update({"status": "SandboxError", "message": message})
+        status = run_code_status(status)
     return _error_response(status, message, extra)
 
 
@@ -486,9 +495,10 @@ async def _keyed(request: web.Request, key: str | None, spec: ActionSpec, action
         # Cancelled (the agent shutting down): no answer; a repeat of the key may run it again.
         store.finish(entry, _stored(_error_response(500, "internal error")), keep=False)
         raise
-    # 503: the action did not run (full, or the fork server was lost): a retry may run it. A
-    # refusal of the request is kept (to be read back) until a corrected request replaces it.
-    store.finish(entry, _stored(response), keep=response.status != 503)
+    # 503 (/run_code's 504): the action did not run (full, or the fork server was lost): a retry
+    # may run it. A refusal of the request is kept (to be read back) until a corrected request
+    # replaces it.
+    store.finish(entry, _stored(response), keep=response.status not in (503, RETRY_LATER_STATUS))
     return response  # the first caller's answer is the stored one: the same status, headers, bytes
 
 

@@ -28,7 +28,7 @@ def test_standby_points_at_the_leader_until_it_leads(hosts: list[Agent]) -> None
         ready = requests.get(gw.url + "/readyz", timeout=10)
         assert ready.status_code == 503 and ready.json() == {"status": "standby", "leader": "10.1.2.3:8080"}
         assert requests.get(gw.url + "/healthz", timeout=10).status_code == 200
-        # /run_code answers 504, what verl retries (sandboxfusion.RETRY_LATER_STATUS).
+        # /run_code answers 504, what verl retries (sandbox.models.RETRY_LATER_STATUS).
         for path, body, status in (
             ("/v1/actions", action, 503),
             ("/run_code", {"code": "1", "language": "python"}, 504),

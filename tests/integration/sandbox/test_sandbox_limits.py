@@ -38,7 +38,7 @@ def test_fetched_files_over_a_limit_are_left_out_with_a_note(tmp_path: Path) -> 
         stop_agent(agent)
 
 
-def test_requests_beyond_the_waiting_bound_get_503_with_retry_after(tmp_path: Path) -> None:
+def test_requests_beyond_the_waiting_bound_get_503_or_run_codes_504_with_retry_after(tmp_path: Path) -> None:
     agent = start_agent(tmp_path / "work", "--max-concurrent", "1", "--max-waiting", "1")
     try:
         # The one slot is held by an action in a session that waits for a file the test uploads;
@@ -62,6 +62,12 @@ def test_requests_beyond_the_waiting_bound_get_503_with_retry_after(tmp_path: Pa
             assert refused.status_code == 503
             assert refused.headers["Retry-After"] == "1"
             assert "wait for one of 1 slots" in refused.json()["error"]
+            # SandboxFusion's route answers 504, the status verl's client retries (any other it
+            # scores -1 at once), in SandboxFusion's shape, with the same Retry-After.
+            refused = agent.post("/run_code", {"code": "print('third')", "language": "python"})
+            assert refused.status_code == 504 and refused.headers["Retry-After"] == "1", refused.text
+            assert refused.json()["status"] == "SandboxError", refused.text
+            assert "wait for one of 1 slots" in refused.json()["message"], refused.text
             assert requests.put(f"{session_files}/go", data=b"", timeout=10).status_code == 201
             assert first.result().json()["status"] == "ok"
             assert second.result().json()["stdout"] == "second\n"
