@@ -425,13 +425,15 @@ static void child_setup(int interp, int *fds, int nfds, int devnull, int32_t uid
                         uint32_t ncores, const unsigned char *limits, uint32_t nlimits,
                         const char *workdir, const char *env, uint32_t env_len, int private_mounts,
                         int proc_of_its_own, int ipc_of_its_own, int under_init) {
-    /* Under its namespace's init, the program joins the init's process group (the zygote made the
-     * init lead one): it leads neither a group nor a session, as a program a shell or a server
-     * starts does not, so its own setsid() and setpgrp() work as outside (they failed, EPERM: a
-     * session's leader may do neither), and what it signals as its group (kill(0)) is its own
-     * namespace's, never the zygote's. Without an init it leads a session of its own. */
+    /* Under its namespace's init, the program leads a process group of its own in the fork
+     * server's session (which has no terminal): its setpgrp() works as outside (a session's leader
+     * may not, EPERM), what it signals as its group (kill(0), `kill -- -$$`, killpg(getpgrp()))
+     * is its own, never the zygote's. Not a group's leader it cannot be here: a group led by
+     * another process of its namespace would be its init's, PID 1, and killpg(1) is kill(-1).
+     * So setsid() still fails, EPERM, as for a group's leader outside. Without an init it leads a
+     * session of its own. */
     if (under_init) {
-        if (setpgid(0, 1) < 0) child_fail("setpgid");
+        if (setpgid(0, 0) < 0) child_fail("setpgid");
     } else if (setsid() < 0) {
         child_fail("setsid");
     }
@@ -490,6 +492,11 @@ static void child_setup(int interp, int *fds, int nfds, int devnull, int32_t uid
         if (value <= 0) continue;
         struct rlimit rl = {(rlim_t)value, (rlim_t)value};
         if (res == RLIMIT_CPU) rl.rlim_max = (rlim_t)value + 1; /* SIGXCPU first, then SIGKILL */
+        if (res == RLIMIT_STACK) {
+            /* The hard limit stays (SandboxFusion sets the soft one): the program may raise it. */
+            struct rlimit now;
+            if (getrlimit(RLIMIT_STACK, &now) == 0) rl.rlim_max = now.rlim_max;
+        }
         if (setrlimit(res, &rl) < 0) child_fail("setrlimit");
     }
     struct rlimit nocore = {0, 0};
@@ -1568,14 +1575,6 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
         init_stack = take_stack();
         if (init_stack != NULL)
             init_pid = clone(ns_init, (char *)init_stack + INIT_STACK, CLONE_VM | SIGCHLD, NULL);
-        /* The init leads a process group of its own, which the action joins (child_setup). Set
-         * here, by its parent, before the action exists: the action cannot race it. */
-        if (init_pid > 0 && setpgid(init_pid, init_pid) < 0) {
-            kill(init_pid, SIGKILL);
-            while (waitpid(init_pid, NULL, __WALL) < 0 && errno == EINTR) {
-            }
-            init_pid = -1;
-        }
         if (init_pid < 0) {
             int err = errno;
             if (init_stack != NULL) give_stack(init_stack);
@@ -1612,6 +1611,9 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
         return 1;
     }
     int err = errno;
+    /* The flag is this child's alone: no later child inherits it (a program could write another
+     * action's flag, making its exit 249 a set-up failure or a set-up failure the program's). */
+    madvise(flag, FLAG_PAGE, MADV_DONTFORK);
     if (pid > 0) place_child(pid, cores, ncores);
     PyOS_AfterFork_Parent();
     if (pid_namespace) setns(own_pidns, CLONE_NEWPID); /* only one child may be a namespace's init */

@@ -109,9 +109,7 @@ _INIT_FORWARDED = (
 def split_off_init(sockfd: int, rid: int) -> None:
     """In a fresh PID namespace's first process: fork the action (returns in it) and be the
     namespace's init (never returns there). The Python loop's twin of _zygote.c's split_off_init
-    (whose comment says why). The init leads a process group of its own, which the action is
-    forked into (``child_main`` with ``under_init``: _zygote.c's child_setup says why)."""
-    os.setpgid(0, 0)
+    (whose comment says why)."""
     action = os.fork()
     if action == 0:
         return
@@ -156,7 +154,9 @@ def child_main(
     from arl_tangram.sandbox import isolation  # the Python loop's zygote holds it already
 
     try:
-        if not under_init:  # in its init's process group otherwise (split_off_init)
+        if under_init:  # a process group of its own, in the fork server's session (_zygote.c says why)
+            os.setpgid(0, 0)
+        else:
             os.setsid()
         # The fork server never changes signal dispositions, so they are the interpreter's own, as
         # `python -c` has them; exec'd runtimes get SIGPIPE/SIGXFSZ/SIGINT back to default below.
@@ -201,6 +201,9 @@ def child_main(
         # inherited by every fork and can never be unset; one ctypes call less in each child).
         for res, value in req.get("limits", ()):
             # CPU time: SIGXCPU at the limit, SIGKILL a second later.
+            if res == resource.RLIMIT_STACK:  # the hard limit stays (as SandboxFusion's): _zygote.c
+                resource.setrlimit(res, (value, resource.getrlimit(res)[1]))
+                continue
             resource.setrlimit(res, (value, value + 1 if res == resource.RLIMIT_CPU else value))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         # Last, once nothing of the set-up needs a call it refuses (mounts above all).

@@ -224,6 +224,8 @@ class Zygote:
                 os.close(fd)
             self.sock.send(error_record(rid, f"{exc.__class__.__name__}: {exc}"))
             return True
+        if pid:
+            flag.madvise(mmap.MADV_DONTFORK)  # this child's alone (_zygote.c's setup_flag says why)
         if pid == 0:
             adopt_setup_flag(flag)
             try:

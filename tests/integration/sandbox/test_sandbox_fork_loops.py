@@ -293,19 +293,23 @@ def test_glibcs_own_signals_kill_as_they_do_outside(loop_agent: Agent) -> None:
     assert int(str(status).split()[1], 16) & (0b11 << 31) == 0, status
 
 
-def test_a_program_leads_neither_a_session_nor_a_group(loop_agent: Agent) -> None:
-    """As a program a shell or a server starts: its setsid() and setpgrp() work (they failed with
-    EPERM, the program being a session's leader), and what it signals as its group is its own
-    namespace's, not the agent's."""
+def test_a_program_leads_its_own_process_group_not_a_session(loop_agent: Agent) -> None:
+    """It was a session's leader, so its setpgrp() failed (EPERM) where outside it works. It leads
+    a process group of its own now: setpgrp() works, what it signals as its group (kill(0),
+    `kill -- -$$`, killpg(getpgrp())) is its own and reaches it, never the agent. Its setsid()
+    still fails, as a group leader's does outside (a group led by another process of its namespace
+    would be its init's, PID 1, and killpg(1) is kill(-1))."""
     code = (
-        "import os\n"
-        "print(os.getpgrp() != os.getpid(), os.getsid(0) != os.getpid())\n"
-        "os.setsid(); print(os.getsid(0) == os.getpid() == os.getpgrp())\n"
+        "import os, signal\n"
+        "print(os.getpgrp() == os.getpid(), os.getsid(0) != os.getpid())\n"
+        "os.setpgrp(); print(os.getpgrp() == os.getpid())\n"
+        "signal.signal(signal.SIGUSR1, lambda *a: print('got it'))\n"
+        "os.killpg(os.getpgrp(), signal.SIGUSR1)\n"
     )
     body = loop_agent.execute(code)
-    assert (body["status"], body["stdout"]) == ("ok", "True True\nTrue\n"), body
-    body = loop_agent.execute("import os\nos.setpgrp()\nprint(os.getpgrp() == os.getpid())")
-    assert (body["status"], body["stdout"]) == ("ok", "True\n"), body
+    assert (body["status"], body["stdout"]) == ("ok", "True True\nTrue\ngot it\n"), body
+    body = loop_agent.execute("trap 'echo caught' TERM; kill -TERM -- -$$; echo rc $?", runtime="bash")
+    assert body["stdout"] == "caught\nrc 0\n", body
     body = loop_agent.execute(
         "import os\nif os.fork() == 0:\n    os.setsid()\n    os._exit(0)\nos.wait()\nprint('ok')"
     )
@@ -315,3 +319,39 @@ def test_a_program_leads_neither_a_session_nor_a_group(loop_agent: Agent) -> Non
     body = loop_agent.execute("import os, signal\nos.kill(0, signal.SIGKILL)\nprint('alive')")
     assert (body["exit_code"], body["stdout"]) == (-9, ""), body
     assert loop_agent.execute("print('the agent lives')")["stdout"] == "the agent lives\n"
+
+
+def test_no_action_reaches_another_actions_set_up_flag(loop_agent: Agent) -> None:
+    """Each child's flag page was inherited by every child forked while it lived: a program could
+    write 1 into a running action's page, and that action's own exit 249 came back sandbox_error
+    (retried, counted against the host)."""
+    import concurrent.futures
+
+    forger = (
+        "import ctypes\n"
+        "n = 0\n"
+        "for line in open('/proc/self/maps'):\n"
+        "    f = line.split()\n"
+        "    lo, hi = (int(x, 16) for x in f[0].split('-'))\n"
+        "    if hi - lo == 4096 and f[1] == 'rw-s':\n"
+        "        ctypes.c_ubyte.from_address(lo).value = 1\n"
+        "        n += 1\n"
+        "print(n)\n"
+    )
+    # The victim holds its slot until the test uploads `go` to its session, once the forger ran.
+    sid = loop_agent.post("/v1/sessions", {}).json()["session_id"]
+    files = f"{loop_agent.url}/v1/sessions/{sid}/files"
+    gated = "touch started; while [ ! -e go ]; do sleep 0.01; done; exit 249"
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            victim = pool.submit(loop_agent.execute, gated, runtime="bash", session_id=sid)
+            wait_until(
+                lambda: requests.get(f"{files}/started", timeout=10).status_code == 200,
+                what="the victim to run",
+            )
+            assert loop_agent.execute(forger)["stdout"] == "0\n"
+            assert requests.put(f"{files}/go", data=b"", timeout=10).status_code == 201
+            body = victim.result()
+    finally:
+        requests.delete(f"{loop_agent.url}/v1/sessions/{sid}", timeout=10)
+    assert (body["status"], body["exit_code"]) == ("failed", 249), body
