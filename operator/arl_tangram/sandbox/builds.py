@@ -146,7 +146,10 @@ class Builder:
         """Whether ``runtime``'s programs may grow their main stack to the memory limit
         (``Language.main_stack``)."""
         toolchain = self.detection.found.get(runtime)
-        return toolchain is not None and toolchain.language.main_stack
+        if toolchain is None or not toolchain.language.main_stack:
+            return False
+        # A C or C++ program's threads keep 8 MB only through thread_stack.c.
+        return not toolchain.language.thread_stack or bool(toolchain.thread_stack)
 
     def names(self) -> list[str]:
         """Every /run_code name of the languages found (aliases included)."""

@@ -72,6 +72,9 @@ class ActionSpec:
     fetch_files: list[str] = field(default_factory=list)
     args: list[str] = field(default_factory=list)
     compile_timeout_s: float | None = None  # compiled languages (builds.py)
+    # The main thread's stack may grow to ``memory_mb``, as SandboxFusion sets RLIMIT_STACK to a
+    # positive memory_limit_MB (``_limits``); otherwise it is the 8 MB a process has outside.
+    grow_stack: bool = False
 
 
 @dataclass
@@ -368,13 +371,13 @@ class Executor:
             # does not count (shared mappings).
             limits["data"] = memory << 20
             limits["as"] = lim.max_memory_mb << 20
-        if spec.runtime == "python" or self.builder.main_stack(spec.runtime):
-            # The main thread's stack may grow to the memory limit, as SandboxFusion sets it (a
-            # memoised recursion 200,000 deep, a depth-first search over a million nodes: outside
-            # its 8 MB a segmentation fault here, a pass there). Threads keep their 8 MB: a Python
+        if spec.grow_stack and (spec.runtime == "python" or self.builder.main_stack(spec.runtime)):
+            # /run_code with a memory limit: the main thread's stack may grow to it, as SandboxFusion
+            # sets it (a memoised recursion 200,000 deep, a depth-first search over a million
+            # nodes: a pass there, a segmentation fault in 8 MB). Threads keep their 8 MB: a Python
             # action's are sized by the zygote's start, a C or C++ program's by thread_stack.c.
             # What a Python action executes inherits the limit, and its threads are sized by it (as
-            # every thread is under SandboxFusion). Within the limit the agent may set.
+            # every thread is under SandboxFusion). The hard limit stays the agent's (the child).
             limits["stack"] = min(memory << 20, STACK_HARD_LIMIT)
         return timeout, limits
 

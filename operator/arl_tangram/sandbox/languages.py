@@ -50,6 +50,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from arl_tangram.sandbox.isolation import SHARED_WRITABLE_DIRS
+
 # Every language name SandboxFusion's /run_code accepts (its request model's literal). A name
 # outside this list is refused there by request validation (422 with ``detail``); a name in it that
 # this host does not run is answered in SandboxFusion's response shape instead (see server.py).
@@ -108,6 +110,9 @@ _JAVAC_FLAGS = tuple(f"-J{flag}" for flag in (*_JVM_LIMITS, "-XX:TieredStopAtLev
 # back to the 8 MB they have outside, where the main stack may grow to the memory limit (the file
 # says why; ``Language.main_stack``).
 THREAD_STACK_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "thread_stack.c")
+# A compile template's part that stands for that file, where actions can read it (``detect``).
+THREAD_STACK = "{thread_stack}"
+
 # A compile template's part that stands for the link flags ``detect`` found (none, one or more).
 LINK_FLAGS = "{link_flags}"
 # SandboxFusion's optional C++ link flags, in its order: each one that links here is added.
@@ -146,6 +151,8 @@ class Language:
     # natively compiled programs, whose deep recursion uses the process's own stack (the JVM, Go
     # and V8 keep stacks of their own, which the limit does not change). executor._limits.
     main_stack: bool = False
+    # Links thread_stack.c (at ``{thread_stack}``): its main stack may grow only where it can.
+    thread_stack: bool = False
 
     @property
     def compiled(self) -> bool:
@@ -159,23 +166,25 @@ LANGUAGES: tuple[Language, ...] = (
         source="main.cpp",
         tools={"cxx": "g++"},
         # SandboxFusion's link flags, those of them that link here (see OPTIONAL_LINK_FLAGS).
-        compile=("{cxx}", "-std=c++17", "main.cpp", THREAD_STACK_SOURCE, "-o", "test", LINK_FLAGS),
+        compile=("{cxx}", "-std=c++17", "main.cpp", THREAD_STACK, "-o", "test", LINK_FLAGS),
         run=("./test",),
         artifacts=("test",),
         version_tool="cxx",
         optional_link_flags=OPTIONAL_LINK_FLAGS,
         main_stack=True,
+        thread_stack=True,
     ),
     Language(
         name="c",
         source="main.c",
         tools={"cc": "gcc"},
-        compile=("{cc}", "-std=gnu17", "main.c", THREAD_STACK_SOURCE, "-o", "test", "-lm", LINK_FLAGS),
+        compile=("{cc}", "-std=gnu17", "main.c", THREAD_STACK, "-o", "test", "-lm", LINK_FLAGS),
         run=("./test",),
         artifacts=("test",),
         version_tool="cc",
         optional_link_flags=OPTIONAL_LINK_FLAGS,
         main_stack=True,
+        thread_stack=True,
     ),
     Language(
         name="java",
@@ -270,6 +279,7 @@ class Toolchain:
     # MB; 0 where unknown or not a JVM language.
     default_heap_mb: int = 0
     link_flags: tuple[str, ...] = ()  # the optional link flags that link here (at ``{link_flags}``)
+    thread_stack: str = ""  # thread_stack.c, where actions can read it (at ``{thread_stack}``)
     class_path: tuple[str, ...] = ()  # jars found, in order, for the class path after ``.``
     libraries: Mapping[str, str] = field(default_factory=dict)  # jar name -> its path
     # What of the language's optional flags and jars this host lacks, and why.
@@ -290,6 +300,8 @@ class Toolchain:
         for part in template:
             if part == LINK_FLAGS:
                 argv.extend(self.link_flags)
+            elif part == THREAD_STACK:
+                argv.extend([self.thread_stack] if self.thread_stack else [])
             else:
                 argv.append(part.format_map(fields))
         return argv
@@ -551,9 +563,18 @@ def _detect_one(language: Language, path: str) -> Toolchain | str:
             readable.add(os.path.dirname(jar_path))
     # What the build takes besides the request's files is in the compile cache's key too.
     built_with = dict(libraries)
-    if THREAD_STACK_SOURCE in language.compile:
-        built_with["thread_stack"] = THREAD_STACK_SOURCE
-        readable.add(os.path.dirname(THREAD_STACK_SOURCE))
+    thread_stack = ""
+    if language.thread_stack:
+        if any(THREAD_STACK_SOURCE.startswith(d + "/") for d in SHARED_WRITABLE_DIRS):
+            # Installed where each action sees a directory of its own, empty (isolation covers
+            # them): every build would fail.
+            missing["thread_stack.c"] = (
+                f"{THREAD_STACK_SOURCE} is out of actions' sight (each has its own "
+                f"{THREAD_STACK_SOURCE.split('/')[1]}): a program's main stack stays 8 MB"
+            )
+        else:
+            thread_stack = built_with["thread_stack"] = THREAD_STACK_SOURCE
+            readable.add(os.path.dirname(THREAD_STACK_SOURCE))
     return Toolchain(
         language=language,
         binaries=binaries,
@@ -563,6 +584,7 @@ def _detect_one(language: Language, path: str) -> Toolchain | str:
         readable=tuple(sorted(readable)),
         default_heap_mb=_default_heap_mb(binaries["java"], env) if "java" in binaries else 0,
         link_flags=link_flags,
+        thread_stack=thread_stack,
         class_path=tuple(libraries[jar] for jar in language.jars if jar in libraries),
         libraries=libraries,
         missing_libraries=missing,

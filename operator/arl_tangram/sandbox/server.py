@@ -330,6 +330,8 @@ async def run_code(request: web.Request) -> web.Response:
         fetch_files=body.fetch_files,
         args=body.args,
         cores=cores,
+        # SandboxFusion sets RLIMIT_STACK to a positive memory_limit_MB, and nothing otherwise.
+        grow_stack=body.memory_limit_MB > 0,
     )
     if cores is not None:
         try:
@@ -442,7 +444,8 @@ def _request_digest(path: str, spec: ActionSpec) -> int:
     every string without encoding it (a lone surrogate included)."""
     # Strings only: their hash is keyed, an int's is not (memory_mb and memory_mb + 2**61 - 1 hash
     # alike).
-    what = (path, spec.runtime, spec.code, spec.stdin or "", spec.session_id or "", str(spec.memory_mb))
+    memory = f"{spec.memory_mb} {spec.grow_stack}"
+    what = (path, spec.runtime, spec.code, spec.stdin or "", spec.session_id or "", memory)
     return hash((what, tuple(spec.fetch_files), tuple(spec.args), tuple(sorted(spec.files.items()))))
 
 

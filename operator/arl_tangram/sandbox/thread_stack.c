@@ -5,15 +5,14 @@
  * same limit, read when the program starts: a std::thread then asked for as much stack as the
  * program may have memory, and failed ("Resource temporarily unavailable"; so it does under
  * SandboxFusion). This sets the threads' default back to the 8 MB they have outside, before the
- * program's own constructors run (priority 101, the first a program may use). A program that asks
- * for a size of its own gets it. */
+ * program's own constructors run. A program that asks for a size of its own gets it. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include <pthread.h>
 #include <stddef.h>
 
-__attribute__((constructor(101))) static void tangram_thread_stack(void) {
+static void tangram_thread_stack(void) {
     const size_t outside = (size_t)8 << 20;
     pthread_attr_t attr;
     size_t size = 0;
@@ -23,3 +22,8 @@ __attribute__((constructor(101))) static void tangram_thread_stack(void) {
         pthread_setattr_default_np(&attr);
     pthread_attr_destroy(&attr);
 }
+
+/* In .preinit_array: run before every constructor of the program, whatever its priority (a
+ * constructor of priority 101, as the first a program may declare, raced one of ours). glibc has
+ * set its threads' default by then (at its own early start). */
+__attribute__((section(".preinit_array"), used)) static void (*const tangram_preinit)(void) = tangram_thread_stack;

@@ -10,6 +10,7 @@ zygote starts, a C or C++ program's by ``sandbox/thread_stack.c``, linked into e
 
 from __future__ import annotations
 
+import resource
 import shutil
 from typing import Any
 
@@ -107,3 +108,53 @@ def test_runaway_recursion_still_ends_at_the_memory_limit(loop_agent: Agent) -> 
     body = run_code(loop_agent, "cpp", CPP_RUNAWAY, memory_mb=256)
     assert body["status"] == "Failed", body
     assert body["run_result"]["status"] == "Finished" and body["run_result"]["return_code"] == -11, body
+
+
+SUBPROCESS_THREAD = (
+    "import subprocess, sys\n"
+    "done = subprocess.run([sys.executable, '-c', 'import threading; t = threading.Thread(target=print); "
+    "t.start(); t.join()'])\n"
+    "print(done.returncode)\n"
+)
+
+
+def test_no_memory_limit_asked_is_the_stack_a_process_has_outside(loop_agent: Agent) -> None:
+    """SandboxFusion sets RLIMIT_STACK only for a positive memory_limit_MB (and the native API is as
+    outside): then the stack is the 8 MB a process starts with, so what a program executes starts
+    its threads (a stack the size of the pool's memory made them fail)."""
+    body = run_code(loop_agent, "python", SUBPROCESS_THREAD, memory_mb=-1)
+    assert (body["status"], body["run_result"]["stdout"]) == ("Success", "\n0\n"), body
+    body = loop_agent.execute(SUBPROCESS_THREAD)
+    assert (body["status"], body["stdout"]) == ("ok", "\n0\n"), body
+    limit = "import resource; print(resource.getrlimit(resource.RLIMIT_STACK)[0] >> 20)"
+    assert loop_agent.execute(limit)["stdout"] == f"{resource.getrlimit(resource.RLIMIT_STACK)[0] >> 20}\n"
+    assert run_code(loop_agent, "python", limit, memory_mb=512)["run_result"]["stdout"] == "512\n"
+
+
+C_RAISES_ITS_STACK = r"""#include <pthread.h>
+#include <stdio.h>
+#include <sys/resource.h>
+static void *nothing(void *arg) { return arg; }
+/* The first constructor a program may declare: ours must have run before it. */
+__attribute__((constructor(101))) static void early(void) {
+    pthread_t t;
+    int made = pthread_create(&t, NULL, nothing, NULL);
+    printf("constructor thread %d\n", made);
+    if (made == 0) pthread_join(t, NULL);
+}
+int main(void) {
+    struct rlimit rl;
+    getrlimit(RLIMIT_STACK, &rl);
+    rl.rlim_cur = rl.rlim_max;  /* the hard limit is SandboxFusion's: the program may raise to it */
+    printf("raised %d\n", setrlimit(RLIMIT_STACK, &rl));
+    return 0;
+}
+"""
+
+
+def test_a_c_programs_constructors_and_its_hard_stack_limit_are_as_outside(loop_agent: Agent) -> None:
+    if shutil.which("gcc") is None:
+        pytest.skip("no C compiler here")
+    body = run_code(loop_agent, "c", C_RAISES_ITS_STACK)
+    assert body["status"] == "Success", body
+    assert body["run_result"]["stdout"] == "constructor thread 0\nraised 0\n", body
