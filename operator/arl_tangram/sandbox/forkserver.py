@@ -113,10 +113,10 @@ BOGO_DIRENT_SIZE = 20
 # with a SyntaxError) made an ordinary failure memory_limit_exceeded.
 _MEMORY_LINES = re.compile(
     rb"^(?:"
-    rb"MemoryError(?::|$)"  # Python's exception, the traceback's last line
-    rb"|(?:\w+\.)*\w*(?:Error|Exception): \[Errno 12\] "  # ENOMEM raised (Python's OSError)
+    # Python's exception and its subclasses (numpy's _ArrayMemoryError), the traceback's last line
+    rb"(?:[\w.]+\.)?_?\w*MemoryError(?::|$)"
+    rb"|(?:[\w.]+\.)?\w*(?:Error|Exception): \[Errno 12\] "  # ENOMEM raised (Python's OSError)
     rb"|terminate called after throwing an instance of 'std::bad_alloc'"  # C++
-    rb"|\s*what\(\):\s+std::bad_alloc$"
     rb"|Exception in thread \".*\" java\.lang\.OutOfMemoryError"  # Java
     rb"|java\.lang\.OutOfMemoryError"
     rb"|fatal error: (?:runtime: )?(?:out of memory|cannot allocate memory)"  # Go, above its stacks
@@ -125,8 +125,9 @@ _MEMORY_LINES = re.compile(
     rb"|(?:Uncaught )?RangeError: Array buffer allocation failed"
     rb"|memory allocation of \d+ bytes failed"  # Rust
     rb"|Out of memory!"  # Perl
-    rb"|.*: xmalloc: .*cannot allocate \d+ bytes"  # bash
-    rb"|.*: [Cc]annot allocate memory$"  # perror's ENOMEM (a shell's fork, a C program's)
+    rb"|.*: x(?:malloc|realloc): .*cannot allocate \d+ bytes"  # bash
+    # perror's ENOMEM (a shell's fork, a C program's), not an exception's message
+    rb"|(?![\w.]*(?:Error|Exception):)[\w./: -]+: [Cc]annot allocate memory$"
     rb")",
     re.MULTILINE,
 )

@@ -64,6 +64,8 @@ def test_run_code_memory_limit_is_reported_explicitly(agent: Agent) -> None:
         'raise ValueError("out of memory")',
         'import sys; print("std::bad_alloc, MemoryError", file=sys.stderr); sys.exit(1)',
         'print("out of memory" +',  # a SyntaxError echoes its source line
+        'raise ValueError("Cannot allocate memory")',
+        "x = 1\nwhat():  std::bad_alloc",
     ],
 )
 def test_a_failure_that_speaks_of_memory_is_an_ordinary_failure(agent: Agent, code: str) -> None:
@@ -73,6 +75,17 @@ def test_a_failure_that_speaks_of_memory_is_an_ordinary_failure(agent: Agent, co
     assert body["status"] == "Failed", body
     assert body["run_result"]["memory_limit_exceeded"] is False, body
     assert body["outcome"] == "failed", body
+
+
+def test_a_runtimes_own_words_for_out_of_memory_are_out_of_memory(agent: Agent) -> None:
+    """numpy's _ArrayMemoryError (a MemoryError by another name) and bash's xrealloc are what
+    those runtimes say as they run out."""
+    numpy = "import numpy as np\na = np.ones((40000, 40000))"
+    body = agent.post("/run_code", {"code": numpy, "language": "python", "memory_limit_MB": 256}).json()
+    assert (body["status"], body["outcome"]) == ("Failed", "memory_limit_exceeded"), body
+    bash = 'x=$(head -c 600000000 /dev/zero | tr "\\0" a)'
+    body = agent.post("/run_code", {"code": bash, "language": "bash", "memory_limit_MB": 256}).json()
+    assert (body["status"], body["outcome"]) == ("Failed", "memory_limit_exceeded"), body
 
 
 def test_run_code_files_stdin_and_fetch(agent: Agent) -> None:
