@@ -18,6 +18,12 @@ fi
 if command -v javac >/dev/null 2>&1 && ! compgen -G '/usr/share/java/javatuples*.jar' >/dev/null; then
   need+=(libjavatuples-java)
 fi
+# Where perl is, the modules SandboxFusion's image adds (every MultiPL-E Perl test starts with
+# `use Test::Deep;`).
+if command -v perl >/dev/null 2>&1; then
+  perl -MTest::Deep -e1 >/dev/null 2>&1 || need+=(libtest-deep-perl)
+  perl -MData::Compare -e1 >/dev/null 2>&1 || need+=(libdata-compare-perl)
+fi
 # TypeScript actions are transpiled by esbuild (as SandboxFusion's tsx does), from npm where npm is.
 if command -v npm >/dev/null 2>&1 && ! command -v esbuild >/dev/null 2>&1; then
   if [ "$(id -u)" -eq 0 ]; then

@@ -194,3 +194,21 @@ def test_link_flags_are_in_the_compile_argv() -> None:
     argv = toolchain.argv(toolchain.language.compile, {})
     assert "-lcrypto" in argv and "-lssl" in argv, argv
     assert argv[-len(toolchain.link_flags) :] == list(toolchain.link_flags)
+
+
+PERL_DEEP = """use strict; use warnings;
+use Test::Deep;
+use Data::Compare;
+print eq_deeply([1, {a => 2}], [1, {a => 2}]) ? "deep\\n" : "not deep\\n";
+print Compare([1, 2], [1, 2]) ? "same\\n" : "differ\\n";
+"""
+
+
+def test_perl_has_the_modules_sandboxfusions_image_adds(agent: Agent, found: dict[str, Any]) -> None:
+    """Every MultiPL-E Perl test starts with `use Test::Deep;`, and SandboxFusion's image installs
+    Test::Deep and Data::Compare: without them each such problem failed (hack/system-deps.sh and
+    the sandbox image install Debian's libtest-deep-perl and libdata-compare-perl)."""
+    need(found, "perl")
+    body = run(agent, "perl", PERL_DEEP)
+    assert body["status"] == "Success", body
+    assert body["run_result"]["stdout"] == "deep\nsame\n"
