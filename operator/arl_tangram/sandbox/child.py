@@ -307,7 +307,7 @@ def private_tmp(workdir: str, size: int) -> None:
     isolation.unshare(isolation.CLONE_NEWNS)
     rootfd = os.open(root, os.O_PATH | os.O_CLOEXEC)  # in the new namespace: a bind source must be
     opts = tmp_options(size)
-    for point in ("/tmp", "/dev/shm"):
+    for point in isolation.PRIVATE_TMP_POINTS:
         isolation.mount("tangram", point, "tmpfs", isolation.MS_NOSUID | isolation.MS_NODEV, opts)
         if root.startswith(point + "/"):
             os.makedirs(root, mode=0o711, exist_ok=True)

@@ -113,8 +113,8 @@ BOGO_DIRENT_SIZE = 20
 # with a SyntaxError) made an ordinary failure memory_limit_exceeded.
 _MEMORY_LINES = re.compile(
     rb"^(?:"
-    # Python's exception and its subclasses (numpy's _ArrayMemoryError), the traceback's last line
-    rb"(?:[\w.]+\.)?_?\w*MemoryError(?::|$)"
+    # Python's exception, numpy's subclass, as a traceback's last line (an exception group's too)
+    rb"[ |+]*(?:MemoryError|numpy\.(?:_?core\.)?_exceptions\._ArrayMemoryError)(?::|$)"
     rb"|(?:[\w.]+\.)?\w*(?:Error|Exception): \[Errno 12\] "  # ENOMEM raised (Python's OSError)
     rb"|terminate called after throwing an instance of 'std::bad_alloc'"  # C++
     rb"|Exception in thread \".*\" java\.lang\.OutOfMemoryError"  # Java
@@ -1463,10 +1463,9 @@ class ForkServer:
             call.interp.call = None
         memory_error = call.memory_limited and call.exit_code not in (0, None) and not call.timed_out
         if memory_error and call.evicted_mb is None:
-            # Its first and last lines: a runtime says it at the top of a long dump (Go's
-            # "fatal error: runtime: out of memory" above every goroutine's stack).
-            ends = bytes(call.err[:4096]) + b"\n" + bytes(call.err[-4096:])
-            memory_error = _MEMORY_LINES.search(ends) is not None
+            # All of what was kept: a runtime says it anywhere (Go's fatal error comes after what the
+            # program wrote, above every goroutine's stack). Only a failure under a limit is read.
+            memory_error = _MEMORY_LINES.search(call.err) is not None
         end = call.ended_at if call.ended_at is not None else time.monotonic()
         reply = {
             "id": call.id,

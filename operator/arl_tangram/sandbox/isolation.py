@@ -98,6 +98,9 @@ def bind_identity(root: str) -> None:
 
 # World-writable places a non-root action could otherwise leave files in (or read others' from).
 SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock")
+# Where each action gets a tmpfs of its own, empty (child.private_tmp; _zygote.c's private_tmp
+# has the same two): what lies there outside is out of its sight.
+PRIVATE_TMP_POINTS = ("/tmp", "/dev/shm")
 # A container's mqueue filesystem (its runtime mounts it, mode 1777) belongs to the IPC namespace it
 # was mounted in, the agent's: a queue made through it by path was every action's, whatever
 # namespace the action's own mq_open sees. Covered read-only and empty.

@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from arl_tangram.sandbox.isolation import SHARED_WRITABLE_DIRS
+from arl_tangram.sandbox.isolation import PRIVATE_TMP_POINTS
 
 # Every language name SandboxFusion's /run_code accepts (its request model's literal). A name
 # outside this list is refused there by request validation (422 with ``detail``); a name in it that
@@ -565,12 +565,13 @@ def _detect_one(language: Language, path: str) -> Toolchain | str:
     built_with = dict(libraries)
     thread_stack = ""
     if language.thread_stack:
-        if any(THREAD_STACK_SOURCE.startswith(d + "/") for d in SHARED_WRITABLE_DIRS):
-            # Installed where each action sees a directory of its own, empty (isolation covers
-            # them): every build would fail.
+        real = os.path.realpath(THREAD_STACK_SOURCE)
+        hidden = [d for d in PRIVATE_TMP_POINTS if real.startswith(d + "/")]
+        if hidden:
+            # Installed where each action has a tmpfs of its own, empty: every build would fail.
             missing["thread_stack.c"] = (
-                f"{THREAD_STACK_SOURCE} is out of actions' sight (each has its own "
-                f"{THREAD_STACK_SOURCE.split('/')[1]}): a program's main stack stays 8 MB"
+                f"{real} is out of actions' sight (each has a {hidden[0]} of its own): a program's "
+                "main stack stays 8 MB"
             )
         else:
             thread_stack = built_with["thread_stack"] = THREAD_STACK_SOURCE

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -66,6 +67,7 @@ def test_run_code_memory_limit_is_reported_explicitly(agent: Agent) -> None:
         'print("out of memory" +',  # a SyntaxError echoes its source line
         'raise ValueError("Cannot allocate memory")',
         "x = 1\nwhat():  std::bad_alloc",
+        "class NotEnoughMemoryError(Exception):\n    pass\nraise NotEnoughMemoryError('budget')",
     ],
 )
 def test_a_failure_that_speaks_of_memory_is_an_ordinary_failure(agent: Agent, code: str) -> None:
@@ -85,6 +87,10 @@ def test_a_runtimes_own_words_for_out_of_memory_are_out_of_memory(agent: Agent) 
     assert (body["status"], body["outcome"]) == ("Failed", "memory_limit_exceeded"), body
     bash = 'x=$(head -c 600000000 /dev/zero | tr "\\0" a)'
     body = agent.post("/run_code", {"code": bash, "language": "bash", "memory_limit_MB": 256}).json()
+    assert (body["status"], body["outcome"]) == ("Failed", "memory_limit_exceeded"), body
+    # As a line of an exception group's traceback, too.
+    group = "raise ExceptionGroup('tasks', [MemoryError()])"
+    body = agent.post("/run_code", {"code": group, "language": "python", "memory_limit_MB": 256}).json()
     assert (body["status"], body["outcome"]) == ("Failed", "memory_limit_exceeded"), body
 
 
@@ -458,3 +464,17 @@ def test_a_persistent_interpreter_has_the_sessions_memory_limit(agent: Agent) ->
         assert bash["stdout"] == f"{512 * 1024}\n"
     finally:
         requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+
+
+def test_out_of_memory_said_after_much_output_is_out_of_memory(agent: Agent) -> None:
+    """Go's fatal error comes after what the program wrote: behind 6 KB of its own stderr it was
+    past the first and last 4 KB that were read."""
+    if shutil.which("go") is None:
+        pytest.skip("go: 'go' not found on PATH")
+    go = (
+        'package main\nimport ("fmt"; "os"; "strings")\n'
+        'func main(){ fmt.Fprintln(os.Stderr, strings.Repeat("x", 6000))\n'
+        "  b := make([]byte, 2<<30); for i := range b { b[i] = 1 }; fmt.Println(len(b)) }\n"
+    )
+    body = agent.post("/run_code", {"code": go, "language": "go", "memory_limit_MB": 256}).json()
+    assert (body["status"], body["outcome"]) == ("Failed", "memory_limit_exceeded"), body

@@ -11,6 +11,7 @@ A case is skipped only when this host lacks the language's toolchain, and the sk
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -212,3 +213,24 @@ def test_perl_has_the_modules_sandboxfusions_image_adds(agent: Agent, found: dic
     body = run(agent, "perl", PERL_DEEP)
     assert body["status"] == "Success", body
     assert body["run_result"]["stdout"] == "deep\nsame\n"
+
+
+@pytest.mark.parametrize(("under", "linked"), [("/tmp", False), ("/dev/shm", False), ("/var/tmp", True)])
+def test_thread_stack_c_is_linked_where_actions_can_read_it(
+    monkeypatch: pytest.MonkeyPatch, under: str, linked: bool
+) -> None:
+    """Each action has a /tmp and a /dev/shm of its own, empty: a thread_stack.c there would fail
+    every C and C++ build, so it is left out (and the main stack stays 8 MB). Elsewhere, /var/tmp
+    included (covered for actions, but the agent's own paths are bound back), it is linked."""
+    if shutil.which("gcc") is None:
+        pytest.skip("c: 'gcc' not found on PATH")
+    source = Path(under) / f"tangram-test-{os.getpid()}" / "thread_stack.c"
+    source.parent.mkdir(parents=True, exist_ok=True)
+    source.write_bytes(Path(languages.THREAD_STACK_SOURCE).read_bytes())
+    monkeypatch.setattr(languages, "THREAD_STACK_SOURCE", str(source))
+    c = languages.detect(languages=tuple(x for x in languages.LANGUAGES if x.name == "c")).found["c"]
+    assert bool(c.thread_stack) is linked, c.missing_libraries
+    argv = c.argv(c.language.compile, {})
+    assert (languages.THREAD_STACK_SOURCE in argv) is linked, argv
+    assert ("thread_stack.c" in c.missing_libraries) is not linked
+    shutil.rmtree(source.parent)
