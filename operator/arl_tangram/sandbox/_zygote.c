@@ -245,28 +245,50 @@ typedef struct {
 
 /* Whether a child's set-up failed is told out of band, not by its exit status: a program may exit
  * with any status, SETUP_FAILED's included, and one taken for a set-up failure is retried and counted
- * against the host (an ordinary `exit 249` drained hosts). Each child gets a page of its own, shared
- * with the zygote, holding 1 while its set-up runs; the child clears it just before the program
- * starts (before execve, whose failure of the sandbox's own sets it again, or before Python code
- * runs) and unmaps it then, so that no program can reach it. The zygote reads it at the child's
- * exit. In a child: its page, until the program starts. */
-#define FLAG_PAGE 4096
+ * against the host (an ordinary `exit 249` drained hosts). Each child has a byte of its own in a
+ * region the zygote maps once, shared with its children, holding 1 while its set-up runs; the child
+ * clears it just before the program starts (before execve, whose failure of the sandbox's own sets
+ * it again, or before Python code runs) and unmaps the whole region then (an execve drops it), so
+ * that no program reaches any byte of it. The zygote reads it at the child's exit. One region
+ * rather than a page per child: three system calls less in the zygote per action, and a page per
+ * child was inherited by every child forked while it lived (MADV_DONTFORK had to keep it from them).
+ * In a child: its byte, until the program starts. */
+#define FLAG_SLOTS MAX_PIDFD /* a child in flight holds a pidfd too */
+static unsigned char *flag_slots = NULL;
+static uint16_t free_flags[FLAG_SLOTS]; /* FLAG_SLOTS is at most 65536 */
+static uint32_t nfree_flags;
 static unsigned char *setup_flag = NULL;
 
 static unsigned char *new_setup_flag(void) {
-    void *page = mmap(NULL, FLAG_PAGE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (page == MAP_FAILED) return NULL;
-    *(volatile unsigned char *)page = 1;
-    return page;
+    if (flag_slots == NULL) {
+        void *m = mmap(NULL, FLAG_SLOTS, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) return NULL;
+        flag_slots = m;
+        for (uint32_t i = 0; i < FLAG_SLOTS; i++) free_flags[i] = (uint16_t)(FLAG_SLOTS - 1 - i);
+        nfree_flags = FLAG_SLOTS;
+    }
+    if (nfree_flags == 0) {
+        errno = EMFILE;
+        return NULL;
+    }
+    unsigned char *flag = flag_slots + free_flags[--nfree_flags];
+    *(volatile unsigned char *)flag = 1;
+    return flag;
+}
+
+static void free_setup_flag(unsigned char *flag) {
+    *(volatile unsigned char *)flag = 0;
+    free_flags[nfree_flags++] = (uint16_t)(flag - flag_slots);
 }
 
 /* In a child: its set-up is over (``running`` 0) or, after a failed execve of the sandbox's own
- * making, failed after all (1); ``unmap``: the program starts in this process, so the page goes. */
+ * making, failed after all (1); ``unmap``: the program starts in this process, so the region goes. */
 static void mark_setup(int running, int unmap) {
     if (setup_flag == NULL) return;
     *(volatile unsigned char *)setup_flag = (unsigned char)(running != 0);
     if (unmap) {
-        munmap(setup_flag, FLAG_PAGE);
+        munmap(flag_slots, FLAG_SLOTS);
+        flag_slots = NULL;
         setup_flag = NULL;
     }
 }
@@ -1554,12 +1576,12 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
         if (mntns_fd >= 0) close(mntns_fd);
         for (int i = 0; i < nfds; i++) close(fds[i]);
         free(big);
-        send_error(sock, id, "mmap (the set-up flag)", err);
+        send_error(sock, id, "the set-up flag", err);
         return 0;
     }
     if (pid_namespace && syscall(SYS_unshare, CLONE_NEWPID) < 0) {
         int err = errno;
-        munmap(flag, FLAG_PAGE);
+        free_setup_flag(flag);
         if (netns_fd >= 0) close(netns_fd);
         if (mntns_fd >= 0) close(mntns_fd);
         for (int i = 0; i < nfds; i++) close(fds[i]);
@@ -1578,7 +1600,7 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
         if (init_pid < 0) {
             int err = errno;
             if (init_stack != NULL) give_stack(init_stack);
-            munmap(flag, FLAG_PAGE);
+            free_setup_flag(flag);
             setns(own_pidns, CLONE_NEWPID);
             if (netns_fd >= 0) close(netns_fd);
             if (mntns_fd >= 0) close(mntns_fd);
@@ -1611,9 +1633,6 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
         return 1;
     }
     int err = errno;
-    /* The flag is this child's alone: no later child inherits it (a program could write another
-     * action's flag, making its exit 249 a set-up failure or a set-up failure the program's). */
-    madvise(flag, FLAG_PAGE, MADV_DONTFORK);
     if (pid > 0) place_child(pid, cores, ncores);
     PyOS_AfterFork_Parent();
     if (pid_namespace) setns(own_pidns, CLONE_NEWPID); /* only one child may be a namespace's init */
@@ -1651,7 +1670,7 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
             give_stack_if(init_stack);
         }
         if (pidfd >= 0) close(pidfd);
-        munmap(flag, FLAG_PAGE);
+        free_setup_flag(flag);
         send_error(sock, id, pid < 0 ? "fork" : "pidfd_open", err);
         return 0;
     }
@@ -1721,11 +1740,11 @@ static void on_exit_of(int sock, int ep, int pidfd) {
                ru.ru_stime.tv_usec / 1e6;
     k->max_rss_kb = ru.ru_maxrss;
     if (k->flag != NULL) {
-        /* Final now: the page is the child's alone, and it has exited (see setup_flag). Its own
+        /* Final now: the byte is the child's alone, and it has exited (see setup_flag). Its own
          * end, too: a child killed during its set-up (a timeout of a millisecond) was killed. */
         k->setup_failed = *(volatile unsigned char *)k->flag != 0 && got > 0 && WIFEXITED(status) &&
                           WEXITSTATUS(status) == SETUP_FAILED;
-        munmap(k->flag, FLAG_PAGE);
+        free_setup_flag(k->flag);
         k->flag = NULL;
     }
     if (k->init_pidfd >= 0) {

@@ -9,7 +9,6 @@ from __future__ import annotations
 import atexit
 import gc
 import marshal
-import mmap
 import os
 import signal
 import struct
@@ -87,6 +86,11 @@ def zygote_main(sock: int, config: dict[str, Any], pid_namespace: bool, startup:
 
             isolation.prctl(isolation.PR_SET_PDEATHSIG, signal.SIGKILL)
             isolation.default_reserved_signals()
+            # Its children's set-up flags (_new_setup_flag): imported now, among the modules the
+            # zygote holds at start (child.note_shadowable), and by the Python loop alone: in the C
+            # loop's zygote a module more is mappings every fork copies and every exit tears down.
+            import mmap  # noqa: F401
+
             isolation.few_malloc_arenas()
         # The exit functions of the zygote's own modules go, once here rather than in every child:
         # the zygote never runs them (it ends with os._exit), and an action's program must not run
@@ -148,6 +152,8 @@ def zygote_main(sock: int, config: dict[str, Any], pid_namespace: bool, startup:
 def _new_setup_flag() -> Any:
     """A child's set-up flag (_zygote.c's ``setup_flag``): a page of its own, shared with this
     process, holding 1 until the child's program starts."""
+    import mmap  # the Python loop's alone (imported at its start: zygote_main)
+
     page = mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_SHARED)
     page[0] = 1
     return page
@@ -225,6 +231,8 @@ class Zygote:
             self.sock.send(error_record(rid, f"{exc.__class__.__name__}: {exc}"))
             return True
         if pid:
+            import mmap  # held since the Python loop's start (zygote_main)
+
             flag.madvise(mmap.MADV_DONTFORK)  # this child's alone (_zygote.c's setup_flag says why)
         if pid == 0:
             adopt_setup_flag(flag)
