@@ -108,7 +108,7 @@ STDIN_CHUNK = 64 << 10
 SHADOW_SCAN_MAX = 64
 # What a tmpfs directory's size grows by with each entry (see PrivateTmp).
 BOGO_DIRENT_SIZE = 20
-# How runtimes say they ran out of memory, each as a line of stderr begins it (``_memory_said``).
+# How runtimes say they ran out of memory, each as a line of stderr begins it.
 # Anywhere in the text, a program's own words ("ValueError: out of memory", a source line echoed
 # with a SyntaxError) made an ordinary failure memory_limit_exceeded.
 _MEMORY_LINES = re.compile(
