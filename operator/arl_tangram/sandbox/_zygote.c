@@ -1482,6 +1482,18 @@ static void place_child(pid_t pid, const int32_t *cores, uint32_t ncores) {
 }
 
 /* One request: returns 1 in a child (its result set), 0 in the zygote, -1 when the manager left. */
+
+/* A request the zygote cannot fork for: its descriptors closed, its buffer freed, an error record
+ * sent. Returns 0 (the loop goes on). */
+static int drop_request(int sock, int64_t id, const char *what, int err, int netns_fd, int mntns_fd, int *fds,
+                        int nfds, void *big) {
+    if (netns_fd >= 0) close(netns_fd);
+    if (mntns_fd >= 0) close(mntns_fd);
+    for (int i = 0; i < nfds; i++) close(fds[i]);
+    free(big);
+    send_error(sock, id, what, err);
+    return 0;
+}
 static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int devnull, PyObject **result) {
     struct iovec iov = {dgram, sizeof dgram};
     char control[CMSG_SPACE(MAX_FDS * sizeof(int))];
@@ -1557,12 +1569,8 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
     if (r.bad || memcmp(magic, "TZR1", 4) != 0 || wlen == 0 || workdir[wlen - 1] != '\0' ||
         (elen > 0 && env[elen - 1] != '\0') || (dlen > 0 && delta[dlen - 1] != '\0') ||
         (alen > 0 && argv[alen - 1] != '\0') || (main_file != NULL && (mlen < 2 || main_file[mlen - 1] != '\0')) ||
-        (interp ? nfds < 1 : nfds < 2)) {
-        for (int i = 0; i < nfds; i++) close(fds[i]);
-        free(big);
-        send_error(sock, id, "malformed request", EINVAL);
-        return 0;
-    }
+        (interp ? nfds < 1 : nfds < 2))
+        return drop_request(sock, id, "malformed request", EINVAL, -1, -1, fds, nfds, big);
     int32_t cores[1024];
     memcpy(cores, cores_at, ncores * 4u);
     int netns_fd = -1, mntns_fd = -1;
@@ -1570,24 +1578,11 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
     if ((flags & 8u) && nfds > (interp ? 1 : 2)) mntns_fd = fds[--nfds];
 
     unsigned char *flag = new_setup_flag();
-    if (flag == NULL) {
-        int err = errno;
-        if (netns_fd >= 0) close(netns_fd);
-        if (mntns_fd >= 0) close(mntns_fd);
-        for (int i = 0; i < nfds; i++) close(fds[i]);
-        free(big);
-        send_error(sock, id, "the set-up flag", err);
-        return 0;
-    }
+    if (flag == NULL) return drop_request(sock, id, "the set-up flag", errno, netns_fd, mntns_fd, fds, nfds, big);
     if (pid_namespace && syscall(SYS_unshare, CLONE_NEWPID) < 0) {
         int err = errno;
         free_setup_flag(flag);
-        if (netns_fd >= 0) close(netns_fd);
-        if (mntns_fd >= 0) close(mntns_fd);
-        for (int i = 0; i < nfds; i++) close(fds[i]);
-        free(big);
-        send_error(sock, id, "unshare(CLONE_NEWPID)", err);
-        return 0;
+        return drop_request(sock, id, "unshare(CLONE_NEWPID)", err, netns_fd, mntns_fd, fds, nfds, big);
     }
     pid_t init_pid = -1;
     void *init_stack = NULL;
@@ -1602,12 +1597,7 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
             if (init_stack != NULL) give_stack(init_stack);
             free_setup_flag(flag);
             setns(own_pidns, CLONE_NEWPID);
-            if (netns_fd >= 0) close(netns_fd);
-            if (mntns_fd >= 0) close(mntns_fd);
-            for (int i = 0; i < nfds; i++) close(fds[i]);
-            free(big);
-            send_error(sock, id, "clone (the namespace's init)", err);
-            return 0;
+            return drop_request(sock, id, "clone (the namespace's init)", err, netns_fd, mntns_fd, fds, nfds, big);
         }
     }
 #endif
