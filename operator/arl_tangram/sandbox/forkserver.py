@@ -1171,7 +1171,7 @@ class ForkServer:
         status: int | None,
         cpu_s: float | None,
         max_rss_kb: int | None,
-        setup_failed: bool = False,
+        setup_failed: bool,
     ) -> None:
         if isinstance(owner, Interp):
             self._interp_gone(owner, status)

@@ -224,16 +224,11 @@ async def _errors(
 
 def _refusal(request: web.Request, exc: Exception) -> web.Response:
     """The JSON answer to a refused request (one of ``REFUSALS``), in the shape of the API called."""
-    metrics = request.app[METRICS]
     extra: dict[str, Any] = {}
+    label = None
     if isinstance(exc, NotReady):
-        metrics.rejected.labels("not_ready").inc()
-        if request.path == "/run_code":
-            extra.update({"status": "SandboxError", "message": str(exc)})
-        resp = _error_response(run_code_status(503) if request.path == "/run_code" else 503, str(exc), extra)
-        resp.headers["Retry-After"] = str(int(exc.delay))
-        return resp
-    if isinstance(exc, BadRequest):
+        status, message, label = 503, str(exc), "not_ready"
+    elif isinstance(exc, BadRequest):
         status, message = exc.status, exc.message
         if exc.detail is not None:
             extra["detail"] = exc.detail
@@ -244,11 +239,14 @@ def _refusal(request: web.Request, exc: Exception) -> web.Response:
         status, message = 422, str(exc)
     else:
         status, message = 503, f"sandbox infrastructure failed: {exc}"
-    metrics.rejected.labels(str(status)).inc()
+    request.app[METRICS].rejected.labels(label or str(status)).inc()
     if request.path == "/run_code":
         extra.update({"status": "SandboxError", "message": message})
         status = run_code_status(status)
-    return _error_response(status, message, extra)
+    resp = _error_response(status, message, extra)
+    if isinstance(exc, NotReady):
+        resp.headers["Retry-After"] = str(int(exc.delay))
+    return resp
 
 
 # ---- handlers ------------------------------------------------------------------------------------------
@@ -372,20 +370,19 @@ def _within_ceilings(app: web.Application, body: RunCodeRequest) -> _RunCodeLimi
     (a program that needs more memory fails as out of memory, one that runs longer times out), and
     the answer's ``notes`` say so. The native API refuses such values (its own contract). Values
     that are no limit at all stay the request's error (its model: 422): a timeout not above 0, a
-    memory limit under 16 MB other than SandboxFusion's -1 and 0 (no limit: the ceiling)."""
+    memory limit of 1 to 15 MB (0 or less, SandboxFusion's -1 among them, asks for none: the
+    ceiling)."""
     lim = app[EXECUTOR].config.limits
-    notes: list[str] = []
-    lowered: list[str] = []
+    notes: dict[str, str] = {}  # per field lowered, what the answer says of it
 
     def timeout(name: str, asked: float, noted: bool) -> float:
         if asked <= lim.max_timeout_s:
             return asked
         if noted:
-            notes.append(
+            notes[name] = (
                 f"{name} {asked:.15g} s is above the most this sandbox allows, {lim.max_timeout_s:g} s "
                 f"(its pool's limits.timeoutSeconds): it ran with {lim.max_timeout_s:g} s"
             )
-            lowered.append(name)
         return lim.max_timeout_s
 
     run_timeout = timeout("run_timeout", body.run_timeout, True)
@@ -393,26 +390,25 @@ def _within_ceilings(app: web.Application, body: RunCodeRequest) -> _RunCodeLimi
     # copy of its run timeout, is no part of a Python run): held all the same, noted where it counts.
     compile_timeout = timeout("compile_timeout", body.compile_timeout, compiles(body.language))
     memory_mb = body.memory_limit_MB
-    if memory_mb <= 0:  # SandboxFusion's -1 (its default) and 0: no limit; here the ceiling
+    if memory_mb <= 0:  # SandboxFusion's -1 (its default), or any other: no limit; here the ceiling
         memory_mb = lim.max_memory_mb
     elif memory_mb > lim.max_memory_mb:
-        notes.append(
+        notes["memory_limit_MB"] = (
             f"memory_limit_MB {memory_mb} is above the most this sandbox allows, {lim.max_memory_mb} MB "
             f"(its pool's limits.memory): it ran with {lim.max_memory_mb} MB"
         )
-        lowered.append("memory_limit_MB")
         memory_mb = lim.max_memory_mb
     said = app[CAPPED]
-    for name in lowered:
+    for name, note in notes.items():
         if name not in said:  # once per agent and field: the operator learns the pool is too small
             said.add(name)
             log.warning(
                 "/run_code asked for more than this agent's ceiling (%s); it runs at the ceiling and "
                 "says so in its answer's notes: %s (said once per field)",
                 name,
-                next(n for n in notes if n.startswith(name)),
+                note,
             )
-    return _RunCodeLimits(run_timeout, compile_timeout, memory_mb, tuple(notes))
+    return _RunCodeLimits(run_timeout, compile_timeout, memory_mb, tuple(notes.values()))
 
 
 async def _run_code_action(
