@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -204,3 +205,24 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
     yield running
     stop_agent(running)  # fails if a process of its uids outlives it
     assert not root.exists(), "the agent must remove its workdir root on shutdown"
+
+
+# What a language's compile may take in the tests that build programs (a cold Go or Rust build on
+# two busy cores).
+COMPILE_TIMEOUT_S = 120
+
+
+def need(found: dict[str, Any], language: str) -> None:
+    """Skip unless the agent runs ``language`` (``found``: ``/v1/health``'s languages), naming the
+    missing binary."""
+    if language not in found["found"]:
+        pytest.skip(f"{language}: {found['missing'].get(language, 'not detected')}")
+
+
+def run_language(agent: Agent, language: str, code: str, **fields: Any) -> dict[str, Any]:
+    """``/run_code`` of ``code`` in ``language``; the answer, which must be a 200."""
+    body = {"code": code, "language": language, "compile_timeout": COMPILE_TIMEOUT_S, **fields}
+    resp = agent.post("/run_code", body, timeout=COMPILE_TIMEOUT_S + 60)
+    assert resp.status_code == 200, resp.text
+    answer: dict[str, Any] = resp.json()
+    return answer

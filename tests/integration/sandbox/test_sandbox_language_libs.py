@@ -19,11 +19,19 @@ from typing import Any
 
 import pytest
 import requests
-from sandbox_agent_harness import Agent, processes_of, start_agent, stop_agent
+from sandbox_agent_harness import (
+    Agent,
+    need,
+    processes_of,
+    start_agent,
+    stop_agent,
+)
+from sandbox_agent_harness import (
+    run_language as run,
+)
 
 from arl_tangram.sandbox import languages
 
-COMPILE_TIMEOUT_S = 120
 ABC_MD5 = "900150983cd24fb0d6963f7d28e17f72"
 
 CPP_MD5 = r"""#include <openssl/md5.h>
@@ -96,20 +104,6 @@ def health_languages(agent: Agent) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def found(agent: Agent) -> dict[str, Any]:
     return health_languages(agent)
-
-
-def need(found: dict[str, Any], language: str) -> None:
-    """Skip unless the agent runs ``language``, naming the missing binary."""
-    if language not in found["found"]:
-        pytest.skip(f"{language}: {found['missing'].get(language, 'not detected')}")
-
-
-def run(agent: Agent, language: str, code: str, **fields: Any) -> dict[str, Any]:
-    body = {"code": code, "language": language, "compile_timeout": COMPILE_TIMEOUT_S, **fields}
-    resp = agent.post("/run_code", body, timeout=COMPILE_TIMEOUT_S + 60)
-    assert resp.status_code == 200, resp.text
-    answer: dict[str, Any] = resp.json()
-    return answer
 
 
 @pytest.mark.parametrize("language,code", [("cpp", CPP_MD5), ("c", C_MD5)])

@@ -20,7 +20,17 @@ from typing import Any
 
 import pytest
 import requests
-from sandbox_agent_harness import Agent, processes_of, start_agent, stop_agent
+from sandbox_agent_harness import (
+    COMPILE_TIMEOUT_S,
+    Agent,
+    need,
+    processes_of,
+    start_agent,
+    stop_agent,
+)
+from sandbox_agent_harness import (
+    run_language as run,
+)
 
 from arl_tangram.sandbox.config import Limits
 
@@ -181,7 +191,6 @@ LANGUAGES = sorted(PROGRAMS)
 # Languages SandboxFusion builds in a compile step it reports as ``compile_result``.
 REPORTS_COMPILE = {"cpp", "c", "java", "go", "rust"}
 # A first build can be slow on a busy two-core machine (javac, rustc, a Go build of new packages).
-COMPILE_TIMEOUT_S = 120
 
 
 @pytest.fixture(scope="module")
@@ -200,20 +209,6 @@ def found(agent: Agent) -> dict[str, Any]:
     """``/v1/health``'s languages: what the agent found, and what is missing for the rest."""
     body: dict[str, Any] = requests.get(agent.url + "/v1/health", timeout=10).json()["languages"]
     return body
-
-
-def need(found: dict[str, Any], language: str) -> None:
-    """Skip unless the agent runs ``language``, naming the missing binary."""
-    if language not in found["found"]:
-        pytest.skip(f"{language}: {found['missing'].get(language, 'not detected')}")
-
-
-def run(agent: Agent, language: str, code: str, **fields: Any) -> dict[str, Any]:
-    body = {"code": code, "language": language, "compile_timeout": COMPILE_TIMEOUT_S, **fields}
-    resp = agent.post("/run_code", body, timeout=COMPILE_TIMEOUT_S + 60)
-    assert resp.status_code == 200, resp.text
-    answer: dict[str, Any] = resp.json()
-    return answer
 
 
 def assert_built(language: str, body: dict[str, Any]) -> None:
