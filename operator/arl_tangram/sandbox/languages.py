@@ -27,6 +27,8 @@ The libraries SandboxFusion's runners give programs, which benchmarks' code reli
   prompt starts with ``import org.javatuples.*;``). The jar is Debian's ``libjavatuples-java``
   (``/usr/share/java/javatuples*.jar``, its real file; ``TANGRAM_JAVATUPLES_JAR`` names another).
   Without it Java runs as before and ``/v1/health`` and the start-up line say javatuples is missing.
+- Node and TypeScript programs find the npm packages SandboxFusion's image gives them (lodash,
+  js-md5, ...; ``nodepackages.py`` says which and where), by ``require`` or ``import``.
 
 ``detect`` runs once at start-up: it resolves every binary on ``PATH`` to its real file (a rustup
 proxy to the toolchain's own ``rustc``), reads each toolchain's version, probes the link flags and
@@ -50,6 +52,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from arl_tangram.sandbox import nodepackages
 from arl_tangram.sandbox.isolation import PRIVATE_TMP_POINTS
 
 # Every language name SandboxFusion's /run_code accepts (its request model's literal). A name
@@ -153,6 +156,8 @@ class Language:
     main_stack: bool = False
     # Links thread_stack.c (at ``{thread_stack}``): its main stack may grow only where it can.
     thread_stack: bool = False
+    # Its programs find SandboxFusion's npm packages (nodepackages.py: linked at the workdir root).
+    node_packages: bool = False
 
     @property
     def compiled(self) -> bool:
@@ -230,6 +235,7 @@ LANGUAGES: tuple[Language, ...] = (
         run=("{node}", "main.js"),
         aliases=("js",),
         version_tool="node",
+        node_packages=True,
     ),
     Language(
         name="perl",
@@ -261,6 +267,7 @@ LANGUAGES: tuple[Language, ...] = (
         aliases=("ts",),
         reports_compile=False,
         version_tool="esbuild",
+        node_packages=True,
     ),
 )
 
@@ -281,7 +288,8 @@ class Toolchain:
     link_flags: tuple[str, ...] = ()  # the optional link flags that link here (at ``{link_flags}``)
     thread_stack: str = ""  # thread_stack.c, where actions can read it (at ``{thread_stack}``)
     class_path: tuple[str, ...] = ()  # jars found, in order, for the class path after ``.``
-    libraries: Mapping[str, str] = field(default_factory=dict)  # jar name -> its path
+    libraries: Mapping[str, str] = field(default_factory=dict)  # jar or npm package -> its path
+    node_modules: str = ""  # the npm packages' directory, for Node's programs (nodepackages.py)
     # What of the language's optional flags and jars this host lacks, and why.
     missing_libraries: Mapping[str, str] = field(default_factory=dict)
 
@@ -346,6 +354,10 @@ class Detection:
     def readable(self) -> list[str]:
         """Every directory the sandbox must let actions read."""
         return sorted({path for toolchain in self.found.values() for path in toolchain.readable})
+
+    def node_modules(self) -> str:
+        """The npm packages' directory Node's programs are given ("" when none is)."""
+        return next((tc.node_modules for tc in self.found.values() if tc.node_modules), "")
 
     def summary(self) -> str:
         """One line for the start-up log."""
@@ -561,8 +573,16 @@ def _detect_one(language: Language, path: str) -> Toolchain | str:
         else:
             libraries[jar] = jar_path
             readable.add(os.path.dirname(jar_path))
+    node_modules = ""
+    if language.node_packages:
+        # Not in the compile's key: TypeScript's bundle leaves packages to Node's require.
+        node_modules, packages, absent = nodepackages.find()
+        libraries.update(packages)
+        missing.update(absent)
+        if node_modules:
+            readable.add(node_modules)
     # What the build takes besides the request's files is in the compile cache's key too.
-    built_with = dict(libraries)
+    built_with = {name: libraries[name] for name in language.jars if name in libraries}
     thread_stack = ""
     if language.thread_stack:
         real = os.path.realpath(THREAD_STACK_SOURCE)
@@ -589,6 +609,7 @@ def _detect_one(language: Language, path: str) -> Toolchain | str:
         class_path=tuple(libraries[jar] for jar in language.jars if jar in libraries),
         libraries=libraries,
         missing_libraries=missing,
+        node_modules=node_modules,
     )
 
 

@@ -58,11 +58,13 @@ class Agent:
 
 
 def workdirs(agent: Agent) -> list[str]:
-    """What the agent's workdir root holds besides the passwd and group files it writes there at
-    start (``isolation.IDENTITY_FILES``): the workdirs of actions and sessions."""
+    """What the agent's workdir root holds besides what it puts there at start (the passwd and
+    group files, ``isolation.IDENTITY_FILES``, and the link to Node's packages): the workdirs of
+    actions and sessions."""
+    from arl_tangram.sandbox.nodepackages import NODE_MODULES
     from arl_tangram.sandbox.zygote_wire import IDENTITY_FILES
 
-    return sorted(set(os.listdir(agent.root)) - {name for name, _ in IDENTITY_FILES})
+    return sorted(set(os.listdir(agent.root)) - {name for name, _ in IDENTITY_FILES} - {NODE_MODULES})
 
 
 def _free_port() -> int:

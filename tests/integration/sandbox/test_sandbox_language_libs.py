@@ -1,4 +1,4 @@
-"""The libraries SandboxFusion's runners give C++ and Java programs, against a real agent.
+"""The libraries SandboxFusion's runners give C++, Java, Perl and Node programs, against a real agent.
 
 SandboxFusion links C++ with each of ``-lcrypto -lssl -lpthread`` that links on its host (HumanEval-X
 and MultiPL-E's ``string_to_md5`` call OpenSSL's ``MD5``), and puts ``javatuples-1.2.jar`` on the
@@ -228,3 +228,87 @@ def test_thread_stack_c_is_linked_where_actions_can_read_it(
     assert (languages.THREAD_STACK_SOURCE in argv) is linked, argv
     assert ("thread_stack.c" in c.missing_libraries) is not linked
     shutil.rmtree(source.parent)
+
+
+# HumanEval-X's JavaScript string_to_md5 requires js-md5; lodash and seedrandom are the others a
+# program reaches for. seedrandom('hello') is the same sequence on every host.
+NODE_PACKAGES = """const md5 = require('js-md5');
+const _ = require('lodash');
+const seedrandom = require('seedrandom');
+const rand = require('random-seed').create('x');
+const { Command } = require('commander');
+console.log(md5('abc'));
+console.log(JSON.stringify(_.chunk([1, 2, 3, 4, 5], 2)));
+console.log(seedrandom('hello')());
+console.log(typeof rand.random(), typeof new Command().parse);
+"""
+NODE_PACKAGES_OUT = f"{ABC_MD5}\n[[1,2],[3,4],[5]]\n0.5463663768140734\nnumber function\n"
+TS_IMPORTS = """import _ from 'lodash';
+import md5 from 'js-md5';
+const xs: number[] = _.uniq([3, 1, 3, 2]);
+console.log(xs.join(','), md5('abc'));
+"""
+
+
+def test_node_finds_sandboxfusions_npm_packages(agent: Agent, found: dict[str, Any]) -> None:
+    """SandboxFusion links its runtime's node_modules into each Node program's directory; a program
+    requiring js-md5 or lodash failed here with `Cannot find module`."""
+    need(found, "nodejs")
+    body = run(agent, "nodejs", NODE_PACKAGES)
+    assert body["status"] == "Success", body
+    assert body["run_result"]["stdout"] == NODE_PACKAGES_OUT
+    node = found["found"]["nodejs"]
+    assert set(node["libraries"]) >= {"lodash", "js-md5", "seedrandom", "random-seed", "commander"}, node
+    assert node["missing_libraries"] == {}, node
+
+
+def test_typescript_imports_the_npm_packages(agent: Agent, found: dict[str, Any]) -> None:
+    """ES `import` (which Node's NODE_PATH does not serve) finds them too: a TypeScript program's."""
+    need(found, "typescript")
+    body = run(agent, "typescript", TS_IMPORTS)
+    assert body["status"] == "Success", body
+    assert body["run_result"]["stdout"] == f"3,1,2 {ABC_MD5}\n"
+
+
+def test_a_program_cannot_take_the_packages_from_the_next(agent: Agent, found: dict[str, Any]) -> None:
+    """The link sits in the workdir root, which no action may write: a program that tries to remove
+    or replace it fails, and the next program still finds lodash."""
+    need(found, "nodejs")
+    if not requests.get(agent.url + "/v1/health", timeout=10).json()["isolation"]["per_action_uid"]:
+        pytest.skip("the agent runs actions under its own uid here (not root): they share its rights")
+    hostile = """const fs = require('fs');
+for (const attempt of [
+  () => fs.unlinkSync('../node_modules'),
+  () => fs.symlinkSync('/nonexistent', '../node_modules'),
+  () => fs.renameSync('../node_modules', 'stolen'),
+]) {
+  try { attempt(); console.log('done'); } catch (e) { console.log(e.code); }
+}
+"""
+    body = run(agent, "nodejs", hostile)
+    outcomes = body["run_result"]["stdout"].split()
+    assert len(outcomes) == 3 and "done" not in outcomes, body
+    after = run(agent, "nodejs", "console.log(require('lodash').sum([1, 2, 3]))")
+    assert after["run_result"]["stdout"] == "6\n", after
+
+
+def test_node_without_the_packages_is_node_as_before(tmp_path: Path, found: dict[str, Any]) -> None:
+    """A host without them: plain Node runs, a `require('lodash')` fails as Node fails it, and
+    ``/v1/health`` names each package missing and where it looked."""
+    need(found, "nodejs")
+    absent = tmp_path / "absent" / "node_modules"
+    running = start_agent(tmp_path / "work", env={"TANGRAM_NODE_MODULES": str(absent)})
+    try:
+        node = health_languages(running)["found"]["nodejs"]
+        assert set(node["missing_libraries"]) >= {"lodash", "js-md5"}, node
+        assert str(absent) in node["missing_libraries"]["lodash"]
+        plain = run(running, "nodejs", "console.log([3, 1, 2].sort().join(','))")
+        assert plain["status"] == "Success", plain
+        assert plain["run_result"]["stdout"] == "1,2,3\n"
+        lodash = run(running, "nodejs", "require('lodash')")
+        assert lodash["status"] == "Failed", lodash
+        assert "Cannot find module 'lodash'" in lodash["run_result"]["stderr"]
+        assert not os.path.lexists(running.root / "node_modules")
+    finally:
+        stop_agent(running)
+    assert processes_of(running.uids) == []
