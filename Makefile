@@ -18,7 +18,7 @@ help: ## list the targets
 install: $(STAMP) ## create .venv (when missing) and install the package with its test extras
 
 $(STAMP): pyproject.toml setup.py operator/arl_tangram/sandbox/_zygote.c hack/system-deps.sh \
-		operator/arl_tangram/sandbox/node-package-lock.json
+		operator/arl_tangram/sandbox/node-package-lock.json operator/arl_tangram/sandbox/gomodule/go.sum
 	@bash hack/system-deps.sh
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
@@ -27,6 +27,8 @@ $(STAMP): pyproject.toml setup.py operator/arl_tangram/sandbox/_zygote.c hack/sy
 	  || echo "install: the C fork loop did not build (no C compiler?); the sandbox forks from Python, slower" >&2
 	@# SandboxFusion's npm packages for Node programs (lodash, js-md5, ...), beside the venv's Python.
 	$(BIN)/python -m arl_tangram.sandbox.nodepackages
+	@# SandboxFusion's Go module's requirements (testify), in a module cache beside it.
+	$(BIN)/python -m arl_tangram.sandbox.gopackages
 	@# Fills what the sandbox agent would fill on its first start (Go's standard library, compiled).
 	$(BIN)/python -m arl_tangram.sandbox.languages
 	@touch $@

@@ -28,7 +28,9 @@ from arl_tangram.api.meta import (
 )
 from arl_tangram.api.quantity import PositiveQuantity, parse_quantity
 
-Language = Literal["python", "bash", "c", "cpp", "go", "java", "nodejs", "typescript", "rust", "lean"]
+Language = Literal[
+    "python", "bash", "c", "cpp", "go", "go_test", "java", "nodejs", "typescript", "rust", "perl", "lean"
+]
 LANGUAGES: tuple[str, ...] = get_args(Language)
 
 PoolMode = Literal["shared", "dedicated"]

@@ -25,7 +25,7 @@ from typing import Any
 
 from arl_tangram.api.actionpool import MAX_SESSION_TTL_S, WORKDIR_BYTES_PER_FILE
 from arl_tangram.errors import CapacityExceeded, InvalidSpec, NotReady
-from arl_tangram.sandbox import isolation, nodepackages, reaping, workfiles
+from arl_tangram.sandbox import gopackages, isolation, nodepackages, reaping, workfiles
 from arl_tangram.sandbox.actions import ActionControl
 from arl_tangram.sandbox.builds import Builder, CompileStep, Dispatch
 from arl_tangram.sandbox.config import AgentConfig, cpu_limit, infra_cores
@@ -210,8 +210,10 @@ class Executor:
         if isolation.shared_root(self.root):  # the command made it so (cli: own_mount_namespace)
             self.workdir_mb = self.config.limits.workdir_mb
         self.builder.detection = await asyncio.to_thread(detect)
-        # Node looks for node_modules up from each program's workdir, the root's children.
+        # Node looks for node_modules, and Go for go.mod, up from each program's workdir, the
+        # root's children.
         nodepackages.link_at(self.root, self.builder.detection.node_modules())
+        gopackages.place_at(self.root, self.builder.detection.go_modcache())
         if self.run_as_root:
             base = self.config.uid_base
             self._uids = deque(range(base, base + self.config.max_concurrent))

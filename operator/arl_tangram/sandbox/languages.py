@@ -1,6 +1,6 @@
 """The languages beyond Python: how each is compiled and run, and which of them this host can run.
 
-cpp, c, java, go, rust, nodejs (js), typescript (ts) and perl; ``c`` is ours (SandboxFusion has
+cpp, c, java, go, go_test, rust, nodejs (js), typescript (ts) and perl; ``c`` is ours (SandboxFusion has
 no plain C), the others carry SandboxFusion's names.
 
 Each ``Language`` names the file its code is written to, the toolchain binaries it needs, the
@@ -29,6 +29,8 @@ The libraries SandboxFusion's runners give programs, which benchmarks' code reli
   Without it Java runs as before and ``/v1/health`` and the start-up line say javatuples is missing.
 - Node and TypeScript programs find the npm packages SandboxFusion's image gives them (lodash,
   js-md5, ...; ``nodepackages.py`` says which and where), by ``require`` or ``import``.
+- Go programs (``go`` and ``go_test``) are built in SandboxFusion's Go module, testify's packages
+  in its module cache (``gopackages.py``).
 
 ``detect`` runs once at start-up: it resolves every binary on ``PATH`` to its real file (a rustup
 proxy to the toolchain's own ``rustc``), reads each toolchain's version, probes the link flags and
@@ -48,11 +50,12 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from arl_tangram.sandbox import nodepackages
+from arl_tangram.sandbox import gopackages, nodepackages
 from arl_tangram.sandbox.isolation import PRIVATE_TMP_POINTS
 
 # Every language name SandboxFusion's /run_code accepts (its request model's literal). A name
@@ -128,6 +131,11 @@ LINK_PROBE_TIMEOUT_S = 30.0
 JAVATUPLES_ENV = "TANGRAM_JAVATUPLES_JAR"
 JAVATUPLES_GLOB = "/usr/share/java/javatuples*.jar"
 
+# Go's builds: no module download and no toolchain switch (there is no network), no user config;
+# the build cache (GOCACHE, filled by ``detect``) and the module cache (gopackages.py) are
+# read-only to actions.
+_GO_ENV = {"GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-buildvcs=false", "GOENV": "off"}
+
 
 @dataclass(frozen=True)
 class Language:
@@ -158,6 +166,8 @@ class Language:
     thread_stack: bool = False
     # Its programs find SandboxFusion's npm packages (nodepackages.py: linked at the workdir root).
     node_packages: bool = False
+    # Built in SandboxFusion's Go module, testify's included (gopackages.py: at the workdir root).
+    go_module: bool = False
 
     @property
     def compiled(self) -> bool:
@@ -211,11 +221,22 @@ LANGUAGES: tuple[Language, ...] = (
         compile=("{go}", "build", "-o", "out", "main.go"),
         run=("./out",),
         artifacts=("out",),
-        # No module download and no toolchain switch (there is no network), no user config; the
-        # build cache (GOCACHE, filled per action by ``detect``) is read-only to actions.
-        env={"GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-buildvcs=false", "GOENV": "off"},
+        env=_GO_ENV,
         version_tool="go",
         version_args=("version",),
+        go_module=True,
+    ),
+    Language(
+        # SandboxFusion's ``go test <file>_test.go``: building the test is part of the run (a
+        # compile error is the run's failure, as there); a failed test exits 1.
+        name="go_test",
+        source="main_test.go",
+        tools={"go": "go"},
+        run=("{go}", "test", "main_test.go"),
+        env=_GO_ENV,
+        version_tool="go",
+        version_args=("version",),
+        go_module=True,
     ),
     Language(
         name="rust",
@@ -290,6 +311,7 @@ class Toolchain:
     class_path: tuple[str, ...] = ()  # jars found, in order, for the class path after ``.``
     libraries: Mapping[str, str] = field(default_factory=dict)  # jar or npm package -> its path
     node_modules: str = ""  # the npm packages' directory, for Node's programs (nodepackages.py)
+    go_modcache: str = ""  # the Go module cache, complete, for Go's builds (gopackages.py)
     # What of the language's optional flags and jars this host lacks, and why.
     missing_libraries: Mapping[str, str] = field(default_factory=dict)
 
@@ -355,6 +377,10 @@ class Detection:
         """Every directory the sandbox must let actions read."""
         return sorted({path for toolchain in self.found.values() for path in toolchain.readable})
 
+    def go_modcache(self) -> str:
+        """The complete Go module cache Go's builds are given ("" when none is)."""
+        return next((tc.go_modcache for tc in self.found.values() if tc.go_modcache), "")
+
     def node_modules(self) -> str:
         """The npm packages' directory Node's programs are given ("" when none is)."""
         return next((tc.node_modules for tc in self.found.values() if tc.node_modules), "")
@@ -403,15 +429,34 @@ ACTION_SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 GO_STD_BUILD_TIMEOUT_S = 900
 
 
+# What each warming of Go's build cache came to, by toolchain and settings: go and go_test share the
+# cache and detect runs them side by side, so the second waits for the first and takes its answer.
+_GO_WARMED: dict[tuple[str, ...], str | None] = {}
+_GO_WARM_LOCK = threading.Lock()
+
+
 def _warm_go_cache(go: str, env: Mapping[str, str]) -> str | None:
-    """Compile the standard library into the build cache that actions read (and cannot write).
+    """``_warm_go_build``, once per toolchain and settings in this process."""
+    key = (go, *sorted(f"{k}={v}" for k, v in env.items()))
+    with _GO_WARM_LOCK:
+        if key not in _GO_WARMED:
+            _GO_WARMED[key] = _warm_go_build(go, env)
+        return _GO_WARMED[key]
+
+
+def _warm_go_build(go: str, env: Mapping[str, str]) -> str | None:
+    """Compile the standard library (and the module's packages, testify's, where the module cache
+    is given: ``GOMODCACHE``) into the build cache that actions read (and cannot write), and the
+    vet facts ``go test`` computes for a test's imports.
 
     A cold or partial cache (a fresh host, or one whose cache only other builds filled) would fail
-    every action that imports a package not yet in it (``package bufio is not in std``). Done here
-    as the agent, with the actions' own build settings (so the cache keys are theirs): a minute
-    when cold, under a second when warm. A cache the agent cannot write was filled by whoever made
-    it so (the sandbox image runs ``go build std`` as root) and is left alone. Returns why Go
-    cannot be offered, or None.
+    every action that imports a package not yet in it (``package bufio is not in std``), and each
+    ``go test`` importing testify would compile it and vet its imports again: 2.4 s a test in the
+    sandbox image (Go 1.19), 0.3 s once vetted here. Done here as the agent, with the actions' own
+    settings (so the cache keys are theirs), in the module as actions build in it: a minute when
+    cold, half a second when warm. A cache the agent cannot write was filled by whoever made it so
+    (the sandbox image runs this as root) and is left alone. Returns why Go cannot be offered, or
+    None.
     """
     cache = env["GOCACHE"]
     if not os.access(cache, os.W_OK):
@@ -421,21 +466,32 @@ def _warm_go_cache(go: str, env: Mapping[str, str]) -> str | None:
         "HOME": os.environ.get("HOME", "/"),
         **env,
     }
-    try:
-        done = subprocess.run(
-            [go, "build", "std"],
-            capture_output=True,
-            text=True,
-            timeout=GO_STD_BUILD_TIMEOUT_S,
-            env=build_env,
-            cwd="/",
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"`go build std` (to fill the build cache {cache}) failed: {exc}"
-    if done.returncode != 0:
-        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"`go build std` (to fill the build cache {cache}) failed: {why}"
+    modcache = env.get("GOMODCACHE", "")
+    packages = ["std", *(gopackages.PACKAGES if modcache else ())]
+    steps = [
+        [go, "build", *packages],
+        [go, "test", "-count=1", "-run", "^$", gopackages.WARM_TEST],
+    ]
+    with tempfile.TemporaryDirectory(prefix="tangram-go-warm-") as module:
+        gopackages.place_at(module, modcache)
+        gopackages.write_warm_test(module, with_module=bool(modcache))
+        for argv in steps:
+            what = f"`go {' '.join(argv[1:])}` (to fill the build cache {cache})"
+            try:
+                done = subprocess.run(
+                    argv,
+                    capture_output=True,
+                    text=True,
+                    timeout=GO_STD_BUILD_TIMEOUT_S,
+                    env=build_env,
+                    cwd=module,
+                    check=False,
+                )
+            except (OSError, subprocess.SubprocessError) as exc:
+                return f"{what} failed: {exc}"
+            if done.returncode != 0:
+                why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                return f"{what} failed: {why}"
     return None
 
 
@@ -549,9 +605,20 @@ def _detect_one(language: Language, path: str) -> Toolchain | str:
     version = _probe([binaries[language.version_tool], *language.version_args])
     env = dict(language.env)
     readable = {_install_root(b) for b in binaries.values()}
-    if language.name == "go":
-        # The build cache holds the standard library, compiled: read-only for actions (go build
-        # works with a cache it cannot write), so no action can plant an entry another would use.
+    link_flags: tuple[str, ...] = ()
+    missing: dict[str, str] = {}
+    libraries: dict[str, str] = {}
+    go_modcache = ""
+    if language.go_module:
+        go_modcache, modules, absent = gopackages.find()
+        libraries.update(modules)
+        missing.update(absent)
+        env.update(gopackages.go_env(go_modcache))
+        if go_modcache:
+            readable.add(go_modcache)
+        # The build cache holds the standard library (and the module's packages), compiled:
+        # read-only for actions (go build works with a cache it cannot write), so no action can
+        # plant an entry another would use.
         cache = _probe([binaries["go"], "env", "GOCACHE"])
         if os.path.isabs(cache):
             os.makedirs(cache, exist_ok=True)
@@ -560,12 +627,10 @@ def _detect_one(language: Language, path: str) -> Toolchain | str:
             failed = _warm_go_cache(binaries["go"], env)
             if failed:
                 return failed
-    link_flags: tuple[str, ...] = ()
-    missing: dict[str, str] = {}
     if language.optional_link_flags:
         compiler = binaries[language.version_tool]
-        link_flags, missing = _link_flags(compiler, language.source, language.optional_link_flags)
-    libraries: dict[str, str] = {}
+        link_flags, unlinked = _link_flags(compiler, language.source, language.optional_link_flags)
+        missing.update(unlinked)
     for jar in language.jars:
         jar_path, why = _find_jar(jar)
         if jar_path is None:
@@ -583,6 +648,8 @@ def _detect_one(language: Language, path: str) -> Toolchain | str:
             readable.add(node_modules)
     # What the build takes besides the request's files is in the compile cache's key too.
     built_with = {name: libraries[name] for name in language.jars if name in libraries}
+    if go_modcache:  # the module's requirements, which the build resolves imports by
+        built_with.update({f: os.path.join(gopackages.MODULE_DIR, f) for f in gopackages.MODULE_FILES})
     thread_stack = ""
     if language.thread_stack:
         real = os.path.realpath(THREAD_STACK_SOURCE)
@@ -610,6 +677,7 @@ def _detect_one(language: Language, path: str) -> Toolchain | str:
         libraries=libraries,
         missing_libraries=missing,
         node_modules=node_modules,
+        go_modcache=go_modcache,
     )
 
 

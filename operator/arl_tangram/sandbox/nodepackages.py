@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 
+from arl_tangram.sandbox.installs import replace_tree
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The one list of packages and versions: npm's own manifest and lock, installed as they are.
 MANIFEST = os.path.join(HERE, "node-package.json")
@@ -94,8 +96,7 @@ def install(npm: str | None = None, prefix: str | None = None) -> str | None:
     if os.path.isfile(installed) and _same(installed, want):
         return None
     os.makedirs(prefix, exist_ok=True)
-    # npm ci writes next to the manifest: a directory of its own, renamed into place whole, so an
-    # agent starting meanwhile sees the old tree or the new one, never half of one.
+    # npm ci writes next to the manifest: a directory of its own, then renamed into place whole.
     staging = tempfile.mkdtemp(prefix=".install-", dir=prefix)
     try:
         shutil.copyfile(MANIFEST, os.path.join(staging, "package.json"))
@@ -111,20 +112,7 @@ def install(npm: str | None = None, prefix: str | None = None) -> str | None:
         if done.returncode != 0:
             lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
             return f"npm ci failed ({done.returncode}): " + " | ".join(lines[-3:])
-        target = os.path.join(prefix, NODE_MODULES)
-        old = target + ".old"
-        shutil.rmtree(old, ignore_errors=True)
-        if os.path.isdir(target):
-            os.rename(target, old)
-        os.rename(os.path.join(staging, NODE_MODULES), target)
-        shutil.rmtree(old, ignore_errors=True)
-        # Read by every action's uid.
-        for base, dirs, files in os.walk(target):
-            for name in dirs + files:
-                path = os.path.join(base, name)
-                if not os.path.islink(path):
-                    os.chmod(path, os.stat(path).st_mode | (0o555 if name in dirs else 0o444))
-        os.chmod(target, 0o755)
+        replace_tree(os.path.join(staging, NODE_MODULES), os.path.join(prefix, NODE_MODULES))
         return None
     except (OSError, subprocess.SubprocessError) as exc:
         return f"npm ci failed: {exc}"

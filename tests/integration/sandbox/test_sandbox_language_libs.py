@@ -11,6 +11,7 @@ A case is skipped only when this host lacks the language's toolchain, and the sk
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 from collections.abc import Iterator
@@ -312,3 +313,135 @@ def test_node_without_the_packages_is_node_as_before(tmp_path: Path, found: dict
     finally:
         stop_agent(running)
     assert processes_of(running.uids) == []
+
+
+# HumanEval-X's Go problems run as `go_test`, every test importing testify's assert.
+GO_TESTIFY_TEST = """package main
+
+import (
+    "testing"
+    "github.com/stretchr/testify/assert"
+)
+
+func Add(x int, y int) int {
+    return x + y
+}
+
+func TestAdd(t *testing.T) {
+    assert := assert.New(t)
+    assert.Equal(5, Add(2, 3))
+    assert.Equal(%s, Add(5, 7))
+}
+"""
+GO_TESTIFY_MAIN = """package main
+
+import (
+    "fmt"
+    "github.com/stretchr/testify/assert"
+)
+
+func main() {
+    fmt.Println(assert.ObjectsAreEqual([]int{1, 2}, []int{1, 2}))
+}
+"""
+
+
+def test_go_test_with_testify_passes_and_fails_as_under_go_test(agent: Agent, found: dict[str, Any]) -> None:
+    """`go_test` was refused here as a language this host does not run; HumanEval-X's Go tests
+    import testify, which SandboxFusion's module provides."""
+    need(found, "go_test")
+    passed = run(agent, "go_test", GO_TESTIFY_TEST % "12")
+    assert passed["status"] == "Success", passed
+    assert passed["run_result"]["stdout"].startswith("ok  \tcommand-line-arguments"), passed
+    assert passed["compile_result"] is None
+    failed = run(agent, "go_test", GO_TESTIFY_TEST % "13")
+    assert failed["status"] == "Failed", failed
+    assert failed["run_result"]["return_code"] == 1, failed
+    assert (
+        "Not equal" in failed["run_result"]["stdout"]
+        and "--- FAIL: TestAdd" in failed["run_result"]["stdout"]
+    )
+    go = found["found"]["go_test"]
+    assert "github.com/stretchr/testify" in go["libraries"], go
+    assert go["missing_libraries"] == {}, go
+
+
+def test_go_programs_build_in_sandboxfusions_module(agent: Agent, found: dict[str, Any]) -> None:
+    """A plain `go` program may import testify too (SandboxFusion builds it in the module)."""
+    need(found, "go")
+    body = run(agent, "go", GO_TESTIFY_MAIN)
+    assert body["status"] == "Success", body
+    assert body["run_result"]["stdout"] == "true\n"
+
+
+def test_a_requests_own_go_mod_wins(agent: Agent, found: dict[str, Any]) -> None:
+    """As under SandboxFusion (the request's files are written over the module's): a go.mod of the
+    request's makes the workdir its own module, whose packages the program imports by its path."""
+    need(found, "go")
+    files = {
+        "go.mod": "module mine\n\ngo 1.19\n",
+        "util/util.go": "package util\n\nfunc Twice(x int) int { return 2 * x }\n",
+    }
+    code = 'package main\n\nimport (\n    "fmt"\n    "mine/util"\n)\n\nfunc main() { fmt.Println(util.Twice(21)) }\n'  # noqa: E501
+    encoded = {name: base64.b64encode(text.encode()).decode() for name, text in files.items()}
+    body = run(agent, "go", code, files=encoded)
+    assert body["status"] == "Success", body
+    assert body["run_result"]["stdout"] == "42\n"
+
+
+def test_a_program_cannot_change_the_module_of_the_next(agent: Agent, found: dict[str, Any]) -> None:
+    """go.mod and go.sum sit in the workdir root, which no action may write."""
+    need(found, "go")
+    if not requests.get(agent.url + "/v1/health", timeout=10).json()["isolation"]["per_action_uid"]:
+        pytest.skip("the agent runs actions under its own uid here (not root): they share its rights")
+    hostile = """import os
+for attempt in (lambda: open('../go.mod', 'a').write('replace x => ./y\\n'), lambda: os.unlink('../go.sum'),
+                lambda: os.rename('../go.mod', 'stolen')):
+    try:
+        attempt()
+        print('done')
+    except OSError as exc:
+        print(type(exc).__name__)
+"""
+    body = run(agent, "python", hostile)
+    assert "done" not in body["run_result"]["stdout"], body
+    assert len(body["run_result"]["stdout"].split()) == 3, body
+    after = run(agent, "go", GO_TESTIFY_MAIN)
+    assert after["run_result"]["stdout"] == "true\n", after
+
+
+def test_go_without_the_module_cache_is_go_as_before(tmp_path: Path, found: dict[str, Any]) -> None:
+    """A host without the cache: no go.mod is written, a program importing only the standard
+    library builds as before, a testify import fails to, and ``/v1/health`` names each module."""
+    need(found, "go")
+    absent = tmp_path / "absent" / "mod"
+    running = start_agent(tmp_path / "work", env={"TANGRAM_GOMODCACHE": str(absent)})
+    try:
+        go = health_languages(running)["found"]["go_test"]
+        assert "github.com/stretchr/testify" in go["missing_libraries"], go
+        assert str(absent) in go["missing_libraries"]["github.com/stretchr/testify"]
+        assert not os.path.lexists(running.root / "go.mod")
+        plain = run(running, "go", 'package main\nimport "fmt"\nfunc main() { fmt.Println(6 * 7) }\n')
+        assert plain["status"] == "Success", plain
+        assert plain["run_result"]["stdout"] == "42\n"
+        testify = run(running, "go", GO_TESTIFY_MAIN)
+        assert testify["status"] == "Failed", testify
+        assert "github.com/stretchr/testify" in testify["compile_result"]["stderr"]
+    finally:
+        stop_agent(running)
+    assert processes_of(running.uids) == []
+
+
+def test_go_test_build_errors_and_timeouts_are_the_runs(agent: Agent, found: dict[str, Any]) -> None:
+    """`go test` builds as it runs (SandboxFusion has no compile step for it): a test that does not
+    build fails the run, and one that never ends is out of time, with 1024 MB as verl sends."""
+    need(found, "go_test")
+    broken = run(agent, "go_test", GO_TESTIFY_TEST.replace("return x + y", "return x +") % "12")
+    assert broken["status"] == "Failed", broken
+    assert broken["compile_result"] is None
+    assert broken["run_result"]["return_code"] != 0
+    assert "main_test.go" in broken["run_result"]["stdout"] + broken["run_result"]["stderr"], broken
+    endless = 'package main\nimport "testing"\nfunc TestLoop(t *testing.T) { for { } }\n'
+    slow = run(agent, "go_test", endless, run_timeout=3, memory_limit_MB=1024)
+    assert slow["status"] == "Failed", slow
+    assert slow["run_result"]["status"] == "TimeLimitExceeded", slow

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from arl_tangram.sandbox import gopackages
 from arl_tangram.sandbox.compilecache import CompileCache, CompiledBuild, build_key
 from arl_tangram.sandbox.languages import LANGUAGES, detect, known_name, unavailable_language
 from arl_tangram.sandbox.preload import zygote_modules
@@ -150,15 +151,27 @@ def _fake_go(tmp_path: Path, build_exit: int) -> tuple[Path, Path]:
     return fake, log
 
 
-def test_go_detection_fills_the_build_cache_actions_read(tmp_path: Path) -> None:
+@pytest.mark.parametrize("with_module", [False, True], ids=["no-module-cache", "module-cache"])
+def test_go_detection_fills_the_build_cache_actions_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, with_module: bool
+) -> None:
     """Actions cannot write Go's build cache, so a cold one would fail every import of a standard
-    package not yet in it: detection compiles the standard library there first, with the actions'
-    own settings (the cache keys are theirs)."""
+    package not yet in it: detection compiles the standard library there first (and testify, where
+    the module cache is complete), with the actions' own settings (the cache keys are theirs), once
+    for go and go_test together."""
+    modcache = tmp_path / "mod"
+    if with_module:
+        for path, version in gopackages.required().items():
+            (modcache / f"{path}@{version}").mkdir(parents=True)
+    monkeypatch.setenv(gopackages.MODCACHE_ENV, str(modcache))
     fake, log = _fake_go(tmp_path, build_exit=0)
     found = detect(path=str(fake.parent))
-    assert "go" in found.found, found.missing
+    assert "go" in found.found and "go_test" in found.found, found.missing
     builds = [line for line in log.read_text().splitlines() if line.startswith("build ")]
-    assert builds == [f"build std GOCACHE={tmp_path / 'cache'} GOTOOLCHAIN=local"]
+    packages = " ".join(("std", *(gopackages.PACKAGES if with_module else ())))
+    assert builds == [f"build {packages} GOCACHE={tmp_path / 'cache'} GOTOOLCHAIN=local"]
+    assert found.go_modcache() == (str(modcache) if with_module else "")
+    assert found.found["go_test"].env.get("GOMODCACHE") == (str(modcache) if with_module else None)
 
 
 def test_go_is_not_offered_when_its_standard_library_does_not_build(tmp_path: Path) -> None:
