@@ -29,7 +29,21 @@ from arl_tangram.api.meta import (
 from arl_tangram.api.quantity import PositiveQuantity, parse_quantity
 
 Language = Literal[
-    "python", "bash", "c", "cpp", "go", "go_test", "java", "nodejs", "typescript", "rust", "perl", "lean"
+    "python",
+    "bash",
+    "c",
+    "cpp",
+    "go",
+    "go_test",
+    "java",
+    "nodejs",
+    "typescript",
+    "rust",
+    "perl",
+    "php",
+    "ruby",
+    "R",
+    "lean",
 ]
 LANGUAGES: tuple[str, ...] = get_args(Language)
 

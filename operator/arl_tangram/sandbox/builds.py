@@ -169,7 +169,7 @@ class Builder:
             raise InvalidSpec(
                 "compile_timeout", f"{compile_timeout_s:g} s is outside (0, {self.max_timeout_s:g}] s"
             )
-        return {**files, toolchain.language.source: code.encode()}
+        return {**files, toolchain.language.source: toolchain.language.source_bytes(code)}
 
     async def prepare(
         self,

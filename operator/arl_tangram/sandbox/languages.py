@@ -1,7 +1,7 @@
 """The languages beyond Python: how each is compiled and run, and which of them this host can run.
 
-cpp, c, java, go, go_test, rust, nodejs (js), typescript (ts) and perl; ``c`` is ours (SandboxFusion has
-no plain C), the others carry SandboxFusion's names.
+cpp, c, java, go, go_test, rust, nodejs (js), typescript (ts), perl, php, ruby and R; ``c`` is ours
+(SandboxFusion has no plain C), the others carry SandboxFusion's names.
 
 Each ``Language`` names the file its code is written to, the toolchain binaries it needs, the
 argv of its compile step (none for interpreted languages) and of its run, and which files the
@@ -137,6 +137,13 @@ JAVATUPLES_GLOB = "/usr/share/java/javatuples*.jar"
 _GO_ENV = {"GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-buildvcs=false", "GOENV": "off"}
 
 
+def _php_tagged(code: str) -> str:
+    """SandboxFusion's PHP source: leading white space dropped, and ``<?php`` put first where the
+    code does not start with it (a program written without the tag would print itself)."""
+    code = code.lstrip()
+    return code if code.startswith("<?php") else "<?php\n" + code
+
+
 @dataclass(frozen=True)
 class Language:
     """One language: where its code goes, what it needs, how it is built and run."""
@@ -168,6 +175,12 @@ class Language:
     node_packages: bool = False
     # Built in SandboxFusion's Go module, testify's included (gopackages.py: at the workdir root).
     go_module: bool = False
+    # The source file's text from the request's code (PHP: the opening tag added where missing).
+    source_text: Callable[[str], str] | None = None
+
+    def source_bytes(self, code: str) -> bytes:
+        """What the language's source file holds for ``code``."""
+        return (self.source_text(code) if self.source_text else code).encode()
 
     @property
     def compiled(self) -> bool:
@@ -265,6 +278,29 @@ LANGUAGES: tuple[Language, ...] = (
         run=("{perl}", "main.pl"),
         version_tool="perl",
         version_args=("-e", "print qq(perl $^V)"),
+    ),
+    Language(
+        # SandboxFusion's ``php -f``, its code given the opening tag where it lacks one.
+        name="php",
+        source="main.php",
+        tools={"php": "php"},
+        run=("{php}", "-f", "main.php"),
+        version_tool="php",
+        source_text=_php_tagged,
+    ),
+    Language(
+        name="ruby",
+        source="main.rb",
+        tools={"ruby": "ruby"},
+        run=("{ruby}", "main.rb"),
+        version_tool="ruby",
+    ),
+    Language(
+        name="R",
+        source="main.R",
+        tools={"Rscript": "Rscript"},
+        run=("{Rscript}", "main.R"),
+        version_tool="Rscript",
     ),
     Language(
         name="typescript",

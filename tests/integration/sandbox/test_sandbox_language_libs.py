@@ -445,3 +445,58 @@ def test_go_test_build_errors_and_timeouts_are_the_runs(agent: Agent, found: dic
     slow = run(agent, "go_test", endless, run_timeout=3, memory_limit_MB=1024)
     assert slow["status"] == "Failed", slow
     assert slow["run_result"]["status"] == "TimeLimitExceeded", slow
+
+
+# MultiPL-E's Ruby tests: test/unit (a gem Ruby carries), which runs at exit and exits 1 on a failure.
+RUBY_TEST_UNIT = """def add(x, y)
+  x + y
+end
+require 'test/unit'
+class TestHumanEval < Test::Unit::TestCase
+  def test_add
+    candidate = method(:add)
+    assert_equal(%s, candidate.call(5, 7))
+  end
+end
+"""
+
+
+def test_ruby_test_unit_passes_and_fails_as_multipl_e_expects(agent: Agent, found: dict[str, Any]) -> None:
+    need(found, "ruby")
+    passed = run(agent, "ruby", RUBY_TEST_UNIT % "12")
+    assert passed["status"] == "Success", passed
+    assert "1 tests, 1 assertions, 0 failures" in passed["run_result"]["stdout"], passed
+    failed = run(agent, "ruby", RUBY_TEST_UNIT % "13")
+    assert failed["status"] == "Failed", failed
+    assert failed["run_result"]["return_code"] == 1
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        ('echo 6 * 7, "\\n";', "42\n"),  # no tag: added, else PHP would print the code itself
+        ('\n\n  <?php\necho 6 * 7, "\\n";', "42\n"),  # white space before the tag is dropped
+        ("<?php\necho 6 * 7;\n?>\nafter\n", "42after\n"),  # text after the closing tag is printed
+    ],
+)
+def test_php_gets_its_opening_tag_as_under_sandboxfusion(
+    agent: Agent, found: dict[str, Any], code: str, expected: str
+) -> None:
+    need(found, "php")
+    body = run(agent, "php", code)
+    assert body["status"] == "Success", body
+    assert body["run_result"]["stdout"] == expected
+
+
+def test_a_failed_php_or_r_check_fails_the_run(agent: Agent, found: dict[str, Any]) -> None:
+    """MultiPL-E's PHP tests throw on a mismatch, its R tests quit with status 1."""
+    need(found, "php")
+    need(found, "R")
+    php = run(
+        agent, "php", 'function f() { return 1; }\nif (f() !== 2) { throw new Exception("Test failed!"); }\n'
+    )
+    assert php["status"] == "Failed" and "Test failed!" in php["run_result"]["stderr"], php
+    r = run(agent, "R", "f <- function() 1\nif(!identical(f(), 2)) { quit('no', 1) }\n")
+    assert r["status"] == "Failed" and r["run_result"]["return_code"] == 1, r
+    ok = run(agent, "R", "f <- function() 2\nif(!identical(f(), 2)) { quit('no', 1) }\ncat('ok\\n')\n")
+    assert ok["status"] == "Success" and ok["run_result"]["stdout"] == "ok\n", ok

@@ -168,6 +168,37 @@ PROGRAMS: dict[str, Programs] = {
         loop="1 while 1;\n",
         large=f'print "line $_\\n" for 0 .. {LARGE_LINES - 1};\n',
     ),
+    # No opening tag: SandboxFusion adds it (and so do we), as on the other PHP programs below.
+    "php": Programs(
+        sum_stdin=(
+            "$v = preg_split('/\\s+/', trim(file_get_contents('php://stdin')));\n"
+            'echo $v[0] + $v[1], "\\n";\n'
+        ),
+        wrong=(
+            "<?php\n$v = preg_split('/\\s+/', trim(file_get_contents('php://stdin')));\n"
+            'echo $v[0] + $v[1] + 1, "\\n";\n'
+        ),
+        runtime_error='<?php\nthrow new Exception("boom");\n',
+        compile_error="<?php\nfunction (\n",  # interpreted: a parse error fails the run
+        loop="<?php\nwhile (true) {}\n",
+        large=f'<?php\nfor ($i = 0; $i < {LARGE_LINES}; $i++) echo "line $i\\n";\n',
+    ),
+    "ruby": Programs(
+        sum_stdin="a, b = STDIN.read.split.map(&:to_i)\nputs a + b\n",
+        wrong="a, b = STDIN.read.split.map(&:to_i)\nputs a + b + 1\n",
+        runtime_error='raise "boom"\n',
+        compile_error="def f(\n",
+        loop="loop { }\n",
+        large=f'{LARGE_LINES}.times {{ |i| puts "line #{{i}}" }}\n',
+    ),
+    "R": Programs(
+        sum_stdin='x <- scan(file("stdin"), quiet = TRUE)\ncat(x[1] + x[2], "\\n", sep = "")\n',
+        wrong='x <- scan(file("stdin"), quiet = TRUE)\ncat(x[1] + x[2] + 1, "\\n", sep = "")\n',
+        runtime_error='stop("boom")\n',
+        compile_error="f <- function( {\n",
+        loop="repeat {}\n",
+        large=f'cat(sprintf("line %d\\n", 0:{LARGE_LINES - 1}), sep = "")\n',
+    ),
     "typescript": Programs(
         sum_stdin=(
             "const parts: number[] = require('fs').readFileSync(0, 'utf8').split(/\\s+/).map(Number);\n"

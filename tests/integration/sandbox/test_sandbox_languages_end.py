@@ -1,7 +1,8 @@
 """A program in a language beyond Python ends in the sandbox as it ends outside: each program below
 runs through a real agent (``/run_code``) and as a plain user runs it in a fresh directory (``g++
 main.cpp -o test && ./test``, ``javac Main.java && java -ea Main``, ``go build``, ``rustc``, ``node
-main.js``, ``bash .tangram-main.sh``, ``perl main.pl``, with the very toolchains the agent found), and
+main.js``, ``bash .tangram-main.sh``, ``perl main.pl``, ``php -f main.php``, ``ruby main.rb``, ``Rscript
+main.R``, with the very toolchains the agent found), and
 the two must give the same verdict, return code and stdout (and stderr where it names no path or pid). None
 of the expected values is written here: the reference is the toolchain itself.
 
@@ -41,6 +42,7 @@ COMPILE_TIMEOUT_S = 120  # a first build can be slow on a busy two-core machine
 RUN_TIMEOUT_S = 30
 SOURCES = {lang.name: lang.source for lang in LANGUAGES} | {"bash": BASH_FILE}
 ENVS = {lang.name: dict(lang.env) for lang in LANGUAGES}
+KNOWN = {lang.name: lang for lang in LANGUAGES}
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,19 @@ CASES: dict[str, Case] = {
         "typescript", "let y: number = 'no' as any;\nconsole.log(y);\n"
     ),
     "perl: die": Case("perl", 'print "x";\ndie "boom\\n";\n', same_stderr=True),
+    "php: an uncaught exception": Case("php", '<?php\necho "x";\nthrow new Exception("boom");\n'),
+    "php: exit(3) after output": Case("php", 'echo "a";\nexit(3);\n'),
+    "php: exit with a message": Case("php", '<?php exit("bye\\n");', same_stderr=True),
+    "php: a fatal error": Case("php", "<?php\nundefined_function();\n"),
+    "ruby: an exception": Case("ruby", 'puts "x"\nraise "boom"\n'),
+    "ruby: exit! after a buffered print": Case("ruby", 'print "buffered"\nexit!(5)\n', same_stderr=True),
+    "ruby: abort": Case("ruby", 'abort("bye")\n', same_stderr=True),
+    "ruby: a signal to itself": Case("ruby", "Process.kill('TERM', Process.pid)\nsleep 1\nputs 'survived'\n"),
+    "R: stop": Case("R", 'cat("x\\n")\nstop("boom")\n', same_stderr=True),
+    "R: quit with a status from a function": Case(
+        "R", "f <- function() quit(save = 'no', status = 4)\nf()\n"
+    ),
+    "R: a warning is not an error": Case("R", 'warning("careful")\ncat("done\\n")\n', same_stderr=True),
 }
 
 
@@ -176,12 +191,21 @@ def _plain_commands(language: str, bins: dict[str, str]) -> tuple[list[str] | No
         return None, [bins["node"], "main.js"]
     if language == "perl":
         return None, [bins["perl"], "main.pl"]
+    if language == "php":
+        return None, [bins["php"], "-f", "main.php"]
+    if language == "ruby":
+        return None, [bins["ruby"], "main.rb"]
+    if language == "R":
+        return None, [bins["Rscript"], "main.R"]
     return None, ["/bin/bash", BASH_FILE]
 
 
 def outside(case: Case, bins: dict[str, str], workdir: Path) -> dict[str, Any]:
     """The plain run: build (if the language builds), then run, in a fresh directory."""
-    (workdir / SOURCES[case.language]).write_text(case.code)
+    # The source as SandboxFusion writes it (PHP: with its opening tag).
+    language = KNOWN.get(case.language)
+    source = language.source_bytes(case.code) if language else case.code.encode()
+    (workdir / SOURCES[case.language]).write_bytes(source)
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": os.environ.get("HOME", "/")}
     env.update(ENVS.get(case.language, {}))
     build, command = _plain_commands(case.language, bins)

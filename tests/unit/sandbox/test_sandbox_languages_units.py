@@ -212,6 +212,9 @@ IMAGE_PACKAGES = {
     "node": "nodejs",
     "esbuild": "esbuild",
     "perl": "perl",
+    "php": "php-cli",
+    "ruby": "ruby",
+    "Rscript": "r-base-core",
 }
 
 
