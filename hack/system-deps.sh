@@ -8,9 +8,12 @@ command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 # The sandbox's C++ actions (sandbox/languages.py; java, go, rust and node are found where installed).
 command -v g++ >/dev/null 2>&1 || need+=(g++)
-# The sandbox's PHP, Ruby and R actions (SandboxFusion's php, ruby and R: MultiPL-E's languages).
+# The sandbox's PHP, Ruby, Lua and R actions (SandboxFusion's php, ruby, lua and R: MultiPL-E's
+# languages; its Lua is 5.2, with luaunit, which every MultiPL-E Lua test requires).
 command -v php >/dev/null 2>&1 || need+=(php-cli)
 command -v ruby >/dev/null 2>&1 || need+=(ruby)
+command -v lua >/dev/null 2>&1 || need+=(lua5.2)
+[ -e /usr/share/lua/5.2/luaunit.lua ] || need+=(lua-unit)
 command -v Rscript >/dev/null 2>&1 || need+=(r-base-core)
 # Where g++ is (or is about to be), OpenSSL's headers and libraries: C++ links -lcrypto -lssl where
 # they link, as SandboxFusion's does (HumanEval-X's string_to_md5 calls MD5).

@@ -42,6 +42,7 @@ Language = Literal[
     "perl",
     "php",
     "ruby",
+    "lua",
     "R",
     "lean",
 ]

@@ -1,6 +1,6 @@
 """The languages beyond Python: how each is compiled and run, and which of them this host can run.
 
-cpp, c, java, go, go_test, rust, nodejs (js), typescript (ts), perl, php, ruby and R; ``c`` is ours
+cpp, c, java, go, go_test, rust, nodejs (js), typescript (ts), perl, php, ruby, lua and R; ``c`` is ours
 (SandboxFusion has no plain C), the others carry SandboxFusion's names.
 
 Each ``Language`` names the file its code is written to, the toolchain binaries it needs, the
@@ -294,6 +294,14 @@ LANGUAGES: tuple[Language, ...] = (
         tools={"ruby": "ruby"},
         run=("{ruby}", "main.rb"),
         version_tool="ruby",
+    ),
+    Language(
+        name="lua",
+        source="main.lua",
+        tools={"lua": "lua"},
+        run=("{lua}", "main.lua"),
+        version_tool="lua",
+        version_args=("-v",),
     ),
     Language(
         name="R",

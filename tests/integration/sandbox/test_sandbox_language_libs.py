@@ -500,3 +500,30 @@ def test_a_failed_php_or_r_check_fails_the_run(agent: Agent, found: dict[str, An
     assert r["status"] == "Failed" and r["run_result"]["return_code"] == 1, r
     ok = run(agent, "R", "f <- function() 2\nif(!identical(f(), 2)) { quit('no', 1) }\ncat('ok\\n')\n")
     assert ok["status"] == "Success" and ok["run_result"]["stdout"] == "ok\n", ok
+
+
+# MultiPL-E's Lua tests, as every one is shaped: luaunit, and the exit status it returns.
+LUA_LUAUNIT = """function add(x, y)
+    return x + y
+end
+lu = require('luaunit')
+
+function test_humaneval()
+local candidate = add
+    lu.assertEquals(candidate(5, 7), %s)
+end
+
+os.exit(lu.LuaUnit.run())
+"""
+
+
+def test_lua_has_luaunit_as_sandboxfusions_image_does(agent: Agent, found: dict[str, Any]) -> None:
+    """SandboxFusion's image installs luaunit (luarocks); Debian's lua-unit is the same 3.4."""
+    need(found, "lua")
+    passed = run(agent, "lua", LUA_LUAUNIT % "12")
+    assert passed["status"] == "Success", passed
+    assert "1 success" in passed["run_result"]["stdout"], passed
+    failed = run(agent, "lua", LUA_LUAUNIT % "13")
+    assert failed["status"] == "Failed", failed
+    assert failed["run_result"]["return_code"] == 1
+    assert "expected: 13, actual: 12" in failed["run_result"]["stdout"], failed

@@ -191,6 +191,14 @@ PROGRAMS: dict[str, Programs] = {
         loop="loop { }\n",
         large=f'{LARGE_LINES}.times {{ |i| puts "line #{{i}}" }}\n',
     ),
+    "lua": Programs(
+        sum_stdin='local a, b = io.read("*n", "*n")\nprint(math.floor(a + b))\n',
+        wrong='local a, b = io.read("*n", "*n")\nprint(math.floor(a + b + 1))\n',
+        runtime_error='error("boom")\n',
+        compile_error="function (\n",
+        loop="while true do end\n",
+        large=f'for i = 0, {LARGE_LINES - 1} do io.write("line ", i, "\\n") end\n',
+    ),
     "R": Programs(
         sum_stdin='x <- scan(file("stdin"), quiet = TRUE)\ncat(x[1] + x[2], "\\n", sep = "")\n',
         wrong='x <- scan(file("stdin"), quiet = TRUE)\ncat(x[1] + x[2] + 1, "\\n", sep = "")\n',
@@ -495,12 +503,12 @@ def test_health_lists_the_languages_found(agent: Agent, found: dict[str, Any]) -
 
 
 def test_a_language_sandboxfusion_knows_but_this_host_lacks(agent: Agent) -> None:
-    resp = agent.post("/run_code", {"code": "print(1)", "language": "lua"})
+    resp = agent.post("/run_code", {"code": "print(1)", "language": "julia"})
     # SandboxFusion's response shape, not an HTTP error a client reads as the API failing.
     assert resp.status_code == 200
     body = resp.json()
     assert body["status"] == "SandboxError"
-    assert "lua" in body["message"]
+    assert "julia" in body["message"]
     assert body["compile_result"] is None and body["run_result"] is None
 
 

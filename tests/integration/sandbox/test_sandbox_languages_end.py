@@ -1,9 +1,9 @@
 """A program in a language beyond Python ends in the sandbox as it ends outside: each program below
 runs through a real agent (``/run_code``) and as a plain user runs it in a fresh directory (``g++
 main.cpp -o test && ./test``, ``javac Main.java && java -ea Main``, ``go build``, ``rustc``, ``node
-main.js``, ``bash .tangram-main.sh``, ``perl main.pl``, ``php -f main.php``, ``ruby main.rb``, ``Rscript
-main.R``, with the very toolchains the agent found), and
-the two must give the same verdict, return code and stdout (and stderr where it names no path or pid). None
+main.js``, ``bash .tangram-main.sh``, ``perl main.pl``, ``php -f main.php``, ``ruby main.rb``,
+``lua main.lua``, ``Rscript main.R``, with the very toolchains the agent found), and the two must
+give the same verdict, return code and stdout (and stderr where it names no path or pid). None
 of the expected values is written here: the reference is the toolchain itself.
 
 The programs are the ways a run's end was found to differ, and representative ordinary ones:
@@ -151,6 +151,11 @@ CASES: dict[str, Case] = {
     "ruby: exit! after a buffered print": Case("ruby", 'print "buffered"\nexit!(5)\n', same_stderr=True),
     "ruby: abort": Case("ruby", 'abort("bye")\n', same_stderr=True),
     "ruby: a signal to itself": Case("ruby", "Process.kill('TERM', Process.pid)\nsleep 1\nputs 'survived'\n"),
+    "lua: error": Case("lua", 'io.write("x")\nerror("boom")\n'),
+    "lua: os.exit(false)": Case("lua", 'print("a")\nos.exit(false)\n', same_stderr=True),
+    "lua: os.exit(7) with buffered output": Case(
+        "lua", 'io.write("buffered")\nos.exit(7)\n', same_stderr=True
+    ),
     "R: stop": Case("R", 'cat("x\\n")\nstop("boom")\n', same_stderr=True),
     "R: quit with a status from a function": Case(
         "R", "f <- function() quit(save = 'no', status = 4)\nf()\n"
@@ -195,6 +200,8 @@ def _plain_commands(language: str, bins: dict[str, str]) -> tuple[list[str] | No
         return None, [bins["php"], "-f", "main.php"]
     if language == "ruby":
         return None, [bins["ruby"], "main.rb"]
+    if language == "lua":
+        return None, [bins["lua"], "main.lua"]
     if language == "R":
         return None, [bins["Rscript"], "main.R"]
     return None, ["/bin/bash", BASH_FILE]

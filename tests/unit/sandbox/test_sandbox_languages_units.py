@@ -214,6 +214,7 @@ IMAGE_PACKAGES = {
     "perl": "perl",
     "php": "php-cli",
     "ruby": "ruby",
+    "lua": "lua5.2",
     "Rscript": "r-base-core",
 }
 
