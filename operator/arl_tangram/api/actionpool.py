@@ -44,6 +44,7 @@ Language = Literal[
     "ruby",
     "lua",
     "R",
+    "D_ut",
     "lean",
 ]
 LANGUAGES: tuple[str, ...] = get_args(Language)

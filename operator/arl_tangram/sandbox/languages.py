@@ -1,7 +1,7 @@
 """The languages beyond Python: how each is compiled and run, and which of them this host can run.
 
-cpp, c, java, go, go_test, rust, nodejs (js), typescript (ts), perl, php, ruby, lua and R; ``c`` is ours
-(SandboxFusion has no plain C), the others carry SandboxFusion's names.
+cpp, c, java, go, go_test, rust, nodejs (js), typescript (ts), perl, php, ruby, lua, R and D_ut; ``c``
+is ours (SandboxFusion has no plain C), the others carry SandboxFusion's names.
 
 Each ``Language`` names the file its code is written to, the toolchain binaries it needs, the
 argv of its compile step (none for interpreted languages) and of its run, and which files the
@@ -294,6 +294,18 @@ LANGUAGES: tuple[Language, ...] = (
         tools={"ruby": "ruby"},
         run=("{ruby}", "main.rb"),
         version_tool="ruby",
+    ),
+    Language(
+        # SandboxFusion's ``dmd <file> -unittest -of=test && ./test``: the unittest blocks run before
+        # main (MultiPL-E's D tests are such blocks and an empty main). LDC's dmd-compatible driver
+        # (Debian has no dmd), with the same flags.
+        name="D_ut",
+        source="main.d",
+        tools={"ldmd2": "ldmd2"},
+        compile=("{ldmd2}", "main.d", "-unittest", "-of=test"),
+        run=("./test",),
+        artifacts=("test", "test.o"),
+        version_tool="ldmd2",
     ),
     Language(
         name="lua",

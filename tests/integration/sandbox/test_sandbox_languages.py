@@ -191,6 +191,15 @@ PROGRAMS: dict[str, Programs] = {
         loop="loop { }\n",
         large=f'{LARGE_LINES}.times {{ |i| puts "line #{{i}}" }}\n',
     ),
+    # D_ut's programs are plain D: the unittest blocks (none here) run before main.
+    "D_ut": Programs(
+        sum_stdin='import std.stdio;\nvoid main() { long a, b; readf(" %d %d", a, b); writeln(a + b); }\n',
+        wrong='import std.stdio;\nvoid main() { long a, b; readf(" %d %d", a, b); writeln(a + b + 1); }\n',
+        runtime_error="void main() { int[] a; a[5] = 1; }\n",
+        compile_error="void main() { int x = undeclared_name; }\n",
+        loop="void main() { while (true) {} }\n",
+        large=f'import std.stdio;\nvoid main() {{ foreach (i; 0 .. {LARGE_LINES}) writeln("line ", i); }}\n',
+    ),
     "lua": Programs(
         sum_stdin='local a, b = io.read("*n", "*n")\nprint(math.floor(a + b))\n',
         wrong='local a, b = io.read("*n", "*n")\nprint(math.floor(a + b + 1))\n',
@@ -229,7 +238,7 @@ PROGRAMS: dict[str, Programs] = {
 }
 LANGUAGES = sorted(PROGRAMS)
 # Languages SandboxFusion builds in a compile step it reports as ``compile_result``.
-REPORTS_COMPILE = {"cpp", "c", "java", "go", "rust"}
+REPORTS_COMPILE = {"cpp", "c", "java", "go", "rust", "D_ut"}
 # A first build can be slow on a busy two-core machine (javac, rustc, a Go build of new packages).
 
 

@@ -2,9 +2,10 @@
 runs through a real agent (``/run_code``) and as a plain user runs it in a fresh directory (``g++
 main.cpp -o test && ./test``, ``javac Main.java && java -ea Main``, ``go build``, ``rustc``, ``node
 main.js``, ``bash .tangram-main.sh``, ``perl main.pl``, ``php -f main.php``, ``ruby main.rb``,
-``lua main.lua``, ``Rscript main.R``, with the very toolchains the agent found), and the two must
-give the same verdict, return code and stdout (and stderr where it names no path or pid). None
-of the expected values is written here: the reference is the toolchain itself.
+``lua main.lua``, ``Rscript main.R``, ``ldmd2 main.d -unittest -of=test && ./test``, with the very
+toolchains the agent found), and the two must give the same verdict, return code and stdout (and
+stderr where it names no path or pid). None of the expected values is written here: the reference
+is the toolchain itself.
 
 The programs are the ways a run's end was found to differ, and representative ordinary ones:
 bash run as ``bash -c`` (``$0``, its error messages, its last command exec'd in its place so that
@@ -151,6 +152,13 @@ CASES: dict[str, Case] = {
     "ruby: exit! after a buffered print": Case("ruby", 'print "buffered"\nexit!(5)\n', same_stderr=True),
     "ruby: abort": Case("ruby", 'abort("bye")\n', same_stderr=True),
     "ruby: a signal to itself": Case("ruby", "Process.kill('TERM', Process.pid)\nsleep 1\nputs 'survived'\n"),
+    "D_ut: a failed unittest": Case(
+        "D_ut", 'unittest { assert(1 + 1 == 3); }\nvoid main() { import std.stdio; writeln("main"); }\n'
+    ),
+    "D_ut: unittests pass, then main": Case(
+        "D_ut", 'unittest { assert(1 + 1 == 2); }\nvoid main() { import std.stdio; writeln("main"); }\n'
+    ),
+    "D_ut: an uncaught exception": Case("D_ut", 'void main() { throw new Exception("boom"); }\n'),
     "lua: error": Case("lua", 'io.write("x")\nerror("boom")\n'),
     "lua: os.exit(false)": Case("lua", 'print("a")\nos.exit(false)\n', same_stderr=True),
     "lua: os.exit(7) with buffered output": Case(
@@ -200,6 +208,8 @@ def _plain_commands(language: str, bins: dict[str, str]) -> tuple[list[str] | No
         return None, [bins["php"], "-f", "main.php"]
     if language == "ruby":
         return None, [bins["ruby"], "main.rb"]
+    if language == "D_ut":
+        return [bins["ldmd2"], "main.d", "-unittest", "-of=test"], ["./test"]
     if language == "lua":
         return None, [bins["lua"], "main.lua"]
     if language == "R":

@@ -216,6 +216,7 @@ IMAGE_PACKAGES = {
     "ruby": "ruby",
     "lua": "lua5.2",
     "Rscript": "r-base-core",
+    "ldmd2": "ldc",
 }
 
 
