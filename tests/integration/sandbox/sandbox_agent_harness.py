@@ -59,12 +59,14 @@ class Agent:
 
 def workdirs(agent: Agent) -> list[str]:
     """What the agent's workdir root holds besides what it puts there at start (the passwd and
-    group files, ``isolation.IDENTITY_FILES``, and the link to Node's packages): the workdirs of
-    actions and sessions."""
+    group files, ``isolation.IDENTITY_FILES``, the link to Node's packages and Go's module): the
+    workdirs of actions and sessions."""
+    from arl_tangram.sandbox.gopackages import MODULE_FILES
     from arl_tangram.sandbox.nodepackages import NODE_MODULES
     from arl_tangram.sandbox.zygote_wire import IDENTITY_FILES
 
-    return sorted(set(os.listdir(agent.root)) - {name for name, _ in IDENTITY_FILES} - {NODE_MODULES})
+    fixed = {name for name, _ in IDENTITY_FILES} | {NODE_MODULES, *MODULE_FILES}
+    return sorted(set(os.listdir(agent.root)) - fixed)
 
 
 def _free_port() -> int:
