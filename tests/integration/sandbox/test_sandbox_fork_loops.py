@@ -355,3 +355,24 @@ def test_no_action_reaches_another_actions_set_up_flag(loop_agent: Agent) -> Non
     finally:
         requests.delete(f"{loop_agent.url}/v1/sessions/{sid}", timeout=10)
     assert (body["status"], body["exit_code"]) == ("failed", 249), body
+
+
+def test_a_program_holds_no_descriptor_but_its_own(loop_agent: Agent) -> None:
+    """Every descriptor a program starts with is its stdio (bash's own script descriptor besides),
+    whether it runs in the child's process (Python) or by execve (bash): none of the zygote's, the
+    agent's or another action's (a control socket, a pipe of the fork server) reaches it."""
+    python = (
+        "import os\n"
+        "held = []\n"
+        "for fd in range(3, 65536):\n"
+        "    try:\n"
+        "        os.fstat(fd)\n"
+        "    except OSError:\n"
+        "        continue\n"
+        "    held.append(fd)\n"
+        "print(held)\n"
+    )
+    assert loop_agent.execute(python)["stdout"] == "[]\n"
+    # ls reads the shell's descriptors from outside (a glob would count its own directory's).
+    held = loop_agent.execute("ls /proc/$$/fd", runtime="bash")["stdout"]
+    assert sorted(map(int, str(held).split())) == [0, 1, 2, 255], held
