@@ -17,6 +17,8 @@ command -v lua >/dev/null 2>&1 || need+=(lua5.2)
 command -v Rscript >/dev/null 2>&1 || need+=(r-base-core)
 # D (SandboxFusion's D_ut: MultiPL-E's D tests are unittest blocks), by LDC's dmd-compatible driver.
 command -v ldmd2 >/dev/null 2>&1 || need+=(ldc)
+# Verilog (SandboxFusion's verilog, after VerilogEval): Icarus Verilog.
+command -v iverilog >/dev/null 2>&1 || need+=(iverilog)
 # Where g++ is (or is about to be), OpenSSL's headers and libraries: C++ links -lcrypto -lssl where
 # they link, as SandboxFusion's does (HumanEval-X's string_to_md5 calls MD5).
 if command -v g++ >/dev/null 2>&1 || [[ " ${need[*]} " == *" g++ "* ]]; then

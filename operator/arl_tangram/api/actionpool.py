@@ -45,6 +45,7 @@ Language = Literal[
     "lua",
     "R",
     "D_ut",
+    "verilog",
     "lean",
 ]
 LANGUAGES: tuple[str, ...] = get_args(Language)

@@ -1,7 +1,7 @@
 """The languages beyond Python: how each is compiled and run, and which of them this host can run.
 
-cpp, c, java, go, go_test, rust, nodejs (js), typescript (ts), perl, php, ruby, lua, R and D_ut; ``c``
-is ours (SandboxFusion has no plain C), the others carry SandboxFusion's names.
+cpp, c, java, go, go_test, rust, nodejs (js), typescript (ts), perl, php, ruby, lua, R, D_ut and
+verilog; ``c`` is ours (SandboxFusion has no plain C), the others carry SandboxFusion's names.
 
 Each ``Language`` names the file its code is written to, the toolchain binaries it needs, the
 argv of its compile step (none for interpreted languages) and of its run, and which files the
@@ -306,6 +306,30 @@ LANGUAGES: tuple[Language, ...] = (
         run=("./test",),
         artifacts=("test", "test.o"),
         version_tool="ldmd2",
+    ),
+    Language(
+        # SandboxFusion's (after VerilogEval's harness): the test bench is module ``tb``, built by
+        # Icarus Verilog as SystemVerilog 2012 with its warnings, run by ``vvp -n`` (``$stop``
+        # ends the run rather than waiting at an interactive prompt).
+        name="verilog",
+        source="main.sv",
+        tools={"iverilog": "iverilog", "vvp": "vvp"},
+        compile=(
+            "{iverilog}",
+            "-Wall",
+            "-Winfloop",
+            "-Wno-timescale",
+            "-g2012",
+            "-s",
+            "tb",
+            "-o",
+            "test.vvp",
+            "main.sv",
+        ),
+        run=("{vvp}", "-n", "test.vvp"),
+        artifacts=("test.vvp",),
+        version_tool="iverilog",
+        version_args=("-V",),
     ),
     Language(
         name="lua",

@@ -527,3 +527,47 @@ def test_lua_has_luaunit_as_sandboxfusions_image_does(agent: Agent, found: dict[
     assert failed["status"] == "Failed", failed
     assert failed["run_result"]["return_code"] == 1
     assert "expected: 13, actual: 12" in failed["run_result"]["stdout"], failed
+
+
+# VerilogEval's shape: the design, and a test bench `tb` that counts mismatches and says how many.
+VERILOG_DESIGN = """module top_module(input [7:0] a, input [7:0] b, output [8:0] sum);
+    assign sum = a + b%s;
+endmodule
+"""
+VERILOG_TB = """
+module tb;
+    reg [7:0] a, b;
+    wire [8:0] sum;
+    integer mismatches = 0, i;
+    top_module dut(.a(a), .b(b), .sum(sum));
+    initial begin
+        for (i = 0; i < 20; i = i + 1) begin
+            a = i * 7; b = i * 13; #1;
+            if (sum !== a + b) mismatches = mismatches + 1;
+        end
+        $display("Mismatches: %0d in 20 samples", mismatches);
+        $finish;
+    end
+endmodule
+"""
+
+
+def test_verilog_builds_the_test_bench_and_runs_it_as_verilogeval_does(
+    agent: Agent, found: dict[str, Any]
+) -> None:
+    """SandboxFusion's verilog: `iverilog -g2012 -s tb` reported as the compile, `vvp -n` the run."""
+    need(found, "verilog")
+    right = run(agent, "verilog", VERILOG_DESIGN % "" + VERILOG_TB)
+    assert right["status"] == "Success", right
+    assert right["compile_result"]["return_code"] == 0
+    assert right["run_result"]["stdout"].strip().splitlines()[-1] == "Mismatches: 0 in 20 samples", right
+    wrong = run(agent, "verilog", VERILOG_DESIGN % " + 1" + VERILOG_TB)
+    assert wrong["status"] == "Success", wrong  # the bench ran; the mismatches are the client's to read
+    assert "Mismatches: 20 in 20 samples" in wrong["run_result"]["stdout"], wrong
+    broken = run(agent, "verilog", "module tb; initial begin $display(undeclared); end endmodule\n")
+    assert broken["status"] == "Failed" and broken["run_result"] is None, broken
+    assert "undeclared" in broken["compile_result"]["stderr"], broken
+    endless = run(agent, "verilog", "module tb; reg c = 0; always #1 c = ~c; endmodule\n", run_timeout=2)
+    assert endless["run_result"]["status"] == "TimeLimitExceeded", endless
+    again = run(agent, "verilog", VERILOG_DESIGN % "" + VERILOG_TB)
+    assert again["compile_result"]["cached"] is True, again

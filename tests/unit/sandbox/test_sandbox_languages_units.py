@@ -217,6 +217,8 @@ IMAGE_PACKAGES = {
     "lua": "lua5.2",
     "Rscript": "r-base-core",
     "ldmd2": "ldc",
+    "iverilog": "iverilog",
+    "vvp": "iverilog",
 }
 
 
