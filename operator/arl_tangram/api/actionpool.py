@@ -46,6 +46,7 @@ Language = Literal[
     "R",
     "D_ut",
     "verilog",
+    "scala",
     "lean",
 ]
 LANGUAGES: tuple[str, ...] = get_args(Language)

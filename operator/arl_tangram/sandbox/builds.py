@@ -27,7 +27,7 @@ from arl_tangram.sandbox import workfiles
 from arl_tangram.sandbox.compilecache import CompileCache, CompiledBuild, build_key
 from arl_tangram.sandbox.config import cpu_limit
 from arl_tangram.sandbox.forkclient import next_id
-from arl_tangram.sandbox.languages import Detection, Toolchain, artifact_names
+from arl_tangram.sandbox.languages import ENTRY_NOT_FOUND, Detection, Language, Toolchain, artifact_names
 
 # SandboxFusion's default compile timeout (its request model's), used when a request gives none.
 DEFAULT_COMPILE_TIMEOUT_S = 10.0
@@ -114,6 +114,19 @@ def _step_of(reply: Mapping[str, Any], wall_s: float) -> CompileStep:
     )
 
 
+def _no_entry(language: Language) -> Build:
+    """The build of a program that names nothing to run (a Scala program without an object): it
+    fails before any compile, as SandboxFusion's does (its message, return code 1). SandboxFusion
+    reports this compile as ``Error``, so the request as ``SandboxError``, which a client retries
+    and a pool would count against its host; it is the program's doing, so here it is a failed
+    compile (``Failed``), what a client scores the same."""
+    failed = CompiledBuild(artifacts={}, return_code=1, stdout="", stderr=ENTRY_NOT_FOUND, compile_s=0.0)
+    step = CompileStep(
+        status="Finished", execution_time=0.0, return_code=1, stdout="", stderr=ENTRY_NOT_FOUND
+    )
+    return Build(step=step if language.reports_compile else None, stop=([], _reply_of(failed, 0.0)))
+
+
 def _reply_of(entry: CompiledBuild, wall_s: float) -> dict[str, Any]:
     """A fork-server-like reply for a kept failed build (what the executor shapes results from)."""
     return {
@@ -195,6 +208,11 @@ class Builder:
         # the class path, and the toolchain's fingerprint the found jars' size and mtime.
         jars = toolchain.jars(sorted(p for p in files if p.endswith(".jar")))
         values = {"heap_mb": str(toolchain.heap_mb(memory_mb)), "jars": jars}
+        if language.entry is not None:
+            start = language.entry(files[language.source].decode("utf-8", "replace"))
+            if start is None:
+                return _no_entry(language)
+            values["entry"] = start
         msg["env"] = {**msg["env"], **toolchain.env}
         if language.go_module and "go.mod" in files:
             # The request's go.mod makes the workdir its module (as under SandboxFusion), but Go

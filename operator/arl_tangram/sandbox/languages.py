@@ -1,7 +1,7 @@
 """The languages beyond Python: how each is compiled and run, and which of them this host can run.
 
-cpp, c, java, go, go_test, rust, nodejs (js), typescript (ts), perl, php, ruby, lua, R, D_ut and
-verilog; ``c`` is ours (SandboxFusion has no plain C), the others carry SandboxFusion's names.
+cpp, c, java, go, go_test, rust, nodejs (js), typescript (ts), perl, php, ruby, lua, R, D_ut, scala
+and verilog; ``c`` is ours (SandboxFusion has no plain C), the others carry SandboxFusion's names.
 
 Each ``Language`` names the file its code is written to, the toolchain binaries it needs, the
 argv of its compile step (none for interpreted languages) and of its run, and which files the
@@ -47,6 +47,7 @@ import fnmatch
 import glob
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -126,6 +127,9 @@ OPTIONAL_LINK_FLAGS = ("-lcrypto", "-lssl", "-lpthread")
 # How long the link probes of one compiler may take together (one link when all flags link).
 LINK_PROBE_TIMEOUT_S = 30.0
 
+# What a build whose program names no entry (``Language.entry``) reports, as SandboxFusion's Scala.
+ENTRY_NOT_FOUND = "Object name not found."
+
 # javatuples (SandboxFusion's javatuples-1.2.jar): Debian's libjavatuples-java installs
 # /usr/share/java/javatuples.jar and a versioned link to it; the environment variable names another.
 JAVATUPLES_ENV = "TANGRAM_JAVATUPLES_JAR"
@@ -135,6 +139,17 @@ JAVATUPLES_GLOB = "/usr/share/java/javatuples*.jar"
 # the build cache (GOCACHE, filled by ``detect``) and the module cache (gopackages.py) are
 # read-only to actions.
 _GO_ENV = {"GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-buildvcs=false", "GOENV": "off"}
+
+
+# SandboxFusion's pattern for the object ``scala`` runs: the first ``object Name``, unless an
+# ``... extends X {`` comes first (then it finds none).
+_SCALA_OBJECT = re.compile(r"object\s+(\w+)(\s*)|(\s+extends\s+\w+\s*){", re.DOTALL | re.MULTILINE)
+
+
+def _scala_object(code: str) -> str | None:
+    """The object a Scala program runs as, as SandboxFusion finds it; None when it finds none."""
+    found = _SCALA_OBJECT.search(code)
+    return (found.group(1) or None) if found else None
 
 
 def _php_tagged(code: str) -> str:
@@ -177,6 +192,9 @@ class Language:
     go_module: bool = False
     # The source file's text from the request's code (PHP: the opening tag added where missing).
     source_text: Callable[[str], str] | None = None
+    # What the run starts, found in the source (``{entry}``; Scala: its object); None: the program
+    # names none, and the build fails saying so (``ENTRY_NOT_FOUND``).
+    entry: Callable[[str], str | None] | None = None
 
     def source_bytes(self, code: str) -> bytes:
         """What the language's source file holds for ``code``."""
@@ -330,6 +348,20 @@ LANGUAGES: tuple[Language, ...] = (
         artifacts=("test.vvp",),
         version_tool="iverilog",
         version_args=("-V",),
+    ),
+    Language(
+        # SandboxFusion's ``scalac <file>.scala`` then ``scala <object>``, the object found in the
+        # code by its pattern (``_scala_object``); the JVM limited as Java's (``-J`` passes them).
+        name="scala",
+        source="main.scala",
+        tools={"scalac": "scalac", "scala": "scala"},
+        compile=("{scalac}", *_JAVAC_FLAGS, "-encoding", "UTF-8", "main.scala"),
+        run=("{scala}", *(f"-J{flag}" for flag in _JVM_LIMITS), "{entry}"),
+        artifacts=("*.class",),
+        env={"MALLOC_ARENA_MAX": "1"},
+        version_tool="scalac",
+        version_args=("-version",),
+        entry=_scala_object,
     ),
     Language(
         name="lua",

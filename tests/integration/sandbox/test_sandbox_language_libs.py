@@ -571,3 +571,20 @@ def test_verilog_builds_the_test_bench_and_runs_it_as_verilogeval_does(
     assert endless["run_result"]["status"] == "TimeLimitExceeded", endless
     again = run(agent, "verilog", VERILOG_DESIGN % "" + VERILOG_TB)
     assert again["compile_result"]["cached"] is True, again
+
+
+def test_scala_runs_the_object_sandboxfusion_finds_or_says_it_found_none(
+    agent: Agent, found: dict[str, Any]
+) -> None:
+    """`scala <object>`, the object found by SandboxFusion's pattern; a program with none fails with
+    its message before any compile (SandboxFusion says SandboxError there: see _no_entry)."""
+    need(found, "scala")
+    named = run(
+        agent, "scala", 'object Solution extends App {\n  println("from " + getClass.getSimpleName)\n}\n'
+    )
+    assert named["status"] == "Success", named
+    assert named["run_result"]["stdout"] == "from Solution$\n"
+    none = run(agent, "scala", "class Lonely { def f = 1 }\n")
+    assert none["status"] == "Failed", none
+    assert none["compile_result"]["stderr"] == "Object name not found.", none
+    assert none["compile_result"]["return_code"] == 1 and none["run_result"] is None

@@ -52,6 +52,11 @@ class Programs:
     with_header: str = ""  # uses the value from the request file "util.h" (C and C++ only)
 
 
+SCALA_MAIN = "object Main { def main(args: Array[String]): Unit = {\n  %s\n} }\n"
+SCALA_SUM = 'val Array(a, b) = io.StdIn.readLine().trim.split("\\\\s+").map(_.toLong); println(a + b%s)'
+SCALA_LARGE = (
+    'val b = new StringBuilder; for (i <- 0 until %d) b.append("line ").append(i).append("\\n"); print(b)'
+)
 PROGRAMS: dict[str, Programs] = {
     "cpp": Programs(
         sum_stdin='#include <iostream>\nint main(){long a,b; std::cin>>a>>b; std::cout<<a+b<<"\\n";}\n',
@@ -200,6 +205,14 @@ PROGRAMS: dict[str, Programs] = {
         loop="void main() { while (true) {} }\n",
         large=f'import std.stdio;\nvoid main() {{ foreach (i; 0 .. {LARGE_LINES}) writeln("line ", i); }}\n',
     ),
+    "scala": Programs(
+        sum_stdin=SCALA_MAIN % (SCALA_SUM % ""),
+        wrong=SCALA_MAIN % (SCALA_SUM % " + 1"),
+        runtime_error=SCALA_MAIN % "val a = Array(1); println(a(5))",
+        compile_error=SCALA_MAIN % 'val x: Int = "text"',
+        loop=SCALA_MAIN % "while (true) {}",
+        large=SCALA_MAIN % (SCALA_LARGE % LARGE_LINES),
+    ),
     "lua": Programs(
         sum_stdin='local a, b = io.read("*n", "*n")\nprint(math.floor(a + b))\n',
         wrong='local a, b = io.read("*n", "*n")\nprint(math.floor(a + b + 1))\n',
@@ -238,7 +251,7 @@ PROGRAMS: dict[str, Programs] = {
 }
 LANGUAGES = sorted(PROGRAMS)
 # Languages SandboxFusion builds in a compile step it reports as ``compile_result``.
-REPORTS_COMPILE = {"cpp", "c", "java", "go", "rust", "D_ut"}
+REPORTS_COMPILE = {"cpp", "c", "java", "go", "rust", "D_ut", "scala"}
 # A first build can be slow on a busy two-core machine (javac, rustc, a Go build of new packages).
 
 

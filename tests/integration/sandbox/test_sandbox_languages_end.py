@@ -2,10 +2,10 @@
 runs through a real agent (``/run_code``) and as a plain user runs it in a fresh directory (``g++
 main.cpp -o test && ./test``, ``javac Main.java && java -ea Main``, ``go build``, ``rustc``, ``node
 main.js``, ``bash .tangram-main.sh``, ``perl main.pl``, ``php -f main.php``, ``ruby main.rb``,
-``lua main.lua``, ``Rscript main.R``, ``ldmd2 main.d -unittest -of=test && ./test``, with the very
-toolchains the agent found), and the two must give the same verdict, return code and stdout (and
-stderr where it names no path or pid). None of the expected values is written here: the reference
-is the toolchain itself.
+``lua main.lua``, ``Rscript main.R``, ``ldmd2 main.d -unittest -of=test && ./test``, ``scalac
+main.scala && scala Main``, with the very toolchains the agent found), and the two must give the
+same verdict, return code and stdout (and stderr where it names no path or pid). None of the
+expected values is written here: the reference is the toolchain itself.
 
 The programs are the ways a run's end was found to differ, and representative ordinary ones:
 bash run as ``bash -c`` (``$0``, its error messages, its last command exec'd in its place so that
@@ -159,6 +159,18 @@ CASES: dict[str, Case] = {
         "D_ut", 'unittest { assert(1 + 1 == 2); }\nvoid main() { import std.stdio; writeln("main"); }\n'
     ),
     "D_ut: an uncaught exception": Case("D_ut", 'void main() { throw new Exception("boom"); }\n'),
+    "scala: an uncaught exception": Case(
+        "scala",
+        'object Main { def main(args: Array[String]): Unit = { print("x"); throw new Exception("boom") } }\n',
+    ),
+    "scala: sys.exit(3)": Case(
+        "scala", "object Main { def main(args: Array[String]): Unit = sys.exit(3) }\n"
+    ),
+    "scala: a failed assert, MultiPL-E's way": Case(
+        "scala",
+        "import scala.math._\nobject Problem {\n  def add(x : Long, y : Long) : Long = x + y\n"
+        "  def main(args: Array[String]) = {\n    assert(add((2l), (3l)) == (6l));\n  }\n}\n",
+    ),
     "lua: error": Case("lua", 'io.write("x")\nerror("boom")\n'),
     "lua: os.exit(false)": Case("lua", 'print("a")\nos.exit(false)\n', same_stderr=True),
     "lua: os.exit(7) with buffered output": Case(
@@ -179,7 +191,7 @@ def _default_signals() -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
 
 
-def _plain_commands(language: str, bins: dict[str, str]) -> tuple[list[str] | None, list[str]]:
+def _plain_commands(language: str, bins: dict[str, str], code: str) -> tuple[list[str] | None, list[str]]:
     """How a plain user builds and runs the source file (the agent's toolchain binaries)."""
     if language == "c":
         return [bins["cc"], "-std=gnu17", "main.c", "-o", "test", "-lm", "-lpthread"], ["./test"]
@@ -210,6 +222,10 @@ def _plain_commands(language: str, bins: dict[str, str]) -> tuple[list[str] | No
         return None, [bins["ruby"], "main.rb"]
     if language == "D_ut":
         return [bins["ldmd2"], "main.d", "-unittest", "-of=test"], ["./test"]
+    if language == "scala":
+        entry = KNOWN["scala"].entry
+        assert entry is not None
+        return [bins["scalac"], "main.scala"], [bins["scala"], str(entry(code))]
     if language == "lua":
         return None, [bins["lua"], "main.lua"]
     if language == "R":
@@ -225,7 +241,7 @@ def outside(case: Case, bins: dict[str, str], workdir: Path) -> dict[str, Any]:
     (workdir / SOURCES[case.language]).write_bytes(source)
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": os.environ.get("HOME", "/")}
     env.update(ENVS.get(case.language, {}))
-    build, command = _plain_commands(case.language, bins)
+    build, command = _plain_commands(case.language, bins, case.code)
     if build is not None:
         built = subprocess.run(build, cwd=workdir, env=env, capture_output=True, timeout=COMPILE_TIMEOUT_S)
         assert built.returncode == 0, f"the plain build failed: {built.stderr.decode(errors='replace')}"

@@ -219,6 +219,8 @@ IMAGE_PACKAGES = {
     "ldmd2": "ldc",
     "iverilog": "iverilog",
     "vvp": "iverilog",
+    "scalac": "scala",
+    "scala": "scala",
 }
 
 
