@@ -21,6 +21,10 @@ command -v ldmd2 >/dev/null 2>&1 || need+=(ldc)
 command -v iverilog >/dev/null 2>&1 || need+=(iverilog)
 # Scala where Java is (SandboxFusion's image has Ubuntu's Scala 2.11.12, Debian's too).
 if command -v javac >/dev/null 2>&1; then command -v scalac >/dev/null 2>&1 || need+=(scala); fi
+# JUnit 5's console launcher where Java is (SandboxFusion's junit runs it).
+if command -v javac >/dev/null 2>&1; then
+  [ -e /usr/share/java/junit-platform-console-standalone.jar ] || need+=(junit5)
+fi
 # Where g++ is (or is about to be), OpenSSL's headers and libraries: C++ links -lcrypto -lssl where
 # they link, as SandboxFusion's does (HumanEval-X's string_to_md5 calls MD5).
 if command -v g++ >/dev/null 2>&1 || [[ " ${need[*]} " == *" g++ "* ]]; then

@@ -47,6 +47,7 @@ Language = Literal[
     "D_ut",
     "verilog",
     "scala",
+    "junit",
     "lean",
 ]
 LANGUAGES: tuple[str, ...] = get_args(Language)

@@ -182,7 +182,9 @@ class Builder:
             raise InvalidSpec(
                 "compile_timeout", f"{compile_timeout_s:g} s is outside (0, {self.max_timeout_s:g}] s"
             )
-        return {**files, toolchain.language.source: toolchain.language.source_bytes(code)}
+        language = toolchain.language
+        source = language.source_for(code)
+        return files if source is None else {**files, source: language.source_bytes(code)}
 
     async def prepare(
         self,
@@ -225,8 +227,10 @@ class Builder:
             return NO_BUILD
         timeout = DEFAULT_COMPILE_TIMEOUT_S if compile_timeout_s is None else compile_timeout_s
         compile_mb = max(memory_mb, self.compile_memory_mb)
+        # ``javac *.java``'s files: the request's and the code's, top level only, in the shell's order.
+        java_files = tuple(sorted(p for p in files if p.endswith(".java") and "/" not in p))
         command = toolchain.argv(
-            language.compile, {"heap_mb": str(toolchain.heap_mb(compile_mb)), "jars": jars}
+            language.compile, {"heap_mb": str(toolchain.heap_mb(compile_mb)), "jars": jars}, java_files
         )
         # The address space stays the program's cap (``--max-memory-mb``, never below a compile's).
         # A compiler's stack is the one it has outside (the program's may grow: executor._limits).

@@ -1,7 +1,7 @@
 """The languages beyond Python: how each is compiled and run, and which of them this host can run.
 
-cpp, c, java, go, go_test, rust, nodejs (js), typescript (ts), perl, php, ruby, lua, R, D_ut, scala
-and verilog; ``c`` is ours (SandboxFusion has no plain C), the others carry SandboxFusion's names.
+cpp, c, java, junit, go, go_test, rust, nodejs (js), typescript (ts), perl, php, ruby, lua, R, D_ut,
+scala and verilog; ``c`` is ours (SandboxFusion has no plain C), the others carry SandboxFusion's names.
 
 Each ``Language`` names the file its code is written to, the toolchain binaries it needs, the
 argv of its compile step (none for interpreted languages) and of its run, and which files the
@@ -120,6 +120,9 @@ THREAD_STACK_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "
 # A compile template's part that stands for that file, where actions can read it (``detect``).
 THREAD_STACK = "{thread_stack}"
 
+# A compile template's part that stands for every top-level ``.java`` file of the workdir (the
+# request's and the code's), as SandboxFusion's ``javac *.java``.
+JAVA_FILES = "{java_files}"
 # A compile template's part that stands for the link flags ``detect`` found (none, one or more).
 LINK_FLAGS = "{link_flags}"
 # SandboxFusion's optional C++ link flags, in its order: each one that links here is added.
@@ -130,10 +133,24 @@ LINK_PROBE_TIMEOUT_S = 30.0
 # What a build whose program names no entry (``Language.entry``) reports, as SandboxFusion's Scala.
 ENTRY_NOT_FOUND = "Object name not found."
 
-# javatuples (SandboxFusion's javatuples-1.2.jar): Debian's libjavatuples-java installs
-# /usr/share/java/javatuples.jar and a versioned link to it; the environment variable names another.
-JAVATUPLES_ENV = "TANGRAM_JAVATUPLES_JAR"
-JAVATUPLES_GLOB = "/usr/share/java/javatuples*.jar"
+
+# The jars a language's class path holds (``Language.jars``), each found where a Debian package
+# installs it, or where its environment variable says.
+@dataclass(frozen=True)
+class Jar:
+    env: str  # names the jar instead
+    pattern: str  # where Debian puts it (a glob: versioned links beside the file)
+    package: str  # the Debian package that installs it
+
+
+JARS: dict[str, Jar] = {
+    # SandboxFusion's javatuples-1.2.jar (MultiPL-E's Java imports org.javatuples).
+    "javatuples": Jar("TANGRAM_JAVATUPLES_JAR", "/usr/share/java/javatuples*.jar", "libjavatuples-java"),
+    # SandboxFusion's junit-platform-console-standalone-1.8.2.jar: the launcher, and the API the
+    # tests compile against (Debian's names the engines' jars in its manifest).
+    "junit": Jar("TANGRAM_JUNIT_JAR", "/usr/share/java/junit-platform-console-standalone.jar", "junit5"),
+}
+JAVATUPLES_ENV = JARS["javatuples"].env
 
 # Go's builds: no module download and no toolchain switch (there is no network), no user config;
 # the build cache (GOCACHE, filled by ``detect``) and the module cache (gopackages.py) are
@@ -150,6 +167,19 @@ def _scala_object(code: str) -> str | None:
     """The object a Scala program runs as, as SandboxFusion finds it; None when it finds none."""
     found = _SCALA_OBJECT.search(code)
     return (found.group(1) or None) if found else None
+
+
+# SandboxFusion's pattern for a Java source's public class.
+_JAVA_PUBLIC_CLASS = re.compile(r"\bpublic\s+(abstract\s+|final\s+)?class\s+(\w+)")
+
+
+def _java_source_name(code: str) -> str | None:
+    """Where SandboxFusion's JUnit runner writes the code: its public class's file, else
+    ``Main.java``; nowhere when the code is empty."""
+    if not code:
+        return None
+    found = _JAVA_PUBLIC_CLASS.search(code)
+    return f"{found.group(2) if found else 'Main'}.java"
 
 
 def _php_tagged(code: str) -> str:
@@ -195,6 +225,15 @@ class Language:
     # What the run starts, found in the source (``{entry}``; Scala: its object); None: the program
     # names none, and the build fails saying so (``ENTRY_NOT_FOUND``).
     entry: Callable[[str], str | None] | None = None
+    # The source file's name for the code, where it is not ``source`` (JUnit: its public class's
+    # file); None: the code is empty and no file is written (the request's files hold the tests).
+    source_name: Callable[[str], str | None] | None = None
+    # Without its jars the language cannot run at all (JUnit's launcher): not offered then.
+    jars_required: bool = False
+
+    def source_for(self, code: str) -> str | None:
+        """The workdir file the request's ``code`` goes to (None: none)."""
+        return self.source_name(code) if self.source_name is not None else self.source
 
     def source_bytes(self, code: str) -> bytes:
         """What the language's source file holds for ``code``."""
@@ -350,6 +389,23 @@ LANGUAGES: tuple[Language, ...] = (
         version_args=("-V",),
     ),
     Language(
+        # SandboxFusion's: the code in its public class's file (``Main.java`` where it has none), every
+        # .java of the workdir compiled against the launcher's jar, and the launcher run on the
+        # class path, finding the tests there (``--scan-class-path``); a failed test exits 1.
+        name="junit",
+        source="Main.java",
+        source_name=_java_source_name,
+        tools={"javac": "javac", "java": "java"},
+        compile=("{javac}", *_JAVAC_FLAGS, "-encoding", "UTF-8", "-cp", "{jars}", JAVA_FILES),
+        run=("{java}", *_JVM_LIMITS, "-jar", "{junit}", "--class-path", "{jars}", "--scan-class-path"),
+        artifacts=("*.class",),
+        env={"MALLOC_ARENA_MAX": "1"},
+        version_tool="javac",
+        version_args=("-version",),
+        jars=("junit",),
+        jars_required=True,
+    ),
+    Language(
         # SandboxFusion's ``scalac <file>.scala`` then ``scala <object>``, the object found in the
         # code by its pattern (``_scala_object``); the JVM limited as Java's (``-J`` passes them).
         name="scala",
@@ -434,14 +490,19 @@ class Toolchain:
         fits = jvm_heap_mb(memory_mb)
         return min(fits, self.default_heap_mb) if self.default_heap_mb > 0 else fits
 
-    def argv(self, template: tuple[str, ...], values: Mapping[str, str]) -> list[str]:
-        """``template`` with the binaries and ``values`` filled in (``{link_flags}``: the link
-        flags found, none or several arguments)."""
-        fields = {**values, **self.binaries}
+    def argv(
+        self, template: tuple[str, ...], values: Mapping[str, str], java_files: tuple[str, ...] = ()
+    ) -> list[str]:
+        """``template`` with the binaries, the jars found (by name) and ``values`` filled in
+        (``{link_flags}``: the link flags found, none or several arguments; ``{java_files}``:
+        ``java_files``)."""
+        fields = {**values, **self.libraries, **self.binaries}
         argv: list[str] = []
         for part in template:
             if part == LINK_FLAGS:
                 argv.extend(self.link_flags)
+            elif part == JAVA_FILES:
+                argv.extend(java_files)
             elif part == THREAD_STACK:
                 argv.extend([self.thread_stack] if self.thread_stack else [])
             else:
@@ -684,18 +745,20 @@ def _link_flags(compiler: str, source: str, flags: tuple[str, ...]) -> tuple[tup
 
 
 def _find_jar(name: str) -> tuple[str | None, str]:
-    """The real file of a jar of ``jars`` (only javatuples is known), or None and why it is missing.
+    """The real file of a jar of ``jars`` (``JARS``), or None and why it is missing.
 
-    ``TANGRAM_JAVATUPLES_JAR`` names the jar; otherwise Debian's unversioned
-    ``/usr/share/java/javatuples.jar`` first, then any versioned one."""
-    if name != "javatuples":
+    Its environment variable names the jar; otherwise Debian's unversioned file first (say
+    ``/usr/share/java/javatuples.jar``), then any versioned one its pattern matches."""
+    known = JARS.get(name)
+    if known is None:
         return None, f"no such library known: {name!r}"
-    override = os.environ.get(JAVATUPLES_ENV, "")
+    override = os.environ.get(known.env, "")
     if override:
         candidates = [override]
     else:
-        found = glob.glob(JAVATUPLES_GLOB)
-        candidates = sorted(found, key=lambda p: (os.path.basename(p) != "javatuples.jar", p))
+        found = glob.glob(known.pattern)
+        unversioned = f"{name}.jar" if name != "junit" else os.path.basename(known.pattern)
+        candidates = sorted(found, key=lambda p: (os.path.basename(p) != unversioned, p))
     for candidate in candidates:
         real = os.path.realpath(candidate)
         if not os.path.isfile(real) or not os.access(real, os.R_OK):
@@ -703,8 +766,8 @@ def _find_jar(name: str) -> tuple[str | None, str]:
         if ":" in real:  # it could not be a class path entry
             continue
         return real, ""
-    where = f"{override} ({JAVATUPLES_ENV})" if override else JAVATUPLES_GLOB
-    return None, f"no readable jar at {where}; Debian's libjavatuples-java installs it"
+    where = f"{override} ({known.env})" if override else known.pattern
+    return None, f"no readable jar at {where}; Debian's {known.package} installs it"
 
 
 def _detect_one(language: Language, path: str) -> Toolchain | str:
@@ -745,6 +808,8 @@ def _detect_one(language: Language, path: str) -> Toolchain | str:
         missing.update(unlinked)
     for jar in language.jars:
         jar_path, why = _find_jar(jar)
+        if jar_path is None and language.jars_required:
+            return f"{jar}: {why}"
         if jar_path is None:
             missing[jar] = why
         else:

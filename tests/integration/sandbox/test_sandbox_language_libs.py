@@ -588,3 +588,55 @@ def test_scala_runs_the_object_sandboxfusion_finds_or_says_it_found_none(
     assert none["status"] == "Failed", none
     assert none["compile_result"]["stderr"] == "Object name not found.", none
     assert none["compile_result"]["return_code"] == 1 and none["run_result"] is None
+
+
+JUNIT_TEST = """import org.junit.jupiter.api.Test;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+
+public class SolutionTest {
+    @Test
+    void adds() { assertEquals(5, Solution.add(2, 3)); }
+    @Test
+    void addsAgain() { assertEquals(%s, Solution.add(5, 7)); }
+}
+"""
+JUNIT_SOLUTION = "public class Solution { public static int add(int a, int b) { return a + b; } }\n"
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def test_junit_runs_the_tests_it_finds_as_sandboxfusion_does(agent: Agent, found: dict[str, Any]) -> None:
+    """The code goes to its public class's file, every .java is compiled against the launcher, and
+    the launcher runs what it finds on the class path; a failed test fails the run."""
+    need(found, "junit")
+    files = {"Solution.java": _b64(JUNIT_SOLUTION)}
+    passed = run(agent, "junit", JUNIT_TEST % "12", files=files)
+    assert passed["status"] == "Success", passed
+    assert "2 tests successful" in passed["run_result"]["stdout"], passed
+    assert passed["compile_result"]["return_code"] == 0
+    failed = run(agent, "junit", JUNIT_TEST % "13", files=files)
+    assert failed["status"] == "Failed", failed
+    assert failed["run_result"]["return_code"] == 1
+    assert "1 tests failed" in failed["run_result"]["stdout"], failed
+    # No code: the request's files are the tests (SandboxFusion writes no file then).
+    only_files = run(agent, "junit", "", files={**files, "SolutionTest.java": _b64(JUNIT_TEST % "12")})
+    assert only_files["status"] == "Success", only_files
+    assert "2 tests successful" in only_files["run_result"]["stdout"], only_files
+    junit = found["found"]["junit"]
+    assert junit["libraries"].get("junit"), junit
+
+
+def test_junit_is_not_offered_without_its_launcher(tmp_path: Path, found: dict[str, Any]) -> None:
+    need(found, "junit")
+    running = start_agent(tmp_path / "work", env={"TANGRAM_JUNIT_JAR": str(tmp_path / "absent.jar")})
+    try:
+        languages_found = health_languages(running)
+        assert "junit" not in languages_found["found"]
+        assert "absent.jar" in languages_found["missing"]["junit"], languages_found["missing"]
+        body = run(running, "junit", JUNIT_TEST % "12")
+        assert body["status"] == "SandboxError" and "junit" in body["message"], body
+        assert "java" in languages_found["found"]  # Java itself runs on
+    finally:
+        stop_agent(running)

@@ -514,11 +514,11 @@ def test_health_lists_the_languages_found(agent: Agent, found: dict[str, Any]) -
     for name, entry in found["found"].items():
         assert entry["version"], name
         assert entry["binaries"], name
-    # Every language the agent knows (go_test's and verilog's cases, which are tests and benches
-    # rather than programs reading stdin, are in test_sandbox_language_libs.py).
+    # Every language the agent knows (go_test's, junit's and verilog's cases, which are tests and
+    # benches rather than programs reading stdin, are in test_sandbox_language_libs.py).
     known = {language.name for language in languages.LANGUAGES}
     assert set(found["found"]) | set(found["missing"]) == known
-    assert set(LANGUAGES) == known - {"go_test", "verilog"}
+    assert set(LANGUAGES) == known - {"go_test", "junit", "verilog"}
     for name, why in found["missing"].items():
         assert "not found on PATH" in why, (name, why)
     assert set(found["compile_cache"]) >= {"entries", "bytes", "max_bytes", "hits", "misses"}
