@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 
-from arl_tangram.sandbox.installs import replace_tree
+from arl_tangram.sandbox.installs import STAGING, install_main, staged_install
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODULE_DIR = os.path.join(HERE, "gomodule")
@@ -38,7 +36,6 @@ MODCACHE_ENV = "TANGRAM_GOMODCACHE"
 # The module's packages, compiled into the build cache with the standard library
 # (languages._warm_go_cache), so that no program pays for compiling them.
 PACKAGES = tuple(f"github.com/stretchr/testify/{name}" for name in ("assert", "require", "mock", "suite"))
-INSTALL_TIMEOUT_S = 600.0
 
 
 def install_prefix() -> str:
@@ -153,55 +150,29 @@ def install(go: str | None = None, prefix: str | None = None) -> str | None:
     target = os.path.join(prefix, "mod")
     if all(os.path.isdir(os.path.join(target, f"{_escaped(p)}@{v}")) for p, v in required().items()):
         return None
-    os.makedirs(prefix, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".install-", dir=prefix)
-    try:
-        module = os.path.join(staging, "module")
-        os.mkdir(module)
-        for name in MODULE_FILES:
-            shutil.copyfile(os.path.join(MODULE_DIR, name), os.path.join(module, name))
-        env = {
-            **os.environ,
-            "GOMODCACHE": os.path.join(staging, "mod"),
+    return staged_install(
+        prefix,
+        {os.path.join("module", name): os.path.join(MODULE_DIR, name) for name in MODULE_FILES},
+        [go, "mod", "download", "all"],
+        made="mod",
+        target=target,
+        what="go mod download",
+        env={
+            "GOMODCACHE": os.path.join(STAGING, "mod"),
             # Writable, so that the tree can be renamed and removed (replace_tree makes it
             # readable to all; only its owner writes it).
             "GOFLAGS": "-modcacherw",
             "GOWORK": "off",
             "GOTOOLCHAIN": "local",
-        }
-        done = subprocess.run(
-            [go, "mod", "download", "all"],
-            cwd=module,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=INSTALL_TIMEOUT_S,
-            check=False,
-        )
-        if done.returncode != 0:
-            lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
-            return f"go mod download failed ({done.returncode}): " + " | ".join(lines[-3:])
-        replace_tree(os.path.join(staging, "mod"), target)
-        return None
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"go mod download failed: {exc}"
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        },
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m arl_tangram.sandbox.gopackages [--require]``: fill the cache (``make install``,
-    and the sandbox image with ``--require``: there a failure fails the build)."""
-    required_here = "--require" in (sys.argv[1:] if argv is None else argv)
-    why = install()
-    if why is not None:
-        print(f"sandbox: Go programs get no module (testify): {why}", file=sys.stderr)
-        return 1 if required_here else 0
-    where, found, missing = find()
-    print(f"sandbox: Go modules for Go programs in {where or 'nowhere'}: {', '.join(found)}")
-    if missing:
-        print(f"sandbox: missing {', '.join(missing)}", file=sys.stderr)
-    return 0
+    """``python -m arl_tangram.sandbox.gopackages [--require]``: fill the cache."""
+    return install_main(
+        argv, "Go programs get no module (testify)", "Go modules for Go programs", install, find
+    )
 
 
 if __name__ == "__main__":

@@ -20,11 +20,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 
-from arl_tangram.sandbox.installs import replace_tree
+from arl_tangram.sandbox.installs import install_main, staged_install
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The one list of packages and versions: npm's own manifest and lock, installed as they are.
@@ -33,7 +31,6 @@ LOCK = os.path.join(HERE, "node-package-lock.json")
 NODE_MODULES_ENV = "TANGRAM_NODE_MODULES"
 # The name Node looks for in every directory up from a program's.
 NODE_MODULES = "node_modules"
-INSTALL_TIMEOUT_S = 300.0
 
 
 def install_prefix() -> str:
@@ -95,29 +92,15 @@ def install(npm: str | None = None, prefix: str | None = None) -> str | None:
         want = json.loads(lock.read())["packages"]
     if os.path.isfile(installed) and _same(installed, want):
         return None
-    os.makedirs(prefix, exist_ok=True)
-    # npm ci writes next to the manifest: a directory of its own, then renamed into place whole.
-    staging = tempfile.mkdtemp(prefix=".install-", dir=prefix)
-    try:
-        shutil.copyfile(MANIFEST, os.path.join(staging, "package.json"))
-        shutil.copyfile(LOCK, os.path.join(staging, "package-lock.json"))
-        done = subprocess.run(
-            [npm, "ci", "--omit=dev", "--no-audit", "--no-fund", "--ignore-scripts", "--loglevel=error"],
-            cwd=staging,
-            capture_output=True,
-            text=True,
-            timeout=INSTALL_TIMEOUT_S,
-            check=False,
-        )
-        if done.returncode != 0:
-            lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
-            return f"npm ci failed ({done.returncode}): " + " | ".join(lines[-3:])
-        replace_tree(os.path.join(staging, NODE_MODULES), os.path.join(prefix, NODE_MODULES))
-        return None
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"npm ci failed: {exc}"
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    # npm ci writes next to the manifest: a directory of its own, then put in place whole.
+    return staged_install(
+        prefix,
+        {"package.json": MANIFEST, "package-lock.json": LOCK},
+        [npm, "ci", "--omit=dev", "--no-audit", "--no-fund", "--ignore-scripts", "--loglevel=error"],
+        made=NODE_MODULES,
+        target=os.path.join(prefix, NODE_MODULES),
+        what="npm ci",
+    )
 
 
 def _same(installed: str, want: dict[str, dict[str, object]]) -> bool:
@@ -133,18 +116,10 @@ def _same(installed: str, want: dict[str, dict[str, object]]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m arl_tangram.sandbox.nodepackages [--require]``: install them (``make install``,
-    and the sandbox image with ``--require``: there a failure fails the build)."""
-    required = "--require" in (sys.argv[1:] if argv is None else argv)
-    why = install()
-    if why is not None:
-        print(f"sandbox: Node programs get no npm packages: {why}", file=sys.stderr)
-        return 1 if required else 0
-    where, found, missing = find()
-    print(f"sandbox: npm packages for Node programs in {where}: {', '.join(found)}")
-    if missing:
-        print(f"sandbox: missing {', '.join(missing)}", file=sys.stderr)
-    return 0
+    """``python -m arl_tangram.sandbox.nodepackages [--require]``: install them."""
+    return install_main(
+        argv, "Node programs get no npm packages", "npm packages for Node programs", install, find
+    )
 
 
 if __name__ == "__main__":
