@@ -27,7 +27,14 @@ from arl_tangram.sandbox import workfiles
 from arl_tangram.sandbox.compilecache import CompileCache, CompiledBuild, build_key
 from arl_tangram.sandbox.config import cpu_limit
 from arl_tangram.sandbox.forkclient import next_id
-from arl_tangram.sandbox.languages import ENTRY_NOT_FOUND, Detection, Language, Toolchain, artifact_names
+from arl_tangram.sandbox.languages import (
+    ENTRY_NOT_FOUND,
+    JAVA_FILES,
+    Detection,
+    Language,
+    Toolchain,
+    artifact_names,
+)
 
 # SandboxFusion's default compile timeout (its request model's), used when a request gives none.
 DEFAULT_COMPILE_TIMEOUT_S = 10.0
@@ -228,7 +235,11 @@ class Builder:
         timeout = DEFAULT_COMPILE_TIMEOUT_S if compile_timeout_s is None else compile_timeout_s
         compile_mb = max(memory_mb, self.compile_memory_mb)
         # ``javac *.java``'s files: the request's and the code's, top level only, in the shell's order.
-        java_files = tuple(sorted(p for p in files if p.endswith(".java") and "/" not in p))
+        java_files = (
+            tuple(sorted(p for p in files if p.endswith(".java") and "/" not in p))
+            if JAVA_FILES in language.compile
+            else ()
+        )
         command = toolchain.argv(
             language.compile, {"heap_mb": str(toolchain.heap_mb(compile_mb)), "jars": jars}, java_files
         )

@@ -757,7 +757,7 @@ def _find_jar(name: str) -> tuple[str | None, str]:
         candidates = [override]
     else:
         found = glob.glob(known.pattern)
-        unversioned = f"{name}.jar" if name != "junit" else os.path.basename(known.pattern)
+        unversioned = os.path.basename(known.pattern).replace("*", "")
         candidates = sorted(found, key=lambda p: (os.path.basename(p) != unversioned, p))
     for candidate in candidates:
         real = os.path.realpath(candidate)
