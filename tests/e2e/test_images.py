@@ -444,6 +444,12 @@ def test_the_sandbox_image_serves_run_code_with_actions_isolated(
         assert cpp["compile_result"]["return_code"] == 0 and cpp["run_result"]["stdout"] == "42\n", cpp
         ts = _run_code(url, {"code": "const n: number = 41; console.log(n + 1)", "language": "typescript"})
         assert ts["run_result"]["stdout"] == "42\n", ts
+        # SandboxFusion's notebooks: a kernel of the image's Python, its plots inline.
+        plot = "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()"
+        notebook = _run_code(url, {"cells": ["n = 41", "n + 1", plot]}, "/run_jupyter")
+        assert notebook["status"] == "Success", notebook
+        assert notebook["cells"][1]["display"][0]["text/plain"] == "42", notebook
+        assert "image/png" in notebook["cells"][2]["display"][0], notebook
 
 
 TOKEN_HEADERS = {"Authorization": f"Bearer {TOKEN}"}
@@ -456,9 +462,9 @@ def _get_with_token(url: str) -> dict[str, Any]:
         return answer
 
 
-def _run_code(url: str, body: dict[str, Any]) -> dict[str, Any]:
+def _run_code(url: str, body: dict[str, Any], path: str = "/run_code") -> dict[str, Any]:
     req = urllib.request.Request(
-        f"{url}/run_code",
+        f"{url}{path}",
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json", **TOKEN_HEADERS},
     )

@@ -13,7 +13,10 @@ from enum import StrEnum
 from typing import Any, Literal, Protocol
 
 ActionKind = Literal["code", "test", "reward", "http"]
-Wire = Literal["native", "run_code"]
+Wire = Literal["native", "run_code", "run_jupyter"]
+# The wires whose payload is a SandboxFusion body, sent verbatim to the agent's path of the same name
+# (``/run_code``, ``/run_jupyter``) and answered in SandboxFusion's shape.
+SANDBOXFUSION_WIRES: tuple[Wire, ...] = ("run_code", "run_jupyter")
 
 
 class Outcome(StrEnum):
@@ -53,8 +56,9 @@ class ActionRequest:
     ``key`` identifies the logical action for exactly-once delivery (the dispatcher appends the
     attempt number when it talks to an agent). ``payload`` is the target's own request: for
     ``wire="native"`` the sandbox agent's ``/v1/execute`` fields (``runtime``, ``code``, ``stdin``,
-    ``files`` as base64, ``fetch_files``, ``args``); for ``wire="run_code"`` a SandboxFusion
-    ``/run_code`` body, passed to the agent verbatim so that shapes and verdicts are the agent's own;
+    ``files`` as base64, ``fetch_files``, ``args``); for ``wire="run_code"`` (``"run_jupyter"``) a
+    SandboxFusion ``/run_code`` (``/run_jupyter``) body, passed to the agent verbatim so that shapes
+    and verdicts are the agent's own;
     for ``kind="reward"`` the reward runtime's scoring body. ``units_min``/``units_max`` bound the
     cores (or GPUs) of the key elastic resource. ``tenant`` defaults to the namespace.
     """

@@ -11,7 +11,7 @@ from typing import Any
 from arl_tangram.api.actionpool import WORKDIR_BYTES_PER_FILE
 from arl_tangram.errors import InvalidSpec
 
-RUNTIMES = ("python", "bash", "pytest")
+RUNTIMES = ("python", "bash", "pytest", "jupyter")
 # Modules the fork server imports once so that actions find them loaded. Kept small on purpose: every
 # megabyte the fork server holds is paid again by each fork and each child's exit (measured here:
 # about 0.1 ms per MB per action). Pools that need numpy or pandas name them with --preload.

@@ -51,9 +51,13 @@ PYTHON_RUNTIMES = ("python", "pytest")
 # itself until the process limit), a session's ``main.sh`` from an earlier action, and a script
 # that wrote ``main.sh`` to run it next rewrote itself while bash read it, and stopped there.
 BASH_FILE = ".tangram-main.sh"
+# A jupyter action's code: its notebook as JSON (cells and timeouts), read and removed by its driver.
+JUPYTER_FILE = ".tangram-notebook.json"
 # The runtimes run from a file in the workdir, and that file (the compiled languages' are in
 # languages.py, written by ``Builder.admit``).
-CODE_FILES = {"pytest": PYTEST_FILE, "bash": BASH_FILE}
+CODE_FILES = {"pytest": PYTEST_FILE, "bash": BASH_FILE, "jupyter": JUPYTER_FILE}
+# A jupyter action's program: it runs the cells in a kernel of its own (jupyter_driver.py says how).
+JUPYTER_DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jupyter_driver.py")
 
 
 @dataclass
@@ -390,6 +394,9 @@ class Executor:
             return None
         if spec.runtime == "bash":
             return ["/bin/bash", BASH_FILE]
+        if spec.runtime == "jupyter":
+            # -P: the driver's directory (the agent's modules) is not put on the driver's path.
+            return [sys.executable, "-P", JUPYTER_DRIVER, JUPYTER_FILE]
         # Test files run in parallel on more than one core, each file's tests in one worker, in
         # the file's order (``--dist loadfile``): a file's tests may share module state (one fills
         # a list, the next reads it), and dealt out one by one to the workers they failed where

@@ -7,9 +7,11 @@ sessions, counts of cores).
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+from arl_tangram.domain.actions import SANDBOXFUSION_WIRES
 
 
 def _encodable(text: str) -> str:
@@ -57,6 +59,31 @@ class RunCodeRequest(BaseModel):
         return value
 
 
+# What a jupyter action's driver may take beyond the cells' total_timeout (the kernel's start and
+# stop), as SandboxFusion runs its driver for total_timeout + 10 s.
+JUPYTER_MARGIN_S = 10.0
+
+
+class RunJupyterRequest(BaseModel):
+    """SandboxFusion's ``/run_jupyter`` request: cells run one after another in one IPython kernel."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    cells: list[Text] = Field(description="the notebook's code cells, run in order in one kernel")
+    # SandboxFusion documents cell_timeout and enforces neither; here a cell over its limit is
+    # interrupted (its error is the kernel's KeyboardInterrupt) and the next one runs, and the
+    # total ends the notebook. 0: no limit of the cell's own.
+    cell_timeout: float = Field(
+        0, ge=0, allow_inf_nan=False, description="seconds each cell may run (0: only the total limits it)"
+    )
+    total_timeout: float = Field(
+        45, gt=0, allow_inf_nan=False, description="seconds all the cells may run together"
+    )
+    kernel: Literal["python3"] = "python3"
+    files: dict[Text, str | None] = Field(default_factory=dict, description="path -> base64 content")
+    fetch_files: list[Text] = Field(default_factory=list)
+
+
 # ``/run_code``'s answer to "send it again later" (the platform failed: a host lost, retries spent;
 # or back-pressure: a bound is full; or a gateway replica is a standby), where the other routes
 # answer 503 or 429; the agent's and the gateway's alike. verl's client retries a 504 (three tries,
@@ -66,6 +93,11 @@ class RunCodeRequest(BaseModel):
 # operator's own client retries 504 as it does 503.
 RETRY_LATER_STATUS = 504
 RETRY_LATER_INSTEAD_OF = frozenset({429, 503})
+
+
+# The paths that answer in SandboxFusion's shape (``status``/``message``, 504 to retry), the agent's
+# and the gateway's alike.
+SANDBOXFUSION_PATHS = tuple(f"/{wire}" for wire in SANDBOXFUSION_WIRES)
 
 
 def run_code_status(status: int) -> int:

@@ -51,9 +51,12 @@ from arl_tangram.sandbox.config import AgentConfig
 from arl_tangram.sandbox.executor import ActionResult, ActionSpec, Executor
 from arl_tangram.sandbox.languages import compiles, known_name, unavailable_language
 from arl_tangram.sandbox.models import (
+    JUPYTER_MARGIN_S,
     RETRY_LATER_STATUS,
+    SANDBOXFUSION_PATHS,
     ExecuteRequest,
     RunCodeRequest,
+    RunJupyterRequest,
     SessionRequest,
     run_code_status,
 )
@@ -240,7 +243,7 @@ def _refusal(request: web.Request, exc: Exception) -> web.Response:
     else:
         status, message = 503, f"sandbox infrastructure failed: {exc}"
     request.app[METRICS].rejected.labels(label or str(status)).inc()
-    if request.path == "/run_code":
+    if request.path in SANDBOXFUSION_PATHS:
         extra.update({"status": "SandboxError", "message": message})
         status = run_code_status(status)
     resp = _error_response(status, message, extra)
@@ -428,6 +431,109 @@ async def _run_code_action(
     return web.json_response(sandboxfusion_response(result))
 
 
+async def run_jupyter(request: web.Request) -> web.Response:
+    """``POST /run_jupyter``: SandboxFusion's notebook call. The cells run in a real IPython kernel
+    started for the call, inside the sandbox as any action's program (``jupyter_driver``)."""
+    key = parse_action_key(request.headers.get(ACTION_KEY_HEADER))
+    cores = parse_cores_header(request.headers.get(CORES_HEADER))
+    body: RunJupyterRequest = await _parse(request, RunJupyterRequest)
+    executor = request.app[EXECUTOR]
+    if "jupyter" not in executor.config.runtimes:
+        raise InvalidSpec(
+            "kernel", "this sandbox does not offer notebooks (its --runtimes leave out jupyter)"
+        )
+    lim = executor.config.limits
+    # The driver's limit is the cells' total and the kernel's start (SandboxFusion's + 10 s), held to
+    # this agent's ceiling: the cells get what is left of it, and the answer says so.
+    margin = min(JUPYTER_MARGIN_S, lim.max_timeout_s / 4)
+    total = min(body.total_timeout, lim.max_timeout_s - margin)
+    notes = []
+    if total < body.total_timeout:
+        notes.append(
+            f"total_timeout {body.total_timeout:.15g} s is above what this sandbox allows, "
+            f"{total:g} s (its pool's limits.timeoutSeconds less {margin:g} s for the kernel): "
+            f"it ran with {total:g} s"
+        )
+    notebook = {"cells": body.cells, "cell_timeout": body.cell_timeout, "total_timeout": total}
+    spec = ActionSpec(
+        runtime="jupyter",
+        code=json.dumps(notebook),
+        timeout_s=total + margin,
+        # SandboxFusion sets no memory limit on a notebook: here the most the pool allows.
+        memory_mb=lim.max_memory_mb,
+        files=_decode_files(body.files),
+        fetch_files=body.fetch_files,
+        cores=cores,
+    )
+    if cores is not None:
+        try:
+            executor.cores.check(frozenset(cores))
+        except InvalidSpec as exc:
+            raise InvalidSpec(CORES_HEADER, str(exc)) from exc
+
+    async def action(control: ActionControl | None) -> web.Response:
+        result = await executor.run(spec, control)
+        request.app[METRICS].record("run_jupyter", spec.runtime, result)
+        result.notes = [*notes, *result.notes]
+        return web.json_response(jupyter_response(result))
+
+    return await _keyed(request, key, spec, action)
+
+
+def jupyter_response(result: ActionResult) -> dict[str, Any]:
+    """SandboxFusion's ``/run_jupyter`` answer for a jupyter action's ``result``.
+
+    As there: ``Success`` when the notebook ran to its end (a cell that raised is data: its
+    ``error``), with each cell's ``stdout``, ``stderr``, ``display`` and ``error``; ``Failed`` with no
+    cells when it did not (``driver.status`` TimeLimitExceeded when its time ran out, Error when the
+    kernel died or failed to start, with why in ``message``); ``SandboxError`` when the sandbox
+    failed. ``driver`` is the driver process's run. Added keys, as on ``/run_code``: ``outcome`` and
+    ``notes``, and each cell's ``status`` (ok, error or aborted, as the kernel replied)."""
+    driver: dict[str, Any] = {
+        "status": "Finished",
+        "execution_time": round(result.wall_s, 6),
+        "return_code": result.exit_code,
+        "stdout": "",
+        "stderr": result.stderr,
+    }
+    answer: dict[str, Any] = {
+        "status": "Failed",
+        "message": "",
+        "driver": driver,
+        "cells": [],
+        "executor_pod_name": os.environ.get("MY_POD_NAME") or os.environ.get("POD_NAME"),
+        "files": {},
+        "outcome": result.outcome,
+        "notes": result.notes,
+    }
+    if result.outcome == "sandbox_error":
+        driver["status"] = "Error"
+        return {**answer, "status": "SandboxError", "message": result.message}
+    if result.outcome == "timeout":
+        driver.update(status="TimeLimitExceeded", return_code=None)
+        return {**answer, "message": "the notebook ran past its total_timeout and was stopped"}
+    if result.outcome != "ok":
+        driver["stdout"] = result.stdout
+        return {**answer, "message": result.message or f"the notebook's driver ended {result.outcome}"}
+    if result.stdout_truncated:
+        return {
+            **answer,
+            "message": "the notebook's output is larger than this sandbox returns (--output-bytes)",
+        }
+    try:
+        ran = json.loads(result.stdout)
+        status, message, cells = ran["status"], ran["message"], ran["cells"]
+    except (ValueError, KeyError, TypeError):
+        driver["stdout"] = result.stdout
+        return {**answer, "message": "the notebook's driver gave no answer"}
+    if status != "Finished":
+        if status == "TimeLimitExceeded":
+            driver["status"] = "TimeLimitExceeded"
+        return {**answer, "message": message}
+    files = {k: base64.b64encode(v).decode() for k, v in result.files.items() if v is not None}
+    return {**answer, "status": "Success", "cells": cells, "files": files}
+
+
 Action = Callable[[ActionControl | None], Awaitable[web.Response]]
 
 
@@ -474,7 +580,7 @@ async def _keyed(request: web.Request, key: str | None, spec: ActionSpec, action
             # (another program's verdict, or a native body where /run_code's shape is expected).
             message = f"{ACTION_KEY_HEADER} {key!r} was already used for a different request"
             extra: dict[str, Any] = {"field": ACTION_KEY_HEADER}
-            if request.path == "/run_code":
+            if request.path in SANDBOXFUSION_PATHS:
                 extra.update({"status": "SandboxError", "message": message})
             return _error_response(409, message, extra)
         return await _replay(entry)
@@ -728,6 +834,7 @@ def build_app(config: AgentConfig) -> web.Application:
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/execute", execute)
     app.router.add_post("/run_code", run_code)
+    app.router.add_post("/run_jupyter", run_jupyter)
     app.router.add_post("/v1/sessions", create_session)
     app.router.add_get("/v1/sessions/{sid}", get_session)
     app.router.add_delete("/v1/sessions/{sid}", close_session)

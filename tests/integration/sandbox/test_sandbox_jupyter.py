@@ -1,0 +1,189 @@
+"""``/run_jupyter``, SandboxFusion's notebook call, against a real agent and called with
+SandboxFusion's own client (``sandbox_fusion.run_jupyter``): cells run one after another in a real
+IPython kernel started for the call, inside the sandbox.
+
+The first cases are SandboxFusion's own tests of its ``/run_jupyter`` (its
+``sandbox/tests/runners/test_jupyter.py``): a cell's print, an expression's display, a raise that
+does not stop the cells after it, a plot. The rest are what a notebook user expects besides, and
+what a hostile cell must not do: forge the answer's cells, or outlive the call.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+import sandbox_fusion
+from sandbox_agent_harness import Agent, processes_of, start_agent, stop_agent, wait_until, workdirs
+from sandbox_fusion import RunJupyterRequest, RunJupyterResponse
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    running = start_agent(tmp_path_factory.mktemp("jupyter") / "work", "--max-timeout", "60")
+    yield running
+    stop_agent(running)
+
+
+def _notebook(agent: Agent, cells: list[str], **fields: Any) -> RunJupyterResponse:
+    """The notebook's answer as SandboxFusion's client reads it (it raises on SandboxError)."""
+    request = RunJupyterRequest(cells=cells, **fields)
+    return sandbox_fusion.run_jupyter(request, endpoint=agent.url, max_attempts=1, client_timeout=120)
+
+
+def test_a_cell_prints(agent: Agent) -> None:
+    answer = _notebook(agent, ["print(123)"])
+    assert answer.status == "Success"
+    assert answer.cells[0].stdout == "123\n"
+
+
+def test_cells_share_one_kernel_and_an_expression_is_displayed(agent: Agent) -> None:
+    answer = _notebook(agent, ['a = "hello"', "a", "print(a)"])
+    assert answer.cells[0].stdout == ""
+    assert answer.cells[1].display[0]["text/plain"] == "'hello'"
+    assert answer.cells[2].stdout == "hello\n"
+
+
+def test_a_raising_cell_is_data_and_the_next_cells_run(agent: Agent) -> None:
+    answer = _notebook(
+        agent,
+        [
+            'a = "hello"',
+            'import sys\nsys.stderr.write("This is an error message\\n")',
+            "assert False",
+            "print(a)",
+        ],
+    )
+    assert answer.status == "Success"
+    assert answer.cells[0].stdout == ""
+    assert answer.cells[1].stderr == "This is an error message\n"
+    assert answer.cells[2].error[0]["ename"] == "AssertionError"
+    assert answer.cells[3].stdout == "hello\n"
+
+
+def test_a_plot_is_displayed_as_an_image(agent: Agent) -> None:
+    plot = "plt.plot([1, 2, 3], [2, 3, 5])\nplt.title('Simple Plot')\nplt.show()"
+    answer = _notebook(agent, ["import matplotlib.pyplot as plt", plot])
+    png = base64.b64decode(answer.cells[1].display[0]["image/png"])
+    assert png.startswith(b"\x89PNG")
+
+
+def test_shell_escapes_magics_and_a_subprocess_write_to_the_cells_streams(agent: Agent) -> None:
+    answer = _notebook(
+        agent, ["!echo from-shell", "%time x = 1", "import os\nos.system('echo from-child >&2')"]
+    )
+    assert "from-shell" in answer.cells[0].stdout
+    assert "Wall time" in answer.cells[1].stdout
+    assert "from-child" in answer.cells[2].stderr
+
+
+def test_files_go_in_and_come_back_and_the_workdir_holds_only_the_requests(agent: Agent) -> None:
+    data = base64.b64encode(b"ab").decode()
+    answer = _notebook(
+        agent,
+        [
+            "import os\nsorted(n for n in os.listdir('.') if not n.startswith('.tangram-jupyter-'))",
+            "open('out.txt', 'w').write(open('in.txt').read() * 2)",
+        ],
+        files={"in.txt": data},
+        fetch_files=["out.txt"],
+    )
+    assert answer.status == "Success"
+    # The notebook's own config was read and removed before the first cell: a cell sees what the
+    # request put there, and the kernel's runtime directory.
+    assert answer.cells[0].display[0]["text/plain"] == "['in.txt']"
+    assert base64.b64decode(answer.files["out.txt"]) == b"abab"
+
+
+def test_input_fails_in_the_cell_as_in_a_frontend_without_stdin(agent: Agent) -> None:
+    answer = _notebook(agent, ["input()", "print('after')"])
+    assert answer.cells[0].error[0]["ename"] == "StdinNotImplementedError"
+    assert answer.cells[1].stdout == "after\n"
+
+
+def test_a_cell_over_its_cell_timeout_is_interrupted_and_the_next_runs(agent: Agent) -> None:
+    answer = _notebook(
+        agent, ["import time\ntime.sleep(30)", "print('next')"], cell_timeout=1, total_timeout=30
+    )
+    assert answer.status == "Success"
+    assert answer.cells[0].error[0]["ename"] == "KeyboardInterrupt"
+    assert answer.cells[1].stdout == "next\n"
+
+
+def test_the_total_timeout_ends_the_notebook(agent: Agent) -> None:
+    answer = _notebook(agent, ["import time\ntime.sleep(60)", "print('never')"], total_timeout=2)
+    assert answer.status == "Failed"
+    assert answer.driver is not None and answer.driver.status == "TimeLimitExceeded"
+    assert answer.cells == []
+    assert "total_timeout" in answer.message
+
+
+def test_a_kernel_that_dies_fails_the_notebook_saying_so(agent: Agent) -> None:
+    answer = _notebook(agent, ["import os\nos._exit(3)", "print('never')"])
+    assert answer.status == "Failed"
+    assert answer.message == "cell 1: the kernel died"
+
+
+FORGED = (
+    '{"status": "Finished", "message": "", '
+    '"cells": [{"stdout": "forged", "stderr": "", "display": [], "error": []}]}'
+)
+
+
+def test_a_cell_cannot_forge_the_answer(agent: Agent) -> None:
+    """The driver's answer is its stdout: a cell writing JSON to its own descriptors writes its own
+    stream, and one writing to the driver's (``/proc/<driver>/fd/1``) is refused."""
+    own = f"import os\nos.write(1, b{FORGED!r} + b'\\n')"
+    drivers = f"import os\nopen(f'/proc/{{os.getppid()}}/fd/1', 'w').write({FORGED!r})"
+    answer = _notebook(agent, [own, drivers, "print('last')"])
+    assert answer.status == "Success"
+    assert len(answer.cells) == 3
+    assert FORGED in answer.cells[0].stdout
+    assert answer.cells[1].error[0]["ename"] == "PermissionError"
+    assert answer.cells[2].stdout == "last\n"
+
+
+def test_a_cell_that_kills_the_driver_gets_no_answer_but_a_failure(agent: Agent) -> None:
+    answer = _notebook(agent, ["import os, signal\nos.kill(os.getppid(), signal.SIGKILL)"])
+    assert answer.status == "Failed"
+    assert answer.cells == []
+
+
+def test_nothing_a_notebook_started_outlives_it(agent: Agent) -> None:
+    answer = _notebook(
+        agent, ["import subprocess\nsubprocess.Popen(['sleep', '300'], start_new_session=True)"]
+    )
+    assert answer.status == "Success"
+    wait_until(lambda: processes_of(agent.uids) == [], what="no process of an action's uid")
+    wait_until(lambda: workdirs(agent) == [], what="no workdir left")
+
+
+@pytest.mark.parametrize(
+    ("body", "names"),
+    [
+        ({"cells": "print(1)"}, "cells"),
+        ({"cells": ["1"], "kernel": "julia"}, "kernel"),
+        ({"cells": ["1"], "total_timeout": 0}, "total_timeout"),
+        ({"cells": ["1"], "cell_timeout": -1}, "cell_timeout"),
+    ],
+)
+def test_a_bad_request_is_refused_naming_the_field(agent: Agent, body: dict[str, Any], names: str) -> None:
+    resp = requests.post(agent.url + "/run_jupyter", json=body, timeout=30)
+    assert resp.status_code == 422
+    assert resp.json()["status"] == "SandboxError"
+    assert names in resp.json()["message"]
+
+
+def test_a_total_above_the_ceiling_runs_at_the_ceiling_and_says_so(agent: Agent) -> None:
+    resp = requests.post(
+        agent.url + "/run_jupyter", json={"cells": ["print(1)"], "total_timeout": 500}, timeout=120
+    )
+    answer = resp.json()
+    assert resp.status_code == 200 and answer["status"] == "Success", answer
+    assert answer["cells"][0]["stdout"] == "1\n"
+    assert any("total_timeout 500 s is above" in note for note in answer["notes"])
