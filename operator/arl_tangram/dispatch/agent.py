@@ -18,7 +18,7 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 from arl_tangram.dispatch.http1 import ConnectError, ExchangeError, Http1Client
-from arl_tangram.domain.actions import Wire
+from arl_tangram.domain.actions import SANDBOXFUSION_WIRES, Wire
 from arl_tangram.errors import InfrastructureError
 
 KEY_HEADER = "X-Tangram-Action-Key"
@@ -138,13 +138,13 @@ class AgentClient:
         encoded: bytes | None = None,
     ) -> tuple[dict[str, Any], bytes]:
         """Run one action on the agent with exactly ``cores``; returns the agent's response body,
-        parsed and as it came. ``encoded``: the ``/run_code`` payload as JSON bytes, sent as they
+        parsed and as it came. ``encoded``: a SandboxFusion payload as JSON bytes, sent as they
         are (the agent parses them as the caller's own body, with no second encoding)."""
         headers = {KEY_HEADER: key}
         body: Mapping[str, Any] | bytes
-        if wire == "run_code":
+        if wire in SANDBOXFUSION_WIRES:
             headers[CORES_HEADER] = ",".join(str(c) for c in cores)
-            target, body = "/run_code", dict(payload) if encoded is None else encoded
+            target, body = f"/{wire}", dict(payload) if encoded is None else encoded
         else:
             target = "/v1/execute"
             body = {**payload, "cores": list(cores)}

@@ -37,6 +37,7 @@ from arl_tangram.dispatch.outcomes import interpret
 from arl_tangram.dispatch.rewards import RewardRouter
 from arl_tangram.domain.actions import (
     OUTAGE_RETRY_MIN_S,
+    SANDBOXFUSION_WIRES,
     ActionOutcome,
     ActionRequest,
     Outage,
@@ -918,7 +919,7 @@ class Dispatcher:
         if lo > cfg.limits.max_cores or lo > cfg.host_cores:
             most = min(cfg.limits.max_cores, cfg.host_cores)
             return Reason.CAPACITY_EXCEEDED, f"asks for {lo} cores; pool {cfg.key} grants at most {most}"
-        if req.wire == "run_code":
+        if req.wire in SANDBOXFUSION_WIRES:
             # SandboxFusion's limits above the pool's run at the pool's (``_within_limits``), as
             # SandboxFusion refuses none and verl scores a refusal -1 for every sample.
             return None
@@ -970,7 +971,7 @@ class Dispatcher:
         return dataclasses.replace(req, timeout_s=timeout_s, longest_phase=phase)
 
     def _queue(self, pool: _Pool, job: _Job) -> None:
-        if job.request.wire == "run_code":
+        if job.request.wire in SANDBOXFUSION_WIRES:
             job.request = self._within_limits(pool.config, job.request)
         req, cfg = job.request, pool.config
         beyond = self._beyond_limits(cfg, req)

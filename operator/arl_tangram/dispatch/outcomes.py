@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from arl_tangram.domain.actions import ActionOutcome, Outcome, Reason, Wire
+from arl_tangram.domain.actions import SANDBOXFUSION_WIRES, ActionOutcome, Outcome, Reason, Wire
 from arl_tangram.domain.batches import Runner, pass_fraction_reward
 from arl_tangram.errors import InfrastructureError
 from arl_tangram.sandbox.languages import LANGUAGE_UNAVAILABLE
@@ -29,8 +29,9 @@ def interpret(
     """The outcome an agent's response body says; raises InfrastructureError when the sandbox
     itself failed (``sandbox_error`` / ``SandboxError``): the program never had its fair run.
     ``runner``: how a test action's output is read for its reward (``runner_of``)."""
-    if wire == "run_code":
-        return _run_code(key, kind, body)
+    if wire in SANDBOXFUSION_WIRES:
+        # /run_jupyter's answer has the driver's run where /run_code's has the program's.
+        return _run_code(key, kind, body, "run_result" if wire == "run_code" else "driver")
     status = body.get("status")
     if status == "sandbox_error":
         raise InfrastructureError(f"the sandbox failed: {body.get('message') or 'no message'}")
@@ -57,7 +58,7 @@ def interpret(
     )
 
 
-def _run_code(key: str, kind: str, body: Mapping[str, Any]) -> ActionOutcome:
+def _run_code(key: str, kind: str, body: Mapping[str, Any], run_field: str) -> ActionOutcome:
     status = body.get("status")
     if status == "SandboxError" and body.get(LANGUAGE_UNAVAILABLE):
         # The request's language is not run by this pool's image: the caller's choice, not a
@@ -73,7 +74,7 @@ def _run_code(key: str, kind: str, body: Mapping[str, Any]) -> ActionOutcome:
         raise InfrastructureError(f"the sandbox failed: {body.get('message') or 'no message'}")
     if status not in ("Success", "Failed"):
         raise InfrastructureError(f"the agent answered an unknown SandboxFusion status {status!r}")
-    run_raw, compiled_raw = body.get("run_result"), body.get("compile_result")
+    run_raw, compiled_raw = body.get(run_field), body.get("compile_result")
     run: dict[str, Any] = run_raw if isinstance(run_raw, dict) else {}
     compiled: dict[str, Any] = compiled_raw if isinstance(compiled_raw, dict) else {}
     reason: Reason | None = None

@@ -50,7 +50,7 @@ from arl_tangram.gateway.models import (
 )
 from arl_tangram.gateway.openapi import RouteDoc, openapi
 from arl_tangram.gateway.parsing import ClientGone, too_large
-from arl_tangram.gateway.routing import check_query
+from arl_tangram.gateway.routing import POOL_PREFIX, check_query
 from arl_tangram.gateway.sessions import SessionRegistry
 from arl_tangram.gateway.state import (
     PRINCIPAL_KEY,
@@ -62,7 +62,7 @@ from arl_tangram.gateway.state import (
     is_loopback,
     state_of,
 )
-from arl_tangram.sandbox.models import RunCodeRequest, run_code_status
+from arl_tangram.sandbox.models import SANDBOXFUSION_PATHS, RunCodeRequest, RunJupyterRequest, run_code_status
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -160,6 +160,28 @@ def _docs() -> list[Route]:
             ),
             sandboxfusion.run_code,
         ),
+        Route(
+            R(
+                "POST",
+                "/run_jupyter",
+                "SandboxFusion's run_jupyter: notebook cells in one kernel (pool as for /run_code)",
+                RunJupyterRequest,
+                query=("namespace", "pool"),
+            ),
+            sandboxfusion.run_jupyter,
+        ),
+        # The same, with the pool in the path: SandboxFusion's own client appends /run_code to its
+        # endpoint, so a query there is lost (``?pool=P/run_code``) and it sends no headers.
+        *[
+            Route(
+                R("POST", f"{POOL_PREFIX}{path}", f"{text}, to the pool the path names", body),
+                handler,
+            )
+            for path, text, body, handler in (
+                ("/run_code", "SandboxFusion's run_code", RunCodeRequest, sandboxfusion.run_code),
+                ("/run_jupyter", "SandboxFusion's run_jupyter", RunJupyterRequest, sandboxfusion.run_jupyter),
+            )
+        ],
         Route(R("GET", "/v1/ping", "SandboxFusion's ping", text_out=True, open=True), sandboxfusion.ping),
         Route(
             R(
@@ -240,6 +262,10 @@ def _docs() -> list[Route]:
 
 
 ROUTES = _docs()
+# The routes that answer in SandboxFusion's shape, errors included (``status``, ``message``, 504).
+SANDBOXFUSION_ROUTES = frozenset(
+    r.doc.path for r in ROUTES if r.handler in (sandboxfusion.run_code, sandboxfusion.run_jupyter)
+)
 OPEN_PATHS = frozenset(r.doc.path for r in ROUTES if r.doc.open) | {"/openapi.json"}
 # The query parameters each path takes (every method of a path takes the same).
 QUERY_OF: dict[str, frozenset[str]] = {}
@@ -291,7 +317,7 @@ def _answer_error(
 def _error_response(
     request: web.Request, status: int, body: Mapping[str, Any], headers: Mapping[str, str]
 ) -> web.Response:
-    if request.path == "/run_code":
+    if request.path in SANDBOXFUSION_PATHS or _route_name(request) in SANDBOXFUSION_ROUTES:
         # As the agent's own /run_code: SandboxFusion clients look at status and message.
         body = {**body, "status": "SandboxError", "message": body.get("error")}
         status = run_code_status(status)  # 504 for 429 and 503: what verl retries

@@ -39,13 +39,32 @@ def check_query(request: web.Request, allowed: Collection[str]) -> None:
             raise InvalidSpec(f"?{name}", f"query parameter {name!r} is given more than once")
 
 
+# SandboxFusion's routes with the target in the path, for a client that can name it nowhere else
+# (SandboxFusion's own appends the route to its endpoint): ``/pools/NAMESPACE/POOL/run_code``.
+POOL_PREFIX = "/pools/{namespace}/{pool}"
+
+
 def given(request: web.Request, header: str, param: str) -> str | None:
-    """The value of ``header``, or of ``?param``; 400 when both are given and differ."""
-    value = request.headers.get(header)
-    query = request.query.get(param)
-    if value is not None and query is not None and value != query:
-        raise InvalidSpec(f"?{param}", f"{header} says {value[:80]!r} but ?{param} says {query[:80]!r}")
-    return query if value is None else value
+    """The value of ``header``, of ``?param``, or of the path's ``{param}``; 400 when two are given
+    and differ."""
+    said = {
+        where: value
+        for where, value in (
+            (header, request.headers.get(header)),
+            (f"?{param}", request.query.get(param)),
+            (f"the path's {param}", request.match_info.get(param)),
+        )
+        if value is not None
+    }
+    if not said:
+        return None
+    (first_where, first), *others = said.items()
+    for where, value in others:
+        if value != first:
+            raise InvalidSpec(
+                f"?{param}", f"{first_where} says {first[:80]!r} but {where} says {value[:80]!r}"
+            )
+    return first
 
 
 def _checked(value: str, where: str, pattern: re.Pattern[str]) -> str:

@@ -1,9 +1,10 @@
 """SandboxFusion's API, so that a trainer written for it switches by changing a URL.
 
-``POST /run_code`` takes SandboxFusion's body (validated with the sandbox agent's own model, so both
-refuse alike) and forwards it verbatim to an agent of the chosen pool; the answer is the agent's
-body, so shapes and verdicts are exactly the agent's own ``/run_code``. ``GET /v1/ping`` answers
-the JSON string ``"pong"``. A failure of the platform (the host lost, retries spent) is SandboxFusion's
+``POST /run_code`` (and ``POST /run_jupyter``, a notebook's cells) takes SandboxFusion's body
+(validated with the sandbox agent's own model, so both refuse alike) and forwards it verbatim to an
+agent of the chosen pool; the answer is the agent's body, so shapes and verdicts are exactly the
+agent's own. ``GET /v1/ping`` answers the JSON string ``"pong"``. A failure of the platform (the
+host lost, retries spent) is SandboxFusion's
 ``SandboxError`` with 504 and Retry-After (``models.RETRY_LATER_STATUS``).
 """
 
@@ -22,7 +23,7 @@ from arl_tangram.gateway.parsing import loads, read_body, validate
 from arl_tangram.gateway.routing import namespace_of, require_pool
 from arl_tangram.gateway.state import authorize, state_of
 from arl_tangram.sandbox.languages import LANGUAGE_UNAVAILABLE, compiles
-from arl_tangram.sandbox.models import RunCodeRequest, run_code_status
+from arl_tangram.sandbox.models import JUPYTER_MARGIN_S, RunCodeRequest, RunJupyterRequest, run_code_status
 
 
 def sandbox_error(message: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -95,6 +96,34 @@ async def run_code(request: web.Request) -> web.Response:
         payload_json=encoded,  # forwarded as the caller sent it: the agent parses the same bytes
     )
     outcome = await run_action(state, req, "run_code", keyless_caller(request, given))
+    return answer(outcome, state.config.retry_after_s)
+
+
+async def run_jupyter(request: web.Request) -> web.Response:
+    """``POST /run_jupyter``: a notebook's cells, run in a kernel of their own on a host of the pool,
+    as one action; the answer is the agent's, as for ``/run_code``."""
+    state = state_of(request)
+    namespace = namespace_of(request)
+    pool = require_pool(request, namespace)
+    await authorize(request, namespace)
+    encoded = await read_body(request, state.config)
+    raw = loads(encoded)
+    body = validate(RunJupyterRequest, raw)
+    given = caller_key(request, None)
+    req = ActionRequest(
+        key=scoped_key(namespace, given),
+        namespace=namespace,
+        target=pool,
+        kind="code",
+        payload=raw,
+        # The cells' total is the phase the pool's limits.timeoutSeconds bounds; the kernel's start
+        # and stop come on top, as in SandboxFusion.
+        timeout_s=body.total_timeout + JUPYTER_MARGIN_S,
+        longest_phase=("total_timeout", body.total_timeout),
+        wire="run_jupyter",
+        payload_json=encoded,
+    )
+    outcome = await run_action(state, req, "run_jupyter", keyless_caller(request, given))
     return answer(outcome, state.config.retry_after_s)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 import requests
+import sandbox_fusion
 import test_sandbox_api as agent_contract
 from gateway_harness import NS, POOL, Gateway, serve_gateway
 from sandbox_agent_harness import Agent, start_agent, stop_agent, wait_until
@@ -189,3 +190,52 @@ def test_a_platform_failure_is_what_verl_retries(reason: Reason) -> None:
     resp = sandboxfusion.answer(ActionOutcome("k", Outcome.FAILED, reason, "host-0 was lost"), 2.0)
     assert resp.status == 504 and resp.headers["Retry-After"] == "2"
     assert resp.body is not None and b'"SandboxError"' in resp.body  # type: ignore[operator]
+
+
+def test_run_jupyter_through_the_gateway_with_sandboxfusions_client(gateway: Gateway) -> None:
+    """SandboxFusion's own client's ``run_jupyter`` against the gateway: the cells run as one action
+    on a host of the pool (chosen as for ``/run_code``), in one kernel, and the answer is the
+    agent's. A platform failure is answered in SandboxFusion's shape, as on ``/run_code``."""
+    request = sandbox_fusion.RunJupyterRequest(cells=["x = 6 * 7", "x", "print(x)", "1 / 0"])
+    answer = sandbox_fusion.run_jupyter(request, endpoint=gateway.url, max_attempts=1, client_timeout=120)
+    assert answer.status == "Success"
+    assert answer.cells[1].display[0]["text/plain"] == "42"
+    assert answer.cells[2].stdout == "42\n"
+    assert answer.cells[3].error[0]["ename"] == "ZeroDivisionError"
+    by_query = requests.post(
+        gateway.url + "/run_jupyter?namespace=team-b&pool=py", json={"cells": ["print('b')"]}, timeout=120
+    )
+    assert by_query.status_code == 200 and by_query.json()["cells"][0]["stdout"] == "b\n", by_query.text
+    missing = requests.post(gateway.url + "/run_jupyter?pool=absent", json={"cells": ["1"]}, timeout=60)
+    assert missing.status_code == 404 and missing.json()["status"] == "SandboxError"
+    bad = requests.post(gateway.url + "/run_jupyter", json={"cells": [1]}, timeout=60)
+    assert bad.status_code == 422 and bad.json()["status"] == "SandboxError", bad.text
+    assert "cells" in bad.json()["message"]
+
+
+def test_a_notebook_over_its_total_timeout_fails_through_the_gateway(gateway: Gateway) -> None:
+    body = {"cells": ["import time\ntime.sleep(60)"], "total_timeout": 2}
+    resp = requests.post(gateway.url + "/run_jupyter", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["status"] == "Failed" and resp.json()["driver"]["status"] == "TimeLimitExceeded"
+
+
+def test_sandboxfusions_client_names_the_pool_in_its_endpoints_path(gateway: Gateway) -> None:
+    """SandboxFusion's client appends ``/run_code`` to its endpoint and sends no headers, so the
+    pool (when it is not the namespace's default) goes in the path: ``/pools/NAMESPACE/POOL``."""
+    endpoint = gateway.url + "/pools/team-b/py"
+    code = sandbox_fusion.RunCodeRequest(code="print(input()[::-1])", stdin="abc", language="python")
+    ran = sandbox_fusion.run_code(code, endpoint=endpoint, max_attempts=1, client_timeout=120)
+    assert ran.status == "Success" and ran.run_result is not None and ran.run_result.stdout == "cba\n"
+    notebook = sandbox_fusion.RunJupyterRequest(cells=["print('nb')"])
+    answer = sandbox_fusion.run_jupyter(notebook, endpoint=endpoint, max_attempts=1, client_timeout=120)
+    assert answer.status == "Success" and answer.cells[0].stdout == "nb\n"
+    # Named twice, differently: which one was meant? Refused, naming both.
+    body = {"code": "print(1)", "language": "python"}
+    both = requests.post(endpoint + "/run_code", json=body, headers={"X-Tangram-Pool": "other"}, timeout=60)
+    assert both.status_code == 400 and both.json()["status"] == "SandboxError", both.text
+    assert "'other'" in both.json()["message"] and "'py'" in both.json()["message"]
+    absent = requests.post(gateway.url + "/pools/team-b/absent/run_code", json=body, timeout=60)
+    assert absent.status_code == 404 and "absent" in absent.json()["message"]
+    typo = requests.post(endpoint + "/run_code?pol=x", json=body, timeout=60)
+    assert typo.status_code == 400 and "pol" in typo.json()["message"]
