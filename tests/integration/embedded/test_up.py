@@ -1,6 +1,7 @@
 """``tangram up`` as a user runs it: a directory of the same YAML a cluster takes, actions through
-its gateway (SandboxFusion's /run_code, the native API with sessions, reward endpoints) with the
-right verdicts, bad specs refused by name, and Ctrl-C stopping every process it started."""
+its gateway (SandboxFusion's /run_code and /run_jupyter, the native API with sessions, reward
+endpoints) with the right verdicts, bad specs refused by name, and Ctrl-C stopping every process it
+started."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 import requests
+import sandbox_fusion
 import yaml
 from up_harness import Up, leftovers, pool_doc, tangram_up, wait_until
 
@@ -75,6 +77,17 @@ def test_humaneval_programs_get_their_own_verdicts_through_run_code(up: Up) -> N
         body = resp.json()
         assert body["run_result"]["return_code"] == want, (prog.action_id, body)
         assert body["status"] == ("Success" if want == 0 else "Failed")
+
+
+def test_a_notebook_through_sandboxfusions_client(up: Up) -> None:
+    """SandboxFusion's own client, its endpoint naming the pool in the path (it appends the route)."""
+    notebook = sandbox_fusion.RunJupyterRequest(cells=["x = 6 * 7", "x", "1 / 0", "print(x)"])
+    endpoint = up.url + "/pools/default/py"
+    answer = sandbox_fusion.run_jupyter(notebook, endpoint=endpoint, max_attempts=1, client_timeout=120)
+    assert answer.status == "Success"
+    assert answer.cells[1].display[0]["text/plain"] == "42"
+    assert answer.cells[2].error[0]["ename"] == "ZeroDivisionError"
+    assert answer.cells[3].stdout == "42\n"
 
 
 def test_native_actions_and_a_session_through_the_client(up: Up) -> None:
