@@ -6,12 +6,13 @@ the action's uid, limits and namespaces, with the kernel as its child: whatever 
 as any program there would. It is run by path, not imported: the standard library and
 jupyter_client only, none of the agent's modules.
 
-CONFIG is a JSON file in the workdir (the action's code): ``cells``, ``cell_timeout`` (0: none) and
-``total_timeout``. It is read and removed before the first cell runs. One line of JSON goes to
-stdout at the end, and nothing else does: ``{"status": "Finished" | "TimeLimitExceeded" | "Error",
-"message": str, "cells": [{"stdout", "stderr", "display", "error", "status"}...]}``, each cell as
-SandboxFusion's runtime records it (``display``: each display's or result's MIME bundle; ``error``:
-the kernel's error contents, ``ename``, ``evalue`` and ``traceback``).
+CONFIG is a JSON file in the workdir (the action's code): ``cells``, ``cell_timeout`` (0: none),
+``total_timeout`` and ``output_bytes`` (the most the answer may take: ``_Budget``). It is read and
+removed before the first cell runs. One line of JSON goes to stdout at the end, and nothing else
+does: ``{"status": "Finished" | "TimeLimitExceeded" | "Error", "message": str, "cells": [...]}``,
+each cell as SandboxFusion's runtime records it (``stdout``, ``stderr``; ``display``: each
+display's or result's MIME bundle; ``error``: the kernel's error contents, ``ename``, ``evalue``
+and ``traceback``), with its ``status`` as the kernel replied and what was cut (``*_truncated``).
 
 Why the output is trusted: this process makes itself non-dumpable before any cell runs, so that a
 cell's process (the same uid) cannot open ``/proc/<this>/fd/1`` to write a forged answer into its
@@ -45,8 +46,50 @@ def _undumpable() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
 
 
+# What one character may take in the JSON answer at most: an astral one is two \\uXXXX escapes.
+_JSON_CHAR_MAX = 12
+# An error kept past the budget keeps this much of its value (its traceback is dropped).
+_ERROR_VALUE_KEPT = 1000
+
+
+class _Budget:
+    """The bytes of JSON the answer may still take: the agent returns at most so much of a
+    program's stdout, and an answer cut there would be no answer at all. Past it, a cell's streams
+    and displays are cut (``stdout_truncated``, ``stderr_truncated``, ``display_truncated``) and
+    its errors keep their name and the start of their value: the notebook still answers, as a
+    program's output over the limit is cut and its verdict kept."""
+
+    def __init__(self, limit: int) -> None:
+        self.left = limit
+
+    def take(self, value: Any) -> bool:
+        cost = len(json.dumps(value))
+        if cost > self.left:
+            return False
+        self.left -= cost
+        return True
+
+    def text(self, text: str) -> tuple[str, bool]:
+        """``text``, or as much of it as fits, and whether it was cut."""
+        if self.take(text):
+            return text, False
+        part = text[: max(self.left, 0) // _JSON_CHAR_MAX]
+        self.take(part)
+        self.left = 0  # nothing after a cut: a stream's later text without its middle would mislead
+        return part, True
+
+
 def _empty_cell() -> dict[str, Any]:
-    return {"stdout": "", "stderr": "", "display": [], "error": [], "status": "ok"}
+    return {
+        "stdout": "",
+        "stderr": "",
+        "display": [],
+        "error": [],
+        "status": "ok",
+        "stdout_truncated": False,
+        "stderr_truncated": False,
+        "display_truncated": False,
+    }
 
 
 class _Stuck(Exception):
@@ -57,10 +100,13 @@ class _Stuck(Exception):
         self.timed_out = timed_out
 
 
-def _run_cell(client: Any, manager: Any, code: str, limit_s: float) -> tuple[dict[str, Any], bool]:
+def _run_cell(
+    client: Any, manager: Any, code: str, limit_s: float, budget: _Budget
+) -> tuple[dict[str, Any], bool]:
     """One cell's outputs, and whether its time ran out (then it was interrupted, as a notebook's
     Interrupt does, and its error is the kernel's KeyboardInterrupt)."""
     cell = _empty_cell()
+    streams: dict[str, list[str]] = {"stdout": [], "stderr": []}
     msg_id = client.execute(code, allow_stdin=False, stop_on_error=False)
     deadline = time.monotonic() + limit_s
     interrupted = False
@@ -84,14 +130,24 @@ def _run_cell(client: Any, manager: Any, code: str, limit_s: float) -> tuple[dic
         kind, content = msg["header"]["msg_type"], msg["content"]
         if kind == "stream":
             name = content.get("name")
-            if name in ("stdout", "stderr"):
-                cell[name] += content.get("text", "")
+            if name in streams and not cell[f"{name}_truncated"]:
+                text, cut = budget.text(content.get("text", ""))
+                streams[name].append(text)
+                cell[f"{name}_truncated"] = cut
         elif kind in ("display_data", "execute_result"):
-            cell["display"].append(content.get("data", {}))
+            data = content.get("data", {})
+            if budget.take(data):
+                cell["display"].append(data)
+            else:
+                cell["display_truncated"] = True
         elif kind == "error":
+            if not budget.take(content):
+                evalue = str(content.get("evalue", ""))[:_ERROR_VALUE_KEPT]
+                content = {"ename": content.get("ename", ""), "evalue": evalue, "traceback": []}
             cell["error"].append(content)
         elif kind == "status" and content.get("execution_state") == "idle":
             break
+    cell["stdout"], cell["stderr"] = "".join(streams["stdout"]), "".join(streams["stderr"])
     try:
         reply = client.get_shell_msg(timeout=INTERRUPT_GRACE_S)
         cell["status"] = reply["content"].get("status", "ok")
@@ -107,6 +163,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     start = time.monotonic()
     total = float(config["total_timeout"])
     per_cell = float(config.get("cell_timeout") or 0)
+    budget = _Budget(int(config["output_bytes"]))
     cells: list[dict[str, Any]] = []
     # The kernel's connection file, IPython's profile and history, and the sockets: in the workdir
     # (the only place an action may write), removed at the end. Relative socket paths keep under
@@ -136,7 +193,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             # The cell's own limit, or what is left of the total where that comes first: a cell
             # over its own limit is interrupted and the next one runs; over the total, none does.
             by_total = per_cell <= 0 or left <= per_cell
-            cell, timed_out = _run_cell(client, manager, code, left if by_total else per_cell)
+            cell, timed_out = _run_cell(client, manager, code, left if by_total else per_cell, budget)
             cells.append(cell)
             if timed_out and by_total:
                 status, message = "TimeLimitExceeded", f"total_timeout {total:g} s ran out"

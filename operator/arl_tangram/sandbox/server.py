@@ -454,7 +454,13 @@ async def run_jupyter(request: web.Request) -> web.Response:
             f"{total:g} s (its pool's limits.timeoutSeconds less {margin:g} s for the kernel): "
             f"it ran with {total:g} s"
         )
-    notebook = {"cells": body.cells, "cell_timeout": body.cell_timeout, "total_timeout": total}
+    notebook = {
+        "cells": body.cells,
+        "cell_timeout": body.cell_timeout,
+        "total_timeout": total,
+        # The cells' outputs fit the stdout this agent returns, with room for the answer's frame.
+        "output_bytes": lim.output_bytes - min(JUPYTER_FRAME_BYTES, lim.output_bytes // 4),
+    }
     spec = ActionSpec(
         runtime="jupyter",
         code=json.dumps(notebook),
@@ -478,6 +484,10 @@ async def run_jupyter(request: web.Request) -> web.Response:
         return web.json_response(jupyter_response(result))
 
     return await _keyed(request, key, spec, action)
+
+
+# What a notebook's answer takes besides its cells' outputs (keys, statuses, each cell's frame).
+JUPYTER_FRAME_BYTES = 64 << 10
 
 
 def jupyter_response(result: ActionResult) -> dict[str, Any]:

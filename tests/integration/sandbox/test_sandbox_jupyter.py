@@ -187,3 +187,32 @@ def test_a_total_above_the_ceiling_runs_at_the_ceiling_and_says_so(agent: Agent)
     assert resp.status_code == 200 and answer["status"] == "Success", answer
     assert answer["cells"][0]["stdout"] == "1\n"
     assert any("total_timeout 500 s is above" in note for note in answer["notes"])
+
+
+def test_output_past_what_the_agent_returns_is_cut_and_the_notebook_still_answers(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """An agent returns at most ``--output-bytes`` of a program's stdout, and the notebook's answer
+    is its driver's stdout: cut there, it was no answer at all. The cells' outputs are cut instead,
+    each cut said (``*_truncated``, keys SandboxFusion's client ignores), and an error keeps its
+    name and the start of its value."""
+    small = start_agent(tmp_path_factory.mktemp("jupyter-small") / "work", "--output-bytes", "300000")
+    try:
+        cells = [
+            "print('x' * 1_000_000)",
+            "print('after')",
+            "'y' * 1_000_000",
+            "raise ValueError('v' * 1_000_000)",
+        ]
+        resp = requests.post(small.url + "/run_jupyter", json={"cells": cells}, timeout=120)
+    finally:
+        stop_agent(small)
+    answer = resp.json()
+    assert resp.status_code == 200 and answer["status"] == "Success", answer["message"]
+    first, after, shown, raised = answer["cells"]
+    assert 0 < len(first["stdout"]) < 300_000 and first["stdout"] == "x" * len(first["stdout"])
+    assert first["stdout_truncated"] and not first["stderr_truncated"]
+    # Nothing fits after the cut, and each cell says what it lost.
+    assert after["stdout"] == "" and after["stdout_truncated"]
+    assert shown["display"] == [] and shown["display_truncated"]
+    assert raised["error"][0]["ename"] == "ValueError" and raised["error"][0]["evalue"] == "v" * 1000
