@@ -46,8 +46,6 @@ def _undumpable() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
 
 
-# What one character may take in the JSON answer at most: an astral one is two \\uXXXX escapes.
-_JSON_CHAR_MAX = 12
 # An error kept past the budget keeps this much of its value (its traceback is dropped).
 _ERROR_VALUE_KEPT = 1000
 
@@ -73,7 +71,15 @@ class _Budget:
         """``text``, or as much of it as fits, and whether it was cut."""
         if self.take(text):
             return text, False
-        part = text[: max(self.left, 0) // _JSON_CHAR_MAX]
+        # The longest start that fits: escapes make a character take 1 to 12 bytes, so the guess
+        # shrinks by the share it overshot until it fits (a few encodings, not one per character).
+        n = min(len(text), max(self.left - 2, 0))
+        while n > 0:
+            cost = len(json.dumps(text[:n]))
+            if cost <= self.left:
+                break
+            n = min(n - 1, n * self.left // cost)
+        part = text[:n]
         self.take(part)
         self.left = 0  # nothing after a cut: a stream's later text without its middle would mislead
         return part, True
