@@ -30,6 +30,9 @@ ANSWER_MARGIN_S = 15.0
 # The statuses by which an agent refuses a request it understood (bad payload, conflict, too large):
 # a retry of the same request cannot help.
 REFUSALS = frozenset({400, 409, 413, 422})
+# Routes an agent of an older image lacks: its 404 there is the pool's image, not a failing host
+# (counted as one, every notebook sent to such a pool took one of its hosts out).
+NEWER_ROUTES = frozenset({"/run_jupyter"})
 # Control calls (health, sessions, in-flight lists) are small: a host that takes longer is unhealthy.
 CONTROL_TIMEOUT_S = 5.0
 
@@ -105,6 +108,9 @@ class AgentClient:
         except (ExchangeError, OSError) as exc:
             raise Unreachable(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
         raw, status = resp.body, resp.status
+        if status == 404 and target in NEWER_ROUTES:
+            message = f"this pool's sandbox agent does not serve {target}: its image predates it"
+            raise AgentRefused(404, {"status": "SandboxError", "message": message, "error": message})
         try:
             # UTF-8, as JSON between systems is (RFC 8259): no sniffing of other encodings per call.
             parsed = json.loads(raw.decode()) if raw else {}

@@ -126,6 +126,8 @@ def _memory_asked(req: ActionRequest) -> tuple[str, int] | None:
     """The memory an action asks for, in MB, with its field's name as the caller wrote it: a
     SandboxFusion body's ``memory_limit_MB`` (-1 or 0: the pool's most, none asked) or an agent
     payload's ``memory_mb``; None when it asks for none."""
+    if req.wire == "run_jupyter":
+        return None  # SandboxFusion's notebook asks for none
     name = "memory_limit_MB" if req.wire == "run_code" else "memory_mb"
     value = req.payload.get(name)
     if isinstance(value, bool) or not isinstance(value, int | float | str):
@@ -949,8 +951,10 @@ class Dispatcher:
         limit_s = cfg.limits.timeout_s
         timeout_s, phase = req.timeout_s, req.longest_phase
         if timeout_s is not None and phase is not None and phase[1] > limit_s:
-            # The longest phase and the others (a compile's and a run's timeouts), each held.
-            timeout_s = limit_s + min(max(timeout_s - phase[1], 0.0), limit_s)
+            # The longest phase and the others (a compile's and a run's timeouts), each held; a
+            # notebook's kernel start and stop is no phase of the pool's limit (its agent allows it).
+            rest = max(timeout_s - phase[1], 0.0)
+            timeout_s = limit_s + (rest if req.wire == "run_jupyter" else min(rest, limit_s))
             over.append(f"{phase[0]} {phase[1]:g} s (limits.timeoutSeconds {limit_s:g} s)")
             phase = (phase[0], limit_s)
         memory = _memory_asked(req)

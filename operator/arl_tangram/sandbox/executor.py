@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import queue
 import resource
 import secrets
+import shutil
 import signal
 import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic import ValidationError
 
 from arl_tangram.api.actionpool import MAX_SESSION_TTL_S, WORKDIR_BYTES_PER_FILE
 from arl_tangram.errors import CapacityExceeded, InvalidSpec, NotReady
@@ -31,7 +36,9 @@ from arl_tangram.sandbox.builds import Builder, CompileStep, Dispatch
 from arl_tangram.sandbox.config import AgentConfig, cpu_limit, infra_cores
 from arl_tangram.sandbox.cores import CorePool
 from arl_tangram.sandbox.forkclient import ForkServerClient, next_id
+from arl_tangram.sandbox.jupyter_driver import RUNTIME_PREFIX
 from arl_tangram.sandbox.languages import ACTION_SYSTEM_PATH, Detection, detect
+from arl_tangram.sandbox.models import JUPYTER_MARGIN_S, Notebook
 from arl_tangram.sandbox.preload import zygote_modules
 
 log = logging.getLogger(__name__)
@@ -58,6 +65,20 @@ JUPYTER_FILE = ".tangram-notebook.json"
 CODE_FILES = {"pytest": PYTEST_FILE, "bash": BASH_FILE, "jupyter": JUPYTER_FILE}
 # A jupyter action's program: it runs the cells in a kernel of its own (jupyter_driver.py says how).
 JUPYTER_DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jupyter_driver.py")
+
+
+def _remove_top_level(workdir: str, doomed: Callable[[str], bool]) -> None:
+    """Remove the entries of ``workdir`` whose names are ``doomed``, whatever they are (links are
+    removed, not followed: their owner is untrusted)."""
+    with contextlib.suppress(OSError), os.scandir(workdir) as entries:
+        for entry in entries:
+            if not doomed(entry.name):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
 
 
 @dataclass
@@ -354,12 +375,37 @@ class Executor:
                 "runtime", f"unknown runtime {runtime!r}; this pool offers {', '.join(self.config.runtimes)}"
             )
 
+    def _notebook(self, spec: ActionSpec) -> str:
+        """A jupyter action's code made whole: the notebook as given (``models.Notebook``), checked,
+        with what its driver takes from this agent (how much output it may answer with, how long
+        its kernel may take to start)."""
+        try:
+            notebook = Notebook.model_validate_json(spec.code)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'the code'}: {e['msg']}"
+                for e in exc.errors(include_url=False, include_input=False)
+            )
+            raise InvalidSpec("code", f"a jupyter action's code is its notebook as JSON: {problems}") from exc
+        timeout = self.config.limits.timeout_s if spec.timeout_s is None else spec.timeout_s
+        return json.dumps(
+            {
+                "cells": notebook.cells,
+                "cell_timeout": notebook.cell_timeout,
+                "total_timeout": notebook.total_timeout or timeout,
+                "start_timeout": JUPYTER_MARGIN_S,
+                "output_bytes": self.config.limits.output_bytes,
+            }
+        )
+
     def _limits(self, spec: ActionSpec, memory_mb: int | None) -> tuple[float, dict[str, int]]:
         """The action's timeout and limits (its CPU time's: ``config.cpu_limit``, a backstop)."""
         lim = self.config.limits
         timeout = lim.timeout_s if spec.timeout_s is None else spec.timeout_s
-        if not 0 < timeout <= lim.max_timeout_s:
-            raise InvalidSpec("timeout", f"{timeout} s is outside (0, {lim.max_timeout_s}] s")
+        # A notebook's cells may have the ceiling, its kernel's start and stop the margin beyond it.
+        most = lim.max_timeout_s + (JUPYTER_MARGIN_S if spec.runtime == "jupyter" else 0.0)
+        if not 0 < timeout <= most:
+            raise InvalidSpec("timeout", f"{timeout} s is outside (0, {most:g}] s")
         memory = memory_mb if memory_mb is not None else lim.memory_mb
         if not 16 <= memory <= lim.max_memory_mb:
             raise InvalidSpec("memory_mb", f"{memory} MB is outside [16, {lim.max_memory_mb}] MB")
@@ -429,6 +475,8 @@ class Executor:
         if not self.healthy:
             async with self._restart_lock:
                 await self._replace_dead_server()
+        if spec.runtime == "jupyter":
+            spec.code = self._notebook(spec)
         if spec.runtime in CODE_FILES:
             spec.files = {**spec.files, CODE_FILES[spec.runtime]: spec.code.encode()}
         spec.files = self.builder.admit(spec.runtime, spec.code, spec.files, spec.compile_timeout_s)
@@ -588,6 +636,12 @@ class Executor:
             return build.attach(self._result(reply, cores, files, session.id, timeout_s, notes))
         server = self._live_server()
         cores, reply = await self._dispatch(server, msg, control)
+        if spec.runtime == "jupyter":
+            # A driver killed (by its timeout, or by a cell) leaves its notebook and its kernel's
+            # runtime directory (connection key, sockets, history) in the session's workdir.
+            _remove_top_level(
+                session.workdir, lambda name: name == JUPYTER_FILE or name.startswith(RUNTIME_PREFIX)
+            )
         if interp:
             if session.interp_server not in (None, server):
                 # Its interpreter died with the fork server it lived in: this call ran in a new one.

@@ -23,6 +23,7 @@ kill this process: then the action has no answer and fails.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -35,8 +36,13 @@ import time
 from typing import Any
 
 # Grace for an interrupted cell to end (its KeyboardInterrupt recorded) before the kernel is
-# declared stuck, and for the kernel to start and answer at all.
+# declared stuck, and for a cell's reply once its output is over.
 INTERRUPT_GRACE_S = 5.0
+# The name the kernel's runtime directory starts with, in the workdir (the agent removes any such
+# directory a killed driver left in a session's workdir).
+RUNTIME_PREFIX = ".tangram-jupyter-"
+# The end of the kernel's own log kept in the driver's stderr.
+LOG_KEPT = 64 << 10
 PR_SET_DUMPABLE = 4
 
 
@@ -46,7 +52,7 @@ def _undumpable() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
 
 
-# An error kept past the budget keeps this much of its value (its traceback is dropped).
+# An error past the budget keeps at most this much of its value (its traceback is dropped).
 _ERROR_VALUE_KEPT = 1000
 
 
@@ -95,7 +101,19 @@ def _empty_cell() -> dict[str, Any]:
         "stdout_truncated": False,
         "stderr_truncated": False,
         "display_truncated": False,
+        "error_truncated": False,
     }
+
+
+# What the answer holds whatever the cells print: its own frame, and per cell the cell's frame and
+# one error's name. Reserved before the cells' outputs share the rest (``_Budget``).
+_ANSWER_FRAME = 1024
+_ENAME_KEPT = 100
+_CELL_RESERVE = (
+    len(json.dumps(_empty_cell()))
+    + len(json.dumps({"ename": "x" * _ENAME_KEPT, "evalue": "", "traceback": []}))
+    + 4
+)
 
 
 class _Stuck(Exception):
@@ -148,33 +166,68 @@ def _run_cell(
                 cell["display_truncated"] = True
         elif kind == "error":
             if not budget.take(content):
-                evalue = str(content.get("evalue", ""))[:_ERROR_VALUE_KEPT]
-                content = {"ename": content.get("ename", ""), "evalue": evalue, "traceback": []}
+                # Its name always (the cell's reserve pays for it), and as much of its value as fits.
+                evalue, _ = budget.text(str(content.get("evalue", ""))[:_ERROR_VALUE_KEPT])
+                content = {
+                    "ename": str(content.get("ename", ""))[:_ENAME_KEPT],
+                    "evalue": evalue,
+                    "traceback": [],
+                }
+                cell["error_truncated"] = True
             cell["error"].append(content)
         elif kind == "status" and content.get("execution_state") == "idle":
             break
     cell["stdout"], cell["stderr"] = "".join(streams["stdout"]), "".join(streams["stderr"])
-    try:
-        reply = client.get_shell_msg(timeout=INTERRUPT_GRACE_S)
-        cell["status"] = reply["content"].get("status", "ok")
-    except queue.Empty:
-        cell["status"] = "error" if cell["error"] else "ok"
+    cell["status"] = "error" if cell["error"] else "ok"
+    deadline = time.monotonic() + INTERRUPT_GRACE_S
+    while (left := deadline - time.monotonic()) > 0:
+        # This cell's reply (a late one of an earlier cell is passed over).
+        try:
+            reply = client.get_shell_msg(timeout=left)
+        except queue.Empty:
+            break
+        if reply.get("parent_header", {}).get("msg_id") == msg_id:
+            cell["status"] = reply["content"].get("status", cell["status"])
+            break
     return cell, interrupted
+
+
+def _start(manager: Any, log: Any, start_s: float) -> Any:
+    """Start the kernel and a client once it answers, within ``start_s``; a start that fails is
+    tried once more, as a kernel's start now and then does (SandboxFusion tries until its timeout)."""
+    deadline = time.monotonic() + start_s
+    for attempt in (1, 2):
+        client = None
+        try:
+            manager.start_kernel(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
+            client = manager.client()
+            client.start_channels()
+            client.wait_for_ready(timeout=max(deadline - time.monotonic(), 1.0) / (3 - attempt))
+            return client
+        except Exception:
+            if client is not None:
+                client.stop_channels()
+            with contextlib.suppress(Exception):
+                manager.shutdown_kernel(now=True)
+            if attempt == 2 or time.monotonic() >= deadline:
+                raise
+    raise AssertionError("unreachable")
 
 
 def run(config: dict[str, Any]) -> dict[str, Any]:
     """Start a kernel, run ``config``'s cells in it, and say what they gave."""
     from jupyter_client.manager import KernelManager
 
-    start = time.monotonic()
+    codes: list[str] = config["cells"]
     total = float(config["total_timeout"])
-    per_cell = float(config.get("cell_timeout") or 0)
-    budget = _Budget(int(config["output_bytes"]))
+    per_cell = max(float(config.get("cell_timeout") or 0), 0.0)
+    budget = _Budget(int(config["output_bytes"]) - _ANSWER_FRAME - len(codes) * _CELL_RESERVE)
     cells: list[dict[str, Any]] = []
     # The kernel's connection file, IPython's profile and history, and the sockets: in the workdir
-    # (the only place an action may write), removed at the end. Relative socket paths keep under
-    # the 107 bytes a Unix socket's path may have, however deep the workdir.
-    runtime = tempfile.mkdtemp(prefix=".tangram-jupyter-", dir=".")
+    # (the only place an action may write), removed at the end (and by the agent, in a session,
+    # should this process be killed first). Relative socket paths keep under the 107 bytes a Unix
+    # socket's path may have, however deep the workdir.
+    runtime = tempfile.mkdtemp(prefix=RUNTIME_PREFIX, dir=".")
     os.environ["JUPYTER_RUNTIME_DIR"] = os.path.abspath(runtime)
     os.environ["IPYTHONDIR"] = os.path.abspath(os.path.join(runtime, "ipython"))
     # Jupyter's own plotting backend (figures as image/png displays), as a kernel has outside: the
@@ -182,46 +235,46 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     os.environ.pop("MPLBACKEND", None)
     manager = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(runtime, "kernel"))
     manager.connection_file = os.path.join(os.path.abspath(runtime), "kernel.json")
-    log_path = os.path.join(runtime, "kernel.log")
     status, message = "Finished", ""
     client = None
-    try:
-        with open(log_path, "wb") as log:
-            manager.start_kernel(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
-        client = manager.client()
-        client.start_channels()
-        client.wait_for_ready(timeout=max(total - (time.monotonic() - start), INTERRUPT_GRACE_S))
-        for code in config["cells"]:
-            left = total - (time.monotonic() - start)
-            if left <= 0:
-                status, message = "TimeLimitExceeded", f"total_timeout {total:g} s ran out"
-                break
-            # The cell's own limit, or what is left of the total where that comes first: a cell
-            # over its own limit is interrupted and the next one runs; over the total, none does.
-            by_total = per_cell <= 0 or left <= per_cell
-            cell, timed_out = _run_cell(client, manager, code, left if by_total else per_cell, budget)
-            cells.append(cell)
-            if timed_out and by_total:
-                status, message = "TimeLimitExceeded", f"total_timeout {total:g} s ran out"
-                break
-    except _Stuck as exc:
-        status = "TimeLimitExceeded" if exc.timed_out else "Error"
-        message = f"cell {len(cells) + 1}: {exc}"
-    except Exception as exc:  # the kernel did not start or answer: said, not a traceback
-        status, message = "Error", f"{type(exc).__name__}: {exc}"
-    finally:
-        if client is not None:
-            client.stop_channels()
+    # The kernel's own log (its stderr), read back at the end: a file with no name, which no cell
+    # can replace by a FIFO or a link to something endless.
+    with tempfile.TemporaryFile() as log:
         try:
-            manager.shutdown_kernel(now=True)
-        except Exception as exc:
-            print(f"kernel shutdown: {exc}", file=sys.stderr)
-        try:
-            with open(log_path, "rb") as log:
-                sys.stderr.write(log.read().decode(errors="replace"))
-        except OSError:
-            pass
-        shutil.rmtree(runtime, ignore_errors=True)
+            client = _start(manager, log, float(config["start_timeout"]))
+            # The total is the cells' time: it starts once the kernel answers (its start has its own).
+            start = time.monotonic()
+            for code in codes:
+                left = total - (time.monotonic() - start)
+                if left <= 0:
+                    status, message = "TimeLimitExceeded", f"total_timeout {total:g} s ran out"
+                    break
+                # The cell's own limit, or what is left of the total where that comes first: a cell
+                # over its own limit is interrupted and the next one runs; over the total, none does.
+                by_total = per_cell <= 0 or left <= per_cell
+                cell, timed_out = _run_cell(client, manager, code, left if by_total else per_cell, budget)
+                cells.append(cell)
+                if timed_out and by_total:
+                    status, message = "TimeLimitExceeded", f"total_timeout {total:g} s ran out"
+                    break
+        except _Stuck as exc:
+            status = "TimeLimitExceeded" if exc.timed_out else "Error"
+            message = f"cell {len(cells) + 1}: {exc}"
+        except Exception as exc:  # the kernel did not start, or stopped answering: said, not a traceback
+            status = "Error"
+            what = "the kernel did not start" if client is None else f"cell {len(cells) + 1}"
+            message = f"{what}: {type(exc).__name__}: {exc}"
+        finally:
+            if client is not None:
+                client.stop_channels()
+            try:
+                manager.shutdown_kernel(now=True)
+            except Exception as exc:
+                print(f"kernel shutdown: {exc}", file=sys.stderr)
+            log.seek(0, os.SEEK_END)
+            log.seek(max(log.tell() - LOG_KEPT, 0))
+            sys.stderr.write(log.read(LOG_KEPT).decode(errors="replace"))
+            shutil.rmtree(runtime, ignore_errors=True)
     return {"status": status, "message": message, "cells": cells}
 
 

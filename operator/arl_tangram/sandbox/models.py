@@ -72,9 +72,9 @@ class RunJupyterRequest(BaseModel):
     cells: list[Text] = Field(description="the notebook's code cells, run in order in one kernel")
     # SandboxFusion documents cell_timeout and enforces neither; here a cell over its limit is
     # interrupted (its error is the kernel's KeyboardInterrupt) and the next one runs, and the
-    # total ends the notebook. 0: no limit of the cell's own.
+    # total ends the notebook. 0 or less: no limit of the cell's own (SandboxFusion refuses none).
     cell_timeout: float = Field(
-        0, ge=0, allow_inf_nan=False, description="seconds each cell may run (0: only the total limits it)"
+        0, allow_inf_nan=False, description="seconds each cell may run (0 or less: only the total limits it)"
     )
     total_timeout: float = Field(
         45, gt=0, allow_inf_nan=False, description="seconds all the cells may run together"
@@ -82,6 +82,19 @@ class RunJupyterRequest(BaseModel):
     kernel: Literal["python3"] = "python3"
     files: dict[Text, str | None] = Field(default_factory=dict, description="path -> base64 content")
     fetch_files: list[Text] = Field(default_factory=list)
+
+
+class Notebook(BaseModel):
+    """A ``jupyter`` action's code, as JSON: what its driver runs (``/run_jupyter`` makes it from
+    SandboxFusion's request; the native API takes it as ``code``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cells: list[Text]
+    cell_timeout: float = Field(0, allow_inf_nan=False, description="0 or less: no limit of the cell's own")
+    total_timeout: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="the cells' time together; default: the action's timeout"
+    )
 
 
 # ``/run_code``'s answer to "send it again later" (the platform failed: a host lost, retries spent;

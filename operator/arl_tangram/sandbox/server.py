@@ -55,6 +55,7 @@ from arl_tangram.sandbox.models import (
     RETRY_LATER_STATUS,
     SANDBOXFUSION_PATHS,
     ExecuteRequest,
+    Notebook,
     RunCodeRequest,
     RunJupyterRequest,
     SessionRequest,
@@ -443,28 +444,20 @@ async def run_jupyter(request: web.Request) -> web.Response:
             "kernel", "this sandbox does not offer notebooks (its --runtimes leave out jupyter)"
         )
     lim = executor.config.limits
-    # The driver's limit is the cells' total and the kernel's start (SandboxFusion's + 10 s), held to
-    # this agent's ceiling: the cells get what is left of it, and the answer says so.
-    margin = min(JUPYTER_MARGIN_S, lim.max_timeout_s / 4)
-    total = min(body.total_timeout, lim.max_timeout_s - margin)
+    # The pool's limit (this agent's ceiling) bounds the cells' total, as it bounds /run_code's run;
+    # the kernel's start and stop have SandboxFusion's 10 s on top (the executor allows them).
+    total = min(body.total_timeout, lim.max_timeout_s)
     notes = []
     if total < body.total_timeout:
         notes.append(
-            f"total_timeout {body.total_timeout:.15g} s is above what this sandbox allows, "
-            f"{total:g} s (its pool's limits.timeoutSeconds less {margin:g} s for the kernel): "
-            f"it ran with {total:g} s"
+            f"total_timeout {body.total_timeout:.15g} s is above the most this sandbox allows, "
+            f"{total:g} s (its pool's limits.timeoutSeconds): it ran with {total:g} s"
         )
-    notebook = {
-        "cells": body.cells,
-        "cell_timeout": body.cell_timeout,
-        "total_timeout": total,
-        # The cells' outputs fit the stdout this agent returns, with room for the answer's frame.
-        "output_bytes": lim.output_bytes - min(JUPYTER_FRAME_BYTES, lim.output_bytes // 4),
-    }
+    notebook = Notebook(cells=body.cells, cell_timeout=body.cell_timeout, total_timeout=total)
     spec = ActionSpec(
         runtime="jupyter",
-        code=json.dumps(notebook),
-        timeout_s=total + margin,
+        code=notebook.model_dump_json(),
+        timeout_s=total + JUPYTER_MARGIN_S,
         # SandboxFusion sets no memory limit on a notebook: here the most the pool allows.
         memory_mb=lim.max_memory_mb,
         files=_decode_files(body.files),
@@ -484,10 +477,6 @@ async def run_jupyter(request: web.Request) -> web.Response:
         return web.json_response(jupyter_response(result))
 
     return await _keyed(request, key, spec, action)
-
-
-# What a notebook's answer takes besides its cells' outputs (keys, statuses, each cell's frame).
-JUPYTER_FRAME_BYTES = 64 << 10
 
 
 def jupyter_response(result: ActionResult) -> dict[str, Any]:

@@ -562,6 +562,39 @@ async def test_a_garbage_answer_is_an_infrastructure_failure_retried_elsewhere(
     assert any(o.attempts > 1 for o in outcomes), "no action was sent to the garbage host first"
 
 
+async def test_an_agent_without_run_jupyter_refuses_the_notebook_and_is_not_taken_for_failing() -> None:
+    """A pool whose image predates ``/run_jupyter`` answers it with aiohttp's own 404 (text). Taken
+    for a failing host, every notebook sent there was retried and counted against its hosts. The
+    older agent is stood in by an HTTP server with no routes: no older image can be run here."""
+    app = web.Application()
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    client = AgentClient()
+    d = Dispatcher(client)
+    d.upsert_pool(_pool())
+    d.agent.inflight = _no_inflight  # type: ignore[method-assign]
+    await d.sync_hosts(f"{NS}/py", [HostEndpoint("old", f"127.0.0.1:{port}", (0, 1), 4 << 30)])
+    notebook = {"cells": ["print(1)"]}
+    outcomes = [
+        await d.run(
+            ActionRequest(
+                key=f"nb-{i}", namespace=NS, target="py", kind="code", payload=notebook, wire="run_jupyter"
+            )
+        )
+        for i in range(4)  # more than the failures in a row that mark a host unhealthy
+    ]
+    stats = d.stats(f"{NS}/py")
+    await client.close()
+    await runner.cleanup()
+    for outcome in outcomes:
+        assert outcome.state is Outcome.FAILED and outcome.reason is Reason.INVALID_PAYLOAD, outcome
+        assert "does not serve /run_jupyter" in (outcome.message or "") and outcome.attempts == 1
+    assert stats is not None and set(stats.hosts) == {"old"} and not stats.unhealthy, stats
+
+
 async def _no_inflight(address: str) -> tuple[dict[str, tuple[int, ...]], set[str]]:
     return {}, set()
 
