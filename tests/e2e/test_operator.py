@@ -13,6 +13,7 @@ import asyncio
 import json
 import threading
 import time
+import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,22 @@ def _agents_ran(cluster: Cluster, ns: str) -> int:
         if ip and not pod["metadata"].get("deletionTimestamp"):
             total += sum(http_get_json(f"http://{ip}:8080/v1/health")["outcomes"].values())
     return total
+
+
+def _running_on(pod: dict[str, Any]) -> list[str]:
+    """The keys of the actions a host pod's agent is running. A pod with an address but no agent
+    listening runs none: one the pool has just started (its agent not yet up, which a CI run met
+    as "connection refused"), or one whose agent is gone with its actions."""
+    ip = pod.get("status", {}).get("podIP")
+    if not ip:
+        return []
+    try:
+        running: list[str] = http_get_json(f"http://{ip}:8080/v1/actions")["running"]
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, ConnectionRefusedError):
+            return []
+        raise
+    return running
 
 
 def _run_code(
@@ -326,11 +343,7 @@ def test_deleting_a_batch_stops_its_running_actions(
     cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "actionbatches", "doomed")
     deadline = time.monotonic() + 15
     while True:
-        running = []
-        for pod in _host_pods(cluster, namespace):
-            ip = pod.get("status", {}).get("podIP")
-            if ip:
-                running += http_get_json(f"http://{ip}:8080/v1/actions")["running"]
+        running = [key for pod in _host_pods(cluster, namespace) for key in _running_on(pod)]
         if not running:
             break
         assert time.monotonic() < deadline, f"still running 15 s after the batch was deleted: {running}"
