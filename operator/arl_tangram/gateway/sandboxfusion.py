@@ -10,11 +10,13 @@ host lost, retries spent) is SandboxFusion's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from pydantic import BaseModel
 
-from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Reason
+from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Reason, Wire
 from arl_tangram.gateway.admission import retry_after_header
 from arl_tangram.gateway.errors import INFRASTRUCTURE_REASONS, REASON_STATUS
 from arl_tangram.gateway.keys import scoped_key
@@ -66,15 +68,38 @@ def answer(outcome: ActionOutcome, retry_after_s: float) -> web.Response:
     return response
 
 
-async def run_code(request: web.Request) -> web.Response:
-    """``POST /run_code``."""
+async def _forward(
+    request: web.Request,
+    model: type[BaseModel],
+    wire: Wire,
+    timing: Callable[[Any], tuple[float, tuple[str, float]]],
+) -> web.Response:
+    """A SandboxFusion body as one action on the pool, answered with the agent's own answer.
+    ``timing``: the action's timeout and its longest phase (the one the pool's limit bounds)."""
     state = state_of(request)
     namespace = namespace_of(request)
     pool = require_pool(request, namespace)
     await authorize(request, namespace)
     encoded = await read_body(request, state.config)
     raw = loads(encoded)
-    body = validate(RunCodeRequest, raw)
+    timeout_s, longest = timing(validate(model, raw))
+    given = caller_key(request, None)
+    req = ActionRequest(
+        key=scoped_key(namespace, given),
+        namespace=namespace,
+        target=pool,
+        kind="code",
+        payload=raw,
+        timeout_s=timeout_s,
+        longest_phase=longest,
+        wire=wire,
+        payload_json=encoded,  # forwarded as the caller sent it: the agent parses the same bytes
+    )
+    outcome = await run_action(state, req, wire, keyless_caller(request, given))
+    return answer(outcome, state.config.retry_after_s)
+
+
+def _run_code_timing(body: RunCodeRequest) -> tuple[float, tuple[str, float]]:
     # A compiled language builds (up to compile_timeout), then runs (up to run_timeout): the call
     # may take both, and the pool's limit bounds each. Python and bash only run: their
     # compile_timeout (SandboxFusion's default 10 s, or a client's copy of its run timeout) is no
@@ -82,49 +107,24 @@ async def run_code(request: web.Request) -> web.Response:
     phases = {"run_timeout": body.run_timeout}
     if compiles(body.language):
         phases["compile_timeout"] = body.compile_timeout
-    longest = max(phases.items(), key=lambda item: item[1])
-    given = caller_key(request, None)
-    req = ActionRequest(
-        key=scoped_key(namespace, given),
-        namespace=namespace,
-        target=pool,
-        kind="code",
-        payload=raw,
-        timeout_s=sum(phases.values()),
-        longest_phase=longest,
-        wire="run_code",
-        payload_json=encoded,  # forwarded as the caller sent it: the agent parses the same bytes
-    )
-    outcome = await run_action(state, req, "run_code", keyless_caller(request, given))
-    return answer(outcome, state.config.retry_after_s)
+    return sum(phases.values()), max(phases.items(), key=lambda item: item[1])
+
+
+def _notebook_timing(body: RunJupyterRequest) -> tuple[float, tuple[str, float]]:
+    # The cells' total is the phase the pool's limits.timeoutSeconds bounds; the kernel's start and
+    # stop come on top, as in SandboxFusion.
+    return body.total_timeout + JUPYTER_MARGIN_S, ("total_timeout", body.total_timeout)
+
+
+async def run_code(request: web.Request) -> web.Response:
+    """``POST /run_code``."""
+    return await _forward(request, RunCodeRequest, "run_code", _run_code_timing)
 
 
 async def run_jupyter(request: web.Request) -> web.Response:
     """``POST /run_jupyter``: a notebook's cells, run in a kernel of their own on a host of the pool,
     as one action; the answer is the agent's, as for ``/run_code``."""
-    state = state_of(request)
-    namespace = namespace_of(request)
-    pool = require_pool(request, namespace)
-    await authorize(request, namespace)
-    encoded = await read_body(request, state.config)
-    raw = loads(encoded)
-    body = validate(RunJupyterRequest, raw)
-    given = caller_key(request, None)
-    req = ActionRequest(
-        key=scoped_key(namespace, given),
-        namespace=namespace,
-        target=pool,
-        kind="code",
-        payload=raw,
-        # The cells' total is the phase the pool's limits.timeoutSeconds bounds; the kernel's start
-        # and stop come on top, as in SandboxFusion.
-        timeout_s=body.total_timeout + JUPYTER_MARGIN_S,
-        longest_phase=("total_timeout", body.total_timeout),
-        wire="run_jupyter",
-        payload_json=encoded,
-    )
-    outcome = await run_action(state, req, "run_jupyter", keyless_caller(request, given))
-    return answer(outcome, state.config.retry_after_s)
+    return await _forward(request, RunJupyterRequest, "run_jupyter", _notebook_timing)
 
 
 async def ping(request: web.Request) -> web.Response:

@@ -540,11 +540,7 @@ async def test_a_garbage_answer_is_an_infrastructure_failure_retried_elsewhere(
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", garbage)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await _serve(app)
     client = AgentClient()
     d = Dispatcher(client)
     d.upsert_pool(_pool())
@@ -566,12 +562,7 @@ async def test_an_agent_without_run_jupyter_refuses_the_notebook_and_is_not_take
     """A pool whose image predates ``/run_jupyter`` answers it with aiohttp's own 404 (text). Taken
     for a failing host, every notebook sent there was retried and counted against its hosts. The
     older agent is stood in by an HTTP server with no routes: no older image can be run here."""
-    app = web.Application()
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await _serve(web.Application())
     client = AgentClient()
     d = Dispatcher(client)
     d.upsert_pool(_pool())
@@ -593,6 +584,15 @@ async def test_an_agent_without_run_jupyter_refuses_the_notebook_and_is_not_take
         assert outcome.state is Outcome.FAILED and outcome.reason is Reason.INVALID_PAYLOAD, outcome
         assert "does not serve /run_jupyter" in (outcome.message or "") and outcome.attempts == 1
     assert stats is not None and set(stats.hosts) == {"old"} and not stats.unhealthy, stats
+
+
+async def _serve(app: web.Application) -> tuple[web.AppRunner, int]:
+    """``app`` served on a free loopback port: its runner (to clean up) and the port."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr,no-any-return]
 
 
 async def _no_inflight(address: str) -> tuple[dict[str, tuple[int, ...]], set[str]]:
