@@ -57,6 +57,7 @@ from arl_tangram.errors import (
 )
 from arl_tangram.managers.cpu import CpuManager, SandboxHost
 from arl_tangram.runtime.interface import Resizer
+from arl_tangram.sandbox.models import JUPYTER_MARGIN_S
 
 log = logging.getLogger(__name__)
 
@@ -953,8 +954,10 @@ class Dispatcher:
         if timeout_s is not None and phase is not None and phase[1] > limit_s:
             # The longest phase and the others (a compile's and a run's timeouts), each held; a
             # notebook's kernel start and stop is no phase of the pool's limit (its agent allows it).
-            rest = max(timeout_s - phase[1], 0.0)
-            timeout_s = limit_s + (rest if req.wire == "run_jupyter" else min(rest, limit_s))
+            if req.wire == "run_jupyter":
+                timeout_s = limit_s + JUPYTER_MARGIN_S  # not by difference: a total of 1e18 rounds it away
+            else:
+                timeout_s = limit_s + min(max(timeout_s - phase[1], 0.0), limit_s)
             over.append(f"{phase[0]} {phase[1]:g} s (limits.timeoutSeconds {limit_s:g} s)")
             phase = (phase[0], limit_s)
         memory = _memory_asked(req)
@@ -965,8 +968,8 @@ class Dispatcher:
         if cfg.key not in self._capped_pools:
             self._capped_pools.add(cfg.key)
             log.warning(
-                "pool %s: /run_code asked for more than the pool's limits (%s); such requests run at "
-                "the pool's limits and their answers say so (said once per pool)",
+                "pool %s: a SandboxFusion call asked for more than the pool's limits (%s); such calls run "
+                "at the pool's limits and their answers say so (said once per pool)",
                 cfg.key,
                 ", ".join(over),
             )

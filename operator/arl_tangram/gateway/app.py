@@ -13,6 +13,7 @@ import base64
 import binascii
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -62,7 +63,7 @@ from arl_tangram.gateway.state import (
     is_loopback,
     state_of,
 )
-from arl_tangram.sandbox.models import SANDBOXFUSION_PATHS, RunCodeRequest, RunJupyterRequest, run_code_status
+from arl_tangram.sandbox.models import RunCodeRequest, RunJupyterRequest, run_code_status
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -262,9 +263,15 @@ def _docs() -> list[Route]:
 
 
 ROUTES = _docs()
-# The routes that answer in SandboxFusion's shape, errors included (``status``, ``message``, 504).
-SANDBOXFUSION_ROUTES = frozenset(
-    r.doc.path for r in ROUTES if r.handler in (sandboxfusion.run_code, sandboxfusion.run_jupyter)
+# The paths that answer in SandboxFusion's shape, errors included (``status``, ``message``, 504):
+# matched on the request's path, since a refusal before routing (a wrong method, a standby) has no
+# route to name.
+SANDBOXFUSION_ROUTES = re.compile(
+    "|".join(
+        "^" + re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(r.doc.path)) + "$"
+        for r in ROUTES
+        if r.handler in (sandboxfusion.run_code, sandboxfusion.run_jupyter)
+    )
 )
 OPEN_PATHS = frozenset(r.doc.path for r in ROUTES if r.doc.open) | {"/openapi.json"}
 # The query parameters each path takes (every method of a path takes the same).
@@ -317,7 +324,7 @@ def _answer_error(
 def _error_response(
     request: web.Request, status: int, body: Mapping[str, Any], headers: Mapping[str, str]
 ) -> web.Response:
-    if request.path in SANDBOXFUSION_PATHS or _route_name(request) in SANDBOXFUSION_ROUTES:
+    if SANDBOXFUSION_ROUTES.match(request.path):
         # As the agent's own /run_code: SandboxFusion clients look at status and message.
         body = {**body, "status": "SandboxError", "message": body.get("error")}
         status = run_code_status(status)  # 504 for 429 and 503: what verl retries

@@ -38,7 +38,7 @@ from arl_tangram.sandbox.cores import CorePool
 from arl_tangram.sandbox.forkclient import ForkServerClient, next_id
 from arl_tangram.sandbox.jupyter_driver import RUNTIME_PREFIX
 from arl_tangram.sandbox.languages import ACTION_SYSTEM_PATH, Detection, detect
-from arl_tangram.sandbox.models import JUPYTER_MARGIN_S, Notebook
+from arl_tangram.sandbox.models import JUPYTER_MARGIN_S, JUPYTER_START_S, JUPYTER_STOP_S, Notebook
 from arl_tangram.sandbox.preload import zygote_modules
 
 log = logging.getLogger(__name__)
@@ -378,7 +378,7 @@ class Executor:
     def _notebook(self, spec: ActionSpec) -> str:
         """A jupyter action's code made whole: the notebook as given (``models.Notebook``), checked,
         with what its driver takes from this agent (how much output it may answer with, how long
-        its kernel may take to start)."""
+        its kernel may take to start and an interrupted cell to stop)."""
         try:
             notebook = Notebook.model_validate_json(spec.code)
         except ValidationError as exc:
@@ -388,12 +388,23 @@ class Executor:
             )
             raise InvalidSpec("code", f"a jupyter action's code is its notebook as JSON: {problems}") from exc
         timeout = self.config.limits.timeout_s if spec.timeout_s is None else spec.timeout_s
+        # The action's timeout bounds the whole run: the cells get it less the kernel's start and
+        # stop (half of it, where it is shorter than twice those), or what they ask within that.
+        most = timeout - JUPYTER_MARGIN_S if timeout > 2 * JUPYTER_MARGIN_S else timeout / 2
+        total = notebook.total_timeout or most
+        if total > most:
+            raise InvalidSpec(
+                "code",
+                f"the notebook's total_timeout {total:g} s leaves its kernel's start and stop no room "
+                f"in the action's timeout {timeout:g} s: at most {most:g} s",
+            )
         return json.dumps(
             {
                 "cells": notebook.cells,
                 "cell_timeout": notebook.cell_timeout,
-                "total_timeout": notebook.total_timeout or timeout,
-                "start_timeout": JUPYTER_MARGIN_S,
+                "total_timeout": total,
+                "start_timeout": JUPYTER_START_S,
+                "stop_timeout": JUPYTER_STOP_S,
                 "output_bytes": self.config.limits.output_bytes,
             }
         )
@@ -639,8 +650,11 @@ class Executor:
         if spec.runtime == "jupyter":
             # A driver killed (by its timeout, or by a cell) leaves its notebook and its kernel's
             # runtime directory (connection key, sockets, history) in the session's workdir.
-            _remove_top_level(
-                session.workdir, lambda name: name == JUPYTER_FILE or name.startswith(RUNTIME_PREFIX)
+            # In a thread: a cell may have left a million files there, and the loop serves the host.
+            await asyncio.to_thread(
+                _remove_top_level,
+                session.workdir,
+                lambda name: name == JUPYTER_FILE or name.startswith(RUNTIME_PREFIX),
             )
         if interp:
             if session.interp_server not in (None, server):

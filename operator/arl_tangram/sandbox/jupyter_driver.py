@@ -7,7 +7,8 @@ as any program there would. It is run by path, not imported: the standard librar
 jupyter_client only, none of the agent's modules.
 
 CONFIG is a JSON file in the workdir (the action's code): ``cells``, ``cell_timeout`` (0: none),
-``total_timeout`` and ``output_bytes`` (the most the answer may take: ``_Budget``). It is read and
+``total_timeout``, ``output_bytes`` (the most the answer may take: ``_Budget``), ``start_timeout``
+(the kernel's start) and ``stop_timeout`` (an interrupted cell's stop, a cell's reply). It is read and
 removed before the first cell runs. One line of JSON goes to stdout at the end, and nothing else
 does: ``{"status": "Finished" | "TimeLimitExceeded" | "Error", "message": str, "cells": [...]}``,
 each cell as SandboxFusion's runtime records it (``stdout``, ``stderr``; ``display``: each
@@ -35,14 +36,13 @@ import tempfile
 import time
 from typing import Any
 
-# Grace for an interrupted cell to end (its KeyboardInterrupt recorded) before the kernel is
-# declared stuck, and for a cell's reply once its output is over.
-INTERRUPT_GRACE_S = 5.0
 # The name the kernel's runtime directory starts with, in the workdir (the agent removes any such
 # directory a killed driver left in a session's workdir).
 RUNTIME_PREFIX = ".tangram-jupyter-"
 # The end of the kernel's own log kept in the driver's stderr.
 LOG_KEPT = 64 << 10
+# How long after the last cell's idle output still coming is waited for.
+LATE_OUTPUT_S = 0.1
 PR_SET_DUMPABLE = 4
 
 
@@ -66,26 +66,29 @@ class _Budget:
     def __init__(self, limit: int) -> None:
         self.left = limit
 
-    def take(self, value: Any) -> bool:
-        cost = len(json.dumps(value))
+    def take(self, value: Any, item: bool = False) -> bool:
+        """Whether ``value`` fits, taking its bytes if so; ``item``: it is one of a list's items,
+        which costs its separator too."""
+        cost = len(json.dumps(value)) + (2 if item else 0)
         if cost > self.left:
             return False
         self.left -= cost
         return True
 
     def text(self, text: str) -> tuple[str, bool]:
-        """``text``, or as much of it as fits, and whether it was cut."""
+        """``text``, or the longest start of it that fits, and whether it was cut."""
         if self.take(text):
             return text, False
-        # The longest start that fits: escapes make a character take 1 to 12 bytes, so the guess
-        # shrinks by the share it overshot until it fits (a few encodings, not one per character).
-        n = min(len(text), max(self.left - 2, 0))
-        while n > 0:
-            cost = len(json.dumps(text[:n]))
-            if cost <= self.left:
-                break
-            n = min(n - 1, n * self.left // cost)
-        part = text[:n]
+        # Escapes make a character take 1 to 12 bytes, and a longer start never costs less: the
+        # longest start that fits is found by halving (a few dozen encodings at most).
+        fits, too_long = 0, len(text)
+        while too_long - fits > 1:
+            mid = (fits + too_long) // 2
+            if len(json.dumps(text[:mid])) <= self.left:
+                fits = mid
+            else:
+                too_long = mid
+        part = text[:fits]
         self.take(part)
         self.left = 0  # nothing after a cut: a stream's later text without its middle would mislead
         return part, True
@@ -112,8 +115,16 @@ _ENAME_KEPT = 100
 _CELL_RESERVE = (
     len(json.dumps(_empty_cell()))
     + len(json.dumps({"ename": "x" * _ENAME_KEPT, "evalue": "", "traceback": []}))
-    + 4
+    + 4  # the separators before the cell and before its error
 )
+
+
+def _ename(error: dict[str, Any]) -> str:
+    """An error's name, cut to what the cell's reserve holds (``_ENAME_KEPT`` bytes of JSON)."""
+    name = str(error.get("ename", ""))[:_ENAME_KEPT]
+    while len(json.dumps(name)) > _ENAME_KEPT + 2:
+        name = name[:-1]
+    return name
 
 
 class _Stuck(Exception):
@@ -124,14 +135,76 @@ class _Stuck(Exception):
         self.timed_out = timed_out
 
 
-def _run_cell(
-    client: Any, manager: Any, code: str, limit_s: float, budget: _Budget
-) -> tuple[dict[str, Any], bool]:
-    """One cell's outputs, and whether its time ran out (then it was interrupted, as a notebook's
-    Interrupt does, and its error is the kernel's KeyboardInterrupt)."""
-    cell = _empty_cell()
-    streams: dict[str, list[str]] = {"stdout": [], "stderr": []}
+class _Cells:
+    """The cells run so far, each found by its execute request's id: output a kernel sends late
+    (a child's writes to descriptor 1 reach it through a reader thread, after the cell's idle)
+    still goes to the cell that made it."""
+
+    def __init__(self, budget: _Budget) -> None:
+        self.budget = budget
+        self.cells: list[dict[str, Any]] = []
+        self.by_id: dict[str, dict[str, Any]] = {}
+        self.streams: dict[str, dict[str, list[str]]] = {}
+
+    def begin(self, msg_id: str) -> dict[str, Any]:
+        cell = _empty_cell()
+        self.cells.append(cell)
+        self.by_id[msg_id] = cell
+        self.streams[msg_id] = {"stdout": [], "stderr": []}
+        return cell
+
+    def record(self, msg: dict[str, Any]) -> str | None:
+        """Put ``msg``'s output in its cell; its id when it says the cell went idle."""
+        msg_id: str | None = msg.get("parent_header", {}).get("msg_id")
+        cell = self.by_id.get(msg_id or "")
+        if cell is None or msg_id is None:
+            return None
+        kind, content = msg["header"]["msg_type"], msg["content"]
+        budget = self.budget
+        if kind == "stream":
+            name = content.get("name")
+            if name in ("stdout", "stderr") and not cell[f"{name}_truncated"]:
+                text, cut = budget.text(content.get("text", ""))
+                self.streams[msg_id][name].append(text)  # joined once, in ``result``
+                cell[f"{name}_truncated"] = cut
+        elif kind in ("display_data", "execute_result"):
+            data = content.get("data", {})
+            if budget.take(data, item=True):
+                cell["display"].append(data)
+            else:
+                cell["display_truncated"] = True
+        elif kind == "error":
+            if not budget.take(content, item=True):
+                # Its name always (the cell's reserve pays for it), and as much of its value as fits.
+                evalue, _ = budget.text(str(content.get("evalue", ""))[:_ERROR_VALUE_KEPT])
+                content = {"ename": _ename(content), "evalue": evalue, "traceback": []}
+                cell["error_truncated"] = True
+            cell["error"].append(content)
+        elif kind == "status" and content.get("execution_state") == "idle":
+            return msg_id
+        return None
+
+    def result(self) -> list[dict[str, Any]]:
+        """The cells, their streams joined."""
+        for msg_id, cell in self.by_id.items():
+            cell["stdout"], cell["stderr"] = ("".join(self.streams[msg_id][n]) for n in ("stdout", "stderr"))
+        return self.cells
+
+    def drain(self, client: Any, wait_s: float) -> None:
+        """Record what has come for the cells within ``wait_s`` of the last message."""
+        while True:
+            try:
+                self.record(client.get_iopub_msg(timeout=wait_s))
+            except queue.Empty:
+                return
+
+
+def _run_cell(client: Any, manager: Any, code: str, limit_s: float, grace_s: float, cells: _Cells) -> bool:
+    """Run one cell, its outputs recorded in ``cells``; whether its time ran out (then it was
+    interrupted, as a notebook's Interrupt does, and its error is the kernel's KeyboardInterrupt).
+    ``grace_s``: how long an interrupted cell may take to stop, and a cell's reply to come."""
     msg_id = client.execute(code, allow_stdin=False, stop_on_error=False)
+    cell = cells.begin(msg_id)
     deadline = time.monotonic() + limit_s
     interrupted = False
     while True:
@@ -141,7 +214,7 @@ def _run_cell(
                 raise _Stuck("the kernel did not stop the cell when interrupted", timed_out=True)
             manager.interrupt_kernel()
             interrupted = True
-            deadline = time.monotonic() + INTERRUPT_GRACE_S
+            deadline = time.monotonic() + grace_s
             continue
         try:
             msg = client.get_iopub_msg(timeout=min(left, 1.0))
@@ -149,37 +222,10 @@ def _run_cell(
             if not manager.is_alive():
                 raise _Stuck("the kernel died", timed_out=False) from None
             continue
-        if msg.get("parent_header", {}).get("msg_id") != msg_id:
-            continue
-        kind, content = msg["header"]["msg_type"], msg["content"]
-        if kind == "stream":
-            name = content.get("name")
-            if name in streams and not cell[f"{name}_truncated"]:
-                text, cut = budget.text(content.get("text", ""))
-                streams[name].append(text)
-                cell[f"{name}_truncated"] = cut
-        elif kind in ("display_data", "execute_result"):
-            data = content.get("data", {})
-            if budget.take(data):
-                cell["display"].append(data)
-            else:
-                cell["display_truncated"] = True
-        elif kind == "error":
-            if not budget.take(content):
-                # Its name always (the cell's reserve pays for it), and as much of its value as fits.
-                evalue, _ = budget.text(str(content.get("evalue", ""))[:_ERROR_VALUE_KEPT])
-                content = {
-                    "ename": str(content.get("ename", ""))[:_ENAME_KEPT],
-                    "evalue": evalue,
-                    "traceback": [],
-                }
-                cell["error_truncated"] = True
-            cell["error"].append(content)
-        elif kind == "status" and content.get("execution_state") == "idle":
+        if cells.record(msg) == msg_id:
             break
-    cell["stdout"], cell["stderr"] = "".join(streams["stdout"]), "".join(streams["stderr"])
     cell["status"] = "error" if cell["error"] else "ok"
-    deadline = time.monotonic() + INTERRUPT_GRACE_S
+    deadline = time.monotonic() + grace_s
     while (left := deadline - time.monotonic()) > 0:
         # This cell's reply (a late one of an earlier cell is passed over).
         try:
@@ -189,7 +235,7 @@ def _run_cell(
         if reply.get("parent_header", {}).get("msg_id") == msg_id:
             cell["status"] = reply["content"].get("status", cell["status"])
             break
-    return cell, interrupted
+    return interrupted
 
 
 def _start(manager: Any, log: Any, start_s: float) -> Any:
@@ -222,7 +268,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     total = float(config["total_timeout"])
     per_cell = max(float(config.get("cell_timeout") or 0), 0.0)
     budget = _Budget(int(config["output_bytes"]) - _ANSWER_FRAME - len(codes) * _CELL_RESERVE)
-    cells: list[dict[str, Any]] = []
+    ran = _Cells(budget)
     # The kernel's connection file, IPython's profile and history, and the sockets: in the workdir
     # (the only place an action may write), removed at the end (and by the agent, in a session,
     # should this process be killed first). Relative socket paths keep under the 107 bytes a Unix
@@ -252,17 +298,20 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
                 # The cell's own limit, or what is left of the total where that comes first: a cell
                 # over its own limit is interrupted and the next one runs; over the total, none does.
                 by_total = per_cell <= 0 or left <= per_cell
-                cell, timed_out = _run_cell(client, manager, code, left if by_total else per_cell, budget)
-                cells.append(cell)
+                limit = left if by_total else per_cell
+                timed_out = _run_cell(client, manager, code, limit, float(config["stop_timeout"]), ran)
                 if timed_out and by_total:
                     status, message = "TimeLimitExceeded", f"total_timeout {total:g} s ran out"
                     break
+            # What the last cells' children wrote may reach the kernel's reader thread after their
+            # idle: a moment for it, as a notebook's page shows it when it comes.
+            ran.drain(client, LATE_OUTPUT_S)
         except _Stuck as exc:
             status = "TimeLimitExceeded" if exc.timed_out else "Error"
-            message = f"cell {len(cells) + 1}: {exc}"
+            message = f"cell {len(ran.cells)}: {exc}"
         except Exception as exc:  # the kernel did not start, or stopped answering: said, not a traceback
             status = "Error"
-            what = "the kernel did not start" if client is None else f"cell {len(cells) + 1}"
+            what = "the kernel did not start" if client is None else f"cell {len(ran.cells)}"
             message = f"{what}: {type(exc).__name__}: {exc}"
         finally:
             if client is not None:
@@ -275,7 +324,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             log.seek(max(log.tell() - LOG_KEPT, 0))
             sys.stderr.write(log.read(LOG_KEPT).decode(errors="replace"))
             shutil.rmtree(runtime, ignore_errors=True)
-    return {"status": status, "message": message, "cells": cells}
+    return {"status": status, "message": message, "cells": ran.result()}
 
 
 def main(argv: list[str]) -> int:

@@ -59,9 +59,12 @@ class RunCodeRequest(BaseModel):
         return value
 
 
-# What a jupyter action's driver may take beyond the cells' total_timeout (the kernel's start and
-# stop), as SandboxFusion runs its driver for total_timeout + 10 s.
-JUPYTER_MARGIN_S = 10.0
+# What a jupyter action's driver may take beyond its cells' total_timeout: its kernel's start
+# (SandboxFusion gives its driver 10 s beyond the total for it), and the stop of a cell the total
+# interrupts, with the answer after it.
+JUPYTER_START_S = 10.0
+JUPYTER_STOP_S = 5.0
+JUPYTER_MARGIN_S = JUPYTER_START_S + JUPYTER_STOP_S
 
 
 class RunJupyterRequest(BaseModel):

@@ -239,3 +239,6 @@ def test_sandboxfusions_client_names_the_pool_in_its_endpoints_path(gateway: Gat
     assert absent.status_code == 404 and "absent" in absent.json()["message"]
     typo = requests.post(endpoint + "/run_code?pol=x", json=body, timeout=60)
     assert typo.status_code == 400 and "pol" in typo.json()["message"]
+    # Refused before any route is matched (a wrong method), still in SandboxFusion's shape.
+    wrong = requests.get(endpoint + "/run_jupyter", timeout=60)
+    assert wrong.status_code == 405 and wrong.json()["status"] == "SandboxError", wrong.text

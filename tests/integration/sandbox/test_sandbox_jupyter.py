@@ -191,10 +191,16 @@ def test_the_kernels_start_is_not_the_cells_time_and_no_cell_timeout_is_none(age
 
 def test_the_native_runtime_takes_the_notebook_as_its_code(agent: Agent) -> None:
     notebook = {"cells": ["x = 2", "print(x ** 10)"], "total_timeout": 20}
-    ran = agent.execute(json.dumps(notebook), runtime="jupyter", timeout_s=30)
+    ran = agent.execute(json.dumps(notebook), runtime="jupyter", timeout_s=60)
     assert ran["status"] == "ok", ran
     answer = json.loads(str(ran["stdout"]))
     assert answer["status"] == "Finished" and answer["cells"][1]["stdout"] == "1024\n"
+    # With no total, the cells get the action's timeout less the kernel's start and stop.
+    untimed = agent.execute(json.dumps({"cells": ["print('t')"]}), runtime="jupyter", timeout_s=20)
+    assert json.loads(str(untimed["stdout"]))["cells"][0]["stdout"] == "t\n", untimed
+    # A total the action's timeout cannot hold with the kernel's start is refused, not cut short.
+    tight = agent.post("/v1/execute", {"runtime": "jupyter", "code": json.dumps(notebook), "timeout_s": 30})
+    assert tight.status_code == 400 and "no room" in tight.json()["error"], tight.text
     for code, names in (
         ("print(1)", "notebook as JSON"),
         ('{"cells": "x"}', "cells"),
@@ -216,7 +222,7 @@ def test_a_killed_driver_leaves_nothing_in_its_sessions_workdir(agent: Agent) ->
                 "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)",
             ]
         }
-        ran = agent.execute(json.dumps(notebook), runtime="jupyter", timeout_s=30, session_id=sid)
+        ran = agent.execute(json.dumps(notebook), runtime="jupyter", timeout_s=40, session_id=sid)
         assert ran["status"] == "failed", ran
         # (main.py: this listing's own code, as a session's Python action has it.)
         listed = agent.execute("import os\nprint(sorted(os.listdir('.')))", session_id=sid)
@@ -250,6 +256,9 @@ def test_output_past_what_the_agent_returns_is_cut_and_the_notebook_still_answer
     small = start_agent(tmp_path_factory.mktemp("jupyter-small") / "work", "--output-bytes", "300000")
     try:
         cells = [
+            # Many small displays first: each one's separator counts too (they were not counted,
+            # and 5,000 of them took the answer past the limit again).
+            "from IPython.display import display\nfor i in range(5000):\n    display(i)",
             "print('x' * 1_000_000)",
             "print('after')",
             "'y' * 1_000_000",
@@ -263,7 +272,8 @@ def test_output_past_what_the_agent_returns_is_cut_and_the_notebook_still_answer
         stop_agent(small)
     answer = resp.json()
     assert resp.status_code == 200 and answer["status"] == "Success", answer["message"]
-    first, after, shown, raised, *rest = answer["cells"]
+    displays, first, after, shown, raised, *rest = answer["cells"]
+    assert len(displays["display"]) == 5000 and not displays["display_truncated"]
     assert len(rest) == 400 and all(c["error"][0]["ename"] == "KeyError" for c in rest[:100])
     assert 0 < len(first["stdout"]) < 300_000 and first["stdout"] == "x" * len(first["stdout"])
     assert first["stdout_truncated"] and not first["stderr_truncated"]

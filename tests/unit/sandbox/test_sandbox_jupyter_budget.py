@@ -28,3 +28,21 @@ def test_what_fits_is_taken_whole() -> None:
     assert budget.text("hello") == ("hello", False)
     assert budget.left == 100 - len(json.dumps("hello"))
     assert budget.take({"text/plain": "1"}) and not budget.take({"text/plain": "x" * 200})
+
+
+def test_a_cut_of_mixed_text_keeps_the_longest_start_that_fits() -> None:
+    """Cheap characters, then dear ones: a guess shrunk by the share it overshot stopped at 28
+    characters where 58 fit."""
+    text = "a" * 50 + "\x00" * 100
+    part, cut = _Budget(100).text(text)
+    assert cut and len(json.dumps(part)) <= 100 < len(json.dumps(text[: len(part) + 1]))
+    assert len(part) == 58
+
+
+def test_a_lists_items_pay_for_their_separators() -> None:
+    budget = _Budget(100)
+    item = {"text/plain": "1"}
+    taken = 0
+    while budget.take(item, item=True):
+        taken += 1
+    assert len(json.dumps([item] * taken)) <= 100
