@@ -450,9 +450,13 @@ def test_the_sandbox_image_serves_run_code_with_actions_isolated(
         assert notebook["status"] == "Success", notebook
         assert notebook["cells"][1]["display"][0]["text/plain"] == "42", notebook
         assert "image/png" in notebook["cells"][2]["display"][0], notebook
+        # pytest-mock's `mocker`, as SandboxFusion's image has it.
+        mocked = _run_code(url, {"code": MOCKER_TEST, "language": "pytest"})
+        assert mocked["status"] == "Success", mocked
 
 
 TOKEN_HEADERS = {"Authorization": f"Bearer {TOKEN}"}
+MOCKER_TEST = "def test_mocked(mocker):\n    assert mocker.Mock(return_value=3)() == 3\n"
 
 
 def _get_with_token(url: str) -> dict[str, Any]:

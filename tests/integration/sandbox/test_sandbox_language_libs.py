@@ -1,4 +1,4 @@
-"""The libraries SandboxFusion's runners give C++, Java, Perl and Node programs, against a real agent.
+"""The libraries SandboxFusion's runners give C++, Java, Perl, Node and pytest programs, against a real agent.
 
 SandboxFusion links C++ with each of ``-lcrypto -lssl -lpthread`` that links on its host (HumanEval-X
 and MultiPL-E's ``string_to_md5`` call OpenSSL's ``MD5``), and puts ``javatuples-1.2.jar`` on the
@@ -208,6 +208,30 @@ def test_perl_has_the_modules_sandboxfusions_image_adds(agent: Agent, found: dic
     body = run(agent, "perl", PERL_DEEP)
     assert body["status"] == "Success", body
     assert body["run_result"]["stdout"] == "deep\nsame\n"
+
+
+MOCKER_TEST = """
+import os
+
+
+def test_the_mocker_fixture(mocker):
+    mocker.patch("os.getcwd", return_value="/mocked")
+    assert os.getcwd() == "/mocked"
+
+
+def test_a_spy(mocker):
+    spy = mocker.spy(os.path, "join")
+    os.path.join("a", "b")
+    spy.assert_called_once_with("a", "b")
+"""
+
+
+def test_pytest_has_the_mocker_fixture_of_sandboxfusions_image(agent: Agent) -> None:
+    """SandboxFusion's Python image has pytest-mock: a test that takes ``mocker`` errored here with
+    "fixture 'mocker' not found" and passes there (the sandbox image and ``make install`` add it)."""
+    body = run(agent, "pytest", MOCKER_TEST)
+    assert body["status"] == "Success", body
+    assert "2 passed" in body["run_result"]["stdout"], body
 
 
 @pytest.mark.parametrize(("under", "linked"), [("/tmp", False), ("/dev/shm", False), ("/var/tmp", True)])
