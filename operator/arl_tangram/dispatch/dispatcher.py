@@ -57,7 +57,6 @@ from arl_tangram.errors import (
 )
 from arl_tangram.managers.cpu import CpuManager, SandboxHost
 from arl_tangram.runtime.interface import Resizer
-from arl_tangram.sandbox.models import JUPYTER_MARGIN_S
 
 log = logging.getLogger(__name__)
 
@@ -123,13 +122,17 @@ def _nothing_ran(outcome: ActionOutcome) -> bool:
     return outcome.reason in _NOTHING_RAN or outcome.state is Outcome.CANCELLED
 
 
+# Each wire's field for the memory an action asks for (SandboxFusion's notebook has none).
+_MEMORY_FIELD: dict[str, str] = {"run_code": "memory_limit_MB", "native": "memory_mb"}
+
+
 def _memory_asked(req: ActionRequest) -> tuple[str, int] | None:
     """The memory an action asks for, in MB, with its field's name as the caller wrote it: a
     SandboxFusion body's ``memory_limit_MB`` (-1 or 0: the pool's most, none asked) or an agent
     payload's ``memory_mb``; None when it asks for none."""
-    if req.wire == "run_jupyter":
-        return None  # SandboxFusion's notebook asks for none
-    name = "memory_limit_MB" if req.wire == "run_code" else "memory_mb"
+    name = _MEMORY_FIELD.get(req.wire)
+    if name is None:
+        return None
     value = req.payload.get(name)
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         return None
@@ -952,12 +955,10 @@ class Dispatcher:
         limit_s = cfg.limits.timeout_s
         timeout_s, phase = req.timeout_s, req.longest_phase
         if timeout_s is not None and phase is not None and phase[1] > limit_s:
-            # The longest phase and the others (a compile's and a run's timeouts), each held; a
-            # notebook's kernel start and stop is no phase of the pool's limit (its agent allows it).
-            if req.wire == "run_jupyter":
-                timeout_s = limit_s + JUPYTER_MARGIN_S  # not by difference: a total of 1e18 rounds it away
-            else:
-                timeout_s = limit_s + min(max(timeout_s - phase[1], 0.0), limit_s)
+            # The longest phase and the others (a compile's and a run's timeouts), each held, and
+            # what is beyond the phases kept whole (by itself: a total of 1e18 rounds it away).
+            others = max(timeout_s - phase[1] - req.beyond_phases_s, 0.0)
+            timeout_s = limit_s + min(others, limit_s) + req.beyond_phases_s
             over.append(f"{phase[0]} {phase[1]:g} s (limits.timeoutSeconds {limit_s:g} s)")
             phase = (phase[0], limit_s)
         memory = _memory_asked(req)

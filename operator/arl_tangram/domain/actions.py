@@ -81,6 +81,9 @@ class ActionRequest:
     # a run), the longest phase and the caller's name for it: the pool's limits.timeoutSeconds
     # bounds each phase, not their sum. None: ``timeout_s`` is one phase, named timeoutSeconds.
     longest_phase: tuple[str, float] | None = None
+    # What ``timeout_s`` holds beyond its phases, which the pool's limit does not bound (a notebook's
+    # kernel start and stop, allowed by its agent on top of the cells' total).
+    beyond_phases_s: float = 0.0
     # ``payload`` as the JSON bytes it was parsed from, where a door forwards the caller's body
     # verbatim (/run_code): sent to the target as they are, not encoded a second time. Not part of
     # what the action is (``payload`` is).

@@ -72,17 +72,18 @@ async def _forward(
     request: web.Request,
     model: type[BaseModel],
     wire: Wire,
-    timing: Callable[[Any], tuple[float, tuple[str, float]]],
+    timing: Callable[[Any], Timing],
 ) -> web.Response:
     """A SandboxFusion body as one action on the pool, answered with the agent's own answer.
-    ``timing``: the action's timeout and its longest phase (the one the pool's limit bounds)."""
+    ``timing``: the action's timeout, its longest phase (the one the pool's limit bounds) and what
+    the timeout holds beyond its phases."""
     state = state_of(request)
     namespace = namespace_of(request)
     pool = require_pool(request, namespace)
     await authorize(request, namespace)
     encoded = await read_body(request, state.config)
     raw = loads(encoded)
-    timeout_s, longest = timing(validate(model, raw))
+    timeout_s, longest, beyond_s = timing(validate(model, raw))
     given = caller_key(request, None)
     req = ActionRequest(
         key=scoped_key(namespace, given),
@@ -92,6 +93,7 @@ async def _forward(
         payload=raw,
         timeout_s=timeout_s,
         longest_phase=longest,
+        beyond_phases_s=beyond_s,
         wire=wire,
         payload_json=encoded,  # forwarded as the caller sent it: the agent parses the same bytes
     )
@@ -99,7 +101,11 @@ async def _forward(
     return answer(outcome, state.config.retry_after_s)
 
 
-def _run_code_timing(body: RunCodeRequest) -> tuple[float, tuple[str, float]]:
+# An action's timeout, its longest phase, and what the timeout holds beyond its phases.
+Timing = tuple[float, tuple[str, float], float]
+
+
+def _run_code_timing(body: RunCodeRequest) -> Timing:
     # A compiled language builds (up to compile_timeout), then runs (up to run_timeout): the call
     # may take both, and the pool's limit bounds each. Python and bash only run: their
     # compile_timeout (SandboxFusion's default 10 s, or a client's copy of its run timeout) is no
@@ -107,13 +113,14 @@ def _run_code_timing(body: RunCodeRequest) -> tuple[float, tuple[str, float]]:
     phases = {"run_timeout": body.run_timeout}
     if compiles(body.language):
         phases["compile_timeout"] = body.compile_timeout
-    return sum(phases.values()), max(phases.items(), key=lambda item: item[1])
+    return sum(phases.values()), max(phases.items(), key=lambda item: item[1]), 0.0
 
 
-def _notebook_timing(body: RunJupyterRequest) -> tuple[float, tuple[str, float]]:
+def _notebook_timing(body: RunJupyterRequest) -> Timing:
     # The cells' total is the phase the pool's limits.timeoutSeconds bounds; the kernel's start and
     # stop come on top, as in SandboxFusion.
-    return body.total_timeout + JUPYTER_MARGIN_S, ("total_timeout", body.total_timeout)
+    total = body.total_timeout
+    return total + JUPYTER_MARGIN_S, ("total_timeout", total), JUPYTER_MARGIN_S
 
 
 async def run_code(request: web.Request) -> web.Response:

@@ -16,13 +16,11 @@ import os
 import queue
 import resource
 import secrets
-import shutil
 import signal
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,20 +63,6 @@ JUPYTER_FILE = ".tangram-notebook.json"
 CODE_FILES = {"pytest": PYTEST_FILE, "bash": BASH_FILE, "jupyter": JUPYTER_FILE}
 # A jupyter action's program: it runs the cells in a kernel of its own (jupyter_driver.py says how).
 JUPYTER_DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jupyter_driver.py")
-
-
-def _remove_top_level(workdir: str, doomed: Callable[[str], bool]) -> None:
-    """Remove the entries of ``workdir`` whose names are ``doomed``, whatever they are (links are
-    removed, not followed: their owner is untrusted)."""
-    with contextlib.suppress(OSError), os.scandir(workdir) as entries:
-        for entry in entries:
-            if not doomed(entry.name):
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
 
 
 @dataclass
@@ -652,7 +636,7 @@ class Executor:
             # runtime directory (connection key, sockets, history) in the session's workdir.
             # In a thread: a cell may have left a million files there, and the loop serves the host.
             await asyncio.to_thread(
-                _remove_top_level,
+                workfiles.remove_entries,
                 session.workdir,
                 lambda name: name == JUPYTER_FILE or name.startswith(RUNTIME_PREFIX),
             )

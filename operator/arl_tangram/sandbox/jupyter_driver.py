@@ -142,14 +142,11 @@ class _Cells:
 
     def __init__(self, budget: _Budget) -> None:
         self.budget = budget
-        self.cells: list[dict[str, Any]] = []
-        self.by_id: dict[str, dict[str, Any]] = {}
+        self.by_id: dict[str, dict[str, Any]] = {}  # in the order the cells ran
         self.streams: dict[str, dict[str, list[str]]] = {}
 
     def begin(self, msg_id: str) -> dict[str, Any]:
-        cell = _empty_cell()
-        self.cells.append(cell)
-        self.by_id[msg_id] = cell
+        cell = self.by_id[msg_id] = _empty_cell()
         self.streams[msg_id] = {"stdout": [], "stderr": []}
         return cell
 
@@ -188,7 +185,7 @@ class _Cells:
         """The cells, their streams joined."""
         for msg_id, cell in self.by_id.items():
             cell["stdout"], cell["stderr"] = ("".join(self.streams[msg_id][n]) for n in ("stdout", "stderr"))
-        return self.cells
+        return list(self.by_id.values())
 
     def drain(self, client: Any, wait_s: float) -> None:
         """Record what has come for the cells within ``wait_s`` of the last message."""
@@ -266,7 +263,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
 
     codes: list[str] = config["cells"]
     total = float(config["total_timeout"])
-    per_cell = max(float(config.get("cell_timeout") or 0), 0.0)
+    per_cell = float(config["cell_timeout"])  # 0 or less: no limit of the cell's own
     budget = _Budget(int(config["output_bytes"]) - _ANSWER_FRAME - len(codes) * _CELL_RESERVE)
     ran = _Cells(budget)
     # The kernel's connection file, IPython's profile and history, and the sockets: in the workdir
@@ -308,10 +305,10 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             ran.drain(client, LATE_OUTPUT_S)
         except _Stuck as exc:
             status = "TimeLimitExceeded" if exc.timed_out else "Error"
-            message = f"cell {len(ran.cells)}: {exc}"
+            message = f"cell {len(ran.by_id)}: {exc}"
         except Exception as exc:  # the kernel did not start, or stopped answering: said, not a traceback
             status = "Error"
-            what = "the kernel did not start" if client is None else f"cell {len(ran.cells)}"
+            what = "the kernel did not start" if client is None else f"cell {len(ran.by_id)}"
             message = f"{what}: {type(exc).__name__}: {exc}"
         finally:
             if client is not None:

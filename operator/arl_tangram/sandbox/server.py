@@ -335,14 +335,20 @@ async def run_code(request: web.Request) -> web.Response:
         # SandboxFusion sets RLIMIT_STACK to a positive memory_limit_MB, and nothing otherwise.
         grow_stack=body.memory_limit_MB > 0,
     )
+    _check_cores(executor, cores)
+    return await _keyed(
+        request, key, spec, lambda control: _run_code_action(request, spec, control, limits.notes)
+    )
+
+
+def _check_cores(executor: Executor, cores: list[int] | None) -> None:
+    """The scheduler's grant (``X-Tangram-Cores``), refused by the header's name where this host
+    cannot give it."""
     if cores is not None:
         try:
             executor.cores.check(frozenset(cores))
         except InvalidSpec as exc:
             raise InvalidSpec(CORES_HEADER, str(exc)) from exc
-    return await _keyed(
-        request, key, spec, lambda control: _run_code_action(request, spec, control, limits.notes)
-    )
 
 
 @dataclass(frozen=True)
@@ -445,7 +451,7 @@ async def run_jupyter(request: web.Request) -> web.Response:
         )
     lim = executor.config.limits
     # The pool's limit (this agent's ceiling) bounds the cells' total, as it bounds /run_code's run;
-    # the kernel's start and stop have SandboxFusion's 10 s on top (the executor allows them).
+    # the kernel's start and stop have JUPYTER_MARGIN_S on top (the executor allows them).
     total = min(body.total_timeout, lim.max_timeout_s)
     notes = []
     if total < body.total_timeout:
@@ -464,11 +470,7 @@ async def run_jupyter(request: web.Request) -> web.Response:
         fetch_files=body.fetch_files,
         cores=cores,
     )
-    if cores is not None:
-        try:
-            executor.cores.check(frozenset(cores))
-        except InvalidSpec as exc:
-            raise InvalidSpec(CORES_HEADER, str(exc)) from exc
+    _check_cores(executor, cores)
 
     async def action(control: ActionControl | None) -> web.Response:
         result = await executor.run(spec, control)

@@ -12,6 +12,7 @@ import errno
 import os
 import shutil
 import stat
+from collections.abc import Callable
 
 from arl_tangram.api.actionpool import WORKDIR_BYTES_PER_FILE
 from arl_tangram.errors import InvalidSpec
@@ -225,6 +226,20 @@ def remove_tree(path: str, mounted: bool = False) -> None:
     if mounted and detach(path):
         return
     shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_entries(root: str, doomed: Callable[[str], bool]) -> None:
+    """Remove the entries of the directory ``root`` whose names are ``doomed``, whatever their
+    untrusted owner made them (links are removed, not followed)."""
+    with contextlib.suppress(OSError), os.scandir(root) as entries:
+        for entry in entries:
+            if not doomed(entry.name):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                remove_tree(entry.path)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
 
 
 def detach(path: str) -> bool:
