@@ -40,6 +40,8 @@ MAX_PLACEMENTS = 256
 MAX_GPUS_PER_PLACEMENT = 8
 WEIGHTS_URI_PATTERN = r"^(hf|pvc|s3|gs|oci|file)://\S+$"
 MIG_PROFILE_PATTERN = r"^[1-7]g\.[0-9]+gb(\+me)?$"
+# spec.model.name, and the gateway's vLLM and SGLang ``model`` fields that name a service by it.
+MAX_MODEL_NAME_LENGTH = 256
 
 
 class ModelSource(TangramModel):
@@ -47,7 +49,7 @@ class ModelSource(TangramModel):
 
     name: str = Field(
         min_length=1,
-        max_length=256,
+        max_length=MAX_MODEL_NAME_LENGTH,
         description="Model name as the server reports it, e.g. Skywork/Skywork-Reward-V2-Qwen3-0.6B.",
     )
     uri: str = Field(

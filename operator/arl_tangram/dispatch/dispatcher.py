@@ -628,6 +628,8 @@ class Dispatcher:
         ``TargetUnavailable`` when its pool (or reward service) has no host and none coming (its
         outage): it did not run, and may be sent again (its key is free) after the exception's
         ``delay``."""
+        if request.kind == "reward":
+            request = self.rewards.resolve(request)  # named by the service or by its model
         outcome = await self._run(request, attempts_so_far)
         if outcome.reason is Reason.TARGET_UNAVAILABLE:
             key = pool_key(request.namespace, request.target)

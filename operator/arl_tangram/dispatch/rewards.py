@@ -18,11 +18,11 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from arl_tangram.dispatch.agent import AgentClient, AgentRefused, ConnectFailed
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outage, Outcome, Reason
-from arl_tangram.domain.services import ServiceConfig, reward_text
+from arl_tangram.domain.services import ServiceConfig, reward_text, service_named
 from arl_tangram.errors import InfrastructureError, NotFound, QueueFull
 
 log = logging.getLogger(__name__)
@@ -114,6 +114,15 @@ class RewardRouter:
 
     def has(self, key: str) -> bool:
         return key in self._services
+
+    def resolve(self, request: ActionRequest) -> ActionRequest:
+        """``request`` with its target the RewardModelService it names, by name or by the model it
+        serves (``service_named``)."""
+        if f"{request.namespace}/{request.target}" in self._services:
+            return request  # the common case, without a look at every service
+        served = ((s.config.namespace, s.config.name, s.config.model) for s in self._services.values())
+        name = service_named(request.namespace, request.target, served)
+        return request if name == request.target else replace(request, target=name)
 
     def sync(self, key: str, ready: Iterable[tuple[str, str]]) -> None:
         """The service's ready replicas, as (pod name, address)."""

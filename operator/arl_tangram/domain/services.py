@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from arl_tangram.api.meta import DNS_SUBDOMAIN_PATTERN
 from arl_tangram.api.rewardmodelservice import RewardModelService
-from arl_tangram.errors import InvalidSpec
+from arl_tangram.errors import InvalidSpec, NotFound
 
 WEIGHTS_MOUNT = "/var/lib/tangram/weights"
 """Where a ``pvc://`` model's claim is mounted in a replica pod."""
@@ -49,6 +51,9 @@ class ServiceConfig:
     gpu_memory: str | None = None
     args: tuple[str, ...] = ()  # server.args the runtime takes, appended to its command line
     ignored_args: tuple[str, ...] = ()  # server.args it does not take (shown in Ready)
+    # spec.model.name, the model as its server reports it: vLLM and SGLang clients name the service
+    # by it in their bodies' ``model`` (``RewardRouter.resolve``).
+    model: str = ""
 
     @property
     def key(self) -> str:
@@ -138,7 +143,42 @@ def service_config(rms: RewardModelService, uid: str = "") -> ServiceConfig:
         template_hash=hashlib.sha256(relevant.encode()).hexdigest()[:16],
         gpu_memory=str(spec.gpu.memory) if spec.gpu.memory else None,
         args=args,
+        model=spec.model.name,
         ignored_args=ignored,
+    )
+
+
+_OBJECT_NAME = re.compile(DNS_SUBDOMAIN_PATTERN)
+
+
+def service_named(namespace: str, target: str, served: Iterable[tuple[str, str, str]]) -> str:
+    """The RewardModelService a request names in ``namespace``: by its own name, or by the model it
+    serves (``spec.model.name``), as vLLM and SGLang clients name it in their bodies' ``model``
+    (verl sends the model's path or Hugging Face id, such as ``Org/Reward-Model``, which no
+    Kubernetes object can be named). ``served``: every known service as (namespace, name, model).
+    A valid name no service is known by is returned as it is (a service just created may not be
+    known yet; the caller then looks it up by name). ``InvalidSpec`` when two services serve the
+    model (which one is the caller's to say); ``NotFound`` for a model no service serves."""
+    known = [(name, model) for ns, name, model in served if ns == namespace]
+    if any(name == target for name, _ in known):
+        return target
+    serving = sorted(name for name, model in known if model == target)
+    if len(serving) == 1:
+        return serving[0]
+    if serving:
+        raise InvalidSpec(
+            "model",
+            f"model {target[:256]!r} is served by RewardModelServices {', '.join(serving)} in namespace "
+            f"{namespace!r}: name one (X-Tangram-Service or ?service=)",
+        )
+    if len(target) <= 253 and _OBJECT_NAME.match(target):
+        return target
+    models = sorted({model for _, model in known})
+    raise NotFound(
+        "RewardModelService",
+        target,
+        f"no RewardModelService in namespace {namespace!r} is named {target[:256]!r} or serves that "
+        f"model (models served there: {', '.join(models[:10]) or 'none'})",
     )
 
 

@@ -27,6 +27,7 @@ import yaml
 
 from arl_tangram.api.rewardmodelservice import RewardModelService
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
+from arl_tangram.domain.services import service_named
 from arl_tangram.errors import InvalidSpec, NotFound
 from arl_tangram.runtime.local import free_port
 
@@ -150,7 +151,11 @@ class LocalRewards:
             await asyncio.sleep(0.05)  # a poll interval while it starts
 
     async def score(self, request: ActionRequest) -> ActionOutcome:
-        key = key_of(request.namespace, request.target)
+        served = (
+            (svc.metadata.namespace or "default", svc.metadata.name or "", svc.spec.model.name)
+            for svc in self.services.values()
+        )
+        key = key_of(request.namespace, service_named(request.namespace, request.target, served))
         if key not in self.services or self.http is None or self.url is None:
             raise NotFound("RewardModelService", request.target)
         text = text_of(request.payload)

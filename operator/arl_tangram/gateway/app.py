@@ -33,6 +33,8 @@ from arl_tangram.gateway.errors import as_http
 from arl_tangram.gateway.metrics import GatewayMetrics
 from arl_tangram.gateway.models import (
     ActionResultBody,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
     GatewayAction,
     OpenRLHFRewardRequest,
     OpenRLHFRewardResponse,
@@ -255,6 +257,17 @@ def _docs() -> list[Route]:
                 query=TARGET_QUERY,
             ),
             rewards.vllm_pooling,
+        ),
+        Route(
+            R(
+                "POST",
+                "/v1/embeddings",
+                "OpenAI's embeddings API as SGLang serves reward models (the score is the embedding)",
+                EmbeddingsRequest,
+                EmbeddingsResponse,
+                query=TARGET_QUERY,
+            ),
+            rewards.embeddings,
         ),
         Route(R("GET", "/healthz", "Liveness", open=True), healthz),
         Route(R("GET", "/readyz", "Readiness: 200 on the leader, 503 on a standby", open=True), readyz),

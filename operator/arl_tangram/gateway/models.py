@@ -17,6 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
 
 from arl_tangram.api.actionbatch import Action
 from arl_tangram.api.meta import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, TangramModel
+from arl_tangram.api.rewardmodelservice import MAX_MODEL_NAME_LENGTH
 from arl_tangram.domain.actions import Outcome
 from arl_tangram.sandbox.actions import MAX_KEY_CHARS
 from arl_tangram.sandbox.models import Text
@@ -25,6 +26,16 @@ from arl_tangram.sandbox.models import Text
 KEY_PATTERN = rf"^[!-~](?:[ -~]{{0,{MAX_KEY_CHARS - 2}}}[!-~])?$"
 NamespaceName = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)]
 TargetName = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_SUBDOMAIN_PATTERN)]
+# vLLM's and SGLang's ``model``: the served model's name as their clients send it (a Hugging Face id
+# such as Org/Name, which is no Kubernetes name), or the RewardModelService's own name.
+ModelName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=MAX_MODEL_NAME_LENGTH,
+        description="The RewardModelService's name, or the model it serves (its spec.model.name).",
+    ),
+]
 IdempotencyKey = Annotated[
     str,
     Field(
@@ -202,7 +213,7 @@ class _VllmCommon(BaseModel):
     # ``use_activation``, ``softmax``, ``task`` and more, version by version): so do these.
     model_config = ConfigDict(extra="ignore")
 
-    model: TargetName | None = Field(None, description="The RewardModelService's name (or use ?service=).")
+    model: ModelName | None = None
     user: str | None = None
     truncate_prompt_tokens: int | None = Field(None, ge=1)
     priority: int = Field(0, ge=-1000, le=1000)
@@ -235,7 +246,7 @@ class SglangClassifyRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: TargetName | None = None
+    model: ModelName | None = None
     text: Text | list[Text]
 
 
@@ -287,6 +298,32 @@ class VllmPoolingResponse(BaseModel):
     created: int
     model: str
     data: list[VllmPoolingData]
+    usage: VllmUsage = Field(default_factory=VllmUsage)
+
+
+class EmbeddingsRequest(BaseModel):
+    """OpenAI's ``/v1/embeddings``, as SGLang serves a reward model there (verl's reward loop reads
+    the score as the last element of each embedding). Text only: token ids would need the model's
+    tokenizer, which the gateway does not have."""
+
+    # SGLang takes OpenAI's fields it does not use (``user``, ``dimensions``) and ignores them.
+    model_config = ConfigDict(extra="ignore")
+
+    model: ModelName | None = None
+    input: Text | list[Text]
+    encoding_format: Literal["float"] = "float"
+
+
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float]
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    model: str
+    data: list[EmbeddingData]
     usage: VllmUsage = Field(default_factory=VllmUsage)
 
 

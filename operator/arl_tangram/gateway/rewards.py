@@ -30,6 +30,9 @@ from arl_tangram.gateway.config import POOL_HEADER, SERVICE_HEADER, GatewayConfi
 from arl_tangram.gateway.errors import REASON_STATUS
 from arl_tangram.gateway.keys import scoped_key
 from arl_tangram.gateway.models import (
+    EmbeddingData,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
     OpenRLHFRewardRequest,
     OpenRLHFRewardResponse,
     RewardRequest,
@@ -206,8 +209,15 @@ async def slime_reward(request: web.Request) -> web.Response:
     return web.json_response(reward)
 
 
-def _openai_envelope(model: str) -> dict[str, Any]:
-    return {"id": f"score-{uuid.uuid4().hex}", "created": int(time.time()), "model": model}
+def _served_as(model: str | None, target: Target) -> str:
+    """The ``model`` of an OpenAI-style answer: the name the caller used (vLLM and SGLang echo their
+    served model's name), else the service's or pool's."""
+    return model or target.service or target.pool or ""
+
+
+def _openai_envelope(model: str | None, target: Target) -> dict[str, Any]:
+    name = _served_as(model, target)
+    return {"id": f"score-{uuid.uuid4().hex}", "created": int(time.time()), "model": name}
 
 
 async def vllm_score(request: web.Request) -> web.Response:
@@ -217,7 +227,7 @@ async def vllm_score(request: web.Request) -> web.Response:
     target = target_of(request, namespace, body.model)
     rewards = await score(request, target, score_pairs(body.text_1, body.text_2), listed("text_2"))
     data = [VllmScoreData(index=i, score=r) for i, r in enumerate(rewards)]
-    answer = VllmScoreResponse(**_openai_envelope(target.service or target.pool or ""), data=data)
+    answer = VllmScoreResponse(**_openai_envelope(body.model, target), data=data)
     return web.json_response(answer.model_dump())
 
 
@@ -241,7 +251,7 @@ async def classify(request: web.Request) -> web.Response:
     rows = [
         VllmClassifyData(index=i, label="reward", probs=[r], num_classes=1) for i, r in enumerate(rewards)
     ]
-    answer = VllmClassifyResponse(**_openai_envelope(target.service or target.pool or ""), data=rows)
+    answer = VllmClassifyResponse(**_openai_envelope(vllm.model, target), data=rows)
     return web.json_response(answer.model_dump())
 
 
@@ -252,5 +262,16 @@ async def vllm_pooling(request: web.Request) -> web.Response:
     target = target_of(request, namespace, body.model)
     rewards = await score(request, target, texts(body.input, "input"), listed("input"))
     rows = [VllmPoolingData(index=i, data=[r]) for i, r in enumerate(rewards)]
-    answer = VllmPoolingResponse(**_openai_envelope(target.service or target.pool or ""), data=rows)
+    answer = VllmPoolingResponse(**_openai_envelope(body.model, target), data=rows)
     return web.json_response(answer.model_dump())
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    """``POST /v1/embeddings`` (SGLang serves reward models' scores there): each input's embedding
+    is its one score."""
+    body = await parse(request, EmbeddingsRequest, _config(request))
+    namespace = namespace_of(request)
+    target = target_of(request, namespace, body.model)
+    rewards = await score(request, target, texts(body.input, "input"), listed("input"))
+    rows = [EmbeddingData(index=i, embedding=[r]) for i, r in enumerate(rewards)]
+    return web.json_response(EmbeddingsResponse(model=_served_as(body.model, target), data=rows).model_dump())

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 import yaml
 from up_harness import Up, pool_doc, tangram_up, wait_until
 
@@ -18,6 +19,7 @@ from arl_tangram.client import AsyncTangramClient, TangramClient, code_action
 from arl_tangram.rewards.builtin import BuiltinScorer, write_model
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+SERVED = "Org/Reward-Model-0.6B"
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,8 @@ def up(tmp_path_factory: pytest.TempPathFactory, model: Path) -> Iterator[Up]:
         "apiVersion": "tangram.arl.dev/v1alpha1",
         "kind": "RewardModelService",
         "metadata": {"name": "rm"},
-        "spec": {"model": {"name": "rm", "uri": f"file://{model}"}, "gpu": {"memory": "64Mi"}},
+        # Served under a Hugging Face id, as vLLM and SGLang clients name it in ``model``.
+        "spec": {"model": {"name": SERVED, "uri": f"file://{model}"}, "gpu": {"memory": "64Mi"}},
     }
     (specs / "all.yaml").write_text(yaml.safe_dump_all([pool_doc(), service]))
     with tangram_up(specs / "all.yaml") as running:
@@ -78,3 +81,26 @@ def test_the_async_client_with_sessions(up: Up) -> None:
             return list(await asyncio.gather(*(trajectory(client, i) for i in range(4))))
 
     assert asyncio.run(main()) == [f"{i}\n" for i in range(4)]
+
+
+def test_vllm_and_sglang_clients_name_the_service_by_its_model(up: Up, model: Path) -> None:
+    """verl's reward loop as it posts to a vLLM or SGLang reward server: ``model`` is the served
+    model's name (a Hugging Face id or path, refused with 422 before), the score read from the
+    last element of ``probs`` (vLLM ``/classify``) or ``embedding`` (SGLang ``/v1/embeddings``)."""
+    scorer = BuiltinScorer.from_file(model)
+    scorer.restore()
+    text = "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>"
+    want = float(scorer.score([text])[0])
+    vllm = requests.post(
+        up.url + "/classify", json={"model": SERVED, "input": text, "activation": False}, timeout=60
+    )
+    assert vllm.status_code == 200, vllm.text
+    assert vllm.json()["data"][-1]["probs"][-1] == want and vllm.json()["model"] == SERVED
+    sglang = requests.post(up.url + "/v1/embeddings", json={"model": SERVED, "input": text}, timeout=60)
+    assert sglang.status_code == 200, sglang.text
+    assert sglang.json()["data"][-1]["embedding"][-1] == want and sglang.json()["object"] == "list"
+    by_name = requests.post(up.url + "/v1/embeddings", json={"model": "rm", "input": [text, "x"]}, timeout=60)
+    assert [d["embedding"][-1] for d in by_name.json()["data"]] == [want, float(scorer.score(["x"])[0])]
+    # A model nobody serves is named, with what is served (as vLLM's 404 for an unknown model).
+    unknown = requests.post(up.url + "/classify", json={"model": "/models/other", "input": text}, timeout=60)
+    assert unknown.status_code == 404 and SERVED in unknown.json()["error"], unknown.text

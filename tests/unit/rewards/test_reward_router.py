@@ -16,7 +16,7 @@ from arl_tangram.dispatch.dispatcher import Dispatcher
 from arl_tangram.dispatch.rewards import RewardRouter
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outage, Outcome
 from arl_tangram.domain.services import service_config
-from arl_tangram.errors import InfrastructureError, QueueFull, TargetUnavailable
+from arl_tangram.errors import InfrastructureError, InvalidSpec, NotFound, QueueFull, TargetUnavailable
 
 
 class FakeReplicas:
@@ -252,3 +252,49 @@ async def test_a_request_cancelled_before_its_task_ran_gives_its_place_back() ->
     assert router.cancel("b/r0") is True
     outcome = await asyncio.wait_for(call, 5)
     assert outcome.state is Outcome.CANCELLED and router.stats("ns/rm").queued == 0  # type: ignore[union-attr]
+
+
+def _service(name: str, model: str, namespace: str = "ns") -> Any:
+    rms = RewardModelService.model_validate(
+        {
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"model": {"name": model, "uri": "file:///w/rm.npz"}},
+        }
+    )
+    return service_config(rms, uid=f"u-{name}")
+
+
+def test_a_service_is_named_by_its_own_name_or_by_the_model_it_serves() -> None:
+    """vLLM and SGLang clients name the served model in ``model`` (verl sends the model's path or
+    Hugging Face id): the gateway refused such names (422) before any service was looked up."""
+    router = RewardRouter(FakeReplicas({}))  # type: ignore[arg-type]
+    router.upsert(_service("rm", "Org/Reward-Model-0.6B"))
+    router.upsert(_service("judge-a", "Org/Judge"))
+    router.upsert(_service("judge-b", "Org/Judge"))
+    router.upsert(_service("elsewhere", "Org/Other", namespace="other"))
+
+    def target(name: str) -> str:
+        return router.resolve(ActionRequest("k", "ns", name, "reward", {})).target
+
+    assert target("rm") == "rm"
+    assert target("Org/Reward-Model-0.6B") == "rm"
+    # A valid name nobody is known by yet is kept: the dispatcher may learn a service just created.
+    assert target("new-service") == "new-service"
+    with pytest.raises(InvalidSpec, match="judge-a, judge-b") as ambiguous:
+        target("Org/Judge")
+    assert ambiguous.value.field == "model"
+    # A model served only in another namespace, or by nobody, is named with what is served here.
+    for unknown in ("Org/Other", "/models/local-path"):
+        with pytest.raises(NotFound, match=r"served there: Org/Judge, Org/Reward-Model-0.6B\)"):
+            target(unknown)
+
+
+async def test_the_dispatcher_serves_a_request_naming_the_model() -> None:
+    client = FakeReplicas({})
+    dispatcher = Dispatcher(client)  # type: ignore[arg-type]
+    dispatcher.rewards = RewardRouter(client)  # type: ignore[arg-type]
+    dispatcher.rewards.upsert(_service("rm", "Org/Reward-Model-0.6B"))
+    dispatcher.rewards.sync("ns/rm", [("a", "a:8000")])
+    request = ActionRequest("k", "ns", "Org/Reward-Model-0.6B", "reward", {"prompt": "p", "response": "r"})
+    outcome = await asyncio.wait_for(dispatcher.run(request), 5)
+    assert outcome.state is Outcome.SUCCEEDED and outcome.reward == 0.5 and client.calls == ["a:8000"]
