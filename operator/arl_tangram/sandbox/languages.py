@@ -324,7 +324,8 @@ LANGUAGES: tuple[Language, ...] = (
         source="main.js",
         tools={"node": "node"},
         run=("{node}", "main.js"),
-        aliases=("js",),
+        # ROLL's code reward names it by its fence, ``javascript`` (SandboxFusion refuses that name).
+        aliases=("js", "javascript"),
         version_tool="node",
         node_packages=True,
     ),

@@ -112,6 +112,7 @@ def test_zygote_modules_add_what_every_action_would_import() -> None:
 
 def test_aliases_name_their_language() -> None:
     assert known_name("js") == "nodejs"
+    assert known_name("javascript") == "nodejs"  # ROLL's name (a fence's); refused (422) before
     assert known_name("ts") == "typescript"
     assert known_name("cpp") == "cpp"
     assert known_name("cobol") is None
