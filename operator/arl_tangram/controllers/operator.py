@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
 import socket
 import time
@@ -28,7 +29,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from arl_tangram.api.actionpool import ActionPool
-from arl_tangram.api.meta import GROUP, VERSION
+from arl_tangram.api.meta import DNS_LABEL_PATTERN, GROUP, VERSION
 from arl_tangram.api.rewardmodelservice import RewardModelService
 from arl_tangram.controllers.actionbatch import BatchManager
 from arl_tangram.controllers.actionpool import Event, PoolController, node_snapshot
@@ -43,6 +44,7 @@ from arl_tangram.domain.services import service_config
 from arl_tangram.errors import InvalidSpec
 from arl_tangram.gateway import build_gateway_app
 from arl_tangram.gateway.auth import KubernetesAuthenticator
+from arl_tangram.gateway.config import GatewayConfig, parse_defaults
 from arl_tangram.gateway.metrics import GatewayMetrics
 from arl_tangram.gateway.state import Leadership
 from arl_tangram.gpu.placement import DEVICE_STRATEGIES, DeviceStrategy
@@ -80,6 +82,17 @@ ENVIRONMENT: dict[str, tuple[str | None, str]] = {
     "TANGRAM_GATEWAY_ANONYMOUS": ("anonymous", "true: no authentication, loopback callers only"),
     "TANGRAM_REWARD_DEVICE": ("reward_device", "the device reward runtimes score on (cpu: test beds)"),
     "TANGRAM_GPU_DEVICES": ("gpu_devices", "how reward replicas ask for their GPUs (docs/gpu.md)"),
+    "TANGRAM_GATEWAY_NAMESPACE": ("gateway_namespace", "the namespace of gateway requests that name none"),
+    "TANGRAM_GATEWAY_POOLS": (
+        None,
+        "NAMESPACE/POOL,...: the ActionPool of a namespace's /run_code and /run_jupyter requests "
+        "that name none (default none)",
+    ),
+    "TANGRAM_GATEWAY_SERVICES": (
+        None,
+        "NAMESPACE/SERVICE,...: the RewardModelService of a namespace's reward requests that name "
+        "none (default none)",
+    ),
 }
 
 
@@ -102,6 +115,10 @@ class OperatorSettings:
     # (the exact UUIDs, for GPUs the reward pool owns outside the device plugin). One setting for the
     # whole operator: whether the device plugin manages the GPUs is the cluster's, not a service's.
     gpu_devices: DeviceStrategy = "device-plugin"
+    # The gateway's routing defaults (``GatewayConfig``), for trainers whose URL cannot name a target.
+    gateway_namespace: str = GatewayConfig.default_namespace
+    gateway_pools: tuple[tuple[str, str], ...] = ()
+    gateway_services: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_env(cls) -> OperatorSettings:
@@ -125,7 +142,28 @@ class OperatorSettings:
             anonymous=os.environ.get("TANGRAM_GATEWAY_ANONYMOUS", "").lower() in ("1", "true"),
             reward_device=os.environ.get("TANGRAM_REWARD_DEVICE", cls.reward_device),
             gpu_devices=next(d for d in DEVICE_STRATEGIES if d == devices),
+            gateway_namespace=_namespace("TANGRAM_GATEWAY_NAMESPACE", cls.gateway_namespace),
+            gateway_pools=_targets("TANGRAM_GATEWAY_POOLS"),
+            gateway_services=_targets("TANGRAM_GATEWAY_SERVICES"),
         )
+
+    def gateway_config(self) -> GatewayConfig:
+        return GatewayConfig(
+            default_namespace=self.gateway_namespace,
+            default_pools=dict(self.gateway_pools),
+            default_services=dict(self.gateway_services),
+        )
+
+
+def _targets(name: str) -> tuple[tuple[str, str], ...]:
+    return tuple(parse_defaults(name, os.environ.get(name, "")).items())
+
+
+def _namespace(name: str, default: str) -> str:
+    value = os.environ.get(name, default)
+    if not (len(value) <= 63 and re.match(DNS_LABEL_PATTERN, value)):
+        raise InvalidSpec(name, f"{value[:80]!r} is not a namespace name")
+    return value
 
 
 def api_client() -> client.ApiClient:
@@ -455,6 +493,7 @@ class OperatorState:
         app = build_gateway_app(
             self.dispatcher,
             auth,
+            config=self.settings.gateway_config(),
             readiness=self._leadership,
             batch_results=self.batches,
             allow_anonymous=self.settings.anonymous,

@@ -3,10 +3,12 @@ the docs read it from here."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from arl_tangram.api.actionpool import MAX_SESSION_TTL_S
+from arl_tangram.api.meta import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN
 from arl_tangram.domain.pools import LONGEST_BACKSTOPPED_TTL_S
 from arl_tangram.errors import InvalidSpec
 
@@ -75,3 +77,26 @@ class GatewayConfig:
                 f"must be at most {LONGEST_BACKSTOPPED_TTL_S:g} s "
                 f"(agents keep a session {MAX_SESSION_TTL_S / 86400:g} days)",
             )
+
+
+def parse_defaults(where: str, text: str) -> dict[str, str]:
+    """``default_pools`` or ``default_services`` from ``NAMESPACE/NAME,...`` (the operator's
+    environment): the target of each namespace's requests that name none. Trainers whose URL is
+    fixed (SkyRL's SandboxFusion client posts to ``http://HOST:8080/run_code``) can name nothing
+    else. ``InvalidSpec`` naming ``where`` for a malformed entry or a namespace given twice."""
+    out: dict[str, str] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        namespace, _, name = entry.partition("/")
+        if not (
+            len(namespace) <= 63
+            and re.match(DNS_LABEL_PATTERN, namespace)
+            and len(name) <= 63
+            and re.match(DNS_SUBDOMAIN_PATTERN, name)
+        ):
+            raise InvalidSpec(where, f"{entry[:80]!r} is not NAMESPACE/NAME (Kubernetes names)")
+        if namespace in out:
+            raise InvalidSpec(where, f"namespace {namespace!r} is given twice ({out[namespace]}, {name})")
+        out[namespace] = name
+    return out

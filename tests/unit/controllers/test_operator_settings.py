@@ -19,6 +19,9 @@ SET = {
     "TANGRAM_GATEWAY_ANONYMOUS": ("true", ("anonymous", True)),
     "TANGRAM_REWARD_DEVICE": ("cpu", ("reward_device", "cpu")),
     "TANGRAM_GPU_DEVICES": ("visible-devices", ("gpu_devices", "visible-devices")),
+    "TANGRAM_GATEWAY_NAMESPACE": ("rl", ("gateway_namespace", "rl")),
+    "TANGRAM_GATEWAY_POOLS": ("rl/py, team-b/swe", ("gateway_pools", (("rl", "py"), ("team-b", "swe")))),
+    "TANGRAM_GATEWAY_SERVICES": ("rl/rm", ("gateway_services", (("rl", "rm"),))),
 }
 
 
@@ -49,3 +52,34 @@ def test_a_bad_port_names_the_variable(monkeypatch: pytest.MonkeyPatch, port: st
     with pytest.raises(InvalidSpec) as err:
         OperatorSettings.from_env()
     assert err.value.field == "TANGRAM_LISTEN_PORT" and repr(port) in err.value.message
+
+
+def test_the_gateway_defaults_reach_the_gateway(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SkyRL's SandboxFusion client posts to a fixed ``http://HOST:8080/run_code``: in a cluster no
+    request of it could name a pool, and the operator had no way to set a default."""
+    monkeypatch.setenv("TANGRAM_GATEWAY_NAMESPACE", "rl")
+    monkeypatch.setenv("TANGRAM_GATEWAY_POOLS", "rl/py")
+    monkeypatch.setenv("TANGRAM_GATEWAY_SERVICES", "rl/rm,other/judge")
+    config = OperatorSettings.from_env().gateway_config()
+    assert config.default_namespace == "rl" and dict(config.default_pools) == {"rl": "py"}
+    assert dict(config.default_services) == {"rl": "rm", "other": "judge"}
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        ("TANGRAM_GATEWAY_POOLS", "py", "is not NAMESPACE/NAME"),
+        ("TANGRAM_GATEWAY_POOLS", "rl/Py", "is not NAMESPACE/NAME"),
+        ("TANGRAM_GATEWAY_SERVICES", "rl/a,rl/b", "given twice"),
+        ("TANGRAM_GATEWAY_NAMESPACE", "Team_A", "not a namespace name"),
+    ],
+)
+def test_bad_gateway_defaults_name_the_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, says: str
+) -> None:
+    from arl_tangram.errors import InvalidSpec
+
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(InvalidSpec, match=says) as err:
+        OperatorSettings.from_env()
+    assert err.value.field == variable
