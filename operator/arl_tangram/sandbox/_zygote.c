@@ -19,7 +19,8 @@
  *   "TZR1" i64 id, i32 uid (-1: keep), u32 flags (1: interpreter, 2: private /tmp and /dev/shm,
  *   4: a network namespace to enter comes as the last descriptor, 8: a mount namespace to enter
  *   (with its private /tmp and /dev/shm) comes before it, 16: the code is written to a main file
- *   and two more spans follow, 32: a /proc of its own PID namespace),
+ *   and two more spans follow, 32: a /proc of its own PID namespace, 64: an IPC namespace of its
+ *   own, 128: its writes confined with Landlock),
  *   u32 ncores, i32 cores[],
  *   u32 nlimits, {i32 resource, i64 value}[], then five spans of u32 len + bytes: workdir (NUL
  *   included), env ("K=V\0"...: the whole environment), env delta ("K=V\0" sets, "K\0" unsets),
@@ -442,11 +443,55 @@ static void own_proc(void) {
 /* The actions' seccomp filter (serve's last argument; none when it is None). */
 static struct sock_fprog seccomp_prog = {0, NULL};
 
+/* Landlock: isolation.restrict_writes's twin (its comment says what and why). The system call
+ * numbers are the same on every architecture (new calls share one table since Linux 5.1). */
+#ifndef SYS_landlock_create_ruleset
+#define SYS_landlock_create_ruleset 444
+#define SYS_landlock_add_rule 445
+#define SYS_landlock_restrict_self 446
+#endif
+#define LL_WRITE_FILE (1ull << 1)
+#define LL_CHANGES (LL_WRITE_FILE | (((1ull << 13) - 1) & ~((1ull << 4) - 1))) /* remove, make */
+#define LL_REFER (1ull << 13)
+#define LL_TRUNCATE (1ull << 14)
+
+struct ll_path_beneath {
+    uint64_t allowed_access;
+    int32_t parent_fd;
+} __attribute__((packed));
+
+static void ll_allow(int ruleset, const char *path, uint64_t access) {
+    int fd = open(path, O_PATH | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) return;
+        child_fail("landlock: open");
+    }
+    struct ll_path_beneath rule = {access, fd};
+    if (syscall(SYS_landlock_add_rule, ruleset, 1 /* LANDLOCK_RULE_PATH_BENEATH */, &rule, 0) < 0)
+        child_fail("landlock_add_rule");
+    close(fd);
+}
+
+static void restrict_writes(const char *workdir) {
+    long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, 1u /* LANDLOCK_CREATE_RULESET_VERSION */);
+    uint64_t handled = LL_CHANGES | LL_REFER | (abi >= 3 ? LL_TRUNCATE : 0);
+    uint64_t attr = handled;
+    int ruleset = (int)syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0u);
+    if (ruleset < 0) child_fail("landlock_create_ruleset");
+    ll_allow(ruleset, workdir, handled);
+    ll_allow(ruleset, "/tmp", handled);
+    ll_allow(ruleset, "/dev/shm", handled);
+    ll_allow(ruleset, "/dev", handled & (LL_WRITE_FILE | LL_TRUNCATE));
+    ll_allow(ruleset, "/proc", handled & (LL_WRITE_FILE | LL_TRUNCATE));
+    if (syscall(SYS_landlock_restrict_self, ruleset, 0u) < 0) child_fail("landlock_restrict_self");
+    close(ruleset);
+}
+
 /* In the child: everything _child_main does in Python, up to running the action. */
 static void child_setup(int interp, int *fds, int nfds, int devnull, int32_t uid, const int32_t *cores,
                         uint32_t ncores, const unsigned char *limits, uint32_t nlimits,
                         const char *workdir, const char *env, uint32_t env_len, int private_mounts,
-                        int proc_of_its_own, int ipc_of_its_own, int under_init) {
+                        int proc_of_its_own, int ipc_of_its_own, int restrict_fs, int under_init) {
     /* Under its namespace's init, the program leads a process group of its own in the fork
      * server's session (which has no terminal): its setpgrp() works as outside (a session's leader
      * may not, EPERM), what it signals as its group (kill(0), `kill -- -$$`, killpg(getpgrp()))
@@ -523,6 +568,7 @@ static void child_setup(int interp, int *fds, int nfds, int devnull, int32_t uid
     }
     struct rlimit nocore = {0, 0};
     setrlimit(RLIMIT_CORE, &nocore);
+    if (restrict_fs) restrict_writes(workdir); /* after the mounts, which it would refuse */
     /* Last of the set-up, which needs calls it refuses (mounts): the actions' seccomp filter
      * (seccomp.py; no_new_privs, which it needs, the fork server set for all its children). */
     if (seccomp_prog.filter != NULL && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &seccomp_prog, 0, 0) < 0)
@@ -1612,7 +1658,7 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
         if (mntns_fd >= 0 && setns(mntns_fd, CLONE_NEWNS) < 0) child_fail("setns(mount)");
         child_setup(interp, fds, nfds, devnull, uid, cores, ncores, limits, nlimits, (const char *)workdir,
                     (const char *)env, elen, (flags & 2u) != 0, (flags & 32u) != 0, (flags & 64u) != 0,
-                    init_pid > 0);
+                    (flags & 128u) != 0, init_pid > 0);
         const char *written = NULL;
         if (main_file != NULL && !interp && alen == 0 && write_main((const char *)main_file, code, clen))
             written = (const char *)main_file;

@@ -206,6 +206,8 @@ def child_main(
                 continue
             resource.setrlimit(res, (value, value + 1 if res == resource.RLIMIT_CPU else value))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if req.get("landlock"):  # after the mounts, which it would refuse
+            isolation.restrict_writes(workdir)
         # Last, once nothing of the set-up needs a call it refuses (mounts above all).
         if _INSTALL_SECCOMP is not None:
             _INSTALL_SECCOMP()

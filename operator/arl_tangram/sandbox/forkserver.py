@@ -452,6 +452,12 @@ class ForkServer:
                 # The kernel's defaults then stay: System V memory up to the host's (child.bound_ipc).
                 note = f"System V memory per action not bounded by its limit ({why_not})"
                 self.iso.notes = (*self.iso.notes, note)
+        # Each action's writes confined to its workdir, /tmp and /dev/shm (isolation.restrict_writes).
+        why_not = isolation.probe_landlock()
+        self.iso.landlock = why_not is None
+        if why_not is not None:
+            note = f"writes not confined to the workdir, /tmp and /dev/shm ({why_not})"
+            self.iso.notes = (*self.iso.notes, note)
         self.tmp_root = (self.config.get("writable") or [""])[0]
         self.tmp_bytes = int(self.config.get("tmp_bytes") or 0)
         tmp_files = (
@@ -922,6 +928,7 @@ class ForkServer:
             msg["private_tmp"] = private and mnt is None  # made in the child (a cold pool only)
             msg["own_proc"] = private and self.iso.own_proc
             msg["own_ipc"] = self.iso.own_ipc and msg.get("uid") is not None
+            msg["landlock"] = self.iso.landlock
             if mnt is not None:
                 msg["mntns"] = True
                 fds.append(mnt.ns)
@@ -1053,6 +1060,7 @@ class ForkServer:
         msg["private_tmp"] = private
         msg["own_proc"] = private and self.iso.own_proc
         msg["own_ipc"] = self.iso.own_ipc and msg.get("uid") is not None
+        msg["landlock"] = self.iso.landlock
         # And a network namespace of its own with loopback up, as an action's, from the pool: it
         # goes back when the interpreter is gone (its PID namespace's first process: all of it).
         netns = self._take_netns()

@@ -379,6 +379,94 @@ def probe_own_ipc() -> str | None:
     return _why_not(_in_child(unshared))
 
 
+# Landlock (Linux 5.13+): an unprivileged process's own limits on what it may do to files. ABI 2
+# (5.19) at least: under ABI 1 a rename or link across directories is always refused, EXDEV.
+_LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446
+_LANDLOCK_VERSION = 1  # landlock_create_ruleset's flag: the ABI version, no ruleset
+_LANDLOCK_PATH_BENEATH = 1
+LANDLOCK_MIN_ABI = 2
+# Every right that changes the filesystem (reading and executing are not restricted), by ABI.
+_FS_WRITE_FILE = 1 << 1
+_FS_CHANGES = sum(1 << bit for bit in (1, *range(4, 13)))  # write, remove, make dir/file/link...
+_FS_REFER = 1 << 13  # ABI 2: link and rename across directories
+_FS_TRUNCATE = 1 << 14  # ABI 3
+# Where an action changes files as it would outside: its workdir, its own /tmp and /dev/shm (and,
+# without a mount namespace, the host's, as before). Devices are written (/dev/null, a pty) and
+# /proc's files (a thread's name), which change nothing on disk.
+WRITABLE_TREES = ("/tmp", "/dev/shm")
+WRITTEN_FILES_IN = ("/dev", "/proc")
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version; 0 without Landlock (or with it disabled)."""
+    abi = _libc.syscall(ctypes.c_long(_LANDLOCK_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    return max(0, int(abi))
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = (("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32))
+
+
+def restrict_writes(workdir: str) -> None:
+    """Leave this process (and what it starts) able to change files only in ``workdir``,
+    ``WRITABLE_TREES`` and, by writing, ``WRITTEN_FILES_IN`` (_zygote.c's restrict_writes is
+    its twin). Why: an image's world-writable places beyond the ones covered by name (php's
+    /var/lib/php/sessions, mode 1733; Kubernetes' /dev/termination-log, 0666) held what one action
+    left for another to read, after both had ended, and let any of them fill the disk. A write
+    there is refused, EACCES, as a directory the program may not write is outside; a missing
+    path is still ENOENT (a read-only mount would say EROFS for both)."""
+    abi = landlock_abi()
+    handled = _FS_CHANGES | _FS_REFER | (_FS_TRUNCATE if abi >= 3 else 0)
+    attr = ctypes.c_uint64(handled)
+    ruleset = _libc.syscall(
+        ctypes.c_long(_LANDLOCK_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(8), ctypes.c_uint32(0)
+    )
+    _check(0 if ruleset >= 0 else -1, "landlock_create_ruleset")
+    try:
+        rules = [(workdir, handled), *((p, handled) for p in WRITABLE_TREES)]
+        rules += [(p, handled & (_FS_WRITE_FILE | _FS_TRUNCATE)) for p in WRITTEN_FILES_IN]
+        for path, access in rules:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                rule = _PathBeneath(access, fd)
+                _check(
+                    _libc.syscall(
+                        ctypes.c_long(_LANDLOCK_ADD_RULE),
+                        ctypes.c_int(ruleset),
+                        ctypes.c_int(_LANDLOCK_PATH_BENEATH),
+                        ctypes.byref(rule),
+                        ctypes.c_uint32(0),
+                    ),
+                    f"landlock_add_rule {path}",
+                )
+            finally:
+                os.close(fd)
+        _check(
+            _libc.syscall(ctypes.c_long(_LANDLOCK_RESTRICT_SELF), ctypes.c_int(ruleset), ctypes.c_uint32(0)),
+            "landlock_restrict_self",
+        )
+    finally:
+        os.close(ruleset)
+
+
+def probe_landlock() -> str | None:
+    """Whether actions' writes can be confined with Landlock here (``restrict_writes``, tried in a
+    throwaway child): ``None`` if so, else why not."""
+    abi = landlock_abi()
+    if abi < LANDLOCK_MIN_ABI:
+        return f"Landlock ABI {abi} (at least {LANDLOCK_MIN_ABI} is needed: Linux 5.19)"
+
+    def restricted() -> int:
+        restrict_writes(os.getcwd())
+        return 0
+
+    return _why_not(_in_child(restricted))
+
+
 def write_proc(path: str, value: bytes) -> None:
     """Write ``value`` to the /proc file ``path`` in one write (as the kernel reads a setting);
     OSError where it refuses."""
@@ -544,6 +632,7 @@ class Isolation:
         own_proc: bool = False,
         seccomp: bool = False,
         own_ipc: bool = False,
+        landlock: bool = False,
         workdir_mb: int = 0,
         memory_guard: dict[str, object] | None = None,
     ) -> None:
@@ -558,6 +647,7 @@ class Isolation:
         self.own_proc = own_proc  # each action its own /proc (of its PID namespace)
         self.seccomp = seccomp  # each action under the seccomp filter (seccomp.py)
         self.own_ipc = own_ipc  # each action its own System V / POSIX IPC objects
+        self.landlock = landlock  # each action's writes confined (restrict_writes)
         self.workdir_mb = workdir_mb  # each workdir a tmpfs of this size (the agent's, not the fork server's)
         # Where the memory left is watched and how much is kept (forkserver._guard_memory; None: off).
         self.memory_guard = memory_guard
@@ -575,6 +665,7 @@ class Isolation:
             "own_proc": self.own_proc,
             "seccomp": self.seccomp,
             "own_ipc": self.own_ipc,
+            "landlock": self.landlock,
             "workdir_mb": self.workdir_mb,
             "memory_guard": self.memory_guard,
             "notes": list(self.notes),

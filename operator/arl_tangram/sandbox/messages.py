@@ -39,6 +39,7 @@ class RunMessage(TypedDict):
     mntns: NotRequired[bool]
     own_proc: NotRequired[bool]  # a /proc of its own PID namespace (in its own mount namespace)
     own_ipc: NotRequired[bool]  # an IPC namespace of its own (shared memory, semaphores, queues)
+    landlock: NotRequired[bool]  # its writes confined (isolation.restrict_writes)
     main_file: NotRequired[str]  # Python code: the file it is written to and run from
     compiled: NotRequired[bytes]  # ... and its code object (marshal), when the manager compiled it
 

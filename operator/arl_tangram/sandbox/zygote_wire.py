@@ -76,6 +76,7 @@ def encode_request(msg: RunMessage, interp: bool, base_env: dict[str, str]) -> b
     flags = (1 if interp else 0) | (2 if msg.get("private_tmp") else 0)
     flags |= (4 if msg.get("netns") else 0) | (8 if msg.get("mntns") else 0)
     flags |= (32 if msg.get("own_proc") else 0) | (64 if msg.get("own_ipc") else 0)
+    flags |= 128 if msg.get("landlock") else 0
     main_file = msg.get("main_file")
     extra = b""
     if main_file and not interp and not argv:
@@ -127,6 +128,7 @@ def decode_request(data: bytes) -> dict[str, Any]:
         "mntns": bool(flags & 8),
         "own_proc": bool(flags & 32),
         "own_ipc": bool(flags & 64),
+        "landlock": bool(flags & 128),
         "cores": cores,
         "limits": limits,
         "workdir": workdir.rstrip(b"\0").decode(),

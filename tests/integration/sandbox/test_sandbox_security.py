@@ -11,13 +11,14 @@ import errno
 import itertools
 import json
 import os
+import shutil
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import requests
-from sandbox_agent_harness import Agent, start_agent, stop_agent, wait_until
+from sandbox_agent_harness import C_BUILT, Agent, start_agent, stop_agent, wait_until
 
 SECRET = "s3cr3t-51f0"
 
@@ -236,3 +237,66 @@ def test_no_seccomp_turns_the_filter_off(tmp_path: Path) -> None:
         assert _probe(running)["keyctl"] != errno.EPERM
     finally:
         stop_agent(running)
+
+
+LEAVE = (
+    "import os, sys\n"
+    "for path in WHERE:\n"
+    "    try:\n"
+    "        with open(path, 'a') as f:\n"
+    "            f.write('left by ' + str(os.getuid()))\n"
+    "        print('wrote', path)\n"
+    "    except OSError as exc:\n"
+    "        print('refused', path, exc.errno)\n"
+)
+# What a program does to its own files, each as outside: across directories too (a rename from
+# /tmp, a hard link), which Landlock refuses (EXDEV) unless it is told they may.
+OWN_FILES = (
+    "import os, shutil, tempfile\n"
+    "os.makedirs('a/b'); os.rmdir('a/b')\n"
+    "with tempfile.NamedTemporaryFile('w', delete=False) as f:\n"
+    "    f.write('x')\n"
+    "os.rename(f.name, 'a/moved'); os.link('a/moved', 'linked'); os.symlink('linked', 'sym')\n"
+    "shutil.move('a', '/dev/shm/a'); os.truncate('linked', 0); os.mkfifo('/tmp/fifo')\n"
+    "print(open('/dev/shm/a/moved').read(), os.path.getsize('linked'), os.path.islink('sym'))\n"
+)
+
+
+@pytest.mark.parametrize("loop", ["c", "python"])
+def test_no_world_writable_place_of_the_image_is_shared_between_actions(tmp_path: Path, loop: str) -> None:
+    """An image's world-writable directories and files beyond the ones covered by name (php's
+    /var/lib/php/sessions, mode 1733; Kubernetes' /dev/termination-log, 0666) held what one action
+    wrote for the next to read, after both had ended, and let any fill the disk. An action's
+    writes are confined (Landlock) to its workdir, /tmp and /dev/shm, and devices: elsewhere they
+    are refused as a directory it may not write is outside (EACCES), and a missing path is still
+    ENOENT (a read-only mount said EROFS for both, and a program expecting FileNotFoundError got
+    OSError)."""
+    if os.geteuid() != 0:
+        pytest.skip("mount namespaces need root")
+    if loop == "c" and not C_BUILT:
+        pytest.skip("the C fork loop is not built here (no C compiler at install)")
+    shared = Path(f"/var/lib/tangram-shared-{os.getpid()}")
+    shared.mkdir(mode=0o1777)
+    shared.chmod(0o1777)
+    open_file = Path(f"/var/lib/tangram-open-{os.getpid()}")
+    open_file.write_text("")
+    open_file.chmod(0o666)
+    agent = start_agent(tmp_path / "work", "--fork-loop", loop)
+    try:
+        if not requests.get(agent.url + "/v1/health", timeout=10).json()["isolation"]["landlock"]:
+            pytest.skip("no Landlock (ABI 2) here: the agent's health says why")
+        where = [str(shared / "note"), str(open_file)]
+        first = agent.execute(f"WHERE = {where!r}\n" + LEAVE)
+        assert first["status"] == "ok", first
+        assert str(first["stdout"]).splitlines() == [f"refused {p} {errno.EACCES}" for p in where], first
+        assert not (shared / "note").exists() and open_file.read_text() == ""
+        own = ["out.txt", "/tmp/t", "/dev/shm/s", "/dev/null", "/no/such/dir/f"]
+        second = agent.execute(f"WHERE = {own!r}\n" + LEAVE)
+        want = [f"wrote {p}" for p in own[:-1]] + [f"refused /no/such/dir/f {errno.ENOENT}"]
+        assert str(second["stdout"]).splitlines() == want, second
+        third = agent.execute(OWN_FILES)
+        assert (third["status"], third["stdout"]) == ("ok", "x 0 True\n"), third
+    finally:
+        stop_agent(agent)
+        shutil.rmtree(shared, ignore_errors=True)
+        open_file.unlink()
