@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from arl_tangram.errors import InvalidSpec
-from arl_tangram.sandbox import workfiles
+from arl_tangram.sandbox import gopackages, workfiles
 from arl_tangram.sandbox.compilecache import CompileCache, CompiledBuild, build_key
 from arl_tangram.sandbox.config import cpu_limit
 from arl_tangram.sandbox.forkclient import next_id
@@ -191,7 +191,21 @@ class Builder:
             )
         language = toolchain.language
         source = language.source_for(code)
-        return files if source is None else {**files, source: language.source_bytes(code)}
+        if source is None:
+            return files
+        files = {**files, source: language.source_bytes(code)}
+        if (
+            language.go_module
+            and toolchain.go_modcache
+            and "go.mod" not in files
+            and any(p.endswith(".go") and p != source for p in files)
+        ):
+            # A program with packages of its own imports them by the module's path
+            # (``SeedSandbox/utils``): the module's root must be its directory, as SandboxFusion
+            # copies go.mod there (the one at the workdir root is the workdirs' parent). A lone
+            # source keeps that one, and its compile cache (the workdir holds nothing else).
+            files = {**gopackages.module_files(), **files}
+        return files
 
     async def prepare(
         self,

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,9 @@ from arl_tangram.sandbox.preload import zygote_modules
 
 log = logging.getLogger(__name__)
 
+# A pytest action's code, run as ``pytest test_solution.py`` (SandboxFusion: ``pytest <a temporary
+# file>.py``, a name no request file has); where a request file has that name, the next free of
+# ``test_solution_.py``, ``test_solution__.py``... (``code_file``), as a python action's main file.
 PYTEST_FILE = "test_solution.py"
 # The most an action's stack limit may be: the agent's own hard limit, which no child may raise.
 _STACK_HARD = resource.getrlimit(resource.RLIMIT_STACK)[1]
@@ -84,6 +88,19 @@ class ActionSpec:
     # The main thread's stack may grow to ``memory_mb``, as SandboxFusion sets RLIMIT_STACK to a
     # positive memory_limit_MB (``_limits``); otherwise it is the 8 MB a process has outside.
     grow_stack: bool = False
+    # The file a runtime of ``CODE_FILES`` runs the code from (``code_file``), set by ``run``.
+    code_file: str = ""
+
+
+def code_file(runtime: str, files: Mapping[str, bytes]) -> str:
+    """Where ``runtime``'s code is written: its ``CODE_FILES`` name, or where a request file has
+    that name (a helper the tests import, say), the name with underscores added until it is free."""
+    stem, dot, ext = CODE_FILES[runtime].rpartition(".")
+    name = CODE_FILES[runtime]
+    while name in files:
+        stem += "_"
+        name = f"{stem}{dot}{ext}"
+    return name
 
 
 @dataclass
@@ -434,20 +451,23 @@ class Executor:
         if spec.runtime == "python":
             return None
         if spec.runtime == "bash":
-            return ["/bin/bash", BASH_FILE]
+            return ["/bin/bash", spec.code_file]
         if spec.runtime == "jupyter":
             # -P: the driver's directory (the agent's modules) is not put on the driver's path.
-            return [sys.executable, "-P", JUPYTER_DRIVER, JUPYTER_FILE]
+            return [sys.executable, "-P", JUPYTER_DRIVER, spec.code_file]
         # Test files run in parallel on more than one core, each file's tests in one worker, in
         # the file's order (``--dist loadfile``): a file's tests may share module state (one fills
         # a list, the next reads it), and dealt out one by one to the workers they failed where
         # plain pytest passes them. The request's own file alone (no ``args`` naming others) has
         # nothing to run in parallel: no workers are started for it, and its tests may use the
         # cores themselves (``TANGRAM_DOP``).
+        # Otherwise plain ``pytest FILE`` as SandboxFusion runs it: its options (``-q``, ``-p
+        # no:cacheprovider``, ``-n 0``) were the program's to see, and changed verdicts: the
+        # ``cache`` fixture was missing, a pytest.ini's ``addopts = --lf`` or ``-p no:xdist`` made
+        # the command line wrong (exit 4), ``getoption('verbose')`` was -1.
         parallel = dop > 1 and bool(spec.args)
-        xdist = ["-n", str(dop), "--dist", "loadfile"] if parallel else ["-n", "0"]
-        pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-        return [*pytest, *xdist, PYTEST_FILE, *spec.args]
+        xdist = ["-n", str(dop), "--dist", "loadfile"] if parallel else []
+        return [sys.executable, "-m", "pytest", *xdist, spec.code_file, *spec.args]
 
     def _env(self, workdir: str, dop: int) -> dict[str, str]:
         bindir = os.path.dirname(sys.executable)
@@ -473,7 +493,8 @@ class Executor:
         if spec.runtime == "jupyter":
             spec.code = self._notebook(spec)
         if spec.runtime in CODE_FILES:
-            spec.files = {**spec.files, CODE_FILES[spec.runtime]: spec.code.encode()}
+            spec.code_file = code_file(spec.runtime, spec.files)
+            spec.files = {**spec.files, spec.code_file: spec.code.encode()}
         spec.files = self.builder.admit(spec.runtime, spec.code, spec.files, spec.compile_timeout_s)
         session = None
         if spec.session_id is not None:
@@ -638,7 +659,7 @@ class Executor:
             await asyncio.to_thread(
                 workfiles.remove_entries,
                 session.workdir,
-                lambda name: name == JUPYTER_FILE or name.startswith(RUNTIME_PREFIX),
+                lambda name: name == spec.code_file or name.startswith(RUNTIME_PREFIX),
             )
         if interp:
             if session.interp_server not in (None, server):

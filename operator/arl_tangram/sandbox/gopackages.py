@@ -22,6 +22,7 @@ start-up line name the modules missing.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -132,6 +133,16 @@ def place_at(root: str, modcache: str) -> None:
         if modcache:
             shutil.copyfile(os.path.join(MODULE_DIR, name), target)
             os.chmod(target, 0o444)
+
+
+@functools.cache
+def module_files() -> dict[str, bytes]:
+    """``go.mod`` and ``go.sum``, as SandboxFusion copies them into each Go program's directory."""
+    files = {}
+    for name in MODULE_FILES:
+        with open(os.path.join(MODULE_DIR, name), "rb") as f:
+            files[name] = f.read()
+    return files
 
 
 def go_env(modcache: str) -> dict[str, str]:

@@ -510,6 +510,24 @@ def test_typescript_imports_its_own_modules_as_tsx_runs_them(agent: Agent, found
     assert body["run_result"]["stdout"] == "42 function\n"
 
 
+def test_go_imports_its_own_packages_by_the_modules_path(agent: Agent, found: dict[str, Any]) -> None:
+    """A Go program with a package of its own imports it as SandboxFusion's module names it
+    (``SeedSandbox/utils``): the agent's go.mod was at the workdir root, the workdirs' parent, and
+    the build failed ("package SeedSandbox/utils is not in std"), where SandboxFusion, which copies
+    go.mod beside the program, builds it."""
+    need(found, "go")
+    if not found["found"]["go"].get("libraries"):
+        pytest.skip("SandboxFusion's Go module cache is not installed here")
+    utils = base64.b64encode(b"package utils\n\nfunc Double(x int) int { return 2 * x }\n").decode()
+    code = (
+        'package main\n\nimport (\n\t"fmt"\n\t"SeedSandbox/utils"\n)\n\n'
+        "func main() { fmt.Println(utils.Double(21)) }\n"
+    )
+    body = run(agent, "go", code, files={"utils/utils.go": utils})
+    assert body["status"] == "Success", body
+    assert body["run_result"]["stdout"] == "42\n"
+
+
 def test_health_lists_the_languages_found(agent: Agent, found: dict[str, Any]) -> None:
     for name, entry in found["found"].items():
         assert entry["version"], name

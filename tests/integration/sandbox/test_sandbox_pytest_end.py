@@ -1,0 +1,69 @@
+"""A ``pytest`` program ends as under ``pytest FILE`` outside, as SandboxFusion runs it: each case's
+return code through ``/run_code`` is the one a plain run in a fresh directory gives, with the same
+request files.
+
+Real actions in a real agent (both fork loops), against a real pytest outside. Each case passed
+outside and failed here: the agent ran ``pytest -q -p no:cacheprovider -n 0 test_solution.py``,
+whose options the program saw, and wrote the code over a request file of the same name.
+"""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sandbox_agent_harness import Agent
+
+PASSING = "def test_x():\n    assert True\n"
+CASES: dict[str, tuple[str, dict[str, str]]] = {
+    "the cache fixture": (
+        "def test_cache(cache):\n    cache.set('k', 1)\n    assert cache.get('k', 0) == 1\n",
+        {},
+    ),
+    "an ini asking for the last failures": (PASSING, {"pytest.ini": "[pytest]\naddopts = --lf\n"}),
+    "an ini turning xdist off": (PASSING, {"pytest.ini": "[pytest]\naddopts = -p no:xdist\n"}),
+    "the default verbosity": (
+        "def test_verbose(pytestconfig):\n    assert pytestconfig.getoption('verbose') == 0\n",
+        {},
+    ),
+    "a helper named as the agent's test file": (
+        "from test_solution import twice\n\ndef test_twice():\n    assert twice(21) == 42\n",
+        {"test_solution.py": "def twice(x):\n    return 2 * x\n"},
+    ),
+    "a failing test still fails": ("def test_no():\n    assert 1 == 2\n", {}),
+}
+
+
+def _outside(code: str, files: dict[str, str], tmp_path: Path) -> int:
+    """``pytest <file>`` in a fresh directory holding the request's files (SandboxFusion's file
+    name is a temporary one, never a request file's)."""
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "tmpq8v1x2zb.py").write_text(code)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "tmpq8v1x2zb.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    return done.returncode
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_pytest_program_ends_as_under_pytest(loop_agent: Agent, name: str, tmp_path: Path) -> None:
+    code, files = CASES[name]
+    want = _outside(code, files, tmp_path)
+    encoded = {n: base64.b64encode(t.encode()).decode() for n, t in files.items()}
+    resp = loop_agent.post(
+        "/run_code", {"code": code, "language": "pytest", "files": encoded, "run_timeout": 60}
+    )
+    assert resp.status_code == 200, resp.text
+    run = resp.json()["run_result"]
+    assert run["return_code"] == want, (name, want, run)
+    assert (want == 0) == (name != "a failing test still fails"), (name, want)
