@@ -56,6 +56,13 @@ PoolMode = Literal["shared", "dedicated"]
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]
 NetworkAccess = Literal["Disabled", "Enabled"]
 
+# Processes and threads per action (the limit is per uid, and each action has its own): at 64 or
+# 128 ordinary programs failed where they pass outside, Python with 200 threads, Java with 150 (the
+# JVM has about 20 of its own), Go with 300 goroutines blocked in system calls. A host's actions'
+# worth is still far from the kernel's default pid_max (1024 per CPU, 32768 at least): a fork bomb
+# stops at this many of its own. The agent's --nproc default too.
+DEFAULT_MAX_PROCESSES = 512
+
 # A name becomes the value of a label on the pool's pods, and label values hold at most 63 characters.
 MAX_POOL_NAME_LENGTH = 63
 MAX_IMAGE_LENGTH = 512
@@ -171,7 +178,7 @@ class ActionLimits(TangramModel):
         description="Bytes of stdout plus stderr kept per action; the rest is dropped and marked truncated.",
     )
     max_processes: int = Field(
-        default=64,
+        default=DEFAULT_MAX_PROCESSES,
         ge=1,
         le=4096,
         description="Most processes (and threads) one action may run at once.",

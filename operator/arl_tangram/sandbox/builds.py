@@ -240,9 +240,9 @@ class Builder:
         if language.go_module and "go.mod" in files:
             # The request's go.mod makes the workdir its module (as under SandboxFusion), but Go
             # ignores a go.mod at the root of its temporary directory ("ignoring go.mod in system
-            # temp root"), and TMPDIR is the workdir: here it is /tmp (each action's own, empty, as
+            # temp root"), and TMPDIR may be the workdir: here it is /tmp (each action's own, empty, as
             # SandboxFusion's programs have theirs), and Go's build files stay in the workdir.
-            msg["env"] = {**msg["env"], "GOTMPDIR": msg["env"]["TMPDIR"], "TMPDIR": "/tmp"}
+            msg["env"] = {**msg["env"], "GOTMPDIR": msg["workdir"], "TMPDIR": "/tmp"}
         msg["argv"] = toolchain.argv(language.run, values)
         if not language.compiled:
             return NO_BUILD

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field
 from typing import Any
 
-from arl_tangram.api.actionpool import WORKDIR_BYTES_PER_FILE
+from arl_tangram.api.actionpool import DEFAULT_MAX_PROCESSES, WORKDIR_BYTES_PER_FILE
 from arl_tangram.errors import InvalidSpec
 
 RUNTIMES = ("python", "bash", "pytest", "jupyter")
@@ -143,7 +143,7 @@ class Limits:
         help="the most a request may ask for (MB; default: the host's memory)",
         factory=host_memory_mb,
     )
-    nproc: int = setting(128, flag="--nproc", help="processes (and threads) per action")
+    nproc: int = setting(DEFAULT_MAX_PROCESSES, flag="--nproc", help="processes (and threads) per action")
     # A shell's usual soft limit: at 256 a program holding 300 files open failed (EMFILE) where it
     # runs under a login shell. Descriptors cost the host little. (Soft and hard are both set to
     # it: a program that raises its soft limit to the hard one, as Go's runtime does, stays here.)

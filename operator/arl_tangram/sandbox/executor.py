@@ -469,12 +469,23 @@ class Executor:
         xdist = ["-n", str(dop), "--dist", "loadfile"] if parallel else []
         return [sys.executable, "-m", "pytest", *xdist, spec.code_file, *spec.args]
 
-    def _env(self, workdir: str, dop: int) -> dict[str, str]:
+    def _own_tmp(self, spec: ActionSpec, uid: int | None) -> bool:
+        """Whether the action's /tmp is its own and gone with it (the fork server's private_tmp: a
+        uid of its own and a mount namespace), outside a session (whose calls each get a fresh one,
+        where its temporary files kept in the workdir last from call to call)."""
+        own = self.config.private_tmp and bool(self.isolation.get("private_tmp"))
+        return own and uid is not None and spec.session_id is None
+
+    def _env(self, workdir: str, dop: int, own_tmp: bool = False) -> dict[str, str]:
+        """An action's environment. ``TMPDIR`` is the workdir unless its /tmp is its own
+        (``_own_tmp``): then unset, as outside, so temporary files go to /tmp (in the workdir they
+        were in the program's listing of its directory, a ``glob('*.txt')``, pytest's ``tmp_path``)."""
         bindir = os.path.dirname(sys.executable)
+        tmp = {} if own_tmp else {"TMPDIR": workdir}
         return {
             "PATH": f"{bindir}:{ACTION_SYSTEM_PATH}",
             "HOME": workdir,
-            "TMPDIR": workdir,
+            **tmp,
             "LANG": "C.UTF-8",
             "PYTHONDONTWRITEBYTECODE": "1",
             "MPLBACKEND": "Agg",
@@ -719,7 +730,7 @@ class Executor:
             "uid": uid,
             "workdir": workdir,
             "want": want if isinstance(want, int) else sorted(want),
-            "env": self._env(workdir, dop),
+            "env": self._env(workdir, dop, own_tmp=self._own_tmp(spec, uid)),
             "timeout": timeout_s,
             "limits": limits,
             "cap": self.config.limits.output_bytes,

@@ -33,6 +33,18 @@ CASES: dict[str, tuple[str, dict[str, str]]] = {
         "from test_solution import twice\n\ndef test_twice():\n    assert twice(21) == 42\n",
         {"test_solution.py": "def twice(x):\n    return 2 * x\n"},
     ),
+    # TMPDIR was the workdir: temporary files and pytest's tmp_path were in the program's listing
+    # of its own directory.
+    "temporary files outside the working directory": (
+        "import glob, os, tempfile\n\n"
+        "def test_tmp(tmp_path):\n"
+        "    kept = tempfile.NamedTemporaryFile(suffix='.txt')\n"
+        "    assert glob.glob('*.txt') == [] and tempfile.gettempdir() == '/tmp'\n"
+        "    assert str(tmp_path).startswith('/tmp/')\n"
+        "    left = [n for n in os.listdir('.') if n.startswith(('pytest-of', 'tmp'))]\n"
+        "    assert [n for n in left if not n.endswith('.py')] == []\n",
+        {},
+    ),
     "a failing test still fails": ("def test_no():\n    assert 1 == 2\n", {}),
 }
 

@@ -28,6 +28,13 @@ import pytest
 from sandbox_agent_harness import C_BUILT, Agent, start_agent, stop_agent
 
 PROGRAMS = {
+    # Threads count against the per-action process limit: at 128 (and a pool's 64) this failed.
+    "200 threads at once": (
+        "import threading\nbarrier = threading.Barrier(201)\n"
+        "threads = [threading.Thread(target=barrier.wait) for _ in range(200)]\n"
+        "for t in threads:\n    t.start()\n"
+        "barrier.wait()\nfor t in threads:\n    t.join()\nprint('all met')\n"
+    ),
     "os._exit reassigned, then a failed assert": (
         "import os\nreal = os._exit\nos._exit = lambda code: real(0)\nassert 1 == 2\n"
     ),

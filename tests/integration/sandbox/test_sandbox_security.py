@@ -249,16 +249,20 @@ LEAVE = (
     "    except OSError as exc:\n"
     "        print('refused', path, exc.errno)\n"
 )
-# What a program does to its own files, each as outside: across directories too (a rename from
-# /tmp, a hard link), which Landlock refuses (EXDEV) unless it is told they may.
+# What a program does to its own files, each as outside: across directories too (a rename, a hard
+# link), which Landlock refuses (EXDEV) unless it is told they may.
 OWN_FILES = (
     "import os, shutil, tempfile\n"
-    "os.makedirs('a/b'); os.rmdir('a/b')\n"
-    "with tempfile.NamedTemporaryFile('w', delete=False) as f:\n"
+    "os.makedirs('a/b'); os.rmdir('a/b'); os.mkdir('c')\n"
+    "with open('a/f', 'w') as f:\n"
     "    f.write('x')\n"
-    "os.rename(f.name, 'a/moved'); os.link('a/moved', 'linked'); os.symlink('linked', 'sym')\n"
-    "shutil.move('a', '/dev/shm/a'); os.truncate('linked', 0); os.mkfifo('/tmp/fifo')\n"
-    "print(open('/dev/shm/a/moved').read(), os.path.getsize('linked'), os.path.islink('sym'))\n"
+    "os.rename('a/f', 'c/f'); os.link('c/f', 'linked'); os.symlink('linked', 'sym')\n"
+    "with tempfile.NamedTemporaryFile('w', delete=False) as t:\n"
+    "    t.write('y')\n"
+    "shutil.move(t.name, 'a/t'); shutil.move('c', '/dev/shm/c'); os.truncate('linked', 0)\n"
+    "os.mkfifo('/tmp/fifo')\n"
+    "print(open('/dev/shm/c/f').read(), open('a/t').read(), os.path.getsize('linked'), end=' ')\n"
+    "print(os.path.islink('sym'))\n"
 )
 
 
@@ -295,7 +299,7 @@ def test_no_world_writable_place_of_the_image_is_shared_between_actions(tmp_path
         want = [f"wrote {p}" for p in own[:-1]] + [f"refused /no/such/dir/f {errno.ENOENT}"]
         assert str(second["stdout"]).splitlines() == want, second
         third = agent.execute(OWN_FILES)
-        assert (third["status"], third["stdout"]) == ("ok", "x 0 True\n"), third
+        assert (third["status"], third["stdout"]) == ("ok", "x y 0 True\n"), third
     finally:
         stop_agent(agent)
         shutil.rmtree(shared, ignore_errors=True)
