@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
 import queue
+import re
 import resource
 import secrets
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -90,6 +93,18 @@ class ActionSpec:
     grow_stack: bool = False
     # The file a runtime of ``CODE_FILES`` runs the code from (``code_file``), set by ``run``.
     code_file: str = ""
+
+
+@functools.cache
+def _fresh_python_vm_kb() -> int:
+    """The address space of a fresh ``python main.py`` as its code starts, in kB (0: unknown)."""
+    probe = "print(open('/proc/self/status').read())"
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    found = re.search(r"^VmSize:\s+(\d+) kB", done.stdout, re.MULTILINE)
+    return int(found.group(1)) if found else 0
 
 
 def code_file(runtime: str, files: Mapping[str, bytes]) -> str:
@@ -207,6 +222,8 @@ class Executor:
         self.server: ForkServerClient | None = None
         self.sessions: dict[str, Session] = {}
         self.isolation: dict[str, Any] = {}
+        # What a Python action's address space starts with beyond a fresh interpreter's (``_limits``).
+        self.python_headroom_kb = 0
         self.root = config.workdir_root
         # Each workdir's size limit, its own tmpfs (0: none), once ``start`` knows it can mount them.
         self.workdir_mb = 0
@@ -283,6 +300,8 @@ class Executor:
             self._remove_root()
             raise
         self.isolation = {**hello["isolation"], "workdir_mb": self.workdir_mb}
+        fresh = await asyncio.to_thread(_fresh_python_vm_kb)
+        self.python_headroom_kb = max(0, int(hello.get("zygote_vm_kb") or 0) - fresh) if fresh else 0
         self._janitor = Janitor(mounted=bool(self.workdir_mb))
         self._reaper = asyncio.create_task(self._expire_sessions())
         self._adopt_orphans()
@@ -428,6 +447,12 @@ class Executor:
             "nofile": lim.nofile,
             "fsize": lim.fsize_mb << 20,
         }
+        if spec.runtime == "python":
+            # Forked from the zygote, the program starts with its address space (the agent's
+            # modules, the C loop), larger than a fresh ``python main.py``'s: the difference is
+            # added, so that what it may allocate is what it may outside (a 50 MB bytearray under
+            # 64 MB failed here, 7 MB short, and passes there).
+            limits["as"] += self.python_headroom_kb << 10
         if spec.runtime not in PYTHON_RUNTIMES:
             # An exec'd program's memory is what it writes (RLIMIT_DATA), not the address space it
             # reserves: a Go binary reserves about 1.2 GB and uses 40 MB, Node about 0.7 GB, each

@@ -475,7 +475,8 @@ class ForkServer:
         # Into one buffer kept for the process's life: os.read's fresh megabyte would be an mmap, a
         # page fault, an mremap and a munmap per read.
         self.rchunk = memoryview(bytearray(1 << 20))
-        self.send({"op": "hello", "pid": os.getpid(), "isolation": self.iso.as_dict()})
+        hello = {"op": "hello", "pid": os.getpid(), "isolation": self.iso.as_dict()}
+        self.send({**hello, "zygote_vm_kb": isolation.vm_size_kb(self.zy.pid)})
         self.flush()
 
     def _prepare_seccomp(self) -> None:

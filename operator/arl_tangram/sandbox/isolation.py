@@ -467,6 +467,18 @@ def probe_landlock() -> str | None:
     return _why_not(_in_child(restricted))
 
 
+def vm_size_kb(pid: int | str = "self") -> int:
+    """A process's address space (``VmSize``), in kB; 0 where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def write_proc(path: str, value: bytes) -> None:
     """Write ``value`` to the /proc file ``path`` in one write (as the kernel reads a setting);
     OSError where it refuses."""

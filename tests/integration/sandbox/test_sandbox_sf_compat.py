@@ -12,6 +12,9 @@
 from __future__ import annotations
 
 import base64
+import resource
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -150,3 +153,31 @@ def test_any_memory_limit_of_zero_or_less_asks_for_none(agent: Agent) -> None:
     for value in (-1, 0, -5, -(10**6)):
         body = _ok(agent, code="print('ok')", memory_limit_MB=value)
         assert body["run_result"]["stdout"] == "ok\n", body
+
+
+def _fits_outside(limit_mb: int, sizes_mb: list[int]) -> dict[int, bool]:
+    """Whether ``bytearray(n MB)`` succeeds in a fresh interpreter under SandboxFusion's
+    address-space limit of ``limit_mb``, for each n."""
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit_mb << 20, limit_mb << 20))
+
+    out = {}
+    for n in sizes_mb:
+        code = f"b = bytearray({n} << 20)"
+        done = subprocess.run(
+            [sys.executable, "-c", code], preexec_fn=limited, capture_output=True, timeout=60
+        )
+        out[n] = done.returncode == 0
+    return out
+
+
+def test_a_python_program_may_allocate_what_it_may_outside(agent: Agent) -> None:
+    """Forked from the zygote, a program started with its address space (about 7 MB more than a
+    fresh interpreter's) under ``memory_limit_MB``: a 50 MB bytearray under 64 MB raised
+    MemoryError here and passes there. The difference is added to the limit."""
+    sizes = [40, 50, 70]
+    outside = _fits_outside(64, sizes)
+    assert outside == {40: True, 50: True, 70: False}, outside
+    inside = {n: _run(_ok(agent, code=f"b = bytearray({n} << 20)", memory_limit_MB=64)) for n in sizes}
+    assert {n: run["return_code"] == 0 for n, run in inside.items()} == outside, inside
