@@ -467,6 +467,26 @@ def probe_landlock() -> str | None:
     return _why_not(_in_child(restricted))
 
 
+_OPENAT2 = 437  # the same number on every architecture (Linux 5.6)
+_RESOLVE_NO_XDEV, _RESOLVE_NO_MAGICLINKS, _RESOLVE_BENEATH = 0x01, 0x02, 0x08
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64))
+
+
+def open_beneath(dirfd: int, path: str, flags: int) -> int:
+    """``openat2(dirfd, path)`` following links only while they stay beneath ``dirfd`` and on its
+    file system (the kernel refuses one that leaves, EXDEV, and /proc's magic links, ELOOP):
+    SandboxFusion returns a fetched file through a link, and a link the program made may point
+    anywhere the agent, root, could read. OSError (ENOSYS before Linux 5.6)."""
+    how = _OpenHow(flags | os.O_CLOEXEC, 0, _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS | _RESOLVE_NO_XDEV)
+    name, size = os.fsencode(path), ctypes.c_size_t(ctypes.sizeof(how))
+    fd = _libc.syscall(ctypes.c_long(_OPENAT2), ctypes.c_int(dirfd), name, ctypes.byref(how), size)
+    _check(0 if fd >= 0 else -1, f"openat2 {path}")
+    return int(fd)
+
+
 def vm_size_kb(pid: int | str = "self") -> int:
     """A process's address space (``VmSize``), in kB; 0 where it cannot be read."""
     try:

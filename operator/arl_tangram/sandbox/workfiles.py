@@ -1,8 +1,10 @@
 """Reading and writing files inside a workdir on behalf of the caller, without following links out.
 
 The agent runs as root and the workdir belongs to untrusted code, which may plant a symlink such as
-``out.txt -> /etc/shadow``. Every path is therefore walked one component at a time with ``O_NOFOLLOW``
-relative to the workdir's descriptor, and ``..`` or absolute paths are refused up front.
+``out.txt -> /etc/shadow``. A file is read through links only while they stay in the workdir
+(``openat2`` with ``RESOLVE_BENEATH``, as SandboxFusion returns a file through a link); otherwise
+every path is walked one component at a time with ``O_NOFOLLOW`` relative to the workdir's
+descriptor, and ``..`` or absolute paths are refused up front.
 """
 
 from __future__ import annotations
@@ -73,19 +75,39 @@ def _open_parent(root: str, parts: list[str], create: bool, uid: int | None) -> 
     return fd
 
 
-def read_file(root: str, field: str, path: str, max_bytes: int) -> bytes | None:
-    """The content of ``root/path``; ``None`` when it is missing, a link, or not a regular file."""
-    parts = split_relpath(field, path)
+def _open_to_read(root: str, parts: list[str]) -> int | None:
+    """A descriptor of ``root/parts`` to read, links followed while they stay in ``root``
+    (``isolation.open_beneath``); where the kernel cannot (before Linux 5.6), no link at all."""
+    flags = os.O_RDONLY | os.O_NONBLOCK  # a FIFO the program left must not hold the agent
+    try:
+        rootfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return isolation.open_beneath(rootfd, "/".join(parts), flags)
+    except OSError as exc:
+        if exc.errno != errno.ENOSYS:
+            return None
+    finally:
+        os.close(rootfd)
     try:
         dirfd = _open_parent(root, parts, create=False, uid=None)
     except OSError:
         return None
     try:
-        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
+        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
     except OSError:
         return None
     finally:
         os.close(dirfd)
+
+
+def read_file(root: str, field: str, path: str, max_bytes: int) -> bytes | None:
+    """The content of ``root/path``; ``None`` when it is missing, not a regular file, or a link
+    that leaves ``root`` (``_open_to_read``)."""
+    fd = _open_to_read(root, split_relpath(field, path))
+    if fd is None:
+        return None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
