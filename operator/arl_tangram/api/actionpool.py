@@ -320,7 +320,8 @@ class ActionPoolSpec(TangramModel):
         default_factory=_default_languages,
         min_length=1,
         max_length=len(LANGUAGES),
-        description=f"Languages the pool's image runs: any of {', '.join(LANGUAGES)}.",
+        description=f"Languages the pool's image runs: any of {', '.join(LANGUAGES)}. One its hosts "
+        "cannot run makes the pool Degraded (LanguagesMissing).",
         json_schema_extra={"x-kubernetes-list-type": "set", "default": ["python"]},
     )
     limits: ActionLimits = defaulted(ActionLimits, "Limits on each action.")

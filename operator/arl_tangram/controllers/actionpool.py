@@ -93,6 +93,28 @@ class PoolObservation:
     failures: int = 0
     since_failure_s: float = float("inf")
     last_failure: str | None = None
+    # Languages of spec.languages the hosts' agents find no toolchain for (their /v1/health), each
+    # with why (the binary missing).
+    missing_languages: Mapping[str, str] = field(default_factory=dict)
+
+
+# The agent's own runtimes: every host runs them (its health lists the toolchains of the others).
+_BUILT_IN_LANGUAGES = ("python", "bash")
+
+
+def missing_languages(declared: Sequence[str], health: Mapping[str, Any]) -> dict[str, str]:
+    """Of ``declared`` (spec.languages), those a host's agent runs no program of, by its
+    ``/v1/health``, each with why (the binary it lacks). A pool declaring ``lean``, which the
+    schema allows and no image here runs, showed Healthy and failed every lean action."""
+    languages = health.get("languages")
+    if not isinstance(languages, Mapping):
+        return {}  # an agent that does not say
+    found, missing = languages.get("found") or {}, languages.get("missing") or {}
+    return {
+        lang: str(missing.get(lang) or "the agent has no runner for it")
+        for lang in declared
+        if lang not in _BUILT_IN_LANGUAGES and lang not in found
+    }
 
 
 def pool_outage(cfg: PoolConfig, observed: PoolObservation, ops: Sequence[Operation]) -> Outage | None:
@@ -378,6 +400,18 @@ def _status(
             gen,
             now,
         )
+    elif observed.missing_languages:
+        named = "; ".join(f"{lang} ({why})" for lang, why in sorted(observed.missing_languages.items()))
+        conds = set_condition(
+            conds,
+            ConditionType.DEGRADED,
+            True,
+            ConditionReason.LANGUAGES_MISSING,
+            f"spec.languages names languages the hosts' image cannot run: {named}; its actions in "
+            "them fail (SandboxError). Use an image with them, or take them out of spec.languages",
+            gen,
+            now,
+        )
     elif unhealthy:
         conds = set_condition(
             conds,
@@ -543,6 +577,8 @@ class PoolController:
         self.runtime = runtime
         self.planner = planner
         self._cores: dict[str, tuple[int, ...]] = {}  # host -> the core ids its agent grants
+        # pool -> what its hosts' agents said of their languages (the last health read)
+        self._offered: dict[str, Mapping[str, Any]] = {}
         self._unplaced = Waits()  # hosts with no node yet
         self._stalled = Stalls()  # placed hosts whose container cannot start
         self._unplaceable = Waits()  # the planner finding no node for a host
@@ -586,6 +622,7 @@ class PoolController:
             failures=streak.count,
             since_failure_s=streak.since_s,
             last_failure=streak.last,
+            missing_languages=missing_languages(cfg.languages, self._offered.get(cfg.key, {})),
         )
         if cfg.mode == "dedicated":  # pods follow sessions one to one; there is nothing to plan
             refusal = getattr(self.runtime, "resize_refusal", None)
@@ -614,6 +651,7 @@ class PoolController:
                     health = await self.dispatcher.agent.health(h.address)
                     ids = health.get("cores", {}).get("ids")
                     cores = tuple(int(c) for c in ids) if ids else tuple(range(cfg.host_cores))
+                    self._offered[cfg.key] = {"languages": health.get("languages")}
                 except (InfrastructureError, ValueError, TypeError, AttributeError) as exc:
                     log.info("host %s of %s is not answering health yet: %s", h.name, cfg.key, exc)
                     continue
@@ -641,4 +679,5 @@ class PoolController:
         key = pool_key(namespace, name)
         for waits in (self._unplaced, self._stalled, self._unplaceable):
             waits.forget(key)
+        self._offered.pop(key, None)
         await self.dispatcher.remove_pool(key, uid)

@@ -40,6 +40,8 @@ class ConditionReason(StrEnum):
     INVALID_SPEC = "InvalidSpec"
     HEALTHY = "Healthy"
     RESIZE_UNSUPPORTED = "InPlaceResizeUnsupported"
+    # The hosts' agents run no program of a language spec.languages declares
+    LANGUAGES_MISSING = "LanguagesMissing"
     # ActionBatch
     QUEUED = "Queued"
     ACTIONS_RUNNING = "ActionsRunning"

@@ -16,6 +16,7 @@ from arl_tangram.controllers.actionpool import (
     DeleteHost,
     PoolObservation,
     SetDraining,
+    missing_languages,
     pool_outage,
     reconcile_actionpool,
 )
@@ -374,3 +375,26 @@ def test_a_host_whose_container_cannot_start_says_so_after_a_while() -> None:
             "host a cannot start: container agent: ErrImagePull: pull access denied" in cond[kind]["message"]
         )
     assert (cond["Ready"]["status"], cond["Degraded"]["status"]) == ("False", "True")
+
+
+def test_a_language_the_hosts_cannot_run_is_said() -> None:
+    """spec.languages allows ``lean``, which no image here runs: the pool showed Healthy and failed
+    every lean action. The hosts' health names what their agents found; a declared language none of
+    them runs makes the pool Degraded (LanguagesMissing), naming it and why."""
+    health = {
+        "languages": {
+            "found": {"cpp": {}, "go": {}},
+            "missing": {"java": "java not found on PATH"},
+        }
+    }
+    missing = missing_languages(["python", "bash", "cpp", "java", "lean"], health)
+    assert missing == {"java": "java not found on PATH", "lean": "the agent has no runner for it"}
+    assert missing_languages(["lean"], {}) == {}  # an agent that does not say is not blamed
+    observed = PoolObservation([host("a")], stats(), None, missing_languages=missing)
+    status, _ = reconcile_actionpool(CFG, observed, NOW)
+    degraded = {c["type"]: c for c in status["conditions"]}["Degraded"]
+    assert (degraded["status"], degraded["reason"]) == ("True", "LanguagesMissing"), degraded
+    assert "java (java not found on PATH)" in degraded["message"] and "lean" in degraded["message"]
+    fine = PoolObservation([host("a")], stats(), None, missing_languages={})
+    conditions = reconcile_actionpool(CFG, fine, NOW)[0]["conditions"]
+    assert {c["type"]: c["status"] for c in conditions}["Degraded"] == "False"
