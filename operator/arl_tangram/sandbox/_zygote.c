@@ -358,8 +358,12 @@ static void put(const char *path, const char *text) {
 
 /* What the program may write (child.py's `written`): its data limit beyond Python, its address
  * space in it. */
+/* What the action may write (zygote_wire.WRITTEN, -1, says what): no rlimit of its own. */
+#define LIMIT_WRITTEN (-1)
+
 static long long written_limit(const unsigned char *limits, uint32_t nlimits) {
-    long long size = limit_of(limits, nlimits, RLIMIT_DATA);
+    long long size = limit_of(limits, nlimits, LIMIT_WRITTEN);
+    if (size <= 0) size = limit_of(limits, nlimits, RLIMIT_DATA);
     return size > 0 ? size : limit_of(limits, nlimits, RLIMIT_AS);
 }
 
@@ -478,11 +482,13 @@ static void restrict_writes(const char *workdir) {
     uint64_t attr = handled;
     int ruleset = (int)syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0u);
     if (ruleset < 0) child_fail("landlock_create_ruleset");
+    static const char *const trees[] = {"/tmp", "/dev/shm"};
+    static const char *const written[] = {"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom",
+                                          "/dev/tty",  "/dev/ptmx", "/dev/pts",  "/proc"};
     ll_allow(ruleset, workdir, handled);
-    ll_allow(ruleset, "/tmp", handled);
-    ll_allow(ruleset, "/dev/shm", handled);
-    ll_allow(ruleset, "/dev", handled & (LL_WRITE_FILE | LL_TRUNCATE));
-    ll_allow(ruleset, "/proc", handled & (LL_WRITE_FILE | LL_TRUNCATE));
+    for (size_t i = 0; i < sizeof trees / sizeof *trees; i++) ll_allow(ruleset, trees[i], handled);
+    for (size_t i = 0; i < sizeof written / sizeof *written; i++)
+        ll_allow(ruleset, written[i], handled & (LL_WRITE_FILE | LL_TRUNCATE));
     if (syscall(SYS_landlock_restrict_self, ruleset, 0u) < 0) child_fail("landlock_restrict_self");
     close(ruleset);
 }
@@ -556,7 +562,7 @@ static void child_setup(int interp, int *fds, int nfds, int devnull, int32_t uid
         int64_t value;
         memcpy(&res, limits + i * 12, 4);
         memcpy(&value, limits + i * 12 + 4, 8);
-        if (value <= 0) continue;
+        if (value <= 0 || res == LIMIT_WRITTEN) continue;
         struct rlimit rl = {(rlim_t)value, (rlim_t)value};
         if (res == RLIMIT_CPU) rl.rlim_max = (rlim_t)value + 1; /* SIGXCPU first, then SIGKILL */
         if (res == RLIMIT_STACK) {

@@ -391,10 +391,22 @@ _FS_CHANGES = sum(1 << bit for bit in (1, *range(4, 13)))  # write, remove, make
 _FS_REFER = 1 << 13  # ABI 2: link and rename across directories
 _FS_TRUNCATE = 1 << 14  # ABI 3
 # Where an action changes files as it would outside: its workdir, its own /tmp and /dev/shm (and,
-# without a mount namespace, the host's, as before). Devices are written (/dev/null, a pty) and
-# /proc's files (a thread's name), which change nothing on disk.
+# without a mount namespace, the host's, as before). It writes devices (/dev/null, a pty) and
+# /proc's files (a thread's name), which change nothing on disk: each device by name, not /dev's
+# tree, where a file bound in (Kubernetes' /dev/termination-log, mode 0666) would be written too
+# (Landlock walks up across mounts). _zygote.c's restrict_writes has the same lists.
 WRITABLE_TREES = ("/tmp", "/dev/shm")
-WRITTEN_FILES_IN = ("/dev", "/proc")
+WRITTEN_FILES_IN = (
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+    "/dev/ptmx",
+    "/dev/pts",
+    "/proc",
+)
 
 
 def landlock_abi() -> int:
@@ -459,6 +471,9 @@ def probe_landlock() -> str | None:
     abi = landlock_abi()
     if abi < LANDLOCK_MIN_ABI:
         return f"Landlock ABI {abi} (at least {LANDLOCK_MIN_ABI} is needed: Linux 5.19)"
+    if not no_new_privs():
+        # A root probe restricts itself without it (CAP_SYS_ADMIN); an action of its own uid could not.
+        return "no_new_privs is not set, which an action needs to restrict itself"
 
     def restricted() -> int:
         restrict_writes(os.getcwd())

@@ -285,15 +285,19 @@ def test_no_world_writable_place_of_the_image_is_shared_between_actions(tmp_path
     open_file = Path(f"/var/lib/tangram-open-{os.getpid()}")
     open_file.write_text("")
     open_file.chmod(0o666)
+    # A file in /dev, where devices are written: as Kubernetes' /dev/termination-log (0666).
+    dev_file = Path(f"/dev/tangram-open-{os.getpid()}")
+    dev_file.write_text("")
+    dev_file.chmod(0o666)
     agent = start_agent(tmp_path / "work", "--fork-loop", loop)
     try:
         if not requests.get(agent.url + "/v1/health", timeout=10).json()["isolation"]["landlock"]:
             pytest.skip("no Landlock (ABI 2) here: the agent's health says why")
-        where = [str(shared / "note"), str(open_file)]
+        where = [str(shared / "note"), str(open_file), str(dev_file)]
         first = agent.execute(f"WHERE = {where!r}\n" + LEAVE)
         assert first["status"] == "ok", first
         assert str(first["stdout"]).splitlines() == [f"refused {p} {errno.EACCES}" for p in where], first
-        assert not (shared / "note").exists() and open_file.read_text() == ""
+        assert not (shared / "note").exists() and open_file.read_text() == dev_file.read_text() == ""
         own = ["out.txt", "/tmp/t", "/dev/shm/s", "/dev/null", "/no/such/dir/f"]
         second = agent.execute(f"WHERE = {own!r}\n" + LEAVE)
         want = [f"wrote {p}" for p in own[:-1]] + [f"refused /no/such/dir/f {errno.ENOENT}"]
@@ -304,3 +308,4 @@ def test_no_world_writable_place_of_the_image_is_shared_between_actions(tmp_path
         stop_agent(agent)
         shutil.rmtree(shared, ignore_errors=True)
         open_file.unlink()
+        dev_file.unlink()
