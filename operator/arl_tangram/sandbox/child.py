@@ -22,7 +22,7 @@ import types
 
 from arl_tangram.sandbox import wire
 from arl_tangram.sandbox.lean import suppress
-from arl_tangram.sandbox.zygote_wire import status_record
+from arl_tangram.sandbox.zygote_wire import WRITTEN, status_record
 
 # The builtins this module's functions see (a function takes them when it is defined): a copy made
 # at import, before any action's code runs. The action's code shares the builtins module with the
@@ -177,7 +177,7 @@ def child_main(
         limits = dict(req.get("limits", ()))
         # What the program may write: its data limit beyond Python, its address space in it (which
         # beyond Python is --max-memory-mb, the most any request may ask for).
-        written = limits.get(resource.RLIMIT_DATA) or limits.get(resource.RLIMIT_AS, 0)
+        written = limits.get(WRITTEN) or limits.get(resource.RLIMIT_DATA) or limits.get(resource.RLIMIT_AS, 0)
         if req.get("private_tmp"):
             private_tmp(workdir, written)
         if req.get("own_proc"):
@@ -200,6 +200,8 @@ def child_main(
         # No new privileges: inherited from the fork server, which set it once at start-up (it is
         # inherited by every fork and can never be unset; one ctypes call less in each child).
         for res, value in req.get("limits", ()):
+            if res == WRITTEN:  # no rlimit: the size of what it may write, above
+                continue
             # CPU time: SIGXCPU at the limit, SIGKILL a second later.
             if res == resource.RLIMIT_STACK:  # the hard limit stays (as SandboxFusion's): _zygote.c
                 resource.setrlimit(res, (value, resource.getrlimit(res)[1]))

@@ -112,7 +112,8 @@ def code_file(runtime: str, files: Mapping[str, bytes]) -> str:
     that name (a helper the tests import, say), the name with underscores added until it is free."""
     stem, dot, ext = CODE_FILES[runtime].rpartition(".")
     name = CODE_FILES[runtime]
-    while name in files:
+    taken = {os.path.normpath(path) for path in files}  # ``./test_solution.py`` names it too
+    while name in taken:
         stem += "_"
         name = f"{stem}{dot}{ext}"
     return name
@@ -453,6 +454,7 @@ class Executor:
             # added, so that what it may allocate is what it may outside (a 50 MB bytearray under
             # 64 MB failed here, 7 MB short, and passes there).
             limits["as"] += self.python_headroom_kb << 10
+            limits["written"] = memory << 20  # its /tmp, /dev/shm and IPC memory stay the limit's
         if spec.runtime not in PYTHON_RUNTIMES:
             # An exec'd program's memory is what it writes (RLIMIT_DATA), not the address space it
             # reserves: a Go binary reserves about 1.2 GB and uses 40 MB, Node about 0.7 GB, each

@@ -193,7 +193,13 @@ def recv_with_fds(sock: socket.socket, size: int, max_fds: int, flags: int) -> t
     return data, fds, msg_flags
 
 
+# What an action may write (its private /tmp and /dev/shm each, its IPC namespace's System V
+# memory): no rlimit of its own (the child sets none for it), its memory limit where its
+# address-space limit is more (executor._limits: a Python action's, raised by what its fork of the
+# zygote starts with). Without it, the data limit, else the address space's.
+WRITTEN = -1
 RLIMITS = {
+    "written": WRITTEN,
     "cpu": resource.RLIMIT_CPU,
     "as": resource.RLIMIT_AS,
     "data": resource.RLIMIT_DATA,
