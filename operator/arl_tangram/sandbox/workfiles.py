@@ -75,6 +75,12 @@ def _open_parent(root: str, parts: list[str], create: bool, uid: int | None) -> 
     return fd
 
 
+# openat2 refused as a call rather than for the path: none before Linux 5.6 (ENOSYS), a seccomp
+# profile's refusal (EPERM), a kernel that knows fewer of its flags (EINVAL, E2BIG).
+_NO_OPENAT2 = frozenset({errno.ENOSYS, errno.EPERM, errno.EINVAL, errno.E2BIG})
+_BENEATH_TRIES = 8
+
+
 def _open_to_read(root: str, parts: list[str]) -> int | None:
     """A descriptor of ``root/parts`` to read, links followed while they stay in ``root``
     (``isolation.open_beneath``); where the kernel cannot (before Linux 5.6), no link at all."""
@@ -84,10 +90,15 @@ def _open_to_read(root: str, parts: list[str]) -> int | None:
     except OSError:
         return None
     try:
-        return isolation.open_beneath(rootfd, "/".join(parts), flags)
-    except OSError as exc:
-        if exc.errno != errno.ENOSYS:
-            return None
+        for _ in range(_BENEATH_TRIES):
+            try:
+                return isolation.open_beneath(rootfd, "/".join(parts), flags)
+            except OSError as exc:
+                if exc.errno == errno.EAGAIN:
+                    continue  # a ".." raced with a mount or rename somewhere: the kernel asks again
+                if exc.errno not in _NO_OPENAT2:
+                    return None  # missing, a link out (EXDEV, ELOOP), not a directory...
+                break
     finally:
         os.close(rootfd)
     try:

@@ -67,8 +67,8 @@ def test_reading_never_follows_links_out(tmp_path: Path) -> None:
 
 def test_links_that_stay_in_the_workdir_are_read_through(tmp_path: Path) -> None:
     """SandboxFusion returns a fetched file through a link (``ln -s real.txt alias.txt``, a linked
-    directory); here nothing came back and nothing said why. A link out of the workdir, absolute or
-    by ``..``, or through /proc's magic links, still gives nothing."""
+    directory); here nothing came back and nothing said why. A link out of the workdir, absolute
+    (to /proc's magic links too) or by ``..``, still gives nothing."""
     if not _has_openat2():
         pytest.skip("openat2 (Linux 5.6) is needed to follow links safely")
     (tmp_path / "secret").write_text("s")
