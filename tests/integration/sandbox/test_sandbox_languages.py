@@ -528,6 +528,17 @@ def test_go_imports_its_own_packages_by_the_modules_path(agent: Agent, found: di
     assert body["run_result"]["stdout"] == "42\n"
 
 
+def test_php_sessions_start(agent: Agent, found: dict[str, Any]) -> None:
+    """PHP saves sessions in /var/lib/php/sessions, out of an action's reach (its writes are
+    confined): session_start() failed there ("Permission denied") and the id was empty. It saves
+    them in the action's own /tmp."""
+    need(found, "php")
+    code = "<?php\nsession_start();\n$_SESSION['n'] = 1;\necho session_id() !== '' ? 'started' : 'none';\n"
+    body = run(agent, "php", code)
+    assert body["status"] == "Success", body
+    assert (body["run_result"]["stdout"], body["run_result"]["stderr"]) == ("started", ""), body
+
+
 def test_health_lists_the_languages_found(agent: Agent, found: dict[str, Any]) -> None:
     for name, entry in found["found"].items():
         assert entry["version"], name

@@ -221,7 +221,9 @@ def _plain_commands(language: str, bins: dict[str, str], code: str) -> tuple[lis
     if language == "ruby":
         return None, [bins["ruby"], "main.rb"]
     if language == "D_ut":
-        return [bins["ldmd2"], "main.d", "-unittest", "-of=test"], ["./test"]
+        # SandboxFusion compiles the source by its absolute path: a failed unittest's short form
+        # then stays off stdout (druntime prints it there only for a path starting "main").
+        return [bins["ldmd2"], "./main.d", "-unittest", "-of=test"], ["./test"]
     if language == "scala":
         entry = KNOWN["scala"].entry
         assert entry is not None
