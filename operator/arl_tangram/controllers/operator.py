@@ -29,7 +29,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from arl_tangram.api.actionpool import ActionPool
-from arl_tangram.api.meta import DNS_LABEL_PATTERN, GROUP, VERSION
+from arl_tangram.api.meta import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, GROUP, VERSION
 from arl_tangram.api.rewardmodelservice import RewardModelService
 from arl_tangram.controllers.actionbatch import BatchManager
 from arl_tangram.controllers.actionpool import Event, PoolController, node_snapshot
@@ -155,12 +155,15 @@ class OperatorSettings:
         )
 
 
+_OBJECT_NAME = re.compile(DNS_SUBDOMAIN_PATTERN)
+
+
 def _targets(name: str) -> tuple[tuple[str, str], ...]:
     return tuple(parse_defaults(name, os.environ.get(name, "")).items())
 
 
 def _namespace(name: str, default: str) -> str:
-    value = os.environ.get(name, default)
+    value = os.environ.get(name) or default
     if not (len(value) <= 63 and re.match(DNS_LABEL_PATTERN, value)):
         raise InvalidSpec(name, f"{value[:80]!r} is not a namespace name")
     return value
@@ -298,6 +301,14 @@ class OperatorState:
         is invalid (its own reconcile reports why)."""
         index = self.pool_index if kind == "ActionPool" else self.service_index
         body = next(iter(index.get(f"{namespace}/{name}", ())), None)  # both indexes: namespace/name
+        if body is None and kind == "RewardModelService" and not _OBJECT_NAME.match(name):
+            # Named by the model it serves (vLLM's and SGLang's clients: a Hugging Face id, which
+            # no object can be named): each service of the watch's copy that serves it.
+            for key, bodies in list(index.items()):
+                for found in bodies if str(key).startswith(f"{namespace}/") else ():
+                    if ((found.get("spec") or {}).get("model") or {}).get("name") == name:
+                        self._learn_body(kind, found)
+            return
         if body is None:
             ident = (kind, namespace, name)
             read = self._reads.get(ident)
@@ -309,8 +320,12 @@ class OperatorState:
             # it, from a copy at least as new: keep that one.
             if self._holds(kind, namespace, name):
                 return
-        if body is None:
-            return
+        if body is not None:
+            self._learn_body(kind, body)
+
+    def _learn_body(self, kind: str, body: Mapping[str, Any]) -> None:
+        """Upsert the object of ``body`` (a watch's copy, or the API server's) unless it is being
+        deleted or its spec is invalid (``_learn`` says why)."""
         meta = body.get("metadata") or {}
         if meta.get("deletionTimestamp") or str(meta.get("uid", "")) in self._deleted:
             # Being deleted, or deleted while it was read (the GET answered before the delete

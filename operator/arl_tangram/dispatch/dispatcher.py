@@ -629,6 +629,9 @@ class Dispatcher:
         outage): it did not run, and may be sent again (its key is free) after the exception's
         ``delay``."""
         if request.kind == "reward":
+            if not self.rewards.has(f"{request.namespace}/{request.target}") and self.learn is not None:
+                # Named by its model (verl's), just after a start: the watch's copy may say which.
+                await self.learn("RewardModelService", request.namespace, request.target)
             request = self.rewards.resolve(request)  # named by the service or by its model
         outcome = await self._run(request, attempts_so_far)
         if outcome.reason is Reason.TARGET_UNAVAILABLE:

@@ -23,6 +23,7 @@ from kubernetes import client
 from arl_tangram.api.actionpool import ActionPool
 from arl_tangram.controllers import operator as operator_module
 from arl_tangram.controllers.operator import OperatorSettings, OperatorState
+from arl_tangram.domain.actions import ActionRequest
 from arl_tangram.domain.pools import pool_config
 
 NS = "ns"
@@ -196,3 +197,24 @@ async def test_stopping_the_operator_ends_the_reads_it_retries() -> None:
     assert all(read.done() for read in reads), "a read goes on retrying after the operator stopped"
     await asyncio.wait({lookup}, timeout=1)
     assert lookup.done()
+
+
+async def test_a_service_named_by_its_model_is_learned_from_the_watch() -> None:
+    """Just after a start or a failover, before a RewardModelService's reconcile ran: a request
+    naming it by its own name is held (the service learned from the watch's copy), and one naming
+    it by the model it serves (verl's vLLM and SGLang requests) was refused as not found (404)."""
+    state = _state()
+    body = {
+        "apiVersion": "tangram.arl.dev/v1alpha1",
+        "kind": "RewardModelService",
+        "metadata": {"name": "rm", "namespace": NS, "uid": "u-rm"},
+        "spec": {"model": {"name": "Org/Reward-Model-0.6B", "uri": "file:///w/rm.npz"}},
+    }
+    state.service_index = {f"{NS}/rm": [body]}
+    try:
+        request = ActionRequest("k", NS, "Org/Reward-Model-0.6B", "reward", {"prompt": "p", "response": "r"})
+        assert state.dispatcher.learn is not None
+        await state.dispatcher.learn("RewardModelService", NS, request.target)
+        assert state.dispatcher.rewards.resolve(request).target == "rm"
+    finally:
+        await state.stop()
