@@ -60,7 +60,9 @@ NetworkAccess = Literal["Disabled", "Enabled"]
 # 128 ordinary programs failed where they pass outside, Python with 200 threads, Java with 150 (the
 # JVM has about 20 of its own), Go with 300 goroutines blocked in system calls. A host's actions'
 # worth is still far from the kernel's default pid_max (1024 per CPU, 32768 at least): a fork bomb
-# stops at this many of its own. The agent's --nproc default too.
+# stops at this many of its own. A cluster that bounds a pod's processes (the kubelet's
+# podPidsLimit) bounds a host's actions together: keep this times the actions a host runs at once
+# under it (docs/operations.md). The agent's --nproc default too.
 DEFAULT_MAX_PROCESSES = 512
 
 # A name becomes the value of a label on the pool's pods, and label values hold at most 63 characters.

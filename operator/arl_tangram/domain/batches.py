@@ -156,8 +156,8 @@ Runner = Literal["pytest", "script", "unknown"]
 
 
 def runner_of(payload: Mapping[str, Any]) -> Runner:
-    """How a native payload's test run is read: ``"pytest"`` for the ``pytest`` runtime (which adds
-    ``-q``) with no arguments of its own that quieten it further or stop capturing, or a command
+    """How a native payload's test run is read: ``"pytest"`` for the ``pytest`` runtime (plain
+    ``pytest FILE``) with no arguments of its own that quieten it or stop capturing, or a command
     that is one plain run of pytest with none of those, and no configuration file of its own among
     the files (its ``addopts`` could); ``"script"`` for code that does not name pytest and for a
     command that is one plain run of a Python file (a label run as a script); ``"unknown"`` for the
@@ -165,7 +165,7 @@ def runner_of(payload: Mapping[str, Any]) -> Runner:
     runtime, code = payload.get("runtime"), payload.get("code")
     files = payload.get("files") or {}
     configured = any(name.rsplit("/", 1)[-1] in _PYTEST_CONFIGS for name in files)
-    if runtime == "pytest":  # its command has -q already: one more in the arguments is -qq
+    if runtime == "pytest":  # a -q of its arguments is read as unsure: a second one drops the summary
         args = " ".join(map(str, payload.get("args") or []))
         sure = not (configured or _PYTEST_UNSURE.search(args) or _QUIET.search(args))
         return "pytest" if sure else "unknown"

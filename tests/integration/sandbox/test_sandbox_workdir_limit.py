@@ -244,7 +244,7 @@ def test_a_descriptor_kept_of_an_ended_actions_workdir_gains_no_room(agent: Agen
         "os.close(os.open('go', os.O_WRONLY | os.O_CREAT, 0o666, dir_fd=held))\nprint('held')\n"
     )
     fill = (
-        "import errno\nwritten = 0\ntry:\n"
+        "import errno\nprint('free', os.fstatvfs(held).f_bavail)\nwritten = 0\ntry:\n"
         "    with open(os.open('more', os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=held), 'wb') as f:\n"
         f"        for _ in range({2 * LIMIT_MB}):\n"
         "            f.write(b'x' * (1 << 20)); f.flush(); written += 1\n"
@@ -263,7 +263,10 @@ def test_a_descriptor_kept_of_an_ended_actions_workdir_gains_no_room(agent: Agen
         # Its size was cut to what it held (ENOSPC); where writes are confined to one's own trees
         # (Landlock), a detached workdir is beneath none of them, and the write is refused first.
         confined = requests.get(agent.url + "/v1/health", timeout=10).json()["isolation"]["landlock"]
-        assert _stopped_at(_execute(agent, fill, session_id=sid)) == (0, "EACCES" if confined else "ENOSPC")
+        filled = _execute(agent, fill, session_id=sid)
+        free, _, rest = str(filled["stdout"]).partition("\n")
+        assert free == "free 0", filled  # its size cut to what it holds
+        assert _stopped_at({"stdout": rest}) == (0, "EACCES" if confined else "ENOSPC")
     finally:
         requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=30)
 
