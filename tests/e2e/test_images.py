@@ -453,10 +453,28 @@ def test_the_sandbox_image_serves_run_code_with_actions_isolated(
         # pytest-mock's `mocker`, as SandboxFusion's image has it.
         mocked = _run_code(url, {"code": MOCKER_TEST, "language": "pytest"})
         assert mocked["status"] == "Success", mocked
+        # SandboxFusion's versions and libraries: numpy 1.26's scalars, pytest 7 (an async test with
+        # no plugin is skipped, not failed), bc, Boost's headers, R's recommended packages.
+        scalar = "import numpy as np\nprint(repr(np.float64(2.0)))"
+        numpy = _run_code(url, {"code": scalar, "language": "python"})
+        assert numpy["run_result"]["stdout"] == "2.0\n", numpy
+        skipped = _run_code(url, {"code": "async def test_x():\n    assert 1 == 2\n", "language": "pytest"})
+        assert skipped["status"] == "Success", skipped
+        bc = _run_code(url, {"code": 'echo "scale=2; 10/3" | bc', "language": "bash"})
+        assert bc["run_result"]["stdout"] == "3.33\n", bc
+        boost = _run_code(url, {"code": BOOST_PROGRAM, "language": "cpp"})
+        assert boost["run_result"]["stdout"] == "1" + "0" * 30 + "\n", boost
+        mass = _run_code(url, {"code": "library(MASS)\ncat('ok\\n')", "language": "R"})
+        assert mass["run_result"]["stdout"] == "ok\n", mass
 
 
 TOKEN_HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 MOCKER_TEST = "def test_mocked(mocker):\n    assert mocker.Mock(return_value=3)() == 3\n"
+BOOST_PROGRAM = (
+    "#include <boost/multiprecision/cpp_int.hpp>\n#include <iostream>\n"
+    "int main() { boost::multiprecision::cpp_int x = 1; for (int i = 0; i < 30; i++) x *= 10;\n"
+    "  std::cout << x << std::endl; }\n"
+)
 
 
 def _get_with_token(url: str) -> dict[str, Any]:
