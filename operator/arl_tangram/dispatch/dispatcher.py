@@ -630,7 +630,8 @@ class Dispatcher:
         ``delay``."""
         if request.kind == "reward":
             if not self.rewards.has(f"{request.namespace}/{request.target}") and self.learn is not None:
-                # Named by its model (verl's), just after a start: the watch's copy may say which.
+                # Just after a start or a failover its reconcile may not have run: the watch's copy
+                # (or the API server) says whether it exists, by its name or by the model it serves.
                 await self.learn("RewardModelService", request.namespace, request.target)
             request = self.rewards.resolve(request)  # named by the service or by its model
         outcome = await self._run(request, attempts_so_far)
@@ -653,11 +654,10 @@ class Dispatcher:
         if existing is not None:
             return await self._outcome(existing)
         if request.kind == "reward":
-            if not self.rewards.has(f"{request.namespace}/{request.target}") and self.learn is not None:
-                await self.learn("RewardModelService", request.namespace, request.target)
-            # Remembered as it begins (a concurrent request under the key with another payload is
-            # refused: checked again after the await above), forgotten if it never ran (an unknown
-            # service, a payload its service refused: the key stays free for the corrected one).
+            # (Its service was learned and named in ``run``.) Remembered as it begins (a concurrent
+            # request under the key with another payload is refused), forgotten if it never ran
+            # (an unknown service, a payload its service refused: the key stays free for the
+            # corrected one).
             self._same_action(request, digest)
             fresh = request.key not in self._asked
             self._remember(request.key, digest)
