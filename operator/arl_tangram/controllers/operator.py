@@ -29,7 +29,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from arl_tangram.api.actionpool import ActionPool
-from arl_tangram.api.meta import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, GROUP, VERSION
+from arl_tangram.api.meta import DNS_LABEL_PATTERN, GROUP, VERSION
 from arl_tangram.api.rewardmodelservice import RewardModelService
 from arl_tangram.controllers.actionbatch import BatchManager
 from arl_tangram.controllers.actionpool import Event, PoolController, node_snapshot
@@ -40,7 +40,7 @@ from arl_tangram.dispatch.agent import AgentClient
 from arl_tangram.dispatch.dispatcher import Dispatcher
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest
 from arl_tangram.domain.pools import pool_config, pool_key
-from arl_tangram.domain.services import service_config
+from arl_tangram.domain.services import is_object_name, service_config
 from arl_tangram.errors import InvalidSpec
 from arl_tangram.gateway import build_gateway_app
 from arl_tangram.gateway.auth import KubernetesAuthenticator
@@ -153,9 +153,6 @@ class OperatorSettings:
             default_pools=dict(self.gateway_pools),
             default_services=dict(self.gateway_services),
         )
-
-
-_OBJECT_NAME = re.compile(DNS_SUBDOMAIN_PATTERN)
 
 
 def _targets(name: str) -> tuple[tuple[str, str], ...]:
@@ -301,7 +298,7 @@ class OperatorState:
         is invalid (its own reconcile reports why)."""
         index = self.pool_index if kind == "ActionPool" else self.service_index
         body = next(iter(index.get(f"{namespace}/{name}", ())), None)  # both indexes: namespace/name
-        if body is None and kind == "RewardModelService" and not _OBJECT_NAME.match(name):
+        if body is None and kind == "RewardModelService" and not is_object_name(name):
             # Named by the model it serves (vLLM's and SGLang's clients: a Hugging Face id, which
             # no object can be named): each service of the watch's copy that serves it.
             for key, bodies in list(index.items()):

@@ -151,6 +151,11 @@ def service_config(rms: RewardModelService, uid: str = "") -> ServiceConfig:
 _OBJECT_NAME = re.compile(DNS_SUBDOMAIN_PATTERN)
 
 
+def is_object_name(name: str) -> bool:
+    """Whether ``name`` can name a Kubernetes object (else it can only be a model a service serves)."""
+    return len(name) <= 253 and _OBJECT_NAME.match(name) is not None
+
+
 def service_named(namespace: str, target: str, served: Iterable[tuple[str, str, str]]) -> str:
     """The RewardModelService a request names in ``namespace``: by its own name, or by the model it
     serves (``spec.model.name``), as vLLM and SGLang clients name it in their bodies' ``model``
@@ -171,7 +176,7 @@ def service_named(namespace: str, target: str, served: Iterable[tuple[str, str, 
             f"model {target[:256]!r} is served by RewardModelServices {', '.join(serving)} in namespace "
             f"{namespace!r}: name one (X-Tangram-Service or ?service=)",
         )
-    if len(target) <= 253 and _OBJECT_NAME.match(target):
+    if is_object_name(target):
         return target
     models = sorted({model for _, model in known})
     raise NotFound(
