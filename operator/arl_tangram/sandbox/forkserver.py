@@ -1499,12 +1499,16 @@ class ForkServer:
             "cores": call.cores,
             "busy_cores": self.pool.busy,
         }
+        if call.main_file is not None:
+            # The file the code ran from is the call's, not the workdir's: under ``python main.py``
+            # nobody finds an earlier call's program beside theirs. In a session's workdir it was
+            # left, so each call took the next free name, and from the fourth on there was none
+            # (``__file__`` undefined, tracebacks from ``<string>``).
+            with suppress(OSError):
+                os.unlink(call.main_file)
         if call.remove_workdir is not None:
             # The common case (nothing left behind) costs one rmdir here; anything else goes to the
             # agent's janitor thread so that this loop never walks a tree an action filled.
-            if call.main_file is not None:
-                with suppress(OSError):
-                    os.unlink(call.main_file)  # the usual content, if any
             try:
                 os.rmdir(call.remove_workdir)
                 reply["workdir_removed"] = True

@@ -319,6 +319,23 @@ def test_sessions_keep_state_and_files_and_are_isolated(agent: Agent) -> None:
     )
 
 
+def test_each_session_call_runs_from_its_own_main_file(agent: Agent) -> None:
+    """Under ``python main.py`` a program never finds an earlier program's file beside it: each
+    call of a session runs from ``main.py``, gone when the call ends (the files piled up as
+    ``main_.py``, ``main__.py``, and from the fourth call ``__file__`` was undefined)."""
+    sid = agent.post("/v1/sessions", {}).json()["session_id"]
+    try:
+        agent.execute("open('kept.txt', 'w').write('x')", session_id=sid)
+        for _ in range(5):
+            got = agent.execute(
+                "import os\nprint(os.path.basename(__file__), sorted(os.listdir('.')))", session_id=sid
+            )
+            assert got["status"] == "ok", got
+            assert got["stdout"] == "main.py ['kept.txt', 'main.py']\n"
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+
+
 def test_file_api_refuses_escapes(agent: Agent) -> None:
     sid = agent.post("/v1/sessions", {}).json()["session_id"]
     try:
