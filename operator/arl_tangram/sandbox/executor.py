@@ -107,13 +107,14 @@ def _fresh_python_vm_kb() -> int:
     return int(found.group(1)) if found else 0
 
 
-def code_file(runtime: str, files: Mapping[str, bytes]) -> str:
+def code_file(runtime: str, files: Mapping[str, bytes], workdir: str | None = None) -> str:
     """Where ``runtime``'s code is written: its ``CODE_FILES`` name, or where a request file has
-    that name (a helper the tests import, say), the name with underscores added until it is free."""
+    that name (a helper the tests import, say), or a session's ``workdir`` holds one, the name with
+    underscores added until it is free."""
     stem, dot, ext = CODE_FILES[runtime].rpartition(".")
     name = CODE_FILES[runtime]
     taken = {os.path.normpath(path) for path in files}  # ``./test_solution.py`` names it too
-    while name in taken:
+    while name in taken or (workdir is not None and os.path.lexists(os.path.join(workdir, name))):
         stem += "_"
         name = f"{stem}{dot}{ext}"
     return name
@@ -530,15 +531,17 @@ class Executor:
                 await self._replace_dead_server()
         if spec.runtime == "jupyter":
             spec.code = self._notebook(spec)
-        if spec.runtime in CODE_FILES:
-            spec.code_file = code_file(spec.runtime, spec.files)
-            spec.files = {**spec.files, spec.code_file: spec.code.encode()}
-        spec.files = self.builder.admit(spec.runtime, spec.code, spec.files, spec.compile_timeout_s)
         session = None
         if spec.session_id is not None:
             session = self.sessions.get(spec.session_id)
             if session is None or session.closed:
                 raise _no_session(spec.session_id)
+        if spec.runtime in CODE_FILES:
+            # In a session, not over a file its workdir holds (a helper uploaded before): that
+            # was overwritten with the call's code.
+            spec.code_file = code_file(spec.runtime, spec.files, session.workdir if session else None)
+            spec.files = {**spec.files, spec.code_file: spec.code.encode()}
+        spec.files = self.builder.admit(spec.runtime, spec.code, spec.files, spec.compile_timeout_s)
         want: int | frozenset[int] = frozenset(spec.cores) if spec.cores else spec.ncores
         if (
             session is not None
@@ -689,15 +692,25 @@ class Executor:
             files, notes = self._fetch(session.workdir, spec.fetch_files)
             return build.attach(self._result(reply, cores, files, session.id, timeout_s, notes))
         server = self._live_server()
+        # None: not a notebook, whose driver makes no such entries.
+        before = (
+            await asyncio.to_thread(_runtime_entries, session.workdir) if spec.runtime == "jupyter" else None
+        )
         cores, reply = await self._dispatch(server, msg, control)
-        if spec.runtime == "jupyter":
-            # A driver killed (by its timeout, or by a cell) leaves its notebook and its kernel's
-            # runtime directory (connection key, sockets, history) in the session's workdir.
-            # In a thread: a cell may have left a million files there, and the loop serves the host.
+        if spec.code_file:
+            # The file the code ran from is the call's (as a Python call's main file is): left,
+            # each call of the session took the next free name, and ``ls`` showed them all. A
+            # driver killed (by its timeout, or by a cell) leaves its kernel's runtime directory
+            # (connection key, sockets, history) too: those made during this call, not the
+            # session's own files of such a name. In a thread: a cell may have left a million
+            # files there, and the loop serves the host.
             await asyncio.to_thread(
                 workfiles.remove_entries,
                 session.workdir,
-                lambda name: name == spec.code_file or name.startswith(RUNTIME_PREFIX),
+                lambda name: (
+                    name == spec.code_file
+                    or (before is not None and name.startswith(RUNTIME_PREFIX) and name not in before)
+                ),
             )
         if interp:
             if session.interp_server not in (None, server):
@@ -965,6 +978,15 @@ class Executor:
 
 def _ignore_answer(reply: dict[str, Any] | BaseException) -> None:
     """For frames whose answer nobody waits for (a cancel: the action's own reply tells the end)."""
+
+
+def _runtime_entries(workdir: str) -> frozenset[str]:
+    """The names in ``workdir`` of the kind a notebook's driver makes (``RUNTIME_PREFIX``)."""
+    try:
+        with os.scandir(workdir) as entries:
+            return frozenset(e.name for e in entries if e.name.startswith(RUNTIME_PREFIX))
+    except OSError:
+        return frozenset()
 
 
 def _no_session(sid: str | None) -> InvalidSpec:

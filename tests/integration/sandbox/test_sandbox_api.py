@@ -336,6 +336,48 @@ def test_each_session_call_runs_from_its_own_main_file(agent: Agent) -> None:
         requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
 
 
+def test_a_sessions_own_files_are_never_taken_for_a_calls_code(agent: Agent) -> None:
+    """A file the session holds under the name a runtime writes its code to (a helper the tests
+    import, uploaded first) is the session's: the call's code goes beside it, and is gone after the
+    call. The helper was overwritten with the test code, and a notebook's call removed the
+    session's files of the driver's names."""
+    sid = agent.post("/v1/sessions", {}).json()["session_id"]
+    url = f"{agent.url}/v1/sessions/{sid}/files"
+    try:
+        for name, body in (
+            ("test_solution.py", b"HELPER = 42\n"),
+            (".tangram-notebook.json", b"{}"),
+            (".tangram-jupyter-keep.txt", b"kept"),
+            (".tangram-main.sh", b"echo mine\n"),
+        ):
+            assert requests.put(f"{url}/{name}", data=body, timeout=10).status_code == 201
+        test = "from test_solution import HELPER\n\ndef test_helper():\n    assert HELPER == 42\n"
+        ran = agent.post("/v1/execute", {"runtime": "pytest", "code": test, "session_id": sid}).json()
+        assert ran["status"] == "ok", ran
+        notebook = json.dumps({"cells": ["1 + 1"]})
+        ran = agent.post("/v1/execute", {"runtime": "jupyter", "code": notebook, "session_id": sid}).json()
+        assert ran["status"] == "ok", ran
+        listed = agent.post(
+            "/v1/execute", {"runtime": "bash", "code": "ls -A | sort | tr '\\n' ' '", "session_id": sid}
+        ).json()
+        assert listed["stdout"] == (
+            ".pytest_cache .tangram-jupyter-keep.txt .tangram-main.sh .tangram-main_.sh .tangram-notebook.json "
+            "test_solution.py "
+        ), listed
+        for name, body in (
+            ("test_solution.py", b"HELPER = 42\n"),
+            (".tangram-notebook.json", b"{}"),
+            (".tangram-jupyter-keep.txt", b"kept"),
+            (".tangram-main.sh", b"echo mine\n"),
+        ):
+            assert requests.get(f"{url}/{name}", timeout=10).content == body
+        # The bash call's own file (it listed itself) went with the call, as the others did.
+        for name in (".tangram-main_.sh", "test_solution_.py", ".tangram-notebook_.json"):
+            assert requests.get(f"{url}/{name}", timeout=10).status_code == 404
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+
+
 def test_file_api_refuses_escapes(agent: Agent) -> None:
     sid = agent.post("/v1/sessions", {}).json()["session_id"]
     try:
