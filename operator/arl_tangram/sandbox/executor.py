@@ -167,6 +167,9 @@ class Session:
     interpreter_rss_kb: int | None = None
     peak_rss_kb: int = 0
     closed: bool = False
+    # The handles of its calls, waiting or running: closing the session cancels them (a close
+    # waited for the running call to end, up to its timeout, while it went on in the workdir).
+    controls: set[ActionControl] = field(default_factory=set)
 
     def describe(self) -> dict[str, Any]:
         """JSON view (memory accounted per session: interpreter RSS and the peak of any action)."""
@@ -566,6 +569,25 @@ class Executor:
                 "retry shortly or spread the load over more hosts",
                 delay=1.0,
             )
+        if session is None:
+            return await self._run_held(spec, None, want, timeout, limits, control)
+        control = control if control is not None else ActionControl()
+        session.controls.add(control)
+        try:
+            return await self._run_held(spec, session, want, timeout, limits, control)
+        finally:
+            session.controls.discard(control)
+
+    async def _run_held(
+        self,
+        spec: ActionSpec,
+        session: Session | None,
+        want: int | frozenset[int],
+        timeout_s: float,
+        limits: dict[str, int],
+        control: ActionControl | None,
+    ) -> ActionResult:
+        """``run`` once admitted: wait for the session, then for a slot."""
         # A session's calls run one at a time: each waits for its session before it takes a slot,
         # so that calls queued on one session hold no slot another action could run in (three
         # queued calls held both slots of an agent of two, and an unrelated action waited).
@@ -592,8 +614,8 @@ class Executor:
             if session is not None:
                 if session.closed:  # closed while this call waited for a slot
                     raise _no_session(spec.session_id)
-                return await self._run_in_session(spec, session, want, timeout, limits, control)
-            return await self._run_fresh(spec, want, timeout, limits, control)
+                return await self._run_in_session(spec, session, want, timeout_s, limits, control)
+            return await self._run_fresh(spec, want, timeout_s, limits, control)
         finally:
             self._slots.release()
             if lock is not None:
@@ -951,6 +973,8 @@ class Executor:
         if session is None:
             raise _no_session(sid)
         session.closed = True
+        for control in list(session.controls):
+            control.cancel()  # its processes killed (or its wait ended): the lock comes free at once
         try:
             async with session.lock:
                 server = session.interp_server

@@ -361,8 +361,8 @@ def test_a_sessions_own_files_are_never_taken_for_a_calls_code(agent: Agent) -> 
             "/v1/execute", {"runtime": "bash", "code": "ls -A | sort | tr '\\n' ' '", "session_id": sid}
         ).json()
         assert listed["stdout"] == (
-            ".pytest_cache .tangram-jupyter-keep.txt .tangram-main.sh .tangram-main_.sh .tangram-notebook.json "
-            "test_solution.py "
+            ".pytest_cache .tangram-jupyter-keep.txt .tangram-main.sh .tangram-main_.sh "
+            ".tangram-notebook.json test_solution.py "
         ), listed
         for name, body in (
             ("test_solution.py", b"HELPER = 42\n"),
@@ -376,6 +376,23 @@ def test_a_sessions_own_files_are_never_taken_for_a_calls_code(agent: Agent) -> 
             assert requests.get(f"{url}/{name}", timeout=10).status_code == 404
     finally:
         requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_closing_a_session_cancels_its_running_call(agent: Agent, persistent: bool) -> None:
+    """A session closed while a call of it runs ends that call (its processes killed) and closes at
+    once, as a kernel's shutdown does: the close waited for the call to reach its timeout, and a
+    call of a plain session ran on to the end, writing into the closed session's workdir."""
+    sid = agent.post("/v1/sessions", {"persistent": persistent}).json()["session_id"]
+    code = "import time\nwhile True:\n    open('beat', 'a').write('.')\n    time.sleep(0.05)\n"
+    with ThreadPoolExecutor(2) as pool:
+        call = pool.submit(agent.execute, code, session_id=sid, timeout_s=120)
+        wait_until(lambda: processes_of(agent.uids) != [], what="the call to be running")
+        closed = pool.submit(requests.delete, f"{agent.url}/v1/sessions/{sid}", timeout=110)
+        result = call.result(timeout=110)
+        assert closed.result().status_code == 200
+    assert result["status"] == "cancelled", result
+    wait_until(lambda: processes_of(agent.uids) == [], what="the session's processes to end")
 
 
 def test_file_api_refuses_escapes(agent: Agent) -> None:
