@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from testbed import REPO, Cluster
 
 
@@ -24,3 +26,35 @@ def test_kubectl_explain_shows_the_field_descriptions(cluster: Cluster) -> None:
     out = cluster.kubectl("explain", "actionpools.spec.scaling").stdout
     assert "DESCRIPTION" in out
     assert "maxHosts" in out
+
+
+def test_an_actionbatchs_actions_cannot_change_but_its_ttl_can(cluster: Cluster, namespace: str) -> None:
+    """The operator runs the actions it accepted: an edit was stored and ignored until a restart,
+    which then ran it in a batch already Complete. The API server refuses it, saying why."""
+    batch = (
+        "apiVersion: tangram.arl.dev/v1alpha1\nkind: ActionBatch\nmetadata: {name: fixed}\n"
+        "spec:\n  actions:\n  - {id: a, type: code, target: py, payload: {code: 'print(1)'}}\n"
+    )
+    cluster.kubectl("create", "-n", namespace, "-f", "-", stdin=batch)
+    action = {"id": "b", "type": "code", "target": "py", "payload": {"code": "2"}}
+    added = json.dumps([{"op": "add", "path": "/spec/actions/-", "value": action}])
+    for patch in (added, '[{"op": "replace", "path": "/spec/retryPolicy/maxRetries", "value": 5}]'):
+        refused = cluster.kubectl(
+            "patch", "-n", namespace, "actionbatch", "fixed", "--type=json", "-p", patch, check=False
+        )
+        assert refused.returncode != 0
+        assert "cannot change once the ActionBatch exists" in refused.stderr, refused.stderr
+    cluster.kubectl(
+        "patch",
+        "-n",
+        namespace,
+        "actionbatch",
+        "fixed",
+        "--type=merge",
+        "-p",
+        '{"spec": {"ttlSecondsAfterFinished": 60}}',
+    )
+    got = cluster.kubectl(
+        "get", "-n", namespace, "actionbatch", "fixed", "-o", "jsonpath={.spec.ttlSecondsAfterFinished}"
+    )
+    assert got.stdout == "60"

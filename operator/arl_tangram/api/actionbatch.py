@@ -24,6 +24,7 @@ from arl_tangram.api.meta import (
     Conditions,
     ObjectMeta,
     TangramModel,
+    TransitionRule,
     defaulted,
     field_error,
     no_duplicates,
@@ -85,7 +86,8 @@ class Action(TangramModel):
     )
     type: ActionType = Field(
         description="code: run a program in a sandbox; test: run tests that compute a reward; reward: call "
-        "a reward model; http: an outbound call made from a sandbox host of the target pool."
+        "a reward model; http: reserved for an outbound call from a sandbox host of the target pool, "
+        "not served by this release (the action fails with UnsupportedType)."
     )
     target: str = Field(
         min_length=1,
@@ -157,6 +159,18 @@ class ResultBudget(TangramModel):
 
 class ActionBatchSpec(TangramModel):
     """Desired state of an ActionBatch: the actions to run."""
+
+    # The operator runs the actions it accepted: an edit was ignored until a restart, which then
+    # ran the new actions of a batch already reported Complete. As a Job's template, only the
+    # time to keep it may change (both policies are defaulted, so present on either side).
+    transition_rules: ClassVar[tuple[TransitionRule, ...]] = (
+        TransitionRule(
+            rule="self.actions == oldSelf.actions && self.retryPolicy == oldSelf.retryPolicy "
+            "&& self.results == oldSelf.results",
+            message="actions, retryPolicy and results cannot change once the ActionBatch exists "
+            "(the operator runs the actions it accepted): create another ActionBatch",
+        ),
+    )
 
     actions: list[Action] = Field(
         min_length=1,

@@ -84,10 +84,25 @@ def name_fits_a_label(kind: str, max_length: int, owner: str) -> CelRule:
     )
 
 
+@dataclass(frozen=True)
+class TransitionRule:
+    """A rule on an update (``oldSelf`` is the object before it), for the API server alone: a model
+    sees one object, never the change, so these have no ``check``."""
+
+    rule: str
+    message: str
+
+    def to_schema(self) -> dict[str, str]:
+        """The ``x-kubernetes-validations`` entry for this rule."""
+        return {"rule": self.rule, "message": self.message}
+
+
 def _add_cel_rules(schema: dict[str, Any], cls: type[BaseModel]) -> None:
     rules: tuple[CelRule, ...] = getattr(cls, "cel_rules", ())
-    if rules:
-        schema["x-kubernetes-validations"] = [rule.to_schema() for rule in rules]
+    transitions: tuple[TransitionRule, ...] = getattr(cls, "transition_rules", ())
+    entries = [rule.to_schema() for rule in rules] + [rule.to_schema() for rule in transitions]
+    if entries:
+        schema["x-kubernetes-validations"] = entries
 
 
 def field_error(field: str, message: str) -> PydanticCustomError:
@@ -118,6 +133,7 @@ class TangramModel(BaseModel):
     )
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = ()
+    transition_rules: ClassVar[tuple[TransitionRule, ...]] = ()
 
     @model_validator(mode="after")
     def _check_cel_rules(self) -> Self:
