@@ -23,6 +23,10 @@ class InvalidSpec(TangramError):
         self.message = message
 
 
+class UnsupportedType(InvalidSpec):
+    """An action of a type this release does not serve (``field`` names the type's field)."""
+
+
 class KeyConflict(InvalidSpec):
     """An idempotency key already names another action: its result is not this request's answer."""
 

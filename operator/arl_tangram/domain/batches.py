@@ -19,7 +19,7 @@ from arl_tangram.api.actionbatch import Action, ActionBatchSpec, ActionCounts, A
 from arl_tangram.api.meta import ActStats
 from arl_tangram.core.stats import percentile
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest
-from arl_tangram.errors import InvalidSpec
+from arl_tangram.errors import InvalidSpec, UnsupportedType
 
 # What a pool's languages mean to the agent: the runtime a code action runs under.
 LANGUAGE_RUNTIMES: dict[str, str] = {"python": "python", "bash": "bash"}
@@ -51,6 +51,22 @@ def _payload_error(exc: ValidationError) -> InvalidSpec:
     first = exc.errors()[0]
     where = ".".join(str(p) for p in first.get("loc", ())) or "payload"
     return InvalidSpec(f"payload.{where}" if where != "payload" else where, first.get("msg", "invalid"))
+
+
+def action_payload(kind: str, payload: Mapping[str, Any], languages: Sequence[str]) -> dict[str, Any]:
+    """What is sent for an action of ``kind``, the same at both doors (a batch, the gateway).
+
+    ``http`` is in the API, but nothing serves it yet: its payload went to the agent's code runner
+    as it was, so ``{runtime: nodejs, code: ...}`` ran on a pool that offers no nodejs."""
+    if kind in ("code", "test"):
+        return native_payload(kind, payload, languages)
+    if kind == "http":
+        raise UnsupportedType(
+            "type",
+            "http actions are not served by this release; run the call from a code action "
+            "(on a pool with network access) instead",
+        )
+    return dict(payload)
 
 
 def native_payload(kind: str, payload: Mapping[str, Any], languages: Sequence[str]) -> dict[str, Any]:
@@ -98,11 +114,7 @@ def batch_request(
     pool_languages: Sequence[str] | None,
 ) -> ActionRequest:
     """One batch action as a request; raises InvalidSpec (the action fails with InvalidPayload)."""
-    if action.type in ("code", "test"):
-        languages = pool_languages or ("python",)
-        payload: Mapping[str, Any] = native_payload(action.type, action.payload, languages)
-    else:
-        payload = dict(action.payload)
+    payload = action_payload(action.type, action.payload, pool_languages or ("python",))
     units = action.units
     return ActionRequest(
         key=action_key(batch_uid, action.id),

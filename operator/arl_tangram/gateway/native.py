@@ -13,7 +13,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Reason
-from arl_tangram.domain.batches import LANGUAGE_RUNTIMES, native_payload
+from arl_tangram.domain.batches import LANGUAGE_RUNTIMES, action_payload
 from arl_tangram.errors import InvalidSpec, NotFound
 from arl_tangram.gateway.config import ACTION_KEY_HEADER
 from arl_tangram.gateway.errors import HttpError, as_http
@@ -50,10 +50,7 @@ def build_request(
     """A gateway action (native or in a session) as the dispatcher's request. The payload goes
     through the same translation as an ActionBatch action's, so both doors accept the same payloads."""
     kind = action.type
-    if kind in ("code", "test"):
-        payload: dict[str, Any] = native_payload(kind, action.payload, ALL_LANGUAGES)
-    else:
-        payload = dict(action.payload)
+    payload = action_payload(kind, action.payload, ALL_LANGUAGES)
     units = action.units
     return ActionRequest(
         key=key,

@@ -62,6 +62,17 @@ CASES: list[tuple[str, str, bytes, int, str]] = [
         422,
         "memory_limit_MB",
     ),
+    # Not served: refused by its type (its payload reached the code runner as it was, so a
+    # nodejs program ran on a pool that offers no nodejs).
+    (
+        "/v1/actions",
+        "http type",
+        b'{"type": "http", "target": "'
+        + POOL.encode()
+        + b'", "payload": {"runtime": "nodejs", "code": "1"}}',
+        400,
+        "http actions are not served",
+    ),
     ("/v1/actions", "malformed", b'{"type": ', 400, "malformed JSON"),
     ("/v1/actions", "empty", b"", 400, "empty body"),
     ("/v1/actions", "array", b"[1, 2]", 422, "JSON object"),
