@@ -17,8 +17,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from pydantic import ValidationError
+
 from arl_tangram.api.actionbatch import Action as BatchAction
 from arl_tangram.api.actionbatch import ActionBatchSpec, ActionResult
+from arl_tangram.api.validation import invalid_spec
 from arl_tangram.controllers.conditions import ConditionReason, ConditionType, set_condition
 from arl_tangram.domain.actions import ActionOutcome, Outcome, Reason
 from arl_tangram.domain.batches import (
@@ -29,7 +32,7 @@ from arl_tangram.domain.batches import (
     fit_results,
     rfc3339,
 )
-from arl_tangram.errors import InvalidSpec, NotFound, QueueFull, TargetUnavailable
+from arl_tangram.errors import InvalidSpec, NotFound, QueueFull, TargetUnavailable, UnsupportedType
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +60,9 @@ class BatchObservation:
     # Why some of its waiting actions cannot start (their target has no host coming:
     # ``TargetUnavailable``), one line per target.
     held_by: Sequence[str] = ()
+    # The ACT summary its status held when this operator started (a restart, a failover): the
+    # seconds behind it are gone, and until an action finishes here it is what there is.
+    prior_act: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -142,12 +148,25 @@ def reconcile_actionbatch(
         "counts": counts.model_dump(by_alias=True),
         "results": [r.model_dump(by_alias=True, exclude_none=True, exclude_defaults=False) for r in fitted],
         "resultBytes": used,
-        "act": act.model_dump(by_alias=True) if act else None,
+        "act": act.model_dump(by_alias=True)
+        if act
+        else (dict(observed.prior_act) if observed.prior_act else None),
         "startTime": rfc3339(observed.start_time) if observed.start_time else None,
         "completionTime": rfc3339(completion) if completion else None,
     }
     due = deletion_due(spec, completion, now)
     return status, [due] if due else []
+
+
+def refused_status(
+    generation: int | None, conditions: Sequence[Mapping[str, Any]], message: str, now: datetime
+) -> dict[str, Any]:
+    """The status of a batch whose spec the operator cannot run (what the schema cannot check, such
+    as the spec's size): Accepted=False with the reason, and nothing runs."""
+    conds = set_condition(
+        conditions, ConditionType.ACCEPTED, False, ConditionReason.INVALID_SPEC, message, generation, now
+    )
+    return {"observedGeneration": generation, "conditions": conds}
 
 
 def deletion_due(spec: ActionBatchSpec, completion: datetime | None, now: datetime) -> DeleteBatch | None:
@@ -200,6 +219,7 @@ class _Batch:
     held_by: dict[str, str] = field(default_factory=dict)
     # The tasks of its actions waiting out a target's outage (``forget`` wakes them at once).
     held: set[asyncio.Task[None]] = field(default_factory=set)
+    prior_act: Mapping[str, Any] | None = None  # BatchObservation.prior_act
 
 
 Runner = Callable[..., Awaitable[ActionOutcome]]
@@ -226,6 +246,9 @@ class BatchManager:
         self._patch = patch_status
         self._delete = delete
         self._batches: dict[tuple[str, str], _Batch] = {}
+        # Batches whose spec cannot be run: (uid, generation) and the status saying why, until
+        # written (``None`` then).
+        self._refused: dict[tuple[str, str], tuple[tuple[str, Any], dict[str, Any] | None]] = {}
         self._by_key: dict[str, tuple[_Batch, str, str]] = {}  # key -> batch, action id, target
         self.writes = 0
         self._finished = asyncio.Event()  # a batch's last action ended: write without waiting
@@ -236,9 +259,28 @@ class BatchManager:
         ident = (str(meta.get("namespace")), str(meta.get("name")))
         batch = self._batches.get(ident)
         if batch is not None and batch.uid == meta.get("uid"):
+            self._refresh(batch, meta, body.get("spec") or {})
             return
-        spec = ActionBatchSpec.model_validate(body.get("spec") or {})
         status = body.get("status") or {}
+        version = (str(meta.get("uid")), meta.get("generation"))
+        refused = self._refused.get(ident)
+        if refused is not None and refused[0] == version:
+            return
+        try:
+            spec = ActionBatchSpec.model_validate(body.get("spec") or {})
+        except ValidationError as exc:
+            # What the schema cannot check (the spec's size): said in the batch's status, where
+            # its author looks. Raised here, kopf logged it and the batch said nothing, ever.
+            message = str(invalid_spec(exc, "spec"))
+            log.warning("batch %s/%s refused: %s", ident[0], ident[1], message)
+            conditions = status.get("conditions") or ()
+            self._refused[ident] = (
+                version,
+                refused_status(version[1], conditions, message, datetime.now(UTC)),
+            )
+            self._finished.set()
+            return
+        self._refused.pop(ident, None)
         results = recovered_results(status)
         batch = _Batch(
             namespace=ident[0],
@@ -250,6 +292,10 @@ class BatchManager:
             conditions=list(status.get("conditions") or ()),
             start_time=_parse_time(status.get("startTime")),
             completion_time=_parse_time(status.get("completionTime")),
+            prior_act=status.get("act") or None,
+            # What the API server holds: a status computed the same is not written again (a
+            # restart wrote every finished batch's status, each up to a megabyte, at once).
+            written=_present(status) if status else None,
         )
         self._batches[ident] = batch
         for action in spec.actions:
@@ -260,6 +306,33 @@ class BatchManager:
             batch.tasks[action.id] = asyncio.get_running_loop().create_task(
                 self._one(batch, action, attempts), name=f"{ident[0]}/{ident[1]}/{action.id}"
             )
+        batch.dirty = True
+
+    @staticmethod
+    def _refresh(batch: _Batch, meta: Mapping[str, Any], raw: Mapping[str, Any]) -> None:
+        """A change to a running batch's spec: only ``ttlSecondsAfterFinished`` may change (the
+        CRD refuses the rest); its generation is then the one observed."""
+        generation = meta.get("generation")
+        if generation == batch.generation:
+            return
+        try:
+            spec = ActionBatchSpec.model_validate(raw)
+        except ValidationError:
+            return  # the CRD's own rules refuse such an edit: an older CRD's, kept as accepted
+        if spec.model_dump(exclude={"ttl_seconds_after_finished"}) != batch.spec.model_dump(
+            exclude={"ttl_seconds_after_finished"}
+        ):
+            # Only a CRD older than the rule that refuses this lets it in: the accepted actions run.
+            log.warning(
+                "batch %s/%s: its actions changed after it was accepted; running those accepted",
+                batch.namespace,
+                batch.name,
+            )
+            return
+        batch.spec = batch.spec.model_copy(
+            update={"ttl_seconds_after_finished": spec.ttl_seconds_after_finished}
+        )
+        batch.generation = generation
         batch.dirty = True
 
     def started(self, key: str, attempt: int) -> None:
@@ -314,6 +387,8 @@ class BatchManager:
                         batch.held_by[action.target] = str(exc)
                         batch.dirty = True
                     await self._held(batch, exc.delay)
+        except UnsupportedType as exc:
+            outcome = ActionOutcome(action_id, Outcome.FAILED, Reason.UNSUPPORTED_TYPE, str(exc))
         except InvalidSpec as exc:
             outcome = ActionOutcome(action_id, Outcome.FAILED, Reason.INVALID_PAYLOAD, str(exc))
         except NotFound as exc:
@@ -392,6 +467,7 @@ class BatchManager:
             completion_time=batch.completion_time,
             act_seconds=batch.acts,
             held_by=tuple(batch.held_by[t] for t in sorted(batch.held_by)),
+            prior_act=batch.prior_act,
         )
         status, ops = reconcile_actionbatch(batch.spec, observed, now)
         if status["completionTime"] and batch.completion_time is None:
@@ -401,6 +477,15 @@ class BatchManager:
     async def flush(self) -> None:
         """Write the status of every batch that changed since its last write; delete those due."""
         now = datetime.now(UTC)
+        for ident, (version, refusal) in list(self._refused.items()):
+            if refusal is None:
+                continue
+            try:
+                await self._patch(ident[0], ident[1], refusal)
+                self.writes += 1
+                self._refused[ident] = (version, None)
+            except Exception as exc:  # the API server may be restarting: try again next period
+                log.warning("status of batch %s/%s not written: %s", ident[0], ident[1], exc)
         for batch in list(self._batches.values()):
             if batch.deleting:
                 continue
@@ -419,13 +504,13 @@ class BatchManager:
             if not batch.dirty:
                 continue
             batch.dirty = False
-            if status == batch.written:
+            if _present(status) == batch.written:
                 continue
             batch.conditions = status["conditions"]
             try:
                 await self._patch(batch.namespace, batch.name, status)
                 self.writes += 1
-                batch.written = status
+                batch.written = _present(status)
             except Exception as exc:  # the API server may be restarting: try again next period
                 log.warning("status of batch %s/%s not written: %s", batch.namespace, batch.name, exc)
                 batch.dirty = True
@@ -440,6 +525,7 @@ class BatchManager:
 
     async def forget(self, namespace: str, name: str) -> None:
         """The batch is being deleted: cancel its queued and running actions and drop its state."""
+        self._refused.pop((namespace, name), None)
         batch = self._batches.get((namespace, name))
         if batch is None:
             return
@@ -471,14 +557,41 @@ class BatchManager:
                 row = batch.outcomes.get(action.id)
                 if row is not None:
                     yield row
-                else:
-                    state = batch.results.get(action.id)
+                    continue
+                state = batch.results.get(action.id)
+                if state is None or state.state not in FINAL_STATES:
                     yield {"id": action.id, "state": state.state if state else "Pending"}
+                    continue
+                # Finished before this operator started (a restart, a failover): its whole output
+                # was in the memory of the one before. What the status kept is served, and said to
+                # be all there is; a row with only its state looked like an action with no output.
+                yield {
+                    "id": action.id,
+                    "state": state.state,
+                    "reason": state.reason,
+                    "exitCode": state.exit_code,
+                    "reward": state.reward,
+                    "attempts": state.attempts,
+                    "durationSeconds": _seconds(state.duration_millis),
+                    "queuedSeconds": _seconds(state.queued_millis),
+                    "output": state.output,
+                    "outputTruncated": state.truncated,
+                    "outputWhole": False,
+                }
 
         return rows()
 
     def pending_count(self) -> int:
         return sum(len(b.tasks) for b in self._batches.values())
+
+
+def _present(status: Mapping[str, Any]) -> dict[str, Any]:
+    """A status as the API server keeps it: a merge patch's ``None`` removes a field."""
+    return {k: v for k, v in status.items() if v is not None}
+
+
+def _seconds(millis: int | None) -> float | None:
+    return None if millis is None else millis / 1000
 
 
 def _parse_time(value: Any) -> datetime | None:
