@@ -218,6 +218,11 @@ class _Pool:
     # Agent keys each host reported running or finished when it was first seen (re-attachment).
     known_running: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     known_finished: dict[str, str] = field(default_factory=dict)
+    # Agent keys found running that no job has re-attached to yet -> (host, the cores booked for
+    # them, the task waiting for their end). Their cores stay booked until they end: an attempt
+    # whose batch was deleted while no operator ran holds them on its agent, and a new action
+    # granted them waited there behind it, up to the pool's timeout.
+    orphans: dict[str, tuple[str, tuple[int, ...], asyncio.Task[None]]] = field(default_factory=dict)
     synced: asyncio.Event = field(default_factory=asyncio.Event)
     waiting: int = 0
     estimates: dict[str, float] = field(default_factory=dict)
@@ -400,6 +405,9 @@ class Dispatcher:
 
     async def _stop_pool(self, pool: _Pool) -> None:
         key = pool.config.key
+        for _, _, task in pool.orphans.values():
+            task.cancel()
+        pool.orphans.clear()
         jobs = [j for j in self._jobs.values() if pool_key(j.request.namespace, j.request.target) == key]
         for sess in pool.sessions.values():
             sess.backlog.clear()  # failed below with the rest: none starts after its predecessor
@@ -445,6 +453,8 @@ class Dispatcher:
                     max_sessions=pool.config.sessions_per_host,
                 )
             )
+            for agent_key_, held in running.items():
+                self._book_orphan(pool, host, agent_key_, held)
         for name, host in wanted.items():
             if name in pool.cpu.hosts:
                 pool.cpu.hosts[name].draining = (
@@ -453,9 +463,58 @@ class Dispatcher:
         pool.synced.set()
         self._pump()
 
+    def _book_orphan(self, pool: _Pool, host: HostEndpoint, key: str, cores: tuple[int, ...]) -> None:
+        """Book the cores an action found running on a new host holds, until a job re-attaches to
+        it (``_unbook_orphan``) or it ends there."""
+        cpu_host = pool.cpu.hosts.get(host.name)
+        if cpu_host is None:
+            return
+        taken = tuple(c for c in cores if any(c in free for free in cpu_host.free))
+        if not taken:
+            return
+        for free in cpu_host.free:
+            free.difference_update(taken)
+        task = asyncio.get_running_loop().create_task(
+            self._await_orphan(pool, host, key), name=f"orphan {host.name} {key}"
+        )
+        pool.orphans[key] = (host.name, taken, task)
+
+    async def _await_orphan(self, pool: _Pool, host: HostEndpoint, key: str) -> None:
+        """Wait for an unclaimed action's end on its host, then give its cores back."""
+        try:
+            while host.name in pool.endpoints and key in pool.orphans:
+                try:
+                    where, _ = await self.agent.lookup(host.address, key, REATTACH_SLICE_S)
+                except InfrastructureError:
+                    await asyncio.sleep(1.0)  # the host's loss, if it is lost, ends this
+                    continue
+                except Exception as exc:  # an answer no agent gives: the cores are not held for ever
+                    log.warning(
+                        "host %s: %s could not be followed (%s); its cores are free", host.name, key, exc
+                    )
+                    break
+                if where != "running":
+                    break
+        finally:
+            if pool.orphans.get(key, (None, None, None))[2] is asyncio.current_task():
+                self._unbook_orphan(pool, key)
+                self._pump()
+
+    @staticmethod
+    def _unbook_orphan(pool: _Pool, key: str) -> None:
+        """Give an orphan's booked cores back (its host may be gone: then nothing to give)."""
+        host_name, cores, task = pool.orphans.pop(key)
+        if task is not asyncio.current_task():
+            task.cancel()
+        cpu_host = pool.cpu.hosts.get(host_name)
+        if cpu_host is not None:
+            cpu_host.give_back(cores)
+
     async def _lose_host(self, pool: _Pool, name: str) -> None:
         """A host is gone (pod deleted, not ready): its running actions are infrastructure failures,
         retried elsewhere; its sessions are lost."""
+        for key in [k for k, (h, _, _) in pool.orphans.items() if h == name]:
+            pool.orphans.pop(key)[2].cancel()  # its cores go with the host
         if name in pool.cpu.hosts:
             pool.cpu.hosts[name].draining = True
         for sess in pool.sessions.values():
@@ -611,6 +670,9 @@ class Dispatcher:
         on, and the next leader re-attaches to it (leadership lost, operator stopping)."""
         self._stopped = True  # a caller waiting for a pool being deleted starts nothing after this
         tasks = [j.task for j in self._jobs.values() if j.task is not None]
+        for pool in self._pools.values():
+            tasks += [task for _, _, task in pool.orphans.values()]
+            pool.orphans.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -1403,6 +1465,8 @@ class Dispatcher:
             return False
         attempt, host, held_cores = found
         key = agent_key(job.request.key, attempt)
+        if key in pool.orphans:
+            self._unbook_orphan(pool, key)  # its job has come: it books them itself (``_adopt``)
         running = pool.known_running.pop(key, None)
         pool.known_finished.pop(key, None)
         endpoint = pool.endpoints.get(host)

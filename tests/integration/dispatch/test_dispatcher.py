@@ -515,6 +515,40 @@ async def test_an_attempt_the_status_never_recorded_is_still_found_and_not_run_a
     assert _actions_run(agents) == before + 1, "the action ran twice"
 
 
+async def test_an_attempt_nobody_reattaches_to_keeps_its_cores_booked_until_it_ends(
+    agents: list[Agent],
+) -> None:
+    """An attempt whose batch was deleted while no operator ran is claimed by no job: its cores
+    were counted free, and an action granted them waited on its agent behind it, up to the pool's
+    timeout. They stay booked while it runs, and come back when it ends."""
+    hosts = [_endpoint(a, f"host-{i}") for i, a in enumerate(agents) if a.proc.poll() is None]
+    first_client, second_client = AgentClient(), AgentClient()
+    first = Dispatcher(first_client)
+    first.upsert_pool(_pool())
+    await first.sync_hosts(f"{NS}/py", hosts)
+    running = asyncio.create_task(first.run(_req("orphan", "import time; time.sleep(3)")))
+    await _wait(lambda: (s := first.stats(f"{NS}/py")) is not None and s.running_actions == 1)
+    await first.shutdown()
+    await first_client.close()
+    assert running.done()
+    second = Dispatcher(second_client)
+    second.upsert_pool(_pool())
+    await second.sync_hosts(f"{NS}/py", hosts)
+    pool = second._pools[f"{NS}/py"]
+
+    def free() -> int:
+        return sum(h.free_cores for h in pool.cpu.hosts.values())
+
+    total = sum(h.cores for h in pool.cpu.hosts.values())
+    try:
+        assert free() == total - 1 and len(pool.orphans) == 1
+        await _wait(lambda: free() == total)
+        assert pool.orphans == {}
+    finally:
+        await second.shutdown()
+        await second_client.close()
+
+
 def _actions_run(agents: list[Agent]) -> int:
     total = 0
     for a in agents:
