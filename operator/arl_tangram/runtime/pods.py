@@ -75,6 +75,45 @@ def agent_args(pool: PoolConfig) -> list[str]:
     return args
 
 
+# A user's entries in these lists of the operator's container are kept after the operator's own,
+# except one that clashes with one of the operator's on any of the named fields: the API server
+# refuses a pod with two of them, and the operator's is the one its program needs.
+MERGED_LISTS: dict[str, tuple[str, ...]] = {
+    "env": ("name",),
+    "envFrom": (),
+    "volumeMounts": ("name", "mountPath"),
+    "volumeDevices": ("name", "devicePath"),
+}
+
+
+def merged_container(own: dict[str, Any], containers: list[Any]) -> dict[str, Any]:
+    """The operator's container ``own`` with what the pod spec's container of the same name says
+    besides: every field the operator sets is the operator's (command, args, image, resources,
+    ports, probes, its securityContext's fields), the lists of ``MERGED_LISTS`` keep the user's
+    entries too, and the rest (lifecycle, workingDir, a securityContext's other fields, ...) is the
+    user's. Without it a podSpec's container of that name would be dropped whole, its mounts and
+    environment with it, while crd-reference.md says podSpec is merged."""
+    user = next((c for c in containers if isinstance(c, dict) and c.get("name") == own["name"]), None)
+    if user is None:
+        return own
+    merged: dict[str, Any] = {**copy.deepcopy(user), **own}
+    for key, fields in MERGED_LISTS.items():
+        ours = own.get(key) or []
+        taken = {(f, item[f]) for item in ours for f in fields if item.get(f) is not None}
+        theirs = [
+            item
+            for item in user.get(key) or []
+            if not (isinstance(item, dict) and any((f, item.get(f)) in taken for f in fields))
+        ]
+        if ours or theirs:
+            merged[key] = [*ours, *copy.deepcopy(theirs)]
+    if isinstance(user.get("securityContext"), dict) and "securityContext" in own:
+        # The operator's fields (the uid, the capabilities, no privilege escalation) are what its
+        # isolation rests on; a user's others (seccomp, SELinux, AppArmor...) are added to them.
+        merged["securityContext"] = {**copy.deepcopy(user["securityContext"]), **own["securityContext"]}
+    return merged
+
+
 def host_pod(pool: PoolConfig, name: str, node: str | None = None) -> dict[str, Any]:
     """The pod of one sandbox host: owned by its ActionPool, no ServiceAccount token, the agent as
     its only container with the pool's cores and memory as requests and limits."""
@@ -115,7 +154,11 @@ def host_pod(pool: PoolConfig, name: str, node: str | None = None) -> dict[str, 
     work: dict[str, Any] = {"medium": "Memory"}
     if pool.ephemeral_storage_bytes:
         work["sizeLimit"] = str(pool.ephemeral_storage_bytes)
-    spec["containers"] = [container, *[c for c in spec.get("containers", []) if c.get("name") != "agent"]]
+    others = spec.get("containers", [])
+    spec["containers"] = [
+        merged_container(container, others),
+        *[c for c in others if c.get("name") != "agent"],
+    ]
     spec["volumes"] = [{"name": "work", "emptyDir": work}, *spec.get("volumes", [])]
     spec["restartPolicy"] = "Never"  # a dead agent lost its sessions: the host is replaced, not restarted
     spec["automountServiceAccountToken"] = False
@@ -547,7 +590,11 @@ def reward_pod(svc: ServiceConfig, name: str, device: str) -> dict[str, Any]:
         },
         "volumeMounts": mounts,
     }
-    spec["containers"] = [container, *[c for c in spec.get("containers", []) if c.get("name") != "runtime"]]
+    others = spec.get("containers", [])
+    spec["containers"] = [
+        merged_container(container, others),
+        *[c for c in others if c.get("name") != "runtime"],
+    ]
     spec["volumes"] = [*volumes, *spec.get("volumes", [])]
     spec["restartPolicy"] = "Never"
     spec["automountServiceAccountToken"] = False

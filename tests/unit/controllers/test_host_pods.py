@@ -200,3 +200,82 @@ def test_a_pod_whose_volumes_or_sandbox_are_not_ready_is_told_from_one_pulling_i
         plain, {"phase": "Pending", "conditions": not_ready}, deletionTimestamp="2026-12-06T00:00:00Z"
     )
     assert going.phase == "terminating" and going.stalled is None
+
+
+def test_a_podspecs_agent_container_is_merged_into_the_operators() -> None:
+    """podSpec is merged (crd-reference.md): a user's ``agent`` container brings its mounts,
+    environment and other settings to the agent, while the operator keeps its command, image,
+    resources, ports, probe and the securityContext fields its isolation rests on; on a clash of a
+    name or mount path the operator's entry wins."""
+    user_agent = {
+        "name": "agent",
+        "image": "evil:1",
+        "command": ["sh"],
+        "args": ["-c", "true"],
+        "ports": [{"containerPort": 22}],
+        "resources": {"limits": {"cpu": "64"}},
+        "env": [{"name": "POD_IP", "value": "1.2.3.4"}, {"name": "DATA", "value": "/data"}],
+        "envFrom": [{"configMapRef": {"name": "settings"}}],
+        "volumeMounts": [
+            {"name": "data", "mountPath": "/data"},
+            {"name": "shadow", "mountPath": "/var/lib/tangram/work"},
+        ],
+        "securityContext": {
+            "runAsUser": 1000,
+            "capabilities": {"add": ["NET_ADMIN"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "workingDir": "/data",
+    }
+    sidecar = {"name": "side", "image": "side:1"}
+    pod_spec: dict[str, Any] = {
+        "volumes": [{"name": "data", "emptyDir": {}}],
+        "containers": [user_agent, sidecar],
+    }
+    for mode in ("shared", "dedicated"):
+        plain = host_pod(_cfg(mode=mode), "p")["spec"]["containers"][0]
+        template = {"image": "img:1", "resources": {"cpu": "4", "memory": "8Gi"}, "podSpec": pod_spec}
+        spec = host_pod(_cfg(template=template, mode=mode), "p")["spec"]
+        agent, side = spec["containers"]
+        assert side == sidecar
+        for owned in ("image", "command", "args", "ports", "resources", "readinessProbe"):
+            assert agent[owned] == plain[owned], owned
+        assert [e for e in agent["env"] if e["name"] == "POD_IP"] == [plain["env"][0]]
+        assert {"name": "DATA", "value": "/data"} in agent["env"]
+        assert agent["envFrom"] == [{"configMapRef": {"name": "settings"}}]
+        assert agent["volumeMounts"] == [*plain["volumeMounts"], {"name": "data", "mountPath": "/data"}]
+        assert agent["workingDir"] == "/data"
+        assert agent["securityContext"] == {
+            **plain["securityContext"],
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+        assert ("resizePolicy" in agent) == (mode == "dedicated")
+
+
+def test_a_podspecs_runtime_container_is_merged_into_a_reward_replicas() -> None:
+    from arl_tangram.api.rewardmodelservice import RewardModelService
+    from arl_tangram.domain.services import service_config
+    from arl_tangram.runtime.pods import reward_pod
+
+    runtime = {
+        "name": "runtime",
+        "command": ["sh"],
+        "env": [{"name": "HF_HOME", "value": "/cache"}],
+        "volumeMounts": [{"name": "cache", "mountPath": "/cache"}],
+    }
+    rms = RewardModelService.model_validate(
+        {
+            "metadata": {"name": "rm", "namespace": "ns"},
+            "spec": {
+                "model": {"name": "m", "uri": "file:///w/rm.npz"},
+                "server": {
+                    "podSpec": {"volumes": [{"name": "cache", "emptyDir": {}}], "containers": [runtime]}
+                },
+            },
+        }
+    )
+    (container,) = reward_pod(service_config(rms, uid="u"), "rm-0", "cpu")["spec"]["containers"]
+    assert container["command"] == ["tangram", "reward-runtime"]
+    assert {"name": "HF_HOME", "value": "/cache"} in container["env"]
+    assert {"name": "cache", "mountPath": "/cache"} in container["volumeMounts"]
+    assert container["volumeMounts"][0]["name"] == "services"
