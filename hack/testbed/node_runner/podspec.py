@@ -85,6 +85,18 @@ def field_value(pod: Json, path: str, pod_ip: str, host_ip: str) -> str:
     return str(values[path])
 
 
+# A hostname is at most this long (sethostname(2) refuses a longer one, so bwrap would fail to start).
+HOSTNAME_MAX = 63
+
+
+def hostname(pod: Json) -> str:
+    """The pod's hostname as kubelet sets it: ``spec.hostname`` or else the pod's name, cut to 63
+    characters and then of a trailing '-' or '.' (a pod's name may be up to 253 characters)."""
+    name = str(pod["spec"].get("hostname") or pod["metadata"]["name"])
+    # Something is always left: a pod's name starts with a letter or a digit.
+    return name if len(name) <= HOSTNAME_MAX else name[:HOSTNAME_MAX].rstrip("-.")
+
+
 def resource_value(containers: list[Json], container: Json, ref: Json, node_capacity: dict[str, str]) -> str:
     """A resourceFieldRef: the container's request or limit (the node's capacity when it sets none),
     divided by the divisor and rounded up, as kubelet reports it."""

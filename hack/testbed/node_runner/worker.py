@@ -347,7 +347,7 @@ class PodWorker(threading.Thread):
         return isolation.bwrap_command(
             self.runner.bwrap,
             argv,
-            hostname=self.pod["spec"].get("hostname") or self.pod_name,
+            hostname=podspec.hostname(self.pod),
             container=c.spec,
             volumes=self.volumes,
             tmp_dir=tmp,
@@ -424,7 +424,7 @@ class PodWorker(threading.Thread):
         base = {
             "PATH": api.path_env,
             "HOME": "/root",
-            "HOSTNAME": self.pod["spec"].get("hostname") or self.pod_name,
+            "HOSTNAME": podspec.hostname(self.pod),
             "KUBERNETES_SERVICE_HOST": api.api_host,
             "KUBERNETES_SERVICE_PORT": str(api.api_port),
             "KUBERNETES_SERVICE_PORT_HTTPS": str(api.api_port),

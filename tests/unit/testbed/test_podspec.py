@@ -203,3 +203,22 @@ def test_ports_resolve_by_number_or_name() -> None:
     assert podspec.port_number(spec, "gateway") == 8080
     with pytest.raises(ValueError, match="no port named 'metrics'"):
         podspec.port_number(spec, "metrics")
+
+
+@pytest.mark.parametrize(
+    ("name", "hostname", "expected"),
+    [
+        ("web-0", None, "web-0"),
+        ("web-0", "box", "box"),
+        ("p" + "a" * 61 + "z-1a2b3c", None, "p" + "a" * 61 + "z"),
+        ("p" + "a" * 61 + "-" + "b" * 8, None, "p" + "a" * 61),
+        ("p" + "a" * 60 + ".-" + "b" * 8, None, "p" + "a" * 60),
+    ],
+)
+def test_the_hostname_is_cut_to_63_characters_as_kubelet_does(
+    name: str, hostname: str | None, expected: str
+) -> None:
+    """A pod's name may take 253 characters, a hostname 63 (bwrap's sethostname fails beyond): kubelet
+    cuts it there, then drops a trailing '-' or '.'."""
+    pod = {"metadata": {"name": name}, "spec": {"hostname": hostname} if hostname else {}}
+    assert podspec.hostname(pod) == expected
