@@ -108,21 +108,25 @@ def _empty_cell() -> dict[str, Any]:
     }
 
 
+# The statuses a kernel replies with; any other is kept as "error" (a cell's own reply on the shell
+# socket could say anything, of any length, past what its cell's reserve holds).
+_STATUSES = ("ok", "error", "aborted")
 # What the answer holds whatever the cells print: its own frame, and per cell the cell's frame and
-# one error's name. Reserved before the cells' outputs share the rest (``_Budget``).
+# one error's frame with its name (up to ``_ENAME_KEPT`` bytes), each with the separator before it.
+# Reserved before the cells' outputs share the rest (``_Budget``).
 _ANSWER_FRAME = 1024
 _ENAME_KEPT = 100
 _CELL_RESERVE = (
-    len(json.dumps(_empty_cell()))
-    + len(json.dumps({"ename": "x" * _ENAME_KEPT, "evalue": "", "traceback": []}))
+    len(json.dumps({**_empty_cell(), "status": max(_STATUSES, key=len)}))
+    + len(json.dumps({"ename": "", "evalue": "", "traceback": []}))
     + 4  # the separators before the cell and before its error
 )
 
 
-def _ename(error: dict[str, Any]) -> str:
-    """An error's name, cut to what the cell's reserve holds (``_ENAME_KEPT`` bytes of JSON)."""
-    name = str(error.get("ename", ""))[:_ENAME_KEPT]
-    while len(json.dumps(name)) > _ENAME_KEPT + 2:
+def _ename(error: dict[str, Any], kept: int) -> str:
+    """An error's name, cut to what the cell's reserve holds (``kept`` bytes of JSON besides its quotes)."""
+    name = str(error.get("ename", ""))[:kept]
+    while len(json.dumps(name)) > kept + 2:
         name = name[:-1]
     return name
 
@@ -140,8 +144,14 @@ class _Cells:
     (a child's writes to descriptor 1 reach it through a reader thread, after the cell's idle)
     still goes to the cell that made it."""
 
-    def __init__(self, budget: _Budget) -> None:
-        self.budget = budget
+    def __init__(self, output_bytes: int, count: int) -> None:
+        """For ``count`` cells, in an answer of at most ``output_bytes``."""
+        spare = output_bytes - _ANSWER_FRAME - count * _CELL_RESERVE
+        # The errors' names past the budget get at most half of what the frames leave: with many
+        # cells their full names would leave nothing for any cell's output (or less than nothing),
+        # although the answer would hold much of it.
+        self.name_kept = min(_ENAME_KEPT, max(spare, 0) // (2 * count)) if count else _ENAME_KEPT
+        self.budget = _Budget(spare - count * self.name_kept)
         self.by_id: dict[str, dict[str, Any]] = {}  # in the order the cells ran
         self.streams: dict[str, dict[str, list[str]]] = {}
 
@@ -171,12 +181,17 @@ class _Cells:
             else:
                 cell["display_truncated"] = True
         elif kind == "error":
-            if not budget.take(content, item=True):
-                # Its name always (the cell's reserve pays for it), and as much of its value as fits.
+            if budget.take(content, item=True):
+                cell["error"].append(content)
+            elif not cell["error_truncated"]:
+                # The first error past the budget keeps its name (the cell's reserve pays for it)
+                # and as much of its value as fits; the cell's later ones are dropped, or a cell
+                # sending errors without end would take the answer past what the agent returns.
                 evalue, _ = budget.text(str(content.get("evalue", ""))[:_ERROR_VALUE_KEPT])
-                content = {"ename": _ename(content), "evalue": evalue, "traceback": []}
+                cell["error"].append(
+                    {"ename": _ename(content, self.name_kept), "evalue": evalue, "traceback": []}
+                )
                 cell["error_truncated"] = True
-            cell["error"].append(content)
         elif kind == "status" and content.get("execution_state") == "idle":
             return msg_id
         return None
@@ -230,7 +245,8 @@ def _run_cell(client: Any, manager: Any, code: str, limit_s: float, grace_s: flo
         except queue.Empty:
             break
         if reply.get("parent_header", {}).get("msg_id") == msg_id:
-            cell["status"] = reply["content"].get("status", cell["status"])
+            status = reply["content"].get("status", cell["status"])
+            cell["status"] = status if status in _STATUSES else "error"
             break
     return interrupted
 
@@ -264,8 +280,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     codes: list[str] = config["cells"]
     total = float(config["total_timeout"])
     per_cell = float(config["cell_timeout"])  # 0 or less: no limit of the cell's own
-    budget = _Budget(int(config["output_bytes"]) - _ANSWER_FRAME - len(codes) * _CELL_RESERVE)
-    ran = _Cells(budget)
+    ran = _Cells(int(config["output_bytes"]), len(codes))
     # The kernel's connection file, IPython's profile and history, and the sockets: in the workdir
     # (the only place an action may write), removed at the end (and by the agent, in a session,
     # should this process be killed first). Relative socket paths keep under the 107 bytes a Unix

@@ -281,3 +281,41 @@ def test_output_past_what_the_agent_returns_is_cut_and_the_notebook_still_answer
     assert after["stdout"] == "" and after["stdout_truncated"]
     assert shown["display"] == [] and shown["display_truncated"]
     assert raised["error"][0]["ename"] == "ValueError" and raised["error_truncated"]
+
+
+def test_many_cells_and_a_flood_of_errors_still_answer_within_the_output_bytes(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Each cell's reserve in the answer is what its record takes: 200 cells in 64 KiB keep their
+    output (a reserve of 328 bytes a cell left less than nothing for it, and every cell's stdout was
+    dropped). A cell sending the kernel's ``error`` message itself, without end, is cut as any other
+    output is: the notebook still answers (each error past the budget was kept, and the answer no
+    longer fitted what the agent returns)."""
+    small = start_agent(tmp_path_factory.mktemp("jupyter-64k") / "work", "--output-bytes", "65536")
+    flood = (
+        "k = get_ipython().kernel\n"
+        "import time\n"
+        "p = k.get_parent('shell')\n"
+        "error = {'ename': 'E' * 100, 'evalue': 'v', 'traceback': []}\n"
+        "for i in range(5000):\n"
+        "    k.session.send(k.iopub_socket, 'error', error, parent=p)\n"
+        "    if i % 500 == 0: time.sleep(0.002)\n"
+        "print('sent')"
+    )
+    try:
+        many = requests.post(
+            small.url + "/run_jupyter",
+            json={"cells": [f"print({i})" for i in range(200)], "total_timeout": 60},
+            timeout=120,
+        ).json()
+        flooded = requests.post(
+            small.url + "/run_jupyter", json={"cells": [flood, "1"], "total_timeout": 60}, timeout=120
+        ).json()
+    finally:
+        stop_agent(small)
+    assert many["status"] == "Success", many["message"]
+    assert [c["stdout"] for c in many["cells"]] == [f"{i}\n" for i in range(200)]
+    assert not any(c["stdout_truncated"] for c in many["cells"])
+    assert flooded["status"] == "Success", flooded["message"]
+    sender, _ = flooded["cells"]
+    assert sender["error_truncated"] and sender["error"][0]["ename"] == "E" * 100
