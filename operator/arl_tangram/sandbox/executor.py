@@ -795,6 +795,9 @@ class Executor:
             "env": self._env(workdir, dop, own_tmp=self._own_tmp(spec, uid)),
             "timeout": timeout_s,
             "limits": limits,
+            # The action's memory limit, whichever limit carries it for its runtime (``_limits``):
+            # the memory guard spares sessions' idle interpreters an action over it.
+            "memory": limits.get("written", limits.get("data", limits["as"])),
             "cap": self.config.limits.output_bytes,
         }
 
@@ -874,6 +877,11 @@ class Executor:
             message = (
                 f"the session's interpreter ended during the call (exit status {reply.get('exit_code')}) "
                 "without answering it (its variables are gone; the next call starts a fresh one)"
+            )
+        if reply.get("interp_evicted") and not message:
+            message = (
+                "the session's interpreter was stopped while idle: the host's memory ran short (its "
+                "variables are gone; this call ran in a fresh one)"
             )
         if reply.get("interp_stopped") and not message:
             message = (

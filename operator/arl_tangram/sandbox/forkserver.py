@@ -174,10 +174,12 @@ class Call:
         "id",
         "interp",
         "interp_ended",
+        "interp_evicted",
         "interp_restarted",
         "interp_stopped",
         "main_file",
         "max_rss_kb",
+        "memory_limit",
         "memory_limited",
         "mntns",
         "netns",
@@ -213,6 +215,7 @@ class Call:
         memory_limited: bool,
         interp: Interp | None = None,
         interp_restarted: bool = False,
+        interp_evicted: bool = False,
     ) -> None:
         self.id = id
         self.pid = pid
@@ -222,8 +225,10 @@ class Call:
         self.started = started
         self.pgid_fallback = pgid_fallback
         self.memory_limited = memory_limited
+        self.memory_limit = 0  # bytes, the action's own (0: not known)
         self.interp = interp
         self.interp_restarted = interp_restarted
+        self.interp_evicted = interp_evicted  # the one before was stopped while idle, for memory
         self.interp_stopped = False
         self.interp_ended = False  # its interpreter ended during it, unanswered: never a success
         self.nonce = -1  # a session call's, which its answer carries (``_answer_of``)
@@ -343,7 +348,21 @@ class PrivateTmp:
 class Interp:
     """A session's persistent interpreter."""
 
-    __slots__ = ("alive", "call", "ctrl", "frozen", "key", "netns", "pid", "pidfd", "rbuf", "sid", "uid")
+    __slots__ = (
+        "alive",
+        "call",
+        "ctrl",
+        "evicted",
+        "frozen",
+        "key",
+        "last_used",
+        "netns",
+        "pid",
+        "pidfd",
+        "rbuf",
+        "sid",
+        "uid",
+    )
 
     def __init__(
         self, sid: str, pid: int, pidfd: int, ctrl: socket.socket, uid: int | None, netns: int = -1
@@ -358,6 +377,8 @@ class Interp:
         self.call: Call | None = None
         self.alive = True
         self.frozen = False  # stopped (SIGSTOP) between calls: it keeps threads of its own
+        self.last_used = time.monotonic()  # its last call's start: the least recent goes first
+        self.evicted = False  # stopped while idle for the host's memory (``_evict_idle``)
         # Its key, the first bytes it reads (before any of the session's code runs): its answers
         # carry their MAC under it (``_answer_of``).
         self.key = secrets.token_bytes(wire.SESSION_KEY_SIZE)
@@ -966,6 +987,7 @@ class ForkServer:
             memory_limited=bool(msg.get("limits", {}).get("as")),
         )
         call.cores = msg["cores"]
+        call.memory_limit = int(msg.get("memory") or 0)
         call.netns = netns
         call.mntns = mnt
         if msg.get("remove_workdir"):
@@ -998,9 +1020,10 @@ class ForkServer:
     def _start_interp_run(self, msg: RunMessage) -> None:
         sid = msg["sid"]
         interp = self.interps.get(sid)
-        restarted = False
+        restarted = evicted = False
         if interp is None or not interp.alive:
             restarted = interp is not None
+            evicted = interp is not None and interp.evicted
             interp = self._spawn_interp(msg)
         elif interp.frozen:
             self._thaw(interp, msg["cores"])
@@ -1046,8 +1069,11 @@ class ForkServer:
             memory_limited=bool(msg.get("limits", {}).get("as")),
             interp=interp,
             interp_restarted=restarted,
+            interp_evicted=evicted,
         )
+        interp.last_used = started
         call.cores = msg["cores"]
+        call.memory_limit = int(msg.get("memory") or 0)
         call.nonce = nonce
         interp.call = call
         self._track(call, r_out, r_err)
@@ -1361,9 +1387,13 @@ class ForkServer:
             if uid is not None and not c.exited:
                 running[uid] = c
         try:
-            held, resting = self._held(running)
+            held, idle, others = self._holders(running)
         except OSError:  # /proc unreadable for now (out of descriptors or memory): look again later
             return
+        over = [u for u, c in running.items() if c.memory_limit and held[u] > c.memory_limit]
+        if not over and self._evict_idle(idle, reserve - free):
+            return  # (an action holding more than its own limit goes first: it is the cause)
+        resting = others + sum(idle.values())
         uid = max(held, key=held.__getitem__, default=None)
         # What the agent's own cgroup uses (not a pod's, whose sibling containers' use is not the
         # actions'), beyond the memory that was neither seen nor the actions' while no action ran,
@@ -1379,6 +1409,26 @@ class ForkServer:
         self.guard_victim = victim
         self.guard_settle = now + GUARD_SETTLE_S
 
+    def _evict_idle(self, idle: dict[int, int], short: int) -> bool:
+        """Where sessions' idle interpreters hold at least what is ``short`` of the reserve, stop
+        them, least recently used first, until that much is given back: an idle interpreter's
+        variables are a cache its next call is told it lost (``interp_evicted``), where a running
+        action killed is a call failed for memory its own limit allowed. (Idle interpreters were
+        counted only beside, and a host filled by a hundred idle sessions killed each action that
+        came, well within its limit.) Whether any was stopped."""
+        if sum(idle.values()) < short:
+            return False  # they cannot make up for it: the action that holds the most goes
+        by_uid = {i.uid: i for i in self.interps.values() if i.alive and i.uid in idle}
+        freed = 0
+        for uid in sorted(by_uid, key=lambda u: by_uid[u].last_used):
+            if freed >= short:
+                break
+            interp = by_uid[uid]
+            interp.evicted = True
+            self._kill_interp(interp)
+            freed += idle[uid]
+        return freed > 0
+
     def _guard_baseline(self) -> None:
         """The memory in use that is neither seen nor the actions': what is in use while no action
         runs, less what the guard sees then (every process's, idle sessions', workdirs), so that
@@ -1393,6 +1443,10 @@ class ForkServer:
             self.guard_base = memguard.in_use(source, *memguard.left(source)) - self._held({})[1]
 
     def _held(self, running: dict[int, Call]) -> tuple[dict[int, int], int]:
+        held, idle, others = self._holders(running)
+        return held, others + sum(idle.values())
+
+    def _holders(self, running: dict[int, Call]) -> tuple[dict[int, int], dict[int, int], int]:
         """What each running action (by uid) would give back at its end: its processes' memory
         (proportional, pages shared after a fork once, where that can be read), their memfds, its
         private /tmp and /dev/shm (a session's interpreter's, seen through its root), and a fresh
@@ -1424,13 +1478,13 @@ class ForkServer:
             if proportional is not None:
                 held[uid] += proportional - processes[uid][0]
             best = max(best, held[uid])
-        resting = others + sum(sum(processes[uid]) + self._interp_tmp(i.pid) for uid, i in idle.items())
+        idle_held = {uid: sum(processes[uid]) + self._interp_tmp(i.pid) for uid, i in idle.items()}
         counted = {c.workdir for c in running.values() if c.workdir is not None}
         if self.tmp_root:
-            resting += sum(
+            others += sum(
                 memguard.fs_used(d) for d in memguard.tmpfs_under(self.tmp_root) if d not in counted
             )
-        return held, resting
+        return held, idle_held, others
 
     def _interp_tmp(self, pid: int) -> int:
         """A session interpreter's private /tmp and /dev/shm (none where it has no mounts of its own:
@@ -1493,6 +1547,7 @@ class ForkServer:
             "memory_evicted_mb": call.evicted_mb,
             "setup_error": call.setup_failed and call.interp is None,
             "interp_restarted": call.interp_restarted,
+            "interp_evicted": call.interp_evicted,
             "interp_stopped": call.interp_stopped,
             "interp_ended": call.interp_ended,
             "workdir_removed": False,

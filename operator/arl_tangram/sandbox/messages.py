@@ -27,6 +27,7 @@ class RunMessage(TypedDict):
     env: dict[str, str]
     timeout: float
     limits: dict[str, int]  # "cpu", "as", "data" (exec'd languages), "nproc", "nofile", "fsize"
+    memory: int  # bytes, the action's memory limit (the guard's: forkserver._guard_memory)
     cap: int  # bytes kept of stdout and of stderr each
     remove_workdir: NotRequired[bool]
     workdir_made: NotRequired[bool]  # the agent made the workdir, empty (a tmpfs of its own)
@@ -77,6 +78,7 @@ class Reply(TypedDict, total=False):
     memory_evicted_mb: int | None  # killed by the memory guard, holding this much (forkserver)
     setup_error: bool
     interp_restarted: bool
+    interp_evicted: bool  # the interpreter before was stopped while idle, for the host's memory
     interp_stopped: bool
     interp_ended: bool
     workdir_removed: bool

@@ -245,6 +245,36 @@ def test_what_an_idle_session_holds_does_not_shield_the_action_that_holds_the_mo
     assert int((cgroup / "memory.failcnt").read_text()) == 0, "the cgroup's limit was reached"
 
 
+def test_idle_sessions_give_their_memory_up_before_an_action_within_its_limit_is_killed(
+    contained: tuple[Agent, Path],
+) -> None:
+    """A host filled by sessions' idle interpreters killed each action that came, well within its
+    own limit, as the one holding the most. An idle interpreter's variables are a cache: the least
+    recently used goes, and its session's next call is told so."""
+    agent, cgroup = contained
+    sids = []
+    try:
+        for _ in range(2):
+            made = agent.post("/v1/sessions", {"persistent": True, "memory_mb": 1000})
+            assert made.status_code in (200, 201), made.text
+            sids.append(made.json()["session_id"])
+            grow = "kept = bytearray(650 << 20); kept[::4096] = b'x' * len(kept[::4096]); print('kept')"
+            grown = agent.execute(grow, timeout_s=60, session_id=sids[-1])
+            assert (grown["status"], grown["stdout"]) == ("ok", "kept\n"), grown
+        fill = "b = bytearray(800 << 20); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(3)\n"
+        fill += "print('ran')"
+        ran = agent.execute(fill, timeout_s=60, memory_mb=1000)
+        assert (ran["status"], ran["stdout"]) == ("ok", "ran\n"), ran
+        first, second = (agent.execute("print('kept' in globals())", session_id=sid) for sid in sids)
+        assert first["interpreter_restarted"] is True and first["stdout"] == "False\n", first
+        assert "memory ran short" in str(first["message"]), first
+        assert second["interpreter_restarted"] is False and second["stdout"] == "True\n", second
+    finally:
+        for sid in sids:
+            requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=30)
+    assert int((cgroup / "memory.failcnt").read_text()) == 0, "the cgroup's limit was reached"
+
+
 # A sibling container's memory, as the agent sees it in a pod: in no process it can see (another
 # container's processes are in another PID namespace), so here in a file of a tmpfs of its own.
 SIBLING = """
