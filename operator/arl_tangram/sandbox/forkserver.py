@@ -51,7 +51,14 @@ from arl_tangram.sandbox import isolation, memguard, seccomp, wire
 from arl_tangram.sandbox.child import MAIN_FILES, holds_module, set_tmp_files, source_of
 from arl_tangram.sandbox.cores import CorePool
 from arl_tangram.sandbox.lean import suppress
-from arl_tangram.sandbox.reaping import all_stopped, company_of, kill_uid, rss_kb, sweep_without_pidns
+from arl_tangram.sandbox.reaping import (
+    all_stopped,
+    company_of,
+    descendants,
+    kill_uid,
+    rss_kb,
+    sweep_without_pidns,
+)
 from arl_tangram.sandbox.zygote import base_env
 from arl_tangram.sandbox.zygote_wire import (
     DATAGRAM_MAX,
@@ -351,6 +358,7 @@ class Interp:
     __slots__ = (
         "alive",
         "call",
+        "company",
         "ctrl",
         "evicted",
         "frozen",
@@ -377,6 +385,8 @@ class Interp:
         self.call: Call | None = None
         self.alive = True
         self.frozen = False  # stopped (SIGSTOP) between calls: it keeps threads of its own
+        # The processes it started that live on between calls, stopped with it: pid -> pidfd.
+        self.company: dict[int, int] = {}
         self.last_used = time.monotonic()  # its last call's start: the least recent goes first
         self.evicted = False  # stopped while idle for the host's memory (``_evict_idle``)
         # Its key, the first bytes it reads (before any of the session's code runs): its answers
@@ -1134,27 +1144,59 @@ class ForkServer:
             kill_uid(interp.uid, self._tracked_pids())
 
     def _freeze(self, interp: Interp) -> str | None:
-        """SIGSTOP the interpreter and wait until every thread has stopped (a thread may have
-        forked meanwhile: its company is looked at once more). ``"processes"`` when it must go."""
+        """SIGSTOP the interpreter and every process below it (in its PID namespace, where nothing
+        leaves it), and wait until every thread of them has stopped; one forked meanwhile is
+        stopped in turn. ``"processes"`` when not all of it stopped in time: it must go."""
         with suppress(OSError):
             signal.pidfd_send_signal(interp.pidfd, signal.SIGSTOP)
+        company = interp.company
         deadline = time.monotonic() + 0.05
-        while not all_stopped(interp.pid):
+        while True:
+            if self.iso.pid_namespace:
+                for pid in descendants(interp.pid):
+                    if pid in company:
+                        continue
+                    try:
+                        # By pidfd: the pid of one that ends is not this one's to signal later.
+                        company[pid] = os.pidfd_open(pid)
+                        signal.pidfd_send_signal(company[pid], signal.SIGSTOP)
+                    except OSError:
+                        continue  # gone already
+            # Once all are stopped none can fork or signal: what is there then is all there is.
+            if (
+                all_stopped(interp.pid)
+                and all(all_stopped(pid) for pid in company)
+                and (not self.iso.pid_namespace or set(descendants(interp.pid)) <= company.keys())
+            ):
+                break
             if time.monotonic() >= deadline:
+                self._release_company(interp)
                 return "processes"
             time.sleep(0.0002)
         interp.frozen = True
-        return company_of(interp.pid)
+        return None if self.iso.pid_namespace else company_of(interp.pid)
 
     def _thaw(self, interp: Interp, cores: list[int]) -> None:
-        """Move every thread of a frozen interpreter to the call's cores, then let it run."""
-        with suppress(OSError):
-            for tid in os.listdir(f"/proc/{interp.pid}/task"):
-                with suppress(OSError):
-                    os.sched_setaffinity(int(tid), cores)
+        """Move every thread of a frozen interpreter and of the processes it started to the call's
+        cores, then let them run."""
+        for pid in (interp.pid, *interp.company):
+            with suppress(OSError):
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    with suppress(OSError):
+                        os.sched_setaffinity(int(tid), cores)
+        for pidfd in interp.company.values():
+            with suppress(OSError):
+                signal.pidfd_send_signal(pidfd, signal.SIGCONT)
         with suppress(OSError):
             signal.pidfd_send_signal(interp.pidfd, signal.SIGCONT)
+        self._release_company(interp)
         interp.frozen = False
+
+    @staticmethod
+    def _release_company(interp: Interp) -> None:
+        for pidfd in interp.company.values():
+            os.close(pidfd)
+        interp.company.clear()
 
     def _tracked_pids(self) -> set[int]:
         tracked = {c.pid for c in self.calls.values()} | {i.pid for i in self.interps.values() if i.alive}
@@ -1257,6 +1299,7 @@ class ForkServer:
             return
         interp.alive = False
         self.sel.unregister(interp.ctrl.fileno())
+        self._release_company(interp)
         os.close(interp.pidfd)
         interp.ctrl.close()
         if interp.netns >= 0:
@@ -1312,13 +1355,16 @@ class ForkServer:
         # What the call left running in the interpreter would run on after its answer, past
         # its timeout and without a CPU limit, on cores handed to the next actions.
         company = company_of(interp.pid)
-        if company == "threads":
-            # Threads (a BLAS pool, an executor) are part of the session's state: the whole
-            # interpreter is stopped until its next call, which moves them to its own cores.
+        if company == "threads" or (company == "processes" and self.iso.pid_namespace):
+            # Threads (a BLAS pool, an executor) and processes (a multiprocessing pool, a server
+            # it started) are part of the session's state, as in a notebook's kernel: the whole
+            # interpreter and all it started are stopped until its next call, which moves them to
+            # its own cores. (The interpreter went with its variables at any process left.)
             company = self._freeze(interp)
         if company == "processes":
-            # A process may have left its session: stop the interpreter (its PID namespace
-            # takes the rest down); the next call gets a fresh one.
+            # Not all of it could be stopped (it forks without end; without a PID namespace one
+            # may have left the session): the interpreter goes (its PID namespace takes the rest
+            # down), and the next call gets a fresh one.
             call.interp_stopped = True
             self._kill_interp(interp)
         if call.open_pipes:

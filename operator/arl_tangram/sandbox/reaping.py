@@ -86,6 +86,29 @@ def company_of(pid: int) -> str | None:
     return "threads" if len(tasks) > 1 else None
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (its children's children too), zombies left out."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children", "rb") as fh:
+                    kids = [int(k) for k in fh.read().split()]
+            except OSError:
+                continue
+            for kid in kids:
+                if proc_state(f"/proc/{kid}/stat") not in (b"Z", b""):
+                    found.append(kid)
+                    todo.append(kid)
+    return found
+
+
 def proc_state(stat_path: bytes | str) -> bytes:
     """The state letter in a /proc stat file (b"" when it is gone)."""
     try:
