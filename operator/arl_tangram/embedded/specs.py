@@ -5,14 +5,19 @@ objects; every object is validated with the API models, and a bad one is an erro
 the document and the field. Objects of other kinds (an ActionBatch, a Kustomization) are reported
 and skipped: they are not specs of what ``tangram up`` runs.
 
-A pool's hosts must fit this machine: a host asking for more cores than ``tangram up`` was given is
-run with the cores there are (and the output says so), since a laptop cannot hold the 16-core hosts
-a cluster's sample asks for; every other field is used as written.
+A pool's hosts must fit this machine: a host asking for more cores than ``tangram up`` was given, or
+more memory than the machine has, is run with what there is (and the output says so), since a laptop
+cannot hold the 16-core hosts a cluster's sample asks for; an action's limits (``maxCores``,
+``memory``) shrink with the host that holds them. Every other field is used as written.
+
+Names and namespaces are held to what the API server takes (DNS-1123 subdomain and label): the
+gateway refuses any other, so a pool named otherwise would run and never be reachable.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,15 +26,20 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from arl_tangram.api.actionpool import ActionPool
-from arl_tangram.api.meta import API_VERSION
-from arl_tangram.api.rewardmodelservice import RewardModelService
+from arl_tangram.api.actionpool import MAX_POOL_NAME_LENGTH, ActionPool
+from arl_tangram.api.meta import API_VERSION, DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN
+from arl_tangram.api.quantity import quantity_bytes
+from arl_tangram.api.rewardmodelservice import MAX_SERVICE_NAME_LENGTH, RewardModelService
 from arl_tangram.api.validation import invalid_spec
-from arl_tangram.domain.pools import pool_config, whole_cores
+from arl_tangram.domain.pools import pool_config
 from arl_tangram.errors import InvalidSpec
 
 DEFAULT_NAMESPACE = "default"
+# The API server's rule for a namespace: a DNS-1123 label.
+MAX_NAMESPACE_LENGTH = 63
 SERVED_KINDS = ("ActionPool", "RewardModelService")
+# The longest name of each kind (a label value on its pods); the gateway takes no longer one either.
+MAX_NAME_LENGTHS = {"ActionPool": MAX_POOL_NAME_LENGTH, "RewardModelService": MAX_SERVICE_NAME_LENGTH}
 
 
 @dataclass(frozen=True)
@@ -70,7 +80,12 @@ def _documents(path: Path) -> Iterator[tuple[str, Mapping[str, Any]]]:
         if not isinstance(doc, Mapping):
             raise InvalidSpec(where, f"a Kubernetes object must be a mapping, got {type(doc).__name__}")
         if doc.get("kind") == "List":
-            for j, item in enumerate(doc.get("items") or ()):
+            items = doc.get("items") or ()
+            if not isinstance(items, list):
+                raise InvalidSpec(
+                    f"{where} items", f"a List's items must be a list of objects, got {type(items).__name__}"
+                )
+            for j, item in enumerate(items):
                 if not isinstance(item, Mapping):
                     raise InvalidSpec(f"{where} items[{j}]", "a Kubernetes object must be a mapping")
                 yield f"{where} items[{j}]", item
@@ -99,7 +114,7 @@ def load(paths: Sequence[str], machine_cores: int, machine_memory_bytes: int) ->
                 raise InvalidSpec(
                     f"{where} apiVersion", f"must be {API_VERSION}, got {doc.get('apiVersion')!r}"
                 )
-            body = _with_namespace(doc)
+            body = _with_namespace(doc, where, MAX_NAME_LENGTHS[str(kind)])
             meta = body["metadata"]
             ident = (str(kind), meta["namespace"], str(meta.get("name")))
             if ident in seen:
@@ -118,15 +133,41 @@ def load(paths: Sequence[str], machine_cores: int, machine_memory_bytes: int) ->
     return Loaded(tuple(pools), tuple(services), tuple(notes))
 
 
-def _with_namespace(doc: Mapping[str, Any]) -> dict[str, Any]:
+def _with_namespace(doc: Mapping[str, Any], where: str, longest_name: int) -> dict[str, Any]:
     body = copy.deepcopy(dict(doc))
-    meta = dict(body.get("metadata") or {})
-    meta.setdefault("namespace", DEFAULT_NAMESPACE)
+    raw = body.get("metadata") or {}
+    if not isinstance(raw, Mapping):
+        raise InvalidSpec(
+            f"{where} metadata", f"must be a mapping with a name (and a namespace), got {type(raw).__name__}"
+        )
+    meta = dict(raw)
+    if meta.get("namespace") is None:
+        meta["namespace"] = DEFAULT_NAMESPACE
+    _check_name(meta, "namespace", DNS_LABEL_PATTERN, MAX_NAMESPACE_LENGTH, "DNS-1123 label", where)
+    if "name" in meta:  # a missing name is the model's error to report
+        _check_name(meta, "name", DNS_SUBDOMAIN_PATTERN, longest_name, "DNS-1123 subdomain", where)
     meta.setdefault("generation", 1)
     meta.setdefault("uid", f"local-{meta['namespace']}-{meta.get('name')}")
     body["metadata"] = meta
     body.pop("status", None)  # status is ours to write
     return body
+
+
+def _check_name(meta: Mapping[str, Any], key: str, pattern: str, longest: int, what: str, where: str) -> None:
+    """The API server refuses any other name (and so does the gateway, for a request naming it)."""
+    value = meta[key]
+    if not (isinstance(value, str) and len(value) <= longest and re.match(pattern, value)):
+        raise InvalidSpec(
+            f"{where} metadata.{key}",
+            f"{value!r} is not a Kubernetes {key}: a {what} (lower-case letters, digits and '-'"
+            f"{', and dots between' if what.endswith('subdomain') else ''}, starting and ending with a "
+            f"letter or digit, at most {longest} characters), e.g. {_suggest(value)!r}",
+        )
+
+
+def _suggest(value: object) -> str:
+    fixed = re.sub(r"[^a-z0-9-]+", "-", str(value).lower()).strip("-")
+    return fixed[:MAX_NAMESPACE_LENGTH].rstrip("-") or "default"
 
 
 def _validate(model: type[Any], body: Mapping[str, Any], where: str) -> Any:
@@ -146,24 +187,35 @@ def _fit_pool(
     except InvalidSpec as exc:
         raise InvalidSpec(f"{where} {exc.field}", exc.message) from None
     notes = []
-    resources = body["spec"]["template"]["resources"]
-    cores = whole_cores(str(resources["cpu"]), "spec.template.resources.cpu")
+    # The model's values, defaults included: the body may leave out what they fill in.
+    spec = body["spec"]
+    resources = spec["template"].get("resources") or {}
     name = f"ActionPool {cfg.key}"
-    if cores > machine_cores:
+    if cfg.host_cores > machine_cores:
         resources["cpu"] = str(machine_cores)
         notes.append(
-            f"{name}: hosts of {cores} cores do not fit the {machine_cores} given to tangram up; "
+            f"{name}: hosts of {cfg.host_cores} cores do not fit the {machine_cores} given to tangram up; "
             f"each local host gets {machine_cores}"
         )
+    limits = spec.get("limits") or {}
     if cfg.host_memory_bytes > machine_memory_bytes:
         resources["memory"] = str(machine_memory_bytes)
-        notes.append(
+        note = (
             f"{name}: hosts of {cfg.host_memory_bytes >> 20} MiB do not fit this machine's "
             f"{machine_memory_bytes >> 20} MiB; each local host gets all of it"
         )
-    limits = body["spec"].get("limits") or {}
-    if int(limits.get("maxCores", 0) or 0) > machine_cores:
+        # An action may not have more memory than its host (the model's rule on limits.memory).
+        action_memory = quantity_bytes(model.spec.limits.memory)
+        if action_memory > machine_memory_bytes:
+            limits["memory"] = str(machine_memory_bytes)
+            note += f", and each action at most that too (limits.memory was {action_memory >> 20} MiB)"
+        notes.append(note)
+    if "maxCores" in limits and model.spec.limits.max_cores > machine_cores:
         limits["maxCores"] = machine_cores
+    if resources:
+        spec["template"]["resources"] = resources
+    if limits:
+        spec["limits"] = limits
     return body, notes
 
 

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import logging
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -25,10 +26,12 @@ from typing import Any
 from aiohttp import web
 
 from arl_tangram import loop
+from arl_tangram.api.actionpool import ActionPool
 from arl_tangram.controllers.actionpool import Event, PoolController
 from arl_tangram.dispatch.agent import AgentClient
 from arl_tangram.dispatch.dispatcher import Dispatcher
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest
+from arl_tangram.domain.pools import pool_config
 from arl_tangram.embedded.rewards import LocalRewards
 from arl_tangram.embedded.specs import Loaded, load, pool_names
 from arl_tangram.errors import InvalidSpec
@@ -40,6 +43,8 @@ from arl_tangram.runtime.local import (
     NODE,
     LocalRuntime,
     machine_memory_bytes,
+    reserve_uids,
+    uids_needed,
     usable_cores,
 )
 from arl_tangram.sandbox.config import parse_cores
@@ -84,13 +89,17 @@ class EmbeddedService:
 
 @dataclass
 class Embedded:
-    """A running embedded mode (see the module docstring). ``start``, then ``stop``."""
+    """A running embedded mode (see the module docstring). ``start``, then ``stop``.
+
+    ``listener``: the gateway's socket, bound and listening before anything starts (see
+    :func:`listen`); ``uids``: the range :func:`~arl_tangram.runtime.local.reserve_uids` holds for
+    the hosts, the only uids a stop kills processes under."""
 
     loaded: Loaded
     cores: tuple[int, ...]
     state_dir: Path
-    port: int = DEFAULT_PORT
-    uid_base: int = DEFAULT_UID_BASE
+    listener: socket.socket
+    uids: range
     period_s: float = PERIOD_S
     url: str = ""
     runtime: LocalRuntime = field(init=False)
@@ -112,7 +121,9 @@ class Embedded:
         )
 
     def __post_init__(self) -> None:
-        self.runtime = LocalRuntime(self.state_dir / "hosts", self.cores, uid_base=self.uid_base)
+        self.runtime = LocalRuntime(
+            self.state_dir / "hosts", self.cores, uid_base=self.uids.start, uid_stop=self.uids.stop
+        )
         self.dispatcher = Dispatcher(AgentClient())
         planner = CapacityPlanner(PlannerConfig(time_limit_s=PLANNER_TIME_LIMIT_S))
         self.controller = PoolController(self.dispatcher, self.runtime, planner)
@@ -134,10 +145,8 @@ class Embedded:
         app.router.add_get("/v1/pools", self._pools)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=ANSWER_AT_STOP_S)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, LISTEN_HOST, self.port)
-        await site.start()
-        bound = self._runner.addresses[0]
-        self.url = f"http://{LISTEN_HOST}:{bound[1]}"
+        await web.SockSite(self._runner, self.listener).start()
+        self.url = f"http://{LISTEN_HOST}:{self.listener.getsockname()[1]}"
         self._tasks.append(asyncio.create_task(self._loop()))
         self._tasks.append(asyncio.create_task(self._sweep_sessions()))
 
@@ -253,11 +262,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--uid-base",
         type=int,
-        default=DEFAULT_UID_BASE,
-        help="first uid handed to hosts' actions (as root); each host takes a range above it",
+        help="first uid handed to hosts' actions (as root); each host takes a range above it. A "
+        "range an account, a group, a process or another tangram up uses is refused (a stop kills "
+        f"every process under the hosts' uids); default: the first free range from {DEFAULT_UID_BASE}",
     )
     p.add_argument("--log-level", default="INFO")
     return p
+
+
+def listen(port: int) -> socket.socket:
+    """The gateway's socket, listening on loopback: taken before any host starts, so that a port in
+    use stops this run before it has started (or may stop) anything. Connections made before the
+    gateway serves wait in the backlog."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        # Only lets a port in TIME_WAIT from a run just stopped be bound; one listening stays refused.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((LISTEN_HOST, port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def needed_uids(loaded: Loaded, cores: int) -> int:
+    """How many uids the hosts of ``loaded``'s pools may hold at once on ``cores`` cores."""
+    configs = [pool_config(ActionPool.model_validate(body)) for body in loaded.pools]
+    return uids_needed(configs, cores)
 
 
 def resolve_cores(text: str | None) -> tuple[int, ...]:
@@ -311,15 +343,38 @@ def main(argv: Sequence[str]) -> int:
     except InvalidSpec as exc:
         print(f"tangram up: {exc}", file=sys.stderr)
         return 2
+    # The port and the uids first: a run that cannot have both must not start anything.
+    try:
+        listener = listen(args.port)
+    except OSError as exc:
+        print(
+            f"tangram up: --port {args.port}: cannot listen on {LISTEN_HOST}:{args.port}: "
+            f"{exc.strerror or exc}; nothing was started (--port 0 picks a free port)",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        reservation = reserve_uids(args.uid_base, needed_uids(loaded, len(cores)))
+    except InvalidSpec as exc:
+        listener.close()
+        print(f"tangram up: {exc}", file=sys.stderr)
+        return 2
     own_dir = args.state_dir is None
     state_dir = Path(args.state_dir or tempfile.mkdtemp(prefix="tangram-up-"))
     state_dir.mkdir(parents=True, exist_ok=True)
-    embedded = Embedded(loaded, cores, state_dir, port=args.port, uid_base=args.uid_base)
+    embedded = Embedded(loaded, cores, state_dir, listener, reservation.uids)
+    if reservation.uids:
+        embedded.notes.append(
+            f"hosts' actions run under uids {reservation.uids.start}..{reservation.uids.stop - 1} "
+            "(when run as root; a stop kills what runs under them)"
+        )
     try:
         return loop.run(serve(embedded))
     except OSError as exc:
         print(f"tangram up: {exc}", file=sys.stderr)
         return 1
     finally:
+        listener.close()
+        reservation.close()
         if own_dir:
             shutil.rmtree(state_dir, ignore_errors=True)

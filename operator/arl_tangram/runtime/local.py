@@ -17,20 +17,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import grp
 import logging
 import os
+import pwd
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 
 from arl_tangram.domain.pools import PoolConfig
+from arl_tangram.errors import InvalidSpec
 from arl_tangram.runtime.interface import HostObservation, HostPhase
 from arl_tangram.runtime.pods import agent_args
 
@@ -49,7 +52,14 @@ HEALTH_POLL_S = 0.05
 # How often a ready host's process is checked for having exited.
 EXIT_POLL_S = 0.5
 DEFAULT_UID_BASE = 200_000
-"""The first uid handed to hosts' actions unless told otherwise; each host takes a range above it."""
+"""Where the search for a free range of uids for hosts' actions starts unless a base is given."""
+MIN_UID_BASE = 100_000
+"""The lowest uid handed to hosts: below it are the system's and people's own accounts (useradd's
+UID_MAX is 60000, systemd's dynamic users end at 65519), whose processes a stop would kill."""
+# uids above this are read as negative by tools that keep them in a signed 32-bit int.
+MAX_UID = (1 << 31) - 1
+# Ranges are locked in blocks of this many uids (one lock per block, so two runs overlap in none).
+UID_BLOCK = 10_000
 # Actions one local agent runs at once, and the uids it keeps for them: a host of N cores never runs
 # more than N actions at once (the dispatcher grants whole cores), but it may hold sessions besides.
 MAX_CONCURRENT_PER_CORE = 8
@@ -80,20 +90,160 @@ def usable_cores() -> tuple[int, ...]:
 
 def processes_of_uids(uids: range) -> list[int]:
     """PIDs whose real uid is in ``uids`` (zombies too): what a stopped host must not leave behind."""
-    found = []
+    return [pid for pid, _, real, _ in _processes() if real in uids]
+
+
+def _processes() -> Iterator[tuple[int, str, int, tuple[int, ...]]]:
+    """(pid, command name, real uid, every uid and gid) of each process on this machine."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
+        ids: list[int] = []
+        real = -1
         try:
             with open(f"/proc/{name}/status") as fh:
                 for line in fh:
-                    if line.startswith("Uid:"):
-                        if int(line.split()[1]) in uids:
-                            found.append(int(name))
+                    if line.startswith(("Uid:", "Gid:")):
+                        values = [int(v) for v in line.split()[1:]]
+                        if line.startswith("Uid:"):
+                            real = values[0]
+                        ids += values
+                    if line.startswith("Gid:"):
                         break
+            with open(f"/proc/{name}/comm") as fh:
+                comm = fh.read().strip()
         except (OSError, ValueError, IndexError):
             continue
-    return found
+        if real >= 0:
+            yield int(name), comm, real, tuple(ids)
+
+
+def host_uids(pool: PoolConfig) -> int:
+    """How many uids a host of ``pool`` hands out: one per action it may run at once, one per
+    session it may hold (the agent's --max-concurrent and --max-sessions)."""
+    return pool.host_cores * MAX_CONCURRENT_PER_CORE + pool.sessions_per_host
+
+
+def uids_needed(pools: Iterable[PoolConfig], cores: int) -> int:
+    """The uids a runtime of ``cores`` cores never goes past with hosts of ``pools``: at most
+    ``cores`` hosts live at once (each has a core of its own), and first fit puts a new host after
+    the live ones and the gaps between them, each gap narrower than the new host; so under twice
+    ``cores`` widest hosts."""
+    return 2 * cores * max((host_uids(p) for p in pools), default=0)
+
+
+def _subordinate_ids() -> Iterator[tuple[range, str]]:
+    # Ranges given to people's rootless containers: their processes appear under these uids.
+    for path in ("/etc/subuid", "/etc/subgid"):
+        with contextlib.suppress(OSError):
+            for line in Path(path).read_text().splitlines():
+                owner, _, rest = line.partition(":")
+                start, _, count = rest.partition(":")
+                if start.isdigit() and count.isdigit():
+                    yield range(int(start), int(start) + int(count)), f"{owner}'s subordinate ids ({path})"
+
+
+def uid_users() -> list[tuple[range, str]]:
+    """Every uid or gid this machine uses now, each with who uses it: accounts, groups, subordinate
+    ranges and running processes (any of their real, effective, saved or filesystem ids)."""
+    used = [(range(a.pw_uid, a.pw_uid + 1), f"account {a.pw_name!r}") for a in pwd.getpwall()]
+    used += [(range(g.gr_gid, g.gr_gid + 1), f"group {g.gr_name!r}") for g in grp.getgrall()]
+    used += list(_subordinate_ids())
+    for pid, comm, _, ids in _processes():
+        used += [(range(i, i + 1), f"process {pid} ({comm})") for i in set(ids)]
+    return used
+
+
+@dataclass
+class UidReservation:
+    """uids held for this process's hosts until :meth:`close`: a lock per block that another run's
+    :func:`reserve_uids` sees, released by the kernel however this process ends."""
+
+    uids: range
+    locks: list[socket.socket] = field(default_factory=list)
+
+    def close(self) -> None:
+        for lock in self.locks:
+            lock.close()
+        self.locks.clear()
+
+
+def _lock_blocks(uids: range) -> list[socket.socket] | None:
+    """One abstract unix socket per UID_BLOCK the range touches (a name in the kernel, no file to
+    leave behind); None when another process holds one of them."""
+    locks: list[socket.socket] = []
+    for block in range(uids.start // UID_BLOCK, (uids.stop - 1) // UID_BLOCK + 1):
+        lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            lock.bind(f"\0arl-tangram-uids-{block}")
+        except OSError:
+            lock.close()
+            for held in locks:
+                held.close()
+            return None
+        locks.append(lock)
+    return locks
+
+
+def reserve_uids(base: int | None, count: int) -> UidReservation:
+    """Hold ``count`` uids for hosts' actions, from ``base``; with no base, the first free range
+    from DEFAULT_UID_BASE up. A range some account, group, process or other ``tangram up`` uses is
+    refused (a stop kills every process under its hosts' uids) with :class:`InvalidSpec` naming
+    ``--uid-base``, the user and a base that is free."""
+    if base is not None and base < MIN_UID_BASE:
+        raise InvalidSpec(
+            "--uid-base",
+            f"{base} is below {MIN_UID_BASE}: those uids belong to the system's and people's "
+            "accounts, and a stop kills every process under its hosts' uids; "
+            f"pass {MIN_UID_BASE} or more, or leave --uid-base out to pick a free range",
+        )
+    if count <= 0:
+        return UidReservation(range(base or DEFAULT_UID_BASE, base or DEFAULT_UID_BASE))
+    used = uid_users()
+
+    def user_of(uids: range) -> tuple[range, str] | None:
+        return next(((r, who) for r, who in used if r.start < uids.stop and uids.start < r.stop), None)
+
+    def free_from(start: int) -> UidReservation | None:
+        while start + count - 1 <= MAX_UID:
+            uids = range(start, start + count)
+            clash = user_of(uids)
+            if clash is None:
+                locks = _lock_blocks(uids)
+                if locks is not None:
+                    return UidReservation(uids, locks)
+                after = uids.stop
+            else:
+                after = clash[0].stop
+            start = -(-max(after, start + 1) // UID_BLOCK) * UID_BLOCK  # the next block boundary
+        return None
+
+    if base is None:
+        found = free_from(DEFAULT_UID_BASE)
+        if found is None:
+            raise InvalidSpec("--uid-base", f"no {count} free uids from {DEFAULT_UID_BASE} up to {MAX_UID}")
+        return found
+    uids = range(base, base + count)
+    if uids.stop - 1 > MAX_UID:
+        raise InvalidSpec("--uid-base", f"{base} + the {count} uids the hosts need passes {MAX_UID}")
+    clash = user_of(uids)
+    if clash is None:
+        locks = _lock_blocks(uids)
+        if locks is not None:
+            return UidReservation(uids, locks)
+        who = f"another tangram up on this machine holds uids in {uids.start}..{uids.stop - 1}"
+    else:
+        uid = max(clash[0].start, uids.start)
+        who = f"uid {uid} is used by {clash[1]}"
+    instead = free_from(uids.stop)
+    hint = f"pass --uid-base {instead.uids.start} (free now) or " if instead is not None else ""
+    if instead is not None:
+        instead.close()
+    raise InvalidSpec(
+        "--uid-base",
+        f"{base}: the hosts need uids {uids.start}..{uids.stop - 1} and {who} (a stop kills every "
+        f"process under its hosts' uids); {hint}leave --uid-base out to pick a free range",
+    )
 
 
 @dataclass(eq=False)
@@ -144,8 +294,10 @@ class LocalRuntime:
     """Implements :class:`~arl_tangram.runtime.interface.Runtime` with local agent processes.
 
     ``cores``: the cores hosts are carved from (default: all this process may use). ``uid_base``:
-    the first uid handed to hosts; each host takes a range of its own above it. ``state_dir``: where
-    hosts' workdirs and logs go (removed by the agents themselves as they stop).
+    the first uid handed to hosts; each host takes a range of its own above it, below ``uid_stop``
+    when given (the end of a :func:`reserve_uids` range: a host that would pass it is not started,
+    since its stop kills whatever runs under its uids). ``state_dir``: where hosts' workdirs and
+    logs go (removed by the agents themselves as they stop).
     """
 
     def __init__(
@@ -154,6 +306,7 @@ class LocalRuntime:
         cores: Sequence[int] | None = None,
         *,
         uid_base: int = DEFAULT_UID_BASE,
+        uid_stop: int | None = None,
         python: str = sys.executable,
         extra_args: Sequence[str] = (),
     ) -> None:
@@ -164,6 +317,7 @@ class LocalRuntime:
             raise ValueError(f"cores must be distinct, got {list(self.cores)}")
         self.state_dir = state_dir
         self.uid_base = uid_base
+        self.uid_stop = uid_stop
         self.python = python
         self.extra_args = tuple(extra_args)
         self._hosts: dict[str, LocalHost] = {}
@@ -174,14 +328,17 @@ class LocalRuntime:
         taken = {c for h in self._hosts.values() for c in h.cores}
         return [c for c in self.cores if c not in taken]
 
-    def _uid_range(self, pool: PoolConfig) -> range:
-        """The lowest free range of the uids a host of ``pool`` needs (first fit above uid_base)."""
-        stride = pool.host_cores * MAX_CONCURRENT_PER_CORE + pool.sessions_per_host
+    def _uid_range(self, pool: PoolConfig) -> range | None:
+        """The lowest free range of the uids a host of ``pool`` needs (first fit above uid_base);
+        None when it would pass uid_stop."""
+        stride = host_uids(pool)
         start = self.uid_base
         for taken in sorted((h.uids for h in self._hosts.values()), key=lambda r: r.start):
             if start + stride <= taken.start:
                 break
             start = max(start, taken.stop)
+        if self.uid_stop is not None and start + stride > self.uid_stop:
+            return None
         return range(start, start + stride)
 
     # ---- the Runtime protocol -------------------------------------------------------------------
@@ -219,6 +376,16 @@ class LocalRuntime:
             return
         cores = tuple(free[: pool.host_cores])
         uids = self._uid_range(pool)
+        if uids is None:
+            log.warning(
+                "host %s of %s not started: its %d uids do not fit below %d, the end of the uids "
+                "reserved for this machine's hosts",
+                name,
+                pool.key,
+                host_uids(pool),
+                self.uid_stop,
+            )
+            return
         port = free_port()
         root = self.state_dir / name
         root.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ embedded gateway's own ``GET /v1/pools``.
 
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 import signal
@@ -22,7 +23,7 @@ from typing import Any
 
 import requests
 
-from arl_tangram.runtime.local import processes_of_uids
+from arl_tangram.runtime.local import UID_BLOCK, processes_of_uids
 
 
 @dataclass
@@ -71,15 +72,25 @@ def wait_until(predicate: Callable[[], object], deadline_s: float, what: str) ->
     raise AssertionError(f"timed out after {deadline_s:g}s waiting for {what}")
 
 
+_UID_BASES = itertools.count()
+
+
 def uid_base_for_test() -> int:
-    # Disjoint from the sandbox harness's range (100000 + (pid % 400) * 200) and from other runs.
-    return 500_000 + (os.getpid() % 200) * 20_000
+    """A fresh base at each call: runs alive at once (a module's fixture and a test's own) must not
+    share uids, and tangram up refuses a range another run holds. Disjoint from the sandbox
+    harness's range (100000 + (pid % 400) * 200) and from other test processes."""
+    return 500_000 + (os.getpid() % 200) * 200_000 + (next(_UID_BASES) % 20) * UID_BLOCK
 
 
 @contextmanager
-def tangram_up(*files: Path, extra: tuple[str, ...] = (), start_timeout_s: float = 60) -> Iterator[Up]:
-    """Start ``tangram up -f FILES --port 0`` and wait for its gateway line; SIGINT at the end."""
-    argv = [sys.executable, "-m", "arl_tangram", "up", "--port", "0", "--uid-base", str(uid_base_for_test())]
+def tangram_up(
+    *files: Path, extra: tuple[str, ...] = (), start_timeout_s: float = 60, own_uid_base: bool = True
+) -> Iterator[Up]:
+    """Start ``tangram up -f FILES --port 0`` and wait for its gateway line; SIGINT at the end.
+    ``own_uid_base``: pass this test's --uid-base (else tangram up picks a free range itself)."""
+    argv = [sys.executable, "-m", "arl_tangram", "up", "--port", "0"]
+    if own_uid_base:
+        argv += ["--uid-base", str(uid_base_for_test())]
     for f in files:
         argv += ["-f", str(f)]
     proc = subprocess.Popen(

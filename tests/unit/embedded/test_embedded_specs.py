@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from arl_tangram.api.actionpool import ActionPool
 from arl_tangram.embedded.specs import load
 from arl_tangram.errors import InvalidSpec
 
@@ -94,3 +95,64 @@ def test_nothing_to_run_and_missing_paths_are_errors(tmp_path: Path) -> None:
     bad_yaml.write_text("a: [1, 2\n")
     with pytest.raises(InvalidSpec, match="not valid YAML"):
         load([str(bad_yaml)], 2, 8 * GIB)
+
+
+@pytest.mark.parametrize("template", [{"image": "x"}, {"image": "x", "resources": {"memory": "1Gi"}}])
+def test_a_pool_leaving_resources_to_their_defaults_loads(tmp_path: Path, template: dict[str, Any]) -> None:
+    doc = pool()
+    doc["spec"]["template"] = template
+    loaded = load([str(write(tmp_path, doc))], machine_cores=2, machine_memory_bytes=32 * GIB)
+    # The model's default host (8 cores) is shrunk to the machine like a written one.
+    assert loaded.pools[0]["spec"]["template"]["resources"]["cpu"] == "2"
+    assert "hosts of 8 cores do not fit the 2" in "\n".join(loaded.notes)
+
+
+def test_an_actions_memory_shrinks_with_a_host_larger_than_the_machine(tmp_path: Path) -> None:
+    doc = pool(cpu="1", limits={"memory": "512Gi"})
+    doc["spec"]["template"]["resources"]["memory"] = "1Ti"
+    loaded = load([str(write(tmp_path, doc))], machine_cores=2, machine_memory_bytes=8 * GIB)
+    spec = loaded.pools[0]["spec"]
+    assert spec["template"]["resources"]["memory"] == spec["limits"]["memory"] == str(8 * GIB)
+    assert "limits.memory was 524288 MiB" in "\n".join(loaded.notes)
+    # What the controller validates again: the shrunk pool must still be a valid one.
+    ActionPool.model_validate(loaded.pools[0])
+
+
+def test_an_actions_memory_that_fits_is_left_as_written(tmp_path: Path) -> None:
+    doc = pool(cpu="1", limits={"memory": "2Gi"})
+    doc["spec"]["template"]["resources"]["memory"] = "1Ti"
+    loaded = load([str(write(tmp_path, doc))], machine_cores=2, machine_memory_bytes=8 * GIB)
+    assert loaded.pools[0]["spec"]["limits"]["memory"] == "2Gi"
+
+
+@pytest.mark.parametrize(
+    ("doc", "field"),
+    [
+        ({**pool(), "metadata": "foo"}, "(document 1) metadata:"),
+        ({**pool(), "metadata": [1, 2]}, "(document 1) metadata:"),
+        ({"apiVersion": "v1", "kind": "List", "items": 5}, "(document 1) items:"),
+        (pool(name="Py_Pool"), "(document 1) metadata.name:"),
+        (pool(name="py.pool_x"), "(document 1) metadata.name:"),
+        ({**pool(), "metadata": {"name": "x", "namespace": "Team_B"}}, "(document 1) metadata.namespace:"),
+        ({**pool(), "metadata": {"name": "x", "namespace": "team.b"}}, "(document 1) metadata.namespace:"),
+    ],
+)
+def test_malformed_metadata_and_names_kubernetes_refuses_are_named(
+    tmp_path: Path, doc: Any, field: str
+) -> None:
+    path = write(tmp_path, doc)
+    with pytest.raises(InvalidSpec) as err:
+        load([str(path)], machine_cores=2, machine_memory_bytes=8 * GIB)
+    assert f"{path} {field}" in str(err.value)
+
+
+def test_a_refused_name_comes_with_one_that_would_do(tmp_path: Path) -> None:
+    with pytest.raises(InvalidSpec, match="'py-pool'"):
+        load([str(write(tmp_path, pool(name="Py_Pool")))], machine_cores=2, machine_memory_bytes=8 * GIB)
+
+
+def test_dotted_names_and_dashed_namespaces_load(tmp_path: Path) -> None:
+    doc = pool(name="py.v2")
+    doc["metadata"]["namespace"] = "team-b"
+    loaded = load([str(write(tmp_path, doc))], machine_cores=2, machine_memory_bytes=8 * GIB)
+    assert loaded.pools[0]["metadata"]["name"] == "py.v2"
