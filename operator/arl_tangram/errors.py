@@ -44,6 +44,11 @@ class NotReady(TangramError):
         self.delay = delay
 
 
+class Stopping(NotReady):
+    """The dispatcher is stopping (its operator lost its leadership or is shut down, or ``tangram
+    up`` ends): what was sent runs on, or ran, on its host; send it again (to the next leader)."""
+
+
 class TargetUnavailable(NotReady):
     """A pool has no host and none is coming soon (its status says why); send again after ``delay``."""
 

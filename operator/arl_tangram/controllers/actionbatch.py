@@ -32,7 +32,14 @@ from arl_tangram.domain.batches import (
     fit_results,
     rfc3339,
 )
-from arl_tangram.errors import InvalidSpec, NotFound, QueueFull, TargetUnavailable, UnsupportedType
+from arl_tangram.errors import (
+    InvalidSpec,
+    NotFound,
+    QueueFull,
+    Stopping,
+    TargetUnavailable,
+    UnsupportedType,
+)
 
 log = logging.getLogger(__name__)
 
@@ -379,6 +386,9 @@ class BatchManager:
                     break
                 except QueueFull as exc:
                     await asyncio.sleep(exc.retry_after)  # a batch waits its turn; it is never dropped
+                except Stopping:
+                    # This operator stops: the action is the next leader's (it re-attaches).
+                    raise asyncio.CancelledError from None
                 except TargetUnavailable as exc:
                     # Its target has no host coming: the batch waits for one (a node may be added,
                     # the image fixed), its status saying why, where a caller on the wire is told

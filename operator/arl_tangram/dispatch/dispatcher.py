@@ -50,8 +50,8 @@ from arl_tangram.errors import (
     InfrastructureError,
     KeyConflict,
     NotFound,
-    NotReady,
     QueueFull,
+    Stopping,
     TangramError,
     TargetUnavailable,
 )
@@ -67,6 +67,7 @@ UNHEALTHY_AFTER = 3
 EWMA_WEIGHT = 0.2
 # The parallel fraction assumed for an elastic test run until the pool has measured better.
 DEFAULT_PARALLEL_FRACTION = 0.9
+STOPPING = "the dispatcher is stopping (its operator is shut down or lost its leadership); send it again"
 # Wait for a re-attached action's result in slices, so that a lost host is noticed between them.
 REATTACH_SLICE_S = 20.0
 # Recent ACTs kept per pool for its status and the planner.
@@ -363,7 +364,7 @@ class Dispatcher:
             if pool is not None and pool.removing:
                 await pool.removed.wait()  # then the pool made again under its name, or none
                 if self._stopped:
-                    raise NotReady("the operator is stopping; send again to the next leader", 1.0)
+                    raise Stopping(STOPPING)
             elif pool is None and not learned and self.learn is not None:
                 learned = True
                 await self.learn("ActionPool", namespace, name)
@@ -680,7 +681,10 @@ class Dispatcher:
             if not job.future.done():
                 job.future.cancel()
             for waiter in job.waiters:
-                waiter.cancel()
+                # Said to each caller (a gateway's request answers 503 and when to send again):
+                # cancelled, the request's connection was dropped without an answer.
+                if not waiter.done():
+                    waiter.set_exception(Stopping(STOPPING))
         self._jobs.clear()
 
     # ---- the ActionService ----------------------------------------------------------------------
@@ -690,6 +694,8 @@ class Dispatcher:
         ``TargetUnavailable`` when its pool (or reward service) has no host and none coming (its
         outage): it did not run, and may be sent again (its key is free) after the exception's
         ``delay``."""
+        if self._stopped:
+            raise Stopping(STOPPING)
         if request.kind == "reward":
             if not self.rewards.has(f"{request.namespace}/{request.target}") and self.learn is not None:
                 # Just after a start or a failover its reconcile may not have run: the watch's copy

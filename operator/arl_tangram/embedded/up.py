@@ -229,9 +229,11 @@ class Embedded:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        # The dispatcher first: each request waiting for an action is answered (503, send again)
+        # before the server closes; the other way round their connections were dropped unanswered.
+        await self.dispatcher.shutdown()
         if self._runner is not None:
             await self._runner.cleanup()
-        await self.dispatcher.shutdown()
         await self.runtime.close()
         await self.rewards.stop()
         await self.dispatcher.agent.close()

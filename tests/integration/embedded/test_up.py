@@ -151,8 +151,9 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path: Path) -> None:
             code = "import time; time.sleep(120)"
             body: dict[str, Any] = {"code": code, "language": "python", "run_timeout": 50}
             try:
-                ended.append(requests.post(running.url + "/run_code", json=body, timeout=180).text)
-            except requests.RequestException as exc:  # Ctrl-C may cut it short: that is an end too
+                resp = requests.post(running.url + "/run_code", json=body, timeout=180)
+                ended.append(f"{resp.status_code} {resp.text}")
+            except requests.RequestException as exc:
                 ended.append(repr(exc))
 
         sleeper = threading.Thread(target=sleep_long, daemon=True)
@@ -168,5 +169,8 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path: Path) -> None:
         assert running.proc.wait(timeout=60) == 0, running.output()
         assert leftovers(pids, uids) == []
         sleeper.join(timeout=30)
-        assert ended, "a request in flight at Ctrl-C must end, not hang"
+        # Answered, saying to send it again: its connection was dropped without an answer (a
+        # trainer's client read that as a network fault, or as nothing it could act on).
+        assert ended and ended[0].startswith("504 "), ended  # /run_code's platform failure
+        assert "SandboxError" in ended[0] and "send it again" in ended[0], ended
         assert "stopping" in running.output()
