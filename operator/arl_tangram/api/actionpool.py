@@ -1,8 +1,8 @@
 """ActionPool: a pool of CPU sandboxes that runs code and test actions.
 
 ``mode: shared`` keeps long-lived *sandbox host* pods that run many actions at once, each action on
-cores of its own; ``mode: dedicated`` runs one pod per session from a per-session image and grants
-cores per action by in-place pod resize.
+cores of its own; ``mode: dedicated`` runs one pod per session (from the template's image: an image
+per session is not served yet) and grants cores per action by in-place pod resize.
 """
 
 from __future__ import annotations
@@ -110,8 +110,8 @@ class SandboxHostTemplate(TangramModel):
         max_length=MAX_IMAGE_LENGTH,
         pattern=r"^\S+$",
         description="Container image of the sandbox host (runs `tangram sandbox-agent`), "
-        "e.g. arl-tangram-sandbox:0.1.0. In dedicated mode, the image used when an "
-        "action does not name one.",
+        "e.g. arl-tangram-sandbox:0.1.0; in dedicated mode too, every session's pod's (an image "
+        "per session is not served yet).",
     )
     image_pull_policy: PullPolicy = Field(
         default="IfNotPresent", description="When the kubelet pulls the image: Always, IfNotPresent, Never."
@@ -272,13 +272,14 @@ class Sessions(TangramModel):
 
 
 class DedicatedMode(TangramModel):
-    """Settings of `mode: dedicated` (one pod per session from a per-session image)."""
+    """Settings of `mode: dedicated` (one pod per session)."""
 
     allowed_image_prefixes: list[Annotated[str, Field(min_length=1, max_length=MAX_IMAGE_LENGTH)]] = Field(
         default_factory=list,
         max_length=MAX_ALLOWED_IMAGE_PREFIXES,
-        description="Image references a session may ask for must start with one of these, e.g. "
-        "registry.example.com/swe-tasks/. Empty: only spec.template.image.",
+        description="Reserved for the images a session may ask for (references starting with one of "
+        "these, e.g. registry.example.com/swe-tasks/). Not served yet: a session cannot name an "
+        "image, and every session's pod runs spec.template.image.",
     )
     max_sessions: int = Field(
         default=64,
@@ -315,7 +316,7 @@ class ActionPoolSpec(TangramModel):
     mode: PoolMode = Field(
         default="shared",
         description="shared: long-lived sandbox hosts run many actions at once; dedicated: one pod per "
-        "session from a per-session image.",
+        "session (pod per trajectory), each action's cores granted by in-place resize.",
     )
     template: SandboxHostTemplate = Field(description="What each sandbox host pod is made of.")
     languages: list[Language] = Field(
