@@ -705,6 +705,105 @@ def test_a_pool_whose_pods_wait_for_a_missing_secret_says_so_and_starts_once_it_
     assert [r["state"] for r in batch["status"]["results"]] == ["Succeeded"], batch["status"]
 
 
+def test_a_host_pod_the_api_server_refuses_is_said_and_held_batches_run_once_fixed(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    """A podSpec the API server refuses (a volume named as the operator's own: 422) gives the pool
+    a status naming the field (it had none), and its batch waits saying why; fixed, it runs."""
+    why = "Duplicate value"
+    _pool(
+        cluster,
+        namespace,
+        template={"podSpec": {"volumes": [{"name": "work", "emptyDir": {}}]}},
+        scaling={"minHosts": 1},
+    )
+    _create(cluster, namespace, "actionbatches", batch_manifest("refused", _sleepers(1, 0)))
+    pool = _wait_for(
+        cluster,
+        namespace,
+        "actionpools",
+        lambda o: any(
+            c["type"] == "Ready" and c["status"] == "False" and c["reason"] == "HostsRejected"
+            for c in o.get("status", {}).get("conditions", [])
+        ),
+        description="Ready=False HostsRejected",
+        timeout=60,
+    )
+    ready = next(c for c in pool["status"]["conditions"] if c["type"] == "Ready")
+    assert why in ready["message"] and "spec.volumes" in ready["message"], ready
+    _wait_for(
+        cluster,
+        namespace,
+        "actionbatches",
+        lambda o: any(
+            c["type"] == "Running" and why in c.get("message", "")
+            for c in o.get("status", {}).get("conditions", [])
+        ),
+        field_selector="metadata.name=refused",
+        description="the batch saying why it waits",
+        timeout=60,
+    )
+    cluster.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "actionpools", "py", {"spec": {"template": {"podSpec": None}}}
+    )
+    batch = _wait_batch(cluster, namespace, "refused", timeout=180)
+    assert [r["state"] for r in batch["status"]["results"]] == ["Succeeded"], batch["status"]
+
+
+def _batch_waits_saying(cluster: Cluster, namespace: str, batch: str, why: str) -> None:
+    _wait_for(
+        cluster,
+        namespace,
+        "actionbatches",
+        lambda o: any(
+            c["type"] == "Running" and why in c.get("message", "")
+            for c in o.get("status", {}).get("conditions", [])
+        ),
+        field_selector=f"metadata.name={batch}",
+        description=f"the batch saying it waits: {why}",
+        timeout=60,
+    )
+
+
+def test_an_action_on_a_pool_whose_spec_is_invalid_waits_saying_so_and_runs_once_fixed(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    """The pool exists: its actions are not failed as PoolNotFound but held, naming its fault."""
+    _pool(cluster, namespace, template={"resources": {"cpu": "500m"}}, scaling={"minHosts": 1})
+    _create(cluster, namespace, "actionbatches", batch_manifest("oninvalid", _sleepers(1, 0)))
+    _batch_waits_saying(cluster, namespace, "oninvalid", "exists, but its spec is invalid")
+    cluster.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "actionpools", "py", {"spec": {"template": {"resources": {"cpu": "2"}}}}
+    )
+    batch = _wait_batch(cluster, namespace, "oninvalid", timeout=180)
+    assert [r["state"] for r in batch["status"]["results"]] == ["Succeeded"], batch["status"]
+
+
+def test_a_pool_pinned_to_zero_says_so_to_the_actions_that_wait(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    _pool(cluster, namespace, scaling={"minHosts": 0, "maxHosts": 2})
+    cluster.kubectl("scale", "-n", namespace, "actionpool/py", "--replicas=0")
+    _create(cluster, namespace, "actionbatches", batch_manifest("zero", _sleepers(1, 0)))
+    _batch_waits_saying(cluster, namespace, "zero", "pinned to 0 hosts by /scale")
+    pool = _wait_for(
+        cluster,
+        namespace,
+        "actionpools",
+        lambda o: any(
+            c["type"] == "Ready" and c["status"] == "False" and c["reason"] == "PinnedToZero"
+            for c in o.get("status", {}).get("conditions", [])
+        ),
+        description="Ready=False PinnedToZero",
+        timeout=60,
+    )
+    ready = next(c for c in pool["status"]["conditions"] if c["type"] == "Ready")
+    assert "action(s) wait" in ready["message"], ready
+    cluster.kubectl("scale", "-n", namespace, "actionpool/py", "--replicas=1")
+    batch = _wait_batch(cluster, namespace, "zero", timeout=180)
+    assert [r["state"] for r in batch["status"]["results"]] == ["Succeeded"], batch["status"]
+
+
 def test_kubectl_scale_sets_the_hosts_within_bounds(
     cluster: Cluster, namespace: str, operator: Operator
 ) -> None:

@@ -25,6 +25,8 @@ from arl_tangram.controllers.conditions import ConditionReason, ConditionType, s
 from arl_tangram.controllers.failures import (
     UNSCHEDULABLE_AFTER_S,
     FailureStreaks,
+    Rejection,
+    Rejections,
     Stalls,
     Waits,
     backoff_s,
@@ -32,9 +34,9 @@ from arl_tangram.controllers.failures import (
     outage,
 )
 from arl_tangram.dispatch.dispatcher import Dispatcher, HostEndpoint, PoolStats
-from arl_tangram.domain.actions import Outage
+from arl_tangram.domain.actions import OUTAGE_RETRY_MIN_S, Outage
 from arl_tangram.domain.batches import act_stats
-from arl_tangram.domain.pools import PoolConfig, pool_config, pool_key
+from arl_tangram.domain.pools import HostRejected, PoolConfig, pool_config, pool_key
 from arl_tangram.errors import InfrastructureError, InvalidSpec
 from arl_tangram.planner.capacity_planner import CapacityPlanner
 from arl_tangram.planner.plan import ScalingPlan
@@ -96,6 +98,38 @@ class PoolObservation:
     # Languages of spec.languages the hosts' agents find no toolchain for (their /v1/health), each
     # with why (the binary missing).
     missing_languages: Mapping[str, str] = field(default_factory=dict)
+    # The API server's refusals of the pool's host pods in a row, this generation (``Rejections``):
+    # no host is created until the back-off after the last has passed.
+    rejection: Rejection | None = None
+
+
+def rejected_hosts(observed: PoolObservation) -> str | None:
+    """The API server's refusal of the pool's host pods, as a message to act on; None without one."""
+    r = observed.rejection
+    if r is None:
+        return None
+    return (
+        f"the API server refused {r.count} host pod(s) in a row, last: {r.message}; fix what it names "
+        f"(spec.template, spec.isolation, or the namespace's quota or admission rules): another is "
+        f"tried {backoff_s(r.count):g} s after the last, or at once when the spec changes"
+    )
+
+
+def _rejection_holds(observed: PoolObservation) -> bool:
+    """Whether the back-off after the API server's last refusal keeps new hosts from being created."""
+    r = observed.rejection
+    return r is not None and r.since_s < backoff_s(r.count)
+
+
+def pinned_to_zero(cfg: PoolConfig) -> str | None:
+    """Why the pool may run no host at all (``/scale``'s replicas 0 and ``minHosts: 0``: the bounds
+    pin it to none, and no action starts one), as a message; None when a host may run."""
+    if cfg.mode == "dedicated" or cfg.replicas != 0 or cfg.desired_bounds[1] > 0:
+        return None
+    return (
+        f"pinned to 0 hosts by /scale (spec.replicas: 0): no host starts, so no action runs, until it "
+        f"is scaled up (kubectl scale actionpool/{cfg.name} --replicas=N)"
+    )
 
 
 # The agent's own runtimes: every host runs them (its health lists the toolchains of the others).
@@ -126,6 +160,11 @@ def pool_outage(cfg: PoolConfig, observed: PoolObservation, ops: Sequence[Operat
         isinstance(op, CreateHost) or (isinstance(op, SetDraining) and not op.draining) for op in ops
     )
     live = [h for h in observed.hosts if h.phase != "terminating"]
+    pinned = pinned_to_zero(cfg)
+    if pinned and not coming and not any(h.phase == "ready" for h in live):
+        # Scaling up is a person's (or an autoscaler's, fed by the refused callers, who count as
+        # queued) act that may come any moment: sent again soon.
+        return Outage(f"pool {cfg.key} has no host: {pinned}", OUTAGE_RETRY_MIN_S)
     if cfg.mode == "dedicated":
         # A pod serves one session for its life: one a session holds is no host for a new one.
         used = _used(observed.stats)
@@ -141,6 +180,10 @@ def pool_outage(cfg: PoolConfig, observed: PoolObservation, ops: Sequence[Operat
         failures=observed.failures,
         since_failure_s=observed.since_failure_s,
         last_failure=observed.last_failure,
+        rejected=rejected_hosts(observed),
+        rejected_retry_s=(
+            backoff_s(observed.rejection.count) - observed.rejection.since_s if observed.rejection else 0.0
+        ),
     )
 
 
@@ -179,7 +222,7 @@ def reconcile_actionpool(
     if cfg.mode == "dedicated":
         ops += _dedicated(cfg, live, gone, stats)
     ops += _rollout(cfg, live, outdated, gone, stats)
-    if observed.since_failure_s < backoff_s(observed.failures):
+    if observed.since_failure_s < backoff_s(observed.failures) or _rejection_holds(observed):
         ops = [op for op in ops if not isinstance(op, CreateHost)]
     for op in ops:
         if isinstance(op, CreateHost):
@@ -268,6 +311,8 @@ def _status(
     stuck = bool(pending) and observed.unschedulable_for_s >= UNSCHEDULABLE_AFTER_S
     stalled = cannot_start("host", starting)
     unplaceable = _unplaceable(cfg, observed.plan)
+    rejected = rejected_hosts(observed)
+    pinned = pinned_to_zero(cfg)
     if ready:
         conds = set_condition(
             conds,
@@ -277,6 +322,16 @@ def _status(
             f"{len(ready)} host(s) ready",
             gen,
             now,
+        )
+    elif rejected and not starting:
+        conds = set_condition(
+            conds, ConditionType.READY, False, ConditionReason.HOSTS_REJECTED, rejected, gen, now
+        )
+    elif pinned and not starting:
+        # Not Ready: an action sent to it does not run (idle or not), unlike a pool scaled to zero.
+        waiting = f", while {queue} action(s) wait" if queue else ""
+        conds = set_condition(
+            conds, ConditionType.READY, False, ConditionReason.PINNED_TO_ZERO, pinned + waiting, gen, now
         )
     elif unplaceable and not starting:
         conds = set_condition(
@@ -360,7 +415,11 @@ def _status(
             now,
         )
     unhealthy = sorted(stats.unhealthy) if stats else []
-    if unplaceable:
+    if rejected:
+        conds = set_condition(
+            conds, ConditionType.DEGRADED, True, ConditionReason.HOSTS_REJECTED, rejected, gen, now
+        )
+    elif unplaceable:
         conds = set_condition(
             conds, ConditionType.DEGRADED, True, ConditionReason.UNSCHEDULABLE, unplaceable, gen, now
         )
@@ -463,6 +522,18 @@ def _unplaceable(cfg: PoolConfig, plan: ScalingPlan | None) -> str | None:
                 f"(spec.template.resources): {reason.message}"
             )
     return None
+
+
+def config_of(body: Mapping[str, Any]) -> PoolConfig:
+    """The pool of ``body`` (a watch's copy, or the API server's) as the operator works with it;
+    ``InvalidSpec`` naming the field when its spec cannot be used (what the schema could not express,
+    or an older CRD let in). Only what the user wrote is validated: status is ours and may lag."""
+    meta = body.get("metadata") or {}
+    try:
+        model = ActionPool.model_validate({"metadata": dict(meta), "spec": body.get("spec") or {}})
+    except ValidationError as exc:
+        raise invalid_spec(exc) from exc
+    return pool_config(model, uid=str(meta.get("uid", "")))
 
 
 def invalid_status(
@@ -583,6 +654,7 @@ class PoolController:
         self._stalled = Stalls()  # placed hosts whose container cannot start
         self._unplaceable = Waits()  # the planner finding no node for a host
         self._failures = FailureStreaks()
+        self._rejections = Rejections()
 
     async def reconcile(
         self,
@@ -596,11 +668,7 @@ class PoolController:
         now_dt = datetime.now(UTC)
         generation, conditions = meta.get("generation"), status.get("conditions") or ()
         try:
-            # Status is ours and may lag the model; only what the user wrote is validated here.
-            model = ActionPool.model_validate({"metadata": dict(meta), "spec": body.get("spec") or {}})
-            cfg = pool_config(model, uid=str(meta.get("uid", "")))
-        except ValidationError as exc:  # what the schema could not express (or an older CRD let in)
-            return invalid_status(generation, conditions, str(invalid_spec(exc)), now_dt), []
+            cfg = config_of(body)
         except InvalidSpec as exc:
             return invalid_status(generation, conditions, str(exc), now_dt), []
         self.dispatcher.upsert_pool(cfg)
@@ -623,6 +691,7 @@ class PoolController:
             since_failure_s=streak.since_s,
             last_failure=streak.last,
             missing_languages=missing_languages(cfg.languages, self._offered.get(cfg.key, {})),
+            rejection=self._rejections.observe(cfg.key, cfg.generation),
         )
         if cfg.mode == "dedicated":  # pods follow sessions one to one; there is nothing to plan
             refusal = getattr(self.runtime, "resize_refusal", None)
@@ -631,8 +700,18 @@ class PoolController:
             )
         new_status, ops = reconcile_actionpool(cfg, observed, now_dt)
         self.dispatcher.set_outage(cfg.key, pool_outage(cfg, observed, ops))
-        await self._apply(cfg, ops)
-        return new_status, ops
+        done, refused = await self._apply(cfg, ops)
+        if refused is not None:
+            # Said in this round's status, and to the actions waiting now (the outage), not only in
+            # the next round's: the hosts this round meant to add are not coming.
+            rejection = self._rejections.rejected(cfg.key, cfg.generation, str(refused))
+            observed = dataclasses.replace(observed, rejection=rejection)
+            new_status, after = reconcile_actionpool(cfg, observed, now_dt)
+            self.dispatcher.set_outage(cfg.key, pool_outage(cfg, observed, after))
+            message = rejected_hosts(observed) or str(refused)
+            log.warning("pool %s: %s", cfg.key, message)
+            done.append(Event("Warning", ConditionReason.HOSTS_REJECTED.value, message))
+        return new_status, done
 
     async def _sync(self, cfg: PoolConfig, hosts: Sequence[HostObservation]) -> None:
         """Tell the dispatcher which hosts take work: ready ones (and draining ones, which finish
@@ -663,21 +742,41 @@ class PoolController:
             del self._cores[name]
         await self.dispatcher.sync_hosts(cfg.key, endpoints)
 
-    async def _apply(self, cfg: PoolConfig, ops: Sequence[Operation]) -> None:
+    async def _apply(
+        self, cfg: PoolConfig, ops: Sequence[Operation]
+    ) -> tuple[list[Operation], HostRejected | None]:
+        """Apply ``ops``; returns those done and the API server's refusal of a host pod, if any.
+        One that fails leaves the others to be applied (a refused create must not keep a failed
+        host from being deleted), and the round's status to be written: it is tried again in a
+        later round, as the reconcile asks for it again."""
+        done: list[Operation] = []
+        refused: HostRejected | None = None
         for op in ops:
-            if isinstance(op, CreateHost):
-                await self.runtime.create_host(cfg, new_host_name(cfg), op.node)
-            elif isinstance(op, DeleteHost):
-                self.dispatcher.drain(cfg.key, op.name)
-                await self.runtime.delete_host(cfg, op.name)
-            elif isinstance(op, SetDraining):
-                self.dispatcher.drain(cfg.key, op.name, op.draining)
-                await self.runtime.set_draining(cfg, op.name, op.draining)
+            try:
+                if isinstance(op, CreateHost):
+                    if refused is not None:
+                        continue  # the same pod would be refused again
+                    await self.runtime.create_host(cfg, new_host_name(cfg), op.node)
+                    self._rejections.forget(cfg.key)
+                elif isinstance(op, DeleteHost):
+                    self.dispatcher.drain(cfg.key, op.name)
+                    await self.runtime.delete_host(cfg, op.name)
+                elif isinstance(op, SetDraining):
+                    self.dispatcher.drain(cfg.key, op.name, op.draining)
+                    await self.runtime.set_draining(cfg, op.name, op.draining)
+            except HostRejected as exc:
+                refused = exc
+                continue
+            except Exception as exc:  # the platform's (a 5xx, a timeout): said, and retried
+                log.warning("pool %s: %s failed (%s); tried again in a later round", cfg.key, op, exc)
+                continue
+            done.append(op)
+        return done, refused
 
     async def deleted(self, namespace: str, name: str, uid: str = "") -> None:
         """The pool (of ``uid``) is gone: its actions fail, its pods go with it (ownerReferences)."""
         key = pool_key(namespace, name)
-        for waits in (self._unplaced, self._stalled, self._unplaceable):
+        for waits in (self._unplaced, self._stalled, self._unplaceable, self._rejections):
             waits.forget(key)
         self._offered.pop(key, None)
         await self.dispatcher.remove_pool(key, uid)

@@ -33,6 +33,11 @@ class ConditionReason(StrEnum):
     # A placed host's container waits on something that is not a normal start (an image it
     # cannot pull, a Secret it lacks)
     HOSTS_CANNOT_START = "HostsCannotStart"
+    # The API server refused to create a host pod (admission: a RuntimeClass it lacks, a quota;
+    # validation: a podSpec it finds invalid); its answer is the message
+    HOSTS_REJECTED = "HostsRejected"
+    # /scale's replicas (or maxHosts) allow no host: nothing runs until it is scaled up
+    PINNED_TO_ZERO = "PinnedToZero"
     # RewardModelService: no node has free devices of the kind a replica asks for
     INSUFFICIENT_GPUS = "InsufficientGPUs"
     HOSTS_FAILED = "HostsFailed"

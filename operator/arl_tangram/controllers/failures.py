@@ -55,6 +55,43 @@ class FailureStreaks:
         return Streak(count, self.clock() - when if count else float("inf"), why)
 
 
+@dataclass(frozen=True)
+class Rejection:
+    count: int  # the API server's refusals of the pool's pods in a row, for this generation
+    since_s: float  # since the last one
+    message: str  # the last one's answer (``HostRejected``)
+
+
+class Rejections:
+    """Per pool, the API server's refusals of its host pods in a row (``HostRejected``: an admission
+    rule, an invalid podSpec). The same pod would be refused again, so the next create waits out a
+    back-off (``backoff_s``), unless the spec changes (a new generation, which may fix it: tried at
+    once). A pod created ends the streak."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._state: dict[str, tuple[int, float, str, int]] = {}
+
+    def observe(self, key: str, generation: int) -> Rejection | None:
+        """The streak of the pool at ``generation``; None when there is none (or it was of an
+        earlier spec)."""
+        found = self._state.get(key)
+        if found is None or found[3] != generation:
+            self._state.pop(key, None)
+            return None
+        count, when, message, _ = found
+        return Rejection(count, self.clock() - when, message)
+
+    def rejected(self, key: str, generation: int, message: str) -> Rejection:
+        found = self._state.get(key)
+        count = found[0] + 1 if found is not None and found[3] == generation else 1
+        self._state[key] = (count, self.clock(), message, generation)
+        return Rejection(count, 0.0, message)
+
+    def forget(self, key: str) -> None:
+        self._state.pop(key, None)
+
+
 class Waits:
     """Per pool or service, since when some of its pods have waited on one kind of thing (no node
     for them, a container that cannot start): how long it has lasted, 0 while none waits."""
@@ -134,6 +171,8 @@ def outage(
     failures: int,
     since_failure_s: float,
     last_failure: str | None,
+    rejected: str | None = None,
+    rejected_retry_s: float = 0.0,
 ) -> Outage | None:
     """Why a pool's hosts (a service's replicas: ``noun``) can run nothing now and will not soon,
     or None; ``what`` opens the message ("pool ns/py has no host"). Only where none of ``live``
@@ -141,12 +180,16 @@ def outage(
     back this round; or one starting that neither waits for a node nor is stalled), when: the
     placement found no node for one (``unplaceable``) for ``UNSCHEDULABLE_AFTER_S``; one has waited
     as long for a node or for its container to start; or ``OUTAGE_AFTER_FAILURES`` failed in a row
-    and the back-off keeps the next from starting yet."""
+    and the back-off keeps the next from starting yet; or the API server refused the last one
+    (``rejected``: its answer, naming the field) and none is tried before ``rejected_retry_s``."""
     if coming or any(h.phase == "ready" for h in live):
         return None
     starting = [h for h in live if h.phase == "starting"]
     if any(not h.pending and not h.stalled for h in starting):
         return None  # one is on its way (an image pulled, an agent starting)
+    if rejected:
+        # Told at once: the API server's answer is final for this pod, not a wait that may end.
+        return Outage(f"{what}: {rejected}", max(rejected_retry_s, OUTAGE_RETRY_MIN_S))
     if unplaceable and unplaceable_for_s >= UNSCHEDULABLE_AFTER_S and not starting:
         return Outage(f"{what}: {unplaceable}", UNSCHEDULABLE_AFTER_S)
     pending = [h for h in starting if h.pending]

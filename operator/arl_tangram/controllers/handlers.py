@@ -19,6 +19,7 @@ from arl_tangram.api.meta import GROUP, VERSION
 from arl_tangram.controllers.errors import adapted
 from arl_tangram.controllers.operator import POOL_PERIOD_S, OperatorSettings, OperatorState
 from arl_tangram.domain.pools import pool_key
+from arl_tangram.runtime.kubernetes import api_message
 from arl_tangram.runtime.pods import (
     POOL_LABEL,
     ROLE_LABEL,
@@ -135,7 +136,11 @@ async def _every_period(
             logger.warning("%s reconcile: %s (retrying in %ss)", what, exc, exc.delay)
         except ApiException as exc:  # e.g. 403 while the namespace terminates, 409 on a stale write
             logger.warning(
-                "%s reconcile: the API server answered %s %s; retrying", what, exc.status, exc.reason
+                "%s reconcile: the API server answered %s %s: %s; retrying",
+                what,
+                exc.status,
+                exc.reason,
+                api_message(exc),
             )
         except Exception:
             logger.exception("%s reconcile failed; retrying", what)

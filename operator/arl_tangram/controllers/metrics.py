@@ -66,6 +66,21 @@ class OperatorMetrics:
         )
         self.leader = Gauge("tangram_leader", "1 on the leader, 0 on a standby", registry=r)
 
+    def forget_pool(self, pool: str) -> None:
+        """Remove every series of ``pool`` (a deleted pool's): each metric with a pool label."""
+        for metric in (
+            self.act,
+            self.queueing,
+            self.execution,
+            self.outcomes,
+            self.queue_depth,
+            self.units,
+            self.hosts,
+            self.scale_events,
+            self.dispatch_errors,
+        ):
+            metric.remove_by_labels({"pool": pool})
+
     def api_write(self, verb: str, resource: str) -> None:
         self.api_writes.labels(verb, resource).inc()
 

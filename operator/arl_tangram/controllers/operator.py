@@ -28,20 +28,20 @@ from aiohttp import web
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from arl_tangram.api.actionpool import ActionPool
 from arl_tangram.api.meta import DNS_LABEL_PATTERN, GROUP, VERSION
 from arl_tangram.api.rewardmodelservice import RewardModelService
 from arl_tangram.controllers.actionbatch import BatchManager
-from arl_tangram.controllers.actionpool import Event, PoolController, node_snapshot
+from arl_tangram.controllers.actionpool import Event, PoolController, config_of, node_snapshot
+from arl_tangram.controllers.failures import UNSCHEDULABLE_AFTER_S
 from arl_tangram.controllers.leader import LeaseElector
 from arl_tangram.controllers.metrics import OperatorMetrics
 from arl_tangram.controllers.rewardmodelservice import ServiceController
 from arl_tangram.dispatch.agent import AgentClient
 from arl_tangram.dispatch.dispatcher import Dispatcher
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest
-from arl_tangram.domain.pools import pool_config, pool_key
+from arl_tangram.domain.pools import pool_key
 from arl_tangram.domain.services import is_object_name, service_config
-from arl_tangram.errors import InvalidSpec
+from arl_tangram.errors import InvalidSpec, TargetUnavailable
 from arl_tangram.gateway import build_gateway_app
 from arl_tangram.gateway.auth import KubernetesAuthenticator
 from arl_tangram.gateway.config import GatewayConfig, parse_defaults
@@ -166,6 +166,27 @@ def _namespace(name: str, default: str) -> str:
     return value
 
 
+class PoolSpecInvalid(TargetUnavailable):
+    """The target ActionPool exists but its spec cannot be used (its Ready condition says
+    ``InvalidSpec``): no host runs for it until the spec is fixed. A refusal like a pool's outage
+    (its actions wait, or are sent again later), as fixing the spec is all it takes; ``languages``:
+    those its spec names, which its actions are checked against meanwhile."""
+
+    def __init__(self, message: str, languages: tuple[str, ...]) -> None:
+        # A fixed spec is seen by the watch at once; waiting actions look again this often.
+        super().__init__(message, UNSCHEDULABLE_AFTER_S)
+        self.languages = languages
+
+
+def _declared_languages(body: Mapping[str, Any]) -> tuple[str, ...]:
+    """The languages an invalid pool's spec names, where they are a list of names; else none (the
+    actions' own default then applies)."""
+    found = (body.get("spec") or {}).get("languages")
+    if isinstance(found, list) and all(isinstance(lang, str) for lang in found):
+        return tuple(found)
+    return ()
+
+
 def api_client() -> client.ApiClient:
     """The in-cluster ServiceAccount when there is one, else the kubeconfig (KUBECONFIG)."""
     try:
@@ -271,17 +292,24 @@ class OperatorState:
     async def _run(self, request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
         started = time.monotonic()
         outcome = await self.dispatcher.run(request, attempts_so_far)
-        self.metrics.finished(
-            pool_key(request.namespace, request.target), request, outcome, time.monotonic() - started
-        )
+        if request.kind == "reward" or self.dispatcher.has_pool(request.namespace, request.target):
+            # (An action its pool's deletion ended is not counted: the pool's series went with it.)
+            self.metrics.finished(
+                pool_key(request.namespace, request.target), request, outcome, time.monotonic() - started
+            )
         return outcome
 
     async def _cancel(self, key: str) -> bool:
         return await self.dispatcher.cancel(key)
 
     async def _pool_languages(self, namespace: str, name: str) -> tuple[str, ...] | None:
-        """The languages of an existing pool; None when there is no such ActionPool."""
-        cfg = await self.dispatcher.find_pool_config(namespace, name)
+        """The languages of an existing pool; None when there is no such ActionPool. A pool whose
+        spec is invalid exists: its languages are those its spec names (the action is checked
+        against them, then waits, as for a pool with no host, until the spec is fixed: ``_learn``)."""
+        try:
+            cfg = await self.dispatcher.find_pool_config(namespace, name)
+        except PoolSpecInvalid as exc:
+            return exc.languages
         return cfg.languages if cfg is not None else None
 
     async def _learn(self, kind: str, namespace: str, name: str) -> None:
@@ -294,8 +322,10 @@ class OperatorState:
         just after its pool (one ``kubectl apply`` of both) may be seen before the pool is. An object
         the watch does not hold is therefore read from the API server, which alone says it does not
         exist. One being deleted stays unknown (its delete handler has removed it, or is about to:
-        learning it again would hold requests for hosts that never come), and so does one whose spec
-        is invalid (its own reconcile reports why)."""
+        learning it again would hold requests for hosts that never come). One whose spec is invalid
+        (its own reconcile reports why) is not learned either, and is answered ``PoolSpecInvalid``
+        naming what is wrong: it exists, so "not found" would send its user looking for the wrong
+        fault; its actions wait (a batch) or are refused for now (the gateway) until it is fixed."""
         index = self.pool_index if kind == "ActionPool" else self.service_index
         body = next(iter(index.get(f"{namespace}/{name}", ())), None)  # both indexes: namespace/name
         if body is None and kind == "RewardModelService" and not is_object_name(name):
@@ -328,15 +358,23 @@ class OperatorState:
             # Being deleted, or deleted while it was read (the GET answered before the delete
             # handler ran): learning it would hold requests for hosts that never come.
             return
+        if kind == "ActionPool":
+            try:
+                cfg = config_of(body)
+            except InvalidSpec as exc:  # its own reconcile reports it too (its Ready condition)
+                raise PoolSpecInvalid(
+                    f"ActionPool {meta.get('namespace')}/{meta.get('name')} exists, but its spec is "
+                    f"invalid: {exc}; fix the pool, then its actions run",
+                    _declared_languages(body),
+                ) from exc
+            self.dispatcher.upsert_pool(cfg)
+            return
         obj, uid = {"metadata": dict(meta), "spec": body.get("spec") or {}}, str(meta.get("uid", ""))
         try:
-            if kind == "ActionPool":
-                self.dispatcher.upsert_pool(pool_config(ActionPool.model_validate(obj), uid=uid))
-            else:
-                svc = service_config(RewardModelService.model_validate(obj), uid=uid)
-                self.dispatcher.rewards.upsert(svc)
+            svc = service_config(RewardModelService.model_validate(obj), uid=uid)
         except (ValueError, InvalidSpec):
-            pass  # its own reconcile reports what is wrong with it
+            return  # its own reconcile reports what is wrong with it
+        self.dispatcher.rewards.upsert(svc)
 
     def _holds(self, kind: str, namespace: str, name: str) -> bool:
         if kind == "ActionPool":
@@ -440,10 +478,12 @@ class OperatorState:
 
     async def reconcile_pool(self, body: Mapping[str, Any]) -> None:
         """One round for one pool, status written only when it changed."""
+        meta = body.get("metadata") or {}
+        if str(meta.get("uid", "")) in self._deleted:
+            return  # a round that raced its pool's delete handler would bring back what it removed
         t0 = time.perf_counter()
         status, ops = await self.pools.reconcile(body, self.nodes(), self.all_hosts())
         self.metrics.reconcile.labels("ActionPool").observe(time.perf_counter() - t0)
-        meta = body.get("metadata") or {}
         key = pool_key(str(meta.get("namespace")), str(meta.get("name")))
         cfg = self.dispatcher.pool_config(str(meta.get("namespace")), str(meta.get("name")))
         if cfg is not None:
@@ -451,6 +491,8 @@ class OperatorState:
         for op in ops:
             if isinstance(op, Event):
                 kopf.event(body, type=op.type, reason=op.reason, message=op.message)
+        if str(meta.get("uid", "")) in self._deleted:
+            return  # deleted during the round: its series are gone, and stay gone
         self._export_pool(key, status, ops)
         await self._write_if_changed("actionpools", body, status)
 
@@ -492,6 +534,9 @@ class OperatorState:
         self._tombstone(uid)
         self._written_status.pop(("actionpools", namespace, name), None)
         await self.pools.deleted(namespace, name, uid)
+        # After its actions were ended: a deleted pool's last values must not be reported for good
+        # (dashboards, alerts, an autoscaler reading its queue depth), nor its name kept for ever.
+        self.metrics.forget_pool(pool_key(namespace, name))
 
     # ---- HTTP: the gateway (actions, /run_code, rewards, sessions), health, readiness, metrics ----
     def _leadership(self) -> Leadership:

@@ -16,8 +16,20 @@ from typing import Any
 
 from arl_tangram.api.actionpool import MAX_SESSION_TTL_S, ActionPool
 from arl_tangram.api.quantity import parse_quantity, quantity_bytes
-from arl_tangram.errors import InvalidSpec
+from arl_tangram.errors import InvalidSpec, TangramError
 from arl_tangram.planner.snapshot import SandboxPoolSpec, ScalingPolicy
+
+
+class HostRejected(TangramError):
+    """The platform refused to create a host of a pool (the API server's admission or validation:
+    a RuntimeClass that does not exist, a ``podSpec`` it finds invalid, a quota), with its answer,
+    which names the field. Raised by a runtime's ``create_host``; retrying the same pod at once
+    would get the same answer."""
+
+    def __init__(self, status: int | None, message: str) -> None:
+        super().__init__(f"{status} {message}" if status else message)
+        self.status = status
+        self.message = message
 
 
 def pool_key(namespace: str, name: str) -> str:

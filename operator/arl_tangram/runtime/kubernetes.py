@@ -10,14 +10,16 @@ resource for the metrics and the benchmark.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
 
-from arl_tangram.domain.pools import PoolConfig
+from arl_tangram.domain.pools import HostRejected, PoolConfig
 from arl_tangram.domain.services import ServiceConfig
 from arl_tangram.runtime.interface import HostObservation
 from arl_tangram.runtime.pods import (
@@ -36,6 +38,33 @@ WriteCounter = Callable[[str, str], None]
 # How long a resize is waited for before the action runs anyway (measured on the test bed:
 # 20-45 ms from the patch to the status showing it).
 RESIZE_WAIT_S = 5.0
+# Answers to a pod create that are not a refusal of the pod itself: a request timed out, a name
+# already taken (a retried create), the API server throttling. Every other 4xx is the pod refused.
+_NOT_A_REFUSAL = frozenset({408, 409, 429})
+
+
+def api_message(exc: ApiException) -> str:
+    """What the API server said, as a person reads it: its Status's message (which names the field
+    or the admission rule), else the HTTP reason."""
+    try:
+        found = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        found = None
+    message = found.get("message") if isinstance(found, dict) else None
+    return str(message) if message else f"{exc.reason}"
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    # A location opens with the body's position among the client call's arguments.
+    return ".".join(str(p) for p in (loc[1:] if loc and isinstance(loc[0], int) else loc))
+
+
+def _refusal(exc: ValidationError) -> str:
+    """A pod the kubernetes client itself cannot send (a podSpec field of the wrong shape), as a
+    message naming the field(s), in the client's spelling."""
+    parts = [f"{_path(e['loc'])}: {e['msg']}" for e in exc.errors()[:3]]
+    more = f" (and {exc.error_count() - 3} more)" if exc.error_count() > 3 else ""
+    return f"the host pod built from spec.template is not a valid Pod: {'; '.join(parts)}{more}"
 
 
 class KubernetesRuntime:
@@ -90,7 +119,16 @@ class KubernetesRuntime:
             await asyncio.to_thread(patch, name, namespace, body)
 
     async def create_host(self, pool: PoolConfig, name: str, node: str | None) -> None:
-        await self._create_pod(pool.namespace, host_pod(pool, name, node))
+        """Create the host's pod; ``HostRejected`` with the API server's answer (or the client's,
+        for a body it cannot send) when the pod itself is refused."""
+        try:
+            await self._create_pod(pool.namespace, host_pod(pool, name, node))
+        except ApiException as exc:
+            if exc.status is None or not 400 <= exc.status < 500 or exc.status in _NOT_A_REFUSAL:
+                raise
+            raise HostRejected(exc.status, api_message(exc)) from exc
+        except ValidationError as exc:
+            raise HostRejected(None, _refusal(exc)) from exc
 
     async def resize_host(self, pool: PoolConfig, name: str, cpu_millicores: int) -> bool:
         """Patch the pod's ``resize`` subresource and wait (on the index) until it is enacted."""

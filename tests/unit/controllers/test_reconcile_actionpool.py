@@ -20,7 +20,7 @@ from arl_tangram.controllers.actionpool import (
     pool_outage,
     reconcile_actionpool,
 )
-from arl_tangram.controllers.failures import OUTAGE_AFTER_FAILURES, backoff_s
+from arl_tangram.controllers.failures import OUTAGE_AFTER_FAILURES, Rejection, backoff_s
 from arl_tangram.dispatch.dispatcher import HostLoad, PoolStats
 from arl_tangram.domain.actions import OUTAGE_RETRY_MIN_S, Outage
 from arl_tangram.domain.pools import PoolConfig, pool_config
@@ -398,3 +398,59 @@ def test_a_language_the_hosts_cannot_run_is_said() -> None:
     fine = PoolObservation([host("a")], stats(), None, missing_languages={})
     conditions = reconcile_actionpool(CFG, fine, NOW)[0]["conditions"]
     assert {c["type"]: c["status"] for c in conditions}["Degraded"] == "False"
+
+
+def _conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status["conditions"]}
+
+
+REFUSAL = 'Pod "py-x1" is invalid: spec.volumes[1].name: Duplicate value: "work"'
+
+
+def test_a_host_pod_the_api_server_refused_is_said_and_not_retried_during_the_back_off() -> None:
+    """The API server's answer (which names the field) is the pool's condition and the outage its
+    actions are refused with; no create is sent again until the back-off after it has passed."""
+    adds = plan(adds=(InstanceAdd(CFG.key, "n1", 4, 4000, 1, 0, R),))
+    refused = PoolObservation([], stats(queued=2), adds, rejection=Rejection(1, 1.0, f"422 {REFUSAL}"))
+    status, ops = reconcile_actionpool(CFG, refused, NOW)
+    conds = _conditions(status)
+    assert (conds["Ready"]["status"], conds["Ready"]["reason"]) == ("False", "HostsRejected")
+    assert (conds["Degraded"]["status"], conds["Degraded"]["reason"]) == ("True", "HostsRejected")
+    for cond in (conds["Ready"], conds["Degraded"]):
+        assert REFUSAL in cond["message"] and "spec.template" in cond["message"], cond
+    assert not any(isinstance(op, CreateHost) for op in ops)  # within the back-off (5 s)
+    outage = pool_outage(CFG, refused, ops)
+    assert outage is not None and REFUSAL in outage.message and CFG.key in outage.message
+    assert outage.retry_after_s == OUTAGE_RETRY_MIN_S  # 4 s of the back-off left: at least 5
+    # The back-off over: the next create is sent (and the hosts it starts are on their way).
+    later = dataclasses.replace(refused, rejection=Rejection(1, backoff_s(1), f"422 {REFUSAL}"))
+    _, ops = reconcile_actionpool(CFG, later, NOW)
+    assert any(isinstance(op, CreateHost) for op in ops)
+    assert pool_outage(CFG, later, ops) is None
+    # A pool with a ready host still serves: Ready, and Degraded saying why it does not grow.
+    status, _ = reconcile_actionpool(CFG, dataclasses.replace(refused, hosts=[host("a")]), NOW)
+    conds = _conditions(status)
+    assert conds["Ready"]["status"] == "True" and conds["Degraded"]["reason"] == "HostsRejected"
+    assert pool_outage(CFG, dataclasses.replace(refused, hosts=[host("a")]), ()) is None
+
+
+def test_a_pool_pinned_to_zero_by_scale_is_not_ready_for_the_actions_that_wait() -> None:
+    """/scale's replicas 0 with minHosts 0 pins the pool to no host: no action starts one, so its
+    status must not say that the first one does, and what waits on it is told why."""
+    pinned = dataclasses.replace(CFG, replicas=0)
+    observed = PoolObservation([], stats(queued=3), plan())
+    status, ops = reconcile_actionpool(pinned, observed, NOW)
+    ready = _conditions(status)["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "PinnedToZero"), ready
+    assert "pinned to 0 hosts by /scale" in ready["message"] and "3 action(s) wait" in ready["message"]
+    assert "first action" not in ready["message"]
+    outage = pool_outage(pinned, observed, ops)
+    assert outage is not None and "pinned to 0 hosts by /scale" in outage.message
+    assert "kubectl scale actionpool/py" in outage.message
+    # Idle, it is still no pool an action runs on.
+    status, _ = reconcile_actionpool(pinned, dataclasses.replace(observed, stats=stats()), NOW)
+    assert _conditions(status)["Ready"]["reason"] == "PinnedToZero"
+    # Not pinned (the planner decides, minHosts 0): idle at zero, the first action starts one.
+    status, _ = reconcile_actionpool(CFG, dataclasses.replace(observed, stats=stats()), NOW)
+    assert _conditions(status)["Ready"]["reason"] == "ScaledToZero"
+    assert pool_outage(CFG, observed, ()) is None

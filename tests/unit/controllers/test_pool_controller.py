@@ -1,0 +1,178 @@
+"""The ActionPool controller around its pure reconcile: a host pod the API server refuses (an
+admission rule, an invalid podSpec) still leaves the pool's status written, with the API server's
+answer, the round's other operations applied, and no create sent again in a tight loop.
+
+The runtime is a stand-in that refuses creates as the API server does; the e2e tier refuses them on
+a real API server."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from arl_tangram.controllers import handlers
+from arl_tangram.controllers.actionpool import PoolController
+from arl_tangram.dispatch.agent import AgentClient
+from arl_tangram.dispatch.dispatcher import Dispatcher
+from arl_tangram.domain.actions import ActionRequest
+from arl_tangram.domain.pools import HostRejected, PoolConfig
+from arl_tangram.errors import TargetUnavailable
+from arl_tangram.planner.capacity_planner import CapacityPlanner, PlannerConfig
+from arl_tangram.planner.snapshot import NodeSnapshot
+from arl_tangram.runtime.interface import HostObservation
+from arl_tangram.runtime.kubernetes import KubernetesRuntime, api_message
+
+NS = "ns"
+REFUSAL = 'pods "gv-x1" is forbidden: pod rejected: RuntimeClass "gvisor" not found'
+NODES = [NodeSnapshot("n1", 16000, 64 << 30, schedulable=True)]
+
+
+def _body(generation: int = 1) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "gv", "namespace": NS, "uid": "u-1", "generation": generation},
+        "spec": {
+            "template": {"image": "img:1", "resources": {"cpu": "2", "memory": "4Gi"}},
+            "isolation": {"runtimeClassName": "gvisor"},
+            "scaling": {"minHosts": 1, "maxHosts": 2},
+        },
+    }
+
+
+class _RefusingRuntime:
+    """Creates are refused with 403 as RuntimeClass admission does; deletes are recorded."""
+
+    def __init__(self, hosts: list[HostObservation]) -> None:
+        self._hosts = hosts
+        self.creates = 0
+        self.deleted: list[str] = []
+
+    def hosts(self, pool_key: str) -> list[HostObservation]:
+        return [h for h in self._hosts if h.name not in self.deleted]
+
+    async def create_host(self, pool: PoolConfig, name: str, node: str | None) -> None:
+        self.creates += 1
+        raise HostRejected(403, REFUSAL)
+
+    async def set_draining(self, pool: PoolConfig, name: str, draining: bool) -> None:
+        pass
+
+    async def delete_host(self, pool: PoolConfig, name: str) -> None:
+        self.deleted.append(name)
+
+
+def _outdated(name: str) -> HostObservation:
+    """A ready host of an older template (its address unknown: it is not asked for its health)."""
+    return HostObservation(name, f"{NS}/gv", "ready", "n1", None, "old", 1.0, 2000, 4 << 30)
+
+
+def _conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status["conditions"]}
+
+
+async def test_a_refused_host_pod_is_said_in_the_status_and_the_rest_of_the_round_is_applied(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    runtime = _RefusingRuntime([_outdated("gv-old")])
+    dispatcher = Dispatcher(AgentClient())
+    ctl = PoolController(dispatcher, runtime, CapacityPlanner(PlannerConfig(time_limit_s=0.5)))
+    try:
+        with caplog.at_level(logging.WARNING):
+            status, ops = await ctl.reconcile(_body(), NODES, [])
+        # The create was refused, and the outdated host the rollout removes after it still went.
+        assert runtime.creates == 1 and runtime.deleted == ["gv-old"]
+        conds = _conditions(status)  # (the outdated host was still ready when the round began)
+        assert conds["Degraded"]["reason"] == "HostsRejected" and REFUSAL in conds["Degraded"]["message"]
+        assert status["observedGeneration"] == 1
+        assert any(getattr(op, "reason", None) == "HostsRejected" for op in ops)  # a Warning Event
+        assert REFUSAL in caplog.text
+        # Within the back-off the same pod is not sent again, round after round.
+        for _ in range(3):
+            status, _ = await ctl.reconcile(_body(), NODES, [])
+        assert runtime.creates == 1
+        conds = _conditions(status)
+        assert (conds["Ready"]["status"], conds["Ready"]["reason"]) == ("False", "HostsRejected")
+        assert REFUSAL in conds["Ready"]["message"]
+        # Callers (a batch's actions too) are refused with the API server's answer, not left waiting.
+        request = ActionRequest("k1", NS, "gv", "code", {"runtime": "python", "code": "print(1)"})
+        with pytest.raises(TargetUnavailable, match="RuntimeClass"):
+            await dispatcher.run(request)
+        # A new spec may fix it: tried at once.
+        await ctl.reconcile(_body(generation=2), NODES, [])
+        assert runtime.creates == 2
+    finally:
+        await dispatcher.shutdown()
+
+
+class _Core:
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    def create_namespaced_pod(self, namespace: str, body: Any) -> None:
+        raise self.exc
+
+
+def _api_exception(status: int, reason: str, message: str) -> ApiException:
+    exc = ApiException(status=status, reason=reason)
+    exc.body = json.dumps({"kind": "Status", "status": "Failure", "message": message, "code": status})
+    return exc
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "message"),
+    [
+        (403, "Forbidden", REFUSAL),
+        (422, "Unprocessable Entity", 'Pod "gv-x1" is invalid: spec.volumes[1].name: Duplicate value'),
+    ],
+)
+async def test_the_api_servers_refusal_of_a_host_pod_is_typed_with_its_message(
+    status: int, reason: str, message: str
+) -> None:
+    from arl_tangram.controllers.actionpool import config_of
+
+    runtime = KubernetesRuntime(client.ApiClient(client.Configuration()))
+    runtime.core = _Core(_api_exception(status, reason, message))  # type: ignore[assignment]
+    with pytest.raises(HostRejected) as refused:
+        await runtime.create_host(config_of(_body()), "gv-x1", None)
+    assert refused.value.status == status and refused.value.message == message
+    # An answer that is no refusal of the pod (the API server busy) stays the platform's to retry.
+    runtime.core = _Core(_api_exception(503, "Service Unavailable", "etcd leader changed"))  # type: ignore[assignment]
+    with pytest.raises(ApiException):
+        await runtime.create_host(config_of(_body()), "gv-x1", None)
+
+
+async def test_a_pod_the_client_cannot_send_is_refused_naming_the_field() -> None:
+    from arl_tangram.controllers.actionpool import config_of
+
+    body = _body()
+    body["spec"]["template"]["podSpec"] = {"nodeSelector": "notamap"}  # free-form in the CRD
+    api = client.Configuration()
+    api.host = "http://127.0.0.1:9"  # never reached: the client checks the body first
+    runtime = KubernetesRuntime(client.ApiClient(api))
+    with pytest.raises(HostRejected, match=r"not a valid Pod: spec\.nodeSelector: Input should be a valid"):
+        await runtime.create_host(config_of(body), "gv-x1", None)
+
+
+async def test_a_failed_rounds_log_carries_the_api_servers_message(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(handlers, "POOL_PERIOD_S", 0.0)
+    stopped = {"now": False}
+
+    class _Stopped:
+        def __bool__(self) -> bool:
+            return stopped["now"]
+
+    async def reconcile() -> None:
+        stopped["now"] = True
+        raise _api_exception(422, "Unprocessable Entity", 'ActionPool.tangram.arl.dev "gv" is invalid: x')
+
+    logger = logging.getLogger("test.pool")
+    with caplog.at_level(logging.WARNING):
+        await handlers._every_period(_Stopped(), logger, "pool", reconcile)  # type: ignore[arg-type]
+    assert 'ActionPool.tangram.arl.dev "gv" is invalid: x' in caplog.text
+    assert api_message(ApiException(status=500, reason="Internal Server Error")) == "Internal Server Error"
