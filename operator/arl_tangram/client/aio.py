@@ -143,7 +143,13 @@ class AsyncTangramClient:
                     if resp.status < 300:
                         return data
                     error = error_for(resp.status, data, _retry_after(resp))
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as exc:
+            except TimeoutError:
+                # This client's own limit, not the gateway's failure: say which, and how to raise it.
+                error = Unavailable(
+                    f"no answer from {self.url} within this client's timeout_s "
+                    f"({self._timeout.total:g} s); a longer action needs a larger timeout_s"
+                )
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 error = Unavailable(f"no answer from {self.url}: {exc!r}")
             if not isinstance(error, Unavailable | Overloaded):
                 raise error

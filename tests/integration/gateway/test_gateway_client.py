@@ -30,6 +30,7 @@ from arl_tangram.client import (
     RetryPolicy,
     SessionLost,
     TangramClient,
+    Unavailable,
     code_action,
 )
 from arl_tangram.client.tokens import token_source
@@ -238,3 +239,16 @@ def test_a_key_with_outer_spaces_is_refused_by_name(gateway: Gateway) -> None:
             client.run(code_action("print(1)", key="trailing "))
         assert refused.value.field == "key" and refused.value.status == 422, refused.value
         assert "differs" not in str(refused.value), refused.value  # it was told the header changed it
+
+
+def test_the_clients_own_timeout_is_named_as_such(gateway: Gateway) -> None:
+    """A long action past the client's ``timeout_s`` read as the gateway's failure ("no answer ...
+    TimeoutError()"): the error says it was this client's limit, and which argument raises it."""
+    with (
+        TangramClient(
+            gateway.url, namespace=NS, pool=POOL, timeout_s=0.5, retry=RetryPolicy(attempts=1)
+        ) as client,
+        pytest.raises(Unavailable) as err,
+    ):
+        client.run_code("import time; time.sleep(3)")
+    assert "timeout_s (0.5 s)" in str(err.value)
