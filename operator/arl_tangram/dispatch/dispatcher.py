@@ -406,9 +406,8 @@ class Dispatcher:
 
     async def _stop_pool(self, pool: _Pool) -> None:
         key = pool.config.key
-        for _, _, task in pool.orphans.values():
-            task.cancel()
-        pool.orphans.clear()
+        for orphan in list(pool.orphans):
+            self._unbook_orphan(pool, orphan)  # (its host is removed below)
         jobs = [j for j in self._jobs.values() if pool_key(j.request.namespace, j.request.target) == key]
         for sess in pool.sessions.values():
             sess.backlog.clear()  # failed below with the rest: none starts after its predecessor
@@ -515,7 +514,9 @@ class Dispatcher:
         """A host is gone (pod deleted, not ready): its running actions are infrastructure failures,
         retried elsewhere; its sessions are lost."""
         for key in [k for k, (h, _, _) in pool.orphans.items() if h == name]:
-            pool.orphans.pop(key)[2].cancel()  # its cores go with the host
+            # Given back before the host is removed, which refuses a host whose cores are not all
+            # free (kept, every later sync failed on it and the pool got no new host).
+            self._unbook_orphan(pool, key)
         if name in pool.cpu.hosts:
             pool.cpu.hosts[name].draining = True
         for sess in pool.sessions.values():

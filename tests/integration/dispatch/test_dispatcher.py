@@ -549,6 +549,41 @@ async def test_an_attempt_nobody_reattaches_to_keeps_its_cores_booked_until_it_e
         await second_client.close()
 
 
+@pytest.mark.parametrize("gone", ["host", "pool"])
+async def test_a_host_or_pool_lost_while_an_unclaimed_attempt_runs_there_goes_cleanly(
+    agents: list[Agent], gone: str
+) -> None:
+    """The booked cores of an attempt nobody claims are given back when its host goes: kept, the
+    host could not be removed (its cores not all free), every later sync failed on it, and the pool
+    got no new host; deleting the pool failed alike."""
+    hosts = [_endpoint(a, f"host-{i}") for i, a in enumerate(agents) if a.proc.poll() is None]
+    first_client, second_client = AgentClient(), AgentClient()
+    first = Dispatcher(first_client)
+    first.upsert_pool(_pool())
+    await first.sync_hosts(f"{NS}/py", hosts)
+    running = asyncio.create_task(first.run(_req(f"orphan-{gone}", "import time; time.sleep(2)")))
+    await _wait(lambda: (s := first.stats(f"{NS}/py")) is not None and s.running_actions == 1)
+    await first.shutdown()
+    await first_client.close()
+    assert running.done()
+    second = Dispatcher(second_client)
+    second.upsert_pool(_pool())
+    await second.sync_hosts(f"{NS}/py", hosts)
+    try:
+        assert len(second._pools[f"{NS}/py"].orphans) == 1
+        if gone == "host":
+            await second.sync_hosts(f"{NS}/py", [])
+            await second.sync_hosts(f"{NS}/py", hosts)  # hosts come (back): they are taken
+            assert second._pools[f"{NS}/py"].cpu.hosts.keys() == {h.name for h in hosts}
+        else:
+            await second.remove_pool(f"{NS}/py")
+            assert f"{NS}/py" not in second._pools
+    finally:
+        await second.shutdown()
+        await second_client.close()
+    await asyncio.sleep(2.5)  # the attempt ends on its agent before the next test's
+
+
 def _actions_run(agents: list[Agent]) -> int:
     total = 0
     for a in agents:
