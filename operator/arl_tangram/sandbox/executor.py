@@ -695,11 +695,19 @@ class Executor:
         limits: dict[str, int],
         control: ActionControl | None = None,
     ) -> ActionResult:
+        if spec.code_file:
+            # A file of its name made since it was picked (by the call before, or an upload),
+            # while this call waited for the session, is the session's: never overwritten (nor
+            # removed after).
+            code = spec.files.pop(spec.code_file)
+            spec.code_file = code_file(spec.runtime, spec.files, session.workdir)
+            spec.files[spec.code_file] = code
         for path, data in spec.files.items():
             workfiles.write_file(session.workdir, f"files[{path!r}]", path, data, session.uid)
         interp = session.persistent and spec.runtime == "python"
 
         msg = self._message(spec, session.uid, session.workdir, want, timeout_s, limits)
+        msg["in_session"] = True  # its main file goes at the call's end (forkserver)
         if interp:
             msg["op"] = "interp_run"
             msg["sid"] = session.id
@@ -719,6 +727,8 @@ class Executor:
             await asyncio.to_thread(_runtime_entries, session.workdir) if spec.runtime == "jupyter" else None
         )
         cores, reply = await self._dispatch(server, msg, control)
+        # What the call asked back is read before its code file goes (a fetch of it found none).
+        files, notes = self._fetch(session.workdir, spec.fetch_files)
         if spec.code_file:
             # The file the code ran from is the call's (as a Python call's main file is): left,
             # each call of the session took the next free name, and ``ls`` showed them all. A
@@ -745,7 +755,6 @@ class Executor:
         session.peak_rss_kb = max(session.peak_rss_kb, rss)
         if interp:
             session.interpreter_rss_kb = reply.get("max_rss_kb")
-        files, notes = self._fetch(session.workdir, spec.fetch_files)
         return build.attach(self._result(reply, cores, files, session.id, timeout_s, notes))
 
     async def _dispatch(
@@ -861,11 +870,17 @@ class Executor:
             message = f"killed after the {timeout_s:g} s wall-clock limit"
         elif reply.get("memory_evicted_mb") is not None:
             outcome = "memory_limit_exceeded"
-            message = (
-                "killed: the host's memory was nearly exhausted and this action held the most of it "
-                f"({reply['memory_evicted_mb']} MB in its processes and files; its memory limit bounds "
-                "each process, not their sum)"
-            )
+            held = f"{reply['memory_evicted_mb']} MB in its processes and files"
+            if reply.get("memory_evicted_over_limit"):
+                message = (
+                    "killed: the host's memory was nearly exhausted and this action held more than "
+                    f"its own memory limit ({held}; the limit bounds each process, not their sum)"
+                )
+            else:
+                message = (
+                    "killed: the host's memory was nearly exhausted and this action held the most of "
+                    f"it ({held}; its memory limit bounds each process, not their sum)"
+                )
         elif reply.get("memory_error"):
             outcome = "memory_limit_exceeded"
             message = "the program ran out of its memory limit"
@@ -877,6 +892,12 @@ class Executor:
             message = (
                 f"the session's interpreter ended during the call (exit status {reply.get('exit_code')}) "
                 "without answering it (its variables are gone; the next call starts a fresh one)"
+            )
+        if reply.get("interp_ran_frozen") and not message:
+            message = (
+                "the session's interpreter, or a process it started, ran between calls (where all "
+                "of it is stopped), so it was stopped for good: its variables are gone; this call "
+                "ran in a fresh one"
             )
         if reply.get("interp_evicted") and not message:
             message = (

@@ -83,6 +83,10 @@ EOF_GRACE_S = 0.5  # after the action's process is gone, how long to wait for it
 # other core sat idle: 14% of the machine, measured. A pipe holds 64 KiB, so a short action that
 # writes more waits at most this long for its first read.
 PIPE_WATCH_DELAY_S = 0.005
+# The most processes a session's persistent interpreter keeps between calls (``_freeze``).
+COMPANY_MAX = 64
+# How often stopped sessions are checked for having run again (``_check_frozen``).
+FROZEN_CHECK_S = 0.2
 # Python code up to this size is compiled here (see _main_file); larger code, in its own child,
 # where the compile's time counts against the action and blocks no other action.
 COMPILE_HERE_MAX = 32 << 10
@@ -176,12 +180,14 @@ class Call:
         "err",
         "err_truncated",
         "evicted_mb",
+        "evicted_over",
         "exit_code",
         "exited",
         "id",
         "interp",
         "interp_ended",
         "interp_evicted",
+        "interp_ran_frozen",
         "interp_restarted",
         "interp_stopped",
         "main_file",
@@ -233,9 +239,11 @@ class Call:
         self.pgid_fallback = pgid_fallback
         self.memory_limited = memory_limited
         self.memory_limit = 0  # bytes, the action's own (0: not known)
+        self.evicted_over = False  # killed by the guard holding more than its own limit
         self.interp = interp
         self.interp_restarted = interp_restarted
         self.interp_evicted = interp_evicted  # the one before was stopped while idle, for memory
+        self.interp_ran_frozen = False  # the one before was stopped for running between calls
         self.interp_stopped = False
         self.interp_ended = False  # its interpreter ended during it, unanswered: never a success
         self.nonce = -1  # a session call's, which its answer carries (``_answer_of``)
@@ -364,11 +372,15 @@ class Interp:
         "frozen",
         "key",
         "last_used",
+        "memory_limit",
         "netns",
         "pid",
         "pidfd",
+        "ran_frozen",
         "rbuf",
         "sid",
+        "stopped_own",
+        "stray",
         "uid",
     )
 
@@ -387,6 +399,12 @@ class Interp:
         self.frozen = False  # stopped (SIGSTOP) between calls: it keeps threads of its own
         # The processes it started that live on between calls, stopped with it: pid -> pidfd.
         self.company: dict[int, int] = {}
+        # Read ends of earlier calls' output pipes that those processes still write to ->
+        # "out" or "err": what comes goes to the call running then, as a kernel's stray output.
+        self.stray: dict[int, str] = {}
+        self.stopped_own: set[int] = set()  # of its company, those stopped by the program itself
+        self.memory_limit = 0  # bytes, its session's (a call's ``memory``)
+        self.ran_frozen = False  # stopped for running between calls (``_check_frozen``)
         self.last_used = time.monotonic()  # its last call's start: the least recent goes first
         self.evicted = False  # stopped while idle for the host's memory (``_evict_idle``)
         # Its key, the first bytes it reads (before any of the session's code runs): its answers
@@ -421,6 +439,8 @@ class ForkServer:
         # next read, and the action it last killed until that one has exited.
         self.guard: tuple[memguard.MemorySource, int] | None = None
         self.guard_at = 0.0
+        self.frozen_check_at = 0.0  # next look at stopped sessions (``_check_frozen``)
+        self.frozen_any = False  # some session may be stopped (set at each freeze)
         self.guard_victim: Call | None = None
         # The memory in use while no action ran (_guard_baseline), and when it is next read.
         self.guard_base = 0
@@ -659,6 +679,9 @@ class ForkServer:
             if self.guard is not None and self.calls:
                 wait = max(0.0, self.guard_at - time.monotonic())
                 timeout = wait if timeout is None else min(timeout, wait)
+            if self.frozen_any:
+                wait = max(0.0, self.frozen_check_at - time.monotonic())
+                timeout = wait if timeout is None else min(timeout, wait)
             for fd, data in self.sel.select(timeout):
                 if self.sel.data.get(fd) is not data:
                     # Closed earlier in this turn (its number perhaps reused already by an action
@@ -675,11 +698,14 @@ class ForkServer:
                     self._on_ctrl(owner)
                 elif kind == "stdin":
                     self._feed(owner)
+                elif kind == "stray":
+                    self._on_stray(fd, owner)
                 else:
                     self._on_pipe(fd, kind, owner)
             self._process_exits()
             self._fire_timers()
             self._guard_memory()
+            self._check_frozen()
             self._drain()  # cores freed by this turn's exits go to the next actions now
             self.flush()
 
@@ -1003,7 +1029,11 @@ class ForkServer:
         if msg.get("remove_workdir"):
             call.remove_workdir = msg["workdir"]
         call.uid = msg.get("uid")
-        call.main_file = msg.get("main_file")
+        if msg.get("remove_workdir") or msg.get("in_session"):
+            # Removed at the end where the workdir stays (a session's) or goes at once; a fresh
+            # workdir kept for its fetch or detached whole keeps it as the program left it (its
+            # fullness, and what a descriptor kept of it may gain, are the program's doing).
+            call.main_file = msg.get("main_file")
         if msg.get("workdir_tmpfs"):
             call.workdir = msg["workdir"]
         self.zy.owners[pid] = call
@@ -1030,10 +1060,11 @@ class ForkServer:
     def _start_interp_run(self, msg: RunMessage) -> None:
         sid = msg["sid"]
         interp = self.interps.get(sid)
-        restarted = evicted = False
+        restarted = evicted = ran_frozen = False
         if interp is None or not interp.alive:
             restarted = interp is not None
             evicted = interp is not None and interp.evicted
+            ran_frozen = interp is not None and interp.ran_frozen
             interp = self._spawn_interp(msg)
         elif interp.frozen:
             self._thaw(interp, msg["cores"])
@@ -1081,6 +1112,7 @@ class ForkServer:
             interp_restarted=restarted,
             interp_evicted=evicted,
         )
+        call.interp_ran_frozen = ran_frozen
         interp.last_used = started
         call.cores = msg["cores"]
         call.memory_limit = int(msg.get("memory") or 0)
@@ -1116,6 +1148,7 @@ class ForkServer:
         finally:
             child.close()
         interp = Interp(sid=msg["sid"], pid=pid, pidfd=pidfd, ctrl=parent, uid=msg.get("uid"), netns=netns)
+        interp.memory_limit = int(msg.get("memory") or 0)
         with suppress(OSError):  # one that is gone already: its exit is reported like any other
             parent.sendall(interp.key)
         parent.setblocking(False)
@@ -1156,12 +1189,20 @@ class ForkServer:
                 for pid in descendants(interp.pid):
                     if pid in company:
                         continue
+                    # One the program stopped itself stays stopped at the next call.
+                    if all_stopped(pid):
+                        interp.stopped_own.add(pid)
                     try:
                         # By pidfd: the pid of one that ends is not this one's to signal later.
                         company[pid] = os.pidfd_open(pid)
                         signal.pidfd_send_signal(company[pid], signal.SIGSTOP)
                     except OSError:
                         continue  # gone already
+            if len(company) > COMPANY_MAX:
+                # Each kept process holds a pidfd here, and its memory and a slot of the host's
+                # processes until the session ends: past this, the interpreter goes as before.
+                self._release_company(interp)
+                return "processes"
             # Once all are stopped none can fork or signal: what is there then is all there is.
             if (
                 all_stopped(interp.pid)
@@ -1174,7 +1215,23 @@ class ForkServer:
                 return "processes"
             time.sleep(0.0002)
         interp.frozen = True
+        self.frozen_any = True
         return None if self.iso.pid_namespace else company_of(interp.pid)
+
+    def _check_frozen(self) -> None:
+        """Every FROZEN_CHECK_S: a stopped session that runs again between calls (a timer of its
+        own that raises SIGCONT undoes a SIGSTOP; nothing else outside it can) is stopped for good:
+        its interpreter goes with all it started, and its next call is told why."""
+        now = time.monotonic()
+        if not self.frozen_any or now < self.frozen_check_at:
+            return
+        self.frozen_check_at = now + FROZEN_CHECK_S
+        self.frozen_any = any(i.alive and i.frozen for i in self.interps.values())
+        for interp in [i for i in self.interps.values() if i.alive and i.frozen]:
+            if all_stopped(interp.pid) and all(all_stopped(pid) for pid in interp.company):
+                continue
+            interp.ran_frozen = True
+            self._kill_interp(interp)
 
     def _thaw(self, interp: Interp, cores: list[int]) -> None:
         """Move every thread of a frozen interpreter and of the processes it started to the call's
@@ -1184,9 +1241,10 @@ class ForkServer:
                 for tid in os.listdir(f"/proc/{pid}/task"):
                     with suppress(OSError):
                         os.sched_setaffinity(int(tid), cores)
-        for pidfd in interp.company.values():
-            with suppress(OSError):
-                signal.pidfd_send_signal(pidfd, signal.SIGCONT)
+        for pid, pidfd in interp.company.items():
+            if pid not in interp.stopped_own:
+                with suppress(OSError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGCONT)
         with suppress(OSError):
             signal.pidfd_send_signal(interp.pidfd, signal.SIGCONT)
         self._release_company(interp)
@@ -1197,6 +1255,7 @@ class ForkServer:
         for pidfd in interp.company.values():
             os.close(pidfd)
         interp.company.clear()
+        interp.stopped_own.clear()
 
     def _tracked_pids(self) -> set[int]:
         tracked = {c.pid for c in self.calls.values()} | {i.pid for i in self.interps.values() if i.alive}
@@ -1215,6 +1274,12 @@ class ForkServer:
         if not data:
             self._close_pipe(fd, call)
             return False
+        self._take(call, kind, data)
+        return True
+
+    @staticmethod
+    def _take(call: Call, kind: str, data: bytes) -> None:
+        """Add what a pipe gave to the call's output, within its cap."""
         buf = call.out if kind == "out" else call.err
         room = call.cap - len(buf)
         if room >= len(data):
@@ -1227,7 +1292,69 @@ class ForkServer:
                 call.out_truncated = True
             else:
                 call.err_truncated = True
-        return True
+
+    def _on_stray(self, fd: int, interp: Interp) -> None:
+        """Output of a session's kept processes on an earlier call's pipe: the running call's, as
+        in a notebook (nothing runs between calls, so nothing is lost then but what no call takes)."""
+        try:
+            data = os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop_stray(interp, fd)
+            return
+        call = interp.call
+        if call is not None and not call.done:
+            self._take(call, interp.stray[fd], data)
+
+    def _drain_strays(self, call: Call, interp: Interp) -> None:
+        """What the kept processes wrote during the call and is still in their pipes: the call's
+        (its end does not wait for theirs: they are stopped, or gone)."""
+        for fd in list(interp.stray):
+            while fd in interp.stray:
+                try:
+                    data = os.read(fd, READ_CHUNK)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    data = b""
+                if not data:
+                    self._drop_stray(interp, fd)
+                else:
+                    self._take(call, interp.stray[fd], data)
+
+    def _drop_stray(self, interp: Interp, fd: int) -> None:
+        self.sel.unregister(fd)
+        os.close(fd)
+        del interp.stray[fd]
+
+    def _keep_as_stray(self, call: Call) -> None:
+        """At the end of a call whose processes are kept (``_freeze``): what its pipes hold now is
+        the call's; the pipes stay open for what those processes write in later calls (closed,
+        their writes failed with EPIPE and a pool's worker or a server died of it)."""
+        interp = call.interp
+        assert interp is not None
+        for fd in call.pipes:
+            kind = call.stream_of(fd)
+            ended = False
+            while not ended:
+                try:
+                    data = os.read(fd, READ_CHUNK)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    data = b""
+                ended = not data
+                self._take(call, kind, data)
+            self.sel.unregister(fd)  # (nothing when the call's output was not watched yet)
+            if ended:
+                os.close(fd)
+            else:
+                self.sel.register(fd, ("stray", interp))
+                interp.stray[fd] = kind
+        call.pipes = []
 
     def _close_pipe(self, fd: int, call: Call) -> None:
         self.sel.unregister(fd)
@@ -1300,6 +1427,8 @@ class ForkServer:
         interp.alive = False
         self.sel.unregister(interp.ctrl.fileno())
         self._release_company(interp)
+        for fd in list(interp.stray):
+            self._drop_stray(interp, fd)
         os.close(interp.pidfd)
         interp.ctrl.close()
         if interp.netns >= 0:
@@ -1367,6 +1496,12 @@ class ForkServer:
             # down), and the next call gets a fresh one.
             call.interp_stopped = True
             self._kill_interp(interp)
+        elif interp.company:
+            # Its kept processes hold the call's pipes: no end of them comes. All of them are
+            # stopped, so what they wrote is in the pipes now: the call ends at once with it
+            # (waiting for an end cost each such call EOF_GRACE_S).
+            self._finish(call)
+            return
         if call.open_pipes:
             heapq.heappush(self.timers, (call.ended_at + EOF_GRACE_S, call.id))
         self._maybe_finish(call)
@@ -1436,21 +1571,27 @@ class ForkServer:
             held, idle, others = self._holders(running)
         except OSError:  # /proc unreadable for now (out of descriptors or memory): look again later
             return
-        over = [u for u, c in running.items() if c.memory_limit and held[u] > c.memory_limit]
-        if not over and self._evict_idle(idle, reserve - free):
-            return  # (an action holding more than its own limit goes first: it is the cause)
         resting = others + sum(idle.values())
-        uid = max(held, key=held.__getitem__, default=None)
         # What the agent's own cgroup uses (not a pod's, whose sibling containers' use is not the
         # actions'), beyond the memory that was neither seen nor the actions' while no action ran,
         # less all that is seen now. Up to the reserve of it is taken for that figure's error (it
         # is older than this look where actions never stop).
         unseen = memguard.in_use(source, free, total) - self.guard_base - sum(held.values()) - resting
+        # An action holding more than its own limit is the cause: the largest of those goes first
+        # (the largest holder of all went, an innocent within its limit among them). Otherwise
+        # idle interpreters go before a running action (only where the memory short is memory the
+        # guard sees: what it cannot place is some action's, and an idle session is none), then
+        # the largest holder.
+        over = [u for u, c in running.items() if c.memory_limit and held[u] > c.memory_limit]
+        if not over and unseen - reserve < memguard.MIN_VICTIM and self._evict_idle(idle, reserve - free):
+            return
+        uid = max(over or held, key=held.__getitem__, default=None)
         if uid is None or held[uid] < max(memguard.MIN_VICTIM, unseen - reserve):
             self.guard_at = now + GUARD_IDLE_S
             return
         victim = running[uid]
         victim.evicted_mb = held[uid] >> 20
+        victim.evicted_over = uid in over
         self._kill(victim)
         self.guard_victim = victim
         self.guard_settle = now + GUARD_SETTLE_S
@@ -1465,8 +1606,16 @@ class ForkServer:
         if sum(idle.values()) < short:
             return False  # they cannot make up for it: the action that holds the most goes
         by_uid = {i.uid: i for i in self.interps.values() if i.alive and i.uid in idle}
+
+        def order(uid: int) -> tuple[int, float]:
+            # Those holding more than their session's own limit first (memory parked in processes
+            # kept between calls), the largest of them first; then the least recently used.
+            interp = by_uid[uid]
+            over = interp.memory_limit and idle[uid] > interp.memory_limit
+            return (0, -idle[uid]) if over else (1, interp.last_used)
+
         freed = 0
-        for uid in sorted(by_uid, key=lambda u: by_uid[u].last_used):
+        for uid in sorted(by_uid, key=order):
             if freed >= short:
                 break
             interp = by_uid[uid]
@@ -1563,6 +1712,10 @@ class ForkServer:
         call.done = True
         self._end_feed(call)
         self.pool.release(call.cores)
+        if call.interp is not None and call.interp.stray:
+            self._drain_strays(call, call.interp)
+        if call.interp is not None and call.interp.alive and call.interp.company:
+            self._keep_as_stray(call)
         for fd in call.pipes:
             self.sel.unregister(fd)
             os.close(fd)
@@ -1591,9 +1744,11 @@ class ForkServer:
             "max_rss_kb": call.max_rss_kb,
             "memory_error": memory_error or call.evicted_mb is not None,
             "memory_evicted_mb": call.evicted_mb,
+            "memory_evicted_over_limit": call.evicted_over,
             "setup_error": call.setup_failed and call.interp is None,
             "interp_restarted": call.interp_restarted,
             "interp_evicted": call.interp_evicted,
+            "interp_ran_frozen": call.interp_ran_frozen,
             "interp_stopped": call.interp_stopped,
             "interp_ended": call.interp_ended,
             "workdir_removed": False,

@@ -76,9 +76,11 @@ class Reply(TypedDict, total=False):
     max_rss_kb: int | None
     memory_error: bool
     memory_evicted_mb: int | None  # killed by the memory guard, holding this much (forkserver)
+    memory_evicted_over_limit: bool  # ... more than its own memory limit
     setup_error: bool
     interp_restarted: bool
     interp_evicted: bool  # the interpreter before was stopped while idle, for the host's memory
+    interp_ran_frozen: bool  # ... for running between calls (``forkserver._check_frozen``)
     interp_stopped: bool
     interp_ended: bool
     workdir_removed: bool

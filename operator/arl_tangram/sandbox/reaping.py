@@ -81,7 +81,7 @@ def company_of(pid: int) -> str | None:
     except OSError:
         return None  # it is gone already: its exit is reported through the pidfd
     for child in children:
-        if proc_state(b"/proc/%s/stat" % child) not in (b"Z", b""):
+        if is_live(int(child)):
             return "processes"
     return "threads" if len(tasks) > 1 else None
 
@@ -103,10 +103,25 @@ def descendants(pid: int) -> list[int]:
             except OSError:
                 continue
             for kid in kids:
-                if proc_state(f"/proc/{kid}/stat") not in (b"Z", b""):
+                if is_live(kid):
                     found.append(kid)
                     todo.append(kid)
     return found
+
+
+def is_live(pid: int) -> bool:
+    """Whether ``pid`` runs: some thread of it that is no zombie (a process whose main thread
+    called ``pthread_exit`` shows its leader as one while its other threads run on)."""
+    state = proc_state(f"/proc/{pid}/stat")
+    if state not in (b"Z", b""):
+        return True
+    if state == b"":
+        return False
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    return any(proc_state(f"/proc/{pid}/task/{tid}/stat") not in (b"Z", b"X", b"") for tid in tids)
 
 
 def proc_state(stat_path: bytes | str) -> bytes:

@@ -326,8 +326,12 @@ def _parent_of(pid: int) -> int:
 
 
 def _state(pid: int) -> str:
+    return _state_of(f"/proc/{pid}/stat")
+
+
+def _state_of(stat: str) -> str:
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
+        with open(stat, "rb") as fh:
             return fh.read().rsplit(b")", 1)[1].split()[0].decode()
     except OSError:
         return ""
@@ -501,6 +505,118 @@ def test_a_process_pool_a_persistent_call_made_serves_the_next_call(agent: Agent
     finally:
         requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
     wait_until(lambda: processes_of(agent.uids) == [], what="the session's processes to be gone")
+
+
+def test_what_kept_processes_write_in_a_later_call_is_that_calls_output(agent: Agent) -> None:
+    """A kept process writes to the pipe of the call that started it: that pipe stays open, and
+    what comes goes to the call running then, as a notebook shows a worker's output in the cell
+    that ran it (closed, its writes failed with EPIPE: a pool's worker that printed, or a server
+    logging a request, died of it)."""
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    try:
+        made = "import multiprocessing as mp, os\npool = mp.Pool(1)\nprint('made')"
+        first = agent.execute(made, session_id=sid, timeout_s=30)
+        assert (first["status"], first["stdout"]) == ("ok", "made\n"), first
+        for n in range(2):
+            code = f"pool.apply(os.write, (1, b'worker {n}\\n'))\nprint('main {n}')"
+            again = agent.execute(code, session_id=sid, timeout_s=30)
+            assert again["status"] == "ok" and again["interpreter_restarted"] is False, again
+            assert sorted(str(again["stdout"]).splitlines()) == [f"main {n}", f"worker {n}"], again
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+    wait_until(lambda: processes_of(agent.uids) == [], what="the session's processes to be gone")
+
+
+def test_a_call_that_leaves_too_many_processes_ends_its_interpreter(agent: Agent) -> None:
+    """Each kept process holds a descriptor of the fork server's and a slot of the host's processes
+    until its session ends: past COMPANY_MAX the interpreter goes, as it did for any process."""
+    from arl_tangram.sandbox.forkserver import COMPANY_MAX
+
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    try:
+        many = (
+            f"import os, time\nx = 1\nfor _ in range({COMPANY_MAX + 1}):\n"
+            "    if os.fork() == 0:\n        time.sleep(60)\n        os._exit(0)\nprint('forked')"
+        )
+        body = agent.execute(many, session_id=sid, timeout_s=30)
+        assert (body["status"], body["stdout"]) == ("ok", "forked\n"), body
+        assert "interpreter was stopped" in str(body["message"]), body
+        wait_until(lambda: processes_of(agent.uids) == [], what="the processes to be gone")
+        again = agent.execute("print('x' in globals())", session_id=sid)
+        assert again["interpreter_restarted"] is True and again["stdout"] == "False\n", again
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+
+
+# A kept process that wakes itself between calls: a POSIX timer whose signal is SIGCONT (which a
+# SIGSTOP does not hold against), and a handler so that the timer goes on firing.
+_WAKES_ITSELF = r"""
+import ctypes, signal
+lib = ctypes.CDLL(None, use_errno=True)
+class SigEvent(ctypes.Structure):
+    _fields_ = [("value", ctypes.c_void_p), ("signo", ctypes.c_int), ("notify", ctypes.c_int),
+                ("pad", ctypes.c_byte * 48)]
+class TimeSpec(ctypes.Structure):
+    _fields_ = [("s", ctypes.c_long), ("ns", ctypes.c_long)]
+class ITimerSpec(ctypes.Structure):
+    _fields_ = [("interval", TimeSpec), ("value", TimeSpec)]
+signal.signal(signal.SIGCONT, lambda *_: None)
+timer = ctypes.c_void_p()
+assert lib.timer_create(1, ctypes.byref(SigEvent(None, signal.SIGCONT, 0)), ctypes.byref(timer)) == 0
+every = ITimerSpec(TimeSpec(0, 50_000_000), TimeSpec(0, 50_000_000))
+assert lib.timer_settime(timer, 0, ctypes.byref(every), None) == 0
+while True:
+    pass
+"""
+
+
+def test_a_kept_process_that_wakes_itself_between_calls_ends_its_interpreter(agent: Agent) -> None:
+    """A stopped session runs again between calls only by its own doing (a timer raising SIGCONT):
+    it is stopped for good within a moment, all of it, and its next call is told why (it ran at
+    full speed for as long as its session lived, on cores handed to others)."""
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    try:
+        start = (
+            "import subprocess, sys, time\nx = 1\n"
+            f"child = subprocess.Popen([sys.executable, '-c', {_WAKES_ITSELF!r}])\ntime.sleep(0.5)\n"
+        )
+        body = agent.execute(start, session_id=sid, timeout_s=30)
+        assert body["status"] == "ok", body
+        wait_until(lambda: processes_of(agent.uids) == [], what="the session that woke itself to be gone")
+        again = agent.execute("print('x' in globals())", session_id=sid)
+        assert again["interpreter_restarted"] is True and again["stdout"] == "False\n", again
+        assert "ran between calls" in str(again["message"]), again
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+
+
+def test_a_process_whose_main_thread_ended_is_kept_stopped_too(agent: Agent) -> None:
+    """A process whose main thread exited (``pthread_exit``) shows its leader as a zombie while
+    its other threads run: it was taken for gone, never stopped, and spun between calls."""
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    try:
+        leader_ends = (
+            "import ctypes, threading\n"
+            "threading.Thread(target=lambda: [None for _ in iter(int, 1)]).start()\n"
+            "ctypes.CDLL(None).syscall(60, 0)\n"  # exit(2) of the main thread alone
+        )
+        start = (
+            "import subprocess, sys, time\nx = 1\n"
+            f"child = subprocess.Popen([sys.executable, '-c', {leader_ends!r}])\ntime.sleep(0.5)\n"
+        )
+        body = agent.execute(start, session_id=sid, timeout_s=30)
+        assert body["status"] == "ok", body
+        time.sleep(0.5)
+        threads = [
+            _state_of(f"/proc/{pid}/task/{tid}/stat")
+            for pid in processes_of(agent.uids)
+            for tid in os.listdir(f"/proc/{pid}/task")
+        ]
+        assert set(threads) <= {"T", "Z", ""}, threads
+        again = agent.execute("print(x)", session_id=sid)
+        assert again["stdout"] == "1\n", again
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
 
 
 def test_threads_a_persistent_call_leaves_run_only_during_calls_on_their_cores(agent: Agent) -> None:

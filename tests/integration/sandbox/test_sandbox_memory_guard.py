@@ -163,7 +163,9 @@ def test_the_action_holding_the_memory_is_killed_and_the_others_run_on(
     assert body["status"] == "memory_limit_exceeded" and body["signal"] == 9, body
     assert "never stopped" not in str(body["stdout"])
     message = str(body["message"])
-    assert "the host's memory was nearly exhausted" in message and "held the most" in message, message
+    assert "the host's memory was nearly exhausted" in message and (
+        "held the most" in message or "more than its own memory limit" in message
+    ), message
     (other,) = others
     assert (other["status"], other["stdout"]) == ("ok", "fine\n"), other
     assert int((cgroup / "memory.failcnt").read_text()) == 0, "the cgroup's limit was reached"
@@ -211,6 +213,28 @@ def test_memory_no_action_is_seen_to_hold_costs_no_innocent_its_run(contained: t
     assert int((cgroup / "memory.failcnt").read_text()) == 0, "the cgroup's limit was reached"
 
 
+def test_memory_no_action_is_seen_to_hold_costs_no_idle_session_its_interpreter(
+    contained: tuple[Agent, Path],
+) -> None:
+    """Nor is an idle session's interpreter stopped for it: memory out of sight is some action's,
+    and giving up the session's gives none of it back."""
+    agent, cgroup = contained
+    made = agent.post("/v1/sessions", {"persistent": True, "memory_mb": 1000})
+    assert made.status_code in (200, 201), made.text
+    sid = made.json()["session_id"]
+    try:
+        grow = "kept = bytearray(500 << 20); kept[::4096] = b'x' * len(kept[::4096]); print('kept')"
+        assert agent.execute(grow, timeout_s=60, session_id=sid)["stdout"] == "kept\n"
+        hidden = HIDDEN.replace(f"range({PIECES})", "range(32)")  # 1,600 MB
+        body = agent.execute(hidden, timeout_s=60)
+        assert (body["status"], body["stdout"]) == ("ok", "held it\n"), body
+        again = agent.execute("print(len(kept) >> 20)", session_id=sid)
+        assert again["interpreter_restarted"] is False and again["stdout"] == "500\n", again
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=30)
+    assert int((cgroup / "memory.failcnt").read_text()) == 0, "the cgroup's limit was reached"
+
+
 def test_what_an_idle_session_holds_does_not_shield_the_action_that_holds_the_most(
     contained: tuple[Agent, Path],
 ) -> None:
@@ -236,7 +260,7 @@ def test_what_an_idle_session_holds_does_not_shield_the_action_that_holds_the_mo
         hog = MANY_PROCESSES.replace(f"range({PIECES})", "range(17)")  # 1,020 MB
         body = agent.execute(hog, timeout_s=60)
         assert body["status"] == "memory_limit_exceeded" and body["signal"] == 9, body
-        assert "held the most" in str(body["message"]), body
+        assert "more than its own memory limit" in str(body["message"]), body
     finally:
         thread.join()
         requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=30)
@@ -272,6 +296,34 @@ def test_idle_sessions_give_their_memory_up_before_an_action_within_its_limit_is
     finally:
         for sid in sids:
             requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=30)
+    assert int((cgroup / "memory.failcnt").read_text()) == 0, "the cgroup's limit was reached"
+
+
+def test_an_action_over_its_own_limit_goes_before_a_larger_one_within_its_limit(
+    contained: tuple[Agent, Path],
+) -> None:
+    """The largest holder went, though it held only what its own limit allows, while the action
+    whose processes together held four times its limit ran on."""
+    agent, cgroup = contained
+    within: list[dict[str, object]] = []
+    big = "b = bytearray(1100 << 20); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(6)\n"
+    big += "print('within')"
+
+    def innocent() -> None:
+        within.append(agent.execute(big, timeout_s=60, memory_mb=1400))
+
+    thread = threading.Thread(target=innocent)
+    thread.start()
+    try:
+        time.sleep(1.5)  # it holds its memory by now
+        hog = MANY_PROCESSES.replace(f"range({PIECES})", "range(17)")  # 1,020 MB under 256 MB
+        body = agent.execute(hog, timeout_s=60)
+        assert body["status"] == "memory_limit_exceeded"
+        assert "more than its own memory limit" in str(body["message"]), body
+    finally:
+        thread.join()
+    (other,) = within
+    assert (other["status"], other["stdout"]) == ("ok", "within\n"), other
     assert int((cgroup / "memory.failcnt").read_text()) == 0, "the cgroup's limit was reached"
 
 
