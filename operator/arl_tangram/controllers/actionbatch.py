@@ -459,6 +459,7 @@ class BatchManager:
             "queuedSeconds": outcome.queued_s,
             "host": outcome.host,
             "cores": list(outcome.cores),
+            "outputWhole": True,
         }
         batch.acts.append(act_s)
         batch.tasks.pop(action_id, None)
@@ -575,17 +576,23 @@ class BatchManager:
                 # Finished before this operator started (a restart, a failover): its whole output
                 # was in the memory of the one before. What the status kept is served, and said to
                 # be all there is; a row with only its state looked like an action with no output.
+                # The same keys as a whole row's: the streams unknown (None), their kept tail in
+                # ``output``.
                 yield {
                     "id": action.id,
                     "state": state.state,
                     "reason": state.reason,
+                    "message": None,
                     "exitCode": state.exit_code,
                     "reward": state.reward,
+                    "stdout": None,
+                    "stderr": None,
                     "attempts": state.attempts,
                     "durationSeconds": _seconds(state.duration_millis),
                     "queuedSeconds": _seconds(state.queued_millis),
+                    "host": None,
+                    "cores": [],
                     "output": state.output,
-                    "outputTruncated": state.truncated,
                     "outputWhole": False,
                 }
 
