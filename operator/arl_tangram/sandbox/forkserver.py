@@ -144,6 +144,17 @@ _MEMORY_LINES = re.compile(
 )
 
 
+def _read_pipe(fd: int) -> bytes | None:
+    """One read of an output pipe: its bytes, ``b""`` at its end (or an error), None when nothing
+    is there now."""
+    try:
+        return os.read(fd, READ_CHUNK)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
+
+
 class _Poller:
     """The part of ``selectors`` we need, on ``epoll`` directly."""
 
@@ -1265,12 +1276,9 @@ class ForkServer:
     # ---- events -----------------------------------------------------------------------------------
     def _on_pipe(self, fd: int, kind: str, call: Call) -> bool:
         """Read once from an output pipe; whether there may be more to read right away."""
-        try:
-            data = os.read(fd, READ_CHUNK)
-        except BlockingIOError:
+        data = _read_pipe(fd)
+        if data is None:
             return False
-        except OSError:
-            data = b""
         if not data:
             self._close_pipe(fd, call)
             return False
@@ -1296,12 +1304,9 @@ class ForkServer:
     def _on_stray(self, fd: int, interp: Interp) -> None:
         """Output of a session's kept processes on an earlier call's pipe: the running call's, as
         in a notebook (nothing runs between calls, so nothing is lost then but what no call takes)."""
-        try:
-            data = os.read(fd, READ_CHUNK)
-        except BlockingIOError:
+        data = _read_pipe(fd)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if not data:
             self._drop_stray(interp, fd)
             return
@@ -1314,12 +1319,9 @@ class ForkServer:
         (its end does not wait for theirs: they are stopped, or gone)."""
         for fd in list(interp.stray):
             while fd in interp.stray:
-                try:
-                    data = os.read(fd, READ_CHUNK)
-                except BlockingIOError:
+                data = _read_pipe(fd)
+                if data is None:
                     break
-                except OSError:
-                    data = b""
                 if not data:
                     self._drop_stray(interp, fd)
                 else:
@@ -1340,12 +1342,9 @@ class ForkServer:
             kind = call.stream_of(fd)
             ended = False
             while not ended:
-                try:
-                    data = os.read(fd, READ_CHUNK)
-                except BlockingIOError:
+                data = _read_pipe(fd)
+                if data is None:
                     break
-                except OSError:
-                    data = b""
                 ended = not data
                 self._take(call, kind, data)
             self.sel.unregister(fd)  # (nothing when the call's output was not watched yet)
