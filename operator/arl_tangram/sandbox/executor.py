@@ -540,9 +540,9 @@ class Executor:
             if session is None or session.closed:
                 raise _no_session(spec.session_id)
         if spec.runtime in CODE_FILES:
-            # In a session, not over a file its workdir holds (a helper uploaded before): that
-            # was overwritten with the call's code.
-            spec.code_file = code_file(spec.runtime, spec.files, session.workdir if session else None)
+            # (In a session, picked again under its lock, beside the files its workdir holds then:
+            # ``_run_in_session``.)
+            spec.code_file = code_file(spec.runtime, spec.files)
             spec.files = {**spec.files, spec.code_file: spec.code.encode()}
         spec.files = self.builder.admit(spec.runtime, spec.code, spec.files, spec.compile_timeout_s)
         want: int | frozenset[int] = frozenset(spec.cores) if spec.cores else spec.ncores
