@@ -515,18 +515,17 @@ async def test_an_attempt_the_status_never_recorded_is_still_found_and_not_run_a
     assert _actions_run(agents) == before + 1, "the action ran twice"
 
 
-async def test_an_attempt_nobody_reattaches_to_keeps_its_cores_booked_until_it_ends(
-    agents: list[Agent],
-) -> None:
-    """An attempt whose batch was deleted while no operator ran is claimed by no job: its cores
-    were counted free, and an action granted them waited on its agent behind it, up to the pool's
-    timeout. They stay booked while it runs, and come back when it ends."""
+async def _orphaned(
+    agents: list[Agent], key: str, seconds: float
+) -> tuple[Dispatcher, AgentClient, list[HostEndpoint]]:
+    """An operator dies with an attempt of ``key`` running; a new one (returned, with its client and
+    the hosts) finds it on its hosts, and no job claims it (its batch was deleted meanwhile)."""
     hosts = [_endpoint(a, f"host-{i}") for i, a in enumerate(agents) if a.proc.poll() is None]
     first_client, second_client = AgentClient(), AgentClient()
     first = Dispatcher(first_client)
     first.upsert_pool(_pool())
     await first.sync_hosts(f"{NS}/py", hosts)
-    running = asyncio.create_task(first.run(_req("orphan", "import time; time.sleep(3)")))
+    running = asyncio.create_task(first.run(_req(key, f"import time; time.sleep({seconds})")))
     await _wait(lambda: (s := first.stats(f"{NS}/py")) is not None and s.running_actions == 1)
     await first.shutdown()
     await first_client.close()
@@ -534,6 +533,16 @@ async def test_an_attempt_nobody_reattaches_to_keeps_its_cores_booked_until_it_e
     second = Dispatcher(second_client)
     second.upsert_pool(_pool())
     await second.sync_hosts(f"{NS}/py", hosts)
+    return second, second_client, hosts
+
+
+async def test_an_attempt_nobody_reattaches_to_keeps_its_cores_booked_until_it_ends(
+    agents: list[Agent],
+) -> None:
+    """An attempt whose batch was deleted while no operator ran is claimed by no job: its cores
+    were counted free, and an action granted them waited on its agent behind it, up to the pool's
+    timeout. They stay booked while it runs, and come back when it ends."""
+    second, second_client, _ = await _orphaned(agents, "orphan", 3)
     pool = second._pools[f"{NS}/py"]
 
     def free() -> int:
@@ -556,19 +565,7 @@ async def test_a_host_or_pool_lost_while_an_unclaimed_attempt_runs_there_goes_cl
     """The booked cores of an attempt nobody claims are given back when its host goes: kept, the
     host could not be removed (its cores not all free), every later sync failed on it, and the pool
     got no new host; deleting the pool failed alike."""
-    hosts = [_endpoint(a, f"host-{i}") for i, a in enumerate(agents) if a.proc.poll() is None]
-    first_client, second_client = AgentClient(), AgentClient()
-    first = Dispatcher(first_client)
-    first.upsert_pool(_pool())
-    await first.sync_hosts(f"{NS}/py", hosts)
-    running = asyncio.create_task(first.run(_req(f"orphan-{gone}", "import time; time.sleep(2)")))
-    await _wait(lambda: (s := first.stats(f"{NS}/py")) is not None and s.running_actions == 1)
-    await first.shutdown()
-    await first_client.close()
-    assert running.done()
-    second = Dispatcher(second_client)
-    second.upsert_pool(_pool())
-    await second.sync_hosts(f"{NS}/py", hosts)
+    second, second_client, hosts = await _orphaned(agents, f"orphan-{gone}", 2)
     try:
         assert len(second._pools[f"{NS}/py"].orphans) == 1
         if gone == "host":
