@@ -69,6 +69,19 @@ def _pool(cluster: Cluster, ns: str, name: str = "py", **spec: Any) -> None:
     _create(cluster, ns, "actionpools", pool_manifest(name, **spec))
 
 
+def _pool_not_ready(cluster: Cluster, ns: str, reason: str) -> dict[str, Any]:
+    """The Ready condition of this namespace's pool once it is False for ``reason``."""
+
+    def said(o: dict[str, Any]) -> bool:
+        conditions = o.get("status", {}).get("conditions", [])
+        return any(
+            c["type"] == "Ready" and c["status"] == "False" and c["reason"] == reason for c in conditions
+        )
+
+    pool = _wait_for(cluster, ns, "actionpools", said, description=f"Ready=False {reason}", timeout=60)
+    return next(c for c in pool["status"]["conditions"] if c["type"] == "Ready")
+
+
 def _wait_for(cluster: Cluster, ns: str, plural: str, predicate: Any, **kwargs: Any) -> dict[str, Any]:
     """The first of this namespace's objects of ``plural`` for which ``predicate`` holds (a watch)."""
     return wait_for(
@@ -718,18 +731,7 @@ def test_a_host_pod_the_api_server_refuses_is_said_and_held_batches_run_once_fix
         scaling={"minHosts": 1},
     )
     _create(cluster, namespace, "actionbatches", batch_manifest("refused", _sleepers(1, 0)))
-    pool = _wait_for(
-        cluster,
-        namespace,
-        "actionpools",
-        lambda o: any(
-            c["type"] == "Ready" and c["status"] == "False" and c["reason"] == "HostsRejected"
-            for c in o.get("status", {}).get("conditions", [])
-        ),
-        description="Ready=False HostsRejected",
-        timeout=60,
-    )
-    ready = next(c for c in pool["status"]["conditions"] if c["type"] == "Ready")
+    ready = _pool_not_ready(cluster, namespace, "HostsRejected")
     assert why in ready["message"] and "spec.volumes" in ready["message"], ready
     _wait_for(
         cluster,
@@ -786,18 +788,7 @@ def test_a_pool_pinned_to_zero_says_so_to_the_actions_that_wait(
     cluster.kubectl("scale", "-n", namespace, "actionpool/py", "--replicas=0")
     _create(cluster, namespace, "actionbatches", batch_manifest("zero", _sleepers(1, 0)))
     _batch_waits_saying(cluster, namespace, "zero", "pinned to 0 hosts by /scale")
-    pool = _wait_for(
-        cluster,
-        namespace,
-        "actionpools",
-        lambda o: any(
-            c["type"] == "Ready" and c["status"] == "False" and c["reason"] == "PinnedToZero"
-            for c in o.get("status", {}).get("conditions", [])
-        ),
-        description="Ready=False PinnedToZero",
-        timeout=60,
-    )
-    ready = next(c for c in pool["status"]["conditions"] if c["type"] == "Ready")
+    ready = _pool_not_ready(cluster, namespace, "PinnedToZero")
     assert "action(s) wait" in ready["message"], ready
     cluster.kubectl("scale", "-n", namespace, "actionpool/py", "--replicas=1")
     batch = _wait_batch(cluster, namespace, "zero", timeout=180)
