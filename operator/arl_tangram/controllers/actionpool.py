@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from arl_tangram.api.actionpool import ActionPool
 from arl_tangram.api.meta import ActStats
 from arl_tangram.api.validation import invalid_spec
-from arl_tangram.controllers.conditions import ConditionReason, ConditionType, set_condition
+from arl_tangram.controllers.conditions import ConditionReason, ConditionType, refused_spec, set_condition
 from arl_tangram.controllers.failures import (
     UNSCHEDULABLE_AFTER_S,
     FailureStreaks,
@@ -33,7 +33,7 @@ from arl_tangram.controllers.failures import (
     cannot_start,
     outage,
 )
-from arl_tangram.dispatch.dispatcher import Dispatcher, HostEndpoint, PoolStats
+from arl_tangram.dispatch.dispatcher import ACT_WINDOW_S, Dispatcher, HostEndpoint, PoolStats
 from arl_tangram.domain.actions import OUTAGE_RETRY_MIN_S, Outage
 from arl_tangram.domain.batches import act_stats
 from arl_tangram.domain.pools import HostRejected, PoolConfig, pool_config, pool_key
@@ -305,7 +305,7 @@ def _status(
     pending = [h for h in starting if h.pending]
     gen = cfg.generation
     conds: list[dict[str, Any]] = [dict(c) for c in observed.conditions]
-    act: ActStats | None = act_stats(stats.act_recent_s, 300) if stats else None
+    act: ActStats | None = act_stats(stats.act_recent_s, ACT_WINDOW_S) if stats else None
     queue = stats.queued_actions if stats else 0
     lo, _ = cfg.desired_bounds
     stuck = bool(pending) and observed.unschedulable_for_s >= UNSCHEDULABLE_AFTER_S
@@ -655,6 +655,7 @@ class PoolController:
         self._unplaceable = Waits()  # the planner finding no node for a host
         self._failures = FailureStreaks()
         self._rejections = Rejections()
+        self._refused: dict[str, Any] = {}  # pool -> the generation of its spec last refused
 
     async def reconcile(
         self,
@@ -667,11 +668,22 @@ class PoolController:
         status = body.get("status") or {}
         now_dt = datetime.now(UTC)
         generation, conditions = meta.get("generation"), status.get("conditions") or ()
+        refusal: str | None = None
         try:
             cfg = config_of(body)
         except InvalidSpec as exc:
-            return invalid_status(generation, conditions, str(exc), now_dt), []
-        self.dispatcher.upsert_pool(cfg)
+            # The last spec accepted for this very pool (not one of an earlier pool of its name) keeps
+            # serving, and the pool keeps being looked after by it (failed hosts replaced, scaled to
+            # its queue), as a Deployment keeps its last good ReplicaSet: an edit with a typo must
+            # not stop a pool's running work. Only with none (the operator started since) does the
+            # pool run nothing until it is fixed: its actions wait (``PoolSpecInvalid``).
+            kept = self.dispatcher.pool_config(str(meta.get("namespace")), str(meta.get("name")))
+            if kept is None or kept.uid != str(meta.get("uid", "")):
+                return invalid_status(generation, conditions, str(exc), now_dt), []
+            cfg, refusal = kept, str(exc)
+        else:
+            self._refused.pop(cfg.key, None)
+            self.dispatcher.upsert_pool(cfg)
         hosts = self.runtime.hosts(cfg.key)
         await self._sync(cfg, hosts)
         stats = self.dispatcher.stats(cfg.key)
@@ -711,6 +723,11 @@ class PoolController:
             message = rejected_hosts(observed) or str(refused)
             log.warning("pool %s: %s", cfg.key, message)
             done.append(Event("Warning", ConditionReason.HOSTS_REJECTED.value, message))
+        if refusal is not None:
+            new_status = refused_spec(new_status, generation, cfg.generation, refusal, now_dt, "pool")
+            if self._refused.get(cfg.key) != generation:  # one Event per refused generation
+                self._refused[cfg.key] = generation
+                done.append(Event("Warning", ConditionReason.INVALID_SPEC.value, refusal))
         return new_status, done
 
     async def _sync(self, cfg: PoolConfig, hosts: Sequence[HostObservation]) -> None:
@@ -779,4 +796,5 @@ class PoolController:
         for waits in (self._unplaced, self._stalled, self._unplaceable, self._rejections):
             waits.forget(key)
         self._offered.pop(key, None)
+        self._refused.pop(key, None)
         await self.dispatcher.remove_pool(key, uid)

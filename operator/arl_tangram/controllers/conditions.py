@@ -100,3 +100,27 @@ def set_condition(
             }
         )
     return out
+
+
+def refused_spec(
+    status: Mapping[str, Any], generation: int | None, serving: int, message: str, now: datetime, what: str
+) -> dict[str, Any]:
+    """``status`` (a round run with the last accepted spec, of generation ``serving``) of a pool or
+    service (``what``) whose spec of ``generation`` cannot be used. Ready and Scaling stay as the
+    running spec makes them, with its generation (they say what runs: what is sent to it does
+    run); Degraded says the new spec is refused and what runs instead, and ``observedGeneration``
+    is the refused one: it was seen, and this is the answer to it, not a status still to come."""
+    said = (
+        f"the spec of generation {generation} is refused ({message}); the {what} keeps running its "
+        f"last accepted spec (generation {serving}) until it is fixed"
+    )
+    conds = set_condition(
+        status.get("conditions") or (),
+        ConditionType.DEGRADED,
+        True,
+        ConditionReason.INVALID_SPEC,
+        said,
+        generation,
+        now,
+    )
+    return {**status, "observedGeneration": generation, "conditions": conds}

@@ -29,10 +29,10 @@ from pydantic import ValidationError
 
 from arl_tangram.api.rewardmodelservice import PlacementState, RewardModelService
 from arl_tangram.api.validation import invalid_spec
-from arl_tangram.controllers.conditions import ConditionReason, ConditionType, set_condition
+from arl_tangram.controllers.conditions import ConditionReason, ConditionType, refused_spec, set_condition
 from arl_tangram.controllers.failures import FailureStreaks, Stalls, Waits, backoff_s, cannot_start, outage
 from arl_tangram.dispatch.agent import AgentClient
-from arl_tangram.dispatch.rewards import RewardRouter, ServiceStats
+from arl_tangram.dispatch.rewards import ACT_WINDOW_S, RewardRouter, ServiceStats
 from arl_tangram.domain.actions import Outage
 from arl_tangram.domain.batches import act_stats
 from arl_tangram.domain.services import BUILTIN_SERVER_FLAGS, ServiceConfig, service_config
@@ -306,7 +306,7 @@ def reconcile_rewardmodelservice(
         placement = to_status(ReplicaPlacement(node, (), uuids), state, r.name)
         # gpus always written, [] included: a merge patch leaves out what is not in it.
         placements.append({**placement.model_dump(mode="json", exclude_none=True), "gpus": list(uuids)})
-    act = act_stats(stats.act_recent_s, 300) if stats else None
+    act = act_stats(stats.act_recent_s, ACT_WINDOW_S) if stats else None
     status = {
         "observedGeneration": gen,
         "conditions": conds,
@@ -372,6 +372,9 @@ class ServiceController:
         # for every service meanwhile, so that two services reconciled back to back are not given the
         # same devices. Only for that gap: the pods themselves are the record.
         self._placing: dict[str, tuple[ReplicaPlacement, float]] = {}
+        # Service -> its last accepted spec (the validated object and its config): what keeps running
+        # while an edit makes its spec invalid.
+        self._accepted: dict[str, tuple[RewardModelService, ServiceConfig]] = {}
         self.clock: Callable[[], float] = time.monotonic
 
     async def reconcile(
@@ -385,16 +388,24 @@ class ServiceController:
         meta, status = body.get("metadata") or {}, body.get("status") or {}
         now = datetime.now(UTC)
         conditions = status.get("conditions") or ()
+        refusal: str | None = None
         try:
             model = RewardModelService.model_validate(
                 {"metadata": dict(meta), "spec": body.get("spec") or {}}
             )
             cfg = service_config(model, uid=str(meta.get("uid", "")))
-        except ValidationError as exc:
-            return _invalid(meta.get("generation"), conditions, str(invalid_spec(exc)), now)
-        except InvalidSpec as exc:
-            return _invalid(meta.get("generation"), conditions, str(exc), now)
-        self.router.upsert(cfg)
+        except (ValidationError, InvalidSpec) as exc:
+            refusal = str(invalid_spec(exc) if isinstance(exc, ValidationError) else exc)
+            # As a pool's (``PoolController.reconcile``): the last spec accepted for this very
+            # service keeps serving, and the service keeps being looked after by it; with none
+            # (the operator started since), it serves nothing until it is fixed.
+            kept = self._accepted.get(f"{meta.get('namespace')}/{meta.get('name')}")
+            if kept is None or kept[1].uid != str(meta.get("uid", "")) or not self.router.has(kept[1].key):
+                return _invalid(meta.get("generation"), conditions, refusal, now)
+            model, cfg = kept
+        else:
+            self._accepted[cfg.key] = (model, cfg)
+            self.router.upsert(cfg)
         await self.runtime.ensure_services_file(cfg)
         replicas = self.runtime.replicas(cfg.key)
         self.router.sync(cfg.key, [(r.name, r.address) for r in replicas if r.phase == "ready" and r.address])
@@ -434,11 +445,16 @@ class ServiceController:
                 await self.runtime.create_replica(replica, name, self.device)
             else:
                 await self.runtime.delete_replica(cfg, op.name)
+        if refusal is not None:
+            new_status = refused_spec(
+                new_status, meta.get("generation"), cfg.generation, refusal, now, "service"
+            )
         return new_status
 
     def deleted(self, key: str) -> None:
         """The service is gone: the router and the waits forget it."""
         self.router.remove(key)
+        self._accepted.pop(key, None)
         for waits in (self._unplaced, self._stalled, self._short):
             waits.forget(key)
 

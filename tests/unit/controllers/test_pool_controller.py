@@ -7,6 +7,7 @@ a real API server."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from typing import Any
@@ -16,7 +17,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from arl_tangram.controllers import handlers
-from arl_tangram.controllers.actionpool import PoolController
+from arl_tangram.controllers.actionpool import Event, PoolController
 from arl_tangram.dispatch.agent import AgentClient
 from arl_tangram.dispatch.dispatcher import Dispatcher
 from arl_tangram.domain.actions import ActionRequest
@@ -176,3 +177,90 @@ async def test_a_failed_rounds_log_carries_the_api_servers_message(
         await handlers._every_period(_Stopped(), logger, "pool", reconcile)  # type: ignore[arg-type]
     assert 'ActionPool.tangram.arl.dev "gv" is invalid: x' in caplog.text
     assert api_message(ApiException(status=500, reason="Internal Server Error")) == "Internal Server Error"
+
+
+class _Runtime:
+    """Hosts as observed; creates and deletes recorded (nothing refused)."""
+
+    def __init__(self, hosts: list[HostObservation]) -> None:
+        self._hosts = hosts
+        self.created = 0
+        self.deleted: list[str] = []
+
+    def hosts(self, pool_key: str) -> list[HostObservation]:
+        return [h for h in self._hosts if h.name not in self.deleted]
+
+    async def create_host(self, pool: PoolConfig, name: str, node: str | None) -> None:
+        self.created += 1
+
+    async def set_draining(self, pool: PoolConfig, name: str, draining: bool) -> None:
+        pass
+
+    async def delete_host(self, pool: PoolConfig, name: str) -> None:
+        self.deleted.append(name)
+
+
+def _with_cpu(cpu: str, generation: int) -> dict[str, Any]:
+    body = _body(generation)
+    body["spec"]["template"]["resources"]["cpu"] = cpu
+    return body
+
+
+async def test_a_spec_turned_invalid_is_refused_while_the_last_accepted_one_keeps_serving() -> None:
+    """Kubernetes' convention: a refused edit stops nothing that runs. The pool keeps its last
+    accepted spec, in the dispatcher and in its reconcile (a failed host is still replaced), and
+    its status says that the new spec is refused and which one runs, not that the pool is down."""
+    dispatcher = Dispatcher(AgentClient())
+    ctl = PoolController(dispatcher, _Runtime([]), CapacityPlanner(PlannerConfig(time_limit_s=0.5)))
+    try:
+        await ctl.reconcile(_body(1), NODES, [])
+        kept = dispatcher.pool_config(NS, "gv")
+        assert kept is not None and kept.generation == 1
+        failed = HostObservation(
+            "gv-a", f"{NS}/gv", "failed", "n1", None, kept.template_hash, 1.0, 2000, 4 << 30
+        )
+        failed = dataclasses.replace(failed, failure="OOMKilled")
+        runtime = ctl.runtime = _Runtime([failed])
+        status, ops = await ctl.reconcile(_with_cpu("500m", 2), NODES, [])
+        assert dispatcher.pool_config(NS, "gv") == kept  # actions keep running with it
+        assert runtime.deleted == ["gv-a"]  # and the pool is still looked after by it
+        conds = _conditions(status)
+        assert status["observedGeneration"] == 2
+        degraded = conds["Degraded"]
+        assert (degraded["status"], degraded["reason"], degraded["observedGeneration"]) == (
+            "True",
+            "InvalidSpec",
+            2,
+        )
+        assert "spec.template.resources.cpu" in degraded["message"]
+        assert "keeps running its last accepted spec (generation 1)" in degraded["message"]
+        # Ready says what the spec that runs makes of the pool, as of that spec's generation.
+        assert conds["Ready"]["reason"] != "InvalidSpec" and conds["Ready"]["observedGeneration"] == 1
+        assert "coresTotal" in status and "queueDepth" in status
+        warned = [op for op in ops if isinstance(op, Event) and op.reason == "InvalidSpec"]
+        assert len(warned) == 1 and warned[0].type == "Warning"
+        _, ops = await ctl.reconcile(_with_cpu("500m", 2), NODES, [])
+        assert not [op for op in ops if isinstance(op, Event) and op.reason == "InvalidSpec"]  # said once
+        # Fixed: the new spec is taken, and the refusal is gone from the status.
+        status, _ = await ctl.reconcile(_with_cpu("4", 3), NODES, [])
+        fixed = dispatcher.pool_config(NS, "gv")
+        assert fixed is not None and (fixed.generation, fixed.host_cores) == (3, 4)
+        assert _conditions(status)["Degraded"]["reason"] != "InvalidSpec"
+    finally:
+        await dispatcher.shutdown()
+
+
+async def test_a_spec_invalid_with_none_accepted_before_runs_nothing_and_says_so() -> None:
+    """No accepted spec to fall back on (the operator started while the spec was invalid, or the
+    pool of that name before it was another, deleted one): Ready=False InvalidSpec."""
+    dispatcher = Dispatcher(AgentClient())
+    ctl = PoolController(dispatcher, _Runtime([]), CapacityPlanner(PlannerConfig(time_limit_s=0.5)))
+    try:
+        await ctl.reconcile(_body(1), NODES, [])
+        other = _with_cpu("500m", 1)
+        other["metadata"]["uid"] = "u-2"  # a pool made again under the name
+        status, ops = await ctl.reconcile(other, NODES, [])
+        ready = _conditions(status)["Ready"]
+        assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec") and ops == []
+    finally:
+        await dispatcher.shutdown()

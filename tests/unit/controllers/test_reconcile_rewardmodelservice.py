@@ -703,3 +703,44 @@ def test_no_free_gpu_and_a_crash_loop_refuse_requests_with_the_reason() -> None:
     assert outage.retry_after_s == pytest.approx(backoff_s(3) - 5.0)
     over = ServiceObservation([], stats(queued=1, last=999.0), 1000.0, failures=3, since_failure_s=21.0)
     assert _outage_of(over) is None  # the next may start
+
+
+def test_a_spec_turned_invalid_is_refused_while_the_last_accepted_one_keeps_serving() -> None:
+    """As a pool's: an edit the operator refuses stops nothing. The router keeps the last accepted
+    config, the reconcile keeps looking after the replicas (a failed one is removed), and the status
+    says the new spec is refused and which one runs, not that the service is down."""
+    from arl_tangram.controllers.rewardmodelservice import ServiceController
+    from arl_tangram.dispatch.rewards import RewardRouter
+
+    def body(generation: int, uri: str, uid: str = "u") -> dict[str, Any]:
+        return {
+            "metadata": {"name": "rm", "namespace": "ns", "generation": generation, "uid": uid},
+            "spec": {"model": {"name": "m", "uri": uri}, "scaling": {"minReplicas": 1}},
+        }
+
+    async def run() -> None:
+        runtime = _Replicas()
+        router = RewardRouter(client=None)  # type: ignore[arg-type]
+        ctl = ServiceController(router, runtime, None, "cpu")  # type: ignore[arg-type]
+        await ctl.reconcile(body(1, "file:///w/rm.npz"))
+        first = runtime.created[0]
+        runtime.listed = [rep(first, "failed", failure="exit 2")]
+        status = await ctl.reconcile(body(2, "hf://org/model"))
+        assert router._services["ns/rm"].config.generation == 1  # requests keep being served by it
+        assert runtime.deleted == [first]  # and its replicas looked after
+        conds = {c["type"]: c for c in status["conditions"]}
+        assert status["observedGeneration"] == 2
+        degraded = conds["Degraded"]
+        assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec")
+        assert "spec.model.uri" in degraded["message"]
+        assert "the service keeps running its last accepted spec (generation 1)" in degraded["message"]
+        assert conds["Ready"]["reason"] != "InvalidSpec" and "queueDepth" in status
+        status = await ctl.reconcile(body(3, "file:///w/rm2.npz"))  # fixed
+        assert router._services["ns/rm"].config.generation == 3
+        assert {c["type"]: c for c in status["conditions"]}["Degraded"]["reason"] != "InvalidSpec"
+        # With no accepted spec of this very service (one made again under the name): Ready=False.
+        status = await ctl.reconcile(body(1, "hf://org/model", uid="u2"))
+        ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+        assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+
+    asyncio.run(run())
