@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import get_args
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from arl_tangram.domain.actions import ActionOutcome, ActionRequest
+from arl_tangram.domain.actions import ActionKind, ActionOutcome, ActionRequest
 
 # From a millisecond tool call to a long test run.
 TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
@@ -66,20 +69,25 @@ class OperatorMetrics:
         )
         self.leader = Gauge("tangram_leader", "1 on the leader, 0 on a standby", registry=r)
 
-    def forget_pool(self, pool: str) -> None:
-        """Remove every series of ``pool`` (a deleted pool's): each metric with a pool label."""
-        for metric in (
-            self.act,
-            self.queueing,
-            self.execution,
-            self.outcomes,
-            self.queue_depth,
-            self.units,
-            self.hosts,
-            self.scale_events,
-            self.dispatch_errors,
-        ):
+    def forget_pool(self, pool: str, service_lives: bool = False) -> None:
+        """Remove every series of ``pool`` (a deleted pool's). Reward actions are counted under their
+        service's ``namespace/name`` in the same ``pool`` label: a live service of the same name keeps
+        its series (those of type reward, and the dispatch errors, which carry no type)."""
+        for metric in (self.queue_depth, self.units, self.hosts, self.scale_events):
             metric.remove_by_labels({"pool": pool})
+        self._forget_actions(pool, [k for k in get_args(ActionKind) if k != "reward"], not service_lives)
+
+    def forget_service(self, service: str, pool_lives: bool = False) -> None:
+        """Remove every series of ``service`` (a deleted RewardModelService's, ``namespace/name``):
+        its reward actions'. A live pool of the same name keeps its own (``forget_pool``)."""
+        self._forget_actions(service, ["reward"], not pool_lives)
+
+    def _forget_actions(self, key: str, kinds: Iterable[str], dispatch_errors: bool) -> None:
+        for metric in (self.act, self.queueing, self.execution, self.outcomes):
+            for kind in kinds:
+                metric.remove_by_labels({"pool": key, "type": kind})
+        if dispatch_errors:
+            self.dispatch_errors.remove_by_labels({"pool": key})
 
     def api_write(self, verb: str, resource: str) -> None:
         self.api_writes.labels(verb, resource).inc()

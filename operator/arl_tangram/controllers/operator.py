@@ -41,7 +41,7 @@ from arl_tangram.dispatch.dispatcher import Dispatcher
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest
 from arl_tangram.domain.pools import pool_key
 from arl_tangram.domain.services import is_object_name, service_config
-from arl_tangram.errors import InvalidSpec, TargetUnavailable
+from arl_tangram.errors import InvalidSpec, NotFound, TargetUnavailable
 from arl_tangram.gateway import build_gateway_app
 from arl_tangram.gateway.auth import KubernetesAuthenticator
 from arl_tangram.gateway.config import GatewayConfig, parse_defaults
@@ -292,10 +292,20 @@ class OperatorState:
     async def _run(self, request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
         started = time.monotonic()
         outcome = await self.dispatcher.run(request, attempts_so_far)
-        if request.kind == "reward" or self.dispatcher.has_pool(request.namespace, request.target):
-            # (An action its pool's deletion ended is not counted: the pool's series went with it.)
+        # (An action its pool's or service's deletion ended is not counted: their series went with
+        # them, and one counted now would stay for good.)
+        if request.kind == "reward":
+            try:  # named by its service, or by the model one serves: counted under the service
+                target = self.dispatcher.rewards.resolve(request).target
+            except (InvalidSpec, NotFound):
+                target = request.target
+            counted = self.dispatcher.rewards.has(pool_key(request.namespace, target))
+        else:
+            target = request.target
+            counted = self.dispatcher.has_pool(request.namespace, target)
+        if counted:
             self.metrics.finished(
-                pool_key(request.namespace, request.target), request, outcome, time.monotonic() - started
+                pool_key(request.namespace, target), request, outcome, time.monotonic() - started
             )
         return outcome
 
@@ -519,16 +529,25 @@ class OperatorState:
 
     async def reconcile_service(self, body: Mapping[str, Any]) -> None:
         """One round for one RewardModelService, status written only when it changed."""
+        uid = str((body.get("metadata") or {}).get("uid", ""))
+        if uid in self._deleted:
+            # A round that raced its service's delete handler (as a pool's, ``reconcile_pool``) would
+            # put it back in the router: its requests would wait for replicas that never come.
+            return
         t0 = time.perf_counter()
         nodes = [b for bodies in self.node_index.values() for b in bodies]
         status = await self.services.reconcile(body, nodes, self.replica_index)
         self.metrics.reconcile.labels("RewardModelService").observe(time.perf_counter() - t0)
+        if uid in self._deleted:
+            return  # deleted during the round: nothing left to write to
         await self._write_if_changed("rewardmodelservices", body, status)
 
     def service_deleted(self, namespace: str, name: str, uid: str = "") -> None:
         self._tombstone(uid)
         self._written_status.pop(("rewardmodelservices", namespace, name), None)
         self.services.deleted(f"{namespace}/{name}")
+        # As a pool's (``pool_deleted``): its last values must not be reported for good.
+        self.metrics.forget_service(pool_key(namespace, name), self.dispatcher.has_pool(namespace, name))
 
     async def pool_deleted(self, namespace: str, name: str, uid: str = "") -> None:
         self._tombstone(uid)
@@ -536,7 +555,9 @@ class OperatorState:
         await self.pools.deleted(namespace, name, uid)
         # After its actions were ended: a deleted pool's last values must not be reported for good
         # (dashboards, alerts, an autoscaler reading its queue depth), nor its name kept for ever.
-        self.metrics.forget_pool(pool_key(namespace, name))
+        self.metrics.forget_pool(
+            pool_key(namespace, name), self.dispatcher.rewards.has(pool_key(namespace, name))
+        )
 
     # ---- HTTP: the gateway (actions, /run_code, rewards, sessions), health, readiness, metrics ----
     def _leadership(self) -> Leadership:

@@ -50,6 +50,9 @@ class _Service:
     acts: deque[tuple[float, float]] = field(default_factory=deque)
     # No replica and none coming (the controller's ``service_outage``): requests are refused.
     outage: Outage | None = None
+    # The tasks serving its requests (waiting for a replica or calling one): ended when it is deleted.
+    serving: set[asyncio.Task[ActionOutcome]] = field(default_factory=set)
+    removed: bool = False
 
 
 @dataclass
@@ -91,7 +94,17 @@ class RewardRouter:
             svc.config = config
 
     def remove(self, key: str) -> None:
-        self._services.pop(key, None)
+        """The service was deleted: its requests end now, failed ``ServiceNotFound``, as a deleted
+        pool's do. Left alone they waited for a replica of a service no one syncs any more (its
+        pods go with it) for the whole cold-start budget, and then failed with a reason that
+        blamed the replicas; one made again under the name is another service, whose replicas
+        they would never have seen."""
+        svc = self._services.pop(key, None)
+        if svc is None:
+            return
+        svc.removed = True
+        for task in svc.serving:
+            task.cancel()
 
     def set_outage(self, key: str, outage: Outage | None) -> None:
         """Whether the service has no replica and none coming. While it does, a request that would
@@ -197,12 +210,21 @@ class RewardRouter:
         task = asyncio.create_task(self._serve(svc, request, text, progress))
         serving = self._serving.setdefault(request.key, set())
         serving.add(task)
+        svc.serving.add(task)
         try:
             return await task
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if current is not None and current.cancelling():
                 raise  # its caller was cancelled, not the request
+            if svc.removed:
+                return ActionOutcome(
+                    request.key,
+                    Outcome.FAILED,
+                    Reason.SERVICE_NOT_FOUND,
+                    f"RewardModelService {key} was deleted",
+                    attempts=progress.attempts,
+                )
             return ActionOutcome(
                 request.key, Outcome.CANCELLED, Reason.CANCELLED, "cancelled", attempts=progress.attempts
             )
@@ -210,6 +232,7 @@ class RewardRouter:
             if not progress.started:  # cancelled before its task ran: its place is given back here
                 svc.waiting -= 1
             serving.discard(task)
+            svc.serving.discard(task)
             if not serving:
                 self._serving.pop(request.key, None)
 

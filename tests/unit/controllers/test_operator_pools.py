@@ -7,6 +7,7 @@ writes are recorded."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,9 +15,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from arl_tangram.api.rewardmodelservice import RewardModelService
 from arl_tangram.controllers.actionbatch import BatchManager
+from arl_tangram.controllers.actionpool import config_of
 from arl_tangram.controllers.operator import OperatorSettings, OperatorState, PoolSpecInvalid
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
+from arl_tangram.domain.services import ServiceConfig, service_config
 from arl_tangram.errors import NotFound, TargetUnavailable
 
 NS = "p4"
@@ -63,6 +67,84 @@ async def test_a_deleted_pools_metric_series_go_with_it() -> None:
         assert _series(state, "p2/py") == []
     finally:
         await state.stop()
+
+
+def _service(name: str) -> ServiceConfig:
+    return service_config(
+        RewardModelService.model_validate(
+            {
+                "metadata": {"name": name, "namespace": "p2", "generation": 1},
+                "spec": {"model": {"name": "org/judge", "uri": "file:///w/rm.npz"}, "gpu": {"count": [1]}},
+            }
+        ),
+        uid=f"u-{name}",
+    )
+
+
+async def test_a_deleted_services_metric_series_go_with_it_and_stay_gone() -> None:
+    """Reward actions are counted under their service's namespace/name, in the pool label; a pool of
+    the same name keeps its own series."""
+    state = _state()
+    try:
+        state.dispatcher.rewards.upsert(_service("rm"))
+        state.dispatcher.rewards.upsert(_service("other"))
+        state.dispatcher.upsert_pool(config_of(_pool_body("rm")))
+        failed = ActionOutcome("k", Outcome.FAILED, Reason.RETRIES_EXHAUSTED, "no replica answered")
+        reward = ActionRequest("k", "p2", "rm", "reward", {"input": "x"})
+        code = ActionRequest("k", "p2", "rm", "code", {"runtime": "python", "code": "1"})
+        state.metrics.finished("p2/rm", reward, failed, 1.0)
+        state.metrics.finished("p2/rm", code, failed, 1.0)
+        state.metrics.finished(
+            "p2/other", ActionRequest("k", "p2", "other", "reward", {"input": "x"}), failed, 1.0
+        )
+        state.service_deleted("p2", "rm", "u-rm")
+        left = _series(state, "p2/rm")
+        assert left and not [s for s in left if "'type': 'reward'" in s], left
+        assert [s for s in left if "'type': 'code'" in s]  # the pool's stay
+        assert _series(state, "p2/other")  # another service's stay
+
+        # A reward action the deletion ended (in flight meanwhile) does not bring them back; one of
+        # a live service, named by the model it serves, is counted under the service.
+        async def answer(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+            return failed
+
+        state.dispatcher.run = answer  # type: ignore[method-assign]
+        await state._run(reward)
+        assert not [s for s in _series(state, "p2/rm") if "'type': 'reward'" in s]
+        labels = {"pool": "p2/other", "type": "reward", "state": "Failed", "reason": "RetriesExhausted"}
+        assert state.metrics.registry.get_sample_value("tangram_actions_total", labels) == 1
+        await state._run(ActionRequest("k2", "p2", "org/judge", "reward", {"input": "x"}))
+        assert state.metrics.registry.get_sample_value("tangram_actions_total", labels) == 2
+        assert _series(state, "p2/org/judge") == []
+        # The pool goes too: now nothing of the name is left.
+        await state.pool_deleted("p2", "rm", "u-pool")
+        assert _series(state, "p2/rm") == []
+    finally:
+        await state.stop()
+
+
+async def test_a_round_of_a_deleted_services_daemon_does_not_bring_it_back() -> None:
+    """Its daemon's round may come after its delete handler ran (as a pool's): the router must not
+    learn the service again, or its requests would wait for replicas that never come."""
+    state = _state()
+    try:
+        state.service_deleted("p2", "rm", "u-rm")
+        body = {
+            "metadata": {"name": "rm", "namespace": "p2", "uid": "u-rm", "generation": 1},
+            "spec": {"model": {"name": "org/judge", "uri": "file:///w/rm.npz"}, "gpu": {"count": [1]}},
+        }
+        with contextlib.suppress(Exception):  # (no API server: a round that went on fails later)
+            await state.reconcile_service(body)
+        assert not state.dispatcher.rewards.has("p2/rm")
+    finally:
+        await state.stop()
+
+
+def _pool_body(name: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "p2", "uid": "u-pool", "generation": 1},
+        "spec": {"template": {"image": "img:1", "resources": {"cpu": "2", "memory": "4Gi"}}},
+    }
 
 
 def _invalid_pool() -> dict[str, Any]:

@@ -14,7 +14,7 @@ from arl_tangram.api.rewardmodelservice import RewardModelService
 from arl_tangram.dispatch.agent import ConnectFailed, Unreachable
 from arl_tangram.dispatch.dispatcher import Dispatcher
 from arl_tangram.dispatch.rewards import RewardRouter
-from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outage, Outcome
+from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outage, Outcome, Reason
 from arl_tangram.domain.services import service_config
 from arl_tangram.errors import InfrastructureError, InvalidSpec, NotFound, QueueFull, TargetUnavailable
 
@@ -184,6 +184,26 @@ async def test_a_caller_cancelled_cancels_its_request_and_is_cancelled_itself() 
     except asyncio.CancelledError:
         pass
     assert replica.aborted == 1 and router.stats("ns/rm").running == 0  # type: ignore[union-attr]
+
+
+async def test_a_deleted_services_requests_end_at_once_as_not_found() -> None:
+    """As a deleted pool's actions do (PoolNotFound): the one waiting for a replica (it would have
+    waited out the cold-start budget, then blamed the replicas) and the one a replica holds (the
+    pod goes with the service) end now, ServiceNotFound."""
+    replica, router, calling = await _calling()
+    waiting = asyncio.create_task(
+        router.run(ActionRequest("b/r1", "ns", "rm", "reward", {"prompt": "p", "response": "r"}))
+    )
+    router.sync("ns/rm", [])  # its replica went first: the second request waits for one
+    for _ in range(20):
+        await asyncio.sleep(0)
+    router.remove("ns/rm")
+    for task in (calling, waiting):
+        outcome = await asyncio.wait_for(task, 5)
+        assert (outcome.state, outcome.reason) == (Outcome.FAILED, Reason.SERVICE_NOT_FOUND), outcome
+        assert "ns/rm was deleted" in (outcome.message or "")
+    assert replica.aborted == 1  # its call was closed
+    assert router.cancel("b/r0") is False and router.cancel("b/r1") is False
 
 
 async def test_the_dispatcher_cancels_a_reward_action_by_its_key() -> None:
