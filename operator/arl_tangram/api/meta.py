@@ -247,7 +247,13 @@ class ActStats(TangramModel):
     """Action completion time (queueing plus execution) over the recent window."""
 
     count: int = Field(default=0, ge=0, description="Number of actions completed in the window.")
-    window_seconds: int = Field(default=0, ge=0, description="Length of the window in seconds.")
+    window_seconds: int = Field(
+        default=0,
+        ge=0,
+        description="Length of the window in seconds: an ActionPool's and a RewardModelService's are "
+        "the last 300 s; an ActionBatch's is its own span, from startTime to completionTime (to the "
+        "status's time while it runs).",
+    )
     mean_millis: int = Field(default=0, ge=0, description="Mean action completion time in milliseconds.")
     p50_millis: int = Field(default=0, ge=0, description="Median action completion time in milliseconds.")
     p90_millis: int = Field(

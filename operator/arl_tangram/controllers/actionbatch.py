@@ -30,6 +30,7 @@ from arl_tangram.domain.batches import (
     compact_result,
     counts_of,
     fit_results,
+    output_tail,
     rfc3339,
 )
 from arl_tangram.errors import (
@@ -148,7 +149,10 @@ def reconcile_actionbatch(
             gen,
             now,
         )
-    act = act_stats(observed.act_seconds, 0)
+    # A batch's summary covers its own actions, so its window is its own span: from its first
+    # action's start to its last one's end (to now while it runs). A pool's is its recent past.
+    began, ended = observed.start_time, completion or now
+    act = act_stats(observed.act_seconds, max(0.0, (ended - began).total_seconds()) if began else 0.0)
     status: dict[str, Any] = {
         "observedGeneration": gen,
         "conditions": conds,
@@ -259,6 +263,7 @@ class BatchManager:
         self._by_key: dict[str, tuple[_Batch, str, str]] = {}  # key -> batch, action id, target
         self.writes = 0
         self._finished = asyncio.Event()  # a batch's last action ended: write without waiting
+        self._ending: set[asyncio.Task[None]] = set()  # batches replaced under their name, ending
 
     def ensure(self, body: Mapping[str, Any]) -> None:
         """Start (or resume) the batch in ``body``: every action without a final result is run."""
@@ -268,6 +273,13 @@ class BatchManager:
         if batch is not None and batch.uid == meta.get("uid"):
             self._refresh(batch, meta, body.get("spec") or {})
             return
+        if batch is not None and not batch.deleting:
+            # Another batch held the name: it was deleted (its deletion not heard yet, or never:
+            # a watch that restarted lists what is, not what went). Its actions must not run on
+            # for an object that is gone.
+            ending = asyncio.get_running_loop().create_task(self._end(batch), name=f"end {batch.uid}")
+            self._ending.add(ending)  # (the loop holds tasks weakly)
+            ending.add_done_callback(self._ending.discard)
         status = body.get("status") or {}
         version = (str(meta.get("uid")), meta.get("generation"))
         refused = self._refused.get(ident)
@@ -440,10 +452,11 @@ class BatchManager:
             and outcome.state is Outcome.FAILED
             and not result.output
         ):
-            # A failure with no output says why in the output, so `kubectl get -o yaml` shows it.
-            result = result.model_copy(
-                update={"output": outcome.message[: batch.spec.results.output_bytes_per_action]}
-            )
+            # A failure with no output says why in the output, so `kubectl get -o yaml` shows it:
+            # its tail, as of any output (where a traceback or an error chain ends with its cause),
+            # within the same bytes, and said to be cut when it is.
+            said, cut = output_tail(outcome.message, batch.spec.results.output_bytes_per_action)
+            result = result.model_copy(update={"output": said or None, "truncated": result.truncated or cut})
         batch.results[action_id] = result
         batch.outcomes[action_id] = {
             "id": action_id,
@@ -507,10 +520,12 @@ class BatchManager:
                 # status of every finished batch each period would cost per result, forever).
                 due = deletion_due(batch.spec, batch.completion_time, now)
                 status, ops = {}, [due] if due else []
-            if ops:
-                batch.deleting = True
-                log.info("deleting batch %s/%s: %s", batch.namespace, batch.name, ops[0].reason)
-                await self._delete(batch.namespace, batch.name)
+            # Deleted only once the status that completes it is written: with a short TTL (0: "at
+            # once") the batch went with that status unwritten, and whoever waited for it to
+            # complete (``kubectl wait``, a trainer's watch) saw it vanish instead, its results
+            # unknown.
+            if ops and (batch.written or {}).get("completionTime"):
+                await self._delete_due(batch, ops[0])
                 continue
             if not batch.dirty:
                 continue
@@ -525,6 +540,14 @@ class BatchManager:
             except Exception as exc:  # the API server may be restarting: try again next period
                 log.warning("status of batch %s/%s not written: %s", batch.namespace, batch.name, exc)
                 batch.dirty = True
+                continue
+            if ops:
+                await self._delete_due(batch, ops[0])
+
+    async def _delete_due(self, batch: _Batch, due: DeleteBatch) -> None:
+        batch.deleting = True
+        log.info("deleting batch %s/%s: %s", batch.namespace, batch.name, due.reason)
+        await self._delete(batch.namespace, batch.name)
 
     async def run_writer(self) -> None:
         """Flush every period, forever (one place writes every batch status)."""
@@ -534,12 +557,22 @@ class BatchManager:
             self._finished.clear()
             await self.flush()
 
-    async def forget(self, namespace: str, name: str) -> None:
-        """The batch is being deleted: cancel its queued and running actions and drop its state."""
-        self._refused.pop((namespace, name), None)
-        batch = self._batches.get((namespace, name))
-        if batch is None:
+    async def forget(self, namespace: str, name: str, uid: str = "") -> None:
+        """The batch (of ``uid``; "": whichever holds the name) is being deleted: cancel its queued
+        and running actions and drop its state. A batch made again under its name is another
+        object (kopf hears each uid on its own, so its events may come while this one's deletion
+        is still being handled, or before it): it is left alone."""
+        ident = (namespace, name)
+        refused = self._refused.get(ident)
+        if refused is not None and (not uid or refused[0][0] == uid):
+            del self._refused[ident]
+        batch = self._batches.get(ident)
+        if batch is None or (uid and batch.uid != uid):
             return
+        await self._end(batch)
+
+    async def _end(self, batch: _Batch) -> None:
+        """Cancel the batch's queued and running actions and drop its state (its object is gone)."""
         batch.deleting = True
         for task in batch.held:  # waiting out an outage: nothing of theirs is in the dispatcher
             task.cancel()
@@ -552,7 +585,8 @@ class BatchManager:
                 task.cancel()
         for k in keys:
             self._by_key.pop(k, None)
-        self._batches.pop((namespace, name), None)
+        if self._batches.get((batch.namespace, batch.name)) is batch:  # not one made again since
+            del self._batches[(batch.namespace, batch.name)]
 
     def has(self, namespace: str, name: str) -> bool:
         return (namespace, name) in self._batches

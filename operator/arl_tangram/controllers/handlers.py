@@ -185,6 +185,6 @@ async def batch_event(
     if type == "DELETED" or meta.get("deletionTimestamp"):
         # (A batch left with the finalizer earlier operators put on batches loses it to kopf, which
         # takes its finalizer off objects no handler needs it for.)
-        await state.batches.forget(namespace, name)
+        await state.batches.forget(namespace, name, str(meta.get("uid") or ""))
         return
     state.batches.ensure(body)

@@ -239,7 +239,9 @@ def pass_fraction_reward(exit_code: int | None, stdout: str, *, runner: Runner =
     return 1.0 if exit_code == 0 and runner != "pytest" else 0.0
 
 
-def _tail(text: str, limit: int) -> tuple[str, bool]:
+def output_tail(text: str, limit: int) -> tuple[str, bool]:
+    """The last ``limit`` bytes of ``text`` (UTF-8, never half a character) and whether it was cut:
+    the end of an output is what says how it ended."""
     data = text.encode()
     if len(data) <= limit:
         return text, False
@@ -249,7 +251,7 @@ def _tail(text: str, limit: int) -> tuple[str, bool]:
 def compact_result(action_id: str, outcome: ActionOutcome, output_limit: int) -> ActionResult:
     """The status entry of a finished action: output is the tail of stdout then stderr."""
     combined = outcome.stdout + (("\n" if outcome.stdout and outcome.stderr else "") + outcome.stderr)
-    output, cut = _tail(combined, output_limit)
+    output, cut = output_tail(combined, output_limit)
     return ActionResult(
         id=action_id,
         state=outcome.state.value,

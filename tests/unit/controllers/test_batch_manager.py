@@ -20,7 +20,7 @@ import pytest
 from arl_tangram.api import actionbatch as api_actionbatch
 from arl_tangram.controllers import actionbatch
 from arl_tangram.controllers.actionbatch import BatchManager
-from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome
+from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
 from arl_tangram.errors import TargetUnavailable
 
 
@@ -102,6 +102,27 @@ async def test_a_finished_batch_is_written_once_and_its_ttl_still_deletes_it() -
     assert rec.deleted == [("ns", "b")]
 
 
+async def test_a_ttl_of_zero_deletes_the_batch_only_after_its_complete_status_is_written() -> None:
+    """``ttlSecondsAfterFinished: 0`` is "at once", as for a Job, but after the status that
+    completes it: a watcher waiting for Complete must see it, not the batch vanish."""
+    rec = Recorder()
+    events: list[str] = []
+
+    async def patch(namespace: str, name: str, status: dict[str, Any]) -> None:
+        events.append("complete" if _complete(status) else "write")
+
+    async def delete(namespace: str, name: str) -> None:
+        events.append("delete")
+
+    mgr = BatchManager(rec.run, rec.cancel, _python_pool, patch, delete)
+    mgr.ensure(_body(2, ttlSecondsAfterFinished=0))
+    await _until(lambda: mgr.pending_count() == 0)
+    await mgr.flush()
+    assert events == ["complete", "delete"]
+    await mgr.flush()
+    assert events == ["complete", "delete"]  # once
+
+
 async def test_a_finished_batch_without_a_ttl_is_left_alone() -> None:
     rec = Recorder()
     mgr = _manager(rec)
@@ -172,6 +193,95 @@ async def test_an_operator_fault_in_one_action_fails_it_and_the_batch_still_comp
     assert results["a1"].state == "Failed" and results["a1"].reason == "SandboxError"
     assert "RuntimeError: boom" in (results["a1"].output or "")
     assert "boom" in caplog.text
+
+
+async def test_a_long_failure_message_in_the_output_keeps_its_tail_and_says_it_was_cut() -> None:
+    """A failure with no output says why in its output: cut as outputs are (the tail: where a
+    traceback or an error chain ends with its cause, within outputBytesPerAction bytes, never half a
+    character), with ``truncated`` true when it was cut."""
+    rec = Recorder()
+    cause = "ValueError: the cause a person needs"
+    long = "Traceback (most recent call last):\n" + "  frame é\n" * 200 + cause
+    short = "SandboxError: no host"
+
+    async def run(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        message = long if request.key.endswith("a0") else short
+        return ActionOutcome(request.key, Outcome.FAILED, Reason.SANDBOX_ERROR, message)
+
+    mgr = BatchManager(run, rec.cancel, _python_pool, rec.patch, rec.delete)
+    mgr.ensure(_body(2, results={"outputBytesPerAction": 101}))
+    await _until(lambda: len(mgr._batches[("ns", "b")].results) == 2)
+    results = mgr._batches[("ns", "b")].results
+    cut = results["a0"]
+    assert cut.output is not None and cut.output.endswith(cause) and cut.truncated is True
+    assert len(cut.output.encode()) <= 101 and long.endswith(cut.output)
+    whole = results["a1"]
+    assert (whole.output, whole.truncated) == (short, False)
+
+
+class Holding(Recorder):
+    """Actions run until cancelled by key; ``release`` (when set) lets a cancel take effect."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running: dict[str, asyncio.Event] = {}
+        self.cancelled: list[str] = []
+        self.release = asyncio.Event()
+        self.release.set()
+
+    async def run(self, request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        stop = self.running.setdefault(request.key, asyncio.Event())
+        await stop.wait()
+        return ActionOutcome(request.key, Outcome.CANCELLED, Reason.CANCELLED, "cancelled")
+
+    async def cancel(self, key: str) -> bool:
+        self.cancelled.append(key)
+        await self.release.wait()
+        self.running.setdefault(key, asyncio.Event()).set()
+        return True
+
+
+def _made_again(uid: str) -> dict[str, Any]:
+    body = _body(1)
+    body["metadata"]["uid"] = uid
+    return body
+
+
+async def test_a_batch_made_again_under_its_name_is_not_ended_by_the_old_ones_deletion() -> None:
+    """kopf hears each uid on its own: the new batch's events may come while the old one's deletion
+    is still being handled (it waits for its actions to stop). That deletion ended the new batch's
+    state, and its status was never written again."""
+    rec = Holding()
+    mgr = BatchManager(rec.run, rec.cancel, _python_pool, rec.patch, rec.delete)
+    mgr.ensure(_made_again("u-1"))
+    await _until(lambda: "u-1/a0" in rec.running)
+    rec.release.clear()  # the old one's actions take a moment to stop
+    forgetting = asyncio.create_task(mgr.forget("ns", "b", "u-1"))
+    await _until(lambda: rec.cancelled == ["u-1/a0"])
+    mgr.ensure(_made_again("u-2"))
+    await _until(lambda: "u-2/a0" in rec.running)
+    rec.release.set()
+    await asyncio.wait_for(forgetting, 5)
+    assert mgr.has("ns", "b") and mgr._batches[("ns", "b")].uid == "u-2"
+    # A deletion of the old one heard again (or late) leaves the new one alone too.
+    await mgr.forget("ns", "b", "u-1")
+    assert mgr.has("ns", "b") and "u-2/a0" not in rec.cancelled
+    await mgr.forget("ns", "b", "u-2")
+    assert not mgr.has("ns", "b") and rec.cancelled == ["u-1/a0", "u-2/a0"]
+
+
+async def test_a_batch_replaced_under_its_name_with_no_deletion_heard_has_its_actions_stopped() -> None:
+    """A watch that restarted lists what is, not what went: the old batch's deletion may never be
+    heard. The new object under its name says it is gone; its actions must not run on."""
+    rec = Holding()
+    mgr = BatchManager(rec.run, rec.cancel, _python_pool, rec.patch, rec.delete)
+    mgr.ensure(_made_again("u-1"))
+    await _until(lambda: "u-1/a0" in rec.running)
+    mgr.ensure(_made_again("u-2"))
+    await _until(lambda: rec.cancelled == ["u-1/a0"] and "u-2/a0" in rec.running)
+    await _until(lambda: not mgr._ending)
+    assert mgr._batches[("ns", "b")].uid == "u-2" and not [k for k in mgr._by_key if k.startswith("u-1/")]
+    await mgr.forget("ns", "b", "u-2")
 
 
 async def test_a_batch_waits_for_a_pool_with_no_host_and_says_why() -> None:

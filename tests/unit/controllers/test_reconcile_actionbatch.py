@@ -91,6 +91,23 @@ def test_results_come_in_spec_order_and_the_completion_time_is_set_once() -> Non
     assert status["completionTime"] == "2026-12-03T12:00:00Z"
 
 
+def test_a_batchs_act_window_is_its_own_span() -> None:
+    """``act.windowSeconds`` is the span the summary covers: a batch's from its startTime to its
+    completionTime, to the status's time while it runs (it was always 0)."""
+    start = NOW - timedelta(seconds=90)
+    running = {"a0": res(0, "Succeeded"), "a1": res(1, "Running")}
+    status, _ = reconcile_actionbatch(spec(2), BatchObservation(running, (), 1, start, None, (1.0,)), NOW)
+    assert status["act"]["windowSeconds"] == 90 and status["act"]["count"] == 1
+    done = {f"a{i}": res(i, "Succeeded") for i in range(2)}
+    obs = BatchObservation(done, (), 1, start, NOW - timedelta(seconds=30), (1.0, 2.0))
+    status, _ = reconcile_actionbatch(spec(2), obs, NOW)
+    assert status["act"]["windowSeconds"] == 60  # finished: it no longer grows
+    # Every action failed before any started (no startTime): there is no span to speak of.
+    failed = {f"a{i}": res(i, "Failed", reason="PoolNotFound") for i in range(2)}
+    status, _ = reconcile_actionbatch(spec(2), BatchObservation(failed, (), 1, None, None, (0.0, 0.0)), NOW)
+    assert status["act"]["windowSeconds"] == 0
+
+
 def test_ttl_after_finished_deletes_the_batch_when_due_and_not_before() -> None:
     done = {f"a{i}": res(i, "Succeeded") for i in range(3)}
     s = spec(ttlSecondsAfterFinished=60)
