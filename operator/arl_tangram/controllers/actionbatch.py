@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -52,6 +53,13 @@ STATUS_PERIOD_S = 1.0
 # The least an action refused for an outage waits before it is sent again (whatever the refusal
 # said), so that a batch of thousands cannot spin the operator's loop.
 HELD_RETRY_MIN_S = 1.0
+# The most whole outputs (stdout, stderr and message of finished actions, beyond the status's cut
+# tails) the operator keeps in memory for ``GET .../results``. Batches without a TTL stay until they
+# are deleted, so without a bound a trainer's thousands of batches grow the operator until its
+# container's limit (2 GiB in the Deployment) kills it, and with it the queue. Past it the oldest
+# finished actions' whole outputs go first; their rows are then served from the status, as after
+# a restart (``outputWhole: false``).
+WHOLE_OUTPUTS_BYTES = 512 * 2**20
 
 
 # ---- pure -------------------------------------------------------------------------------------------
@@ -250,6 +258,7 @@ class BatchManager:
         pool_languages: PoolLookup,
         patch_status: StatusPatch,
         delete: Deleter,
+        whole_outputs_bytes: int = WHOLE_OUTPUTS_BYTES,
     ) -> None:
         self._run = run
         self._cancel = cancel
@@ -264,6 +273,11 @@ class BatchManager:
         self.writes = 0
         self._finished = asyncio.Event()  # a batch's last action ended: write without waiting
         self._ending: set[asyncio.Task[None]] = set()  # batches replaced under their name, ending
+        # Whole outputs kept, oldest finished first: (batch, action id) -> their size (characters,
+        # about their bytes: outputs are mostly ASCII), and the total, bounded by ``whole_budget``.
+        self.whole_budget = whole_outputs_bytes
+        self._whole: OrderedDict[tuple[_Batch, str], int] = OrderedDict()
+        self.whole_bytes = 0
 
     def ensure(self, body: Mapping[str, Any]) -> None:
         """Start (or resume) the batch in ``body``: every action without a final result is run."""
@@ -474,6 +488,8 @@ class BatchManager:
             "cores": list(outcome.cores),
             "outputWhole": True,
         }
+        kept = len(outcome.stdout) + len(outcome.stderr) + len(outcome.message or "")
+        self._keep_whole(batch, action_id, kept)
         batch.acts.append(act_s)
         batch.tasks.pop(action_id, None)
         if batch.start_time is None:
@@ -481,6 +497,31 @@ class BatchManager:
         batch.dirty = True
         if not batch.tasks:
             self._finished.set()
+
+    def _keep_whole(self, batch: _Batch, action_id: str, size: int) -> None:
+        """Account for the whole output just recorded, and drop the oldest ones past the budget
+        (never the one just recorded: a results read right after its action ended finds it)."""
+        self._drop_whole(batch, action_id)  # a result recorded again replaces its old one
+        self._whole[(batch, action_id)] = size
+        self.whole_bytes += size
+        dropped = 0
+        while self.whole_bytes > self.whole_budget and len(self._whole) > 1:
+            (old, old_id), old_size = self._whole.popitem(last=False)
+            self.whole_bytes -= old_size
+            old.outcomes.pop(old_id, None)
+            dropped += 1
+        if dropped:
+            log.info(
+                "whole outputs of %d finished actions dropped from memory (over %d MiB); their results "
+                "are served from the status's tails (outputWhole false)",
+                dropped,
+                self.whole_budget // 2**20,
+            )
+
+    def _drop_whole(self, batch: _Batch, action_id: str) -> None:
+        size = self._whole.pop((batch, action_id), None)
+        if size is not None:
+            self.whole_bytes -= size
 
     def status_of(self, batch: _Batch, now: datetime) -> tuple[dict[str, Any], list[DeleteBatch]]:
         observed = BatchObservation(
@@ -585,6 +626,8 @@ class BatchManager:
                 task.cancel()
         for k in keys:
             self._by_key.pop(k, None)
+        for action_id in list(batch.outcomes):  # after its tasks: none records any more
+            self._drop_whole(batch, action_id)
         if self._batches.get((batch.namespace, batch.name)) is batch:  # not one made again since
             del self._batches[(batch.namespace, batch.name)]
 

@@ -17,8 +17,9 @@ from arl_tangram.controllers.operator import ENVIRONMENT, OperatorSettings
 
 
 def main(argv: list[str]) -> int:
+    width = max(map(len, ENVIRONMENT)) + 1
     epilog = "environment:\n" + "\n".join(
-        f"  {name:<26} {text}"
+        f"  {name:<{width}} {text}"
         + (f" (default {str(getattr(OperatorSettings, field)).lower()})" if field else "")
         for name, (field, text) in ENVIRONMENT.items()
     )

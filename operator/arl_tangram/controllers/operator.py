@@ -30,7 +30,7 @@ from kubernetes.client.exceptions import ApiException
 
 from arl_tangram.api.meta import DNS_LABEL_PATTERN, GROUP, VERSION
 from arl_tangram.api.rewardmodelservice import RewardModelService
-from arl_tangram.controllers.actionbatch import BatchManager
+from arl_tangram.controllers.actionbatch import WHOLE_OUTPUTS_BYTES, BatchManager
 from arl_tangram.controllers.actionpool import Event, PoolController, config_of, node_snapshot
 from arl_tangram.controllers.failures import UNSCHEDULABLE_AFTER_S
 from arl_tangram.controllers.leader import LeaseElector
@@ -82,6 +82,11 @@ ENVIRONMENT: dict[str, tuple[str | None, str]] = {
     "TANGRAM_GATEWAY_ANONYMOUS": ("anonymous", "true: no authentication, loopback callers only"),
     "TANGRAM_REWARD_DEVICE": ("reward_device", "the device reward runtimes score on (cpu: test beds)"),
     "TANGRAM_GPU_DEVICES": ("gpu_devices", "how reward replicas ask for their GPUs (docs/gpu.md)"),
+    "TANGRAM_RESULTS_MEMORY_MIB": (
+        "results_memory_mib",
+        "memory for finished actions' whole outputs (GET .../results); past it the oldest are served "
+        "from the status's tails",
+    ),
     "TANGRAM_GATEWAY_NAMESPACE": ("gateway_namespace", "the namespace of gateway requests that name none"),
     "TANGRAM_GATEWAY_POOLS": (
         None,
@@ -115,6 +120,7 @@ class OperatorSettings:
     # (the exact UUIDs, for GPUs the reward pool owns outside the device plugin). One setting for the
     # whole operator: whether the device plugin manages the GPUs is the cluster's, not a service's.
     gpu_devices: DeviceStrategy = "device-plugin"
+    results_memory_mib: int = WHOLE_OUTPUTS_BYTES // 2**20
     # The gateway's routing defaults (``GatewayConfig``), for trainers whose URL cannot name a target.
     gateway_namespace: str = GatewayConfig.default_namespace
     gateway_pools: tuple[tuple[str, str], ...] = ()
@@ -132,6 +138,9 @@ class OperatorSettings:
             raise InvalidSpec(
                 "TANGRAM_GPU_DEVICES", f"must be one of {', '.join(DEVICE_STRATEGIES)}, got {devices!r}"
             )
+        memory = os.environ.get("TANGRAM_RESULTS_MEMORY_MIB", str(cls.results_memory_mib))
+        if not (memory.isascii() and memory.isdigit()):
+            raise InvalidSpec("TANGRAM_RESULTS_MEMORY_MIB", f"must be a whole number of MiB, got {memory!r}")
         return cls(
             namespace=os.environ.get("POD_NAMESPACE", "tangram-system"),
             identity=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
@@ -142,6 +151,7 @@ class OperatorSettings:
             anonymous=os.environ.get("TANGRAM_GATEWAY_ANONYMOUS", "").lower() in ("1", "true"),
             reward_device=os.environ.get("TANGRAM_REWARD_DEVICE", cls.reward_device),
             gpu_devices=next(d for d in DEVICE_STRATEGIES if d == devices),
+            results_memory_mib=int(memory),
             gateway_namespace=_namespace("TANGRAM_GATEWAY_NAMESPACE", cls.gateway_namespace),
             gateway_pools=_targets("TANGRAM_GATEWAY_POOLS"),
             gateway_services=_targets("TANGRAM_GATEWAY_SERVICES"),
@@ -211,6 +221,7 @@ class OperatorState:
             pool_languages=self._pool_languages,
             patch_status=self._patch_batch_status,
             delete=self._delete_batch,
+            whole_outputs_bytes=settings.results_memory_mib * 2**20,
         )
         self.dispatcher = Dispatcher(
             self.agent,

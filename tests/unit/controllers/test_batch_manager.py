@@ -449,6 +449,39 @@ async def test_results_after_a_restart_serve_what_the_status_kept_and_say_it_is_
         assert set(row) - {"output"} == set(before) and before["outputWhole"] is True
 
 
+async def _rows(mgr: BatchManager, name: str) -> list[dict[str, Any]]:
+    rows = mgr.results("ns", name)
+    return [row async for row in (await rows)] if rows is not None else []
+
+
+async def test_whole_outputs_past_the_memory_budget_go_oldest_first_and_are_served_from_the_status() -> None:
+    """Batches without a TTL stay until deleted, and each kept every action's whole output in the
+    operator's memory for ever: a trainer's thousands of batches grew it to its container's limit.
+    Past the budget the oldest finished outputs go (served as after a restart); deleting a batch
+    gives its share back."""
+    out = "x" * 1000
+
+    async def run(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        await asyncio.sleep(0)
+        return ActionOutcome(request.key, Outcome.SUCCEEDED, stdout=out, exit_code=0, attempts=1)
+
+    rec = Recorder()
+    mgr = BatchManager(run, rec.cancel, _python_pool, rec.patch, rec.delete, whole_outputs_bytes=2500)
+    for name, uid in (("old", "u-old"), ("new", "u-new")):
+        body = _body(2, results={"outputBytesPerAction": 64})
+        body["metadata"].update(name=name, uid=uid)
+        mgr.ensure(body)
+        await _until(lambda: mgr.pending_count() == 0)
+        await mgr.flush()
+    assert mgr.whole_bytes <= 2500
+    old, new = await _rows(mgr, "old"), await _rows(mgr, "new")
+    assert [r["outputWhole"] for r in old] == [False, False]
+    assert all(r["state"] == "Succeeded" and r["output"] == "x" * 64 and r["stdout"] is None for r in old)
+    assert [r["outputWhole"] for r in new] == [True, True] and new[1]["stdout"] == out
+    await mgr.forget("ns", "new", "u-new")
+    assert mgr.whole_bytes == 0
+
+
 async def test_a_spec_the_models_refuse_is_said_in_the_batchs_status_and_nothing_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

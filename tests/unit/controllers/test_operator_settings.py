@@ -19,6 +19,7 @@ SET = {
     "TANGRAM_GATEWAY_ANONYMOUS": ("true", ("anonymous", True)),
     "TANGRAM_REWARD_DEVICE": ("cpu", ("reward_device", "cpu")),
     "TANGRAM_GPU_DEVICES": ("visible-devices", ("gpu_devices", "visible-devices")),
+    "TANGRAM_RESULTS_MEMORY_MIB": ("64", ("results_memory_mib", 64)),
     "TANGRAM_GATEWAY_NAMESPACE": ("rl", ("gateway_namespace", "rl")),
     "TANGRAM_GATEWAY_POOLS": ("rl/py, team-b/swe", ("gateway_pools", (("rl", "py"), ("team-b", "swe")))),
     "TANGRAM_GATEWAY_SERVICES": ("rl/rm", ("gateway_services", (("rl", "rm"),))),
@@ -52,6 +53,16 @@ def test_a_bad_port_names_the_variable(monkeypatch: pytest.MonkeyPatch, port: st
     with pytest.raises(InvalidSpec) as err:
         OperatorSettings.from_env()
     assert err.value.field == "TANGRAM_LISTEN_PORT" and repr(port) in err.value.message
+
+
+@pytest.mark.parametrize("mib", ["1g", "-5", "", "0.5"])
+def test_a_bad_results_memory_names_the_variable(monkeypatch: pytest.MonkeyPatch, mib: str) -> None:
+    from arl_tangram.errors import InvalidSpec
+
+    monkeypatch.setenv("TANGRAM_RESULTS_MEMORY_MIB", mib)
+    with pytest.raises(InvalidSpec) as err:
+        OperatorSettings.from_env()
+    assert err.value.field == "TANGRAM_RESULTS_MEMORY_MIB" and repr(mib) in err.value.message
 
 
 def test_the_gateway_defaults_reach_the_gateway(monkeypatch: pytest.MonkeyPatch) -> None:
