@@ -486,6 +486,8 @@ class BatchManager:
             "queuedSeconds": outcome.queued_s,
             "host": outcome.host,
             "cores": list(outcome.cores),
+            # Whole as the operator got it; the agent may have capped a stream (its output limit).
+            "truncated": outcome.truncated,
             "outputWhole": True,
         }
         kept = len(outcome.stdout) + len(outcome.stderr) + len(outcome.message or "")
@@ -670,6 +672,7 @@ class BatchManager:
                     "host": None,
                     "cores": [],
                     "output": state.output,
+                    "truncated": state.truncated,
                     "outputWhole": False,
                 }
 

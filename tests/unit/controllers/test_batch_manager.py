@@ -463,7 +463,11 @@ async def test_whole_outputs_past_the_memory_budget_go_oldest_first_and_are_serv
 
     async def run(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
         await asyncio.sleep(0)
-        return ActionOutcome(request.key, Outcome.SUCCEEDED, stdout=out, exit_code=0, attempts=1)
+        # (a1's stdout is as the agent capped it: its row says so even while whole)
+        capped = request.key.endswith("a1")
+        return ActionOutcome(
+            request.key, Outcome.SUCCEEDED, stdout=out, exit_code=0, attempts=1, truncated=capped
+        )
 
     rec = Recorder()
     mgr = BatchManager(run, rec.cancel, _python_pool, rec.patch, rec.delete, whole_outputs_bytes=2500)
@@ -478,6 +482,8 @@ async def test_whole_outputs_past_the_memory_budget_go_oldest_first_and_are_serv
     assert [r["outputWhole"] for r in old] == [False, False]
     assert all(r["state"] == "Succeeded" and r["output"] == "x" * 64 and r["stdout"] is None for r in old)
     assert [r["outputWhole"] for r in new] == [True, True] and new[1]["stdout"] == out
+    # cut to the status's 64 bytes, and capped by the agent, both said
+    assert [r["truncated"] for r in old] == [True, True] and [r["truncated"] for r in new] == [False, True]
     await mgr.forget("ns", "new", "u-new")
     assert mgr.whole_bytes == 0
 
