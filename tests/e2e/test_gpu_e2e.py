@@ -168,12 +168,13 @@ def operator(
         yield op
 
 
-def _model(namespace: str) -> str:
+def _model(namespace: str, seed: int = 5) -> str:
     from arl_tangram.rewards.builtin import write_model
 
     models = REPO / "artifacts" / "e2e" / "models"  # pods see the host's files read-only (not its /tmp)
     models.mkdir(parents=True, exist_ok=True)
-    return write_model(str(models / f"{namespace}.npz"), buckets=256, dim=16, hidden=16, seed=5)
+    name = f"{namespace}.npz" if seed == 5 else f"{namespace}-{seed}.npz"
+    return write_model(str(models / name), buckets=256, dim=16, hidden=16, seed=seed)
 
 
 def _expected_scores(model: str) -> list[float]:
@@ -444,3 +445,58 @@ def test_a_service_no_node_has_devices_for_says_what_is_missing(
     assert "found no free MIG 2g.10gb" in ready["message"], ready
     assert svc["status"]["replicas"] == 0 and not svc["status"].get("placements")
     assert _replica_pods(cluster, namespace, "rm-none") == []
+
+
+def test_an_edited_service_is_rolled_out_in_place_when_no_gpu_is_free_and_loses_no_request(
+    cluster: Cluster, namespace: str, operator: Operator, gpu_nodes: dict[str, NodeInventory]
+) -> None:
+    """An edit (other weights) reaches the replicas; before, the old replica served the old spec for
+    ever. The replica holds the whole 8-GPU board, so no new one can start beside it: the old one is
+    drained (its calls finish), deleted, and one of the new spec takes its GPUs. A batch sent while
+    that happens loses nothing: each of its actions is scored by one model or the other."""
+    model, edited = _model(namespace), _model(namespace, seed=6)
+    rms = service_manifest(
+        "rm-roll",
+        model,
+        "tiny-scorer",
+        gpu={"count": [8]},
+        minReplicas=1,
+        maxReplicas=1,
+        coldStartBudgetSeconds=120,
+    )
+    create(cluster, namespace, "rewardmodelservices", rms)
+    _serving(cluster, namespace, "rm-roll", "the first replica serving")
+    (old,) = _replica_pods(cluster, namespace, "rm-roll")
+    _score_batch(cluster, namespace, "before", "rm-roll", model)
+    edit = {"spec": {"model": {"uri": f"file://{edited}"}}}
+    patched = cluster.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "rewardmodelservices", "rm-roll", edit
+    )
+    _start_batch(cluster, namespace, "during", "rm-roll")
+    svc = wait_object(
+        cluster,
+        namespace,
+        "rewardmodelservices",
+        lambda o: (
+            o["status"].get("observedGeneration") == patched["metadata"]["generation"]
+            and (o["status"].get("updatedReplicas"), o["status"].get("replicas")) == (1, 1)
+            and o["status"].get("readyReplicas") == 1
+            and condition(o, "Ready") == "True"
+        ),
+        field_selector="metadata.name=rm-roll",
+        description="the edit rolled out: one replica, of the new spec, serving",
+        timeout=240,
+    )
+    _gone(cluster, namespace, old["metadata"]["name"], "the old replica's pod")
+    (new,) = _replica_pods(cluster, namespace, "rm-roll")
+    label = "tangram.arl.dev/template-hash"
+    assert new["metadata"]["labels"][label] != old["metadata"]["labels"][label]
+    (place,) = svc["status"]["placements"]
+    assert place["pod"] == new["metadata"]["name"] and len(place["gpus"]) == 8, place
+    done = wait_batch(cluster, namespace, "during", timeout=240)
+    results = {r["id"]: r for r in done["status"]["results"]}
+    for i, (a, b) in enumerate(zip(_expected_scores(model), _expected_scores(edited), strict=True)):
+        got = results[f"r{i}"]
+        assert got["state"] == "Succeeded", got
+        assert got["reward"] in (pytest.approx(a, rel=1e-5, abs=1e-6), pytest.approx(b, rel=1e-5, abs=1e-6))
+    _score_batch(cluster, namespace, "after", "rm-roll", edited)

@@ -263,6 +263,12 @@ class RewardModelServiceStatus(TangramModel):
     conditions: Conditions = Field(default_factory=list)
     replicas: int = Field(default=0, ge=0, description="Replicas placed, resident or not (for /scale).")
     ready_replicas: int = Field(default=0, ge=0, description="Replicas resident and serving.")
+    updated_replicas: int = Field(
+        default=0,
+        ge=0,
+        description="Replicas built from the current spec; while fewer than `replicas`, the others "
+        "(an older spec) are being replaced (condition Scaling, reason RollingOut).",
+    )
     selector: str | None = Field(
         default=None,
         max_length=1024,

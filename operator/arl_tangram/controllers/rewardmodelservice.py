@@ -12,7 +12,9 @@ GPUs as before and the plugin picks which; the Ready condition says so. The serv
 ``idleTimeoutSeconds`` without requests when ``minReplicas`` is 0 (its weights stay in host memory
 only in the sense that the next replica restores them: a scaled-to-zero service pays a cold start),
 comes back on the first request, and grows by a replica while more requests wait than its ready
-replicas batch at once.
+replicas batch at once. An edit of what a replica is built from (its template hash) is rolled out:
+new replicas beside the old ones where GPUs are free, else one old replica at a time drained and
+replaced in its place (``_rollout``); a drained replica finishes its calls before it goes.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ log = logging.getLogger(__name__)
 
 
 PLACING_TTL_S = 60.0  # how long a created pod's devices stay taken before the watch shows the pod
+# How long a drained replica's calls may run before it is deleted under them: its router then
+# retries them on another replica (scoring has no side effect), so none is lost, and a call that
+# hangs cannot hold a rollout for ever.
+DRAIN_TIMEOUT_S = 120.0
 DEVICE_PLUGIN_CHOICE = (
     "no node has published a GPU inventory (tangram node-agent, manifests/node-agent.yaml), so the "
     "device plugin chose the replicas' GPUs"
@@ -72,7 +78,16 @@ class DeleteReplica:
     reason: str
 
 
-ServiceOperation = CreateReplica | DeleteReplica
+@dataclass(frozen=True)
+class DrainReplica:
+    """Route no new request to the replica; it is deleted once its calls are done (or after
+    ``DRAIN_TIMEOUT_S``)."""
+
+    name: str
+    reason: str
+
+
+ServiceOperation = CreateReplica | DeleteReplica | DrainReplica
 
 
 @dataclass(frozen=True)
@@ -145,45 +160,70 @@ class ServiceObservation:
     unschedulable_for_s: float = 0.0
     # How long, round after round, no GPU has been free for a replica the service wants.
     short_for_s: float = 0.0
+    # Replicas the controller routes no new request to (``DrainReplica``), and for how long (s).
+    draining: Mapping[str, float] = field(default_factory=dict)
+    # Replicas the controller created that the pod watch does not show yet.
+    coming: int = 0
 
 
 def reconcile_rewardmodelservice(
     rms: RewardModelService, cfg: ServiceConfig, observed: ServiceObservation, now: datetime
 ) -> tuple[dict[str, Any], list[ServiceOperation]]:
     """Status and operations for one service (pure). ``rms`` is the validated object ``cfg`` was made
-    from (placement reads its ``spec.gpu``)."""
+    from (placement reads its ``spec.gpu``).
+
+    Replicas built from an older spec (another template hash) are rolled out (``_rollout``): the
+    service is sized on replicas of the current spec, so new ones start beside the old ones where
+    GPUs are free (a surge), and an old one is drained, then deleted, once new ones are ready in its
+    stead; where no GPU is free, one old replica at a time is drained and deleted to make room."""
     live = [r for r in observed.replicas if r.phase != "terminating"]
     ops: list[ServiceOperation] = []
     failed = [r for r in live if r.phase == "failed"]
     for r in failed:
         ops.append(DeleteReplica(r.name, f"replica failed: {r.failure}"))
     serving = [r for r in live if r.phase != "failed"]
-    ready = [r for r in serving if r.phase == "ready"]
+    # Drained replicas still hold their GPUs and finish their calls, but take no new request.
+    active = [r for r in serving if r.name not in observed.draining]
+    ready = [r for r in active if r.phase == "ready"]
+    current = [r for r in active if r.template_hash == cfg.template_hash]
     stats = observed.stats
     queued = stats.queued if stats else 0
     running = stats.running if stats else 0
+    inflight = stats.inflight if stats else {}
     last = stats.last_active if stats else None
     recent = last is not None and observed.now_mono - last < cfg.idle_timeout_s
-    active = queued + running > 0 or recent
-    desired = max(cfg.min_replicas, 1 if active else 0)
-    if queued > cfg.max_batch * max(1, len(ready)) and len(serving) == len(ready):
-        desired = max(desired, len(serving) + 1)
+    busy = queued + running > 0 or recent
+    desired = max(cfg.min_replicas, 1 if busy else 0)
+    if queued > cfg.max_batch * max(1, len(ready)) and len(active) == len(ready):
+        desired = max(desired, len(active) + 1)
     desired = min(desired, cfg.max_replicas)
     holding = observed.since_failure_s < backoff_s(observed.failures)
-    wanted = 0 if holding else max(0, desired - len(serving))
+    # Only replicas of the current spec count towards ``desired``: the older ones are replaced.
+    wanted = 0 if holding else max(0, desired - len(current))
     why = f"{queued} request(s) waiting" if queued else "minReplicas"
+    if wanted and len(current) < len(active):
+        why = "rolling out the current spec"
     gpu = observed.gpu
     by_plugin = not gpu.any_published  # no inventory anywhere: the device plugin picks the devices
     short = ""  # what placement could not find
+    unplaced = 0
+    # Devices of this service's pods (even failed or terminating ones: held until the pod is gone)
+    # and of every other service's are not handed out again.
+    own = {u for r in observed.replicas if r.name in gpu.held for u in gpu.held[r.name].uuids}
+    # A replica stopping or draining gives its GPUs back soon: no GPU free meanwhile is not a shortage.
+    # (Only in a rollout: a pod that stays terminating otherwise must not hide a real shortage.)
+    freeing = [
+        r.name
+        for r in observed.replicas
+        if r.name in observed.draining or (r.phase == "terminating" and r.template_hash != cfg.template_hash)
+    ]
     if by_plugin:
         ops.extend(CreateReplica(why) for _ in range(wanted))
     elif wanted:
-        # Devices of this service's pods (even failed or terminating ones: held until the pod is
-        # gone) and of every other service's are not handed out again.
-        own = {u for r in observed.replicas if r.name in gpu.held for u in gpu.held[r.name].uuids}
         placed = place_service(rms, gpu.inventories, wanted, gpu.taken | own)
         ops.extend(CreateReplica(why, p) for p in placed.placements)
-        if placed.unplaced:
+        unplaced = placed.unplaced
+        if placed.unplaced and not freeing:
             short = placed.reason
             if not gpu.inventories:
                 short = (
@@ -192,16 +232,18 @@ def reconcile_rewardmodelservice(
                 )
             if gpu.problems:
                 short += "; unreadable inventories: " + "; ".join(gpu.problems)
-    if len(serving) > desired:
-        inflight = stats.inflight if stats else {}
-        idle = [r for r in reversed(serving) if not inflight.get(r.name)]
+    coming = observed.coming + sum(isinstance(o, CreateReplica) for o in ops)
+    roll = _rollout(rms, cfg, observed, active, desired, unplaced, coming, own, by_plugin)
+    ops += roll.ops
+    if len(current) > desired:
+        idle = [r for r in reversed(current) if not inflight.get(r.name)]
         why = "idle for idleTimeoutSeconds" if desired < cfg.min_replicas + 1 else "surplus"
-        for r in idle[: len(serving) - desired]:
+        for r in idle[: len(current) - desired]:
             ops.append(DeleteReplica(r.name, why))
     gen = cfg.generation
     conds = [dict(c) for c in observed.conditions]
-    pending = [r for r in serving if r.pending]
-    stalled = cannot_start("replica", serving)
+    pending = [r for r in active if r.pending]
+    stalled = cannot_start("replica", active)
     creating = sum(isinstance(o, CreateReplica) for o in ops)
     chosen_by = f"; {DEVICE_PLUGIN_CHOICE}" if by_plugin and (serving or creating) else ""
     if ready:
@@ -214,7 +256,7 @@ def reconcile_rewardmodelservice(
             gen,
             now,
         )
-    elif not serving and desired == 0:
+    elif not active and desired == 0:  # (drained replicas are on their way out)
         conds = set_condition(
             conds,
             ConditionType.READY,
@@ -222,6 +264,19 @@ def reconcile_rewardmodelservice(
             ConditionReason.SCALED_TO_ZERO,
             "no replicas while idle; the first request starts one "
             f"(cold-start budget {cfg.cold_start_budget_s:g} s)",
+            gen,
+            now,
+        )
+    elif freeing and roll.outdated and not creating and not any(r.phase == "starting" for r in active):
+        # (desired > 0 here: a service scaling to zero is ScaledToZero above.)
+        # The one replica (or the last ones) of an older spec makes room for its replacement.
+        conds = set_condition(
+            conds,
+            ConditionType.READY,
+            False,
+            ConditionReason.ROLLING_OUT,
+            f"replacing {', '.join(freeing)} (an older spec) with a replica of the current spec, which "
+            "starts once its GPUs are free; requests wait for it",
             gen,
             now,
         )
@@ -249,7 +304,7 @@ def reconcile_rewardmodelservice(
             ConditionType.READY,
             False,
             ConditionReason.HOSTS_STARTING,
-            f"{len(serving) + creating} replica(s) starting{chosen_by}",
+            f"{len(active) + creating} replica(s) starting{chosen_by}",
             gen,
             now,
         )
@@ -265,16 +320,30 @@ def reconcile_rewardmodelservice(
             gen,
             now,
         )
-    scaling = wanted > 0 or len(ready) < len(serving)
-    conds = set_condition(
-        conds,
-        ConditionType.SCALING,
-        scaling,
-        ConditionReason.SCALING_UP if scaling else ConditionReason.STEADY,
-        f"{len(serving)} replica(s), {desired} wanted" + (f"; {short}" if short else ""),
-        gen,
-        now,
-    )
+    updated = sum(r.template_hash == cfg.template_hash for r in serving)
+    if roll.outdated:
+        conds = set_condition(
+            conds,
+            ConditionType.SCALING,
+            True,
+            ConditionReason.ROLLING_OUT,
+            f"{updated} of {len(serving)} replica(s) run the current spec (generation {gen}); "
+            f"{roll.outdated} of an older spec are being replaced: {roll.how}"
+            + (f"; {short}" if short else ""),
+            gen,
+            now,
+        )
+    else:
+        scaling = wanted > 0 or len(ready) < len(active)
+        conds = set_condition(
+            conds,
+            ConditionType.SCALING,
+            scaling,
+            ConditionReason.SCALING_UP if scaling else ConditionReason.STEADY,
+            f"{len(serving)} replica(s), {desired} wanted" + (f"; {short}" if short else ""),
+            gen,
+            now,
+        )
     if failed or holding:
         cause = failed[0].failure if failed else observed.last_failure
         conds = set_condition(
@@ -312,12 +381,115 @@ def reconcile_rewardmodelservice(
         "conditions": conds,
         "replicas": len(serving),
         "readyReplicas": len(ready),
+        "updatedReplicas": updated,
         "selector": f"{SERVICE_LABEL}={cfg.name}",
         "placements": placements,
         "queueDepth": queued,
         "act": act.model_dump(by_alias=True) if act else None,
     }
     return status, ops
+
+
+@dataclass(frozen=True)
+class _Rollout:
+    ops: list[ServiceOperation]
+    outdated: int  # replicas of an older spec still there (draining ones included)
+    how: str  # what the rollout does now, for the Scaling condition
+
+
+def _rollout(
+    rms: RewardModelService,
+    cfg: ServiceConfig,
+    observed: ServiceObservation,
+    active: Sequence[HostObservation],
+    desired: int,
+    unplaced: int,
+    coming: int,
+    own: set[str],
+    by_plugin: bool,
+) -> _Rollout:
+    """Replace replicas of an older spec (the reward runtime reads its services file only at
+    start, so a replica serves the spec it was made with for as long as it lives).
+
+    - A drained replica is deleted once its calls are done (the router keeps counting them after
+      it stops routing to it), or after ``DRAIN_TIMEOUT_S`` (its calls are then retried elsewhere).
+    - An old replica that is not ready serves nothing: deleted at once, freeing its GPUs.
+    - Surge: the new replicas the reconcile created beside the old ones take over as they get
+      ready; as many old ones are drained as leave ``desired`` ready replicas.
+    - Replace: when no GPU is free for a new replica (placement found none, or, where the device
+      plugin places, the new pod waits for a node) and nothing is under way (no replica draining
+      or stopping, no new one starting), one old ready replica is drained to make room: one whose
+      GPUs would hold a new replica, where inventories say; never the last ready one while another
+      replica serves or is coming (only a service of one replica has a gap, its cold start).
+    """
+    ops: list[ServiceOperation] = []
+    stats = observed.stats
+    inflight = stats.inflight if stats else {}
+    draining = [r for r in observed.replicas if r.name in observed.draining and r.phase != "terminating"]
+    old = [r for r in active if r.template_hash != cfg.template_hash]
+    outdated = sum(r.phase != "failed" and r.template_hash != cfg.template_hash for r in observed.replicas)
+    stopping = [r for r in observed.replicas if r.phase == "terminating"]
+    for r in draining:
+        calls = inflight.get(r.name, 0)
+        if r.phase == "failed":
+            continue  # the failed path deletes it
+        if not calls:
+            ops.append(DeleteReplica(r.name, "drained: its calls are done"))
+        elif observed.draining[r.name] >= DRAIN_TIMEOUT_S:
+            ops.append(
+                DeleteReplica(
+                    r.name, f"drained for {DRAIN_TIMEOUT_S:g} s; its {calls} call(s) are retried elsewhere"
+                )
+            )
+    if not old:
+        names = ", ".join(r.name for r in (*draining, *stopping) if r.template_hash != cfg.template_hash)
+        return _Rollout(ops, outdated, f"{names} making room for a replica of the current spec")
+    for r in old:
+        if r.phase != "ready":
+            ops.append(
+                DeleteReplica(r.name, "built from an older spec, not serving: replaced by the new one")
+            )
+    old_ready = sorted(
+        (r for r in old if r.phase == "ready"), key=lambda r: (inflight.get(r.name, 0), r.created_at, r.name)
+    )
+    new_ready = [r for r in active if r.template_hash == cfg.template_hash and r.phase == "ready"]
+    surplus = max(0, len(new_ready) + len(old_ready) - desired)
+    for r in old_ready[:surplus]:
+        ops.append(
+            DrainReplica(r.name, "built from an older spec: replaced by a ready replica of the new one")
+        )
+    if surplus:
+        return _Rollout(ops, outdated, f"draining {', '.join(r.name for r in old_ready[:surplus])}")
+    starting = [r for r in active if r.template_hash == cfg.template_hash and r.phase == "starting"]
+    no_room = unplaced > 0 or (by_plugin and any(r.pending for r in starting))
+    if draining or stopping:
+        names = ", ".join(r.name for r in (*draining, *stopping))
+        return _Rollout(ops, outdated, f"{names} making room for a replica of the current spec")
+    if not no_room or coming or any(not r.pending for r in starting):
+        # (``coming``: created this round, or earlier and not in the pod watch yet.)
+        return _Rollout(ops, outdated, "new replicas start beside the old ones; they take over once ready")
+    gpu = observed.gpu
+    for r in old_ready:
+        others = [o for o in active if o is not r and not o.pending]
+        if others and not any(o.phase == "ready" for o in others):
+            continue  # it would leave no replica ready while another serves or is on its way
+        held = gpu.held.get(r.name)
+        if not by_plugin and held is not None:
+            room = place_service(rms, gpu.inventories, 1, (gpu.taken | own) - set(held.uuids))
+            if not room.placements:
+                continue  # its GPUs would not hold a replica of the new spec
+        ops.append(
+            DrainReplica(
+                r.name, "built from an older spec; no GPU free for the new one: replaced in its place"
+            )
+        )
+        return _Rollout(ops, outdated, f"no GPU free for a new replica: replacing {r.name} in its place")
+    return _Rollout(
+        ops,
+        outdated,
+        "no GPU free for a replica of the new spec, even in place of one old replica; the old ones "
+        "keep serving (free GPUs, or scale the service down, to let it go on)",
+    )
 
 
 def service_outage(
@@ -375,6 +547,13 @@ class ServiceController:
         # Service -> its last accepted spec (the validated object and its config): what keeps running
         # while an edit makes its spec invalid.
         self._accepted: dict[str, tuple[RewardModelService, ServiceConfig]] = {}
+        # Service -> its replicas drained for a rollout (pod name -> since when): routed no new
+        # request until they are deleted. In memory, as the router's calls are: a new leader has
+        # none of the old one's calls in flight, and drains again what its reconcile picks.
+        self._draining: dict[str, dict[str, float]] = {}
+        # Service -> replicas created and not yet in the pod watch (pod name -> when): on their way,
+        # so that a rollout does not drain an old replica for room a new one already has.
+        self._created: dict[str, dict[str, float]] = {}
         self.clock: Callable[[], float] = time.monotonic
 
     async def reconcile(
@@ -408,7 +587,16 @@ class ServiceController:
             self.router.upsert(cfg)
         await self.runtime.ensure_services_file(cfg)
         replicas = self.runtime.replicas(cfg.key)
-        self.router.sync(cfg.key, [(r.name, r.address) for r in replicas if r.phase == "ready" and r.address])
+        clock = self.clock()
+        listed = {r.name for r in replicas}
+        draining = self._draining.setdefault(cfg.key, {})
+        for name in [n for n in draining if n not in listed]:
+            del draining[name]  # its pod is gone
+        created = self._created.setdefault(cfg.key, {})
+        for name, since in list(created.items()):
+            if name in listed or clock - since > PLACING_TTL_S:
+                del created[name]
+        self._sync(cfg, replicas)
         resident = await self._residency(cfg, replicas)
         streak = self._failures.observe(cfg.key, replicas)
         gpu = gpu_view(cfg.key, nodes, replica_pods or {}, (cfg.pod_spec or {}).get("tolerations") or ())
@@ -427,6 +615,8 @@ class ServiceController:
             last_failure=streak.last,
             gpu=gpu,
             unschedulable_for_s=self._unplaced.observe(cfg.key, any(r.pending for r in replicas)),
+            draining={name: clock - since for name, since in draining.items()},
+            coming=len(created),
         )
         new_status, ops = reconcile_rewardmodelservice(model, cfg, observed, now)
         short = any(
@@ -443,18 +633,44 @@ class ServiceController:
                     replica = pinned(cfg, device_request(op.placement, self.strategy))
                     self._placing[name] = (op.placement, self.clock())
                 await self.runtime.create_replica(replica, name, self.device)
+                created[name] = self.clock()
+            elif isinstance(op, DrainReplica):
+                log.info("service %s: draining replica %s: %s", cfg.key, op.name, op.reason)
+                draining[op.name] = self.clock()
             else:
+                if op.name in draining:
+                    log.info("service %s: deleting replica %s: %s", cfg.key, op.name, op.reason)
+                # (A drained one stays drained until its pod is gone from the watch: until the
+                # watch shows it terminating, it may still look ready there.)
                 await self.runtime.delete_replica(cfg, op.name)
+        # At once, not next round: a drained replica gets no new call from now on, and a deleted one
+        # none while its pod stops.
+        gone = {op.name for op in ops if isinstance(op, DeleteReplica)}
+        self._sync(cfg, [r for r in replicas if r.name not in gone])
         if refusal is not None:
             new_status = refused_spec(
                 new_status, meta.get("generation"), cfg.generation, refusal, now, "service"
             )
         return new_status
 
+    def _sync(self, cfg: ServiceConfig, replicas: Sequence[HostObservation]) -> None:
+        """Route the service's requests to its ready replicas that are not drained."""
+        draining = self._draining.get(cfg.key, {})
+        self.router.sync(
+            cfg.key,
+            [
+                (r.name, r.address)
+                for r in replicas
+                if r.phase == "ready" and r.address and r.name not in draining
+            ],
+        )
+
     def deleted(self, key: str) -> None:
         """The service is gone: the router and the waits forget it."""
         self.router.remove(key)
         self._accepted.pop(key, None)
+        self._draining.pop(key, None)
+        self._created.pop(key, None)
         for waits in (self._unplaced, self._stalled, self._short):
             waits.forget(key)
 

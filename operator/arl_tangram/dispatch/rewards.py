@@ -144,7 +144,14 @@ class RewardRouter:
             return
         before = svc.endpoints
         svc.endpoints = dict(ready)
-        svc.inflight = {name: svc.inflight.get(name, 0) for name in svc.endpoints}
+        # A replica no longer listed gets no new call, but the calls it holds run to their end (a
+        # replica drained for a rollout is deleted only once they have: its count is kept while
+        # any runs, and is what ``stats`` reports for it).
+        svc.inflight = {
+            name: count for name, count in svc.inflight.items() if count > 0 or name in svc.endpoints
+        }
+        for name in svc.endpoints:
+            svc.inflight.setdefault(name, 0)
         # A replica no longer listed (or listed at another address) is no longer suspect: it is gone.
         svc.suspect = {
             n: until
@@ -306,6 +313,8 @@ class RewardRouter:
                     svc.running -= 1
                     if replica in svc.inflight:
                         svc.inflight[replica] -= 1
+                        if not svc.inflight[replica] and replica not in svc.endpoints:
+                            del svc.inflight[replica]  # unlisted, and its last call is done
                     # Waiting again (for a retry) until it ends: the outer finally settles it.
                     svc.waiting += 1
                     waiting = True

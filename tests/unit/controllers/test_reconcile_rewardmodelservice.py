@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,8 +12,10 @@ import pytest
 from arl_tangram.api.rewardmodelservice import RewardModelService
 from arl_tangram.controllers.failures import UNSCHEDULABLE_AFTER_S
 from arl_tangram.controllers.rewardmodelservice import (
+    DRAIN_TIMEOUT_S,
     CreateReplica,
     DeleteReplica,
+    DrainReplica,
     ServiceObservation,
     backoff_s,
     reconcile_rewardmodelservice,
@@ -51,8 +54,10 @@ def reconcile(
     return reconcile_rewardmodelservice(rms, service_config(rms, uid="u"), obs, NOW)
 
 
-def rep(name: str, phase: str = "ready", **kw: Any) -> HostObservation:
-    return HostObservation(name, "ns/rm", phase, "tb-gpu-0", "10.0.0.9:8000", "h", 1.0, 0, 0, **kw)  # type: ignore[arg-type]
+def rep(name: str, phase: str = "ready", template: str | None = None, **kw: Any) -> HostObservation:
+    """A replica of ``cfg()`` (``template``: the template hash of another spec it was built from)."""
+    template = cfg().template_hash if template is None else template
+    return HostObservation(name, "ns/rm", phase, "tb-gpu-0", "10.0.0.9:8000", template, 1.0, 0, 0, **kw)  # type: ignore[arg-type]
 
 
 def stats(queued: int = 0, running: int = 0, last: float | None = None) -> ServiceStats:
@@ -204,7 +209,7 @@ class _Replicas:
 
     async def create_replica(self, svc: Any, name: str, device: str) -> None:
         self.created.append(name)
-        self.listed.append(rep(name, "starting"))
+        self.listed.append(rep(name, "starting", svc.template_hash))
 
     async def delete_replica(self, svc: Any, name: str) -> None:
         self.deleted.append(name)
@@ -481,7 +486,11 @@ def test_status_placements_come_from_the_pods_and_their_devices_are_not_placed_t
     (a,) = place_service(rms, _view(_node("tb-gpu-0", H100)).inventories, 1).placements
     view = _view(_node("tb-gpu-0", H100), pods={"ns/rm": [_pod(svc, "rm-a", a)]})
     obs = ServiceObservation(
-        [rep("rm-a")], stats(queued=9, last=999.0), 1000.0, resident={"rm-a": True}, gpu=view
+        [rep("rm-a", template=svc.template_hash)],
+        stats(queued=9, last=999.0),
+        1000.0,
+        resident={"rm-a": True},
+        gpu=view,
     )
     status, ops = reconcile(obs, gpu={"count": [4]})
     assert status["placements"] == [
@@ -491,7 +500,8 @@ def test_status_placements_come_from_the_pods_and_their_devices_are_not_placed_t
     assert new is not None and not set(new.uuids) & set(a.uuids) and len(new.uuids) == 4
     # The board is now full: a third replica finds nothing and says so in Scaling (Ready stays True).
     view2 = _view(_node("tb-gpu-0", H100), pods={"ns/rm": [_pod(svc, "rm-a", a), _pod(svc, "rm-b", new)]})
-    obs2 = ServiceObservation([rep("rm-a"), rep("rm-b")], stats(queued=99, last=999.0), 1000.0, gpu=view2)
+    both = [rep("rm-a", template=svc.template_hash), rep("rm-b", template=svc.template_hash)]
+    obs2 = ServiceObservation(both, stats(queued=99, last=999.0), 1000.0, gpu=view2)
     status2, ops2 = reconcile(obs2, gpu={"count": [4]})
     conds = {c["type"]: c for c in status2["conditions"]}
     assert not [o for o in ops2 if isinstance(o, CreateReplica)]
@@ -742,5 +752,228 @@ def test_a_spec_turned_invalid_is_refused_while_the_last_accepted_one_keeps_serv
         status = await ctl.reconcile(body(1, "hf://org/model", uid="u2"))
         ready = {c["type"]: c for c in status["conditions"]}["Ready"]
         assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+
+    asyncio.run(run())
+
+
+# ---- rollouts: an edited spec replaces the replicas of the older one ------------------------------
+OLD_URI = "file:///w/old.npz"  # the spec before the edit: other weights, another template hash
+
+
+def _roll(
+    replicas: list[HostObservation],
+    gpu_spec: dict[str, Any],
+    view: Any = None,
+    inflight: dict[str, int] | None = None,
+    draining: dict[str, float] | None = None,
+    coming: int = 0,
+    minReplicas: int = 1,
+) -> tuple[dict[str, Any], list[Any]]:
+    """One round of the current spec (``rms_of(gpu=gpu_spec)``) over ``replicas``."""
+    load = ServiceStats(0, sum((inflight or {}).values()), None, (), dict(inflight or {}))
+    obs = ServiceObservation(
+        replicas,
+        load,
+        1000.0,
+        gpu=view if view is not None else _view(),
+        draining=draining or {},
+        coming=coming,
+    )
+    return reconcile(obs, gpu=gpu_spec, minReplicas=minReplicas)
+
+
+def _kinds(ops: list[Any]) -> list[Any]:
+    return [
+        "create" if isinstance(o, CreateReplica) else (type(o).__name__, o.name)
+        for o in ops
+        if isinstance(o, CreateReplica | DeleteReplica | DrainReplica)
+    ]
+
+
+def _cond(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return {c["type"]: c for c in status["conditions"]}[kind]
+
+
+def _placed(gpu_spec: dict[str, Any], n: int, taken: frozenset[str] = frozenset()) -> list[Any]:
+    from arl_tangram.gpu.placement import place_service
+
+    return list(place_service(rms_of(gpu=gpu_spec), _view(_node("g", H100)).inventories, n, taken).placements)
+
+
+def test_an_edit_surges_a_new_replica_where_a_gpu_is_free_then_drains_and_deletes_the_old() -> None:
+    """Before, an edited spec never reached the replicas: the old ones served it for ever."""
+    gpu_spec = {"count": [1]}
+    old = service_config(rms_of(OLD_URI, gpu=gpu_spec), uid="u")
+    (pa,) = _placed(gpu_spec, 1)
+    a = rep("a", template=old.template_hash)
+    view = _view(_node("g", H100), pods={"ns/rm": [_pod(old, "a", pa)]})
+    status, ops = _roll([a], gpu_spec, view)
+    (create,) = [o for o in ops if isinstance(o, CreateReplica)]
+    assert create.placement is not None and not set(create.placement.uuids) & set(pa.uuids)
+    assert _kinds(ops) == ["create"]  # a keeps serving meanwhile
+    scaling = _cond(status, "Scaling")
+    assert (scaling["status"], scaling["reason"]) == ("True", "RollingOut"), scaling
+    assert status["updatedReplicas"] == 0 and _cond(status, "Ready")["status"] == "True"
+    # The new replica starting: nothing else happens; ready: the old one is drained.
+    _, ops = _roll([a, rep("n", "starting")], gpu_spec, view)
+    assert _kinds(ops) == []
+    status, ops = _roll([a, rep("n")], gpu_spec, view)
+    assert _kinds(ops) == [("DrainReplica", "a")] and status["updatedReplicas"] == 1
+    # Drained with calls in flight: kept until they are done (or the drain time is up).
+    status, ops = _roll([a, rep("n")], gpu_spec, view, inflight={"a": 2}, draining={"a": 1.0})
+    assert _kinds(ops) == [] and status["readyReplicas"] == 1 and status["replicas"] == 2
+    _, ops = _roll([a, rep("n")], gpu_spec, view, inflight={"a": 0}, draining={"a": 3.0})
+    assert _kinds(ops) == [("DeleteReplica", "a")]
+    _, ops = _roll([a, rep("n")], gpu_spec, view, inflight={"a": 1}, draining={"a": DRAIN_TIMEOUT_S})
+    assert _kinds(ops) == [("DeleteReplica", "a")]
+    status, ops = _roll([rep("n")], gpu_spec, view)
+    assert _kinds(ops) == [] and status["updatedReplicas"] == 1
+    assert (_cond(status, "Scaling")["reason"], _cond(status, "Ready")["reason"]) == ("Steady", "HostsReady")
+
+
+def test_with_no_gpu_free_old_replicas_are_replaced_one_at_a_time_and_one_always_serves() -> None:
+    gpu_spec = {"count": [4]}
+    old = service_config(rms_of(OLD_URI, gpu=gpu_spec), uid="u")
+    new = service_config(rms_of(gpu=gpu_spec), uid="u")
+    pa, pb = _placed(gpu_spec, 2)  # the board's eight GPUs, all held
+    a, b = rep("a", template=old.template_hash), rep("b", template=old.template_hash)
+    view = _view(_node("g", H100), pods={"ns/rm": [_pod(old, "a", pa), _pod(old, "b", pb)]})
+    status, ops = _roll([a, b], gpu_spec, view, minReplicas=2)
+    assert _kinds(ops) == [("DrainReplica", "a")], ops  # one only: b serves meanwhile
+    assert "replacing a" in _cond(status, "Scaling")["message"]
+    # a draining, a call in flight: nothing more (b is not drained, no GPU is free yet).
+    status, ops = _roll([a, b], gpu_spec, view, inflight={"a": 1}, draining={"a": 1.0}, minReplicas=2)
+    assert _kinds(ops) == [] and status["readyReplicas"] == 1
+    assert _cond(status, "Ready")["status"] == "True"
+    assert _cond(status, "Ready")["reason"] != "InsufficientGPUs"
+    _, ops = _roll([a, b], gpu_spec, view, draining={"a": 2.0}, minReplicas=2)
+    assert _kinds(ops) == [("DeleteReplica", "a")]
+    # a stopping (its pod still holds the GPUs): b is not touched, no shortage reported.
+    stopping = rep("a", "terminating", template=old.template_hash)
+    status, ops = _roll([stopping, b], gpu_spec, view, minReplicas=2)
+    assert _kinds(ops) == [] and "InsufficientGPUs" not in str(status["conditions"])
+    # a gone: its replacement is created in its place; b stays until it is ready.
+    view = _view(_node("g", H100), pods={"ns/rm": [_pod(old, "b", pb)]})
+    _, ops = _roll([b], gpu_spec, view, minReplicas=2)
+    (create,) = [o for o in ops if isinstance(o, CreateReplica)]
+    assert create.placement is not None and set(create.placement.uuids) == set(pa.uuids)
+    assert _kinds(ops) == ["create"]
+    # Created, not in the pod watch yet (its devices taken meanwhile): b is not drained for room.
+    unseen = type(view)(view.inventories, view.held, frozenset(pa.uuids), view.problems, view.published)
+    _, ops = _roll([b], gpu_spec, unseen, coming=1, minReplicas=2)
+    assert _kinds(ops) == []
+    n = rep("n", "starting", new.template_hash)
+    view = _view(_node("g", H100), pods={"ns/rm": [_pod(old, "b", pb), _pod(new, "n", pa)]})
+    _, ops = _roll([b, n], gpu_spec, view, minReplicas=2)
+    assert _kinds(ops) == []
+    status, ops = _roll([b, rep("n", template=new.template_hash)], gpu_spec, view, minReplicas=2)
+    assert _kinds(ops) == [("DrainReplica", "b")] and status["updatedReplicas"] == 1
+
+
+def test_a_one_replica_service_with_no_gpu_free_is_replaced_in_place_and_says_so() -> None:
+    gpu_spec = {"count": [8]}
+    old = service_config(rms_of(OLD_URI, gpu=gpu_spec), uid="u")
+    (pa,) = _placed(gpu_spec, 1)
+    a = rep("a", template=old.template_hash)
+    view = _view(_node("g", H100), pods={"ns/rm": [_pod(old, "a", pa)]})
+    _, ops = _roll([a], gpu_spec, view)
+    assert _kinds(ops) == [("DrainReplica", "a")]  # there is no other way: a gap of one cold start
+    obs = ServiceObservation([a], stats(queued=1), 1000.0, gpu=view, draining={"a": 1.0})
+    status, ops = reconcile(obs, gpu=gpu_spec, minReplicas=1)
+    ready = _cond(status, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "RollingOut") and "a" in ready["message"]
+    assert _kinds(ops) == [("DeleteReplica", "a")]
+    # Its requests wait for the replacement, refused by no outage.
+    assert service_outage(cfg(), obs, status["conditions"], ops) is None
+    stopping = ServiceObservation(
+        [rep("a", "terminating", template=old.template_hash)], stats(queued=1), 1000.0, gpu=view
+    )
+    status, ops = reconcile(stopping, gpu=gpu_spec, minReplicas=1)
+    assert _cond(status, "Ready")["reason"] == "RollingOut" and _kinds(ops) == []
+    assert service_outage(cfg(), stopping, status["conditions"], ops) is None
+
+
+def test_an_old_replica_whose_gpus_would_not_hold_a_new_one_is_not_taken_down() -> None:
+    """The new spec asks for 2 GPUs; the old replicas hold one each on a board whose other GPUs
+    other services hold: draining one would free a single GPU, so none goes, and Scaling says so."""
+    gpu_spec = {"count": [1]}
+    old = service_config(rms_of(OLD_URI, gpu=gpu_spec), uid="u")
+    pa, pb = _placed(gpu_spec, 2)
+    others = frozenset(_uuids(H100, "g")) - set(pa.uuids) - set(pb.uuids)
+    view = _view(_node("g", H100), pods={"ns/rm": [_pod(old, "a", pa), _pod(old, "b", pb)]})
+    view = type(view)(view.inventories, view.held, others, view.problems, view.published)
+    reps = [rep("a", template=old.template_hash), rep("b", template=old.template_hash)]
+    status, ops = _roll(reps, {"count": [2]}, view, minReplicas=2)
+    assert _kinds(ops) == []
+    scaling = _cond(status, "Scaling")
+    assert scaling["reason"] == "RollingOut" and "even in place of one old replica" in scaling["message"]
+
+
+def test_where_the_device_plugin_places_a_new_pod_that_waits_for_a_node_makes_an_old_one_go() -> None:
+    old = service_config(rms_of(OLD_URI), uid="u")
+    a = rep("a", template=old.template_hash)
+    _, ops = _roll([a], {"count": [1]})
+    assert [(type(o), getattr(o, "placement", None)) for o in ops] == [(CreateReplica, None)]
+    _, ops = _roll([a, rep("n", "starting")], {"count": [1]})
+    assert _kinds(ops) == []  # scheduled, starting: it takes over once ready
+    waiting = rep("n", "starting", pending="0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")
+    _, ops = _roll([a, waiting], {"count": [1]})
+    assert _kinds(ops) == [("DrainReplica", "a")]
+
+
+def test_old_replicas_of_an_idle_service_simply_go_and_a_starting_one_is_replaced_at_once() -> None:
+    old = service_config(rms_of(OLD_URI), uid="u")
+    idle = ServiceObservation([rep("a", template=old.template_hash)], stats(), 10_000.0)
+    _, ops = reconcile(idle)  # minReplicas 0, idle: no replica of any spec is wanted
+    assert _kinds(ops) == [("DrainReplica", "a")]
+    status, ops = reconcile(replace(idle, draining={"a": 1.0}))
+    assert _kinds(ops) == [("DeleteReplica", "a")] and _cond(status, "Ready")["reason"] == "ScaledToZero"
+    status, ops = reconcile(ServiceObservation([], stats(), 10_000.0))
+    assert _kinds(ops) == [] and _cond(status, "Ready")["reason"] == "ScaledToZero"
+    starting = ServiceObservation([rep("a", "starting", template=old.template_hash)], stats(queued=1), 1.0)
+    _, ops = reconcile(starting)
+    assert sorted(map(str, _kinds(ops))) == sorted(map(str, ["create", ("DeleteReplica", "a")]))
+
+
+def test_the_controller_rolls_an_edit_out_and_routes_only_to_replicas_not_drained() -> None:
+    """End to end through the controller and its router (no inventory: the device plugin places)."""
+    from arl_tangram.controllers.rewardmodelservice import ServiceController
+    from arl_tangram.dispatch.rewards import RewardRouter
+
+    def body(generation: int, uri: str) -> dict[str, Any]:
+        return {
+            "metadata": {"name": "rm", "namespace": "ns", "generation": generation, "uid": "u"},
+            "spec": {"model": {"name": "m", "uri": uri}, "scaling": {"minReplicas": 2, "maxReplicas": 2}},
+        }
+
+    def ready_all(runtime: _Replicas) -> None:
+        runtime.listed = [replace(r, phase="ready") if r.phase == "starting" else r for r in runtime.listed]
+
+    async def run() -> None:
+        class Health:
+            async def health(self, address: str) -> dict[str, Any]:
+                return {"resident": ["rm"]}
+
+        runtime = _Replicas()
+        router = RewardRouter(client=None)  # type: ignore[arg-type]
+        ctl = ServiceController(router, runtime, Health(), "cpu")  # type: ignore[arg-type]
+        await ctl.reconcile(body(1, OLD_URI))
+        ready_all(runtime)
+        first = set(runtime.created)
+        status = await ctl.reconcile(body(1, OLD_URI))
+        assert len(first) == 2 and set(router._services["ns/rm"].endpoints) == first
+        assert status["updatedReplicas"] == 2
+        status = await ctl.reconcile(body(2, "file:///w/rm.npz"))  # the edit: two new ones surge
+        new = set(runtime.created) - first
+        assert len(new) == 2 and not runtime.deleted
+        assert _cond(status, "Scaling")["reason"] == "RollingOut" and status["updatedReplicas"] == 0
+        ready_all(runtime)
+        await ctl.reconcile(body(2, "file:///w/rm.npz"))  # new ones ready: the old ones drained
+        assert set(router._services["ns/rm"].endpoints) == new and not runtime.deleted
+        status = await ctl.reconcile(body(2, "file:///w/rm.npz"))  # idle: deleted
+        assert set(runtime.deleted) == first and {r.name for r in runtime.listed} == new
+        status = await ctl.reconcile(body(2, "file:///w/rm.npz"))
+        assert status["updatedReplicas"] == 2 and _cond(status, "Scaling")["reason"] == "Steady"
+        assert ctl._draining["ns/rm"] == {}
 
     asyncio.run(run())

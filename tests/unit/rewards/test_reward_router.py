@@ -175,6 +175,27 @@ async def test_a_cancelled_request_closes_its_call_to_the_replica() -> None:
     assert stats is not None and (stats.queued, stats.running, stats.inflight) == (0, 0, {"rm-0": 0})
 
 
+async def test_a_replica_taken_off_the_list_finishes_its_calls_and_reports_them_until_done() -> None:
+    """A replica drained for a rollout is no longer listed: it gets no new call, its call in flight
+    runs to its end (the request succeeds on it), and its count stays in ``stats`` until then, so
+    the controller deletes it only once it holds nothing (before, the count went with the listing
+    and a drained replica always looked idle)."""
+    replica, router, running = await _calling()
+    router.sync("ns/rm", [("rm-1", "10.0.0.2:8000")])  # rm-0 drained, its replacement ready
+    stats = router.stats("ns/rm")
+    assert stats is not None and stats.inflight == {"rm-0": 1, "rm-1": 0}
+    second = asyncio.create_task(router.run(_request()))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert replica.calls == ["10.0.0.1:8000", "10.0.0.2:8000"]  # the new call went to rm-1
+    replica.release.set()
+    first = await asyncio.wait_for(running, 5)
+    assert first.state is Outcome.SUCCEEDED and first.host == "rm-0" and replica.aborted == 0
+    assert (await asyncio.wait_for(second, 5)).host == "rm-1"
+    stats = router.stats("ns/rm")
+    assert stats is not None and stats.inflight == {"rm-1": 0}
+
+
 async def test_a_caller_cancelled_cancels_its_request_and_is_cancelled_itself() -> None:
     replica, router, running = await _calling()
     running.cancel()
