@@ -554,6 +554,11 @@ static void child_setup(int interp, int *fds, int nfds, int devnull, int32_t uid
         if (setgroups(0, NULL) < 0) child_fail("setgroups");
         if (setgid((gid_t)uid) < 0) child_fail("setgid");
         if (setuid((uid_t)uid) < 0) child_fail("setuid");
+        /* Dumpable again, as after the execve that starts a program outside: the uid change cleared
+         * it, and a Python action (which never execs) had its /proc/self/environ, auxv, io, ns, ...
+         * root's, refused (EACCES) where they are the program's. Nothing of another uid is reachable
+         * through it (its init is root's). A session's interpreter stays undumpable (its key). */
+        if (!interp && prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) < 0) child_fail("prctl(PR_SET_DUMPABLE)");
     }
     /* After the uid change, which would clear it: the namespace's init must not outlive us. */
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);

@@ -192,6 +192,8 @@ def child_main(
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
+            if ctrl_fd is None:  # dumpable again, as after an execve: _zygote.c's child_setup says why
+                isolation.prctl(isolation.PR_SET_DUMPABLE, 1)
         # The PID namespace's init must not outlive the fork server (say, if the agent is killed -9).
         # Set after the uid change, which would clear it. (Should the fork server die in the few
         # microseconds before, the action still ends at its CPU-time limit.)

@@ -324,6 +324,15 @@ PROGRAMS = {
     "an indentation error": "def f():\nreturn 1\n",
     "a plain failure": "assert 1 == 2\n",
     "a plain success": "print(sum(range(10)))\n",
+    # A process is dumpable after the execve that starts it; a Python action never execs, and its
+    # change of uid had left it undumpable: these files of its own were root's (EACCES).
+    "its own /proc files": (
+        "import ctypes, os\nseen = []\n"
+        "for name in ('environ', 'auxv', 'io', 'personality', 'syscall', 'pagemap'):\n"
+        "    try:\n        with open('/proc/self/' + name, 'rb') as f:\n            f.read(1)\n"
+        "        seen.append(name)\n    except OSError as e:\n        seen.append((name, e.errno))\n"
+        "print(seen, len(os.listdir('/proc/self/ns')) > 0, ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))\n"
+    ),
 }
 
 

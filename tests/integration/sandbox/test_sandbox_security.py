@@ -79,6 +79,26 @@ def test_an_action_sees_only_its_own_processes_in_proc(loop_agent: Agent) -> Non
     assert seen["pids"] == [1, 2] and seen["me"] == 2 and seen["self"] == "2", seen
 
 
+def test_an_action_dumpable_as_outside_still_cannot_reach_its_init(loop_agent: Agent) -> None:
+    """A Python action is dumpable, as a program is after its execve outside (its own /proc files
+    are its own): its init, which reports its status, stays out of its reach (another uid's)."""
+    code = (
+        "import ctypes, json, os\nlibc = ctypes.CDLL(None, use_errno=True)\nseen = {}\n"
+        "seen['dumpable'] = libc.prctl(3, 0, 0, 0, 0)\n"
+        "seen['attach'] = (libc.ptrace(16, 1, 0, 0), ctypes.get_errno())\n"
+        "for name in ('environ', 'mem'):\n"
+        "    try:\n        open('/proc/1/' + name, 'rb').read(1)\n        seen[name] = 'read'\n"
+        "    except OSError as e:\n        seen[name] = e.errno\n"
+        "print(json.dumps(seen))\n"
+    )
+    ran = loop_agent.execute(code)
+    assert ran["status"] == "ok", ran
+    seen = json.loads(str(ran["stdout"]))
+    assert seen["dumpable"] == 1, seen
+    assert seen["attach"] == [-1, errno.EPERM], seen
+    assert (seen["environ"], seen["mem"]) == (errno.EACCES, errno.EACCES), seen
+
+
 # System V shared memory through libc (the standard library has no binding): a segment made under
 # a key and left behind (no IPC_RMID), and a look for that key. Each prints what it found.
 SHM_KEY = 0x7A11C0DE
