@@ -496,9 +496,14 @@ class Executor:
         # no:cacheprovider``, ``-n 0``) were the program's to see, and changed verdicts: the
         # ``cache`` fixture was missing, a pytest.ini's ``addopts = --lf`` or ``-p no:xdist`` made
         # the command line wrong (exit 4), ``getoption('verbose')`` was -1.
+        # -P: nothing before the standard library and site-packages on the path as pytest starts,
+        # as under its console script. ``python -m`` puts the working directory first, so a
+        # request's helper named as a module pytest imports at start (``code.py``, ``signal.py``)
+        # was imported in its place (a pass where ``pytest`` fails to collect, or pytest broke),
+        # and helpers imported under ``--import-mode=importlib`` were found where they are not.
         parallel = dop > 1 and bool(spec.args)
         xdist = ["-n", str(dop), "--dist", "loadfile"] if parallel else []
-        return [sys.executable, "-m", "pytest", *xdist, spec.code_file, *spec.args]
+        return [sys.executable, "-P", "-m", "pytest", *xdist, spec.code_file, *spec.args]
 
     def _own_tmp(self, spec: ActionSpec, uid: int | None) -> bool:
         """Whether the action's /tmp is its own and gone with it (the fork server's private_tmp: a
@@ -570,13 +575,39 @@ class Executor:
                 delay=1.0,
             )
         if session is None:
-            return await self._run_held(spec, None, want, timeout, limits, control)
-        control = control if control is not None else ActionControl()
-        session.controls.add(control)
+            result = await self._run_held(spec, None, want, timeout, limits, control)
+        else:
+            control = control if control is not None else ActionControl()
+            session.controls.add(control)
+            try:
+                result = await self._run_held(spec, session, want, timeout, limits, control)
+            finally:
+                session.controls.discard(control)
+        return self._notebook_verdict(result) if spec.runtime == "jupyter" else result
+
+    def _notebook_verdict(self, result: ActionResult) -> ActionResult:
+        """A notebook's status is the notebook's, not only its driver's exit: the driver answers
+        (and exits 0) when ``total_timeout`` ran out or the kernel died too, and the native
+        status was ``ok`` then, its verdict only inside the JSON, so a caller reading the status
+        (an ActionBatch's counts, a trainer's check) took a notebook that never ended for one
+        that ran. Now ``timeout`` and ``failed``, with the driver's message; the stdout is still
+        its answer, with the cells that ran. A cell that raised is the notebook's data, as on
+        ``/run_jupyter`` (``Success``): still ``ok``."""
+        if result.outcome != "ok" or result.stdout_truncated:
+            return result
         try:
-            return await self._run_held(spec, session, want, timeout, limits, control)
-        finally:
-            session.controls.discard(control)
+            answer = json.loads(result.stdout)
+            status, message = answer["status"], answer["message"]
+        except (ValueError, KeyError, TypeError):
+            return result
+        outcome = {"TimeLimitExceeded": "timeout", "Error": "failed"}.get(status)
+        if outcome is None:
+            return result
+        self.counts["ok"] -= 1
+        self.counts[outcome] += 1
+        result.outcome = outcome
+        result.message = result.message or str(message)
+        return result
 
     async def _run_held(
         self,

@@ -288,6 +288,14 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     runtime = tempfile.mkdtemp(prefix=RUNTIME_PREFIX, dir=".")
     os.environ["JUPYTER_RUNTIME_DIR"] = os.path.abspath(runtime)
     os.environ["IPYTHONDIR"] = os.path.abspath(os.path.join(runtime, "ipython"))
+    # Jupyter's user directories too: HOME is the workdir, so a request file such as
+    # ``.local/share/jupyter/kernels/python3/kernel.json`` named the command started as the kernel
+    # (SandboxFusion's HOME is its server's, out of a request's reach). The kernel is the
+    # installed ipykernel's, found beside this Python.
+    os.environ["JUPYTER_DATA_DIR"] = os.path.abspath(os.path.join(runtime, "data"))
+    os.environ["JUPYTER_CONFIG_DIR"] = os.path.abspath(os.path.join(runtime, "config"))
+    os.environ.pop("JUPYTER_PATH", None)
+    os.environ.pop("JUPYTER_CONFIG_PATH", None)
     # Jupyter's own plotting backend (figures as image/png displays), as a kernel has outside: the
     # sandbox sets Agg for plain programs, which would show nothing.
     os.environ.pop("MPLBACKEND", None)

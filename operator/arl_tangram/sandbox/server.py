@@ -510,10 +510,13 @@ def jupyter_response(result: ActionResult) -> dict[str, Any]:
     if result.outcome == "sandbox_error":
         driver["status"] = "Error"
         return {**answer, "status": "SandboxError", "message": result.message}
-    if result.outcome == "timeout":
+    # A notebook that ran out of its total or lost its kernel is the executor's ``timeout`` or
+    # ``failed`` (``_notebook_verdict``), its driver's answer still the stdout: read it below.
+    driver_answered = result.outcome in ("timeout", "failed") and result.exit_code == 0
+    if result.outcome == "timeout" and not driver_answered:
         driver.update(status="TimeLimitExceeded", return_code=None)
         return {**answer, "message": "the notebook ran past its total_timeout and was stopped"}
-    if result.outcome != "ok":
+    if result.outcome != "ok" and not driver_answered:
         driver["stdout"] = result.stdout
         return {**answer, "message": result.message or f"the notebook's driver ended {result.outcome}"}
     if result.stdout_truncated:

@@ -255,12 +255,13 @@ for line in open('/proc/self/maps'):
     if '[stack]' in line:
         lo, hi = (int(x, 16) for x in line.split()[0].split('-'))
         stack = ctypes.string_at(lo, hi - lo)
+print('environ', PROBE in open('/proc/self/environ', 'rb').read())
 print('stack', len(stack), PROBE in stack)
 """
 
 
 def test_environment_is_scrubbed_even_in_memory(agent: Agent) -> None:
-    # /proc/self/environ (unreadable after the uid change anyway) and the process's own stack hold the
+    # /proc/self/environ (the action's own to read, as outside) and the process's own stack hold the
     # environment its first ancestor started with: that is the fork server's, never the agent's.
     code = f"PROBE = {SECRET.encode()!r}\n" + STACK_SCAN
     body = agent.execute(code)
@@ -269,6 +270,7 @@ def test_environment_is_scrubbed_even_in_memory(agent: Agent) -> None:
     assert "TANGRAM_DOP" in out
     assert "TANGRAM_AGENT_TOKEN_PROBE" not in out
     assert "KUBECONFIG" not in out
+    assert out.splitlines()[-2] == "environ False"
     assert out.splitlines()[-1].startswith("stack ")
     assert out.splitlines()[-1].endswith(" False")
 

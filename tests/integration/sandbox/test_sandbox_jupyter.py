@@ -136,6 +136,18 @@ FORGED = (
 )
 
 
+def test_a_request_file_does_not_choose_the_kernel(agent: Agent) -> None:
+    """HOME is the workdir: a request file where Jupyter looks for a user's kernels named the
+    command started as the kernel (here one that leaves a mark, then starts the real one)."""
+    start = "echo x > marked.txt; exec python -m ipykernel_launcher -f {connection_file}"
+    spec = {"argv": ["/bin/sh", "-c", start], "display_name": "Python 3", "language": "python"}
+    where = ".local/share/jupyter/kernels/python3/kernel.json"
+    files = {where: base64.b64encode(json.dumps(spec).encode()).decode()}
+    answer = _notebook(agent, ["import os\nos.path.exists('marked.txt')"], files=files)
+    assert answer.status == "Success", answer
+    assert answer.cells[0].display[0]["text/plain"] == "False"
+
+
 def test_a_cell_cannot_forge_the_answer(agent: Agent) -> None:
     """The driver's answer is its stdout: a cell writing JSON to its own descriptors writes its own
     stream, and one writing to the driver's (``/proc/<driver>/fd/1``) is refused."""
@@ -209,6 +221,22 @@ def test_the_native_runtime_takes_the_notebook_as_its_code(agent: Agent) -> None
         resp = agent.post("/v1/execute", {"runtime": "jupyter", "code": code})
         assert resp.status_code == 400 and resp.json()["field"] == "code", resp.text
         assert names in resp.json()["error"], resp.text
+
+
+def test_the_native_status_is_the_notebooks(agent: Agent) -> None:
+    """A notebook that ran out of its total, or whose kernel died, was ``ok`` (its driver answered
+    and exited 0), the verdict only inside the JSON; a cell that raised stays ``ok``, as it is
+    ``Success`` on ``/run_jupyter``."""
+    sleeps = {"cells": ["import time\ntime.sleep(60)"], "total_timeout": 2}
+    timed = agent.execute(json.dumps(sleeps), runtime="jupyter", timeout_s=40)
+    assert timed["status"] == "timeout", timed
+    assert "total_timeout" in str(timed["message"])
+    assert json.loads(str(timed["stdout"]))["status"] == "TimeLimitExceeded"
+    died = agent.execute(json.dumps({"cells": ["import os\nos._exit(3)"]}), runtime="jupyter", timeout_s=40)
+    assert died["status"] == "failed" and died["message"] == "cell 1: the kernel died", died
+    raised = agent.execute(json.dumps({"cells": ["1 / 0", "print(2)"]}), runtime="jupyter", timeout_s=40)
+    assert raised["status"] == "ok", raised
+    assert json.loads(str(raised["stdout"]))["cells"][1]["stdout"] == "2\n"
 
 
 def test_a_killed_driver_leaves_nothing_in_its_sessions_workdir(agent: Agent) -> None:

@@ -2,14 +2,16 @@
 return code through ``/run_code`` is the one a plain run in a fresh directory gives, with the same
 request files.
 
-Real actions in a real agent (both fork loops), against a real pytest outside. Each case passed
-outside and failed here: the agent ran ``pytest -q -p no:cacheprovider -n 0 test_solution.py``,
-whose options the program saw, and wrote the code over a request file of the same name.
+Real actions in a real agent (both fork loops), against a real pytest outside. Each case ended
+otherwise here: the agent ran ``pytest -q -p no:cacheprovider -n 0 test_solution.py``, whose
+options the program saw, wrote the code over a request file of the same name, and then ran
+``python -m pytest``, which put the working directory first on the path as pytest started.
 """
 
 from __future__ import annotations
 
 import base64
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +49,36 @@ CASES: dict[str, tuple[str, dict[str, str]]] = {
         {},
     ),
     "a failing test still fails": ("def test_no():\n    assert 1 == 2\n", {}),
+    # Run as ``python -m pytest``, the working directory led the path as pytest started: a helper
+    # named as a module pytest imports then (``code``, through pdb) was imported in the standard
+    # library's place and the test passed, where ``pytest`` has the standard one and fails to
+    # collect the test (exit 2) ...
+    "a helper named as a module pytest imports at start": (
+        "from code import solve\n\ndef test_solve():\n    assert solve() == 1\n",
+        {"code.py": "def solve():\n    return 1\n"},
+    ),
+    # ... or broke pytest itself (``textwrap`` without ``dedent``: an internal error, exit 1 or 3) ...
+    "a helper shadowing a module pytest needs": (
+        "from textwrap import hello\n\ndef test_hello():\n    assert hello() == 1\n",
+        {"textwrap.py": "def hello():\n    return 1\n"},
+    ),
+    # ... and a helper was found under ``--import-mode=importlib``, which puts no test's directory
+    # on the path: ``pytest`` fails to collect the test.
+    "a helper out of reach under the importlib import mode": (
+        "from helper import hello\n\ndef test_hello():\n    assert hello() == 1\n",
+        {
+            "helper.py": "def hello():\n    return 1\n",
+            "pytest.ini": "[pytest]\naddopts = --import-mode=importlib\n",
+        },
+    ),
+}
+
+# Cases that fail outside, and so must fail here.
+FAILING = {
+    "a failing test still fails",
+    "a helper named as a module pytest imports at start",
+    "a helper shadowing a module pytest needs",
+    "a helper out of reach under the importlib import mode",
 }
 
 
@@ -56,13 +88,15 @@ OWN_TMP_ONLY = {"temporary files outside the working directory"}
 
 def _outside(code: str, files: dict[str, str], tmp_path: Path) -> int:
     """``pytest <file>`` in a fresh directory holding the request's files (SandboxFusion's file
-    name is a temporary one, never a request file's)."""
+    name is a temporary one, never a request file's), by pytest's console script beside this
+    Python, as SandboxFusion runs it: not ``python -m pytest``, which puts the directory first on
+    the path."""
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     (tmp_path / "tmpq8v1x2zb.py").write_text(code)
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(tmp_path)}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "tmpq8v1x2zb.py"],
+        [os.path.join(os.path.dirname(sys.executable), "pytest"), "tmpq8v1x2zb.py"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -87,4 +121,4 @@ def test_a_pytest_program_ends_as_under_pytest(loop_agent: Agent, name: str, tmp
     assert resp.status_code == 200, resp.text
     run = resp.json()["run_result"]
     assert run["return_code"] == want, (name, want, run)
-    assert (want == 0) == (name != "a failing test still fails"), (name, want)
+    assert (want == 0) == (name not in FAILING), (name, want)
