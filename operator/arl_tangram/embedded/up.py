@@ -111,6 +111,8 @@ class Embedded:
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _bodies: list[dict[str, Any]] = field(default_factory=list)
     _ready: dict[str, int] = field(default_factory=dict)
+    _told_pending: set[str] = field(default_factory=set)
+    _not_ready: dict[str, Any] = field(default_factory=dict)
 
     def node(self) -> NodeSnapshot:
         return NodeSnapshot(
@@ -170,18 +172,17 @@ class Embedded:
     def _view(self, body: Mapping[str, Any]) -> dict[str, Any]:
         meta = body["metadata"]
         key = f"{meta['namespace']}/{meta['name']}"
-        hosts = [
-            {
-                "name": h.name,
-                "phase": h.phase,
-                "address": h.address,
-                "cores": list(lh.cores),
-                "pid": lh.proc.pid,
-                "uids": [lh.uids.start, lh.uids.stop],
-            }
-            for h in self.runtime.hosts(key)
-            if (lh := self.runtime.host(h.name)) is not None
-        ]
+        hosts: list[dict[str, Any]] = []
+        for h in self.runtime.hosts(key):
+            view: dict[str, Any] = {"name": h.name, "phase": h.phase, "address": h.address}
+            if (lh := self.runtime.host(h.name)) is not None:
+                view.update(cores=list(lh.cores), pid=lh.proc.pid, uids=[lh.uids.start, lh.uids.stop])
+            elif h.pending:
+                # Not started: no room for it on this machine yet (``LocalRuntime``'s pending host).
+                view.update(cores=[], pid=None, uids=None, pending=h.pending)
+            else:
+                continue
+            hosts.append(view)
         return {
             "namespace": meta["namespace"],
             "name": meta["name"],
@@ -211,13 +212,27 @@ class Embedded:
             self._ready[key] = ready
             cores = status.get("coresTotal", 0)
             print(f"tangram up: ActionPool {key}: {ready} host(s) ready, {cores} core(s)", flush=True)
+        self._told_pending &= {h.name for h in self.runtime.all_hosts() if h.pending}
+        for h in self.runtime.hosts(key):
+            # Said once per host, at once: the pool's status says it only once the host has waited
+            # as long as a cluster's scheduler is given (failures.UNSCHEDULABLE_AFTER_S).
+            if h.pending and h.name not in self._told_pending:
+                self._told_pending.add(h.name)
+                print(
+                    f"tangram up: ActionPool {key}: host {h.name} cannot start yet: {h.pending}", flush=True
+                )
         for cond in status.get("conditions") or ():
             if (
                 cond.get("type") == "Ready"
                 and cond.get("status") == "False"
                 and cond.get("reason") not in ("HostsStarting",)
             ):
-                log.warning("ActionPool %s not ready: %s", key, cond.get("message"))
+                # Once per message, not once a round (a line a second buried everything else).
+                if self._not_ready.get(key) != cond.get("message"):
+                    self._not_ready[key] = cond.get("message")
+                    log.warning("ActionPool %s not ready: %s", key, cond.get("message"))
+            elif cond.get("type") == "Ready":
+                self._not_ready.pop(key, None)
 
     async def _sweep_sessions(self) -> None:
         while True:

@@ -9,8 +9,14 @@ workdir volume) replaced by their local equivalents.
 
 Observations are the process table kept here (never a system call in :meth:`LocalRuntime.hosts`): a
 host is ``starting`` until its agent answers ``/v1/health``, ``ready`` after, ``failed`` when its
-process exited or never answered, ``draining`` when marked so. Draining lives in memory only: a
-stopped ``tangram up`` stops every host it started, so there is nothing to find again.
+process exited or never answered, ``draining`` when marked so. A host asked for while too few cores
+(or uids) are free is kept *pending*, as a pod no node has room for is: observed ``starting`` with
+no node and ``pending`` saying what it lacks and who holds it, and started as soon as a host's stop
+frees enough. The controllers then treat it as the scheduler's Unschedulable pod (the pool's status
+says why, and its actions are refused with that message once it has waited too long), where it used
+to be dropped with a log line while the pool said Healthy and its actions waited for ever. Draining
+lives in memory only: a stopped ``tangram up`` stops every host it started, so there is nothing to
+find again.
 """
 
 from __future__ import annotations
@@ -290,6 +296,35 @@ class LocalHost:
         )
 
 
+@dataclass(eq=False)
+class PendingHost:
+    """A host asked for that does not fit yet: what it needs, and why it waits."""
+
+    name: str
+    config: PoolConfig
+    reason: str
+    created_at: float = field(default_factory=time.time)
+    draining: bool = False
+
+    @property
+    def pool(self) -> str:
+        return self.config.key
+
+    def observation(self) -> HostObservation:
+        return HostObservation(
+            name=self.name,
+            pool=self.config.key,
+            phase="draining" if self.draining else "starting",
+            node="",  # placed nowhere: it holds none of this machine's cores (the planner's view)
+            address=None,
+            template_hash=self.config.template_hash,
+            created_at=self.created_at,
+            cpu_millicores=1000 * self.config.host_cores,
+            memory_bytes=self.config.host_memory_bytes,
+            pending=self.reason,
+        )
+
+
 class LocalRuntime:
     """Implements :class:`~arl_tangram.runtime.interface.Runtime` with local agent processes.
 
@@ -321,11 +356,18 @@ class LocalRuntime:
         self.python = python
         self.extra_args = tuple(extra_args)
         self._hosts: dict[str, LocalHost] = {}
+        # Hosts asked for that do not fit yet, oldest first (started in that order as room frees).
+        self._pending: dict[str, PendingHost] = {}
+        self._closing = False
+        # Cores and uids of hosts whose process is being started (taken before the await, so that
+        # another start meanwhile cannot be given them too).
+        self._claims: dict[str, tuple[tuple[int, ...], range]] = {}
         self.started: list[int] = []  # every agent pid ever started (for a caller's leak checks)
 
     # ---- what is free ---------------------------------------------------------------------------
     def free_cores(self) -> list[int]:
         taken = {c for h in self._hosts.values() for c in h.cores}
+        taken.update(c for cores, _ in self._claims.values() for c in cores)
         return [c for c in self.cores if c not in taken]
 
     def _uid_range(self, pool: PoolConfig) -> range | None:
@@ -333,7 +375,8 @@ class LocalRuntime:
         None when it would pass uid_stop."""
         stride = host_uids(pool)
         start = self.uid_base
-        for taken in sorted((h.uids for h in self._hosts.values()), key=lambda r: r.start):
+        held = [h.uids for h in self._hosts.values()] + [uids for _, uids in self._claims.values()]
+        for taken in sorted(held, key=lambda r: r.start):
             if start + stride <= taken.start:
                 break
             start = max(start, taken.stop)
@@ -343,10 +386,17 @@ class LocalRuntime:
 
     # ---- the Runtime protocol -------------------------------------------------------------------
     def hosts(self, pool_key: str) -> list[HostObservation]:
-        return [h.observation() for h in self._hosts.values() if h.pool == pool_key]
+        return [h.observation() for h in self._every() if h.pool == pool_key]
 
     def all_hosts(self) -> list[HostObservation]:
-        return [h.observation() for h in self._hosts.values()]
+        return [h.observation() for h in self._every()]
+
+    def _every(self) -> list[LocalHost | PendingHost]:
+        return [*self._hosts.values(), *self._pending.values()]
+
+    def pending(self, name: str) -> PendingHost | None:
+        """The host ``name`` if it waits for room (see :class:`PendingHost`)."""
+        return self._pending.get(name)
 
     def host(self, name: str) -> LocalHost | None:
         return self._hosts.get(name)
@@ -360,32 +410,65 @@ class LocalRuntime:
         return host.observation()
 
     async def create_host(self, pool: PoolConfig, name: str, node: str | None) -> None:
-        if name in self._hosts:
+        if name in self._hosts or name in self._pending:
             return  # a retried create
+        if self._closing:
+            return
+        why = self._no_room(pool)
+        if why is not None:
+            # Kept, not dropped: the pool's status and its waiting actions must hear why no host
+            # comes (the controllers read ``pending`` as a pod's Unschedulable), and it starts by
+            # itself once room frees.
+            self._pending[name] = PendingHost(name, pool, why)
+            log.info("host %s of %s waits: %s", name, pool.key, why)
+            return
+        await self._spawn(pool, name)
+
+    def _no_room(self, pool: PoolConfig) -> str | None:
+        """Why a host of ``pool`` cannot start now (too few free cores or uids), or None."""
         free = self.free_cores()
         if len(free) < pool.host_cores:
-            # The planner sees this machine's cores and should not ask for more; a stale round may.
-            log.warning(
-                "host %s of %s not started: it needs %d cores and %d of %d are free on this machine",
-                name,
-                pool.key,
-                pool.host_cores,
-                len(free),
-                len(self.cores),
+            holders: dict[str, int] = {}
+            for h in self._hosts.values():
+                holders[h.pool] = holders.get(h.pool, 0) + len(h.cores)
+            held = ", ".join(f"{n} by {key}'s hosts" for key, n in sorted(holders.items()))
+            return (
+                f"it needs {pool.host_cores} core(s) and {len(free)} of the {len(self.cores)} given to "
+                f"tangram up are free ({held or 'none held'}); it starts when hosts stop and free "
+                "enough (scale other pools down, or give tangram up more --cores)"
             )
-            return
-        cores = tuple(free[: pool.host_cores])
+        if self._uid_range(pool) is None:
+            return (
+                f"its {host_uids(pool)} uids do not fit below {self.uid_stop}, the end of the uids "
+                "reserved for this machine's hosts; it starts when hosts stop and free enough"
+            )
+        return None
+
+    async def _start_pending(self) -> None:
+        """Start each pending host that fits now, oldest first (room freed by a host's stop)."""
+        for name, waiting in list(self._pending.items()):
+            if self._closing:
+                return
+            if self._pending.get(name) is not waiting or self._no_room(waiting.config) is not None:
+                continue
+            del self._pending[name]
+            log.info("host %s of %s: room freed, starting", name, waiting.pool)
+            await self._spawn(waiting.config, name, draining=waiting.draining)
+
+    async def _spawn(self, pool: PoolConfig, name: str, *, draining: bool = False) -> None:
+        """Start host ``name`` on the first free cores and uids (``_no_room`` said there are)."""
+        cores = tuple(self.free_cores()[: pool.host_cores])
         uids = self._uid_range(pool)
-        if uids is None:
-            log.warning(
-                "host %s of %s not started: its %d uids do not fit below %d, the end of the uids "
-                "reserved for this machine's hosts",
-                name,
-                pool.key,
-                host_uids(pool),
-                self.uid_stop,
-            )
-            return
+        assert uids is not None
+        self._claims[name] = (cores, uids)
+        try:
+            await self._start_process(pool, name, cores, uids, draining)
+        finally:
+            self._claims.pop(name, None)
+
+    async def _start_process(
+        self, pool: PoolConfig, name: str, cores: tuple[int, ...], uids: range, draining: bool
+    ) -> None:
         port = free_port()
         root = self.state_dir / name
         root.mkdir(parents=True, exist_ok=True)
@@ -429,13 +512,14 @@ class LocalRuntime:
             proc=proc,
             template_hash=pool.template_hash,
             memory_bytes=pool.host_memory_bytes,
+            draining=draining,
         )
         self._hosts[name] = host
         host.watcher = asyncio.create_task(self._watch(host))
         log.info("host %s of %s starting (pid %d, cores %s, port %d)", name, pool.key, proc.pid, cores, port)
 
     async def set_draining(self, pool: PoolConfig, name: str, draining: bool) -> None:
-        host = self._hosts.get(name)
+        host = self._hosts.get(name) or self._pending.get(name)
         if host is not None:
             host.draining = draining
 
@@ -443,10 +527,14 @@ class LocalRuntime:
         await self._delete(name)
 
     async def close(self) -> None:
-        """Stop every host (``tangram up`` on its way out)."""
+        """Stop every host (``tangram up`` on its way out); none waiting starts."""
+        self._closing = True
+        self._pending.clear()
         await asyncio.gather(*(self._delete(name) for name in list(self._hosts)), return_exceptions=True)
 
     async def _delete(self, name: str) -> None:
+        if self._pending.pop(name, None) is not None:
+            return  # it never started: nothing to stop
         host = self._hosts.get(name)
         if host is None:
             return
@@ -456,6 +544,7 @@ class LocalRuntime:
             host.watcher.cancel()
             await asyncio.gather(host.watcher, return_exceptions=True)
         self._hosts.pop(name, None)
+        await self._start_pending()  # its cores and uids are free now
 
     # ---- inside -----------------------------------------------------------------------------------
     async def _watch(self, host: LocalHost) -> None:

@@ -77,11 +77,43 @@ def test_hosts_get_disjoint_cores_and_uids_and_never_more_cores_than_given(tmp_p
             assert sorted(cores) == CORES
             ranges = sorted((h.uids for h in hosts if h), key=lambda r: r.start)
             assert all(a.stop <= b.start for a, b in itertools.pairwise(ranges))
+            await runtime.delete_host(pool, f"py-{len(CORES)}")  # it waited for room: just forgotten
             await runtime.delete_host(pool, "py-0")
             await runtime.create_host(pool, "py-again", None)  # the freed core and uids are reused
             again = runtime.host("py-again")
             assert again is not None and hosts[0] is not None
             assert again.cores == hosts[0].cores and again.uids == hosts[0].uids
+        finally:
+            await runtime.close()
+        assert runtime.all_hosts() == []
+
+    asyncio.run(main())
+
+
+def test_a_host_that_does_not_fit_waits_saying_why_and_starts_when_room_frees(tmp_path: Path) -> None:
+    """It was dropped with a log line: its pool said Healthy and its actions waited for ever. Now it
+    is observed as a pod no node has room for (starting, on no node, ``pending`` saying why)."""
+
+    async def main() -> None:
+        runtime = LocalRuntime(tmp_path, CORES[:1], uid_base=uid_base_for_test())
+        shared, dedicated = config("py"), config("ded")
+        try:
+            await runtime.create_host(shared, "py-0", None)
+            await runtime.create_host(dedicated, "ded-0", None)
+            await runtime.create_host(dedicated, "ded-0", None)  # a retried create is one host
+            assert runtime.host("ded-0") is None, "no free core: not started"
+            [waiting] = runtime.hosts(dedicated.key)
+            assert waiting.phase == "starting" and waiting.node == "" and waiting.address is None
+            assert waiting.pending is not None
+            assert "needs 1 core(s) and 0 of the 1" in waiting.pending and shared.key in waiting.pending
+            assert [h.name for h in runtime.all_hosts()] == ["py-0", "ded-0"]
+            await runtime.set_draining(dedicated, "ded-0", True)
+            assert runtime.hosts(dedicated.key)[0].phase == "draining"
+            await runtime.set_draining(dedicated, "ded-0", False)
+            await runtime.delete_host(shared, "py-0")  # its core is free: the waiting host takes it
+            started = runtime.host("ded-0")
+            assert started is not None and started.cores == (CORES[0],)
+            assert (await runtime.wait_started("ded-0")).phase == "ready"
         finally:
             await runtime.close()
         assert runtime.all_hosts() == []
