@@ -1,9 +1,10 @@
 """The YAML ``tangram up`` reads: the same ActionPool and RewardModelService objects a cluster takes.
 
-Files (or directories of ``*.yaml``/``*.yml``) may hold several documents and ``kind: List``
-objects; every object is validated with the API models, and a bad one is an error naming the file,
-the document and the field. Objects of other kinds (an ActionBatch, a Kustomization) are reported
-and skipped: they are not specs of what ``tangram up`` runs.
+Files (or directories of ``*.yaml``, ``*.yml`` and ``*.json``, in any case; a file named twice is
+read once) may hold several documents and ``kind: List`` objects; every object is validated with the
+API models, and a bad one is an error naming the file, the document and the field. Objects of other
+kinds (an ActionBatch, a Kustomization) are reported and skipped: they are not specs of what
+``tangram up`` runs.
 
 A pool's hosts must fit this machine: a host asking for more cores than ``tangram up`` was given, or
 more memory than the machine has, is run with what there is (and the output says so), since a laptop
@@ -52,18 +53,30 @@ class Loaded:
     notes: tuple[str, ...]
 
 
+# What a directory is scanned for, as ``kubectl apply -f DIR`` (JSON is YAML too); in any case, as
+# files written on case-insensitive file systems often are (``POOL.YAML``).
+SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+
+
 def _files(paths: Sequence[str]) -> Iterator[Path]:
+    """Each file ``paths`` name, once: a file named twice (``-f dir -f dir/b.yaml``, or by a link)
+    is one declaration, read once, not two declaring every object in it twice."""
+    seen: set[Path] = set()
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+            found = sorted(p for p in path.iterdir() if p.suffix.lower() in SPEC_SUFFIXES and p.is_file())
             if not found:
-                raise InvalidSpec(raw, "the directory holds no .yaml or .yml file")
-            yield from found
+                raise InvalidSpec(raw, "the directory holds no .yaml, .yml or .json file")
         elif path.is_file():
-            yield path
+            found = [path]
         else:
             raise InvalidSpec(raw, "no such file or directory")
+        for file in found:
+            real = file.resolve()
+            if real not in seen:
+                seen.add(real)
+                yield file
 
 
 def _documents(path: Path) -> Iterator[tuple[str, Mapping[str, Any]]]:

@@ -4,6 +4,7 @@ to it (with a note), everything else as written."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,30 @@ def test_twice_the_same_pool_is_refused(tmp_path: Path) -> None:
     path = write(tmp_path, pool("a"), pool("a"))
     with pytest.raises(InvalidSpec, match="declared twice"):
         load([str(path)], machine_cores=2, machine_memory_bytes=8 * GIB)
+
+
+def test_a_directory_yields_its_specs_whatever_the_case_of_their_suffix(tmp_path: Path) -> None:
+    """``POOL.YAML`` (as written on a case-insensitive file system) was skipped without a word, and a
+    directory holding only such files was refused as holding none."""
+    write(tmp_path, pool("upper"), name="UPPER.YAML")
+    write(tmp_path, pool("mixed"), name="mixed.Yml")
+    (tmp_path / "json.json").write_text(json.dumps(pool("json")))
+    (tmp_path / "notes.txt").write_text("not a spec")
+    loaded = load([str(tmp_path)], machine_cores=2, machine_memory_bytes=8 * GIB)
+    assert sorted(p["metadata"]["name"] for p in loaded.pools) == ["json", "mixed", "upper"]
+
+
+def test_a_file_named_twice_is_read_once(tmp_path: Path) -> None:
+    """``-f dir -f dir/b.yaml`` (or a link to it) names one file twice: one declaration, not two."""
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    b = write(specs, pool("b"), name="b.yaml")
+    (tmp_path / "link.yaml").symlink_to(b)
+    loaded = load([str(specs), str(b), str(tmp_path / "link.yaml")], 2, 8 * GIB)
+    assert [p["metadata"]["name"] for p in loaded.pools] == ["b"]
+    other = write(tmp_path, pool("b"), name="other.yaml")  # a second file declaring it still clashes
+    with pytest.raises(InvalidSpec, match="declared twice"):
+        load([str(specs), str(other)], 2, 8 * GIB)
 
 
 def test_nothing_to_run_and_missing_paths_are_errors(tmp_path: Path) -> None:
