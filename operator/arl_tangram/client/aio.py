@@ -4,12 +4,20 @@ Retries are for infrastructure failures only: no answer, 502/503/504 (a standby,
 (after its Retry-After), and results whose reason says the platform failed. Every retry carries
 the same idempotency key, so an action is never run twice; a program that fails is a result and is
 never retried.
+
+An action whose key this client made up (the caller gave none) and whose caller stops waiting (a
+``run_many`` broken out of or cancelled, a ``run`` cancelled) is cancelled on the gateway: nobody
+else knows its key, so nobody could ever fetch its result, and it would hold a core to its end, as
+the gateway does for actions sent with no key at all. An action the caller keyed runs on: a retry
+with its key gets its result (``cancel`` stops it explicitly). Actions in a session run on too:
+stopping one stops the session's interpreter, and with it the state the trajectory built.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
@@ -30,6 +38,13 @@ from arl_tangram.client.results import ActionResult
 from arl_tangram.client.tokens import TokenSource, pod_namespace, token_source
 
 KEY_HEADER = "X-Tangram-Action-Key"
+# How long the cancel of an abandoned action's keys may take (its caller has stopped waiting: this
+# only bounds how long that stop is held up by an unreachable gateway).
+ABANDON_TIMEOUT_S = 10.0
+# Keys one cancel request carries at most (the gateway's bound).
+CANCEL_BATCH = 10_000
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -89,13 +104,19 @@ class AsyncTangramClient:
         token: TokenSource = None,
         retry: RetryPolicy | None = None,
         timeout_s: float = 3600.0,
-        stream_in_flight: int = 256,
+        stream_in_flight: None = None,
     ) -> None:
+        if stream_in_flight is not None:
+            # It was accepted and never used: a caller believed it bounded its streams.
+            raise TypeError(
+                "stream_in_flight was removed from the client: it never bounded anything. The gateway "
+                "bounds each stream's outstanding actions (its own stream_in_flight setting, 256 by "
+                "default) and holds a faster sender by TCP flow control; drop the argument"
+            )
         self.url = url.rstrip("/")
         self.namespace = namespace or pod_namespace()
         self.pool = pool
         self.retry = retry or RetryPolicy()
-        self.stream_in_flight = stream_in_flight
         self._token = token_source(token)
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._http: aiohttp.ClientSession | None = None
@@ -170,7 +191,36 @@ class AsyncTangramClient:
     async def run(self, action: Mapping[str, Any]) -> ActionResult:
         """Run one action (a native action dict, e.g. from :func:`code_action`) to its end."""
         body = self._action(action)
-        return await self._run_keyed("/v1/actions", body, body["key"])
+        try:
+            return await self._run_keyed("/v1/actions", body, body["key"])
+        except asyncio.CancelledError:
+            if _ours(action, body):
+                await self._abandon([body["key"]], body.get("namespace"))
+            raise
+
+    async def cancel(self, keys: Iterable[str], namespace: str | None = None) -> list[str]:
+        """Stop actions by their keys (queued: dropped; running: stopped on their agents); the keys
+        of those that were queued or running. A key that has not arrived yet (a stream's line still
+        on its way) is not run if it arrives within minutes."""
+        ns = namespace or self.namespace
+        wanted = list(dict.fromkeys(keys))
+        stopped: list[str] = []
+        for at in range(0, len(wanted), CANCEL_BATCH):
+            body: dict[str, Any] = {"keys": wanted[at : at + CANCEL_BATCH]}
+            if ns is not None:
+                body["namespace"] = ns
+            stopped += (await self._call("POST", "/v1/actions:cancel", body))["cancelled"]
+        return stopped
+
+    async def _abandon(self, keys: list[str], namespace: str | None) -> None:
+        """Cancel actions whose caller stopped waiting (see the module's docstring); bounded, and
+        never raising: the caller is on its way out (an error, a break, a cancel) already."""
+        if not keys:
+            return
+        try:
+            await asyncio.wait_for(self.cancel(keys, namespace), ABANDON_TIMEOUT_S)
+        except (TangramClientError, TimeoutError, aiohttp.ClientError, asyncio.CancelledError) as exc:
+            log.warning("could not cancel %d abandoned action(s) on %s: %r", len(keys), self.url, exc)
 
     async def _run_keyed(self, path: str, body: dict[str, Any], key: str) -> ActionResult:
         result = ActionResult.from_body(await self._call("POST", path, body, key))
@@ -190,60 +240,91 @@ class AsyncTangramClient:
 
         An action the gateway refuses comes back as a result with ``error`` set; refusals that mean
         "later" (429, 503) and infrastructure failures are sent again, with the same key, in a new
-        stream, as is everything unanswered when a stream breaks (e.g. the leader died)."""
+        stream, as is everything unanswered when a stream breaks (e.g. the leader died). Left before
+        the last result (a break, a cancel, an error), it cancels those still out whose keys it made
+        up (see the module's docstring)."""
+        given = list(actions)
         pending: dict[str, dict[str, Any]] = {}
-        for one in (self._action(x) for x in actions):
+        own: set[str] = set()  # keys this client made up, outside sessions: cancelled if abandoned
+        for asked, one in ((x, self._action(x)) for x in given):
             if one["key"] in pending:
                 # One of them was dropped without a word (its result, or the gateway's 409, lost).
                 raise InvalidRequest(
                     f"two actions under key {one['key']!r}: a key names one action", body={"field": "key"}
                 )
             pending[one["key"]] = one
+            if _ours(asked, one):
+                own.add(one["key"])
         tries = dict.fromkeys(pending, 0)
         round_ = 0
-        while pending:
-            if round_:
-                await asyncio.sleep(self.retry.delay(round_ - 1))
-            round_ += 1
-            again: dict[str, dict[str, Any]] = {}
-            try:
-                async for key, result in self._stream(list(pending.values())):
-                    action = pending.pop(key, None)
-                    if action is None:
-                        continue  # a duplicate answer of a key already answered: never twice
-                    retryable = result.infrastructure_failure or isinstance(
-                        result.error, Overloaded | Unavailable
-                    )
-                    tries[key] += 1
-                    if retryable and tries[key] < self.retry.attempts:
-                        again[key] = action
-                    else:
-                        yield result
-            except (
-                aiohttp.ClientConnectionError,
-                aiohttp.ClientPayloadError,
-                TimeoutError,
-                Unavailable,
-            ) as exc:
-                if round_ >= self.retry.attempts:
-                    raise Unavailable(f"the stream to {self.url} failed {round_} times: {exc!r}") from exc
-            except Overloaded:
-                if round_ >= self.retry.attempts:
-                    raise
-            pending.update(again)
+        again: dict[str, dict[str, Any]] = {}
+        began: list[bool] = []  # a stream was taken: its actions may be on the gateway
+        try:
+            while pending:
+                if round_:
+                    await asyncio.sleep(self.retry.delay(round_ - 1))
+                round_ += 1
+                again = {}
+                try:
+                    async for key, result in self._stream(list(pending.values()), began):
+                        action = pending.pop(key, None)
+                        if action is None:
+                            continue  # a duplicate answer of a key already answered: never twice
+                        retryable = result.infrastructure_failure or isinstance(
+                            result.error, Overloaded | Unavailable
+                        )
+                        tries[key] += 1
+                        if retryable and tries[key] < self.retry.attempts:
+                            again[key] = action
+                        else:
+                            yield result
+                    if pending and round_ >= self.retry.attempts:
+                        # Streams that ended leaving these unanswered, each time: sent again for
+                        # ever, they held the caller in this loop without a word.
+                        raise Unavailable(
+                            f"{len(pending)} action(s) got no answer from {self.url} in {round_} streams"
+                        )
+                except (
+                    aiohttp.ClientConnectionError,
+                    aiohttp.ClientPayloadError,
+                    TimeoutError,
+                    Unavailable,
+                ) as exc:
+                    if round_ >= self.retry.attempts:
+                        raise Unavailable(f"the stream to {self.url} failed {round_} times: {exc!r}") from exc
+                except Overloaded:
+                    if round_ >= self.retry.attempts:
+                        raise
+                pending.update(again)
+        finally:
+            # Left before every result came (a break, a cancel, an error): what is still out is
+            # cancelled where nobody else could ever fetch it (see the module's docstring).
+            if began:  # else nothing was taken (a refused token, say): nothing to cancel
+                await self._abandon([k for k in (*pending, *again) if k in own], self.namespace)
 
-    async def _stream(self, actions: list[dict[str, Any]]) -> AsyncIterator[tuple[str, ActionResult]]:
+    async def _stream(
+        self, actions: list[dict[str, Any]], began: list[bool] | None = None
+    ) -> AsyncIterator[tuple[str, ActionResult]]:
+        """The results of ``actions`` sent in one stream. ``began`` gets an entry as the stream is
+        sent (lines may reach the gateway before its answer begins), taken back if it refuses it."""
+
         async def body() -> AsyncIterator[bytes]:
             for action in actions:
                 yield json.dumps(action).encode() + b"\n"
 
         headers = {**self._headers(), "Content-Type": "application/x-ndjson"}
+        if began is not None:
+            began.append(True)
         async with self._session().post(
             self.url + "/v1/actions:stream", data=body(), headers=headers
         ) as resp:
             if resp.status >= 300:
+                if began is not None:
+                    began.pop()  # refused whole: none of its lines was taken
                 raise error_for(resp.status, await _json(resp), _retry_after(resp))
-            by_line = {i + 1: a["key"] for i, a in enumerate(actions)}
+            # One action per line, in order: a refusal the gateway could not tie to its action (a line
+            # over its limit, never parsed) names the line, and the line names what was sent.
+            by_line = {i + 1: a for i, a in enumerate(actions)}
             async for raw in _lines(resp.content):
                 if not raw.strip():
                     continue
@@ -251,12 +332,17 @@ class AsyncTangramClient:
                 if "state" in line:
                     yield line["key"], ActionResult.from_body(line)
                     continue
-                key = line.get("key") or by_line.get(line.get("line", 0), "")
+                sent = by_line.get(line.get("line", 0), {})
+                key = line.get("key") or sent.get("key", "")
                 error = error_for(int(line.get("status", 500)), line, line.get("retryAfter"))
                 yield (
                     key,
                     ActionResult(
-                        key=key, state="Refused", id=line.get("id"), message=line.get("error"), error=error
+                        key=key,
+                        state="Refused",
+                        id=line.get("id") or sent.get("id"),
+                        message=line.get("error"),
+                        error=error,
                     ),
                 )
 
@@ -345,6 +431,12 @@ class AsyncSession:
 
     async def run_code(self, code: str, **kwargs: Any) -> ActionResult:
         return await self.run(code_action(code, **kwargs))
+
+
+def _ours(action: Mapping[str, Any], body: Mapping[str, Any]) -> bool:
+    """Whether ``body`` (``action`` as sent) is cancelled when its caller abandons it: its key was
+    made up here, and it runs outside a session."""
+    return "key" not in action and not body.get("sessionId")
 
 
 async def _json(resp: aiohttp.ClientResponse) -> Any:

@@ -13,6 +13,9 @@ from arl_tangram.client.aio import AsyncSession, AsyncTangramClient, code_action
 from arl_tangram.client.results import ActionResult
 
 T = TypeVar("T")
+# How long an interrupted call (Ctrl-C) gets to end on the client's loop: a ``run_many`` cancels
+# its abandoned actions on the gateway then (``aio.ABANDON_TIMEOUT_S``), with a little to spare.
+INTERRUPT_GRACE_S = 15.0
 
 
 class TangramClient:
@@ -25,7 +28,18 @@ class TangramClient:
         self._async = AsyncTangramClient(url, **kwargs)
 
     def _wait(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        ended = threading.Event()
+        future = asyncio.run_coroutine_threadsafe(_ending(coro, ended), self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            if not future.done():
+                # Interrupted here (Ctrl-C): stop it on the loop too, and let it end there (a
+                # run_many cancels its actions on the gateway), or it ran on unseen, and a later
+                # call on the same generator found it still running.
+                future.cancel()
+                ended.wait(INTERRUPT_GRACE_S)  # a second Ctrl-C cuts this short
+            raise
 
     def __enter__(self) -> TangramClient:
         return self
@@ -38,6 +52,9 @@ class TangramClient:
     def close(self) -> None:
         if self._loop.is_closed():
             return
+        # Streams still open (a run_many the caller left without closing): ended first, so that
+        # they cancel what they leave behind before the loop stops for good.
+        self._wait(self._loop.shutdown_asyncgens())
         self._wait(self._async.close())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
@@ -52,6 +69,10 @@ class TangramClient:
     def run_many(self, actions: Iterable[Mapping[str, Any]]) -> Iterator[ActionResult]:
         """Results as they complete (see the async client's ``run_many``)."""
         return self._iterate(self._async.run_many(list(actions)))
+
+    def cancel(self, keys: Iterable[str], namespace: str | None = None) -> list[str]:
+        """Stop actions by their keys (see the async client's ``cancel``)."""
+        return self._wait(self._async.cancel(list(keys), namespace))
 
     def score(self, items: Iterable[Mapping[str, Any]], **kwargs: Any) -> list[float]:
         return self._wait(self._async.score(list(items), **kwargs))
@@ -77,6 +98,14 @@ class TangramClient:
 
 async def _next(agen: AsyncIterator[T]) -> T:
     return await agen.__anext__()
+
+
+async def _ending(coro: Coroutine[Any, Any, T], ended: threading.Event) -> T:
+    """``coro``, setting ``ended`` however it ends (its caller's thread may wait for that)."""
+    try:
+        return await coro
+    finally:
+        ended.set()
 
 
 class Session:

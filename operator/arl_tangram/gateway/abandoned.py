@@ -7,18 +7,31 @@ counts the time queued) then left its actions holding cores while it sent them a
 so an overloaded pool fed on itself. Each such action is watched while it is in the gateway's
 hands, and cancelled (queued: dropped; running: stopped on its agent) once its caller's connection
 closes. An action with a key is never cancelled this way: a retry with the key re-attaches to it.
+
+A caller may also cancel its own actions by key (``POST /v1/actions:cancel``: the client does so for
+a ``run_many`` it abandons). A key not queued or running then may still be on its way (a stream's
+lines the gateway has not read yet, which it goes on reading after the caller left): it is kept for
+a while, and an action arriving under it is answered Cancelled instead of run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 
 from aiohttp import web
 
 from arl_tangram.domain.actions import ActionService
 
 log = logging.getLogger(__name__)
+
+# How long, and how many, keys cancelled before they arrived are kept (a stream's unread lines are
+# read within moments; the bound keeps a caller cancelling made-up keys from filling memory).
+CANCELLED_KEPT_S = 300.0
+CANCELLED_KEPT = 100_000
 
 
 def _left(request: web.BaseRequest) -> bool:
@@ -30,10 +43,29 @@ def _left(request: web.BaseRequest) -> bool:
 class Abandoned:
     """The keyless actions in flight and their callers' requests; ``janitor`` cancels the left."""
 
-    def __init__(self, service: ActionService) -> None:
+    def __init__(self, service: ActionService, clock: Callable[[], float] = time.monotonic) -> None:
         self.service = service
+        self.clock = clock
         self.watched: dict[str, web.BaseRequest] = {}
         self.cancelled = 0  # actions cancelled because their caller left, since start
+        self._early: OrderedDict[str, float] = OrderedDict()  # keys cancelled before they arrived
+
+    async def cancel(self, key: str) -> bool:
+        """A caller's cancel of its action ``key``: True when it was queued or running (stopped
+        now); else False, and an action arriving under ``key`` soon is not run (``cancelled_early``)."""
+        if await self.service.cancel(key):
+            return True
+        self._early[key] = self.clock()
+        self._early.move_to_end(key)
+        while len(self._early) > CANCELLED_KEPT:
+            self._early.popitem(last=False)
+        return False
+
+    def cancelled_early(self, key: str) -> bool:
+        """Whether ``key`` was cancelled (``cancel``) before it arrived; consumed by this call, so that
+        one later retry under the key runs."""
+        when = self._early.pop(key, None)
+        return when is not None and self.clock() - when < CANCELLED_KEPT_S
 
     def watch(self, key: str, request: web.BaseRequest) -> None:
         self.watched[key] = request

@@ -33,6 +33,8 @@ from arl_tangram.gateway.errors import as_http
 from arl_tangram.gateway.metrics import GatewayMetrics
 from arl_tangram.gateway.models import (
     ActionResultBody,
+    CancelActions,
+    CancelledActions,
     EmbeddingsRequest,
     EmbeddingsResponse,
     GatewayAction,
@@ -124,6 +126,16 @@ def _docs() -> list[Route]:
                 ndjson_out=True,
             ),
             native.post_stream,
+        ),
+        Route(
+            R(
+                "POST",
+                "/v1/actions:cancel",
+                "Stop actions by their keys (queued: dropped; running: stopped)",
+                CancelActions,
+                CancelledActions,
+            ),
+            native.cancel_actions,
         ),
         Route(
             R("POST", "/v1/sessions", "Open a session in a pool", SessionCreate, SessionBody, status=201),

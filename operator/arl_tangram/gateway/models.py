@@ -128,6 +128,25 @@ class StreamError(TangramModel):
     retry_after: float | None = None
 
 
+class CancelActions(TangramModel):
+    """``POST /v1/actions:cancel``: stop actions of the caller's by their keys."""
+
+    namespace: NamespaceName | None = Field(
+        default=None, description="Namespace the keys were sent in; unset: the gateway's default namespace."
+    )
+    keys: list[IdempotencyKey] = Field(min_length=1, max_length=10_000)
+
+
+class CancelledActions(TangramModel):
+    """What ``POST /v1/actions:cancel`` did with each key."""
+
+    cancelled: list[str] = Field(description="Keys whose action was queued or running, and is stopped.")
+    not_running: list[str] = Field(
+        description="Keys with nothing queued or running here (ended, or not arrived yet: an action "
+        "that arrives under one of them within a few minutes is answered Cancelled, not run)."
+    )
+
+
 class SessionCreate(TangramModel):
     """Open a session (per-trajectory state: working directory, optional live interpreter)."""
 

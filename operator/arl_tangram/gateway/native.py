@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
-from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Reason
+from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
 from arl_tangram.domain.batches import LANGUAGE_RUNTIMES, action_payload
 from arl_tangram.errors import InvalidSpec, NotFound
 from arl_tangram.gateway.config import ACTION_KEY_HEADER
@@ -20,6 +20,8 @@ from arl_tangram.gateway.errors import HttpError, as_http
 from arl_tangram.gateway.keys import scoped_key, unscoped_key
 from arl_tangram.gateway.models import (
     ActionResultBody,
+    CancelActions,
+    CancelledActions,
     GatewayAction,
     SessionAction,
     SessionBody,
@@ -103,6 +105,11 @@ async def run_action(
 ) -> ActionOutcome:
     """Run one action under the gateway's bounds, counted in its metrics. ``keyless_caller``: the
     HTTP request of a caller that sent no key; the action is cancelled if it leaves (``abandoned``)."""
+    if state.abandoned.cancelled_early(request.key):
+        # Its caller cancelled it before it got here (a stream's line read after the caller left).
+        return ActionOutcome(
+            request.key, Outcome.CANCELLED, Reason.CANCELLED, "cancelled by its caller before it started"
+        )
     with state.admission.hold(f"{request.namespace}/{request.target}", request.tenant_name):
         state.metrics.in_flight.inc()
         if keyless_caller is not None:
@@ -186,6 +193,23 @@ async def post_action(request: web.Request) -> web.Response:
     return web.json_response(result_body(outcome, action.id))
 
 
+async def cancel_actions(request: web.Request) -> web.Response:
+    """``POST /v1/actions:cancel``: stop the caller's actions by their keys (queued: dropped;
+    running: stopped on their agents). Authorised as running them is, in their namespace."""
+    state = state_of(request)
+    body = await parse(request, CancelActions, state.config)
+    namespace = body.namespace or state.config.default_namespace
+    await authorize(request, namespace)
+    keys = list(dict.fromkeys(body.keys))
+    # Together: stopping a running one waits for its agent to confirm the kill.
+    stopped = await asyncio.gather(*(state.abandoned.cancel(scoped_key(namespace, k)) for k in keys))
+    answer = CancelledActions(
+        cancelled=[k for k, yes in zip(keys, stopped, strict=True) if yes],
+        not_running=[k for k, yes in zip(keys, stopped, strict=True) if not yes],
+    )
+    return web.json_response(answer.model_dump(by_alias=True))
+
+
 async def _read(request: web.Request, state: GatewayState) -> Any:
     return await read_json(request, state.config)
 
@@ -208,8 +232,11 @@ async def _lines(request: web.Request, limit: int) -> AsyncIterator[tuple[int, b
                         buffer.clear()
                 break
             number += 1
-            if skipping:
+            if skipping or len(buffer) + end - start > limit:
+                # Over the limit whether it came in pieces or in one chunk with its newline (that
+                # one was never measured, and ran however long it was).
                 skipping = False
+                buffer.clear()
                 yield number, None
             else:
                 buffer += chunk[start:end]

@@ -424,3 +424,22 @@ def test_a_gateway_session_ttl_past_what_agents_keep_is_refused_at_start() -> No
     with pytest.raises(InvalidSpec, match="max_session_ttl_s"):
         GatewayConfig(max_session_ttl_s=5 * 86400)
     assert GatewayConfig(max_session_ttl_s=3 * 86400).max_session_ttl_s == 3 * 86400
+
+
+def test_a_stream_line_over_the_limit_is_refused_however_it_arrives(hosts: list[Agent]) -> None:
+    """A line that arrived in one piece with its newline was never measured: it ran, however long.
+    Now it is refused (413, naming its line) as one that arrived in pieces is; the others run."""
+    limit = 4096
+    config = GatewayConfig(default_namespace=NS, default_pools={NS: POOL}, max_body_bytes=limit)
+    lines = [
+        {**ACTION, "id": "before"},
+        {**ACTION, "id": "huge", "payload": {"code": "#" * (2 * limit) + "\nprint(1)"}},
+        {**ACTION, "id": "after"},
+    ]
+    body = "".join(json.dumps(line) + "\n" for line in lines)
+    with serve_gateway(hosts, config=config) as gw:
+        resp = requests.post(gw.url + "/v1/actions:stream", data=body, timeout=60)
+    answers = {a.get("id") or f"line {a.get('line')}": a for a in map(json.loads, resp.text.splitlines())}
+    assert sorted(answers) == ["after", "before", "line 2"], answers
+    assert answers["line 2"]["status"] == 413 and "exceeds the limit" in answers["line 2"]["error"]
+    assert answers["before"]["state"] == answers["after"]["state"] == "Succeeded", answers

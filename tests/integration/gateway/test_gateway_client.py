@@ -4,8 +4,10 @@ replaced loses nothing and runs nothing twice."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from gateway_harness import (
     serve_gateway,
     start_reward_runtime,
 )
-from sandbox_agent_harness import Agent, start_agent, stop_agent
+from sandbox_agent_harness import Agent, start_agent, stop_agent, wait_until
 
 from arl_tangram.client import (
     AsyncTangramClient,
@@ -252,3 +254,102 @@ def test_the_clients_own_timeout_is_named_as_such(gateway: Gateway) -> None:
     ):
         client.run_code("import time; time.sleep(3)")
     assert "timeout_s (0.5 s)" in str(err.value)
+
+
+def _outstanding(gw: Gateway) -> int:
+    """Actions the gateway's dispatcher holds for the pool, queued or running."""
+
+    async def count() -> int:
+        stats = gw.service.dispatcher.stats(f"{NS}/{POOL}")
+        return 0 if stats is None else stats.queued_actions + stats.running_actions
+
+    return gw.call(count())
+
+
+def _sleepers(n: int) -> list[dict[str, object]]:
+    # They end by the pool's timeout unless cancelled first (``_ended_by_cancel`` tells which).
+    return [code_action("import time; time.sleep(600)", id=f"sleep{i}") for i in range(n)]
+
+
+def _timeouts(agent: Agent) -> int:
+    outcomes: dict[str, int] = requests.get(agent.url + "/v1/health", timeout=10).json()["outcomes"]
+    return outcomes.get("timeout", 0)
+
+
+def _ended_by_cancel(gw: Gateway, agent: Agent, timeouts_before: int) -> None:
+    """Wait until the gateway holds none of the sleepers, and check none ran to its timeout."""
+    wait_until(lambda: _outstanding(gw) == 0, 120, "the sleepers to end")
+    assert _timeouts(agent) == timeouts_before, "they ran on to the pool's timeout: not cancelled"
+
+
+def test_a_refused_stream_line_comes_back_with_its_id(hosts: list[Agent]) -> None:
+    """A line over the gateway's limit is never parsed, so the gateway cannot name its id: its
+    refusal came back with ``id`` None, a result the caller could not match to what it sent."""
+    config = GatewayConfig(default_namespace=NS, default_pools={NS: POOL}, max_body_bytes=4096)
+    with serve_gateway(hosts, config=config) as gw, TangramClient(gw.url, namespace=NS, pool=POOL) as client:
+        actions = [code_action("print('x' * 10)", id="small"), code_action("#" * 8192, id="huge")]
+        results = {r.id: r for r in client.run_many(actions)}
+        assert sorted(results) == ["huge", "small"], results
+        assert results["small"].ok
+        huge = results["huge"]
+        assert huge.state == "Refused" and isinstance(huge.error, InvalidRequest), huge
+        assert huge.error.status == 413 and "exceeds the limit" in str(huge.error), huge
+
+
+def test_an_abandoned_run_many_cancels_what_it_left_running(hosts: list[Agent]) -> None:
+    """Broken out of after its first result, ``run_many`` left its other actions running on the
+    gateway to their end (each holding a core), keyed by keys nobody else knew. Now they are
+    cancelled; an action the caller keyed itself runs on (a retry with its key gets its result)."""
+    with serve_gateway(hosts) as gw, TangramClient(gw.url, namespace=NS, pool=POOL) as client:
+        keyed = code_action("import time; time.sleep(1); print('kept')", key="abandon-keyed")
+        before = _timeouts(hosts[0])
+        for result in client.run_many([code_action("print('first')"), *_sleepers(3), keyed]):
+            assert result.stdout == "first\n", result
+            break
+        _ended_by_cancel(gw, hosts[0], before)
+        again = client.run(keyed)
+        assert again.ok and again.stdout == "kept\n", "the caller's own key ran on, and is answered"
+        assert client.cancel(["abandon-keyed", "never-sent"]) == [], "neither queued nor running"
+
+
+async def test_a_cancelled_async_run_many_cancels_its_actions(hosts: list[Agent]) -> None:
+    with serve_gateway(hosts) as gw:
+        async with AsyncTangramClient(gw.url, namespace=NS, pool=POOL) as client:
+
+            async def consume() -> None:
+                async for _ in client.run_many(_sleepers(3)):
+                    pass
+
+            before = _timeouts(hosts[0])
+            task = asyncio.create_task(consume())
+            # In a thread: the stream is sent on this loop meanwhile.
+            await asyncio.to_thread(wait_until, lambda: _outstanding(gw) == 3, 60, "the sleepers to arrive")
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        _ended_by_cancel(gw, hosts[0], before)
+
+
+def test_ctrl_c_in_a_blocking_run_many_cancels_its_actions(hosts: list[Agent]) -> None:
+    """Ctrl-C (KeyboardInterrupt in the main thread) while the blocking client waited: the wait
+    ended, but the stream ran on on the client's loop, and its actions on the gateway."""
+    with serve_gateway(hosts) as gw, TangramClient(gw.url, namespace=NS, pool=POOL) as client:
+        results = client.run_many(_sleepers(3))
+        before = _timeouts(hosts[0])
+
+        main = threading.get_ident()
+
+        def interrupt() -> None:
+            wait_until(lambda: _outstanding(gw) == 3, 60, "the sleepers to arrive")
+            signal.pthread_kill(main, signal.SIGINT)  # Ctrl-C, to the thread that waits
+
+        threading.Thread(target=interrupt, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            list(results)
+        _ended_by_cancel(gw, hosts[0], before)
+
+
+def test_stream_in_flight_is_refused_as_removed() -> None:
+    """It was accepted and never used: a caller believed it bounded its streams."""
+    with pytest.raises(TypeError, match="stream_in_flight was removed"):
+        AsyncTangramClient("http://127.0.0.1:1", namespace=NS, stream_in_flight=8)  # type: ignore[arg-type]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 
@@ -425,3 +426,80 @@ def test_openapi_schemas_are_valid_and_describe_what_the_gateway_accepts(gateway
     assert validator("OpenRLHFRewardRequest").is_valid({"query": ["q"], "labels": ["l"]})
     ran = requests.post(gateway.url + "/v1/actions", json=action, timeout=60).json()
     assert validator("ActionResultBody").is_valid(ran)
+
+
+def _running_on(agents: list[Agent]) -> list[dict[str, object]]:
+    """The keyed calls the agents run now (``GET /v1/actions``)."""
+    return [r for a in agents for r in requests.get(a.url + "/v1/actions", timeout=10).json()["running"]]
+
+
+def test_actions_are_cancelled_by_their_keys(gateway: Gateway, agents: list[Agent]) -> None:
+    """``POST /v1/actions:cancel`` (what the client sends for a ``run_many`` it abandons): a running
+    action stops and its caller hears Cancelled; a key not arrived yet (a stream's line the gateway
+    reads after its caller left) is not run when it arrives, and only that once."""
+    running: dict[str, object] = {}
+
+    def run_long() -> None:
+        action = {
+            "type": "code",
+            "target": POOL,
+            "key": "cancel-me",
+            "payload": {"code": "import time; time.sleep(600)"},
+        }
+        running.update(requests.post(f"{gateway.url}/v1/actions", json=action, timeout=120).json())
+
+    caller = threading.Thread(target=run_long)
+    caller.start()
+
+    def cancel(*keys: str) -> dict[str, list[str]]:
+        resp = requests.post(f"{gateway.url}/v1/actions:cancel", json={"keys": list(keys)}, timeout=60)
+        assert resp.status_code == 200, resp.text
+        answer: dict[str, list[str]] = resp.json()
+        return answer
+
+    # Not a cancel each poll: one before the action arrived would keep it from running at all.
+    deadline = time.monotonic() + 60
+    while not _running_on(agents) and time.monotonic() < deadline:
+        time.sleep(0.05)  # a poll until the action runs, not synchronisation
+    assert cancel("cancel-me") == {"cancelled": ["cancel-me"], "notRunning": []}
+    caller.join(120)
+    assert running["state"] == "Cancelled", running
+    assert cancel("not-yet") == {"cancelled": [], "notRunning": ["not-yet"]}
+    later = {"type": "code", "target": POOL, "key": "not-yet", "payload": {"code": "print('ran')"}}
+    first = requests.post(f"{gateway.url}/v1/actions", json=later, timeout=60).json()
+    assert first["state"] == "Cancelled", first
+    again = requests.post(f"{gateway.url}/v1/actions", json=later, timeout=60).json()
+    assert again["state"] == "Succeeded" and again["stdout"] == "ran\n", "a retry after it runs"
+    refused = requests.post(f"{gateway.url}/v1/actions:cancel", json={"keys": []}, timeout=60)
+    assert refused.status_code == 422 and refused.json()["field"] == "keys", refused.text
+
+
+def test_closing_a_session_stops_its_running_call_and_the_agent_closes_it(
+    gateway: Gateway, agents: list[Agent]
+) -> None:
+    """A close while the session's call ran waited on the agent for the call to end (up to its
+    timeout), and the dispatcher gave up on the agent after its 5 s control timeout: the close
+    answered late, the call ran on in the closed session's workdir, and the agent's session was
+    left to its TTL. Now the call is stopped (its caller hears Cancelled) and the agent closes."""
+    sid = requests.post(gateway.url + "/v1/sessions", json={"pool": POOL}, timeout=30).json()["id"]
+    running: dict[str, object] = {}
+
+    def call() -> None:
+        body = {"type": "code", "payload": {"code": "import time; time.sleep(600)"}}
+        resp = requests.post(f"{gateway.url}/v1/sessions/{sid}/actions", json=body, timeout=120)
+        running.update(resp.json())
+
+    caller = threading.Thread(target=call)
+    caller.start()
+
+    def started() -> bool:  # the call is on its agent, running in the session
+        return any(r["session_id"] for r in _running_on(agents))
+
+    deadline = time.monotonic() + 60
+    while not started() and time.monotonic() < deadline:
+        time.sleep(0.05)  # a poll until the call runs, not synchronisation
+    closed = requests.delete(f"{gateway.url}/v1/sessions/{sid}", timeout=60)
+    assert closed.status_code == 200, closed.text
+    caller.join(120)
+    assert running.get("state") == "Cancelled", running
+    assert not started(), "the call ran on after its session closed"
