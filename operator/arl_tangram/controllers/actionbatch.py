@@ -53,6 +53,8 @@ STATUS_PERIOD_S = 1.0
 # The least an action refused for an outage waits before it is sent again (whatever the refusal
 # said), so that a batch of thousands cannot spin the operator's loop.
 HELD_RETRY_MIN_S = 1.0
+# How long a deleted batch waits for its actions to stop before it cancels them and drops its state.
+STOP_WAIT_S = 10.0
 # The most whole outputs (stdout, stderr and message of finished actions, beyond the status's cut
 # tails) the operator keeps in memory for ``GET .../results``. Batches without a TTL stay until they
 # are deleted, so without a bound a trainer's thousands of batches grow the operator until its
@@ -234,6 +236,7 @@ class _Batch:
     dirty: bool = True
     written: dict[str, Any] | None = None
     deleting: bool = False
+    ending: bool = False  # ``_end`` has begun: its actions are being stopped and its state dropped
     # Target -> the last TargetUnavailable one of its actions met there, until one of them starts.
     held_by: dict[str, str] = field(default_factory=dict)
     # The tasks of its actions waiting out a target's outage (``forget`` wakes them at once).
@@ -287,10 +290,11 @@ class BatchManager:
         if batch is not None and batch.uid == meta.get("uid"):
             self._refresh(batch, meta, body.get("spec") or {})
             return
-        if batch is not None and not batch.deleting:
+        if batch is not None and not batch.ending:
             # Another batch held the name: it was deleted (its deletion not heard yet, or never:
             # a watch that restarted lists what is, not what went). Its actions must not run on
-            # for an object that is gone.
+            # for an object that is gone. (Also one its TTL deleted: its deletion, heard after
+            # this, no longer finds it under the name, and its keys and whole outputs stayed.)
             ending = asyncio.get_running_loop().create_task(self._end(batch), name=f"end {batch.uid}")
             self._ending.add(ending)  # (the loop holds tasks weakly)
             ending.add_done_callback(self._ending.discard)
@@ -490,8 +494,9 @@ class BatchManager:
             "truncated": outcome.truncated,
             "outputWhole": True,
         }
-        kept = len(outcome.stdout) + len(outcome.stderr) + len(outcome.message or "")
-        self._keep_whole(batch, action_id, kept)
+        if not batch.ending:  # (an ended batch's go with it: accounted, they kept it in memory)
+            kept = len(outcome.stdout) + len(outcome.stderr) + len(outcome.message or "")
+            self._keep_whole(batch, action_id, kept)
         batch.acts.append(act_s)
         batch.tasks.pop(action_id, None)
         if batch.start_time is None:
@@ -616,14 +621,14 @@ class BatchManager:
 
     async def _end(self, batch: _Batch) -> None:
         """Cancel the batch's queued and running actions and drop its state (its object is gone)."""
-        batch.deleting = True
+        batch.deleting = batch.ending = True
         for task in batch.held:  # waiting out an outage: nothing of theirs is in the dispatcher
             task.cancel()
         keys = [k for k, (b, _, _) in self._by_key.items() if b is batch]
         await asyncio.gather(*(self._cancel(k) for k in keys), return_exceptions=True)
         tasks = list(batch.tasks.values())
         if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=10)
+            _, pending = await asyncio.wait(tasks, timeout=STOP_WAIT_S)
             for task in pending:
                 task.cancel()
         for k in keys:

@@ -547,3 +547,52 @@ async def test_an_http_action_is_refused_as_unsupported_and_runs_nothing() -> No
     result = mgr._batches[("ns", "b")].results["a0"]
     assert result.state == "Failed" and result.reason == "UnsupportedType"
     assert ran == []
+
+
+async def test_a_batch_deleted_by_its_ttl_and_made_again_before_that_is_heard_leaves_nothing() -> None:
+    """kopf may hear the new object's event before the old one's deletion, which then no longer
+    matches what holds the name: the old batch, deleted by its TTL, had to be ended when it was
+    replaced, or its keys and whole outputs (and with them the whole batch) stayed in memory for
+    good (outputs of no size, a reward's, never even go past the budget)."""
+    rec = Recorder()
+    mgr = _manager(rec)
+    mgr.ensure(_made_again("u-1") | {"spec": _body(2, ttlSecondsAfterFinished=0)["spec"]})
+    await _until(lambda: mgr.pending_count() == 0)
+    await mgr.flush()
+    assert rec.deleted == [("ns", "b")]  # written, then deleted by its TTL
+    mgr.ensure(_made_again("u-2"))
+    await _until(lambda: mgr.pending_count() == 0 and not mgr._ending)
+    await mgr.forget("ns", "b", "u-1")  # the old one's deletion, heard late
+    assert not [k for k in mgr._by_key if k.startswith("u-1/")]
+    assert {b.uid for b, _ in mgr._whole} == {"u-2"}
+    await mgr.forget("ns", "b", "u-2")
+    assert not mgr._by_key and not mgr._whole and mgr.whole_bytes == 0
+
+
+async def test_an_action_that_ends_after_its_deleted_batch_was_dropped_keeps_no_output_in_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A deleted batch waits a while for its actions to stop, then drops them; one that ended later
+    kept its whole output in the budget's accounts, and the batch with it, for as long as nothing
+    pushed it out."""
+    monkeypatch.setattr(actionbatch, "STOP_WAIT_S", 0.05)
+    stopped = asyncio.Event()
+
+    async def slow(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            await stopped.wait()  # stops, but only after the batch's wait is over
+            raise
+        raise AssertionError("unreachable")
+
+    rec = Recorder()
+    mgr = BatchManager(slow, rec.cancel, _python_pool, rec.patch, rec.delete)
+    mgr.ensure(_body(1))
+    await _until(lambda: bool(mgr._by_key))
+    await mgr.forget("ns", "b", "u-1")
+    assert not mgr.has("ns", "b")
+    stopped.set()
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not mgr._whole and mgr.whole_bytes == 0
