@@ -724,7 +724,9 @@ class PoolController:
             log.warning("pool %s: %s", cfg.key, message)
             done.append(Event("Warning", ConditionReason.HOSTS_REJECTED.value, message))
         if refusal is not None:
-            new_status = refused_spec(new_status, generation, cfg.generation, refusal, now_dt, "pool")
+            new_status = refused_spec(
+                new_status, conditions, generation, cfg.generation, refusal, now_dt, "pool"
+            )
             if self._refused.get(cfg.key) != generation:  # one Event per refused generation
                 self._refused[cfg.key] = generation
                 done.append(Event("Warning", ConditionReason.INVALID_SPEC.value, refusal))
@@ -795,6 +797,8 @@ class PoolController:
         key = pool_key(namespace, name)
         for waits in (self._unplaced, self._stalled, self._unplaceable, self._rejections):
             waits.forget(key)
+        # A pool made again under the name must not wait out this one's crash-loop back-off.
+        self._failures.forget(key)
         self._offered.pop(key, None)
         self._refused.pop(key, None)
         await self.dispatcher.remove_pool(key, uid)

@@ -103,19 +103,32 @@ def set_condition(
 
 
 def refused_spec(
-    status: Mapping[str, Any], generation: int | None, serving: int, message: str, now: datetime, what: str
+    status: Mapping[str, Any],
+    prior: Sequence[Mapping[str, Any]],
+    generation: int | None,
+    serving: int,
+    message: str,
+    now: datetime,
+    what: str,
 ) -> dict[str, Any]:
     """``status`` (a round run with the last accepted spec, of generation ``serving``) of a pool or
     service (``what``) whose spec of ``generation`` cannot be used. Ready and Scaling stay as the
     running spec makes them, with its generation (they say what runs: what is sent to it does
     run); Degraded says the new spec is refused and what runs instead, and ``observedGeneration``
-    is the refused one: it was seen, and this is the answer to it, not a status still to come."""
+    is the refused one: it was seen, and this is the answer to it, not a status still to come.
+    ``prior``: the conditions the object's status held, which Degraded's lastTransitionTime is
+    kept from (the round's own Degraded, made with the accepted spec, is not what it was)."""
     said = (
         f"the spec of generation {generation} is refused ({message}); the {what} keeps running its "
         f"last accepted spec (generation {serving}) until it is fixed"
     )
+    was = next((c for c in prior if c.get("type") == ConditionType.DEGRADED.value), None)
+    before: list[Mapping[str, Any]] = [
+        was if was is not None and c.get("type") == ConditionType.DEGRADED.value else c
+        for c in status.get("conditions") or ()
+    ]
     conds = set_condition(
-        status.get("conditions") or (),
+        before,
         ConditionType.DEGRADED,
         True,
         ConditionReason.INVALID_SPEC,

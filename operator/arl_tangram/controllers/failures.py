@@ -54,6 +54,10 @@ class FailureStreaks:
         self._state[key] = (count, when, why, (seen & listed) | {p.name for p in failed})
         return Streak(count, self.clock() - when if count else float("inf"), why)
 
+    def forget(self, key: str) -> None:
+        """``key`` was deleted: one made again under its name starts with no streak (and no back-off)."""
+        self._state.pop(key, None)
+
 
 @dataclass(frozen=True)
 class Rejection:

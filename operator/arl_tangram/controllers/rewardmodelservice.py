@@ -194,8 +194,10 @@ def reconcile_rewardmodelservice(
     recent = last is not None and observed.now_mono - last < cfg.idle_timeout_s
     busy = queued + running > 0 or recent
     desired = max(cfg.min_replicas, 1 if busy else 0)
-    if queued > cfg.max_batch * max(1, len(ready)) and len(active) == len(ready):
-        desired = max(desired, len(active) + 1)
+    if queued > cfg.max_batch * max(1, len(ready)):
+        # One more once every replica is ready; meanwhile the ones starting are kept (wanted no
+        # more, they were deleted as surplus the round after they were made, and never served).
+        desired = max(desired, len(active) + 1 if len(active) == len(ready) else len(current))
     desired = min(desired, cfg.max_replicas)
     holding = observed.since_failure_s < backoff_s(observed.failures)
     # Only replicas of the current spec count towards ``desired``: the older ones are replaced.
@@ -236,7 +238,11 @@ def reconcile_rewardmodelservice(
     roll = _rollout(rms, cfg, observed, active, desired, unplaced, coming, own, by_plugin)
     ops += roll.ops
     if len(current) > desired:
-        idle = [r for r in reversed(current) if not inflight.get(r.name)]
+        # Newest first, but those not serving yet before those that serve (sorted is stable): a
+        # newer ready replica went before an older one still waiting for a node, leaving none ready.
+        idle = sorted(
+            (r for r in reversed(current) if not inflight.get(r.name)), key=lambda r: r.phase == "ready"
+        )
         why = "idle for idleTimeoutSeconds" if desired < cfg.min_replicas + 1 else "surplus"
         for r in idle[: len(current) - desired]:
             ops.append(DeleteReplica(r.name, why))
@@ -267,9 +273,15 @@ def reconcile_rewardmodelservice(
             gen,
             now,
         )
-    elif freeing and roll.outdated and not creating and not any(r.phase == "starting" for r in active):
+    elif (
+        freeing
+        and roll.outdated
+        and not creating
+        and not any(r.phase == "starting" and not r.pending for r in active)
+    ):
         # (desired > 0 here: a service scaling to zero is ScaledToZero above.)
-        # The one replica (or the last ones) of an older spec makes room for its replacement.
+        # The one replica (or the last ones) of an older spec makes room for its replacement (which,
+        # where the device plugin places, waits for a node, its GPUs, meanwhile).
         conds = set_condition(
             conds,
             ConditionType.READY,
@@ -419,8 +431,9 @@ def _rollout(
     - Replace: when no GPU is free for a new replica (placement found none, or, where the device
       plugin places, the new pod waits for a node) and nothing is under way (no replica draining
       or stopping, no new one starting), one old ready replica is drained to make room: one whose
-      GPUs would hold a new replica, where inventories say; never the last ready one while another
-      replica serves or is coming (only a service of one replica has a gap, its cold start).
+      GPUs would hold a new replica, where inventories say; never the last ready one of a service
+      that wants more than one, nor while a new one is coming (only a service of one replica has a
+      gap, its cold start).
     """
     ops: list[ServiceOperation] = []
     stats = observed.stats
@@ -470,9 +483,14 @@ def _rollout(
         return _Rollout(ops, outdated, "new replicas start beside the old ones; they take over once ready")
     gpu = observed.gpu
     for r in old_ready:
-        others = [o for o in active if o is not r and not o.pending]
-        if others and not any(o.phase == "ready" for o in others):
-            continue  # it would leave no replica ready while another serves or is on its way
+        others = [o for o in active if o is not r]
+        if not any(o.phase == "ready" for o in others) and (
+            desired > 1 or any(not o.pending for o in others)
+        ):
+            # It would leave no replica ready: never in a service that wants more than one (the
+            # replica replaced in place before it has not got ready: its new pod may never fit, and
+            # the service would be left with none), nor while a new one is on its way.
+            continue
         held = gpu.held.get(r.name)
         if not by_plugin and held is not None:
             room = place_service(rms, gpu.inventories, 1, (gpu.taken | own) - set(held.uuids))
@@ -503,6 +521,10 @@ def service_outage(
     ``observed.short_for_s``): its waiting requests are then refused with this message, not held
     for the cold-start budget. ``ops``: this round's (a replica created is coming)."""
     ready = next((c for c in conditions if c.get("type") == ConditionType.READY.value), {})
+    if ready.get("reason") == ConditionReason.ROLLING_OUT.value:
+        # An old replica makes room for its replacement: its requests wait for it (the new pod
+        # waiting for a node meanwhile, for the old one's GPUs, is no sign that none can start).
+        return None
     short = ready.get("message") if ready.get("reason") == ConditionReason.INSUFFICIENT_GPUS.value else None
     return outage(
         f"RewardModelService {cfg.key} has no replica",
@@ -647,9 +669,11 @@ class ServiceController:
         # none while its pod stops.
         gone = {op.name for op in ops if isinstance(op, DeleteReplica)}
         self._sync(cfg, [r for r in replicas if r.name not in gone])
+        if not self.router.has(cfg.key):
+            self._forget(cfg.key)  # deleted during the round, which put some of its state back
         if refusal is not None:
             new_status = refused_spec(
-                new_status, meta.get("generation"), cfg.generation, refusal, now, "service"
+                new_status, conditions, meta.get("generation"), cfg.generation, refusal, now, "service"
             )
         return new_status
 
@@ -668,9 +692,15 @@ class ServiceController:
     def deleted(self, key: str) -> None:
         """The service is gone: the router and the waits forget it."""
         self.router.remove(key)
+        self._forget(key)
+
+    def _forget(self, key: str) -> None:
+        # (The failure streak too: a service made again under the name, fixed, would otherwise wait
+        # out the back-off of the deleted one's crash loop before its first replica.)
         self._accepted.pop(key, None)
         self._draining.pop(key, None)
         self._created.pop(key, None)
+        self._failures.forget(key)
         for waits in (self._unplaced, self._stalled, self._short):
             waits.forget(key)
 

@@ -264,3 +264,66 @@ async def test_a_spec_invalid_with_none_accepted_before_runs_nothing_and_says_so
         assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec") and ops == []
     finally:
         await dispatcher.shutdown()
+
+
+async def test_a_refused_spec_keeps_the_time_it_was_refused_round_after_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Degraded=True InvalidSpec moves its lastTransitionTime only when it becomes true (each round
+    made it now, and the status was written again every round while the spec stayed refused)."""
+    from datetime import UTC, datetime
+
+    from arl_tangram.controllers import actionpool
+
+    times = [datetime(2026, 12, 3, 12, 0, tzinfo=UTC)]
+
+    class Clock(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return times[0]
+
+    monkeypatch.setattr(actionpool, "datetime", Clock)
+    dispatcher = Dispatcher(AgentClient())
+    ctl = PoolController(dispatcher, _Runtime([]), CapacityPlanner(PlannerConfig(time_limit_s=0.5)))
+    try:
+        status, _ = await ctl.reconcile(_body(1), NODES, [])
+        times[0] = times[0].replace(minute=1)
+        refused, _ = await ctl.reconcile({**_with_cpu("500m", 2), "status": status}, NODES, [])
+        when = _conditions(refused)["Degraded"]["lastTransitionTime"]
+        assert _conditions(refused)["Degraded"]["reason"] == "InvalidSpec" and when == "2026-12-03T12:01:00Z"
+        times[0] = times[0].replace(minute=2)
+        again, _ = await ctl.reconcile({**_with_cpu("500m", 2), "status": refused}, NODES, [])
+        assert _conditions(again)["Degraded"]["lastTransitionTime"] == when
+    finally:
+        await dispatcher.shutdown()
+
+
+async def test_a_pool_made_again_under_its_name_does_not_wait_out_the_deleted_ones_back_off() -> None:
+    """A pool deleted while its hosts failed (a bad image), then made again fixed, starts its hosts
+    at once: the deleted one's failure streak stayed under the name and held the new pool back."""
+    dispatcher = Dispatcher(AgentClient())
+    ctl = PoolController(dispatcher, _Runtime([]), CapacityPlanner(PlannerConfig(time_limit_s=0.5)))
+    try:
+        await ctl.reconcile(_body(1), NODES, [])
+        kept = dispatcher.pool_config(NS, "gv")
+        assert kept is not None
+        failed = [
+            dataclasses.replace(
+                HostObservation(
+                    f"gv-{i}", f"{NS}/gv", "failed", "n1", None, kept.template_hash, 1.0, 2000, 4 << 30
+                ),
+                failure="ErrImagePull",
+            )
+            for i in range(4)
+        ]
+        ctl.runtime = _Runtime(failed)
+        await ctl.reconcile(_body(1), NODES, [])
+        assert ctl.runtime.created == 0  # backing off
+        await ctl.deleted(NS, "gv", "u-1")
+        runtime = ctl.runtime = _Runtime([])
+        again = _body(1)
+        again["metadata"]["uid"] = "u-2"
+        await ctl.reconcile(again, NODES, [])
+        assert runtime.created >= 1
+    finally:
+        await dispatcher.shutdown()

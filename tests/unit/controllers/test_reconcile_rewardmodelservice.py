@@ -977,3 +977,160 @@ def test_the_controller_rolls_an_edit_out_and_routes_only_to_replicas_not_draine
         assert ctl._draining["ns/rm"] == {}
 
     asyncio.run(run())
+
+
+def test_an_unschedulable_replacement_never_takes_the_last_ready_replica_of_a_service_of_two() -> None:
+    """Where the device plugin places, one old replica made room and went; its replacement (and the
+    other new one) still wait for a node: the new spec does not fit there (more GPUs than a node
+    has, say). The last old replica stays serving; draining it too left the service with none, for
+    good."""
+    old = service_config(rms_of(OLD_URI), uid="u")
+    waits = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+    b = rep("b", template=old.template_hash)
+    pending = [rep("n1", "starting", pending=waits), rep("n2", "starting", pending=waits)]
+    status, ops = _roll([b, *pending], {"count": [1]}, minReplicas=2)
+    assert _kinds(ops) == [] and status["readyReplicas"] == 1
+    scaling = _cond(status, "Scaling")
+    assert scaling["reason"] == "RollingOut" and "the old ones keep serving" in scaling["message"]
+    # A service of one replica has its gap (one cold start): its only replica makes room.
+    _, ops = _roll([b, pending[0]], {"count": [1]}, minReplicas=1)
+    assert _kinds(ops) == [("DrainReplica", "b")]
+
+
+def test_a_replica_started_for_waiting_requests_is_not_deleted_as_surplus_while_it_starts() -> None:
+    """More requests wait than the ready replica batches: one more replica is made, and kept while
+    it starts (the next round saw one replica ready, wanted one, and deleted the new one: created
+    and deleted round after round, it never got to serve)."""
+    _, ops = reconcile(ServiceObservation([rep("a")], stats(queued=9, last=999.0), 1000.0))
+    assert _kinds(ops) == ["create"]
+    starting = ServiceObservation([rep("a"), rep("b", "starting")], stats(queued=9, last=999.0), 1000.0)
+    status, ops = reconcile(starting)
+    assert _kinds(ops) == [] and _cond(status, "Scaling")["status"] == "True"
+    # The requests served meanwhile: it is surplus again.
+    _, ops = reconcile(replace(starting, stats=stats(queued=0, last=999.0)))
+    assert _kinds(ops) == [("DeleteReplica", "b")]
+
+
+def test_a_refused_spec_keeps_the_time_it_was_refused_round_after_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Degraded=True InvalidSpec moves its lastTransitionTime only when it becomes true: before, each
+    round made it now (the round's own Degraded=False was the status it came from), so the status
+    was written again every round for as long as the spec stayed refused."""
+    from arl_tangram.controllers import rewardmodelservice as module
+    from arl_tangram.controllers.rewardmodelservice import ServiceController
+    from arl_tangram.dispatch.rewards import RewardRouter
+
+    times = [NOW]
+
+    class Clock(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return times[0]
+
+    monkeypatch.setattr(module, "datetime", Clock)
+
+    def body(generation: int, uri: str, status: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {
+            "metadata": {"name": "rm", "namespace": "ns", "generation": generation, "uid": "u"},
+            "spec": {"model": {"name": "m", "uri": uri}},
+            "status": status or {},
+        }
+
+    async def run() -> None:
+        ctl = ServiceController(RewardRouter(client=None), _Replicas(), None, "cpu")  # type: ignore[arg-type]
+        status = await ctl.reconcile(body(1, "file:///w/rm.npz"))
+        times[0] = NOW.replace(minute=1)
+        refused = await ctl.reconcile(body(2, "hf://org/model", status))
+        when = _cond(refused, "Degraded")["lastTransitionTime"]
+        assert _cond(refused, "Degraded")["reason"] == "InvalidSpec" and when == "2026-12-03T12:01:00Z"
+        times[0] = NOW.replace(minute=2)
+        again = await ctl.reconcile(body(2, "hf://org/model", refused))
+        assert _cond(again, "Degraded")["lastTransitionTime"] == when
+        assert again == refused  # nothing to write
+
+    asyncio.run(run())
+
+
+def test_a_service_made_again_under_its_name_does_not_inherit_the_deleted_ones_state() -> None:
+    """A service deleted while its replicas failed (a bad image), then made again fixed: its first
+    replica starts at once. Before, the deleted one's failure streak stayed under the name, and the
+    new service waited out its back-off (up to 5 min) with its requests refused as a crash loop; a
+    round that raced the deletion also put the deleted one's state back, for good."""
+    from arl_tangram.controllers.rewardmodelservice import ServiceController
+    from arl_tangram.dispatch.rewards import RewardRouter
+
+    def body(uid: str) -> dict[str, Any]:
+        return {
+            "metadata": {"name": "rm", "namespace": "ns", "generation": 1, "uid": uid},
+            "spec": {"model": {"name": "m", "uri": "file:///w/rm.npz"}, "scaling": {"minReplicas": 1}},
+        }
+
+    class Slow(_Replicas):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = asyncio.Event()
+            self.gate.set()
+
+        async def ensure_services_file(self, svc: Any) -> None:
+            await self.gate.wait()
+
+    async def run() -> None:
+        runtime = Slow()
+        ctl = ServiceController(RewardRouter(client=None), runtime, None, "cpu")  # type: ignore[arg-type]
+        runtime.listed = [rep(f"rm-{i}", "failed", failure="exit 2") for i in range(3)]
+        await ctl.reconcile(body("u-1"))  # three replicas failed in a row: it backs off
+        made = len(runtime.created)
+        assert made == 0 and ctl.router.outage("ns/rm") is not None
+        runtime.listed = []
+        ctl.deleted("ns/rm")
+        await ctl.reconcile(body("u-2"))
+        assert len(runtime.created) == made + 1  # at once
+        # A round under way as the service is deleted leaves nothing of it behind.
+        runtime.gate.clear()
+        round_ = asyncio.create_task(ctl.reconcile(body("u-2")))
+        await asyncio.sleep(0)
+        ctl.deleted("ns/rm")
+        runtime.gate.set()
+        await round_
+        kept = [ctl._draining, ctl._created, ctl._accepted, ctl._failures._state, ctl._unplaced._since]
+        assert not any("ns/rm" in state for state in kept), kept
+
+    asyncio.run(run())
+
+
+def test_requests_wait_for_an_in_place_replacement_whose_pod_waits_for_the_old_ones_gpus() -> None:
+    """Where the device plugin places, the new replica's pod waits for a node from the start of the
+    rollout until the old one (drained, its calls finished, then stopping) has given its GPUs back:
+    longer than UNSCHEDULABLE_AFTER_S is common. Its requests wait for it, as the Ready condition
+    (RollingOut) says, instead of being refused as if no replica could ever be placed."""
+    old = service_config(rms_of(OLD_URI), uid="u")
+    waits = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    new = rep("n", "starting", pending=waits)
+    for a in (rep("a", template=old.template_hash), rep("a", "terminating", template=old.template_hash)):
+        draining = {"a": 60.0} if a.phase == "ready" else {}
+        obs = ServiceObservation(
+            [a, new],
+            stats(queued=1),
+            1000.0,
+            draining=draining,
+            unschedulable_for_s=UNSCHEDULABLE_AFTER_S + 30,
+        )
+        status, ops = reconcile(obs, minReplicas=1)
+        assert _cond(status, "Ready")["reason"] == "RollingOut", status["conditions"]
+        assert service_outage(cfg(), obs, status["conditions"], ops) is None, a.phase
+
+
+def test_a_surplus_replica_that_serves_is_never_deleted_before_one_still_starting() -> None:
+    """Surplus goes newest first, but a replica still starting goes before one that serves: an older
+    one waiting for a node (made for a queue since served) and a newer one ready (the replacement of
+    a failed one): deleting the ready one left the service with nothing serving."""
+    older_waiting = rep("n2", "starting", pending="0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")
+    _, ops = reconcile(ServiceObservation([older_waiting, rep("n1")], stats(), 1000.0), minReplicas=1)
+    assert _kinds(ops) == [("DeleteReplica", "n2")]
+    # In a rollout too: the old replica is drained, the new one that serves stays.
+    old = service_config(rms_of(OLD_URI), uid="u")
+    _, ops = _roll([rep("o1", template=old.template_hash), older_waiting, rep("n1")], {"count": [1]})
+    assert sorted(map(str, _kinds(ops))) == sorted(
+        map(str, [("DrainReplica", "o1"), ("DeleteReplica", "n2")])
+    )
