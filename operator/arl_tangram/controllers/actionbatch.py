@@ -247,8 +247,10 @@ class _Batch:
 Runner = Callable[..., Awaitable[ActionOutcome]]
 PoolLookup = Callable[[str, str], Awaitable[Sequence[str] | None]]
 """(namespace, pool) -> the pool's languages, or None when no such ActionPool exists."""
-StatusPatch = Callable[[str, str, dict[str, Any]], Awaitable[None]]
-Deleter = Callable[[str, str], Awaitable[None]]
+StatusPatch = Callable[[str, str, str, dict[str, Any]], Awaitable[None]]
+"""(namespace, name, uid, status): written to that object only, not to one made again under its name."""
+Deleter = Callable[[str, str, str], Awaitable[None]]
+"""(namespace, name, uid): that object only."""
 
 
 class BatchManager:
@@ -553,7 +555,7 @@ class BatchManager:
             if refusal is None:
                 continue
             try:
-                await self._patch(ident[0], ident[1], refusal)
+                await self._patch(ident[0], ident[1], str(version[0]), refusal)
                 self.writes += 1
                 self._refused[ident] = (version, None)
             except Exception as exc:  # the API server may be restarting: try again next period
@@ -582,7 +584,7 @@ class BatchManager:
                 continue
             batch.conditions = status["conditions"]
             try:
-                await self._patch(batch.namespace, batch.name, status)
+                await self._patch(batch.namespace, batch.name, batch.uid, status)
                 self.writes += 1
                 batch.written = _present(status)
             except Exception as exc:  # the API server may be restarting: try again next period
@@ -595,7 +597,7 @@ class BatchManager:
     async def _delete_due(self, batch: _Batch, due: DeleteBatch) -> None:
         batch.deleting = True
         log.info("deleting batch %s/%s: %s", batch.namespace, batch.name, due.reason)
-        await self._delete(batch.namespace, batch.name)
+        await self._delete(batch.namespace, batch.name, batch.uid)
 
     async def run_writer(self) -> None:
         """Flush every period, forever (one place writes every batch status)."""

@@ -165,6 +165,22 @@ class OperatorSettings:
         )
 
 
+def _without_nulls(value: Any) -> Any:
+    """``value`` with the keys whose value is ``None`` left out, at every depth (what a merge patch
+    of it leaves stored)."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def _replaced(exc: ApiException) -> bool:
+    """Whether the API server refused a deletion for its uid precondition (409, the only conflict a
+    deletion with no resourceVersion has): the name is another object's now."""
+    return exc.status == 409
+
+
 def _targets(name: str) -> tuple[tuple[str, str], ...]:
     return tuple(parse_defaults(name, os.environ.get(name, "")).items())
 
@@ -444,8 +460,11 @@ class OperatorState:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
 
-    async def _patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """Merge-patch an object's status subresource (the one way status is written)."""
+    async def _patch_status(
+        self, plural: str, namespace: str, name: str, status: dict[str, Any] | list[dict[str, Any]]
+    ) -> None:
+        """Patch an object's status subresource (the one way status is written): a merge patch of
+        ``{"status": ...}``, or the JSON patch ``status`` when it is a list of operations."""
         self.metrics.api_write("patch", f"{plural}/status")
         await asyncio.to_thread(
             self.custom.patch_namespaced_custom_object_status,
@@ -454,7 +473,8 @@ class OperatorState:
             namespace,
             plural,
             name,
-            {"status": status},
+            status if isinstance(status, list) else {"status": status},
+            _content_type="application/json-patch+json" if isinstance(status, list) else None,
         )
 
     async def _write_if_changed(self, plural: str, body: Mapping[str, Any], status: dict[str, Any]) -> None:
@@ -466,21 +486,56 @@ class OperatorState:
         await self._patch_status(*ident, status)
         self._written_status[ident] = status
 
-    async def _patch_batch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    # A batch's status and its TTL deletion go to the object of its uid only. By name alone, a batch
+    # deleted and made again under its name (a trainer reusing names step after step) could be given
+    # the old one's results, which it would then take as final and never run its own actions, or be
+    # deleted by the old one's TTL. A uid in a merge patch is no precondition on the status
+    # subresource (the API server takes only the status from it), so the status goes as a JSON
+    # patch whose first operation tests the uid; the deletion carries DeleteOptions' precondition.
+    async def _patch_batch_status(self, namespace: str, name: str, uid: str, status: dict[str, Any]) -> None:
+        ops = [
+            {"op": "test", "path": "/metadata/uid", "value": uid},
+            # The whole status, as the merge patch of all of it: its ``None``s are fields absent.
+            {"op": "add", "path": "/status", "value": _without_nulls(status)},
+        ]
         try:
-            await self._patch_status("actionbatches", namespace, name, status)
+            await self._patch_status("actionbatches", namespace, name, ops)
         except ApiException as exc:
-            if exc.status != 404:  # deleted meanwhile: nothing left to report to
-                raise
+            if exc.status == 404:  # gone: nothing left to report to
+                return
+            # A failed test answers 422 saying only that the request was wrong, as an invalid
+            # status would: a patch that only tests the uid tells which (it changes nothing, and
+            # needs no verb the operator does not have already).
+            if exc.status == 422 and not await self._is_uid("actionbatches", namespace, name, uid):
+                return
+            raise
 
-    async def _delete_batch(self, namespace: str, name: str) -> None:
+    async def _is_uid(self, plural: str, namespace: str, name: str, uid: str) -> bool:
+        """Whether the object of that name is still the one of ``uid``."""
+        try:
+            await self._patch_status(
+                plural, namespace, name, [{"op": "test", "path": "/metadata/uid", "value": uid}]
+            )
+        except ApiException as exc:
+            if exc.status in (404, 422):
+                return False
+            raise
+        return True
+
+    async def _delete_batch(self, namespace: str, name: str, uid: str) -> None:
         self.metrics.api_write("delete", "actionbatches")
         try:
             await asyncio.to_thread(
-                self.custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, "actionbatches", name
+                self.custom.delete_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                "actionbatches",
+                name,
+                body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
             )
         except ApiException as exc:
-            if exc.status != 404:
+            if exc.status != 404 and not _replaced(exc):
                 raise
 
     # ---- pools --------------------------------------------------------------------------------

@@ -36,10 +36,10 @@ class Recorder:
     async def cancel(self, key: str) -> bool:
         return False
 
-    async def patch(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    async def patch(self, namespace: str, name: str, uid: str, status: dict[str, Any]) -> None:
         self.writes.append(status)
 
-    async def delete(self, namespace: str, name: str) -> None:
+    async def delete(self, namespace: str, name: str, uid: str) -> None:
         self.deleted.append((namespace, name))
 
 
@@ -108,10 +108,10 @@ async def test_a_ttl_of_zero_deletes_the_batch_only_after_its_complete_status_is
     rec = Recorder()
     events: list[str] = []
 
-    async def patch(namespace: str, name: str, status: dict[str, Any]) -> None:
+    async def patch(namespace: str, name: str, uid: str, status: dict[str, Any]) -> None:
         events.append("complete" if _complete(status) else "write")
 
-    async def delete(namespace: str, name: str) -> None:
+    async def delete(namespace: str, name: str, uid: str) -> None:
         events.append("delete")
 
     mgr = BatchManager(rec.run, rec.cancel, _python_pool, patch, delete)

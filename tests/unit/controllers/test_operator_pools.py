@@ -175,10 +175,10 @@ async def test_an_action_on_a_pool_whose_spec_is_invalid_is_told_so_not_that_it_
         assert await state._pool_languages(NS, "halfcore") == ("python", "bash")
         writes: list[dict[str, Any]] = []
 
-        async def patch(namespace: str, name: str, status: dict[str, Any]) -> None:
+        async def patch(namespace: str, name: str, uid: str, status: dict[str, Any]) -> None:
             writes.append(status)
 
-        async def delete(namespace: str, name: str) -> None:
+        async def delete(namespace: str, name: str, uid: str) -> None:
             pass
 
         batches = BatchManager(state._run, state._cancel, state._pool_languages, patch, delete)
