@@ -178,7 +178,7 @@ def _without_nulls(value: Any) -> Any:
 def _replaced(exc: ApiException) -> bool:
     """Whether the API server refused a deletion for its uid precondition (409, the only conflict a
     deletion with no resourceVersion has): the name is another object's now."""
-    return exc.status == 409
+    return bool(exc.status == 409)
 
 
 def _targets(name: str) -> tuple[tuple[str, str], ...]:
