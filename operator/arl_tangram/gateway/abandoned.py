@@ -25,11 +25,14 @@ from collections.abc import Callable
 from aiohttp import web
 
 from arl_tangram.domain.actions import ActionService
+from arl_tangram.gateway.keys import key_namespace
 
 log = logging.getLogger(__name__)
 
-# How long, and how many, keys cancelled before they arrived are kept (a stream's unread lines are
-# read within moments; the bound keeps a caller cancelling made-up keys from filling memory).
+# How long, and how many per namespace, keys cancelled before they arrived are kept (a stream's
+# unread lines are read within moments; the bound keeps a caller cancelling made-up keys from filling
+# memory). Per namespace: with one bound for all, a tenant cancelling made-up keys pushed out the
+# keys another tenant had cancelled, whose actions then ran when they arrived.
 CANCELLED_KEPT_S = 300.0
 CANCELLED_KEPT = 100_000
 
@@ -48,23 +51,31 @@ class Abandoned:
         self.clock = clock
         self.watched: dict[str, web.BaseRequest] = {}
         self.cancelled = 0  # actions cancelled because their caller left, since start
-        self._early: OrderedDict[str, float] = OrderedDict()  # keys cancelled before they arrived
+        # Keys cancelled before they arrived, by the namespace they are scoped to (``keys``).
+        self._early: dict[str, OrderedDict[str, float]] = {}
 
     async def cancel(self, key: str) -> bool:
         """A caller's cancel of its action ``key``: True when it was queued or running (stopped
         now); else False, and an action arriving under ``key`` soon is not run (``cancelled_early``)."""
         if await self.service.cancel(key):
             return True
-        self._early[key] = self.clock()
-        self._early.move_to_end(key)
-        while len(self._early) > CANCELLED_KEPT:
-            self._early.popitem(last=False)
+        now = self.clock()
+        early = self._early.setdefault(key_namespace(key), OrderedDict())
+        early[key] = now
+        early.move_to_end(key)
+        # Oldest first: past the bound, or too old to be answered Cancelled any more.
+        while len(early) > CANCELLED_KEPT or (early and now - next(iter(early.values())) >= CANCELLED_KEPT_S):
+            early.popitem(last=False)
         return False
 
     def cancelled_early(self, key: str) -> bool:
         """Whether ``key`` was cancelled (``cancel``) before it arrived; consumed by this call, so that
         one later retry under the key runs."""
-        when = self._early.pop(key, None)
+        namespace = key_namespace(key)
+        early = self._early.get(namespace)
+        when = None if early is None else early.pop(key, None)
+        if early is not None and not early:
+            del self._early[namespace]
         return when is not None and self.clock() - when < CANCELLED_KEPT_S
 
     def watch(self, key: str, request: web.BaseRequest) -> None:

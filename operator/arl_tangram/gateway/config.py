@@ -91,9 +91,9 @@ def parse_defaults(where: str, text: str) -> dict[str, str]:
         namespace, _, name = entry.partition("/")
         if not (
             len(namespace) <= 63
-            and re.match(DNS_LABEL_PATTERN, namespace)
+            and re.fullmatch(DNS_LABEL_PATTERN, namespace)
             and len(name) <= 63
-            and re.match(DNS_SUBDOMAIN_PATTERN, name)
+            and re.fullmatch(DNS_SUBDOMAIN_PATTERN, name)
         ):
             raise InvalidSpec(where, f"{entry[:80]!r} is not NAMESPACE/NAME (Kubernetes names)")
         if namespace in out:

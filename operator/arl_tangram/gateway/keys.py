@@ -20,3 +20,9 @@ def unscoped_key(key: str) -> str:
     """The caller's key in a dispatcher key made by ``scoped_key`` (any other key as it is)."""
     space, _, rest = key.partition("/")
     return rest.partition("/")[2] if space in SPACES and "/" in rest else key
+
+
+def key_namespace(key: str) -> str:
+    """The namespace a dispatcher key made by ``scoped_key`` is scoped to ("" for any other key)."""
+    space, _, rest = key.partition("/")
+    return rest.partition("/")[0] if space in SPACES and "/" in rest else ""

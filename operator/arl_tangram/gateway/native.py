@@ -29,6 +29,7 @@ from arl_tangram.gateway.models import (
     StreamError,
 )
 from arl_tangram.gateway.parsing import BadRequest, loads, parse, read_json, unreadable_body, validate
+from arl_tangram.gateway.routing import valid_namespace
 from arl_tangram.gateway.sessions import GatewaySession
 from arl_tangram.gateway.state import GatewayState, authorize, state_of
 from arl_tangram.sandbox.actions import MAX_KEY_CHARS, parse_action_key
@@ -431,7 +432,8 @@ async def close_session(request: web.Request) -> web.Response:
 async def batch_results(request: web.Request) -> web.StreamResponse:
     """``GET /v1/batches/{namespace}/{name}/results``: every result of a batch, as NDJSON."""
     state = state_of(request)
-    namespace, name = request.match_info["namespace"], request.match_info["name"]
+    namespace = valid_namespace(request.match_info["namespace"], "namespace")
+    name = request.match_info["name"]
     await authorize(request, namespace, "get")
     if state.batch_results is None:
         raise NotFound("ActionBatch", f"{namespace}/{name}", "this gateway serves no batch results")

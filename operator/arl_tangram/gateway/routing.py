@@ -68,9 +68,16 @@ def given(request: web.Request, header: str, param: str) -> str | None:
 
 
 def _checked(value: str, where: str, pattern: re.Pattern[str]) -> str:
-    if not 1 <= len(value) <= 63 or not pattern.match(value):
+    # fullmatch: the patterns end in ``$``, which ``match`` lets past a trailing newline, so that
+    # ``?namespace=team-a%0A`` was a valid name (one no RoleBinding names, and no object has).
+    if not 1 <= len(value) <= 63 or not pattern.fullmatch(value):
         raise InvalidSpec(where, f"{value[:80]!r} is not a valid Kubernetes name")
     return value
+
+
+def valid_namespace(value: str, where: str) -> str:
+    """``value`` when it is a namespace's name; ``InvalidSpec`` naming ``where`` otherwise."""
+    return _checked(value, where, _LABEL)
 
 
 def namespace_of(request: web.Request) -> str:
@@ -78,7 +85,7 @@ def namespace_of(request: web.Request) -> str:
     value = given(request, NAMESPACE_HEADER, "namespace")
     if value is None:
         return state_of(request).config.default_namespace
-    return _checked(value, f"{NAMESPACE_HEADER} / ?namespace", _LABEL)
+    return valid_namespace(value, f"{NAMESPACE_HEADER} / ?namespace")
 
 
 def pool_of(request: web.Request, namespace: str) -> str | None:

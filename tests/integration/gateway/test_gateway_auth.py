@@ -17,8 +17,10 @@ from aiohttp import web
 from gateway_harness import NS, POOL, Gateway, free_port, read_until_closed, serve_gateway, serve_reviews
 from sandbox_agent_harness import Agent, start_agent, stop_agent
 
+from arl_tangram.errors import InvalidSpec
 from arl_tangram.gateway import GatewayConfig, KubernetesAuthenticator, build_gateway_app
 from arl_tangram.gateway.auth import Forbidden, TtlCache, token_expiry
+from arl_tangram.gateway.config import parse_defaults
 from arl_tangram.gateway.review_server import ReviewServer, StandInToken, api_client_for
 
 AUD = "tangram-gateway"
@@ -116,6 +118,23 @@ def test_refusals_name_what_is_missing(gateway: tuple[Gateway, KubernetesAuthent
         timeout=60,
     )
     assert run_code.status_code == 403 and run_code.json()["status"] == "SandboxError"
+
+
+def test_a_name_with_a_trailing_newline_is_no_name(gateway: tuple[Gateway, KubernetesAuthenticator]) -> None:
+    """``$`` in the name patterns matched before a final newline: ``?namespace=team-a%0A`` passed as a
+    namespace (reaching the SubjectAccessReview and, as a pool, the API server). Each is a 400 naming
+    the parameter, like any other name that is none."""
+    gw, _ = gateway
+    code = {"code": "print(1)", "language": "python"}
+    headers = {"Authorization": "Bearer tok-alice"}
+    for query, field in ((f"namespace={NS}%0A&pool={POOL}", "namespace"), (f"pool={POOL}%0A", "pool")):
+        resp = requests.post(f"{gw.url}/run_code?{query}", json=code, headers=headers, timeout=60)
+        assert resp.status_code == 400 and "not a valid Kubernetes name" in resp.json()["error"], resp.text
+        assert field in resp.json()["field"], resp.text
+    batch = requests.get(f"{gw.url}/v1/batches/{NS}%0A/b/results", headers=headers, timeout=60)
+    assert batch.status_code == 400 and batch.json()["field"] == "namespace", batch.text
+    with pytest.raises(InvalidSpec, match="TANGRAM_GATEWAY_POOLS"):
+        parse_defaults("TANGRAM_GATEWAY_POOLS", f"{NS}\n/{POOL}")
 
 
 def _expecting(gw: Gateway, token: str | None, body: bytes) -> socket.socket:
@@ -238,7 +257,18 @@ async def test_anonymous_access_needs_the_flag_and_loopback() -> None:
     try:
         loop = asyncio.get_running_loop()
         resp = await loop.run_in_executor(
-            None, lambda: requests.post(f"http://{address}:{port}/v1/actions", json=ACTION, timeout=10)
+            None,
+            lambda: requests.post(
+                f"http://{address}:{port}/v1/actions",
+                json=ACTION,
+                # Only the connection's own address counts: headers a proxy would add are not read.
+                headers={
+                    "X-Forwarded-For": "127.0.0.1",
+                    "X-Real-IP": "127.0.0.1",
+                    "Forwarded": "for=127.0.0.1",
+                },
+                timeout=10,
+            ),
         )
     finally:
         await runner.cleanup()
