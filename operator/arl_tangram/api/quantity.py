@@ -40,7 +40,7 @@ EXAMPLES = "e.g. 4Gi, 512Mi, 2, 500m"
 
 def parse_quantity(text: str) -> Decimal:
     """The value of a quantity in base units (bytes, cores). Raises ValueError naming the problem."""
-    parts = _SPLIT_RE.match(text) if isinstance(text, str) and _QUANTITY_RE.match(text) else None
+    parts = _SPLIT_RE.match(text) if isinstance(text, str) and _QUANTITY_RE.fullmatch(text) else None
     if parts is None:
         raise ValueError(f"{text!r} is not a valid quantity ({EXAMPLES})")
     suffix = parts["suffix"]

@@ -187,7 +187,7 @@ def _targets(name: str) -> tuple[tuple[str, str], ...]:
 
 def _namespace(name: str, default: str) -> str:
     value = os.environ.get(name) or default
-    if not (len(value) <= 63 and re.match(DNS_LABEL_PATTERN, value)):
+    if not (len(value) <= 63 and re.fullmatch(DNS_LABEL_PATTERN, value)):
         raise InvalidSpec(name, f"{value[:80]!r} is not a namespace name")
     return value
 

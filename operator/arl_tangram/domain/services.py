@@ -153,7 +153,7 @@ _OBJECT_NAME = re.compile(DNS_SUBDOMAIN_PATTERN)
 
 def is_object_name(name: str) -> bool:
     """Whether ``name`` can name a Kubernetes object (else it can only be a model a service serves)."""
-    return len(name) <= 253 and _OBJECT_NAME.match(name) is not None
+    return len(name) <= 253 and _OBJECT_NAME.fullmatch(name) is not None
 
 
 def service_named(namespace: str, target: str, served: Iterable[tuple[str, str, str]]) -> str:

@@ -169,7 +169,7 @@ def _with_namespace(doc: Mapping[str, Any], where: str, longest_name: int) -> di
 def _check_name(meta: Mapping[str, Any], key: str, pattern: str, longest: int, what: str, where: str) -> None:
     """The API server refuses any other name (and so does the gateway, for a request naming it)."""
     value = meta[key]
-    if not (isinstance(value, str) and len(value) <= longest and re.match(pattern, value)):
+    if not (isinstance(value, str) and len(value) <= longest and re.fullmatch(pattern, value)):
         raise InvalidSpec(
             f"{where} metadata.{key}",
             f"{value!r} is not a Kubernetes {key}: a {what} (lower-case letters, digits and '-'"

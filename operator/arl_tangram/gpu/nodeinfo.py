@@ -148,7 +148,7 @@ def parse_mig_request(text: str, inv: NodeInventory) -> MigRequest:
     if not isinstance(doc, dict) or set(doc) != {"config", "gpus"} or not isinstance(doc["gpus"], dict):
         raise mig.MigError(f'{ANNOTATION_MIG_REQUEST} must be {{"config": NAME, "gpus": {{INDEX: [...]}}}}')
     config = doc["config"]
-    if not isinstance(config, str) or not _CONFIG_NAME.match(config):
+    if not isinstance(config, str) or not _CONFIG_NAME.fullmatch(config):
         raise mig.MigError(f"config {config!r} is not a valid label value")
     gpus: dict[int, tuple[str, ...] | None] = {}
     for key, profiles in doc["gpus"].items():
