@@ -236,6 +236,22 @@ def set_tmp_files(bytes_per_file: int, min_files: int) -> None:
     _tmp_files = (bytes_per_file, min_files)
 
 
+# Files every action may read that a reader also locks: Go takes a shared flock on the go.mod and
+# go.sum at the workdir root, its build cache's trim.txt and the module cache's ziphash files in
+# each build. flock needs no write access, so an action holding an exclusive lock on one of them
+# held every other action's Go build until its compile timeout. Each mount namespace made ahead
+# (PrivateTmp.make: the pool's, a session interpreter's) binds copies of its own over them
+# (``private_tmp``): a lock taken there is its holder's alone. From the fork server's config
+# (``set_private_copies``).
+_private_copies: tuple[str, ...] = ()
+
+
+def set_private_copies(paths: list[str] | tuple[str, ...]) -> None:
+    """The shared files each mount namespace gets copies of its own of (``_private_copies``)."""
+    global _private_copies
+    _private_copies = tuple(paths)
+
+
 def tmp_options(size: int) -> str:
     """The mount options of a private /tmp or /dev/shm of ``size`` bytes (0: no bound). tmpfs
     counts bytes, not files: without ``nr_inodes`` (the kernel's default is one per two pages of
@@ -312,6 +328,7 @@ def private_tmp(workdir: str, size: int) -> None:
     root = os.path.dirname(workdir)
     isolation.unshare(isolation.CLONE_NEWNS)
     rootfd = os.open(root, os.O_PATH | os.O_CLOEXEC)  # in the new namespace: a bind source must be
+    copies = _make_private_copies()
     opts = tmp_options(size)
     for point in isolation.PRIVATE_TMP_POINTS:
         isolation.mount("tangram", point, "tmpfs", isolation.MS_NOSUID | isolation.MS_NODEV, opts)
@@ -320,6 +337,46 @@ def private_tmp(workdir: str, size: int) -> None:
             isolation.mount(f"/proc/self/fd/{rootfd}", root, None, isolation.MS_BIND | isolation.MS_REC)
     os.close(rootfd)
     isolation.bind_identity(root)
+    for target, fd in copies:
+        with suppress(OSError):  # the shared file stays (a lock is not worth failing an action for)
+            isolation.mount(f"/proc/self/fd/{fd}", target, None, isolation.MS_BIND)
+            # Read-only as the shared file is to actions (its owner is root's, its mode 0444).
+            flags = isolation.MS_REMOUNT | isolation.MS_BIND | isolation.MS_RDONLY
+            isolation.mount("none", target, None, flags | isolation.MS_NOSUID | isolation.MS_NODEV)
+        os.close(fd)
+
+
+def _make_private_copies() -> list[tuple[str, int]]:
+    """In a fresh mount namespace, before its /tmp and /dev/shm are covered: a copy of each of
+    ``_private_copies`` on a small tmpfs of its own, mounted on the one of the two under which none
+    of them lies (the private tmpfs mounted there next hides it; no path reaches it), as
+    (target, O_PATH descriptor) pairs for ``private_tmp`` to bind over the shared files."""
+    from arl_tangram.sandbox import isolation
+
+    found = [path for path in _private_copies if os.path.isfile(path)]
+    point = next(
+        (p for p in isolation.PRIVATE_TMP_POINTS if not any(f.startswith(p + "/") for f in found)), None
+    )
+    if not found or point is None:
+        return []
+    contents = []
+    for path in found:
+        with suppress(OSError), open(path, "rb") as fh:
+            contents.append((path, fh.read()))
+    room = sum(len(data) + 4096 for _, data in contents) + 4096
+    isolation.mount(
+        "tangram", point, "tmpfs", isolation.MS_NOSUID | isolation.MS_NODEV, f"size={room},mode=0700"
+    )
+    copies = []
+    for n, (path, data) in enumerate(contents):
+        copy = f"{point}/{n}"
+        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        copies.append((path, os.open(copy, os.O_PATH | os.O_CLOEXEC)))
+    return copies
 
 
 def child_after_c_setup(

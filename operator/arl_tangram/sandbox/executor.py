@@ -292,6 +292,9 @@ class Executor:
             "workdir_mounts": bool(self.workdir_mb),
             "cores": self.config.cores,
             "readable": [*_runtime_paths(), *self.builder.detection.readable()],
+            # Shared files that readers lock: each mount namespace binds copies of its own over them
+            # (child.set_private_copies says why).
+            "private_copies": gopackages.locked_files(self.root, self.builder.detection.found.values()),
         }
         # One fork server owns all the cores, so that it alone decides when an action may start.
         # It forks about a thousand actions a second here; a host with many more cores than that

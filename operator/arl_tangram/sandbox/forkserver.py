@@ -48,7 +48,7 @@ import types
 from collections import deque
 
 from arl_tangram.sandbox import isolation, memguard, seccomp, wire
-from arl_tangram.sandbox.child import MAIN_FILES, holds_module, set_tmp_files, source_of
+from arl_tangram.sandbox.child import MAIN_FILES, holds_module, set_private_copies, set_tmp_files, source_of
 from arl_tangram.sandbox.cores import CorePool
 from arl_tangram.sandbox.lean import suppress
 from arl_tangram.sandbox.reaping import (
@@ -527,6 +527,7 @@ class ForkServer:
             int(self.config.get("tmp_min_files") or 0),
         )
         set_tmp_files(*tmp_files)  # for the namespaces made ahead (PrivateTmp.make)
+        set_private_copies(self.config.get("private_copies") or ())  # and their copies
         self.zy = _ZygoteLink.start(self.config, self.iso.pid_namespace, self.sock)
         self._fill_netns_pool()
         if self.zy.notes:
@@ -1134,10 +1135,15 @@ class ForkServer:
 
     def _spawn_interp(self, msg: RunMessage) -> Interp:
         self._make_workdir(msg)
-        # Its own /tmp and /dev/shm and /proc, as an action's, made in the child: they live as long
-        # as the interpreter (its files stay between calls, like the workdir's), so none is pooled.
+        # Its own /tmp and /dev/shm and /proc, as an action's: they live as long as the interpreter
+        # (its files stay between calls, like the workdir's), so none is pooled.
         private = self.private_tmp and msg.get("uid") is not None
-        msg["private_tmp"] = private
+        # Made as the pool's are (PrivateTmp.make: with its copies of the shared files readers
+        # lock, child.set_private_copies), at the session's memory limit, and never pooled; where
+        # that fails, in the child as before.
+        mnt = self._session_mntns(msg) if private else None
+        msg["private_tmp"] = private and mnt is None
+        msg["mntns"] = mnt is not None
         msg["own_proc"] = private and self.iso.own_proc
         msg["own_ipc"] = self.iso.own_ipc and msg.get("uid") is not None
         msg["landlock"] = self.iso.landlock
@@ -1149,7 +1155,11 @@ class ForkServer:
         # Each read of its answers says which process wrote them (``_on_ctrl``).
         parent.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         try:
-            fds = [child.fileno()] if netns < 0 else [child.fileno(), netns]
+            fds = [child.fileno()]
+            if mnt is not None:
+                fds.append(mnt.ns)  # the namespaces come last, the mount one before the network's
+            if netns >= 0:
+                fds.append(netns)
             pid, pidfd = self.zy.spawn(msg, fds, interp=True)
         except BaseException:
             parent.close()
@@ -1158,6 +1168,8 @@ class ForkServer:
             raise
         finally:
             child.close()
+            if mnt is not None:
+                mnt.close()  # the interpreter's own now, gone with it
         interp = Interp(sid=msg["sid"], pid=pid, pidfd=pidfd, ctrl=parent, uid=msg.get("uid"), netns=netns)
         interp.memory_limit = int(msg.get("memory") or 0)
         with suppress(OSError):  # one that is gone already: its exit is reported like any other
@@ -1167,6 +1179,20 @@ class ForkServer:
         self.zy.owners[pid] = interp
         self.sel.register(parent.fileno(), ("ctrl", interp))
         return interp
+
+    def _session_mntns(self, msg: RunMessage) -> PrivateTmp | None:
+        """A mount namespace for a session's interpreter, its /tmp and /dev/shm of the session's
+        memory limit (what the child's would hold, ``written`` in child.child_main); None: make it
+        in the child."""
+        limits = msg.get("limits", {})
+        size = int(limits.get("written") or limits.get("data") or limits.get("as") or 0)
+        try:
+            return PrivateTmp.make(self.tmp_root, size)
+        except OSError as exc:
+            if not self.mntns_failed:
+                self.mntns_failed = True
+                self.iso.notes = (*self.iso.notes, f"no mount namespace pool ({exc.strerror})")
+            return None
 
     def _stop_interp(self, sid: str) -> None:
         interp = self.interps.pop(sid, None)

@@ -26,6 +26,8 @@ import functools
 import os
 import shutil
 import sys
+from collections.abc import Iterable
+from typing import Any
 
 from arl_tangram.sandbox.installs import STAGING, install_main, staged_install
 
@@ -177,6 +179,27 @@ def install(go: str | None = None, prefix: str | None = None) -> str | None:
             "GOTOOLCHAIN": "local",
         },
     )
+
+
+def locked_files(root: str, toolchains: Iterable[Any]) -> list[str]:
+    """The files a Go build reads under a shared flock (``lockedfile.Read``, traced with Go 1.26):
+    the go.mod and go.sum at the workdir root, the build cache's own files (trim.txt) and the
+    module cache's ziphash files. Actions read them but must not be able to hold them for one
+    another (child.set_private_copies)."""
+    found = {os.path.join(root, name) for name in MODULE_FILES if os.path.isfile(os.path.join(root, name))}
+    for toolchain in toolchains:
+        cache = toolchain.env.get("GOCACHE", "")
+        if os.path.isabs(cache) and os.path.isdir(cache):
+            found.update(
+                entry.path
+                for entry in os.scandir(cache)
+                if entry.name.endswith(".txt") and entry.is_file(follow_symlinks=False)
+            )
+        if toolchain.go_modcache:
+            download = os.path.join(toolchain.go_modcache, "cache", "download")
+            for directory, _, names in os.walk(download):
+                found.update(os.path.join(directory, name) for name in names if name.endswith(".ziphash"))
+    return sorted(found)
 
 
 def main(argv: list[str] | None = None) -> int:
