@@ -305,7 +305,11 @@ class Builder:
         cores, reply = await dispatch(step_msg)
         step = _step_of(reply, time.monotonic() - started)
         reported = step if toolchain.language.reports_compile else None
-        if key is not None and step.status == "Finished" and not reply.get("memory_error"):
+        # A compiler killed by a signal (the kernel's OOM killer, on a host another action filled)
+        # failed for the moment, not for its source: kept, that failure was every later identical
+        # request's verdict.
+        moment = reply.get("memory_error") or reply.get("signal")
+        if key is not None and step.status == "Finished" and not moment:
             self._keep(toolchain, key, msg["workdir"], step)
         if step.ok:
             return Build(step=reported, compile_timeout_s=timeout_s)

@@ -246,3 +246,32 @@ def test_the_jvm_heap_leaves_room_for_what_the_jvm_reserves_besides() -> None:
         assert heap >= 32
         assert memory <= 416 or memory - heap >= JVM_RESERVE_MB
         assert heap <= 0.75 * memory or heap == 32
+
+
+@pytest.mark.parametrize(
+    ("reply", "kept"),
+    [
+        ({"exit_code": 1, "signal": None, "stderr": b"main.cpp:1: error"}, True),
+        # Killed by the kernel's OOM killer on a host another action filled: the moment's doing.
+        ({"exit_code": -9, "signal": 9, "stderr": b""}, False),
+        ({"exit_code": 1, "signal": None, "stderr": b"", "memory_error": True}, False),
+    ],
+)
+def test_a_compile_failed_by_the_moment_is_not_kept(reply: dict[str, object], kept: bool) -> None:
+    """A failed compile is kept for its key (the source fails the same way every time), but not one
+    killed by a signal: that was every later identical request's verdict, a compile error."""
+    from types import SimpleNamespace
+    from typing import Any
+
+    from arl_tangram.sandbox.builds import Builder
+
+    builder = Builder(detection=SimpleNamespace(), max_timeout_s=60)  # type: ignore[arg-type]
+    toolchain: Any = SimpleNamespace(language=SimpleNamespace(reports_compile=True))
+
+    async def dispatch(msg: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
+        return [0], {"stdout": b"", "wall_s": 0.1, **reply}
+
+    msg = {"workdir": "/nonexistent", "env": {}, "limits": {}}
+    built = asyncio.run(builder._compile(toolchain, ["cc"], msg, {}, dispatch, 10.0, "key"))
+    assert built.stop is not None, "the build failed"
+    assert (builder.cache.get("key") is not None) == kept
