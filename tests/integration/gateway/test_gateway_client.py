@@ -333,20 +333,31 @@ async def test_a_cancelled_async_run_many_cancels_its_actions(hosts: list[Agent]
 def test_ctrl_c_in_a_blocking_run_many_cancels_its_actions(hosts: list[Agent]) -> None:
     """Ctrl-C (KeyboardInterrupt in the main thread) while the blocking client waited: the wait
     ended, but the stream ran on on the client's loop, and its actions on the gateway."""
-    with serve_gateway(hosts) as gw, TangramClient(gw.url, namespace=NS, pool=POOL) as client:
-        results = client.run_many(_sleepers(3))
-        before = _timeouts(hosts[0])
+    # SIGINT as a plain program has it (KeyboardInterrupt), whatever handler an earlier test of this
+    # process left behind: in one full run the interrupt did not raise, and the sleepers ran to
+    # their timeout.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with serve_gateway(hosts) as gw, TangramClient(gw.url, namespace=NS, pool=POOL) as client:
+            results = client.run_many(_sleepers(3))
+            before = _timeouts(hosts[0])
+            main = threading.get_ident()
+            unseen: list[BaseException] = []
 
-        main = threading.get_ident()
+            def interrupt() -> None:
+                try:
+                    wait_until(lambda: _outstanding(gw) == 3, 120, "the sleepers to arrive")
+                except BaseException as exc:  # said below; Ctrl-C all the same, so the test ends
+                    unseen.append(exc)
+                signal.pthread_kill(main, signal.SIGINT)  # Ctrl-C, to the thread that waits
 
-        def interrupt() -> None:
-            wait_until(lambda: _outstanding(gw) == 3, 60, "the sleepers to arrive")
-            signal.pthread_kill(main, signal.SIGINT)  # Ctrl-C, to the thread that waits
-
-        threading.Thread(target=interrupt, daemon=True).start()
-        with pytest.raises(KeyboardInterrupt):
-            list(results)
-        _ended_by_cancel(gw, hosts[0], before)
+            threading.Thread(target=interrupt, daemon=True).start()
+            with pytest.raises(KeyboardInterrupt):
+                list(results)
+            assert not unseen, unseen
+            _ended_by_cancel(gw, hosts[0], before)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_stream_in_flight_is_refused_as_removed() -> None:
