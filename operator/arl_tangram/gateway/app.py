@@ -106,6 +106,10 @@ async def metrics(request: web.Request) -> web.Response:
 
 # The reward shapes' target: a RewardModelService, or an ActionPool for test-based rewards.
 TARGET_QUERY = ("namespace", "pool", "service")
+# vLLM and SGLang queue what they cannot serve yet and never answer 429, so their clients take any
+# 4xx as final: verl's reward loop gave up on a 429 at once (failing the step), while it retries a
+# 5xx with backoff. Their shapes answer a full bounded wait 503 with Retry-After instead.
+OPENAI_SHAPES_BUSY = 503
 
 
 def _docs() -> list[Route]:
@@ -240,6 +244,7 @@ def _docs() -> list[Route]:
                     VllmScoreRequest,
                     VllmScoreResponse,
                     query=TARGET_QUERY,
+                    busy_status=OPENAI_SHAPES_BUSY,
                 ),
                 rewards.vllm_score,
             )
@@ -254,6 +259,7 @@ def _docs() -> list[Route]:
                     VllmClassifyRequest,
                     VllmClassifyResponse,
                     query=TARGET_QUERY,
+                    busy_status=OPENAI_SHAPES_BUSY,
                 ),
                 rewards.classify,
             )
@@ -267,6 +273,7 @@ def _docs() -> list[Route]:
                 VllmPoolingRequest,
                 VllmPoolingResponse,
                 query=TARGET_QUERY,
+                busy_status=OPENAI_SHAPES_BUSY,
             ),
             rewards.vllm_pooling,
         ),
@@ -278,6 +285,7 @@ def _docs() -> list[Route]:
                 EmbeddingsRequest,
                 EmbeddingsResponse,
                 query=TARGET_QUERY,
+                busy_status=OPENAI_SHAPES_BUSY,
             ),
             rewards.embeddings,
         ),
@@ -305,6 +313,21 @@ for _r in ROUTES:
     QUERY_OF[_r.doc.path] = QUERY_OF.get(_r.doc.path, frozenset()) | frozenset(_r.doc.query)
 # Paths whose body is read as it comes (NDJSON), bounded per line rather than whole.
 STREAMED_PATHS = frozenset(r.doc.path for r in ROUTES if r.doc.ndjson_in)
+# The status a full bounded wait is answered with, where it is not 429.
+BUSY_STATUS = {r.doc.path: r.doc.busy_status for r in ROUTES if r.doc.busy_status != 429}
+
+
+def _unslashed(path: str) -> str:
+    """``path`` less one trailing slash: each route is also served with one (its twin, registered in
+    ``build_gateway_app``), as the trainers' own servers serve it (FastAPI redirects it to the path
+    without, and their clients follow): a URL set as ``.../run_code/`` or ``.../get_reward/``
+    worked there."""
+    return path[:-1] if len(path) > 1 and path.endswith("/") else path
+
+
+def _path(request: web.Request) -> str:
+    """The request's path as its route's (see ``_unslashed``)."""
+    return _unslashed(request.path)
 
 
 def bearer_token(header: str | None) -> str | None:
@@ -330,7 +353,9 @@ def bearer_token(header: str | None) -> str | None:
 
 def _route_name(request: web.Request) -> str:
     info = request.match_info.route.resource
-    return info.canonical if info is not None else "unmatched"
+    if info is None:
+        return "unmatched"
+    return _unslashed(info.canonical)  # a route's trailing-slash twin is the route itself
 
 
 def _answer_error(
@@ -349,10 +374,12 @@ def _answer_error(
 def _error_response(
     request: web.Request, status: int, body: Mapping[str, Any], headers: Mapping[str, str]
 ) -> web.Response:
-    if SANDBOXFUSION_ROUTES.match(request.path):
+    if SANDBOXFUSION_ROUTES.match(_path(request)):
         # As the agent's own /run_code: SandboxFusion clients look at status and message.
         body = {**body, "status": "SandboxError", "message": body.get("error")}
         status = run_code_status(status)  # 504 for 429 and 503: what verl retries
+    elif status == 429:
+        status = BUSY_STATUS.get(_route_name(request), status)
     response = web.json_response(dict(body), status=status, headers=dict(headers))
     if status in (408, 413, 417) or request.content.exception() is not None:
         # The rest of the body is not read, or its stream broke (a body that does not decode as
@@ -439,8 +466,9 @@ async def _guard(request: web.Request, handler: Handler) -> web.StreamResponse:
             headers: dict[str, str] = {}
         else:
             answer_status, body, headers = answer.status, answer.body, answer.headers
-        status = answer_status
-        return _answer_error(request, state, status, body, headers)
+        response = _answer_error(request, state, answer_status, body, headers)
+        status = response.status  # as answered (a route's shape may answer 429 as 503 or 504)
+        return response
     finally:
         state.metrics.request_answered(_route_name(request), status, time.perf_counter() - start)
 
@@ -449,7 +477,7 @@ async def _admit(request: web.Request, state: GatewayState) -> web.StreamRespons
     """Whether this replica takes the request, and from whom: a standby's 503 (returned), or the
     caller's principal (kept on the request); raises ``Unauthenticated`` or ``Forbidden``. Asked
     once per request, by ``_expect`` where the client waits to send its body, else by ``_guarded``."""
-    if request.path in OPEN_PATHS or PRINCIPAL_KEY in request:
+    if _path(request) in OPEN_PATHS or PRINCIPAL_KEY in request:
         return None
     lead = state.readiness()
     if not lead.leader:
@@ -476,7 +504,7 @@ async def _admit(request: web.Request, state: GatewayState) -> web.StreamRespons
 
 
 async def _guarded(request: web.Request, handler: Handler, state: GatewayState) -> web.StreamResponse:
-    if request.path in OPEN_PATHS:
+    if _path(request) in OPEN_PATHS:
         return await handler(request)
     refusal = await _admit(request, state)
     if refusal is not None:
@@ -525,7 +553,8 @@ def build_gateway_app(
     )
     app[STATE] = state
     for route in ROUTES:
-        app.router.add_route(route.doc.method, route.doc.path, route.handler, expect_handler=_expect)
+        for path in (route.doc.path, f"{route.doc.path}/"):  # the twin: see ``_unslashed``
+            app.router.add_route(route.doc.method, path, route.handler, expect_handler=_expect)
     spec = json.dumps(openapi([r.doc for r in ROUTES])).encode()
 
     async def openapi_json(request: web.Request) -> web.Response:

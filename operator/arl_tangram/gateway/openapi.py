@@ -34,6 +34,10 @@ class RouteDoc:
     status: int = 200
     # Query parameters the route takes (``routing.QUERY_PARAMS``); any other is refused.
     query: tuple[str, ...] = ()
+    # The status of "bounded wait full, retry after Retry-After": 429, or 503 on the shapes of
+    # servers that never answer 429, whose clients take a 4xx as final (verl's reward loop retries
+    # a 5xx and gives up on a 4xx at once).
+    busy_status: int = 429
 
 
 def _schema(model: type[BaseModel], schemas: dict[str, Any]) -> dict[str, Any]:
@@ -81,6 +85,7 @@ def openapi(routes: Sequence[RouteDoc]) -> dict[str, Any]:
             ok["content"] = {"application/json": {"schema": {"type": "number"}}}
         responses: dict[str, Any] = {str(route.status): ok}
         if not route.open:
+            busy = "bounded wait full: retry after Retry-After seconds"
             for status, why in (
                 ("400", "malformed JSON, an invalid value or an unknown query parameter (each is named)"),
                 ("401", "no valid bearer token"),
@@ -91,9 +96,13 @@ def openapi(routes: Sequence[RouteDoc]) -> dict[str, Any]:
                     "body over the limit (before it is sent, where the client sends Expect: 100-continue)",
                 ),
                 ("422", "wrong shape or type (each field is named)"),
-                ("429", "bounded wait full: retry after Retry-After seconds"),
+                ("429", busy),
                 ("503", "standby replica (the leader's address is named) or infrastructure failure"),
             ):
+                if status == "429" and route.busy_status != 429:
+                    continue
+                if status == str(route.busy_status) and status != "429":
+                    why = f"{why}, or {busy}"
                 responses[status] = {"description": why, "content": {"application/json": {"schema": error}}}
         op["responses"] = responses
         if not route.open:
