@@ -180,8 +180,11 @@ def run_sim(
     curves: dict[str, list[GpuPoint]] = {}
     if wl.has_gpu and gpu_search:
         static = results.get("static") or _run(wl, "static", "static", quiet)
-        target_mean, target_p99 = gpu_act(static), gpu_act_p99(static)
-        static_gpus = Simulation(wl, "static").static_gpus
+        # A static run that left requests unserved (a replica no node holds) sets no target: its
+        # ACT over the requests it did serve would flatter it, and its GPUs do not serve the load.
+        target_mean = gpu_act(static) if static.complete else None
+        target_p99 = gpu_act_p99(static) if static.complete else None
+        static_gpus = Simulation(wl, "static").static_gpus if static.complete else None
         counts = gpu_counts(wl)
         for name in policies:
             found: int | None

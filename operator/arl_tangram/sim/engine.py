@@ -203,6 +203,7 @@ class Simulation:
             raise InvalidSpec("--policies", f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
         self.wl = workload
         self.static_gpus = 0
+        self._unreplicated: set[str] = set()
         self._shared: dict[str, _SharedNode] = {}
         # Actions that arrived, per pool, for a planner to read and clear (None: nobody reads).
         self.arrival_log: dict[str, list[Action]] | None = None
@@ -268,6 +269,8 @@ class Simulation:
         self.lost = 0
         self._wake_at = math.inf
         self._act_ids = itertools.count()
+        # Requests to a service whose static replica is pending (see ``_static``): never served.
+        self._unserved: list[Action] = []
         # Static pods no node can hold yet, in creation order: they bind as pods are deleted, as
         # the kube-scheduler retries pending pods (the overload regime of the paper's baseline).
         self._pending_pods: list[_TrajState] = []
@@ -301,15 +304,13 @@ class Simulation:
             for g in range(0, c.gpus_per_node, s.gpus_per_replica)
             if g + s.gpus_per_replica <= c.gpus_per_node
         ]
-        if len(slots) < len(services):
-            raise InvalidSpec(
-                "cluster.gpu_nodes",
-                f"static needs {len(services)} replicas of {s.gpus_per_replica} GPUs, "
-                f"the cluster has room for {len(slots)}",
-            )
+        # A replica no node has the GPUs for is a pod that stays Pending, as the kube-scheduler
+        # leaves it (no GPU is ever freed: replicas are never deleted): its service's requests
+        # wait for ever and the run ends INCOMPLETE, instead of the run failing.
         for svc, (node, gpus) in zip(services, slots, strict=False):
             replicas.append(Replica(svc, node, gpus))
-        self.static_gpus = len(services) * s.gpus_per_replica
+        self._unreplicated = set(services[len(slots) :])
+        self.static_gpus = len(replicas) * s.gpus_per_replica
         for n in nodes:
             self._shared[n.name] = _SharedNode(float(n.cores))
         cfg = StaticConfig(s.dop, s.pod_request_cores, s.pod_limit_cores, s.gpus_per_replica)
@@ -364,7 +365,7 @@ class Simulation:
             self.static_gpus if isinstance(self.scheduler, StaticPolicy) else self.wl.cluster.total_gpus,
             trajectories=len(self._state),
             unfinished_trajectories=unfinished,
-            queued_at_end=self.scheduler.queued() + len(self._pending_pods),
+            queued_at_end=self.scheduler.queued() + len(self._pending_pods) + len(self._unserved),
             resampled=self.resampled,
             cut_at=cut_at,
         )
@@ -451,6 +452,9 @@ class Simulation:
             priority=st.traj.priority,
             tenant=st.traj.tenant,
         )
+        if step.service in self._unreplicated:
+            self._unserved.append(action)
+            return
         self.scheduler.submit(action, now)
         if self.arrival_log is not None:
             self.arrival_log.setdefault(step.pool, []).append(action)
@@ -526,7 +530,8 @@ class Simulation:
                 backoff = self.wl.static.api_backoff_s * 2 ** (st.failures - 1)
                 self._push(now + backoff, "arrive", st)
                 return
-        if step.pool == "gpu":
+        if step.pool == "gpu" and not isinstance(self.scheduler, StaticPolicy):
+            # Static replicas hold their GPUs for the whole run (charged once, at its end).
             self.gpu_s += grant.units * (now - started)
         elif step.pool == "cpu" and "shared" not in grant.extra:
             self.cpu_core_s += grant.units * (now - started)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from arl_tangram.core.action import Action
+from arl_tangram.errors import InvalidSpec
 from arl_tangram.managers.cpu import SandboxHost
 from arl_tangram.managers.gpu import GpuNode
 from arl_tangram.planner import CapacityPlanner, PlannerConfig, PlannerSolver, ScalingPlan
@@ -84,6 +85,7 @@ class SimPlanner:
         if sim.cpu is not None:
             per_node = max(1, c.cores_per_host // s.host_cores)
             self.host_memory = int(c.memory_gib_per_host * GIB * s.host_cores / c.cores_per_host)
+            _check_hosts_fit(sim, s.host_cores, self.host_memory / GIB)
             policy = dataclasses.replace(s.cpu_scaling, max_instances=per_node * c.cpu_hosts)
             self.sessions_per_host = int(s.host_cores * s.sessions_per_core)
             if s.sessions_per_core > 0:
@@ -299,4 +301,33 @@ class SimPlanner:
             tuple(self._services),
             tuple(instances),
             tuple(demand),
+        )
+
+
+def _check_hosts_fit(sim: Simulation, host_cores: int, host_gib: float) -> None:
+    """A sandbox host wider than a CPU node is never placed, an action wider than a host or a
+    session larger than a host's share of the node's memory is never placed either: the pool
+    would hold nothing for it and the run stop at its first action, naming the action. Refused
+    here, naming the planner's field."""
+    c = sim.wl.cluster
+    if host_cores > c.cores_per_host:
+        raise InvalidSpec(
+            "planner.host_cores",
+            f"{host_cores} cores per sandbox host, a CPU node has {c.cores_per_host} "
+            "(cluster.cpu_hosts.cores)",
+        )
+    widest = max(
+        (min(st.feasible) for t in sim.trajectories for st in t.steps if st.pool == "cpu"), default=0
+    )
+    if widest > host_cores:
+        raise InvalidSpec(
+            "planner.host_cores",
+            f"{host_cores} cores per sandbox host, an action needs {widest} at least",
+        )
+    need = max((t.memory_gib for t in sim.trajectories if t.needs_pod), default=0.0)
+    if need > host_gib:
+        raise InvalidSpec(
+            "planner.host_cores",
+            f"a host of {host_cores} cores gets {host_gib:g} GiB (its node's memory pro rata), "
+            f"a trajectory holds {need:g}",
         )

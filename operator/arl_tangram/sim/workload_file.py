@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic import StrictInt as _StrictInt
 
 from arl_tangram.errors import InvalidSpec
+from arl_tangram.managers.gpu import LEVELS
 from arl_tangram.planner.snapshot import ScalingPolicy
 from arl_tangram.sim.calibration import calibration
 from arl_tangram.sim.workload import (
@@ -29,12 +30,12 @@ from arl_tangram.sim.workload import (
     StaticSpec,
     TrainingSpec,
     Workload,
+    min_gpus,
 )
 
 # YAML numbers: an int is a fine float, a bool is not a number (pydantic's lax mode would take it).
 Num = Annotated[float, Field(strict=False, allow_inf_nan=False)]
 Int = _StrictInt
-TP_SIZES = (1, 2, 4, 8)
 
 
 class _Model(BaseModel):
@@ -87,6 +88,14 @@ class GpuNodes(_Model):
     mig: dict[int, list[str]] = Field(default_factory=dict)
     restore_gbps: Num = Field(20.0, gt=0)
     memory_headroom: Num = Field(1.2, ge=1)
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, gpus: int) -> int:
+        # The GPU manager cuts a node into aligned chunks of these sizes: no other count is a node.
+        if gpus not in LEVELS:
+            raise ValueError(f"must be one of {', '.join(map(str, LEVELS))}, got {gpus}")
+        return gpus
 
     @model_validator(mode="after")
     def _last(self) -> GpuNodes:
@@ -141,6 +150,14 @@ class Static(_Model):
     api_fail_s: Num = Field(0.05, ge=0)
     api_backoff_s: Num = Field(1.0, ge=0)
     max_failures: Int = Field(3, ge=1)
+
+    @field_validator("gpus_per_replica")
+    @classmethod
+    def _tp(cls, tp: int) -> int:
+        # A replica runs its model at this TP size, one of the GPU manager's chunk sizes.
+        if tp not in LEVELS:
+            raise ValueError(f"must be one of {', '.join(map(str, LEVELS))}, got {tp}")
+        return tp
 
     def spec(self) -> StaticSpec:
         cal = calibration()
@@ -230,8 +247,9 @@ def _efficiency(eff: dict[int, float]) -> dict[int, float]:
     if not eff:
         raise ValueError("must give E(m) for each feasible GPU count")
     for k, e in eff.items():
-        if k not in TP_SIZES or not 0 < e <= 1:
-            raise ValueError(f"need m in 1, 2, 4, 8 and 0 < E <= 1, got E({k})={e}")
+        if k not in LEVELS or not 0 < e <= 1:
+            sizes = ", ".join(map(str, LEVELS))
+            raise ValueError(f"need m in {sizes} and 0 < E <= 1, got E({k})={e}")
     return dict(eff)
 
 
@@ -251,10 +269,11 @@ class Reward(_Source):
     on_utilization: Num = Field(gt=0)
     horizon_s: Num = Field(gt=0)
 
-    @model_validator(mode="after")
-    def _eff(self) -> Reward:
-        _efficiency(self.efficiency)
-        return self
+    # A field validator (not a model one) so that an error's path names ``efficiency``.
+    @field_validator("efficiency")
+    @classmethod
+    def _eff(cls, eff: dict[int, float]) -> dict[int, float]:
+        return _efficiency(eff)
 
     def spec(self) -> RewardSource:
         return RewardSource(
@@ -278,10 +297,10 @@ class Judge(_Model):
     efficiency: dict[int, Num]
     t1: LogNormalModel
 
-    @model_validator(mode="after")
-    def _eff(self) -> Judge:
-        _efficiency(self.efficiency)
-        return self
+    @field_validator("efficiency")
+    @classmethod
+    def _eff(cls, eff: dict[int, float]) -> dict[int, float]:
+        return _efficiency(eff)
 
 
 class Search(_Source):
@@ -408,6 +427,7 @@ class WorkloadFile(_Model):
         return model.workload(origin)
 
     def workload(self, origin: str) -> Workload:
+        self._check_fits()
         cluster = self.cluster.spec()
         sources: tuple[Source, ...] = tuple(s.spec() for s in self.sources)
         api_names = {a.name for a in cluster.apis}
@@ -436,6 +456,80 @@ class WorkloadFile(_Model):
             training=None if self.training is None else self.training.spec(),
         )
 
+    def _check_fits(self) -> None:
+        """What each field allows alone can still be impossible together: an action or session
+        that no host or GPU node can ever hold would otherwise stop a pooled run mid-way (naming an
+        action, not the field) or leave it waiting for ever; two services or APIs of one name
+        would silently be one. Each is refused here, naming the field."""
+        c, g = self.cluster.cpu_hosts, self.cluster.gpu_nodes
+        if c.count and c.cores % c.numa_nodes:
+            raise InvalidSpec(
+                "cluster.cpu_hosts.numa_nodes",
+                f"{c.cores} cores do not split evenly over {c.numa_nodes} NUMA nodes",
+            )
+        for gpu in g.mig:
+            if not 0 <= gpu < g.gpus:
+                raise InvalidSpec("cluster.gpu_nodes.mig", f"no GPU {gpu} on a node of {g.gpus} GPUs")
+        apis: set[str] = set()
+        for k, api in enumerate(self.cluster.apis):
+            if api.name in apis:
+                raise InvalidSpec(f"cluster.apis[{k}].name", f"API {api.name!r} is declared twice")
+            apis.add(api.name)
+        services: dict[str, str] = {}
+        for i, src in enumerate(self.sources):
+            at = f"sources[{i}]"
+            if isinstance(src, Coding) and c.count:
+                if src.tool.cores > c.cores:
+                    raise InvalidSpec(f"{at}.tool.cores", f"{src.tool.cores} cores, a host has {c.cores}")
+                if src.test.cores_min > c.cores:
+                    raise InvalidSpec(
+                        f"{at}.test.cores_min", f"{src.test.cores_min} cores, a host has {c.cores}"
+                    )
+                if src.memory_gib > c.memory_gib:
+                    raise InvalidSpec(
+                        f"{at}.memory_gib",
+                        f"a trajectory holds {src.memory_gib:g} GiB for its life, a host has "
+                        f"{c.memory_gib:g} (cluster.cpu_hosts.memory_gib)",
+                    )
+            declared: list[tuple[str, str, float, float, dict[int, float], str]] = []
+            if isinstance(src, Reward):
+                declared = [
+                    (f"{at}.services[{j}]", s.name, s.params_b, src.bytes_per_param, src.efficiency, at)
+                    for j, s in enumerate(src.services)
+                ]
+            elif isinstance(src, Search):
+                j = src.judge
+                declared = [
+                    (f"{at}.judge", j.name, j.params_b, j.bytes_per_param, j.efficiency, f"{at}.judge")
+                ]
+            for path, name, params_b, bpp, eff, eff_at in declared:
+                if name in services:
+                    raise InvalidSpec(
+                        f"{path}.name", f"service {name!r} is already declared at {services[name]}"
+                    )
+                services[name] = path
+                if not g.count:
+                    continue  # refused below, with the field that says so
+                try:
+                    lo = min_gpus(params_b, bpp, g.memory_headroom, g.memory_gb)
+                except InvalidSpec as exc:
+                    raise InvalidSpec(f"{path}.params_b", exc.message) from None
+                if not any(lo <= m <= g.gpus for m in eff):
+                    raise InvalidSpec(
+                        f"{eff_at}.efficiency",
+                        f"{name} needs {lo} GPUs or more (weights and headroom) and nodes have "
+                        f"{g.gpus}: none of the TP sizes {sorted(eff)} fits",
+                    )
+                tp = self.static.gpus_per_replica
+                # A replica wider than a node stays pending (the run says so); one that fits a
+                # node must hold the weights and run at a TP size the source gives E(m) for.
+                if tp <= g.gpus and (tp < lo or tp not in eff):
+                    raise InvalidSpec(
+                        "static.gpus_per_replica",
+                        f"{name}'s static replica of {tp} GPUs: it needs {lo} or more and a TP "
+                        f"size of {eff_at}.efficiency ({sorted(eff)})",
+                    )
+
 
 def _invalid(exc: ValidationError) -> InvalidSpec:
     """The first error as an InvalidSpec naming the field's path (``sources[0].think.median_s``)."""
@@ -446,7 +540,15 @@ def _invalid(exc: ValidationError) -> InvalidSpec:
     elif len(loc) > 2 and loc[0] == "sources" and loc[2] in ("coding", "reward", "search"):
         del loc[2]  # the union's tag, not a field of the file
     path = ""
+    key = ""
     for part in loc:
+        if part == "[key]":  # pydantic's marker for a mapping's key: the part before it is the key
+            path, _, key = path.rpartition(".")
+            continue
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
     message = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+    # A ValueError of a validator reads "Value error, <ours>": the path already says where.
+    message = message.removeprefix("Value error, ")
+    if key:
+        message = f"key {key!r}: {message}"
     return InvalidSpec(path or "workload", message)

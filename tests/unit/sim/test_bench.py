@@ -104,3 +104,23 @@ def test_planner_settings_override_the_workload_file() -> None:
         bench.with_planner(wl, ["nope=1"])
     with pytest.raises(bench.InvalidSpec, match="host_cores"):
         bench.with_planner(wl, ["host_cores=many"])
+
+
+def test_a_static_run_with_pending_replicas_is_incomplete_and_sets_no_gpu_target(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import yaml
+
+    # The built-in on one node of 8 GPUs.
+    doc = yaml.safe_load((Path(bench.__file__).parent / "workloads" / "reward-gpu.yaml").read_text())
+    doc["cluster"]["gpu_nodes"]["count"] = 1  # static's 10 replicas of 4 GPUs: 2 bind, 8 stay pending
+    f = tmp_path / "one-node.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    argv = ["--workload-file", str(f), "--scale", "0.03", "--json", "--policies", "static,tangram"]
+    assert bench.main_sim(argv) == 0  # not a failed run
+    out = json.loads(capsys.readouterr().out)["policies"]
+    assert not out["static"]["complete"] and out["static"]["queued_at_end"] > 0
+    assert out["tangram"]["complete"]
+    # Its ACT over the requests it served would flatter it: no GPU target, no GPU count.
+    assert out["static"]["gpus_for_static_act"] is None and out["tangram"]["gpus_for_static_act"] is None
+    assert out["tangram"]["gpus_for_static_p99"] is None

@@ -9,6 +9,7 @@ from importlib import resources
 import pytest
 import yaml
 
+from arl_tangram.errors import InvalidSpec
 from arl_tangram.sim.engine import ActionRecord, Simulation
 from arl_tangram.sim.metrics import summarise
 from arl_tangram.sim.planning import SimPlanner
@@ -217,3 +218,51 @@ def test_gpu_nodes_the_planner_adds_are_pre_warmed_too() -> None:
     assert sim.gpu is not None and len(sim.gpu.nodes) == 1
     held = {ck[0] for c in sim.gpu.nodes[0].cache.values() for ck in c}
     assert {"rm-70b", "rm-63b"} <= held and "rm-7b" not in held  # 80 GB per GPU: not all ten fit
+
+
+def test_static_replicas_no_node_holds_stay_pending_and_the_run_is_incomplete() -> None:
+    doc = yaml.safe_load(
+        resources.files("arl_tangram.sim").joinpath("workloads", "reward-gpu.yaml").read_text()
+    )
+    doc["cluster"]["gpu_nodes"]["count"] = 1  # room for 2 replicas of 4 GPUs; 10 services
+    wl = with_overrides(parse(doc), scale=0.05)
+    res = Simulation(wl, "static").run()  # pending replicas, not a failed run
+    assert not res.complete and res.queued_at_end > 0
+    served = {r.key[0].rsplit("-r", 1)[0] for r in res.records}
+    assert served == {"s0-rm-7b", "s0-rm-14b"}  # the two replicas that bound
+    assert res.gpus == 8
+    assert Simulation(wl, "tangram").run().complete
+
+
+def test_static_gpu_seconds_are_its_replicas_held_for_the_run_counted_once() -> None:
+    wl = with_overrides(builtin("reward-gpu"), scale=0.03)
+    res = Simulation(wl, "static").run()
+    assert res.complete and res.records
+    # Held from the start to the end whatever they serve: busy time is not added on top.
+    assert res.gpu_seconds == pytest.approx(res.gpus * res.makespan_s)
+    assert res.cpu_core_seconds == 0.0
+
+
+@pytest.mark.parametrize(
+    ("host_cores", "change", "message"),
+    [
+        (64, {"cores": 16, "memory_gib": 64}, "a CPU node has 16"),  # a host wider than a node
+        (8, {}, "an action needs 16 at least"),  # a test of 16 cores at least on hosts of 8
+        (16, {"memory_gib": 4}, "a trajectory holds 2"),  # 16 of 64 cores get 1 GiB; sessions 2
+    ],
+)
+def test_planner_hosts_that_can_never_hold_the_work_are_refused_naming_the_field(
+    host_cores: int, change: dict[str, int], message: str
+) -> None:
+    doc = yaml.safe_load(
+        resources.files("arl_tangram.sim").joinpath("workloads", "memory-tight.yaml").read_text()
+    )
+    doc["cluster"]["cpu_hosts"].update(change)
+    if host_cores == 8:
+        doc["sources"][0]["test"].update(cores_min=16, cores_max=32)
+    doc["planner"] = {"host_cores": host_cores}
+    wl = parse(doc)
+    assert wl.planner is not None
+    with pytest.raises(InvalidSpec) as err:
+        Simulation(wl, "tangram", planner=SimPlanner(wl.planner)).run()
+    assert err.value.field == "planner.host_cores" and message in err.value.message

@@ -165,3 +165,82 @@ def test_static_takes_the_measured_calibration_unless_the_file_sets_figures() ->
     doc["static"].update(pod_start={"median_s": 5.0, "sigma": 0.3}, exec_s=0.0)
     own = parse(doc).static
     assert (own.pod_start, own.exec_s) == (LogNormal(5.0, 0.3), 0.0)
+
+
+def _gpu_nodes(d: dict, **kw: object) -> None:  # type: ignore[type-arg]
+    d["cluster"]["gpu_nodes"].update(kw)
+
+
+@pytest.mark.parametrize(
+    ("base", "mutate", "field"),
+    [
+        # Each field is valid alone; together no host or GPU node can ever hold the work, which a
+        # pooled run only found mid-way (naming an action) or never (waiting for ever).
+        ("ai-coding", lambda d: d["sources"][0]["tool"].update(cores=512), "sources[0].tool.cores"),
+        (
+            "ai-coding",
+            lambda d: d["sources"][0]["test"].update(cores_min=300, cores_max=400),
+            "sources[0].test.cores_min",
+        ),
+        ("memory-tight", lambda d: d["sources"][0].update(memory_gib=65), "sources[0].memory_gib"),
+        # Host memory left out (0) with sessions that hold memory.
+        ("memory-tight", lambda d: d["cluster"]["cpu_hosts"].pop("memory_gib"), "sources[0].memory_gib"),
+        (
+            "memory-tight",
+            lambda d: d["cluster"]["cpu_hosts"].update(numa_nodes=3),
+            "cluster.cpu_hosts.numa_nodes",
+        ),
+        ("reward-gpu", lambda d: _gpu_nodes(d, gpus=3), "cluster.gpu_nodes.gpus"),
+        ("reward-gpu", lambda d: _gpu_nodes(d, mig={8: ["1g.10gb"]}), "cluster.gpu_nodes.mig"),
+        (
+            "reward-gpu",
+            lambda d: d["sources"][0]["services"].append({"name": "huge", "params_b": 2000}),
+            "sources[0].services[10].params_b",
+        ),
+        ("deepsearch", lambda d: d["sources"][0]["judge"].update(params_b=5000), "sources[0].judge.params_b"),
+        # Only TP 8 given, nodes of 4 GPUs: no TP size fits.
+        (
+            "reward-gpu",
+            lambda d: (d["sources"][0].update(efficiency={8: 0.7}), _gpu_nodes(d, gpus=4)),
+            "sources[0].efficiency",
+        ),
+        (
+            "reward-gpu",
+            lambda d: d["sources"][0]["services"].append({"name": "rm-7b", "params_b": 8}),
+            "sources[0].services[10].name",
+        ),
+        (
+            "deepsearch",
+            lambda d: d["cluster"]["apis"].append(dict(d["cluster"]["apis"][0])),
+            "cluster.apis[3].name",
+        ),
+        ("reward-gpu", lambda d: d["static"].update(gpus_per_replica=3), "static.gpus_per_replica"),
+        # A 1-GPU static replica cannot hold rm-70b's weights.
+        ("reward-gpu", lambda d: d["static"].update(gpus_per_replica=1), "static.gpus_per_replica"),
+    ],
+)
+def test_work_no_node_can_ever_hold_is_refused_naming_the_field(
+    base: str, mutate: object, field: str
+) -> None:
+    doc = _doc(base)
+    mutate(doc)  # type: ignore[operator]
+    with pytest.raises(InvalidSpec) as err:
+        parse(doc)
+    assert err.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("efficiency", "field", "message"),
+    [
+        ({3: 0.5}, "sources[0].efficiency", "got E(3)=0.5"),
+        ({}, "sources[0].efficiency", "must give E(m)"),
+        ({"x": 0.5}, "sources[0].efficiency", "key 'x': "),
+    ],
+)
+def test_an_efficiency_error_names_the_efficiency_field(efficiency: object, field: str, message: str) -> None:
+    doc = _doc("reward-gpu")
+    doc["sources"][0]["efficiency"] = efficiency
+    with pytest.raises(InvalidSpec) as err:
+        parse(doc)
+    assert err.value.field == field and message in err.value.message
+    assert "Value error" not in err.value.message
