@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import math
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +26,7 @@ from pydantic import ValidationError
 from arl_tangram.api.actionbatch import Action as BatchAction
 from arl_tangram.api.actionbatch import ActionBatchSpec, ActionResult
 from arl_tangram.api.validation import invalid_spec
-from arl_tangram.controllers.conditions import ConditionReason, ConditionType, set_condition
+from arl_tangram.controllers.conditions import ConditionReason, ConditionType, Event, set_condition
 from arl_tangram.domain.actions import ActionOutcome, Outcome, Reason
 from arl_tangram.domain.batches import (
     act_stats,
@@ -55,6 +58,11 @@ STATUS_PERIOD_S = 1.0
 HELD_RETRY_MIN_S = 1.0
 # How long a deleted batch waits for its actions to stop before it cancels them and drops its state.
 STOP_WAIT_S = 10.0
+# The longest a batch whose status write failed waits before it is tried again (the wait doubles
+# from STATUS_PERIOD_S). A write the API server refuses for good (an admission policy, a field it
+# finds invalid) was sent again every period for as long as the operator ran: each up to a
+# megabyte, for every such batch, and a warning in the log each time.
+WRITE_BACKOFF_MAX_S = 30.0
 # The most whole outputs (stdout, stderr and message of finished actions, beyond the status's cut
 # tails) the operator keeps in memory for ``GET .../results``. Batches without a TTL stay until they
 # are deleted, so without a bound a trainer's thousands of batches grow the operator until its
@@ -206,6 +214,28 @@ def _failure_summary(results: Sequence[ActionResult]) -> str:
     return ", ".join(f"{n} {why}" for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
 
 
+def recordable(outcome: ActionOutcome) -> ActionOutcome:
+    """``outcome`` as a status can hold it. Its numbers are the target's answer (a reward server of
+    the user's own image may say anything): a time that is not a finite number of seconds, 0 or
+    more, made the result fail to record (its action stayed Running, its batch never completed),
+    and a score of NaN or infinity is no JSON (the API server refused every write of the batch's
+    status, which stayed stale for good). A time is only a measurement: it is taken as 0. A score
+    is the result: one that is no number fails the action, naming it."""
+    fixes: dict[str, Any] = {}
+    for name in ("duration_s", "queued_s"):
+        value = getattr(outcome, name)
+        if not math.isfinite(value) or value < 0:
+            fixes[name] = 0.0
+    if outcome.reward is not None and not math.isfinite(outcome.reward):
+        fixes.update(
+            state=Outcome.FAILED,
+            reason=Reason.SANDBOX_ERROR,
+            reward=None,
+            message=f"the target answered a score of {outcome.reward}, which is not a finite number",
+        )
+    return dataclasses.replace(outcome, **fixes) if fixes else outcome
+
+
 def recovered_results(status: Mapping[str, Any] | None) -> dict[str, ActionResult]:
     """The results a batch's status already holds (after an operator restart)."""
     out: dict[str, ActionResult] = {}
@@ -242,6 +272,8 @@ class _Batch:
     # The tasks of its actions waiting out a target's outage (``forget`` wakes them at once).
     held: set[asyncio.Task[None]] = field(default_factory=set)
     prior_act: Mapping[str, Any] | None = None  # BatchObservation.prior_act
+    write_failures: int = 0  # status writes failed in a row
+    write_after: float = 0.0  # (the manager's clock) no write before, after failed ones
 
 
 Runner = Callable[..., Awaitable[ActionOutcome]]
@@ -251,6 +283,24 @@ StatusPatch = Callable[[str, str, str, dict[str, Any]], Awaitable[None]]
 """(namespace, name, uid, status): written to that object only, not to one made again under its name."""
 Deleter = Callable[[str, str, str], Awaitable[None]]
 """(namespace, name, uid): that object only."""
+BatchEventSink = Callable[[str, str, str, Event], None]
+"""(namespace, name, uid, event): posted on that object."""
+
+
+def completion_event(status: Mapping[str, Any]) -> Event:
+    """The Event of a batch's completion (pure): Normal when every action succeeded, Warning naming
+    how many failed and why otherwise. A batch's end showed only in its conditions, so nothing
+    that watches Events (``kubectl get events``, alerting on Warnings) heard of a failed batch."""
+    conds = {c.get("type"): c for c in status.get("conditions") or ()}
+    complete = conds.get(ConditionType.COMPLETE.value) or {}
+    failed = conds.get(ConditionType.FAILED.value) or {}
+    if failed.get("status") == "True":
+        return Event(
+            "Warning",
+            ConditionReason.SOME_FAILED.value,
+            f"{complete.get('message', '')}: {failed.get('message', '')}",
+        )
+    return Event("Normal", ConditionReason.ALL_FINISHED.value, str(complete.get("message", "")))
 
 
 class BatchManager:
@@ -264,8 +314,10 @@ class BatchManager:
         patch_status: StatusPatch,
         delete: Deleter,
         whole_outputs_bytes: int = WHOLE_OUTPUTS_BYTES,
+        emit: BatchEventSink | None = None,
     ) -> None:
         self._run = run
+        self._emit: BatchEventSink = emit or (lambda namespace, name, uid, event: None)
         self._cancel = cancel
         self._pool_languages = pool_languages
         self._patch = patch_status
@@ -283,6 +335,7 @@ class BatchManager:
         self.whole_budget = whole_outputs_bytes
         self._whole: OrderedDict[tuple[_Batch, str], int] = OrderedDict()
         self.whole_bytes = 0
+        self.clock: Callable[[], float] = time.monotonic
 
     def ensure(self, body: Mapping[str, Any]) -> None:
         """Start (or resume) the batch in ``body``: every action without a final result is run."""
@@ -465,6 +518,7 @@ class BatchManager:
             raise asyncio.CancelledError
 
     def _record(self, batch: _Batch, action_id: str, outcome: ActionOutcome, act_s: float) -> None:
+        outcome = recordable(outcome)
         result = compact_result(action_id, outcome, batch.spec.results.output_bytes_per_action)
         if (
             outcome.reason is not None
@@ -558,6 +612,13 @@ class BatchManager:
                 await self._patch(ident[0], ident[1], str(version[0]), refusal)
                 self.writes += 1
                 self._refused[ident] = (version, None)
+                accepted = next(c for c in refusal["conditions"] if c["type"] == ConditionType.ACCEPTED.value)
+                self._emit(
+                    ident[0],
+                    ident[1],
+                    str(version[0]),
+                    Event("Warning", ConditionReason.INVALID_SPEC.value, str(accepted["message"])),
+                )
             except Exception as exc:  # the API server may be restarting: try again next period
                 log.warning("status of batch %s/%s not written: %s", ident[0], ident[1], exc)
         for batch in list(self._batches.values()):
@@ -577,20 +638,34 @@ class BatchManager:
             if ops and (batch.written or {}).get("completionTime"):
                 await self._delete_due(batch, ops[0])
                 continue
-            if not batch.dirty:
+            if not batch.dirty or self.clock() < batch.write_after:
                 continue
             batch.dirty = False
             if _present(status) == batch.written:
                 continue
             batch.conditions = status["conditions"]
+            completes = bool(status.get("completionTime")) and not (batch.written or {}).get("completionTime")
             try:
                 await self._patch(batch.namespace, batch.name, batch.uid, status)
                 self.writes += 1
                 batch.written = _present(status)
-            except Exception as exc:  # the API server may be restarting: try again next period
-                log.warning("status of batch %s/%s not written: %s", batch.namespace, batch.name, exc)
+            except Exception as exc:  # the API server may be restarting: try again, backing off
+                batch.write_failures += 1
+                wait = min(STATUS_PERIOD_S * 2 ** (batch.write_failures - 1), WRITE_BACKOFF_MAX_S)
+                batch.write_after = self.clock() + wait
+                log.warning(
+                    "status of batch %s/%s not written (%d failed in a row; next try in %g s): %s",
+                    batch.namespace,
+                    batch.name,
+                    batch.write_failures,
+                    wait,
+                    exc,
+                )
                 batch.dirty = True
                 continue
+            batch.write_failures, batch.write_after = 0, 0.0
+            if completes:  # once: a restarted operator reads the completed status back
+                self._emit(batch.namespace, batch.name, batch.uid, completion_event(status))
             if ops:
                 await self._delete_due(batch, ops[0])
 

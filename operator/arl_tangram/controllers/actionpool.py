@@ -21,7 +21,16 @@ from pydantic import ValidationError
 from arl_tangram.api.actionpool import ActionPool
 from arl_tangram.api.meta import ActStats
 from arl_tangram.api.validation import invalid_spec
-from arl_tangram.controllers.conditions import ConditionReason, ConditionType, refused_spec, set_condition
+from arl_tangram.controllers.conditions import (
+    ConditionReason,
+    ConditionType,
+    condition_events,
+    refused_spec,
+    set_condition,
+)
+from arl_tangram.controllers.conditions import (
+    Event as Event,  # (re-exported: it lived here, and callers import it from here)
+)
 from arl_tangram.controllers.failures import (
     UNSCHEDULABLE_AFTER_S,
     FailureStreaks,
@@ -65,13 +74,6 @@ class SetDraining:
     name: str
     draining: bool
     reason: str
-
-
-@dataclass(frozen=True)
-class Event:
-    type: str  # Normal or Warning
-    reason: str
-    message: str
 
 
 Operation = CreateHost | DeleteHost | SetDraining | Event
@@ -730,6 +732,7 @@ class PoolController:
             if self._refused.get(cfg.key) != generation:  # one Event per refused generation
                 self._refused[cfg.key] = generation
                 done.append(Event("Warning", ConditionReason.INVALID_SPEC.value, refusal))
+        done += condition_events(conditions, new_status["conditions"])
         return new_status, done
 
     async def _sync(self, cfg: PoolConfig, hosts: Sequence[HostObservation]) -> None:

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from arl_tangram.api.meta import Condition
 from arl_tangram.domain.batches import rfc3339
+
+MESSAGE_MAX_CHARS: int = next(
+    limit
+    for limit in (getattr(m, "max_length", None) for m in Condition.model_fields["message"].metadata)
+    if isinstance(limit, int)
+)
+"""The longest condition message the CRDs take (their schema's ``maxLength``, from the model)."""
 
 
 class ConditionType(StrEnum):
@@ -58,6 +67,54 @@ class ConditionReason(StrEnum):
     DELETING = "Deleting"
 
 
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to post on the object a reconcile is about."""
+
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+# Posted where they are met, with what was met (a refused host pod, a refused spec): not again for
+# the condition they set.
+_OWN_EVENTS = frozenset({ConditionReason.INVALID_SPEC.value, ConditionReason.HOSTS_REJECTED.value})
+# Ready=False for these wants a person (no node or GPU for it, a container that cannot start); for
+# the others it is the object's normal course (starting, scaled or pinned to zero, a rollout).
+_NOT_READY_TROUBLE = frozenset(
+    {
+        ConditionReason.UNSCHEDULABLE.value,
+        ConditionReason.HOSTS_CANNOT_START.value,
+        ConditionReason.INSUFFICIENT_GPUS.value,
+    }
+)
+
+
+def condition_events(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]) -> list[Event]:
+    """The Events of a pool's or a service's conditions going from ``before`` (its status as
+    written) to ``after`` (this round's): a Warning as it becomes Degraded, or Ready=False for a
+    reason that wants a person, or that reason changes; a Normal one as Degraded clears. One per
+    reason. Only the conditions said so: alerting on Warning Events heard nothing of a pool whose
+    hosts could not start or a service with no GPU."""
+
+    def state(conds: Sequence[Mapping[str, Any]], kind: ConditionType) -> tuple[Any, Any, str]:
+        c = next((c for c in conds if c.get("type") == kind.value), None)
+        return (c.get("status"), c.get("reason"), str(c.get("message", ""))) if c else (None, None, "")
+
+    out: dict[str, Event] = {}
+    was, was_why, _ = state(before, ConditionType.DEGRADED)
+    now, why, message = state(after, ConditionType.DEGRADED)
+    if now == "True" and (was, was_why) != ("True", why) and why not in _OWN_EVENTS:
+        out[why] = Event("Warning", why, message)
+    elif now == "False" and was == "True":
+        out[why] = Event("Normal", why, message)
+    was, was_why, _ = state(before, ConditionType.READY)
+    now, why, message = state(after, ConditionType.READY)
+    if now == "False" and why in _NOT_READY_TROUBLE and (was, was_why) != ("False", why) and why not in out:
+        out[why] = Event("Warning", why, message)
+    return list(out.values())
+
+
 def set_condition(
     conditions: Sequence[Mapping[str, Any]],
     kind: ConditionType,
@@ -67,7 +124,9 @@ def set_condition(
     generation: int | None,
     now: datetime,
 ) -> list[dict[str, Any]]:
-    """``conditions`` with ``kind`` set; its lastTransitionTime moves only when its status changes."""
+    """``conditions`` with ``kind`` set; its lastTransitionTime moves only when its status changes.
+    A message over the schema's limit is cut (``fit_message``)."""
+    message = fit_message(message)
     text = "Unknown" if status is None else ("True" if status else "False")
     out: list[dict[str, Any]] = []
     found = False
@@ -100,6 +159,18 @@ def set_condition(
             }
         )
     return out
+
+
+def fit_message(message: str) -> str:
+    """``message`` within :data:`MESSAGE_MAX_CHARS`: its head, and how much was left out. A message
+    built from many parts (a batch held by a hundred pools, each saying why) could pass the CRD's
+    limit, and the API server then refused the whole status write, every period, for as long as
+    it lasted: the object showed nothing at all."""
+    if len(message) <= MESSAGE_MAX_CHARS:
+        return message
+    # The note's own length depends on the count it states; 40 characters hold any such note.
+    keep = MESSAGE_MAX_CHARS - 40
+    return f"{message[:keep]}... ({len(message) - keep} more characters)"
 
 
 def refused_spec(

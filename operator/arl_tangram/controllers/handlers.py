@@ -107,6 +107,7 @@ def pools(namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[s
 def _bind(memo: kopf.Memo, indexes: dict[str, Any]) -> OperatorState:
     """The state, looking at kopf's live indexes (passed to handlers by their function names)."""
     state: OperatorState = memo["state"]
+    state.keep_event_context()
     host_index = indexes["host_pods"]
     state.host_index, state.node_index, state.pool_index = host_index, indexes["nodes"], indexes["pools"]
     state.runtime.bind(host_index)

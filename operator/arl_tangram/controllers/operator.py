@@ -12,6 +12,7 @@ and a ``/readyz`` that says who leads.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 import re
@@ -31,7 +32,8 @@ from kubernetes.client.exceptions import ApiException
 from arl_tangram.api.meta import DNS_LABEL_PATTERN, GROUP, VERSION
 from arl_tangram.api.rewardmodelservice import RewardModelService
 from arl_tangram.controllers.actionbatch import WHOLE_OUTPUTS_BYTES, BatchManager
-from arl_tangram.controllers.actionpool import Event, PoolController, config_of, node_snapshot
+from arl_tangram.controllers.actionpool import PoolController, config_of, node_snapshot
+from arl_tangram.controllers.conditions import Event
 from arl_tangram.controllers.failures import UNSCHEDULABLE_AFTER_S
 from arl_tangram.controllers.leader import LeaseElector
 from arl_tangram.controllers.metrics import OperatorMetrics
@@ -213,6 +215,11 @@ def _declared_languages(body: Mapping[str, Any]) -> tuple[str, ...]:
     return ()
 
 
+def _post_event(body: Mapping[str, Any], event: Event) -> None:
+    """Post ``event`` on the object of ``body`` (called within its kopf handler: the event queue)."""
+    kopf.event(dict(body), type=event.type, reason=event.reason, message=event.message)
+
+
 def api_client() -> client.ApiClient:
     """The in-cluster ServiceAccount when there is one, else the kubeconfig (KUBECONFIG)."""
     try:
@@ -238,7 +245,10 @@ class OperatorState:
             patch_status=self._patch_batch_status,
             delete=self._delete_batch,
             whole_outputs_bytes=settings.results_memory_mib * 2**20,
+            emit=self._batch_event,
         )
+        # A context of a kopf handler (``keep_event_context``): where kopf.event finds its queue.
+        self._event_context: contextvars.Context | None = None
         self.dispatcher = Dispatcher(
             self.agent,
             policy=settings.policy,
@@ -250,7 +260,12 @@ class OperatorState:
         self.planner = CapacityPlanner(PlannerConfig(time_limit_s=PLANNER_TIME_LIMIT_S))
         self.pools = PoolController(self.dispatcher, self.runtime, self.planner)
         self.services = ServiceController(
-            self.dispatcher.rewards, self.runtime, self.agent, settings.reward_device, settings.gpu_devices
+            self.dispatcher.rewards,
+            self.runtime,
+            self.agent,
+            settings.reward_device,
+            settings.gpu_devices,
+            emit=_post_event,
         )
         self.elector = LeaseElector(
             self.api, settings.namespace, LEASE_NAME, settings.identity, count_write=self.metrics.api_write
@@ -509,6 +524,28 @@ class OperatorState:
             if exc.status == 422 and not await self._is_uid("actionbatches", namespace, name, uid):
                 return
             raise
+
+    def keep_event_context(self) -> None:
+        """Keep the context of a kopf handler (called by each). kopf posts Events through its
+        queue, which it sets in its handlers' context only; a batch's Events are posted by the
+        status writer, a task started at start-up, outside any handler."""
+        if self._event_context is None:
+            self._event_context = contextvars.copy_context()
+
+    def _batch_event(self, namespace: str, name: str, uid: str, event: Event) -> None:
+        """Post ``event`` on the ActionBatch of ``uid`` (kopf's queue, as every Event)."""
+        ctx = self._event_context
+        if ctx is None:  # no handler has run: no batch has either
+            return
+        ref = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "ActionBatch",
+            "metadata": {"namespace": namespace, "name": name, "uid": uid},
+        }
+        try:
+            ctx.run(kopf.event, ref, type=event.type, reason=event.reason, message=event.message)
+        except (LookupError, RuntimeError) as exc:  # an Event is worth no failed status write
+            log.warning("event %s of batch %s/%s not posted: %s", event.reason, namespace, name, exc)
 
     async def _is_uid(self, plural: str, namespace: str, name: str, uid: str) -> bool:
         """Whether the object of that name is still the one of ``uid``."""

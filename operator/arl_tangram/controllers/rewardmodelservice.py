@@ -31,7 +31,14 @@ from pydantic import ValidationError
 
 from arl_tangram.api.rewardmodelservice import PlacementState, RewardModelService
 from arl_tangram.api.validation import invalid_spec
-from arl_tangram.controllers.conditions import ConditionReason, ConditionType, refused_spec, set_condition
+from arl_tangram.controllers.conditions import (
+    ConditionReason,
+    ConditionType,
+    Event,
+    condition_events,
+    refused_spec,
+    set_condition,
+)
 from arl_tangram.controllers.failures import FailureStreaks, Stalls, Waits, backoff_s, cannot_start, outage
 from arl_tangram.dispatch.agent import AgentClient
 from arl_tangram.dispatch.rewards import ACT_WINDOW_S, RewardRouter, ServiceStats
@@ -88,6 +95,8 @@ class DrainReplica:
 
 
 ServiceOperation = CreateReplica | DeleteReplica | DrainReplica
+EventSink = Callable[[Mapping[str, Any], Event], None]
+"""(the service's object, the Event) -> posted on that object (kopf's event queue, in the operator)."""
 
 
 @dataclass(frozen=True)
@@ -402,6 +411,56 @@ def reconcile_rewardmodelservice(
     return status, ops
 
 
+def service_events(
+    ops: Sequence[ServiceOperation],
+    before: Sequence[Mapping[str, Any]],
+    after: Sequence[Mapping[str, Any]],
+    generation: int | None,
+) -> list[Event]:
+    """The Events of one round (pure), as a pool's: replicas added and removed, a replica drained,
+    and a rollout's start and end (``before`` and ``after``: the conditions the service's status
+    held, and those of this round). ``kubectl describe`` showed nothing of a rollout but its
+    current condition, and nothing at all once it was over."""
+    out: list[Event] = []
+
+    def rolling(conds: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+        return next(
+            (
+                c
+                for c in conds
+                if c.get("type") == ConditionType.SCALING.value
+                and c.get("reason") == ConditionReason.ROLLING_OUT.value
+            ),
+            None,
+        )
+
+    was, now_rolling = rolling(before), rolling(after)
+    if now_rolling is not None and was is None:
+        out.append(
+            Event("Normal", ConditionReason.ROLLING_OUT.value, f"rolling out: {now_rolling.get('message')}")
+        )
+    creates = [op for op in ops if isinstance(op, CreateReplica)]
+    if creates:
+        out.append(
+            Event(
+                "Normal",
+                ConditionReason.SCALING_UP.value,
+                f"adding {len(creates)} replica(s): {creates[0].reason}",
+            )
+        )
+    for op in ops:
+        if isinstance(op, DrainReplica):
+            out.append(Event("Normal", "ReplicaDraining", f"draining replica {op.name}: {op.reason}"))
+        elif isinstance(op, DeleteReplica):
+            kind = "Warning" if op.reason.startswith("replica failed") else "Normal"
+            out.append(Event(kind, "ReplicaRemoved", f"removing replica {op.name}: {op.reason}"))
+    if was is not None and now_rolling is None:
+        out.append(
+            Event("Normal", "RolledOut", f"every replica runs the current spec (generation {generation})")
+        )
+    return out
+
+
 @dataclass(frozen=True)
 class _Rollout:
     ops: list[ServiceOperation]
@@ -550,8 +609,12 @@ class ServiceController:
         client: AgentClient,
         device: str,
         strategy: DeviceStrategy = "device-plugin",
+        emit: EventSink | None = None,
     ) -> None:
         self.router = router
+        self.emit: EventSink = emit or (lambda body, event: None)
+        # Service -> the generation whose refusal was posted as an Event (once per generation).
+        self._refused: dict[str, Any] = {}
         self.runtime = runtime
         self.client = client
         self.device = device
@@ -597,6 +660,10 @@ class ServiceController:
             cfg = service_config(model, uid=str(meta.get("uid", "")))
         except (ValidationError, InvalidSpec) as exc:
             refusal = str(invalid_spec(exc) if isinstance(exc, ValidationError) else exc)
+            key = f"{meta.get('namespace')}/{meta.get('name')}"
+            if self._refused.get(key) != (meta.get("uid"), meta.get("generation")):
+                self._refused[key] = (meta.get("uid"), meta.get("generation"))
+                self.emit(body, Event("Warning", ConditionReason.INVALID_SPEC.value, refusal))
             # As a pool's (``PoolController.reconcile``): the last spec accepted for this very
             # service keeps serving, and the service keeps being looked after by it; with none
             # (the operator started since), it serves nothing until it is fixed.
@@ -606,6 +673,7 @@ class ServiceController:
             model, cfg = kept
         else:
             self._accepted[cfg.key] = (model, cfg)
+            self._refused.pop(cfg.key, None)
             self.router.upsert(cfg)
         await self.runtime.ensure_services_file(cfg)
         replicas = self.runtime.replicas(cfg.key)
@@ -671,10 +739,16 @@ class ServiceController:
         self._sync(cfg, [r for r in replicas if r.name not in gone])
         if not self.router.has(cfg.key):
             self._forget(cfg.key)  # deleted during the round, which put some of its state back
+        else:
+            for event in service_events(ops, conditions, new_status["conditions"], cfg.generation):
+                self.emit(body, event)
         if refusal is not None:
             new_status = refused_spec(
                 new_status, conditions, meta.get("generation"), cfg.generation, refusal, now, "service"
             )
+        if self.router.has(cfg.key):
+            for event in condition_events(conditions, new_status["conditions"]):
+                self.emit(body, event)
         return new_status
 
     def _sync(self, cfg: ServiceConfig, replicas: Sequence[HostObservation]) -> None:
@@ -698,6 +772,7 @@ class ServiceController:
         # (The failure streak too: a service made again under the name, fixed, would otherwise wait
         # out the back-off of the deleted one's crash loop before its first replica.)
         self._accepted.pop(key, None)
+        self._refused.pop(key, None)
         self._draining.pop(key, None)
         self._created.pop(key, None)
         self._failures.forget(key)

@@ -19,7 +19,8 @@ import pytest
 
 from arl_tangram.api import actionbatch as api_actionbatch
 from arl_tangram.controllers import actionbatch
-from arl_tangram.controllers.actionbatch import BatchManager
+from arl_tangram.controllers.actionbatch import BatchManager, completion_event
+from arl_tangram.controllers.conditions import Event
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
 from arl_tangram.errors import TargetUnavailable
 
@@ -596,3 +597,138 @@ async def test_an_action_that_ends_after_its_deleted_batch_was_dropped_keeps_no_
     for _ in range(20):
         await asyncio.sleep(0)
     assert not mgr._whole and mgr.whole_bytes == 0
+
+
+@pytest.mark.parametrize(
+    ("answer", "state"),
+    [
+        ({"reward": float("nan")}, "Failed"),
+        ({"reward": float("inf")}, "Failed"),
+        ({"reward": 0.5, "duration_s": float("nan")}, "Succeeded"),
+        ({"reward": 0.5, "duration_s": float("inf"), "queued_s": -3.0}, "Succeeded"),
+    ],
+)
+async def test_a_score_or_time_that_is_no_number_still_completes_the_batch_in_valid_json(
+    answer: dict[str, Any], state: str
+) -> None:
+    """A reward server (a custom ``server.image``) answering a NaN or infinite score, or such a
+    time: the time made recording the result raise (its action stayed Running, the batch never
+    completed), and the score made every status write JSON that the API server refuses (here:
+    ``json.dumps(allow_nan=False)``, strict JSON as the API server reads it), for good. The
+    score is the result, so its action fails naming it; a time is a measurement, taken as 0."""
+    rec = Recorder()
+
+    async def run(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        if request.key.endswith("a1"):
+            return ActionOutcome(request.key, Outcome.SUCCEEDED, attempts=1, **answer)
+        return await rec.run(request, attempts_so_far)
+
+    async def patch(namespace: str, name: str, uid: str, status: dict[str, Any]) -> None:
+        rec.writes.append(json.loads(json.dumps(status, allow_nan=False)))
+
+    mgr = BatchManager(run, rec.cancel, _python_pool, patch, rec.delete)
+    mgr.ensure(_body(3))
+    await _until(lambda: mgr.pending_count() == 0)
+    await mgr.flush()
+    assert len(rec.writes) == 1 and _complete(rec.writes[0])
+    (a1,) = [r for r in rec.writes[0]["results"] if r["id"] == "a1"]
+    assert a1["state"] == state
+    if state == "Failed":
+        assert a1["reason"] == "SandboxError" and "not a finite number" in a1["output"]
+    else:
+        assert a1["reward"] == 0.5 and a1["durationMillis"] == 0 and a1["queuedMillis"] == 0
+    rows = mgr.results("ns", "b")
+    rows_iter = await rows
+    assert rows_iter is not None
+    json.dumps([row async for row in rows_iter], allow_nan=False)  # the gateway's results, too
+
+
+async def test_a_batchs_end_and_its_refusal_are_posted_as_events_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch's end showed only in its conditions: nothing that watches Events (``kubectl get
+    events``, an alert on Warnings) heard that a batch failed. Its completion is now an Event
+    (Warning when an action failed, naming why), as is a spec refused; each once, a restarted
+    operator posting none again for a batch whose completed status it reads back."""
+    posted: list[tuple[str, str, str, str]] = []
+
+    def emit(namespace: str, name: str, uid: str, event: Event) -> None:
+        posted.append((f"{namespace}/{name}", uid, event.type, event.reason))
+
+    rec = Recorder()
+
+    async def run(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        if request.key.endswith("a1"):
+            return ActionOutcome(request.key, Outcome.FAILED, Reason.NON_ZERO_EXIT, exit_code=3, attempts=1)
+        return await rec.run(request, attempts_so_far)
+
+    mgr = BatchManager(run, rec.cancel, _python_pool, rec.patch, rec.delete, emit=emit)
+    body = _body(3)
+    mgr.ensure(body)
+    await _until(lambda: mgr.pending_count() == 0)
+    await mgr.flush()
+    await mgr.flush()
+    assert posted == [("ns/b", "u-1", "Warning", "SomeFailed")]
+    assert completion_event(rec.writes[-1]).message == "2 succeeded, 1 failed, 0 cancelled: 1 NonZeroExit"
+    restarted = BatchManager(rec.run, rec.cancel, _python_pool, rec.patch, rec.delete, emit=emit)
+    restarted.ensure(_restarted(body, rec.writes[-1]))
+    await restarted.flush()
+    assert len(posted) == 1
+
+    posted.clear()
+    ok = BatchManager(rec.run, rec.cancel, _python_pool, rec.patch, rec.delete, emit=emit)
+    ok.ensure(_body(2))
+    await _until(lambda: ok.pending_count() == 0)
+    await ok.flush()
+    assert posted == [("ns/b", "u-1", "Normal", "AllFinished")]
+
+    posted.clear()
+    monkeypatch.setattr(api_actionbatch, "MAX_SPEC_BYTES", 200)
+    refused = BatchManager(rec.run, rec.cancel, _python_pool, rec.patch, rec.delete, emit=emit)
+    refused.ensure(_body(5))
+    await refused.flush()
+    refused.ensure(_body(5))
+    await refused.flush()
+    assert posted == [("ns/b", "u-1", "Warning", "InvalidSpec")]
+
+
+async def test_a_status_write_refused_again_and_again_is_tried_less_often_and_still_lands() -> None:
+    """A status write the API server refuses for good (an admission policy, say) was sent again
+    every period, each up to a megabyte, for as long as the operator ran. It is now tried again
+    after a wait that doubles (up to ``WRITE_BACKOFF_MAX_S``), and once accepted lands whole:
+    nothing was lost meanwhile. (The manager's clock is stepped by hand: what is asserted is how
+    many writes are tried, not when.)"""
+    rec = Recorder()
+    tried: list[dict[str, Any]] = []
+    refusing = True
+
+    async def patch(namespace: str, name: str, uid: str, status: dict[str, Any]) -> None:
+        tried.append(status)
+        if refusing:
+            raise RuntimeError("admission webhook denied the request")
+        rec.writes.append(status)
+
+    mgr = BatchManager(rec.run, rec.cancel, _python_pool, patch, rec.delete)
+    now = [1000.0]
+    mgr.clock = lambda: now[0]
+    mgr.ensure(_body(3))
+    await _until(lambda: mgr.pending_count() == 0)
+    for _ in range(50):  # 50 periods within the first back-off: one try
+        await mgr.flush()
+    assert len(tried) == 1
+    waits = []
+    for _ in range(8):
+        before = len(tried)
+        step = 0.0
+        while len(tried) == before:
+            now[0] += 0.5
+            step += 0.5
+            await mgr.flush()
+        waits.append(step)
+    assert waits == sorted(waits) and waits[-1] == actionbatch.WRITE_BACKOFF_MAX_S
+    refusing = False
+    now[0] += actionbatch.WRITE_BACKOFF_MAX_S
+    await mgr.flush()
+    assert len(rec.writes) == 1 and _complete(rec.writes[0]) and rec.writes[0]["counts"]["succeeded"] == 3
+    await mgr.flush()
+    assert len(rec.writes) == 1

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from arl_tangram.api.actionbatch import ActionBatchSpec, ActionResult
+from arl_tangram.api.actionbatch import ActionBatchSpec, ActionBatchStatus, ActionResult
 from arl_tangram.controllers.actionbatch import BatchObservation, reconcile_actionbatch, recovered_results
 from arl_tangram.domain.actions import ActionOutcome, Outcome, Reason
 from arl_tangram.domain.batches import (
@@ -106,6 +106,30 @@ def test_a_batchs_act_window_is_its_own_span() -> None:
     failed = {f"a{i}": res(i, "Failed", reason="PoolNotFound") for i in range(2)}
     status, _ = reconcile_actionbatch(spec(2), BatchObservation(failed, (), 1, None, None, (0.0, 0.0)), NOW)
     assert status["act"]["windowSeconds"] == 0
+
+
+def test_a_batch_held_by_many_pools_still_has_a_status_the_api_server_takes() -> None:
+    """Each held target adds its reason to the Running condition's message; a batch spread over
+    hundreds of pools that have no host coming made it longer than the CRD's 32768 characters, and
+    the API server refused every write of the status (nothing shown, for as long as they waited)."""
+    n = 300
+    s = ActionBatchSpec.model_validate(
+        {
+            "actions": [
+                {"id": f"a{i}", "type": "code", "target": f"pool-{i}", "payload": {"code": ""}}
+                for i in range(n)
+            ]
+        }
+    )
+    held = tuple(
+        f"ActionPool pool-{i} has no host coming: 0/12 nodes are available: 12 Insufficient cpu"
+        for i in range(n)
+    )
+    status, _ = reconcile_actionbatch(s, BatchObservation({}, (), 1, None, None, held_by=held), NOW)
+    ActionBatchStatus.model_validate(status)  # the CRD's schema, as the models mirror it
+    running = next(c for c in status["conditions"] if c["type"] == "Running")
+    assert running["message"].startswith(f"0 running, {n} waiting (ActionPool pool-0 has no host")
+    assert running["message"].endswith("more characters)")
 
 
 def test_ttl_after_finished_deletes_the_batch_when_due_and_not_before() -> None:

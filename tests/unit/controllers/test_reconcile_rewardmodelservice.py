@@ -1134,3 +1134,67 @@ def test_a_surplus_replica_that_serves_is_never_deleted_before_one_still_startin
     assert sorted(map(str, _kinds(ops))) == sorted(
         map(str, [("DrainReplica", "o1"), ("DeleteReplica", "n2")])
     )
+
+
+def test_a_rollout_and_a_refused_edit_are_posted_as_events_once_each() -> None:
+    """``kubectl describe rewardmodelservice`` showed nothing of a rollout (pools post their
+    scaling and removals): now its start, each replica added, drained and removed, and its end are
+    Events, as is a refused edit (once per generation). The status each round wrote is fed back,
+    as the watch does."""
+    from arl_tangram.controllers.conditions import Event
+    from arl_tangram.controllers.rewardmodelservice import ServiceController
+    from arl_tangram.dispatch.rewards import RewardRouter
+
+    posted: list[tuple[str, Event]] = []
+    last: dict[str, Any] = {}
+
+    def body(generation: int, uri: str) -> dict[str, Any]:
+        return {
+            "metadata": {"name": "rm", "namespace": "ns", "generation": generation, "uid": "u"},
+            "spec": {"model": {"name": "m", "uri": uri}, "scaling": {"minReplicas": 1, "maxReplicas": 1}},
+            "status": last,
+        }
+
+    def ready_all(runtime: _Replicas) -> None:
+        runtime.listed = [replace(r, phase="ready") if r.phase == "starting" else r for r in runtime.listed]
+
+    async def run() -> None:
+        class Health:
+            async def health(self, address: str) -> dict[str, Any]:
+                return {"resident": ["rm"]}
+
+        runtime = _Replicas()
+        ctl = ServiceController(
+            RewardRouter(client=None),  # type: ignore[arg-type]
+            runtime,
+            Health(),  # type: ignore[arg-type]
+            "cpu",
+            emit=lambda obj, event: posted.append((obj["metadata"]["name"], event)),
+        )
+
+        async def round_(generation: int, uri: str) -> list[tuple[str, str]]:
+            nonlocal last
+            before = len(posted)
+            last = await ctl.reconcile(body(generation, uri))
+            return [(e.type, e.reason) for _, e in posted[before:]]
+
+        assert await round_(1, OLD_URI) == [("Normal", "ScalingUp")]
+        ready_all(runtime)
+        assert await round_(1, OLD_URI) == []
+        (old,) = runtime.created
+        assert await round_(2, "file:///w/rm.npz") == [("Normal", "RollingOut"), ("Normal", "ScalingUp")]
+        assert await round_(2, "file:///w/rm.npz") == []  # under way: said once
+        ready_all(runtime)
+        assert await round_(2, "file:///w/rm.npz") == [("Normal", "ReplicaDraining")]
+        assert await round_(2, "file:///w/rm.npz") == [("Normal", "ReplicaRemoved")]
+        assert old in runtime.deleted
+        assert await round_(2, "file:///w/rm.npz") == [("Normal", "RolledOut")]
+        assert await round_(2, "file:///w/rm.npz") == []
+        # An edit the operator refuses (weights it would download): one Warning for it.
+        assert await round_(3, "hf://org/model") == [("Warning", "InvalidSpec")]
+        assert await round_(3, "hf://org/model") == []
+        assert all(name == "rm" for name, _ in posted)
+        messages = [e.message for _, e in posted]
+        assert any("generation 2" in m for m in messages if m.startswith("every replica"))
+
+    asyncio.run(run())
