@@ -10,8 +10,9 @@ What is denied: loading and unloading kernel modules, ``kexec``, the kernel keyr
 ``perf_event_open``, ``userfaultfd``, ``io_uring``, mounting and unmounting (the sandbox's own
 mounts are made before the filter), new namespaces (``unshare``, ``setns``, ``clone`` with a
 namespace flag; ``clone3``, whose flags a filter cannot read, answers ``ENOSYS``, upon which libc
-falls back to ``clone``), file handles (``open_by_handle_at`` opens any file of a mount by its
-number), ``reboot``, swap, the clocks, the host and domain names, the kernel log, quotas, process
+falls back to ``clone``), ``clone`` with ``CLONE_PARENT`` and ``ptrace(PTRACE_TRACEME)`` (see
+``CLONE_PARENT`` and ``PTRACE_TRACEME``), file handles (``open_by_handle_at`` opens any file of a
+mount by its number), ``reboot``, swap, the clocks, the host and domain names, the kernel log, quotas, process
 accounting, ``chroot``, ``vhangup``, and the calls of old kernels. Calls from another ABI than the
 native one (i386's ``int 0x80``, x32) are all refused: their numbers differ, and nothing in the
 sandbox images is built for them.
@@ -44,6 +45,22 @@ CLONE_NEWTIME = 0x00000080
 NEW_NAMESPACES = (
     CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
 )
+# A sibling of the caller: for an action, a child of the zygote inside the action's PID namespace.
+# The zygote reaps only the children it made, and the kernel's teardown of the namespace (the init's
+# exit) waits until every process of it is reaped, so such a sibling held its action's call past any
+# timeout, with its slot, cores and uid. No libc, runtime or toolchain passes it (fork, vfork,
+# posix_spawn and threads do not).
+CLONE_PARENT = 0x00008000
+# What clone's flags may not hold.
+CLONE_REFUSED = NEW_NAMESPACES | CLONE_PARENT
+# ptrace's request that makes the caller's parent its tracer: for an action's own process (any of
+# its threads), the zygote. A traced thread that exits stays a zombie until its tracer reaps it,
+# the zygote never does, and the action's process is not reapable while it stays: the call never
+# answered, past any timeout, as with CLONE_PARENT. Only the request is refused (``PTRACE_ATTACH``,
+# ``PTRACE_SEIZE`` and the rest stay: they make the caller a tracer, and the kernel lets it trace
+# only processes of its own namespace). Compared by its low 32 bits: a request whose high ones are
+# set is invalid anyway.
+PTRACE_TRACEME = 0
 
 # x86-64's numbers, by class (docs/reliability.md has a row per class; the tests try each).
 DENIED_X86_64: dict[str, dict[str, int]] = {
@@ -101,6 +118,7 @@ DENIED_X86_64: dict[str, dict[str, int]] = {
     },
 }
 CLONE_X86_64 = 56
+PTRACE_X86_64 = 101
 UNSHARE_X86_64 = 272
 CLONE3_X86_64 = 435
 
@@ -132,7 +150,12 @@ def program() -> bytes:
     if not supported():
         raise OSError(f"no seccomp table for {os.uname().machine}")
     special = {nr: "eperm" for calls in DENIED_X86_64.values() for nr in calls.values()}
-    special |= {CLONE3_X86_64: "enosys", CLONE_X86_64: "clone", UNSHARE_X86_64: "unshare"}
+    special |= {
+        CLONE3_X86_64: "enosys",
+        CLONE_X86_64: "clone",
+        UNSHARE_X86_64: "unshare",
+        PTRACE_X86_64: "ptrace",
+    }
     # Instructions (code, k, jt, jf) whose jumps may name a label, resolved below.
     code: list[tuple[int, int, str | int, str | int]] = [
         (_LD_W_ABS, _ARCH, 0, 0),
@@ -168,9 +191,11 @@ def program() -> bytes:
 
     search(runs)
     labels["clone"] = len(code)
-    code += [(_LD_W_ABS, _ARG0_LOW, 0, 0), (_JSET_K, NEW_NAMESPACES, "eperm", "allow")]
+    code += [(_LD_W_ABS, _ARG0_LOW, 0, 0), (_JSET_K, CLONE_REFUSED, "eperm", "allow")]
     labels["unshare"] = len(code)
     code += [(_LD_W_ABS, _ARG0_LOW, 0, 0), (_JSET_K, NEW_NAMESPACES | CLONE_NEWTIME, "eperm", "allow")]
+    labels["ptrace"] = len(code)
+    code += [(_LD_W_ABS, _ARG0_LOW, 0, 0), (_JEQ_K, PTRACE_TRACEME, "eperm", "allow")]
     labels["allow"] = len(code)
     code.append((_RET_K, SECCOMP_RET_ALLOW, 0, 0))
     labels["eperm"] = len(code)

@@ -48,7 +48,10 @@ DENIED = {nr for group in seccomp.DENIED_X86_64.values() for nr in group.values(
 
 @pytest.mark.parametrize("nr", range(0, 512))
 def test_every_call_number_gets_the_answer_of_the_table(nr: int) -> None:
-    expected = {seccomp.CLONE3_X86_64: ENOSYS}.get(nr, EPERM if nr in DENIED else ALLOW)
+    # Each call is made with 0 as its first argument: ptrace's request 0 is PTRACE_TRACEME.
+    expected = {seccomp.CLONE3_X86_64: ENOSYS, seccomp.PTRACE_X86_64: EPERM}.get(
+        nr, EPERM if nr in DENIED else ALLOW
+    )
     assert run(PROGRAM, nr) == expected
 
 
@@ -60,13 +63,30 @@ def test_every_call_number_gets_the_answer_of_the_table(nr: int) -> None:
         (seccomp.CLONE_X86_64, seccomp.CLONE_NEWUSER | 17, EPERM),
         (seccomp.CLONE_X86_64, seccomp.CLONE_NEWNET, EPERM),
         (seccomp.CLONE_X86_64, 0x80 | 17, ALLOW),  # in clone's flags 0x80 is part of the exit signal
+        (seccomp.CLONE_X86_64, 0x4111, ALLOW),  # what posix_spawn and vfork pass: VM|VFORK|SIGCHLD
+        (seccomp.CLONE_X86_64, seccomp.CLONE_PARENT | 17, EPERM),  # a sibling: the zygote's child
         (seccomp.UNSHARE_X86_64, 0x200, ALLOW),  # CLONE_FILES: no namespace
         (seccomp.UNSHARE_X86_64, seccomp.CLONE_NEWNS, EPERM),
         (seccomp.UNSHARE_X86_64, seccomp.CLONE_NEWTIME, EPERM),
     ],
 )
-def test_clone_and_unshare_are_refused_only_with_a_namespace_flag(nr: int, flags: int, expected: int) -> None:
+def test_clone_and_unshare_are_refused_only_with_a_namespace_flag_or_clone_parent(
+    nr: int, flags: int, expected: int
+) -> None:
     assert run(PROGRAM, nr, arg0=flags) == expected
+
+
+@pytest.mark.parametrize(
+    ("request_", "expected"),
+    [
+        (seccomp.PTRACE_TRACEME, EPERM),  # the caller's parent (the zygote) its tracer
+        (16, ALLOW),  # PTRACE_ATTACH (the kernel's own checks apply)
+        (0x4206, ALLOW),  # PTRACE_SEIZE
+        (0x4200, ALLOW),  # PTRACE_SETOPTIONS
+    ],
+)
+def test_ptrace_is_refused_only_as_traceme(request_: int, expected: int) -> None:
+    assert run(PROGRAM, seccomp.PTRACE_X86_64, arg0=request_) == expected
 
 
 def test_other_abis_are_refused_outright() -> None:
