@@ -166,7 +166,24 @@ def _sleepers(n: int, seconds: float, prefix: str = "a") -> list[dict[str, Any]]
 def test_samples_are_accepted_and_the_pool_becomes_ready(
     cluster: Cluster, namespace: str, operator: Operator
 ) -> None:
+    """The batch first, as ``kubectl apply -f manifests/samples/`` sends it (files in name order:
+    ``actionbatch-step.yaml`` before ``actionpool-python.yaml``): its actions wait for their pool
+    (they all failed PoolNotFound at once), and a service nobody creates fails them after the wait."""
     samples = REPO / "manifests" / "samples"
+    cluster.kubectl("apply", "-n", namespace, "-f", str(samples / "actionbatch-step.yaml"))
+    _wait_for(
+        cluster,
+        namespace,
+        "actionbatches",
+        lambda o: (
+            "ActionPool 'python-sandboxes' not found"
+            in (
+                next((c for c in o.get("status", {}).get("conditions", ()) if c["type"] == "Running"), {})
+            ).get("message", "")
+        ),
+        description="the batch saying it waits for its pool",
+        timeout=60,
+    )
     cluster.kubectl("apply", "-n", namespace, "-f", str(samples / "actionpool-python.yaml"))
     pool = _wait_for(
         cluster,
@@ -177,7 +194,6 @@ def test_samples_are_accepted_and_the_pool_becomes_ready(
         timeout=120,
     )
     assert pool["status"]["selector"] == f"{POOL_LABEL}=python-sandboxes"
-    cluster.kubectl("apply", "-n", namespace, "-f", str(samples / "actionbatch-step.yaml"))
     batch = _wait_batch(cluster, namespace, "step-000042")
     results = {r["id"]: r for r in batch["status"]["results"]}
     assert (
@@ -185,7 +201,7 @@ def test_samples_are_accepted_and_the_pool_becomes_ready(
         and results["traj-7.turn-1"]["output"].strip() == "832040"
     )
     assert results["traj-7.tests"]["state"] == "Succeeded" and results["traj-7.tests"]["reward"] == 1.0
-    # The reward service of the sample has no controller yet: its actions fail and say why.
+    # The sample's reward service is not applied here: its actions fail, once the wait is over.
     assert results["traj-7.reward"]["reason"] == "ServiceNotFound"
 
 

@@ -58,6 +58,15 @@ STATUS_PERIOD_S = 1.0
 HELD_RETRY_MIN_S = 1.0
 # How long a deleted batch waits for its actions to stop before it cancels them and drops its state.
 STOP_WAIT_S = 10.0
+# How long an action waits for a target (ActionPool, RewardModelService) that does not exist yet
+# before it fails PoolNotFound / ServiceNotFound. ``kubectl apply -f dir/`` applies files in name
+# order (``actionbatch-*.yaml`` before ``actionpool-*.yaml``), and Helm, Argo CD or a trainer's own
+# script may create the batch a moment before its pool: its actions all failed at once, though the
+# pool came a second later. A name nobody creates (a typo) still fails, after this long.
+TARGET_WAIT_S = 30.0
+# How often an action waiting for its target looks again (the lookups of a batch's actions that
+# look at once are one read of the API server: ``Dispatcher``'s learn).
+TARGET_RECHECK_S = 2.0
 # The longest a batch whose status write failed waits before it is tried again (the wait doubles
 # from STATUS_PERIOD_S). A write the API server refuses for good (an admission policy, a field it
 # finds invalid) was sent again every period for as long as the operator ran: each up to a
@@ -274,6 +283,8 @@ class _Batch:
     prior_act: Mapping[str, Any] | None = None  # BatchObservation.prior_act
     write_failures: int = 0  # status writes failed in a row
     write_after: float = 0.0  # (the manager's clock) no write before, after failed ones
+    # Target -> when (the manager's clock) one of its actions first found it missing, until found.
+    missing_since: dict[str, float] = field(default_factory=dict)
 
 
 Runner = Callable[..., Awaitable[ActionOutcome]]
@@ -336,6 +347,7 @@ class BatchManager:
         self._whole: OrderedDict[tuple[_Batch, str], int] = OrderedDict()
         self.whole_bytes = 0
         self.clock: Callable[[], float] = time.monotonic
+        self.target_wait_s = TARGET_WAIT_S
 
     def ensure(self, body: Mapping[str, Any]) -> None:
         """Start (or resume) the batch in ``body``: every action without a final result is run."""
@@ -448,40 +460,12 @@ class BatchManager:
         started = asyncio.get_running_loop().time()
         outcome: ActionOutcome
         try:
-            languages = (
-                await self._pool_languages(batch.namespace, action.target) if action.type != "reward" else ()
-            )
-            if languages is None:
-                raise NotFound(
-                    "ActionPool",
-                    action.target,
-                    f"ActionPool {action.target!r} not found in namespace {batch.namespace!r}",
-                )
-            if batch.deleting:
-                # Deleted while its pool was looked up (a read of the API server): ``forget``
-                # cancelled the keys it knew, not this one's, and its action must not start now.
-                raise asyncio.CancelledError
-            request = batch_request(batch.namespace, batch.uid, batch.spec, action, languages)
-            self._by_key[request.key] = (batch, action_id, action.target)
             while True:
                 try:
-                    outcome = await self._run(request, attempts_so_far=attempts)
-                    if batch.held_by.pop(action.target, None) is not None:  # its target served it
-                        batch.dirty = True
+                    outcome = await self._attempt(batch, action, attempts)
                     break
-                except QueueFull as exc:
-                    await asyncio.sleep(exc.retry_after)  # a batch waits its turn; it is never dropped
-                except Stopping:
-                    # This operator stops: the action is the next leader's (it re-attaches).
-                    raise asyncio.CancelledError from None
-                except TargetUnavailable as exc:
-                    # Its target has no host coming: the batch waits for one (a node may be added,
-                    # the image fixed), its status saying why, where a caller on the wire is told
-                    # at once.
-                    if batch.held_by.get(action.target) != str(exc):
-                        batch.held_by[action.target] = str(exc)
-                        batch.dirty = True
-                    await self._held(batch, exc.delay)
+                except NotFound as exc:
+                    await self._wait_for_target(batch, action.target, exc)
         except UnsupportedType as exc:
             outcome = ActionOutcome(action_id, Outcome.FAILED, Reason.UNSUPPORTED_TYPE, str(exc))
         except InvalidSpec as exc:
@@ -500,6 +484,63 @@ class BatchManager:
             message = f"the operator failed to run it: {type(exc).__name__}: {exc}"
             outcome = ActionOutcome(action_id, Outcome.FAILED, Reason.SANDBOX_ERROR, message)
         self._record(batch, action_id, outcome, asyncio.get_running_loop().time() - started)
+
+    async def _attempt(self, batch: _Batch, action: BatchAction, attempts: int) -> ActionOutcome:
+        """``action`` sent to its target until it has an outcome; ``NotFound`` where its target
+        does not exist."""
+        languages = (
+            await self._pool_languages(batch.namespace, action.target) if action.type != "reward" else ()
+        )
+        if languages is None:
+            raise NotFound(
+                "ActionPool",
+                action.target,
+                f"ActionPool {action.target!r} not found in namespace {batch.namespace!r}",
+            )
+        if batch.deleting:
+            # Deleted while its pool was looked up (a read of the API server): ``forget``
+            # cancelled the keys it knew, not this one's, and its action must not start now.
+            raise asyncio.CancelledError
+        request = batch_request(batch.namespace, batch.uid, batch.spec, action, languages)
+        self._by_key[request.key] = (batch, action.id, action.target)
+        if action.type != "reward":  # its pool exists (a service shows it by answering, below)
+            batch.missing_since.pop(action.target, None)
+        while True:
+            try:
+                outcome = await self._run(request, attempts_so_far=attempts)
+                if batch.held_by.pop(action.target, None) is not None:  # its target served it
+                    batch.dirty = True
+                batch.missing_since.pop(action.target, None)
+                return outcome
+            except QueueFull as exc:
+                await asyncio.sleep(exc.retry_after)  # a batch waits its turn; it is never dropped
+            except Stopping:
+                # This operator stops: the action is the next leader's (it re-attaches).
+                raise asyncio.CancelledError from None
+            except TargetUnavailable as exc:
+                # Its target has no host coming: the batch waits for one (a node may be added,
+                # the image fixed), its status saying why, where a caller on the wire is told
+                # at once.
+                if batch.held_by.get(action.target) != str(exc):
+                    batch.held_by[action.target] = str(exc)
+                    batch.dirty = True
+                await self._held(batch, exc.delay)
+
+    async def _wait_for_target(self, batch: _Batch, target: str, exc: NotFound) -> None:
+        """Wait a while for ``target``, which does not exist (yet): raise ``exc`` once it has been
+        missing for ``target_wait_s`` (counted from the first of the batch's actions to miss it),
+        the batch's status saying meanwhile what it waits for."""
+        if exc.kind not in ("ActionPool", "RewardModelService"):
+            raise exc
+        now = self.clock()
+        since = batch.missing_since.setdefault(target, now)
+        if now - since >= self.target_wait_s:
+            raise exc
+        why = f"{exc}; waiting up to {self.target_wait_s:g} s for it to be created"
+        if batch.held_by.get(target) != why:
+            batch.held_by[target] = why
+            batch.dirty = True
+        await self._held(batch, min(TARGET_RECHECK_S, since + self.target_wait_s - now))
 
     @staticmethod
     async def _held(batch: _Batch, delay_s: float) -> None:

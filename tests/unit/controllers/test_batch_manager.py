@@ -22,7 +22,7 @@ from arl_tangram.controllers import actionbatch
 from arl_tangram.controllers.actionbatch import BatchManager, completion_event
 from arl_tangram.controllers.conditions import Event
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
-from arl_tangram.errors import TargetUnavailable
+from arl_tangram.errors import NotFound, TargetUnavailable
 
 
 class Recorder:
@@ -137,6 +137,7 @@ async def test_a_finished_batch_without_a_ttl_is_left_alone() -> None:
 async def test_an_action_naming_no_pool_fails_by_name_and_the_others_run() -> None:
     rec = Recorder()
     mgr = _manager(rec)
+    mgr.target_wait_s = 0  # no wait for the pool to be created (below)
     body = _body(2)
     body["spec"]["actions"][1]["target"] = "nowhere"
     mgr.ensure(body)
@@ -145,6 +146,56 @@ async def test_an_action_naming_no_pool_fails_by_name_and_the_others_run() -> No
     assert results["a0"].state == "Succeeded"
     assert results["a1"].state == "Failed" and results["a1"].reason == "PoolNotFound"
     assert "'nowhere'" in (results["a1"].output or "")
+
+
+async def test_an_action_whose_pool_is_created_a_moment_after_its_batch_runs() -> None:
+    """``kubectl apply -f dir/`` applies ``actionbatch-*.yaml`` before ``actionpool-*.yaml``: every
+    action failed PoolNotFound at once, though its pool came a moment later. They wait for it now
+    (``TARGET_WAIT_S``), the status saying so."""
+    rec = Recorder()
+    lookups = 0
+
+    async def pool_made_later(namespace: str, pool: str) -> tuple[str, ...] | None:
+        nonlocal lookups
+        lookups += 1
+        return ("python",) if lookups > 3 else None
+
+    mgr = BatchManager(rec.run, rec.cancel, pool_made_later, rec.patch, rec.delete)
+    mgr.ensure(_body(2))
+    await _until(lambda: bool(mgr._batches[("ns", "b")].held_by))
+    await mgr.flush()
+    running = next(c for c in rec.writes[-1]["conditions"] if c["type"] == "Running")
+    assert "ActionPool 'py' not found in namespace 'ns'; waiting up to 30 s" in running["message"], running
+    await _until(lambda: mgr.pending_count() == 0)
+    results = mgr._batches[("ns", "b")].results
+    assert [r.state for r in results.values()] == ["Succeeded", "Succeeded"], results
+    await mgr.flush()
+    running = next(c for c in rec.writes[-1]["conditions"] if c["type"] == "Running")
+    assert "not found" not in running["message"], running
+
+
+async def test_an_action_whose_target_never_comes_fails_once_the_wait_is_over() -> None:
+    """A name nobody creates (a typo) still fails, naming it, after ``target_wait_s``, counted from
+    the batch's first action that missed it: a service's actions (whose lookup is the run) too."""
+    rec = Recorder()
+    tries = 0
+
+    async def no_service(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        nonlocal tries
+        tries += 1
+        raise NotFound("RewardModelService", request.target)
+
+    mgr = BatchManager(no_service, rec.cancel, _python_pool, rec.patch, rec.delete)
+    mgr.target_wait_s = 1.5
+    body = _body(2)
+    for a in body["spec"]["actions"]:
+        a.update(type="reward", target="rm", payload={"prompt": "p", "response": "r"})
+    started = time.monotonic()
+    mgr.ensure(body)
+    await _until(lambda: mgr.pending_count() == 0)
+    results = mgr._batches[("ns", "b")].results
+    assert {r.reason for r in results.values()} == {"ServiceNotFound"}, results
+    assert time.monotonic() - started >= 1.5 and tries >= 4, "failed without waiting for it"
 
 
 async def test_a_batch_deleted_while_its_pool_is_looked_up_runs_none_of_its_actions() -> None:
