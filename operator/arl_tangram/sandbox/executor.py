@@ -42,6 +42,7 @@ from arl_tangram.sandbox.jupyter_driver import RUNTIME_PREFIX
 from arl_tangram.sandbox.languages import ACTION_SYSTEM_PATH, Detection, detect
 from arl_tangram.sandbox.models import JUPYTER_MARGIN_S, JUPYTER_START_S, JUPYTER_STOP_S, Notebook
 from arl_tangram.sandbox.preload import zygote_modules
+from arl_tangram.sandbox.wire import UNREAPED_GRACE_S
 
 log = logging.getLogger(__name__)
 
@@ -902,6 +903,11 @@ class Executor:
         elif reply.get("timed_out"):
             outcome = "timeout"
             message = f"killed after the {timeout_s:g} s wall-clock limit"
+            if reply.get("unreaped"):
+                message += (
+                    f"; its end was not seen {UNREAPED_GRACE_S:g} s after the kill (it left a process "
+                    "only the sandbox could reap, or one stuck in the kernel): answered without it"
+                )
         elif reply.get("memory_evicted_mb") is not None:
             outcome = "memory_limit_exceeded"
             held = f"{reply['memory_evicted_mb']} MB in its processes and files"

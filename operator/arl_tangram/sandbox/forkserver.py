@@ -77,6 +77,10 @@ if TYPE_CHECKING:
 READ_CHUNK = 65536
 ANSWER = wire.SESSION_ANSWER
 EOF_GRACE_S = 0.5  # after the action's process is gone, how long to wait for its pipes to close
+UNREAPED_GRACE_S = wire.UNREAPED_GRACE_S
+# How long the uid of a call given up on is swept (``kill_uid``): what is left of it is zombies and
+# processes stuck in the kernel, which no kill ends, so the sweep runs to this bound every time.
+UNREAPED_SWEEP_S = 0.2
 # Output is read when the action has ended, or from this long after its start on. Reading as it
 # comes woke this process for every write and close of a short action, each wake-up placing it on
 # the action's core behind the action (the kernel puts a woken reader beside its writer), while the
@@ -223,6 +227,7 @@ class Call:
         "stdin_feed",
         "timed_out",
         "uid",
+        "unreaped",
         "watching",
         "workdir",
     )
@@ -270,6 +275,7 @@ class Call:
         self.setup_failed = False  # its sandbox's set-up failed (the zygote's flag, not the status)
         self.signal: int | None = None
         self.timed_out = False
+        self.unreaped = False  # answered without the zygote's exit record (``ForkServer._give_up``)
         self.cancelled = False  # killed by the agent's cancel frame
         self.netns = -1  # the network namespace it runs in, from the pool (-1: the fork server's)
         self.mntns: PrivateTmp | None = None  # its mount namespace (private /tmp), from the pool
@@ -1541,9 +1547,12 @@ class ForkServer:
             if not call.exited:
                 if not call.watching:
                     self._watch(call)
-                if now >= call.deadline:
+                if call.timed_out and now >= call.deadline + UNREAPED_GRACE_S and call.interp is None:
+                    self._give_up(call)
+                elif now >= call.deadline and not call.timed_out:
                     call.timed_out = True
                     self._kill(call)
+                    heapq.heappush(self.timers, (call.deadline + UNREAPED_GRACE_S, call.id))
             elif call.ended_at is not None and now >= call.ended_at + EOF_GRACE_S:
                 # Something outside the action's namespace still holds its pipes: stop waiting.
                 self._finish(call)
@@ -1722,6 +1731,25 @@ class ForkServer:
         except OSError:
             return False
 
+    def _give_up(self, call: Call) -> None:
+        """Answer a call killed at its deadline whose exit record has not come since (see
+        ``UNREAPED_GRACE_S``): its cores and pipes go back, its namespaces are dropped rather than
+        pooled (something of it may be left in them), what its uid still runs is killed, and a late
+        record is ignored (``_on_exit``). A fresh call only: a session's interpreter is its own."""
+        call.exited = True
+        call.unreaped = True
+        call.ended_at = time.monotonic()
+        os.close(call.pidfd)
+        if call.netns >= 0:
+            self._drop_netns(call.netns)
+            call.netns = -1
+        if call.mntns is not None:
+            call.mntns.close()
+            call.mntns = None
+        if call.uid is not None:
+            kill_uid(call.uid, self._tracked_pids(), UNREAPED_SWEEP_S)
+        self._finish(call)
+
     def _kill(self, call: Call) -> None:
         with suppress(OSError):
             signal.pidfd_send_signal(call.pidfd, signal.SIGKILL)
@@ -1759,6 +1787,7 @@ class ForkServer:
             "exit_code": call.exit_code,
             "signal": call.signal,
             "timed_out": call.timed_out,
+            "unreaped": call.unreaped,
             "cancelled": call.cancelled,
             "stdout": bytes(call.out),
             "stderr": bytes(call.err),

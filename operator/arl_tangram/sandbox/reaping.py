@@ -219,11 +219,12 @@ def reap_exited_children(keep: set[int]) -> None:
                 os.waitpid(int(name), os.WNOHANG)
 
 
-def kill_uid(uid: int, keep: set[int]) -> None:
+def kill_uid(uid: int, keep: set[int], deadline_s: float = 5.0) -> None:
     """SIGKILL every process of ``uid`` from a helper running as that uid: kill(-1) reaches exactly
     the processes it may signal, which for a non-root uid are that uid's own (never the caller).
     Killed orphans become our children (we are their subreaper): reaping them while the helper
-    repeats lets it see the uid empty. ``keep``: tracked children, reaped through their pidfds."""
+    repeats lets it see the uid empty. ``keep``: tracked children, reaped through their pidfds.
+    ``deadline_s``: how long it repeats at most."""
     pid = os.fork()
     if pid == 0:
         try:
@@ -233,7 +234,7 @@ def kill_uid(uid: int, keep: set[int]) -> None:
             # Repeat until no process of the uid is left: a fork bomb may create children while the
             # kernel walks, and a killed process stays listed until its parent has reaped it.
             # (kill(-1) itself cannot tell: it succeeds whenever any other process exists.)
-            deadline = time.monotonic() + 5.0
+            deadline = time.monotonic() + deadline_s
             while time.monotonic() < deadline:
                 os.kill(-1, signal.SIGKILL)
                 if not uid_processes(uid, os.getpid()):

@@ -18,6 +18,13 @@ if TYPE_CHECKING:
     from typing import Any
 
 HEADER = struct.Struct("<I")
+# How long past its deadline (and the kill then) a call waits for the zygote's exit record before the
+# fork server answers it without the record (``ForkServer._give_up``; the agent names it in the
+# verdict). The record follows the kill at once unless something keeps the zygote from reaping the
+# action or its namespace (a process only the zygote could reap, which it never does; one stuck in
+# the kernel): a call must answer whatever its program did. Long enough for a large address space
+# to be torn down after the kill.
+UNREAPED_GRACE_S = 5.0
 MAX_FRAME = 256 * 1024 * 1024
 # A session interpreter's answer to a call: the call's nonce, its exit status, and their MAC under
 # the interpreter's key (``session_mac``), as integers and nothing else. The other way, the fork
