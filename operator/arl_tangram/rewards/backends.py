@@ -18,6 +18,8 @@ the dispatcher may retry elsewhere).
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -85,20 +87,33 @@ class _HttpBackend:
         self.device_bytes = device_bytes
         self.session = session
 
-    async def _call(self, method: str, path: str, body: Any = None) -> Any:
+    async def _call(self, method: str, path: str, body: Any = None, answer: bool = False) -> Any:
+        """One call to the server; ``answer`` when its JSON answer is needed (a body that is not JSON
+        is then an error, not text handed on to be misread)."""
         try:
             async with self.session.request(method, self.url + path, json=body) as resp:
                 text = await resp.text()
                 if resp.status >= 400:
                     raise BackendError(f"{self.name}: {method} {path} answered {resp.status}: {text[:200]}")
                 if not text:
+                    if answer:
+                        raise BackendError(f"{self.name}: {method} {path} answered an empty body")
                     return None
                 try:
-                    return await resp.json(content_type=None)
+                    return json.loads(text)
                 except ValueError:
+                    if answer:
+                        raise BackendError(
+                            f"{self.name}: {method} {path} answered malformed JSON: {text[:200]!r}"
+                        ) from None
                     return text
         except aiohttp.ClientError as exc:
             raise BackendError(f"{self.name}: {method} {path} failed: {exc}") from None
+        except TimeoutError:
+            # The session's timeout: a bare TimeoutError says nothing of which server or call.
+            total = self.session.timeout.total
+            after = f" after {total} s" if total else ""
+            raise BackendError(f"{self.name}: {method} {path} timed out{after}") from None
 
     async def close(self) -> None:
         return None
@@ -120,12 +135,21 @@ class VllmBackend(_HttpBackend):
         await self._call("POST", "/sleep?level=1")
 
     async def score(self, inputs: Sequence[str]) -> list[float]:
-        out = await self._call("POST", "/pooling", {"model": self.model, "input": list(inputs)})
+        out = await self._call("POST", "/pooling", {"model": self.model, "input": list(inputs)}, answer=True)
         try:
-            rows = sorted(out["data"], key=lambda d: d["index"])
-            return [_last_number(r["data"]) for r in rows]
+            rows = out["data"]
+            if not isinstance(rows, list):
+                raise ValueError(f"data is {type(rows).__name__}, not a list")
+            # Each row says which input it scores: a missing or repeated index would hand one
+            # input's score to another, so the indices must be exactly 0..n-1.
+            by_index = {r["index"]: r["data"] for r in rows}
+            if len(rows) != len(inputs) or set(by_index) != set(range(len(inputs))):
+                raise ValueError(
+                    f"{len(rows)} rows with indices {sorted(by_index, key=str)[:10]} for {len(inputs)} inputs"
+                )
+            return [_score(_last_value(by_index[i]), i) for i in range(len(inputs))]
         except (KeyError, TypeError, ValueError) as exc:
-            raise BackendError(f"{self.name}: /pooling answered an unexpected shape: {exc!r}") from None
+            raise BackendError(f"{self.name}: /pooling answered an unexpected shape: {exc}") from None
 
 
 class SglangBackend(_HttpBackend):
@@ -142,18 +166,32 @@ class SglangBackend(_HttpBackend):
         await self._call("POST", "/release_memory_occupation", {})
 
     async def score(self, inputs: Sequence[str]) -> list[float]:
-        out = await self._call("POST", "/classify", {"model": self.model, "text": list(inputs)})
+        out = await self._call("POST", "/classify", {"model": self.model, "text": list(inputs)}, answer=True)
         try:
-            return [float(r["embedding"][0]) for r in out]
+            # The answer has no index: its order is the inputs', so only its length can be checked.
+            if not isinstance(out, list) or len(out) != len(inputs):
+                n = len(out) if isinstance(out, list) else type(out).__name__
+                raise ValueError(f"{n} results for {len(inputs)} inputs")
+            return [_score(r["embedding"][0], i) for i, r in enumerate(out)]
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise BackendError(f"{self.name}: /classify answered an unexpected shape: {exc!r}") from None
 
 
-def _last_number(value: Any) -> float:
+def _last_value(value: Any) -> Any:
     """The score in a pooling output: a number, or the last number of a (nested) list, which is the
     last token's value for token-level reward models."""
     while isinstance(value, list):
         if not value:
             raise ValueError("empty pooling output")
         value = value[-1]
+    return value
+
+
+def _score(value: Any, i: int) -> float:
+    """A server's score for input ``i``: a finite JSON number. A string, a boolean or NaN/inf (which
+    Python's JSON reader accepts) would otherwise pass as a reward nobody computed."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"score of input {i} is {value!r}, not a number")
+    if not math.isfinite(value):
+        raise ValueError(f"score of input {i} is {value}")
     return float(value)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+import zipfile
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -76,7 +77,8 @@ def write_model(path: str | Path, **kwargs: Any) -> Path:
 
 
 def load_model(path: str | Path) -> tuple[ModelMeta, dict[str, np.ndarray]]:
-    """Read a model file into host memory (``ModelError`` names what is wrong)."""
+    """Read a model file into host memory (``ModelError`` names the file and what is wrong): at
+    start, so that a bad file stops the runtime there and never reaches a request."""
     p = Path(path)
     if not p.is_file():
         raise ModelError(f"no model file at {p}")
@@ -84,18 +86,43 @@ def load_model(path: str | Path) -> tuple[ModelMeta, dict[str, np.ndarray]]:
         with np.load(p, allow_pickle=False) as z:
             meta = json.loads(bytes(z["meta"]).decode())
             arrays = {k: np.ascontiguousarray(z[k]) for k in ARRAYS}
-    except (OSError, KeyError, ValueError) as exc:
-        raise ModelError(f"{p} is not a built-in scorer model: {exc}") from None
-    if meta.get("format") != FORMAT:
-        raise ModelError(f"{p}: format {meta.get('format')!r}, expected {FORMAT!r}")
-    m = ModelMeta(
-        int(meta["buckets"]), int(meta["dim"]), int(meta["hidden"]), int(meta["ngram"]), meta["dtype"]
-    )
-    shapes = {"embed": (m.buckets, m.dim), "w1": (m.dim, m.hidden), "b1": (m.hidden,), "w2": (m.hidden, 1)}
+    # A truncated or damaged archive fails in zipfile (BadZipFile, a bad CRC), zlib or EOF, not as
+    # an OSError: every one of them is this file's fault.
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise ModelError(f"{p} is not a built-in scorer model (damaged or another format): {exc}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else meta
+        raise ModelError(f"{p}: format {got!r}, expected {FORMAT!r}")
+    sizes = {}
+    for key in ("buckets", "dim", "hidden", "ngram"):
+        v = meta.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ModelError(f"{p}: meta {key} is {v!r}, expected an integer >= 1")
+        sizes[key] = v
+    m = ModelMeta(sizes["buckets"], sizes["dim"], sizes["hidden"], sizes["ngram"], str(meta.get("dtype")))
+    shapes = {
+        "embed": (m.buckets, m.dim),
+        "w1": (m.dim, m.hidden),
+        "b1": (m.hidden,),
+        "w2": (m.hidden, 1),
+        "b2": (1,),
+    }
     for k, shape in shapes.items():
         if arrays[k].shape != shape:
             raise ModelError(f"{p}: {k} has shape {arrays[k].shape}, expected {shape}")
+        if not np.issubdtype(arrays[k].dtype, np.floating):
+            raise ModelError(f"{p}: {k} has dtype {arrays[k].dtype}, expected floating point")
+        # A NaN or inf weight gives NaN scores for every text that touches it.
+        if not _finite(arrays[k]):
+            raise ModelError(f"{p}: {k} holds NaN or infinite values")
     return m, arrays
+
+
+def _finite(a: np.ndarray, block_bytes: int = 64 * 2**20) -> bool:
+    """Whether every value of ``a`` is finite, checked in blocks of rows: the whole mask of a
+    table of many GiB would take a quarter of its size again in host memory."""
+    rows = max(1, block_bytes // max(1, a[:1].nbytes))
+    return all(np.isfinite(a[i : i + rows]).all() for i in range(0, max(1, len(a)), rows))
 
 
 def features(texts: Sequence[str], meta: ModelMeta) -> tuple[np.ndarray, np.ndarray]:

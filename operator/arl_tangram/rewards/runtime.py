@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -45,6 +46,11 @@ DEFAULT_GRACE_S = 0.05
 
 class UnknownService(KeyError):
     """No service of that name in this runtime."""
+
+
+class BadInput(ValueError):
+    """An input no backend can score; the message names it. Refused before it joins a batch, where
+    its failure would fail every other request of the batch too."""
 
 
 class QueueFull(Exception):
@@ -196,6 +202,11 @@ class RewardRuntime:
         svc = self.services.get(service)
         if svc is None:
             raise UnknownService(service)
+        for i, text in enumerate(inputs):
+            try:
+                text.encode()
+            except UnicodeEncodeError as exc:  # a lone surrogate: valid JSON ("\ud800"), not text
+                raise BadInput(f"inputs[{i}] is not valid Unicode: {exc.reason} at {exc.start}") from None
         if len(svc.queue) >= svc.spec.max_queue:
             raise QueueFull(
                 f"service {service}: {len(svc.queue)} requests waiting (max {svc.spec.max_queue})"
@@ -374,23 +385,24 @@ class RewardRuntime:
                 t0 = self.clock()
                 scores: list[float] = []
                 size = svc.spec.max_batch_size
-                for i in range(0, max(1, len(inputs)), size):  # a request bigger than a batch: in parts
+                for i in range(0, len(inputs), size):  # a request bigger than a batch: in parts
                     part = inputs[i : i + size]
-                    if part:
-                        scores += await svc.backend.score(part)
+                    scores += _checked(name, part, await svc.backend.score(part))
                 exec_s = self.clock() - t0
                 self.cache.touch(name)
-        except Exception as exc:
-            err = exc if isinstance(exc, BackendError) else BackendError(f"{name}: {exc}")
+        except BaseException as exc:
+            # Every request of the batch gets an answer, whatever happened: a cancellation (``stop``
+            # during the batch) included, or its caller would wait for ever.
+            if isinstance(exc, BackendError):
+                err = exc
+            elif isinstance(exc, asyncio.CancelledError):
+                err = BackendError("the reward runtime is stopping")
+            else:
+                err = BackendError(f"{name}: {exc}")
             for r in batch:
-                if not r.future.done():
+                if not r.future.done():  # a caller that went away cancelled its own
                     r.future.set_exception(err)
             raise
-        if len(scores) != len(inputs):
-            err = BackendError(f"{name}: {len(scores)} scores for {len(inputs)} inputs")
-            for r in batch:
-                r.future.set_exception(err)
-            return
         svc.batches += 1
         svc.last_used = self.clock()
         i = 0
@@ -401,3 +413,14 @@ class RewardRuntime:
             i += len(r.inputs)
             if not r.future.done():
                 r.future.set_result(res)
+
+
+def _checked(name: str, inputs: Sequence[str], scores: Sequence[float]) -> list[float]:
+    """A backend's scores for ``inputs``, one finite number each: a count that differs would shift
+    every later request's scores onto another's inputs, and NaN or inf is no reward (nor JSON)."""
+    if len(scores) != len(inputs):
+        raise BackendError(f"{name}: {len(scores)} scores for {len(inputs)} inputs")
+    for i, x in enumerate(scores):
+        if not math.isfinite(x):
+            raise BackendError(f"{name}: score {x} for input {i} of {len(inputs)} (not a finite number)")
+    return list(scores)

@@ -57,6 +57,7 @@ from arl_tangram.rewards.runtime import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_QUEUE,
     DEFAULT_MAX_WAIT_MS,
+    BadInput,
     QueueFull,
     RewardRuntime,
     ServiceSpec,
@@ -66,6 +67,7 @@ from arl_tangram.rewards.runtime import (
 log = logging.getLogger("tangram.reward-runtime")
 
 MAX_INPUTS_PER_REQUEST = 4096
+MAX_BODY_BYTES = 64 * 2**20
 SERVICE_KEYS = {
     "name",
     "backend",
@@ -152,6 +154,8 @@ def make_app(runtime: RewardRuntime, device: str) -> web.Application:
             body = await request.json()
         except ValueError:
             return _error(400, "the body must be JSON")
+        except web.HTTPRequestEntityTooLarge:  # aiohttp's own answer is plain text, not {"error"}
+            return _error(413, f"the body is over {MAX_BODY_BYTES} bytes (split the inputs over requests)")
         if not isinstance(body, dict) or not isinstance(body.get("service"), str):
             return _error(400, 'the body must be {"service": NAME, "inputs": [TEXT, ...]}')
         inputs = body.get("inputs")
@@ -163,6 +167,8 @@ def make_app(runtime: RewardRuntime, device: str) -> web.Application:
             result = await runtime.score(body["service"], inputs)
         except UnknownService:
             return _error(404, f"no service {body['service']!r} here (serving {', '.join(runtime.services)})")
+        except BadInput as exc:
+            return _error(400, str(exc))
         except QueueFull as exc:
             return _error(429, str(exc), **{"Retry-After": "1"})
         except BackendError as exc:
@@ -199,7 +205,7 @@ def make_app(runtime: RewardRuntime, device: str) -> web.Application:
         except BackendError as exc:
             return _error(503, str(exc))
 
-    app = web.Application(client_max_size=64 * 2**20)
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
     app.router.add_post("/v1/score", score)
     app.router.add_get("/v1/health", health)
     app.router.add_get("/v1/services", services)

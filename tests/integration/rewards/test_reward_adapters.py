@@ -9,6 +9,9 @@ runtime that ever put both on the device at once fails the test."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import re
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -75,6 +78,7 @@ def vllm_standin(gpu: SimulatedGpu, model: str, nbytes: int, calls: list[str]) -
         return web.json_response({"id": "pool-1", "object": "list", "data": data})
 
     app = web.Application()
+    app[RELEASE] = asyncio.Event()
     app.router.add_get("/is_sleeping", is_sleeping)
     app.router.add_post("/sleep", sleep)
     app.router.add_post("/wake_up", wake_up)
@@ -200,4 +204,126 @@ async def test_an_unexpected_answer_is_named() -> None:
             with pytest.raises(BackendError, match="unexpected shape"):
                 await VllmBackend("x", url, "m", GIB, session).score(["a"])
     finally:
+        await runner.cleanup()
+
+
+RELEASE = web.AppKey("release", asyncio.Event)
+
+
+def faulty_upstream(fault: str) -> web.Application:
+    """A vLLM and SGLang stand-in whose scoring endpoints answer with ``fault``: the documented shapes
+    (``/pooling`` rows with ``index`` and ``data``, ``/classify`` a list with ``embedding``), bent in
+    one way each."""
+
+    def rows(n: int) -> list[dict[str, object]]:
+        return [{"index": i, "object": "pooling", "data": [score_of("x" * i)]} for i in range(n)]
+
+    async def answer(request: web.Request, n: int, good: object) -> web.StreamResponse:
+        if fault == "nan":  # what Python's json.dumps writes for float("nan"), and json.loads reads
+            return web.Response(text=json.dumps(good).replace("0.0", "NaN"), content_type="application/json")
+        if fault == "inf":
+            return web.Response(
+                text=json.dumps(good).replace("0.1", "Infinity"), content_type="application/json"
+            )
+        if fault == "500":
+            return web.json_response({"object": "error", "message": "CUDA error"}, status=500)
+        if fault == "malformed":
+            return web.Response(text=json.dumps(good)[:-3], content_type="application/json")
+        if fault == "empty":
+            return web.Response(status=200)
+        if fault == "slow":  # answers only once the test is over
+            await request.app[RELEASE].wait()
+        if fault == "drop":  # the server goes away mid-request
+            assert request.transport is not None
+            request.transport.close()
+            await asyncio.sleep(1)
+        return web.json_response(good)
+
+    async def pooling(request: web.Request) -> web.StreamResponse:
+        n = len((await request.json())["input"])
+        out = rows(n)
+        if fault == "fewer":
+            out = out[:-1]
+        elif fault == "more":
+            out = [*out, {"index": n, "object": "pooling", "data": [1.0]}]
+        elif fault == "repeated index":
+            out = [{**r, "index": 0} for r in out]
+        elif fault == "string score":
+            out = [{**r, "data": "0.5"} for r in out]
+        elif fault == "boolean score":
+            out = [{**r, "data": [True]} for r in out]
+        return await answer(request, n, {"id": "pool-1", "object": "list", "data": out})
+
+    async def classify(request: web.Request) -> web.StreamResponse:
+        n = len((await request.json())["text"])
+        out: list[dict[str, object]] = [{"embedding": [score_of("x" * i)]} for i in range(n)]
+        if fault == "fewer":
+            out = out[:-1]
+        elif fault == "more":
+            out = [*out, {"embedding": [1.0]}]
+        elif fault == "string score":
+            out = [{"embedding": ["0.5"]} for _ in out]
+        elif fault == "boolean score":
+            out = [{"embedding": [False]} for _ in out]
+        return await answer(request, n, out)
+
+    async def is_sleeping(_: web.Request) -> web.Response:
+        return web.json_response({"is_sleeping": False})
+
+    app = web.Application()
+    app[RELEASE] = asyncio.Event()
+    app.router.add_get("/is_sleeping", is_sleeping)
+    app.router.add_post("/pooling", pooling)
+    app.router.add_post("/classify", classify)
+    return app
+
+
+FAULTS = {
+    "nan": "nan",
+    "inf": "inf",
+    "500": "answered 500",
+    "malformed": "malformed JSON",
+    "empty": "empty body",
+    "slow": "timed out",
+    "drop": "failed",
+    "fewer": "for 3 inputs",
+    "more": "for 3 inputs",
+    "repeated index": "for 3 inputs",
+    "string score": "not a number",
+    "boolean score": "not a number",
+}
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+async def test_a_misbehaving_server_fails_the_batch_never_a_wrong_score(kind: str, fault: str) -> None:
+    """Two requests batched together against a server that answers NaN/inf, too few or too many
+    scores, a repeated index, strings or booleans, malformed JSON, nothing, too late, or drops the
+    connection: both get a BackendError naming the fault (503 over HTTP, the dispatcher retries
+    elsewhere), never scores. NaN, inf, strings, booleans, a repeated index and the wrong counts
+    used to pass as scores (NaN then made the runtime's answer invalid JSON)."""
+    if kind == "sglang" and fault == "repeated index":
+        pytest.skip("SGLang's /classify answers carry no index")
+    app = faulty_upstream(fault)
+    runner, url = await _serve(app)
+    # A short total timeout stands for the runtime's own, which the "slow" server never answers in.
+    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1 if fault == "slow" else 60))
+    cls = VllmBackend if kind == "vllm" else SglangBackend
+    rt = RewardRuntime(
+        [(ServiceSpec("rm", max_batch_size=3, max_wait_s=1), cls("rm", url, "m", GIB, session))], GIB
+    )
+    try:
+        await rt.start()  # both stand-ins are awake: scoring is what this test asks
+        assert rt.cache.resident == ["rm"]
+        answers = await asyncio.gather(
+            rt.score("rm", ["", "x"]), rt.score("rm", ["xx"]), return_exceptions=True
+        )
+        for a in answers:
+            assert isinstance(a, BackendError), a
+            assert re.search(FAULTS[fault], str(a), re.IGNORECASE), str(a)
+            assert str(a).startswith("rm: ")
+    finally:
+        app[RELEASE].set()
+        await rt.stop()
+        await session.close()
         await runner.cleanup()

@@ -231,3 +231,45 @@ def test_write_model_makes_a_file_the_runtime_serves(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     scorer = BuiltinScorer.from_file(path)
     assert 1.9 * 2**20 < scorer.nbytes < 2.1 * 2**20
+
+
+def test_odd_inputs_over_http_get_their_own_answers(runtime: Runtime) -> None:
+    """A lone surrogate (valid JSON, no text) is a 400 naming the input, not a 503 for its batch;
+    a body over the limit is a JSON 413 like every other error; empty strings, NUL and emoji score."""
+    odd = ["", "\x00", "😀" * 10, "a\u0301"]
+    ok = runtime.post("/v1/score", {"service": "a", "inputs": odd})
+    assert ok.status_code == 200 and ok.json()["scores"] == _local_scores(runtime.models["a"], odd)
+    raw = b'{"service": "a", "inputs": ["fine", "x\\ud800"]}'
+    bad = requests.post(runtime.url + "/v1/score", data=raw, timeout=60)
+    assert bad.status_code == 400 and "inputs[1]" in bad.json()["error"], bad.text
+    huge = runtime.post("/v1/score", {"service": "a", "inputs": ["x" * (65 * 2**20)]})
+    assert huge.status_code == 413 and "split the inputs" in huge.json()["error"], huge.text
+
+
+def test_a_damaged_model_file_stops_the_start_naming_it(tmp_path: Path) -> None:
+    """A truncated weights file is refused at start with one line naming it (it was a zipfile
+    traceback)."""
+    model = write_model(tmp_path / "rm.npz", buckets=256, dim=8)
+    model.write_bytes(model.read_bytes()[:1000])
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(yaml.safe_dump({"services": [{"name": "rm", "backend": "builtin", "path": str(model)}]}))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "arl_tangram",
+            "reward-runtime",
+            "--config",
+            str(cfg),
+            "--device-memory",
+            "1Gi",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=STARTUP_S,
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith(
+        f"tangram reward-runtime: service rm: {model} is not a built-in scorer model"
+    )
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1

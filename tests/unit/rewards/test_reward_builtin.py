@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -92,6 +93,66 @@ def test_bad_files_are_named(tmp_path: Path) -> None:
     )
     with pytest.raises(ModelError, match="format"):
         load_model(tmp_path / "other.npz")
+
+
+def _damage(path: Path, how: str) -> None:
+    """Damage a model file written by ``write_model`` in one way."""
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "bit flipped":
+        flipped = bytearray(data)
+        flipped[len(data) // 2] ^= 0xFF  # inside the embedding table's bytes: its CRC no longer holds
+        path.write_bytes(bytes(flipped))
+    else:
+        with np.load(path) as z:
+            arrays = dict(z)
+        meta = json.loads(bytes(arrays["meta"]))
+        if how == "meta not an object":
+            arrays["meta"] = np.frombuffer(b"[1, 2]", dtype=np.uint8)
+        elif how == "meta without buckets":
+            del meta["buckets"]
+        elif how == "ngram 0":
+            meta["ngram"] = 0
+        elif how == "b2 of 5":
+            arrays["b2"] = np.zeros(5, dtype=np.float32)
+        elif how == "integer weights":
+            arrays["embed"] = arrays["embed"].astype(np.int32)
+        elif how == "NaN weight":
+            arrays["w1"][0, 0] = np.nan
+        elif how == "inf weight":
+            arrays["embed"][-1, -1] = np.inf
+        if how != "meta not an object":
+            arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        with path.open("wb") as f:
+            np.savez(f, **arrays)
+
+
+@pytest.mark.parametrize(
+    ("how", "says"),
+    [
+        ("truncated", "damaged"),
+        ("empty", "damaged"),
+        ("bit flipped", "damaged"),
+        ("meta not an object", "format"),
+        ("meta without buckets", "buckets is None"),
+        ("ngram 0", "ngram is 0"),
+        ("b2 of 5", r"b2 has shape \(5,\)"),
+        ("integer weights", "embed has dtype int32"),
+        ("NaN weight", "w1 holds NaN"),
+        ("inf weight", "embed holds NaN or infinite"),
+    ],
+)
+def test_a_damaged_file_is_refused_naming_it_and_the_fault(tmp_path: Path, how: str, says: str) -> None:
+    """Each of these escaped as a bare zipfile/KeyError/AttributeError traceback, or loaded and gave
+    wrong (NaN, or a b2 broadcast over 5) scores to every request."""
+    path = write_model(tmp_path / "m.npz", buckets=256, dim=8, hidden=4)
+    _damage(path, how)
+    with pytest.raises(ModelError, match=says) as err:
+        load_model(path)
+    assert str(path) in str(err.value)
 
 
 def test_cuda_without_torch_or_gpu_is_a_clear_error(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 from arl_tangram.rewards.backends import BackendError, BuiltinBackend
 from arl_tangram.rewards.builtin import BuiltinScorer, write_model
 from arl_tangram.rewards.cache import DoesNotFit
-from arl_tangram.rewards.runtime import QueueFull, RewardRuntime, ServiceSpec, UnknownService
+from arl_tangram.rewards.runtime import BadInput, QueueFull, RewardRuntime, ServiceSpec, UnknownService
 
 
 class WatchedBackend(BuiltinBackend):
@@ -382,5 +382,119 @@ async def test_a_prewarm_waiting_for_the_device_yields_to_a_request_that_came_me
         assert (await asked).restore_s == 0.0
         await _settled(rt)
         assert queued_at_b == [0] and log == ["restore a", "restore b"]
+    finally:
+        await rt.stop()
+
+
+class MiscountingBackend(BuiltinBackend):
+    """The built-in backend, losing the last score of every batch (a stand-in for a server that
+    answers one score short without saying so: the HTTP backends now refuse such answers themselves,
+    so only an in-process backend can hand one to the runtime) once ``go`` is set."""
+
+    def __init__(self, name: str, scorer: BuiltinScorer) -> None:
+        super().__init__(name, scorer)
+        self.go, self.started = asyncio.Event(), asyncio.Event()
+
+    async def score(self, inputs: Sequence[str]) -> list[float]:
+        self.started.set()
+        await self.go.wait()
+        return (await super().score(inputs))[:-1]
+
+
+async def test_a_short_answer_fails_the_batch_even_when_a_caller_left(tmp_path: Path) -> None:
+    """One of two batched callers gives up (its future is cancelled) while the backend answers one
+    score short: the other caller used to wait for ever (setting an error on the cancelled future
+    raised InvalidStateError before it reached the next one)."""
+    scorer = BuiltinScorer.from_file(write_model(tmp_path / "m.npz", buckets=64, dim=4, hidden=4))
+    backend = MiscountingBackend("s", scorer)
+    rt = RewardRuntime([(ServiceSpec("s", max_batch_size=2, max_wait_s=0), backend)], scorer.nbytes)
+    await rt.start()
+    try:
+        leaver = asyncio.create_task(rt.score("s", ["a"]))
+        stayer = asyncio.create_task(rt.score("s", ["b"]))
+        await backend.started.wait()  # both are in the running batch (max_batch_size 2, no wait)
+        assert rt.services["s"].batches == 0 and not rt.services["s"].queue
+        leaver.cancel()
+        backend.go.set()
+        with pytest.raises(BackendError, match="1 scores for 2 inputs"):
+            await asyncio.wait_for(stayer, 30)
+    finally:
+        await rt.stop()
+
+
+class NanBackend(BuiltinBackend):
+    """A backend whose scores are NaN (a stand-in for a model gone bad in process)."""
+
+    async def score(self, inputs: Sequence[str]) -> list[float]:
+        return [float("nan")] * len(inputs)
+
+
+async def test_non_finite_scores_are_an_error_not_a_reward(tmp_path: Path) -> None:
+    scorer = BuiltinScorer.from_file(write_model(tmp_path / "m.npz", buckets=64, dim=4, hidden=4))
+    rt = RewardRuntime([(ServiceSpec("s", max_wait_s=0), NanBackend("s", scorer))], scorer.nbytes)
+    await rt.start()
+    try:
+        with pytest.raises(BackendError, match="not a finite number"):
+            await rt.score("s", ["a"])
+    finally:
+        await rt.stop()
+
+
+class HeldBackend(BuiltinBackend):
+    """The built-in backend, whose scoring waits until ``go`` is set (a long batch)."""
+
+    def __init__(self, name: str, scorer: BuiltinScorer) -> None:
+        super().__init__(name, scorer)
+        self.go, self.started = asyncio.Event(), asyncio.Event()
+
+    async def score(self, inputs: Sequence[str]) -> list[float]:
+        self.started.set()
+        await self.go.wait()
+        return await super().score(inputs)
+
+
+async def test_stopping_during_a_batch_answers_its_requests(tmp_path: Path) -> None:
+    """``stop`` while a batch runs (the pod is terminating): its requests get the stopping error
+    (503, retried elsewhere); they used to be left waiting for ever."""
+    scorer = BuiltinScorer.from_file(write_model(tmp_path / "m.npz", buckets=64, dim=4, hidden=4))
+    backend = HeldBackend("s", scorer)
+    rt = RewardRuntime([(ServiceSpec("s", max_wait_s=0), backend)], scorer.nbytes)
+    await rt.start()
+    waiting = asyncio.create_task(rt.score("s", ["a"]))
+    await backend.started.wait()
+    await rt.stop()
+    with pytest.raises(BackendError, match="stopping"):
+        await asyncio.wait_for(waiting, 30)
+
+
+async def test_an_input_that_is_no_text_is_refused_alone(tmp_path: Path) -> None:
+    """A lone surrogate ("\\ud800" is valid JSON) cannot be encoded for any model: it is refused
+    before it joins a batch; it used to fail every request batched with it."""
+    rt, _, backends = _setup(tmp_path, ["a"], fit=1, max_batch_size=10, max_wait_s=0.05)
+    await rt.start()
+    try:
+        good, bad = await asyncio.gather(
+            rt.score("a", ["fine", "😀\x00"]), rt.score("a", ["ok", "x\ud800"]), return_exceptions=True
+        )
+        assert isinstance(bad, BadInput) and "inputs[1]" in str(bad), bad
+        assert not isinstance(good, BaseException)
+        assert good.scores == backends[0].scorer.score(["fine", "😀\x00"])
+    finally:
+        await rt.stop()
+
+
+async def test_empty_texts_unicode_and_batches_of_thousands_match_alone(tmp_path: Path) -> None:
+    """Odd but valid inputs in big concurrent batches: each request gets its own texts' scores, the
+    same as scored alone (no cross-talk between requests of one batch)."""
+    rt, _, backends = _setup(tmp_path, ["a"], fit=1, max_batch_size=512, max_wait_s=0.01)
+    await rt.start()
+    try:
+        odd = ["", " ", "\x00", "😀" * 50, "é" * 300, "\u200b\ufeff", "\r\n\t"]
+        requests = [[f"{odd[i % len(odd)]}{i}" for i in range(j, j + 1 + j % 37)] for j in range(200)]
+        requests += [[str(i) for i in range(4096)], [""], ["a" * 200_000, ""]]
+        answers = await asyncio.gather(*(rt.score("a", r) for r in requests))
+        alone = backends[0].scorer
+        for req, ans in zip(requests, answers, strict=True):
+            assert ans.scores == alone.score(req)
     finally:
         await rt.stop()
