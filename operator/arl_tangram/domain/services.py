@@ -208,8 +208,14 @@ def reward_text(payload: Mapping[str, Any]) -> str:
     if "messages" in payload:
         return chat(payload["messages"])
     if "response" in payload:
-        prompt = payload.get("prompt") or ""
-        prompt_text = chat(prompt) if isinstance(prompt, list) else str(prompt)
+        prompt = payload.get("prompt")
+        if prompt is not None and not isinstance(prompt, (str, list)):
+            # str() of it was scored (a dict's repr, "5"): a reward for a text nobody wrote.
+            raise InvalidSpec(
+                "payload.prompt",
+                f"must be a string or a list of {{role, content}}, not {type(prompt).__name__}",
+            )
+        prompt_text = chat(prompt) if isinstance(prompt, list) else (prompt or "")
         if not isinstance(payload["response"], str):
             raise InvalidSpec("payload.response", "must be a string")
         return f"{prompt_text}{payload['response']}"

@@ -193,6 +193,14 @@ def test_a_reward_payload_without_a_text_is_refused() -> None:
         reward_text({"label": "x"})
 
 
+@pytest.mark.parametrize("prompt", [{"a": 1}, 5, True, 1.5])
+def test_a_prompt_that_is_neither_text_nor_a_chat_is_refused_naming_it(prompt: object) -> None:
+    """Its ``str()`` was scored (``{'a': 1}x``): a reward for a text nobody wrote."""
+    with pytest.raises(InvalidSpec) as err:
+        reward_text({"prompt": prompt, "response": "x"})
+    assert err.value.field == "payload.prompt", err.value
+
+
 class _Replicas:
     """A runtime whose replicas are what the test says (the controller's calls are recorded)."""
 
