@@ -519,9 +519,21 @@ class Dispatcher:
             self._unbook_orphan(pool, key)
         if name in pool.cpu.hosts:
             pool.cpu.hosts[name].draining = True
+        lost: dict[str, str] = {}
         for sess in pool.sessions.values():
             if sess.host == name and sess.lost is None:
-                sess.lost = f"session {sess.name!r} was lost with its host {name}"
+                sess.lost = lost[sess.name] = f"session {sess.name!r} was lost with its host {name}"
+        # A lost session's action still waiting for a core fails now: left queued, it was granted
+        # the lost host's core its running actions give back below (pinned there, which made the
+        # host's removal fail), or, once unpinned, another host's, where it ran in a new empty session.
+        for job in list(self._jobs.values()):
+            req = job.request
+            if (
+                job.grant is None
+                and req.session in lost
+                and pool_key(req.namespace, req.target) == pool.config.key
+            ):
+                self._fail(job, Reason.SESSION_LOST, lost[req.session])
         tasks = []
         for job in self._jobs.values():
             if job.grant is not None and job.grant.host == name and job.task is not None:

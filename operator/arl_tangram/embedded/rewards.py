@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,9 @@ class LocalRewards:
 
     services: dict[str, RewardModelService]
     state_dir: Path
+    # Declared but not served (namespace/name -> why): a request naming one is told why, not that
+    # no such service exists.
+    unserved: dict[str, str] = field(default_factory=dict)
     python: str = sys.executable
     proc: subprocess.Popen[bytes] | None = None
     url: str | None = None
@@ -81,6 +84,7 @@ class LocalRewards:
     @classmethod
     def plan(cls, services: Sequence[RewardModelService], state_dir: Path) -> tuple[LocalRewards, list[str]]:
         served: dict[str, RewardModelService] = {}
+        unserved: dict[str, str] = {}
         notes = []
         for svc in services:
             key = key_of(svc.metadata.namespace or "default", svc.metadata.name or "")
@@ -88,8 +92,9 @@ class LocalRewards:
             if why is None:
                 served[key] = svc
             else:
-                notes.append(f"RewardModelService {key}: not served by tangram up: {why}")
-        return cls(served, state_dir), notes
+                unserved[key] = f"RewardModelService {key}: not served by tangram up: {why}"
+                notes.append(unserved[key])
+        return cls(served, state_dir, unserved=unserved), notes
 
     def _services_file(self) -> Path:
         entries = []
@@ -155,7 +160,10 @@ class LocalRewards:
             (svc.metadata.namespace or "default", svc.metadata.name or "", svc.spec.model.name)
             for svc in self.services.values()
         )
-        key = key_of(request.namespace, service_named(request.namespace, request.target, served))
+        name = service_named(request.namespace, request.target, served)
+        key = key_of(request.namespace, name)
+        if key in self.unserved:
+            raise NotFound("RewardModelService", name, self.unserved[key])
         if key not in self.services or self.http is None or self.url is None:
             raise NotFound("RewardModelService", request.target)
         text = text_of(request.payload)

@@ -530,16 +530,18 @@ class LocalRuntime:
         """Stop every host (``tangram up`` on its way out); none waiting starts."""
         self._closing = True
         self._pending.clear()
-        await asyncio.gather(*(self._delete(name) for name in list(self._hosts)), return_exceptions=True)
+        await asyncio.gather(
+            *(self._delete(name, at_once=True) for name in list(self._hosts)), return_exceptions=True
+        )
 
-    async def _delete(self, name: str) -> None:
+    async def _delete(self, name: str, at_once: bool = False) -> None:
         if self._pending.pop(name, None) is not None:
             return  # it never started: nothing to stop
         host = self._hosts.get(name)
         if host is None:
             return
         host.phase = "terminating"
-        await asyncio.to_thread(self._stop, host)
+        await asyncio.to_thread(self._stop, host, at_once)
         if host.watcher is not None:
             host.watcher.cancel()
             await asyncio.gather(host.watcher, return_exceptions=True)
@@ -589,10 +591,16 @@ class LocalRuntime:
             tail = lines[-1] if lines else ""
         return f"the agent exited {host.proc.returncode}" + (f": {tail}" if tail else "")
 
-    def _stop(self, host: LocalHost) -> None:
+    def _stop(self, host: LocalHost, at_once: bool = False) -> None:
         """SIGTERM (the agent closes its sessions and ends its actions), SIGKILL after the grace;
-        then whatever still runs under the host's uids is killed, so nothing outlives its host."""
+        then whatever still runs under the host's uids is killed, so nothing outlives its host.
+
+        ``at_once`` (``tangram up`` stopping): its actions are killed first. The agent answers the
+        requests in flight before it stops (aiohttp waits up to a minute for them), so with an
+        action still running it outwaited the grace and was killed itself, its workdirs left behind."""
         proc = host.proc
+        if at_once:
+            self._kill_uids(host)
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
@@ -603,6 +611,11 @@ class LocalRuntime:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+        self._kill_uids(host)
+
+    @staticmethod
+    def _kill_uids(host: LocalHost) -> None:
+        """SIGKILL every process under the host's uids until none is left (within the grace)."""
         deadline = time.monotonic() + STOP_GRACE_S
         while time.monotonic() < deadline:
             left = processes_of_uids(host.uids)

@@ -915,3 +915,39 @@ async def test_run_code_sends_the_callers_own_bytes_and_returns_the_agents(agent
         assert state == "done" and stored == body == json.loads(raw)
     finally:
         await client.close()
+
+
+async def test_a_session_action_waiting_for_a_core_when_its_host_is_lost_is_not_run_on_another(
+    tmp_path: Path,
+) -> None:
+    """The session's next action waits in the queue (its one-core host runs another action) when
+    the host dies. It was granted the dead host's core given back while the host was being removed,
+    and the removal failed (``sync_hosts`` raised, the host stayed); or, granted another host's, it
+    ran there in a new empty session and answered Succeeded while the session was lost."""
+    doomed = start_agent(tmp_path / "doomed", "--cores=0")
+    survivor = start_agent(tmp_path / "survivor", "--cores=0")
+    client = AgentClient()
+    try:
+        d = Dispatcher(client)
+        d.upsert_pool(_pool())
+        await d.sync_hosts(f"{NS}/py", [_endpoint(doomed, "doomed")])
+        first = await d.run(_req("q-sess-0", "open('state.txt', 'w').write('kept')", session="traj-q"))
+        assert first.state is Outcome.SUCCEEDED and first.host == "doomed"
+        plain = asyncio.create_task(d.run(_req("q-plain", "import time; time.sleep(3); print('ok')")))
+        await _wait(lambda: (s := d.stats(f"{NS}/py")) is not None and s.running_actions == 1)
+        code = "print(open('state.txt').read())"
+        waiting = asyncio.create_task(d.run(_req("q-sess-1", code, session="traj-q")))
+        await _wait(lambda: (s := d.stats(f"{NS}/py")) is not None and s.queued_actions == 1)
+        await d.sync_hosts(f"{NS}/py", [_endpoint(survivor, "survivor")])
+        doomed.proc.kill()
+        plain_out, sess_out = await asyncio.wait_for(asyncio.gather(plain, waiting), 30)
+        again = await d.run(_req("q-sess-1", code, session="traj-q"))
+    finally:
+        await client.close()
+        stop_agent(survivor)
+        if doomed.proc.poll() is None:
+            stop_agent(doomed)
+    assert plain_out.state is Outcome.SUCCEEDED and plain_out.host == "survivor"
+    assert sess_out.state is Outcome.FAILED and sess_out.reason is Reason.SESSION_LOST, sess_out
+    assert "traj-q" in (sess_out.message or "")
+    assert again.state is Outcome.FAILED and again.reason is Reason.SESSION_LOST, again

@@ -12,6 +12,7 @@ import signal
 from pathlib import Path
 
 import aiohttp
+import pytest
 from up_harness import leftovers, pool_doc, uid_base_for_test
 
 from arl_tangram.api.actionpool import ActionPool
@@ -140,5 +141,45 @@ def test_a_host_whose_agent_dies_is_observed_failed(tmp_path: Path) -> None:
             assert failed.address is None
         finally:
             await runtime.close()
+
+    asyncio.run(main())
+
+
+def test_closing_with_an_action_running_lets_each_agent_stop_by_itself(tmp_path: Path) -> None:
+    """``tangram up`` stopping with an action still running: the agent waited for its request to be
+    answered (as a pod's does) past the stop's grace, was SIGKILLed (``did not stop within 20s``)
+    and left its workdirs behind. Its actions are killed first now: it answers, and exits itself."""
+    if os.geteuid() != 0:
+        pytest.skip("actions run under the hosts' own uids only as root")
+
+    async def main() -> None:
+        runtime = LocalRuntime(tmp_path, CORES[:1], uid_base=uid_base_for_test())
+        pool = config()
+        answers: list[int] = []
+        try:
+            await runtime.create_host(pool, "py-busy", None)
+            seen = await runtime.wait_started("py-busy")
+            host = runtime.host("py-busy")
+            assert host is not None and seen.address is not None
+
+            async def long_action() -> None:
+                body = {"code": "import time; time.sleep(50)", "language": "python", "run_timeout": 55}
+                url = f"http://{seen.address}/run_code"
+                async with aiohttp.ClientSession() as http, http.post(url, json=body) as resp:
+                    answers.append(resp.status)
+
+            call = asyncio.create_task(long_action())
+            for _ in range(600):  # until the action's own process runs under the host's uids
+                if leftovers([], [host.uids]):
+                    break
+                await asyncio.sleep(0.05)
+            assert leftovers([], [host.uids]), "the action never started"
+        finally:
+            await runtime.close()
+        await asyncio.wait_for(call, 60)
+        assert host.proc.returncode == 0, f"the agent was killed: exit {host.proc.returncode}"
+        assert answers == [200]
+        assert not (host.root / "work").exists(), "the agent's workdirs were left behind"
+        assert leftovers([host.proc.pid], [host.uids]) == []
 
     asyncio.run(main())

@@ -111,6 +111,8 @@ def test_reward_endpoints_score_with_the_declared_model(up: Up, model: Path) -> 
     assert resp.json()["rewards"] == [float(x) for x in scorer.score(body["query"])]
     missing = requests.post(up.url + "/get_reward?service=hub-rm", json=body, timeout=60)
     assert missing.status_code == 404 and "hub-rm" in missing.text
+    # Declared, so the answer says why it is not served (it said no such service existed).
+    assert "not served by tangram up" in missing.text and "hf://" in missing.text, missing.text
 
 
 def _up_refuses(tmp_path: Path, doc: dict[str, Any] | None) -> str:
@@ -174,3 +176,5 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path: Path) -> None:
         assert ended and ended[0].startswith("504 "), ended  # /run_code's platform failure
         assert "SandboxError" in ended[0] and "send it again" in ended[0], ended
         assert "stopping" in running.output()
+        # Each agent stopped by itself, its action killed first: it was not killed after the grace.
+        assert "did not stop" not in running.output(), running.output()
