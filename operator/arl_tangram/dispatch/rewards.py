@@ -17,8 +17,9 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from arl_tangram.dispatch.agent import AgentClient, AgentRefused, ConnectFailed
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outage, Outcome, Reason
@@ -319,20 +320,22 @@ class RewardRouter:
                     svc.waiting += 1
                     waiting = True
                 scores = body.get("scores")
-                if not isinstance(scores, list) or not scores or not isinstance(scores[0], int | float):
+                if not isinstance(scores, list) or not scores or not _is_number(scores[0]):
+                    # NaN, infinity and booleans included: a custom server's NaN became the action's
+                    # reward (and invalid JSON in every answer and status that carried it).
                     last_error = f"replica {replica} answered without a score: {body!r}"[:300]
                     continue
                 svc.suspect.pop(replica, None)  # it answered
                 now = self.clock()
                 svc.acts.append((now, now - submitted))
                 svc.last_active = now
-                queue_s = float(body.get("queue_s", 0.0))
-                restore_s = float(body.get("restore_s", 0.0))
+                queue_s = _seconds(body, "queue_s", 0.0)
+                restore_s = _seconds(body, "restore_s", 0.0)
                 return ActionOutcome(
                     request.key,
                     Outcome.SUCCEEDED,
                     reward=float(scores[0]),
-                    duration_s=float(body.get("exec_s", now - started)),
+                    duration_s=_seconds(body, "exec_s", now - started),
                     queued_s=(started - submitted) + queue_s,
                     attempts=attempts,
                     host=replica,
@@ -349,3 +352,15 @@ class RewardRouter:
         finally:
             if waiting:
                 svc.waiting -= 1
+
+
+def _is_number(value: object) -> bool:
+    """A score: a finite number (JSON has no NaN or infinity; a bool is no score)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _seconds(body: Mapping[str, Any], name: str, default: float) -> float:
+    """A time the replica reports (only a measurement): ``default`` where it is no finite number of
+    seconds, 0 or more; a string there raised out of the action, and NaN went into its status."""
+    value = body.get(name, default)
+    return float(value) if _is_number(value) and value >= 0 else default

@@ -339,3 +339,38 @@ async def test_the_dispatcher_serves_a_request_naming_the_model() -> None:
     request = ActionRequest("k", "ns", "Org/Reward-Model-0.6B", "reward", {"prompt": "p", "response": "r"})
     outcome = await asyncio.wait_for(dispatcher.run(request), 5)
     assert outcome.state is Outcome.SUCCEEDED and outcome.reward == 0.5 and client.calls == ["a:8000"]
+
+
+class AnswersOf(FakeReplicas):
+    """Each call answers the next body of ``bodies`` (the last one from then on)."""
+
+    def __init__(self, bodies: list[dict[str, Any]]) -> None:
+        super().__init__({})
+        self.bodies = bodies
+
+    async def score(self, address: str, service: str, inputs: list[str], timeout_s: float) -> dict[str, Any]:
+        self.calls.append(address)
+        return self.bodies.pop(0) if len(self.bodies) > 1 else self.bodies[0]
+
+
+@pytest.mark.parametrize("score", [float("nan"), float("inf"), float("-inf"), True, "0.5", None])
+async def test_a_score_that_is_no_number_is_no_reward(score: object) -> None:
+    """A custom server's (``server.image``) NaN became the action's reward, and invalid JSON in
+    every answer and batch status that carried it: it is a replica that answered without a score
+    (tried again; the next answer is the reward)."""
+    client = AnswersOf([{"scores": [score]}, {"scores": [0.25]}])
+    router = _router(client)
+    router.sync("ns/rm", [("a", "a:8000")])
+    outcome = await asyncio.wait_for(router.run(_request()), 10)
+    assert outcome.state is Outcome.SUCCEEDED and outcome.reward == 0.25 and outcome.attempts == 2, outcome
+
+
+@pytest.mark.parametrize("seconds", ["abc", float("nan"), -1.0, [1]])
+async def test_times_a_replica_reports_that_are_no_seconds_are_not_taken(seconds: object) -> None:
+    """A string raised out of the action; NaN went into its status."""
+    client = AnswersOf([{"scores": [0.5], "exec_s": seconds, "queue_s": seconds, "restore_s": seconds}])
+    router = _router(client)
+    router.sync("ns/rm", [("a", "a:8000")])
+    outcome = await asyncio.wait_for(router.run(_request()), 10)
+    assert outcome.state is Outcome.SUCCEEDED and outcome.reward == 0.5, outcome
+    assert outcome.duration_s >= 0 and outcome.queued_s >= 0 and outcome.message is None, outcome
