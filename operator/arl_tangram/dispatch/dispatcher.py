@@ -380,6 +380,18 @@ class Dispatcher:
         pool = await self._find_pool(namespace, name)
         return pool.config if pool else None
 
+    def session_lost(self, namespace: str, pool: str, session: str) -> str | None:
+        """Why a session's state is gone (its host lost, or closed here), as its actions are told
+        (SessionLost); None while it stands."""
+        state = self._pools.get(pool_key(namespace, pool))
+        if state is None:
+            return None
+        sess = state.sessions.get(session)
+        if sess is not None:
+            return sess.lost
+        why = state.closed.get(session)
+        return None if why is None else f"session {session!r} was {why}: its state is gone"
+
     async def remove_pool(self, key: str, uid: str = "") -> None:
         """The pool (of ``uid``; "": whichever holds the name) was deleted: its queued and running
         actions fail (PoolNotFound)."""

@@ -46,7 +46,8 @@ class GatewayConfig:
     max_in_flight_per_pool: int = 4096
     max_in_flight_per_tenant: int = 4096
     retry_after_s: float = 1.0
-    # Sessions: the TTL a session gets when the caller names none, and the most it may ask for.
+    # Sessions: the most a caller may ask for, and the TTL for one that names none behind a service
+    # that cannot tell its pools' settings (the dispatcher tells: the pool's sessions.ttlSeconds).
     session_ttl_s: float = 600.0
     max_session_ttl_s: float = 86400.0
     max_sessions_per_tenant: int = 10_000

@@ -12,8 +12,9 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
+from arl_tangram.api.actionpool import LANGUAGES as POOL_LANGUAGES
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
-from arl_tangram.domain.batches import LANGUAGE_RUNTIMES, action_payload
+from arl_tangram.domain.batches import action_payload
 from arl_tangram.errors import InvalidSpec, NotFound
 from arl_tangram.gateway.config import ACTION_KEY_HEADER
 from arl_tangram.gateway.errors import HttpError, as_http
@@ -35,8 +36,11 @@ from arl_tangram.gateway.state import GatewayState, authorize, state_of
 from arl_tangram.sandbox.actions import MAX_KEY_CHARS, parse_action_key
 
 log = logging.getLogger(__name__)
-# The gateway does not know each pool's languages; the agent refuses one it does not offer, by name.
-ALL_LANGUAGES = tuple(LANGUAGE_RUNTIMES)
+# Every language a pool may declare: the gateway does not hold each pool's list, and the agent
+# refuses one its image does not offer, by name. (It was the python and bash of LANGUAGE_RUNTIMES,
+# so a native action in cpp was refused as "not among the pool's languages ['python', 'bash']" on a
+# pool that declares cpp, though the agent's /v1/execute runs it.)
+ALL_LANGUAGES = POOL_LANGUAGES
 
 
 def caller_key(request: web.Request, body_key: str | None) -> str | None:
@@ -370,12 +374,20 @@ async def open_session(request: web.Request) -> web.Response:
     body = await parse(request, SessionCreate, state.config)
     namespace = body.namespace or state.config.default_namespace
     await authorize(request, namespace)
-    ttl = body.ttl_seconds or state.config.session_ttl_s
-    if ttl > state.config.max_session_ttl_s:
+    # The pool's sessions.ttlSeconds is the default and the most a caller may ask for (its owner
+    # bounds how long its hosts keep an idle trajectory's state), within the gateway's own bound.
+    pool_ttl = await state.sessions.pool_ttl_s(namespace, body.pool)
+    limit = state.config.max_session_ttl_s
+    if pool_ttl is None:
+        default, bound = state.config.session_ttl_s, f"{limit:g} seconds"
+    else:
+        default = min(pool_ttl, limit)
+        bound = f"{default:g} seconds (pool {body.pool}'s sessions.ttlSeconds is {pool_ttl:g})"
+        limit = default
+    ttl = body.ttl_seconds or default
+    if ttl > limit:
         # Out of range, as every such value: 422 with the field (it was a 400).
-        raise BadRequest(
-            422, f"ttlSeconds: must be at most {state.config.max_session_ttl_s:g} seconds", field="ttlSeconds"
-        )
+        raise BadRequest(422, f"ttlSeconds: must be at most {bound}", field="ttlSeconds")
     session = await state.sessions.open(namespace, body.pool, ttl)
     state.metrics.sessions.set(len(state.sessions.sessions))
     return web.json_response(_session_body(state, session), status=201)
@@ -398,9 +410,16 @@ def _no_session(sid: str) -> NotFound:
 
 
 async def get_session(request: web.Request) -> web.Response:
-    """``GET /v1/sessions/{id}``."""
+    """``GET /v1/sessions/{id}``: the session; ``410`` with ``reason: SessionLost`` once its state is
+    gone (its host lost), as its actions are answered (it stays listed until closed or expired)."""
+    state = state_of(request)
     session = await _session(request, "get")
-    return web.json_response(_session_body(state_of(request), session))
+    lost = state.sessions.lost(session)
+    if lost is not None:
+        return web.json_response(
+            {"error": lost, "reason": Reason.SESSION_LOST.value, "id": session.id}, status=410
+        )
+    return web.json_response(_session_body(state, session))
 
 
 async def run_in_session(request: web.Request) -> web.Response:

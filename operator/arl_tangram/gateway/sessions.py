@@ -4,6 +4,10 @@ The dispatcher owns a session's state (its host, its order of actions); the gate
 needs to route and police them: the namespace and pool (a later call is authorised against the
 session's namespace, not against what the caller claims), the TTL, and a bound per tenant. An
 idle session is closed when its TTL passes, by a janitor task that runs while the app runs.
+
+A session's TTL defaults to its pool's ``spec.sessions.ttlSeconds``, and so does what a caller may
+ask for (the pool's owner bounds how long its hosts keep an idle trajectory's state). Whether a
+session's host was lost is the dispatcher's to say: the gateway asks it (:class:`SessionView`).
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from arl_tangram.domain.actions import ActionService
+from arl_tangram.domain.pools import PoolConfig
 from arl_tangram.errors import NotFound, QueueFull
 
 log = logging.getLogger(__name__)
@@ -35,6 +41,24 @@ class GatewaySession:
         return max(0.0, self.last_used + self.ttl_s - now)
 
 
+@runtime_checkable
+class SessionView(Protocol):
+    """What the gateway reads of the dispatcher's pools and sessions (the dispatcher has it)."""
+
+    async def find_pool_config(self, namespace: str, name: str) -> PoolConfig | None: ...
+
+    def session_lost(self, namespace: str, pool: str, session: str) -> str | None: ...
+
+
+def session_view(service: ActionService) -> SessionView | None:
+    """The dispatcher behind ``service``: the service itself, or the one a wrapping service (embedded
+    mode's, which sends reward actions elsewhere) names ``dispatcher``; None when neither reads it."""
+    for candidate in (service, getattr(service, "dispatcher", None)):
+        if isinstance(candidate, SessionView):
+            return candidate
+    return None
+
+
 class SessionRegistry:
     """Open sessions by id, with their TTLs; closes idle ones through the service."""
 
@@ -51,6 +75,21 @@ class SessionRegistry:
         self.clock = clock
         self.sessions: dict[str, GatewaySession] = {}
         self._per_tenant: dict[str, int] = {}
+        self.view = session_view(service)
+
+    async def pool_ttl_s(self, namespace: str, pool: str) -> float | None:
+        """The pool's ``spec.sessions.ttlSeconds``; None when the pool is unknown (opening the
+        session then says so) or the service cannot tell."""
+        if self.view is None:
+            return None
+        config = await self.view.find_pool_config(namespace, pool)
+        return None if config is None else config.session_ttl_s
+
+    def lost(self, session: GatewaySession) -> str | None:
+        """Why the session's state is gone (as its actions are told), or None while it stands."""
+        if self.view is None:
+            return None
+        return self.view.session_lost(session.namespace, session.pool, session.id)
 
     async def open(self, namespace: str, pool: str, ttl_s: float) -> GatewaySession:
         if self._per_tenant.get(namespace, 0) >= self.max_per_tenant:
