@@ -283,8 +283,9 @@ class _Batch:
     prior_act: Mapping[str, Any] | None = None  # BatchObservation.prior_act
     write_failures: int = 0  # status writes failed in a row
     write_after: float = 0.0  # (the manager's clock) no write before, after failed ones
-    # Target -> when (the manager's clock) one of its actions first found it missing, until found.
-    missing_since: dict[str, float] = field(default_factory=dict)
+    # (kind, target) -> when (the manager's clock) one of its actions first found it missing, until
+    # found (a pool and a service may share a name).
+    missing_since: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 Runner = Callable[..., Awaitable[ActionOutcome]]
@@ -504,13 +505,14 @@ class BatchManager:
         request = batch_request(batch.namespace, batch.uid, batch.spec, action, languages)
         self._by_key[request.key] = (batch, action.id, action.target)
         if action.type != "reward":  # its pool exists (a service shows it by answering, below)
-            batch.missing_since.pop(action.target, None)
+            batch.missing_since.pop(("ActionPool", action.target), None)
         while True:
             try:
                 outcome = await self._run(request, attempts_so_far=attempts)
                 if batch.held_by.pop(action.target, None) is not None:  # its target served it
                     batch.dirty = True
-                batch.missing_since.pop(action.target, None)
+                if action.type == "reward":
+                    batch.missing_since.pop(("RewardModelService", action.target), None)
                 return outcome
             except QueueFull as exc:
                 await asyncio.sleep(exc.retry_after)  # a batch waits its turn; it is never dropped
@@ -533,8 +535,10 @@ class BatchManager:
         if exc.kind not in ("ActionPool", "RewardModelService"):
             raise exc
         now = self.clock()
-        since = batch.missing_since.setdefault(target, now)
+        since = batch.missing_since.setdefault((exc.kind, target), now)
         if now - since >= self.target_wait_s:
+            if batch.held_by.pop(target, None) is not None:  # no longer waited for: not said so
+                batch.dirty = True
             raise exc
         why = f"{exc}; waiting up to {self.target_wait_s:g} s for it to be created"
         if batch.held_by.get(target) != why:

@@ -198,6 +198,31 @@ async def test_an_action_whose_target_never_comes_fails_once_the_wait_is_over() 
     assert time.monotonic() - started >= 1.5 and tries >= 4, "failed without waiting for it"
 
 
+async def test_a_target_no_longer_waited_for_is_no_longer_said_to_be() -> None:
+    """Once its wait was over, the batch's Running condition still said "waiting up to 30 s for it
+    to be created" for as long as its other actions ran."""
+    rec = Recorder()
+    release = asyncio.Event()
+
+    async def run(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        await release.wait()
+        return await rec.run(request, attempts_so_far)
+
+    mgr = BatchManager(run, rec.cancel, _python_pool, rec.patch, rec.delete)
+    mgr.target_wait_s = 1.0
+    body = _body(2)
+    body["spec"]["actions"][1]["target"] = "nowhere"
+    mgr.ensure(body)
+    batch = mgr._batches[("ns", "b")]
+    await _until(lambda: "a1" in batch.results)
+    assert batch.results["a1"].reason == "PoolNotFound", batch.results
+    await mgr.flush()
+    running = next(c for c in rec.writes[-1]["conditions"] if c["type"] == "Running")
+    assert "nowhere" not in running["message"], running
+    release.set()
+    await _until(lambda: mgr.pending_count() == 0)
+
+
 async def test_a_batch_deleted_while_its_pool_is_looked_up_runs_none_of_its_actions() -> None:
     """The lookup may read the API server; ``forget`` cancels the actions it knows the keys of, and
     one still looking up its pool must not start once it has found it."""
