@@ -222,6 +222,7 @@ class Executor:
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
+        self._closed = False  # ``close`` has begun
         # Validation and reporting only: the fork server owns the pool (see cores.py).
         self.cores = CorePool(config.cores)
         self.cores_busy = 0
@@ -334,7 +335,11 @@ class Executor:
             self._orphans_possible = False
 
     async def close(self) -> None:
-        """Close every session, stop the fork server (its actions die with it), clean up."""
+        """Close every session, stop the fork server (its actions die with it), clean up. Once: the
+        agent calls it as it starts to stop (``server.build_app``) and again at its cleanup."""
+        if self._closed:
+            return
+        self._closed = True
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -1740,6 +1740,10 @@ class ForkServer:
         call.unreaped = True
         call.ended_at = time.monotonic()
         os.close(call.pidfd)
+        # Forgotten: a record that never comes left the call (its output buffers) here for good; a
+        # late one finds no owner and is dropped.
+        self.zy.owners.pop(call.pid, None)
+        self.zy.statuses.pop(call.id, None)
         if call.netns >= 0:
             self._drop_netns(call.netns)
             call.netns = -1

@@ -836,6 +836,16 @@ def build_app(config: AgentConfig) -> web.Application:
         await executor.close()
 
     app.cleanup_ctx.append(lifecycle)
+
+    async def end_actions(app: web.Application) -> None:
+        # As the agent starts to stop (SIGTERM), before aiohttp waits (up to a minute) for the
+        # handlers in flight: their actions end now and are answered 503 (the dispatcher sends them
+        # again elsewhere). Ended only at cleanup, after that wait, a running action held the stop
+        # for a minute, past a pod's grace period (30 s) and ``tangram up``'s, and the agent was
+        # killed without answering or removing its workdirs.
+        await executor.close()
+
+    app.on_shutdown.append(end_actions)
     app.router.add_post("/v1/execute", execute)
     app.router.add_post("/run_code", run_code)
     app.router.add_post("/run_jupyter", run_jupyter)

@@ -41,7 +41,8 @@ def test_a_killed_hosts_session_is_lost_and_its_keyed_action_runs_once_more(up: 
         answers[name] = requests.post(url, json=body, timeout=120).json()
 
     # The host's one core runs the keyed action; the session's next action waits for it.
-    slow = "import time, random; time.sleep(4); print(random.random())"
+    # Long enough that it still runs when the host is killed, on a loaded machine too.
+    slow = "import time, random; time.sleep(15); print(random.random())"
     keyed = {"type": "code", "target": "py", "key": "k-1", "payload": {"language": "python", "code": slow}}
     read = {"type": "code", "payload": {"language": "python", "code": "print(open('state.txt').read())"}}
     threads = [threading.Thread(target=send, args=("keyed", up.url + "/v1/actions", keyed))]
