@@ -192,21 +192,7 @@ def test_a_full_queue_is_refused_with_retry_after(runtime: Runtime) -> None:
 def test_a_bad_services_file_is_one_clear_line(tmp_path: Path) -> None:
     cfg = tmp_path / "s.yaml"
     cfg.write_text(yaml.safe_dump({"services": [{"name": "x", "backend": "vllm", "url": "http://h"}]}))
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "arl_tangram",
-            "reward-runtime",
-            "--config",
-            str(cfg),
-            "--device-memory",
-            "1Gi",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=STARTUP_S,
-    )
+    out = _start_with(cfg)
     assert out.returncode == 2
     assert out.stderr.strip() == "tangram reward-runtime: services[0].model is required for backend vllm"
 
@@ -253,23 +239,20 @@ def test_a_damaged_model_file_stops_the_start_naming_it(tmp_path: Path) -> None:
     model.write_bytes(model.read_bytes()[:1000])
     cfg = tmp_path / "s.yaml"
     cfg.write_text(yaml.safe_dump({"services": [{"name": "rm", "backend": "builtin", "path": str(model)}]}))
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "arl_tangram",
-            "reward-runtime",
-            "--config",
-            str(cfg),
-            "--device-memory",
-            "1Gi",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=STARTUP_S,
-    )
+    out = _start_with(cfg)
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith(
         f"tangram reward-runtime: service rm: {model} is not a built-in scorer model"
     )
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def _start_with(cfg: Path) -> subprocess.CompletedProcess[str]:
+    """``tangram reward-runtime --config cfg`` run to its end (it is expected to refuse the file)."""
+    command = [sys.executable, "-m", "arl_tangram", "reward-runtime"]
+    return subprocess.run(
+        [*command, "--config", str(cfg), "--device-memory", "1Gi"],
+        capture_output=True,
+        text=True,
+        timeout=STARTUP_S,
+    )

@@ -386,10 +386,8 @@ async def test_a_prewarm_waiting_for_the_device_yields_to_a_request_that_came_me
         await rt.stop()
 
 
-class MiscountingBackend(BuiltinBackend):
-    """The built-in backend, losing the last score of every batch (a stand-in for a server that
-    answers one score short without saying so: the HTTP backends now refuse such answers themselves,
-    so only an in-process backend can hand one to the runtime) once ``go`` is set."""
+class HeldBackend(BuiltinBackend):
+    """The built-in backend, whose scoring waits until ``go`` is set (a long batch)."""
 
     def __init__(self, name: str, scorer: BuiltinScorer) -> None:
         super().__init__(name, scorer)
@@ -398,6 +396,15 @@ class MiscountingBackend(BuiltinBackend):
     async def score(self, inputs: Sequence[str]) -> list[float]:
         self.started.set()
         await self.go.wait()
+        return await super().score(inputs)
+
+
+class MiscountingBackend(HeldBackend):
+    """The built-in backend, losing the last score of every batch (a stand-in for a server that
+    answers one score short without saying so: the HTTP backends now refuse such answers themselves,
+    so only an in-process backend can hand one to the runtime) once ``go`` is set."""
+
+    async def score(self, inputs: Sequence[str]) -> list[float]:
         return (await super().score(inputs))[:-1]
 
 
@@ -438,19 +445,6 @@ async def test_non_finite_scores_are_an_error_not_a_reward(tmp_path: Path) -> No
             await rt.score("s", ["a"])
     finally:
         await rt.stop()
-
-
-class HeldBackend(BuiltinBackend):
-    """The built-in backend, whose scoring waits until ``go`` is set (a long batch)."""
-
-    def __init__(self, name: str, scorer: BuiltinScorer) -> None:
-        super().__init__(name, scorer)
-        self.go, self.started = asyncio.Event(), asyncio.Event()
-
-    async def score(self, inputs: Sequence[str]) -> list[float]:
-        self.started.set()
-        await self.go.wait()
-        return await super().score(inputs)
 
 
 async def test_stopping_during_a_batch_answers_its_requests(tmp_path: Path) -> None:
