@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic import StrictInt as _StrictInt
 
 from arl_tangram.errors import InvalidSpec
@@ -36,6 +44,17 @@ from arl_tangram.sim.workload import (
 # YAML numbers: an int is a fine float, a bool is not a number (pydantic's lax mode would take it).
 Num = Annotated[float, Field(strict=False, allow_inf_nan=False)]
 Int = _StrictInt
+
+
+def _level(gpus: int) -> int:
+    """``gpus`` where it is one of the GPU manager's chunk sizes (``LEVELS``)."""
+    if gpus not in LEVELS:
+        raise ValueError(f"must be one of {', '.join(map(str, LEVELS))}, got {gpus}")
+    return gpus
+
+
+# A count of GPUs that is a chunk of the GPU manager's (a node's, a replica's TP size).
+GpuLevel = Annotated[Int, AfterValidator(_level)]
 
 
 class _Model(BaseModel):
@@ -81,21 +100,13 @@ class CpuHosts(_Model):
 
 class GpuNodes(_Model):
     count: Int = Field(0, ge=0)
-    gpus: Int = Field(8, ge=1)
+    gpus: GpuLevel = 8  # a node is cut into the GPU manager's chunks
     last_node_gpus: Int = Field(0, ge=0)
     memory_gb: Num = Field(80.0, ge=1)
     nvlink: Literal["all", "pairs"] = "all"
     mig: dict[int, list[str]] = Field(default_factory=dict)
     restore_gbps: Num = Field(20.0, gt=0)
     memory_headroom: Num = Field(1.2, ge=1)
-
-    @field_validator("gpus")
-    @classmethod
-    def _gpus(cls, gpus: int) -> int:
-        # The GPU manager cuts a node into aligned chunks of these sizes: no other count is a node.
-        if gpus not in LEVELS:
-            raise ValueError(f"must be one of {', '.join(map(str, LEVELS))}, got {gpus}")
-        return gpus
 
     @model_validator(mode="after")
     def _last(self) -> GpuNodes:
@@ -146,18 +157,10 @@ class Static(_Model):
     pod_admission_per_s: Num | None = Field(None, gt=0)
     pod_start: LogNormalModel | None = None
     exec_s: Num | None = Field(None, ge=0)
-    gpus_per_replica: Int = Field(4, ge=1)
+    gpus_per_replica: GpuLevel = 4  # the TP size its model runs at
     api_fail_s: Num = Field(0.05, ge=0)
     api_backoff_s: Num = Field(1.0, ge=0)
     max_failures: Int = Field(3, ge=1)
-
-    @field_validator("gpus_per_replica")
-    @classmethod
-    def _tp(cls, tp: int) -> int:
-        # A replica runs its model at this TP size, one of the GPU manager's chunk sizes.
-        if tp not in LEVELS:
-            raise ValueError(f"must be one of {', '.join(map(str, LEVELS))}, got {tp}")
-        return tp
 
     def spec(self) -> StaticSpec:
         cal = calibration()
