@@ -31,7 +31,7 @@ from arl_tangram.controllers.actionpool import Event, PoolController
 from arl_tangram.dispatch.agent import AgentClient
 from arl_tangram.dispatch.dispatcher import Dispatcher
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest
-from arl_tangram.domain.pools import pool_config
+from arl_tangram.domain.pools import PoolConfig, pool_config
 from arl_tangram.embedded.rewards import LocalRewards
 from arl_tangram.embedded.specs import Loaded, load, pool_names
 from arl_tangram.errors import InvalidSpec
@@ -85,6 +85,12 @@ class EmbeddedService:
 
     async def close_session(self, namespace: str, pool: str, session: str) -> None:
         await self.dispatcher.close_session(namespace, pool, session)
+
+    async def find_pool_config(self, namespace: str, name: str) -> PoolConfig | None:
+        return await self.dispatcher.find_pool_config(namespace, name)
+
+    def session_lost(self, namespace: str, pool: str, session: str) -> str | None:
+        return self.dispatcher.session_lost(namespace, pool, session)
 
 
 @dataclass

@@ -51,12 +51,9 @@ class SessionView(Protocol):
 
 
 def session_view(service: ActionService) -> SessionView | None:
-    """The dispatcher behind ``service``: the service itself, or the one a wrapping service (embedded
-    mode's, which sends reward actions elsewhere) names ``dispatcher``; None when neither reads it."""
-    for candidate in (service, getattr(service, "dispatcher", None)):
-        if isinstance(candidate, SessionView):
-            return candidate
-    return None
+    """``service`` where it reads the dispatcher's pools and sessions (the dispatcher, or a service
+    in front of it that passes these on: embedded mode's); None where it cannot tell."""
+    return service if isinstance(service, SessionView) else None
 
 
 class SessionRegistry:

@@ -33,6 +33,7 @@ from sandbox_agent_harness import Agent
 from arl_tangram.dispatch.agent import AgentClient
 from arl_tangram.dispatch.dispatcher import Dispatcher
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
+from arl_tangram.domain.pools import PoolConfig
 from arl_tangram.errors import NotFound
 from arl_tangram.gateway import GatewayConfig, build_gateway_app
 from arl_tangram.gateway.admission import Admission
@@ -147,6 +148,12 @@ class RewardRouting:
 
     async def close_session(self, namespace: str, pool: str, session: str) -> None:
         await self.dispatcher.close_session(namespace, pool, session)
+
+    async def find_pool_config(self, namespace: str, name: str) -> PoolConfig | None:
+        return await self.dispatcher.find_pool_config(namespace, name)
+
+    def session_lost(self, namespace: str, pool: str, session: str) -> str | None:
+        return self.dispatcher.session_lost(namespace, pool, session)
 
 
 def free_port() -> int:
