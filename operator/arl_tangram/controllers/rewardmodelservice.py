@@ -737,18 +737,18 @@ class ServiceController:
         # none while its pod stops.
         gone = {op.name for op in ops if isinstance(op, DeleteReplica)}
         self._sync(cfg, [r for r in replicas if r.name not in gone])
-        if not self.router.has(cfg.key):
+        live = self.router.has(cfg.key)
+        if not live:
             self._forget(cfg.key)  # deleted during the round, which put some of its state back
-        else:
-            for event in service_events(ops, conditions, new_status["conditions"], cfg.generation):
-                self.emit(body, event)
+        events = service_events(ops, conditions, new_status["conditions"], cfg.generation) if live else []
         if refusal is not None:
             new_status = refused_spec(
                 new_status, conditions, meta.get("generation"), cfg.generation, refusal, now, "service"
             )
-        if self.router.has(cfg.key):
-            for event in condition_events(conditions, new_status["conditions"]):
-                self.emit(body, event)
+        if live:  # a deleted service's Events would be posted on an object that is gone
+            events += condition_events(conditions, new_status["conditions"])
+        for event in events:
+            self.emit(body, event)
         return new_status
 
     def _sync(self, cfg: ServiceConfig, replicas: Sequence[HostObservation]) -> None:
