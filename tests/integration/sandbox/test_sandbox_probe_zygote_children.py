@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import json
+from typing import Any
 
 import pytest
 import requests
@@ -68,19 +69,26 @@ TRACED_MAIN = (
 )
 
 
+def run_program(agent: Agent, program: str, run_timeout: float) -> dict[str, Any]:
+    """``program`` (with the prelude and epilogue) through ``/run_code``; its answer's body. The
+    read's own timeout ends a call that never answers."""
+    resp = requests.post(
+        agent.url + "/run_code",
+        json={"code": PRELUDE + program + EPILOGUE, "language": "python", "run_timeout": run_timeout},
+        timeout=60,
+    )
+    assert resp.status_code == 200, resp.text
+    body: dict[str, Any] = resp.json()
+    return body
+
+
 @pytest.mark.parametrize(
     "program", [SIBLING, TRACED_THREAD, TRACED_MAIN], ids=["sibling", "traced-thread", "traced-main"]
 )
 def test_the_call_is_refused_and_the_program_keeps_its_verdict(loop_agent: Agent, program: str) -> None:
     # Its timeout is 5 s: before the fix the first two did not answer at all (the HTTP read timed
     # out), and the third timed out where it exits 3.
-    resp = requests.post(
-        loop_agent.url + "/run_code",
-        json={"code": PRELUDE + program + EPILOGUE, "language": "python", "run_timeout": 5},
-        timeout=60,
-    )
-    assert resp.status_code == 200, resp.text
-    body = resp.json()
+    body = run_program(loop_agent, program, run_timeout=5)
     run = body["run_result"]
     assert (body["status"], run["status"], run["return_code"]) == ("Failed", "Finished", 3), body
     assert json.loads(run["stdout"]) == {"got": -1, "errno": errno.EPERM}, body

@@ -17,9 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-import requests
 from sandbox_agent_harness import C_BUILT, Agent, start_agent, stop_agent
-from test_sandbox_probe_zygote_children import EPILOGUE, PRELUDE, SIBLING, TRACED_THREAD
+from test_sandbox_probe_zygote_children import SIBLING, TRACED_THREAD, run_program
 
 
 @pytest.fixture(scope="module", params=["c", "python"])
@@ -37,13 +36,7 @@ def bare_agent(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 @pytest.mark.parametrize("program", [SIBLING, TRACED_THREAD], ids=["sibling", "traced-thread"])
 def test_the_call_answers_a_timeout_and_the_host_serves_on(bare_agent: Agent, program: str) -> None:
     # Before the backstop the call never answered: this request's own read timeout ended it.
-    resp = requests.post(
-        bare_agent.url + "/run_code",
-        json={"code": PRELUDE + program + EPILOGUE, "language": "python", "run_timeout": 2},
-        timeout=60,
-    )
-    assert resp.status_code == 200, resp.text
-    body = resp.json()
+    body = run_program(bare_agent, program, run_timeout=2)
     run = body["run_result"]
     if bare_agent.loop == "c":  # type: ignore[attr-defined]
         # Its zygote reaps the program, and its namespace's init, by their pids only.
