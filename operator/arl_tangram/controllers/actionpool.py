@@ -24,12 +24,10 @@ from arl_tangram.api.validation import invalid_spec
 from arl_tangram.controllers.conditions import (
     ConditionReason,
     ConditionType,
+    Event,
     condition_events,
     refused_spec,
     set_condition,
-)
-from arl_tangram.controllers.conditions import (
-    Event as Event,  # (re-exported: it lived here, and callers import it from here)
 )
 from arl_tangram.controllers.failures import (
     UNSCHEDULABLE_AFTER_S,

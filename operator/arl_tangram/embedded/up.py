@@ -27,7 +27,8 @@ from aiohttp import web
 
 from arl_tangram import loop
 from arl_tangram.api.actionpool import ActionPool
-from arl_tangram.controllers.actionpool import Event, PoolController
+from arl_tangram.controllers.actionpool import PoolController
+from arl_tangram.controllers.conditions import Event
 from arl_tangram.dispatch.agent import AgentClient
 from arl_tangram.dispatch.dispatcher import Dispatcher
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest

@@ -17,7 +17,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from arl_tangram.controllers import handlers
-from arl_tangram.controllers.actionpool import Event, PoolController
+from arl_tangram.controllers.actionpool import PoolController
+from arl_tangram.controllers.conditions import Event
 from arl_tangram.dispatch.agent import AgentClient
 from arl_tangram.dispatch.dispatcher import Dispatcher
 from arl_tangram.domain.actions import ActionRequest
