@@ -301,8 +301,53 @@ def declared_services(wl: Workload) -> dict[str, tuple[float, tuple[int, ...]]]:
     return out
 
 
+# The most actions (and, for a reward source, on/off cycles per service) one workload may ask of
+# the generator: about ten times the largest built-in at full scale, and minutes of simulation. A
+# slip of units (``period_s: 0.0006`` for 600, ``on_utilization: 50000``) otherwise made the
+# generator loop for hours before printing anything.
+MAX_ACTIONS = 2_000_000
+
+
+def _reward_static_duration(src: RewardSource, wl: Workload) -> float:
+    """A request's mean duration on ``static``'s replica (its TP size): the unit in which a reward
+    source's ``on_utilization`` defines its arrival rate."""
+    tp = wl.static.gpus_per_replica
+    return src.t1.mean / (src.efficiency.get(tp, 1.0) * tp)
+
+
+def check_size(wl: Workload) -> None:
+    """Refuse a workload whose sources would generate more than ``MAX_ACTIONS`` actions (expected),
+    naming the source's fields and the figure, before any is generated."""
+    for si, src in enumerate(wl.sources):
+        at = f"sources[{si}]"
+        n: float
+        if isinstance(src, CodingSource):
+            n, fields = src.trajectories * src.actions_max, "trajectories x actions.max"
+        elif isinstance(src, SearchSource):
+            n, fields = src.trajectories * src.calls_max, "trajectories x calls.max"
+        else:
+            cycles = src.horizon_s / src.period_s + 1
+            if cycles > MAX_ACTIONS:
+                raise InvalidSpec(
+                    f"{at}.period_s",
+                    f"period_s {src.period_s:g} gives {cycles:.3g} on/off cycles per service over "
+                    f"horizon_s {src.horizon_s:g}; at most {MAX_ACTIONS:,} (period_s >= "
+                    f"{src.horizon_s / MAX_ACTIONS:.3g})",
+                )
+            rate_on = src.on_utilization / _reward_static_duration(src, wl)
+            on_s = min(src.horizon_s, cycles * src.period_s * src.on_fraction)
+            n, fields = len(src.services) * on_s * rate_on, "services x on time x on_utilization"
+        if n > MAX_ACTIONS:
+            raise InvalidSpec(
+                at,
+                f"{fields} gives about {n:.3g} actions; the simulator takes at most "
+                f"{MAX_ACTIONS:,} per source (use --scale for a fraction of it)",
+            )
+
+
 def generate(wl: Workload) -> list[Trajectory]:
     """Every trajectory of the workload, the same for a given seed whatever the policy."""
+    check_size(wl)
     out: list[Trajectory] = []
     for si, src in enumerate(wl.sources):
         rng = random.Random(f"{wl.seed}:{si}")
@@ -333,9 +378,7 @@ def generate(wl: Workload) -> list[Trajectory]:
             t1_est = src.t1.mean
             # Demand is defined against the baseline: while on, a service keeps its static replica
             # (gpus_per_replica GPUs at that TP) ``on_utilization`` busy.
-            tp = wl.static.gpus_per_replica
-            static_dur = src.t1.mean / (src.efficiency.get(tp, 1.0) * tp)
-            rate_on = src.on_utilization / static_dur
+            rate_on = src.on_utilization / _reward_static_duration(src, wl)
             on_len = src.period_s * src.on_fraction
             for j, svc in enumerate(src.services):
                 phase = src.period_s * j / len(src.services)

@@ -244,3 +244,33 @@ def test_an_efficiency_error_names_the_efficiency_field(efficiency: object, fiel
         parse(doc)
     assert err.value.field == field and message in err.value.message
     assert "Value error" not in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "message"),
+    [
+        # A slip of units: 600 s written as 0.0006 would loop over 6e6 on/off cycles per service.
+        ({"period_s": 0.0006}, "sources[0].period_s", "on/off cycles"),
+        ({"on_utilization": 5_000.0}, "sources[0]", "actions"),
+    ],
+)
+def test_a_reward_source_too_large_to_generate_is_refused_before_any_is(
+    change: dict[str, float], field: str, message: str
+) -> None:
+    """Without the check the generator loops for hours and prints nothing (the planner's own
+    ``period_s`` only makes a run longer, with its progress bar, so it is not bounded here)."""
+    wl = builtin("reward-gpu")
+    wl = dataclasses.replace(wl, sources=(dataclasses.replace(wl.sources[0], **change),))
+    with pytest.raises(InvalidSpec, match=message) as err:
+        generate(wl)
+    assert err.value.field == field
+    # --scale takes a fraction of the horizon: what was refused whole then generates.
+    assert generate(with_overrides(wl, scale=0.001))
+
+
+def test_a_coding_source_too_large_to_generate_is_refused_naming_its_fields() -> None:
+    wl = builtin("ai-coding")
+    huge = dataclasses.replace(wl.sources[0], trajectories=10**6, actions_max=1000)
+    with pytest.raises(InvalidSpec, match=r"trajectories x actions\.max") as err:
+        generate(dataclasses.replace(wl, sources=(huge,)))
+    assert err.value.field == "sources[0]"
