@@ -544,9 +544,11 @@ def _invalid(exc: ValidationError) -> InvalidSpec:
         del loc[2]  # the union's tag, not a field of the file
     path = ""
     key = ""
-    for part in loc:
-        if part == "[key]":  # pydantic's marker for a mapping's key: the part before it is the key
-            path, _, key = path.rpartition(".")
+    for i, part in enumerate(loc):
+        if i + 1 < len(loc) and loc[i + 1] == "[key]":
+            key = str(part)  # pydantic's marker follows a mapping's key: name the key, not a field
+            continue
+        if part == "[key]":
             continue
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
     message = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]

@@ -235,6 +235,8 @@ def test_work_no_node_can_ever_hold_is_refused_naming_the_field(
         ({3: 0.5}, "sources[0].efficiency", "got E(3)=0.5"),
         ({}, "sources[0].efficiency", "must give E(m)"),
         ({"x": 0.5}, "sources[0].efficiency", "key 'x': "),
+        # A key with a dot is one key, not a path: "efficiency.2" and "key '5'" named neither.
+        ({2.5: 0.5}, "sources[0].efficiency", "key '2.5': "),
     ],
 )
 def test_an_efficiency_error_names_the_efficiency_field(efficiency: object, field: str, message: str) -> None:
