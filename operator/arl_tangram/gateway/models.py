@@ -203,7 +203,10 @@ class OpenRLHFRewardRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    query: list[Text] = Field(min_length=1)
+    # Empty is a request like any other, answered with empty lists as OpenRLHF's own server answers
+    # it: its client shards one sample over every URL of --remote_rm_url, so all but the first get
+    # none, and a refusal there (retried, then raised) lost the sample's reward.
+    query: list[Text]
     prompts: list[Text] | None = None
     labels: list[Any] | None = None
 

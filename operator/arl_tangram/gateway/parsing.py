@@ -171,19 +171,46 @@ def validate(model: type[M], data: Any, where: str = "") -> M:
         return _strictly(model, data) if issubclass(model, TangramModel) else model.model_validate(data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False, include_input=False)
+        locs = [_field_path(data, err["loc"], err["type"]) for err in errors]
         detail = [
-            {
-                "loc": [where, *err["loc"]] if where else list(err["loc"]),
-                "msg": err["msg"],
-                "type": err["type"],
-            }
-            for err in errors
+            {"loc": [where, *loc] if where else list(loc), "msg": err["msg"], "type": err["type"]}
+            for err, loc in zip(errors, locs, strict=True)
         ]
         summary = "; ".join(f"{'.'.join(map(str, d['loc'])) or '(body)'}: {d['msg']}" for d in detail[:5])
         more = f" (and {len(detail) - 5} more)" if len(detail) > 5 else ""
         # The field within the object (a stream line's number is said apart from its field).
-        first = ".".join(map(str, errors[0]["loc"])) if errors else None
+        first = ".".join(map(str, locs[0])) if locs else None
         raise BadRequest(422, f"invalid request: {summary}{more}", detail, first) from exc
+
+
+def _field_path(data: Any, loc: tuple[int | str, ...], error_type: str) -> tuple[int | str, ...]:
+    """An error's path as the caller's fields: pydantic puts the member of a union it tried in the
+    path (``input.function-after[_encodable(), str]`` for ``input: str | list[str]``), which names
+    no field the caller sent. A step is kept where it leads into the data, or, last, names the field
+    found missing; any other step is such a member and is left out."""
+    path: list[int | str] = []
+    node = data
+    for i, step in enumerate(loc):
+        child = _child(node, step)
+        if child is not _ABSENT:
+            node = child
+        elif not (error_type == "missing" and i == len(loc) - 1):
+            continue
+        path.append(step)
+    return tuple(path)
+
+
+_ABSENT = object()
+
+
+def _child(node: Any, step: int | str) -> Any:
+    """``node[step]`` where the data has it (a key of an object, an index of an array), else
+    ``_ABSENT``."""
+    if isinstance(node, dict):
+        return node.get(step, _ABSENT)
+    if isinstance(node, list) and isinstance(step, int) and 0 <= step < len(node):
+        return node[step]
+    return _ABSENT
 
 
 async def parse(request: web.Request, model: type[M], config: GatewayConfig) -> M:

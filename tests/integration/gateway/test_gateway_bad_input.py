@@ -298,6 +298,30 @@ def test_trainer_shapes_keep_their_owners_lax_numbers(gateway: Gateway) -> None:
     assert resp.status_code == 200 and resp.json()["status"] == "Success", resp.text
 
 
+UNION_FIELDS: list[tuple[str, dict[str, object], list[list[object]]]] = [
+    ("/classify", {"model": "rm", "input": 5}, [["input"], ["input"]]),
+    ("/v1/embeddings", {"model": "rm", "input": {"text": "a"}}, [["input"], ["input"]]),
+    ("/score", {"model": "rm", "text_1": ["a", 5], "text_2": "b"}, [["text_1"], ["text_1", 1]]),
+    ("/pooling", {"model": "rm", "input": None}, [["input"], ["input"]]),
+    ("/slime/reward", {"prompt": 5, "response": "x"}, [["prompt"], ["prompt"]]),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "locs"), UNION_FIELDS, ids=[c[0] for c in UNION_FIELDS])
+def test_a_field_of_either_type_is_named_as_sent(
+    gateway: Gateway, path: str, body: dict[str, object], locs: list[list[object]]
+) -> None:
+    """A field that takes a string or a list (vLLM's ``input``, ``text_1``) was named with the
+    member of the type pydantic tried (``"field": "input.function-after[_encodable(), str]"``): a
+    field no client sent. It is named as sent, in ``field``, ``detail`` and the message."""
+    resp = requests.post(gateway.url + path, json=body, timeout=60)
+    assert resp.status_code == 422, resp.text
+    answer = resp.json()
+    assert answer["field"] == ".".join(map(str, locs[0])), answer
+    assert [d["loc"] for d in answer["detail"]] == locs, answer
+    assert "[" not in answer["error"], answer
+
+
 def _raw(gateway: Gateway) -> socket.socket:
     return gateway.raw_connection(BODY_TIMEOUT_S * 10)
 

@@ -206,6 +206,59 @@ def test_verls_sandbox_call_to_a_url_ending_in_a_slash(gateway: Gateway) -> None
     assert typo.status_code == 400 and typo.json()["status"] == "SandboxError"
 
 
+def test_openrlhf_sharding_a_sample_over_several_reward_urls(gateway: Gateway) -> None:
+    """OpenRLHF's ``--remote_rm_url`` takes several URLs (split on commas) and
+    ``_fetch_rewards_via_http`` (OpenRLHF/OpenRLHF, openrlhf/utils/agent.py) shards each call's
+    queries over them, one sample per call: every URL but the first gets empty lists, and one
+    refusal (5 tries, 1 s apart, then ``RuntimeError`` out of ``gather``) lost the sample's reward.
+    OpenRLHF's own server (openrlhf/cli/serve_rm.py) answers empty lists; so does the gateway."""
+
+    async def fetch_rewards(
+        urls: list[str], queries: list[str], prompts: list[str], labels: list[Any]
+    ) -> Any:
+        timeout = aiohttp.ClientTimeout(total=180)
+        batch_size = (len(queries) + len(urls) - 1) // len(urls)
+
+        async def post_request(url: str, data: dict[str, Any], try_max_times: int = 5) -> Any:
+            for _ in range(try_max_times):
+                try:
+                    async with (
+                        aiohttp.ClientSession(timeout=timeout) as session,
+                        session.post(url, json=data) as response,
+                    ):
+                        response.raise_for_status()
+                        return await response.json()
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(1)
+            raise RuntimeError(f"Request error for {try_max_times} times")
+
+        tasks = []
+        for i, url in enumerate(urls):
+            start, end = i * batch_size, min((i + 1) * batch_size, len(queries))
+            payload = {
+                "query": queries[start:end],
+                "prompts": prompts[start:end],
+                "labels": labels[start:end],
+            }
+            tasks.append(asyncio.create_task(post_request(url, payload)))
+        return await asyncio.gather(*tasks)
+
+    for target in (f"pool={POOL}", f"service={SERVICE}"):
+        urls = [f"{gateway.url}/get_reward?namespace={NS}&{target}"] * 3
+        answers = asyncio.run(fetch_rewards(urls, [f"Q{ANSWER}"], ["Q"], [LABEL]))
+        # OpenRLHF reads the first answer only (``rewards_info_list[0]``).
+        assert len(answers) == 3 and len(answers[0]["rewards"]) == 1, answers
+        if target.startswith("pool"):
+            assert answers[0]["rewards"] == [1.0], answers
+        assert answers[1:] == [{"rewards": [], "scores": [], "extra_logs": {}}] * 2, answers
+    # Empty, it is still checked: the namespace's authorisation, the target, the lists' lengths.
+    uneven = requests.post(
+        f"{gateway.url}/get_reward?pool={POOL}", json={"query": [], "prompts": ["Q"]}, timeout=30
+    )
+    assert uneven.status_code == 400 and uneven.json()["field"] == "prompts", uneven.text
+
+
 def test_reward_clients_to_urls_ending_in_a_slash(gateway: Gateway) -> None:
     """OpenRLHF's ``_fetch_rewards_via_http`` (OpenRLHF/OpenRLHF, openrlhf/utils/agent.py) and slime's
     ``remote_rm`` (THUDM/slime, slime/rollout/rm_hub/__init__.py): aiohttp, ``json=``,
