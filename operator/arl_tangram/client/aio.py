@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
@@ -93,7 +94,13 @@ def code_action(
 
 class AsyncTangramClient:
     """A client of one gateway. ``namespace`` defaults to the pod's own; ``pool`` is the default
-    target of code actions. Use as ``async with``, or call :meth:`close`."""
+    target of code actions. Use as ``async with``, or call :meth:`close`.
+
+    ``timeout_s`` is the longest one call waits, its retries included (a ``run_many``: its whole
+    stream); past it the call raises :class:`Unavailable` saying so. A ``run_many`` left unfinished
+    then spends up to ``ABANDON_TIMEOUT_S`` more cancelling its actions. One client serves one event
+    loop after another (``asyncio.run`` per step) and a process forked after it was made: each gets
+    connections of its own."""
 
     def __init__(
         self,
@@ -118,8 +125,18 @@ class AsyncTangramClient:
         self.pool = pool
         self.retry = retry or RetryPolicy()
         self._token = token_source(token)
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        # The longest one call waits, its retries included: each retry used to get all of it again,
+        # so a gateway that never answered held a caller of timeout_s=2 for 20 s (a stream, 30 s).
+        self.timeout_s = timeout_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._http: aiohttp.ClientSession | None = None
+        # Where ``_http`` was made: its connections belong to that process and that event loop.
+        self._http_owner: tuple[int, asyncio.AbstractEventLoop] | None = None
+        # Pools this process must not close (see ``_forget_http``): kept, never used again.
+        self._inherited: list[aiohttp.ClientSession] = []
+        self._closing: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> AsyncTangramClient:
         return self
@@ -130,14 +147,43 @@ class AsyncTangramClient:
         await self.close()
 
     async def close(self) -> None:
-        if self._http is not None:
+        if self._http is not None and self._http_owner == _here():
             await self._http.close()
-            self._http = None
+        elif self._http is not None:
+            self._forget_http()
+        self._http = None
 
     def _session(self) -> aiohttp.ClientSession:
+        """The connection pool, made again where the one at hand cannot serve this call: in a
+        process forked after it was made (its connections are the parent's sockets: both would
+        read one stream's answers), or on another event loop (``asyncio.run`` once per step: the
+        last loop is closed, and aiohttp only said "Event loop is closed")."""
+        here = _here()
+        if self._http is not None and self._http_owner != here:
+            self._forget_http()
         if self._http is None or self._http.closed:
             self._http = aiohttp.ClientSession(timeout=self._timeout)
+            self._http_owner = here
         return self._http
+
+    def _forget_http(self) -> None:
+        """Drop a pool made in another process or on another loop, touching its sockets only where
+        that is safe: a forked child's are the parent's, registered in an epoll the two share
+        (closing them here unregisters them there, and the parent's reads hang), so they are only
+        kept; a closed loop's are gone with it, and closing the session just marks it closed."""
+        stale, owner = self._http, self._http_owner
+        self._http = self._http_owner = None
+        if stale is None or owner is None:
+            return
+        pid, stale_loop = owner
+        if pid == os.getpid() and stale_loop.is_closed():
+            closing = asyncio.get_running_loop().create_task(stale.close())
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+        elif pid == os.getpid() and stale_loop.is_running():
+            asyncio.run_coroutine_threadsafe(stale.close(), stale_loop)  # its own loop closes it
+        else:
+            self._inherited.append(stale)
 
     def _headers(self, key: str | None = None) -> dict[str, str]:
         headers = {}
@@ -149,27 +195,53 @@ class AsyncTangramClient:
         return headers
 
     # ---- plumbing ---------------------------------------------------------------------------------
-    async def _call(self, method: str, path: str, body: Any = None, key: str | None = None) -> Any:
-        """One request, retried on infrastructure failures; the answer's JSON, or a typed error."""
+    def _deadline(self) -> float:
+        """When a call begun now must have ended (on the running loop's clock), retries included."""
+        return asyncio.get_running_loop().time() + self.timeout_s
+
+    def _left(self, deadline: float) -> float:
+        return deadline - asyncio.get_running_loop().time()
+
+    def _timed_out(self) -> Unavailable:
+        # This client's own limit, not the gateway's failure: say which, and how to raise it.
+        return Unavailable(
+            f"no answer from {self.url} within this client's timeout_s ({self.timeout_s:g} s), "
+            "retries included; a longer action needs a larger timeout_s"
+        )
+
+    async def _pause(self, delay: float, deadline: float, last: TangramClientError) -> None:
+        """Sleep before a retry, or raise ``last`` where the retry could not begin before the
+        deadline (it would only be cut off by it)."""
+        if delay >= self._left(deadline):
+            raise last
+        await asyncio.sleep(delay)
+
+    async def _call(
+        self, method: str, path: str, body: Any = None, key: str | None = None, deadline: float | None = None
+    ) -> Any:
+        """One request, retried on infrastructure failures until ``deadline`` (default: timeout_s
+        from now); the answer's JSON, or a typed error."""
+        if deadline is None:
+            deadline = self._deadline()
         last: TangramClientError | None = None
         for attempt in range(self.retry.attempts):
-            if attempt:
+            if last is not None:
                 retry_after = last.retry_after if isinstance(last, Overloaded) else None
-                await asyncio.sleep(self.retry.delay(attempt - 1, retry_after))
+                await self._pause(self.retry.delay(attempt - 1, retry_after), deadline, last)
             try:
                 async with self._session().request(
-                    method, self.url + path, json=body, headers=self._headers(key)
+                    method,
+                    self.url + path,
+                    json=body,
+                    headers=self._headers(key),
+                    timeout=aiohttp.ClientTimeout(total=max(self._left(deadline), 0.001)),
                 ) as resp:
                     data = await _json(resp)
                     if resp.status < 300:
                         return data
                     error = error_for(resp.status, data, _retry_after(resp))
             except TimeoutError:
-                # This client's own limit, not the gateway's failure: say which, and how to raise it.
-                error = Unavailable(
-                    f"no answer from {self.url} within this client's timeout_s "
-                    f"({self._timeout.total:g} s); a longer action needs a larger timeout_s"
-                )
+                raise self._timed_out() from None
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
                 error = Unavailable(f"no answer from {self.url}: {exc!r}")
             if not isinstance(error, Unavailable | Overloaded):
@@ -223,12 +295,16 @@ class AsyncTangramClient:
             log.warning("could not cancel %d abandoned action(s) on %s: %r", len(keys), self.url, exc)
 
     async def _run_keyed(self, path: str, body: dict[str, Any], key: str) -> ActionResult:
-        result = ActionResult.from_body(await self._call("POST", path, body, key))
+        deadline = self._deadline()
+        result = ActionResult.from_body(await self._call("POST", path, body, key, deadline))
         for attempt in range(1, self.retry.attempts):
             if not result.infrastructure_failure:
                 break
-            await asyncio.sleep(self.retry.delay(attempt - 1))
-            result = ActionResult.from_body(await self._call("POST", path, body, key))
+            delay = self.retry.delay(attempt - 1)
+            if delay >= self._left(deadline):
+                break  # no time left for another try: the platform's failure is the result
+            await asyncio.sleep(delay)
+            result = ActionResult.from_body(await self._call("POST", path, body, key, deadline))
         return result
 
     async def run_code(self, code: str, **kwargs: Any) -> ActionResult:
@@ -259,14 +335,15 @@ class AsyncTangramClient:
         round_ = 0
         again: dict[str, dict[str, Any]] = {}
         began: list[bool] = []  # a stream was taken: its actions may be on the gateway
+        deadline = self._deadline()
         try:
             while pending:
                 if round_:
-                    await asyncio.sleep(self.retry.delay(round_ - 1))
+                    await self._pause(self.retry.delay(round_ - 1), deadline, self._timed_out())
                 round_ += 1
                 again = {}
                 try:
-                    async for key, result in self._stream(list(pending.values()), began):
+                    async for key, result in self._stream(list(pending.values()), began, deadline):
                         action = pending.pop(key, None)
                         if action is None:
                             continue  # a duplicate answer of a key already answered: never twice
@@ -284,12 +361,9 @@ class AsyncTangramClient:
                         raise Unavailable(
                             f"{len(pending)} action(s) got no answer from {self.url} in {round_} streams"
                         )
-                except (
-                    aiohttp.ClientConnectionError,
-                    aiohttp.ClientPayloadError,
-                    TimeoutError,
-                    Unavailable,
-                ) as exc:
+                except TimeoutError:
+                    raise self._timed_out() from None
+                except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, Unavailable) as exc:
                     if round_ >= self.retry.attempts:
                         raise Unavailable(f"the stream to {self.url} failed {round_} times: {exc!r}") from exc
                 except Overloaded:
@@ -303,7 +377,7 @@ class AsyncTangramClient:
                 await self._abandon([k for k in (*pending, *again) if k in own], self.namespace)
 
     async def _stream(
-        self, actions: list[dict[str, Any]], began: list[bool] | None = None
+        self, actions: list[dict[str, Any]], began: list[bool] | None = None, deadline: float | None = None
     ) -> AsyncIterator[tuple[str, ActionResult]]:
         """The results of ``actions`` sent in one stream. ``began`` gets an entry as the stream is
         sent (lines may reach the gateway before its answer begins), taken back if it refuses it."""
@@ -315,8 +389,12 @@ class AsyncTangramClient:
         headers = {**self._headers(), "Content-Type": "application/x-ndjson"}
         if began is not None:
             began.append(True)
+        left = self._left(deadline) if deadline is not None else self.timeout_s
         async with self._session().post(
-            self.url + "/v1/actions:stream", data=body(), headers=headers
+            self.url + "/v1/actions:stream",
+            data=body(),
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=max(left, 0.001)),
         ) as resp:
             if resp.status >= 300:
                 if began is not None:
@@ -431,6 +509,10 @@ class AsyncSession:
 
     async def run_code(self, code: str, **kwargs: Any) -> ActionResult:
         return await self.run(code_action(code, **kwargs))
+
+
+def _here() -> tuple[int, asyncio.AbstractEventLoop]:
+    return os.getpid(), asyncio.get_running_loop()
 
 
 def _ours(action: Mapping[str, Any], body: Mapping[str, Any]) -> bool:

@@ -4,7 +4,7 @@ Files (or directories of ``*.yaml``, ``*.yml`` and ``*.json``, in any case; a fi
 read once) may hold several documents and ``kind: List`` objects; every object is validated with the
 API models, and a bad one is an error naming the file, the document and the field. Objects of other
 kinds (an ActionBatch, a Kustomization) are reported and skipped: they are not specs of what
-``tangram up`` runs.
+``tangram up`` runs; an object of this API group whose kind is none of its kinds (a typo) is refused.
 
 A pool's hosts must fit this machine: a host asking for more cores than ``tangram up`` was given, or
 more memory than the machine has, is run with what there is (and the output says so), since a laptop
@@ -18,6 +18,7 @@ gateway refuses any other, so a pool named otherwise would run and never be reac
 from __future__ import annotations
 
 import copy
+import difflib
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,10 +29,10 @@ import yaml
 from pydantic import ValidationError
 
 from arl_tangram.api.actionpool import MAX_POOL_NAME_LENGTH, ActionPool
-from arl_tangram.api.meta import API_VERSION, DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN
+from arl_tangram.api.meta import API_VERSION, DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, GROUP
 from arl_tangram.api.quantity import quantity_bytes
 from arl_tangram.api.rewardmodelservice import MAX_SERVICE_NAME_LENGTH, RewardModelService
-from arl_tangram.api.validation import invalid_spec
+from arl_tangram.api.validation import KINDS, invalid_spec
 from arl_tangram.domain.pools import pool_config
 from arl_tangram.errors import InvalidSpec
 
@@ -117,6 +118,7 @@ def load(paths: Sequence[str], machine_cores: int, machine_memory_bytes: int) ->
     for path in _files(paths):
         for where, doc in _documents(path):
             kind = doc.get("kind")
+            _check_kind(doc, where)
             if kind not in SERVED_KINDS:
                 notes.append(
                     f"{where}: {kind or 'an object without kind'} skipped (tangram up runs "
@@ -144,6 +146,24 @@ def load(paths: Sequence[str], machine_cores: int, machine_memory_bytes: int) ->
     if not pools and not services:
         raise InvalidSpec(" ".join(paths), "declares no ActionPool and no RewardModelService")
     return Loaded(tuple(pools), tuple(services), tuple(notes))
+
+
+def _check_kind(doc: Mapping[str, Any], where: str) -> None:
+    """An object of this project's API group must be one of its kinds: a misspelt ``kind`` (say
+    ``ActionPol``) was skipped like a Kustomization, and, beside other files, its pool never ran
+    with nothing but a note among the start-up lines saying so."""
+    api_version = doc.get("apiVersion")
+    if not (isinstance(api_version, str) and api_version.partition("/")[0] == GROUP):
+        return
+    kind = doc.get("kind")
+    if kind in KINDS:
+        return
+    near = difflib.get_close_matches(str(kind), list(KINDS), n=1, cutoff=0.5)
+    raise InvalidSpec(
+        f"{where} kind",
+        f"{kind!r} is no kind of {GROUP}"
+        + (f": did you mean {near[0]!r}?" if near else f" (its kinds: {', '.join(KINDS)})"),
+    )
 
 
 def _with_namespace(doc: Mapping[str, Any], where: str, longest_name: int) -> dict[str, Any]:

@@ -95,3 +95,37 @@ def test_two_runs_with_no_uid_base_take_disjoint_ranges(tmp_path: Path) -> None:
         a, b = _uids_taken(first.output()), _uids_taken(second.output())
         assert len(a) > 0 and len(b) > 0
         assert a.stop <= b.start or b.stop <= a.start, (a, b)
+
+
+def test_sigterm_stops_every_process_and_a_new_run_takes_the_port_at_once(tmp_path: Path) -> None:
+    """SIGTERM (a service manager's, a job scheduler's stop), not only Ctrl-C: the action running is
+    answered and killed, no process it started is left, and the same port serves a run started
+    right after (its connections' TIME_WAIT does not hold the port)."""
+    spec = tmp_path / "pool.yaml"
+    spec.write_text(yaml.safe_dump(pool_doc()))
+    ended: list[int] = []
+    with tangram_up(spec) as first:
+        wait_until(lambda: first.pools()[POOL]["status"]["hostsReady"] == 1, 60, "the pool's host")
+
+        def run_long() -> None:
+            body = {"code": "import time; time.sleep(120)", "language": "python"}
+            ended.append(requests.post(first.url + "/run_code", json=body, timeout=180).status_code)
+
+        runner = threading.Thread(target=run_long, daemon=True)
+        runner.start()
+        hosts = first.hosts(POOL)
+        pids, uids = [h["pid"] for h in hosts], [range(*h["uids"]) for h in hosts]
+        wait_until(lambda: leftovers([], uids), 30, "the action's process under the host's uids")
+        first.proc.send_signal(signal.SIGTERM)
+        assert first.proc.wait(timeout=60) == 0, first.output()
+        assert leftovers(pids, uids) == []
+        runner.join(timeout=30)
+        assert ended == [504], "answered: send it again"
+        port = first.url.rsplit(":", 1)[1]
+    with tangram_up(spec, extra=("--port", port)) as again:
+        assert again.url.endswith(f":{port}")
+        wait_until(lambda: again.pools()[POOL]["status"]["hostsReady"] == 1, 60, "the pool's host")
+        answer = requests.post(
+            again.url + "/run_code", json={"code": "print(2)", "language": "python"}, timeout=60
+        )
+        assert answer.json()["run_result"]["stdout"] == "2\n"

@@ -181,3 +181,30 @@ def test_dotted_names_and_dashed_namespaces_load(tmp_path: Path) -> None:
     doc["metadata"]["namespace"] = "team-b"
     loaded = load([str(write(tmp_path, doc))], machine_cores=2, machine_memory_bytes=8 * GIB)
     assert loaded.pools[0]["metadata"]["name"] == "py.v2"
+
+
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [
+        ("ActionPol", "did you mean 'ActionPool'?"),
+        ("actionpool", "did you mean 'ActionPool'?"),
+        (None, "its kinds:"),
+    ],
+)
+def test_a_misspelt_kind_of_this_api_group_is_refused_not_skipped(
+    tmp_path: Path, kind: str | None, said: str
+) -> None:
+    """Beside a valid pool (a directory of specs) the misspelt one was skipped with a note: its pool
+    never ran, and nothing stopped."""
+    typo = pool("b")
+    typo["kind"] = kind
+    path = write(tmp_path, pool("a"), typo)
+    with pytest.raises(InvalidSpec) as err:
+        load([str(path)], machine_cores=2, machine_memory_bytes=8 * GIB)
+    assert f"{path} (document 2) kind:" in str(err.value) and said in str(err.value)
+
+
+def test_objects_of_other_api_groups_are_still_skipped(tmp_path: Path) -> None:
+    other = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization"}
+    loaded = load([str(write(tmp_path, pool("a"), other))], machine_cores=2, machine_memory_bytes=8 * GIB)
+    assert "Kustomization skipped" in "\n".join(loaded.notes)
