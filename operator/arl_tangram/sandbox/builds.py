@@ -54,6 +54,23 @@ class HasCompile(Protocol):
 R = TypeVar("R", bound=HasCompile)
 
 
+def decode_output(data: bytes) -> tuple[str, str]:
+    """A program's output as text (bytes that are not UTF-8 replaced by U+FFFD), and why it is
+    not UTF-8 (the ``UnicodeDecodeError``'s message; empty when it is)."""
+    try:
+        return data.decode("utf-8"), ""
+    except UnicodeDecodeError as err:
+        return data.decode("utf-8", "replace"), str(err)
+
+
+def sandboxfusion_text(text: str, undecodable: str) -> str:
+    """An output as SandboxFusion's ``try_decode`` reports it: output that is not UTF-8 is not
+    returned at all, but ``[DecodeError]`` and the error's message in its place, so a client's
+    verdict (an expected output compared) is the one SandboxFusion gives: the replaced text could
+    match an expected output that holds U+FFFD."""
+    return f"[DecodeError] {undecodable}" if undecodable else text
+
+
 @dataclass(frozen=True)
 class CompileStep:
     """What the compile did, as SandboxFusion's ``compile_result`` reports it."""
@@ -64,20 +81,28 @@ class CompileStep:
     stdout: str
     stderr: str
     cached: bool = False  # served from the compile cache (no compile ran)
+    # Why stdout / stderr are not UTF-8 (``decode_output``; empty when they are).
+    stdout_undecodable: str = ""
+    stderr_undecodable: str = ""
 
     @property
     def ok(self) -> bool:
         """Whether the run may follow."""
         return self.status == "Finished" and self.return_code == 0
 
-    def as_dict(self) -> dict[str, Any]:
-        """SandboxFusion's CommandRunResult, plus ``cached``."""
+    def as_dict(self, sandboxfusion: bool = False) -> dict[str, Any]:
+        """SandboxFusion's CommandRunResult, plus ``cached``; with ``sandboxfusion``, output that is
+        not UTF-8 as SandboxFusion reports it (``sandboxfusion_text``)."""
+        out, err = self.stdout, self.stderr
+        if sandboxfusion:
+            out = sandboxfusion_text(out, self.stdout_undecodable)
+            err = sandboxfusion_text(err, self.stderr_undecodable)
         return {
             "status": self.status,
             "execution_time": round(self.execution_time, 6),
             "return_code": self.return_code,
-            "stdout": self.stdout,
-            "stderr": self.stderr,
+            "stdout": out,
+            "stderr": err,
             "cached": self.cached,
         }
 
@@ -112,12 +137,16 @@ def _step_of(reply: Mapping[str, Any], wall_s: float) -> CompileStep:
     stderr = reply.get("stderr", b"")
     if "sandbox_error" in reply:
         stderr = str(reply["sandbox_error"]).encode()
+    out, out_undecodable = decode_output(reply.get("stdout", b""))
+    err, err_undecodable = decode_output(stderr)
     return CompileStep(
         status=status,
         execution_time=float(reply.get("wall_s", wall_s)),
         return_code=code,
-        stdout=reply.get("stdout", b"").decode("utf-8", "replace"),
-        stderr=stderr.decode("utf-8", "replace"),
+        stdout=out,
+        stderr=err,
+        stdout_undecodable=out_undecodable,
+        stderr_undecodable=err_undecodable,
     )
 
 
@@ -337,6 +366,8 @@ class Builder:
                 stdout=step.stdout,
                 stderr=step.stderr,
                 compile_s=step.execution_time,
+                stdout_undecodable=step.stdout_undecodable,
+                stderr_undecodable=step.stderr_undecodable,
             ),
         )
 
@@ -357,6 +388,8 @@ class Builder:
             stdout=entry.stdout,
             stderr=entry.stderr,
             cached=True,
+            stdout_undecodable=entry.stdout_undecodable,
+            stderr_undecodable=entry.stderr_undecodable,
         )
         reported = step if toolchain.language.reports_compile else None
         if entry.ok:

@@ -39,6 +39,9 @@ class CompiledBuild:
     stdout: str
     stderr: str
     compile_s: float  # how long the original compile took
+    # Why stdout / stderr are not UTF-8 (``builds.decode_output``; empty when they are).
+    stdout_undecodable: str = ""
+    stderr_undecodable: str = ""
 
     @property
     def ok(self) -> bool:

@@ -34,7 +34,7 @@ from arl_tangram.api.actionpool import MAX_SESSION_TTL_S, WORKDIR_BYTES_PER_FILE
 from arl_tangram.errors import CapacityExceeded, InvalidSpec, NotReady
 from arl_tangram.sandbox import gopackages, isolation, nodepackages, reaping, workfiles
 from arl_tangram.sandbox.actions import ActionControl
-from arl_tangram.sandbox.builds import Builder, CompileStep, Dispatch
+from arl_tangram.sandbox.builds import Builder, CompileStep, Dispatch, decode_output
 from arl_tangram.sandbox.config import AgentConfig, cpu_limit, infra_cores
 from arl_tangram.sandbox.cores import CorePool
 from arl_tangram.sandbox.forkclient import ForkServerClient, next_id
@@ -142,6 +142,10 @@ class ActionResult:
     message: str = ""
     notes: list[str] = field(default_factory=list)  # about the result's parts (fetched files left out)
     compile: CompileStep | None = None  # a compiled language's build (builds.py)
+    # Why stdout / stderr are not UTF-8 (``builds.decode_output``; empty when they are): the
+    # native API returns them with U+FFFD, ``/run_code`` as SandboxFusion does.
+    stdout_undecodable: str = ""
+    stderr_undecodable: str = ""
 
 
 # "cancelled": ended by ``DELETE /v1/actions/{key}`` (see actions.py).
@@ -949,18 +953,29 @@ class Executor:
                 "the session's interpreter was stopped while idle: the host's memory ran short (its "
                 "variables are gone; this call ran in a fresh one)"
             )
+        if reply.get("interp_unreaped") and not message:
+            message = (
+                "the session's interpreter held more exited processes than a session keeps (orphans "
+                "of what it started, which it adopts as its PID namespace's first process, and "
+                "children it did not wait for), so it was stopped (its variables are gone; the next "
+                "call starts a fresh one)"
+            )
         if reply.get("interp_stopped") and not message:
             message = (
                 "the call left processes running, so the session's interpreter was stopped (its "
                 "variables are gone; the next call starts a fresh one)"
             )
         self.counts[outcome] += 1
+        stdout, stdout_undecodable = decode_output(reply.get("stdout", b""))
+        stderr, stderr_undecodable = decode_output(reply.get("stderr", b""))
         return ActionResult(
             outcome=outcome,
             exit_code=reply.get("exit_code"),
             signal=reply.get("signal"),
-            stdout=reply.get("stdout", b"").decode("utf-8", "replace"),
-            stderr=reply.get("stderr", b"").decode("utf-8", "replace"),
+            stdout=stdout,
+            stderr=stderr,
+            stdout_undecodable=stdout_undecodable,
+            stderr_undecodable=stderr_undecodable,
             stdout_truncated=bool(reply.get("stdout_truncated")),
             stderr_truncated=bool(reply.get("stderr_truncated")),
             wall_s=float(reply.get("wall_s", 0.0)),

@@ -58,6 +58,7 @@ from arl_tangram.sandbox.reaping import (
     kill_uid,
     rss_kb,
     sweep_without_pidns,
+    unreaped_children,
 )
 from arl_tangram.sandbox.zygote import base_env
 from arl_tangram.sandbox.zygote_wire import (
@@ -87,7 +88,8 @@ UNREAPED_SWEEP_S = 0.2
 # other core sat idle: 14% of the machine, measured. A pipe holds 64 KiB, so a short action that
 # writes more waits at most this long for its first read.
 PIPE_WATCH_DELAY_S = 0.005
-# The most processes a session's persistent interpreter keeps between calls (``_freeze``).
+# The most processes a session's persistent interpreter keeps between calls (``_freeze``), the
+# exited ones it has not reaped included (``_on_ctrl``).
 COMPANY_MAX = 64
 # How often stopped sessions are checked for having run again (``_check_frozen``).
 FROZEN_CHECK_S = 0.2
@@ -205,6 +207,7 @@ class Call:
         "interp_ran_frozen",
         "interp_restarted",
         "interp_stopped",
+        "interp_unreaped",
         "main_file",
         "max_rss_kb",
         "memory_limit",
@@ -261,6 +264,7 @@ class Call:
         self.interp_evicted = interp_evicted  # the one before was stopped while idle, for memory
         self.interp_ran_frozen = False  # the one before was stopped for running between calls
         self.interp_stopped = False
+        self.interp_unreaped = False  # it went holding too many exited processes (``_on_ctrl``)
         self.interp_ended = False  # its interpreter ended during it, unanswered: never a success
         self.nonce = -1  # a session call's, which its answer carries (``_answer_of``)
         self.out = bytearray()
@@ -1521,6 +1525,23 @@ class ForkServer:
             # interpreter and all it started are stopped until its next call, which moves them to
             # its own cores. (The interpreter went with its variables at any process left.)
             company = self._freeze(interp)
+        if (
+            company != "processes"
+            and self.iso.pid_namespace
+            and len(interp.company) + unreaped_children(interp.pid) > COMPANY_MAX
+        ):
+            # The interpreter is its PID namespace's first process, so every orphan of what it
+            # started (a double fork, a shell's `cmd &`) becomes its child, and nothing reaps
+            # those when they exit: Python waits only for its own. Each zombie holds a slot of
+            # the uid's processes (``--nproc``) for the session's life, and past it every fork of
+            # a later call failed (EAGAIN). Reaping them here could take the exit status of a
+            # child of the program's own that it waits for later (nothing tells the two apart),
+            # so, like too many processes kept, they go with the interpreter: the next call gets
+            # a fresh one and is told why.
+            self._release_company(interp)
+            interp.frozen = False
+            call.interp_unreaped = True
+            company = "processes"
         if company == "processes":
             # Not all of it could be stopped (it forks without end; without a PID namespace one
             # may have left the session): the interpreter goes (its PID namespace takes the rest
@@ -1808,6 +1829,7 @@ class ForkServer:
             "interp_evicted": call.interp_evicted,
             "interp_ran_frozen": call.interp_ran_frozen,
             "interp_stopped": call.interp_stopped,
+            "interp_unreaped": call.interp_unreaped,
             "interp_ended": call.interp_ended,
             "workdir_removed": False,
             "cores": call.cores,

@@ -82,6 +82,7 @@ class Reply(TypedDict, total=False):
     interp_evicted: bool  # the interpreter before was stopped while idle, for the host's memory
     interp_ran_frozen: bool  # ... for running between calls (``forkserver._check_frozen``)
     interp_stopped: bool
+    interp_unreaped: bool  # ... holding too many exited processes that it had not reaped
     interp_ended: bool
     workdir_removed: bool
     cores: list[int]

@@ -86,6 +86,22 @@ def company_of(pid: int) -> str | None:
     return "threads" if len(tasks) > 1 else None
 
 
+def unreaped_children(pid: int) -> int:
+    """How many children of ``pid`` have exited and wait to be reaped (zombies)."""
+    count = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                count += sum(1 for child in fh.read().split() if not is_live(int(child)))
+        except OSError:
+            continue
+    return count
+
+
 def descendants(pid: int) -> list[int]:
     """Every live process below ``pid`` (its children's children too), zombies left out."""
     found: list[int] = []

@@ -47,6 +47,7 @@ from arl_tangram.sandbox.actions import (
     parse_action_key,
     parse_cores_header,
 )
+from arl_tangram.sandbox.builds import sandboxfusion_text
 from arl_tangram.sandbox.config import AgentConfig
 from arl_tangram.sandbox.executor import ActionResult, ActionSpec, Executor
 from arl_tangram.sandbox.languages import compiles, known_name, unavailable_language
@@ -711,7 +712,7 @@ def sandboxfusion_response(result: ActionResult) -> dict[str, Any]:
     return {
         "status": status,
         "message": result.message if result.outcome in ("sandbox_error", "cancelled") else "",
-        "compile_result": None if result.compile is None else result.compile.as_dict(),
+        "compile_result": None if result.compile is None else result.compile.as_dict(sandboxfusion=True),
         # A failed compile ends the action: no run, as in SandboxFusion.
         "run_result": None
         if result.compile is not None and not result.compile.ok
@@ -719,8 +720,8 @@ def sandboxfusion_response(result: ActionResult) -> dict[str, Any]:
             "status": run_status,
             "execution_time": round(result.wall_s, 6),
             "return_code": None if result.outcome == "timeout" else result.exit_code,
-            "stdout": result.stdout,
-            "stderr": result.stderr,
+            "stdout": sandboxfusion_text(result.stdout, result.stdout_undecodable),
+            "stderr": sandboxfusion_text(result.stderr, result.stderr_undecodable),
             "memory_limit_exceeded": result.outcome == "memory_limit_exceeded",
             "stdout_truncated": result.stdout_truncated,
             "stderr_truncated": result.stderr_truncated,

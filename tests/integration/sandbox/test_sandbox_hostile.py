@@ -828,3 +828,35 @@ def test_a_process_a_session_call_forked_ends_there(agent: Agent) -> None:
         assert again["stdout"] == "True\n" and again["interpreter_restarted"] is False, again
     finally:
         requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)
+
+
+# Session calls that try to outlast their timeout: none has a way to stop the kill at the deadline.
+UNSTOPPABLE_CELLS = {
+    "every signal blocked, spinning": (
+        "import signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())\n"
+        "while True:\n    pass\n"
+    ),
+    "every signal ignored, sleeping": (
+        "import signal, time\nfor s in signal.valid_signals():\n    try:\n"
+        "        signal.signal(s, signal.SIG_IGN)\n    except (OSError, ValueError):\n        pass\n"
+        "time.sleep(100)\n"
+    ),
+    "every descriptor closed, spinning": "import os\nos.closerange(0, 4096)\nwhile True:\n    pass\n",
+    "a child in a session of its own holding the pipes, the interpreter spinning": (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(100)\nwhile True:\n    pass\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(UNSTOPPABLE_CELLS))
+def test_a_session_call_that_will_not_stop_ends_at_its_timeout(agent: Agent, name: str) -> None:
+    sid = agent.post("/v1/sessions", {"persistent": True}).json()["session_id"]
+    try:
+        body = agent.execute(UNSTOPPABLE_CELLS[name], session_id=sid, timeout_s=2)
+        assert body["status"] == "timeout", body
+        after = agent.execute("print('next')", session_id=sid)
+        seen = (after["status"], after["stdout"], after["interpreter_restarted"])
+        assert seen == ("ok", "next\n", True), after
+        assert agent.healthy()
+    finally:
+        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=10)

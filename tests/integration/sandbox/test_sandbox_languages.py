@@ -413,6 +413,25 @@ def test_a_failed_build_is_kept_and_reported_again(agent: Agent, found: dict[str
     assert second["run_result"] is None
 
 
+def test_a_compile_error_that_is_not_utf8_is_answered_as_sandboxfusion_answers_it(
+    agent: Agent, found: dict[str, Any]
+) -> None:
+    """The compiler echoes a source line holding a Latin-1 byte: SandboxFusion decodes the
+    compile's stderr strictly too (``[DecodeError]`` and the decoder's message in its place),
+    where the agent returned it with U+FFFD; a build kept in the compile cache answers the same."""
+    need(found, "cpp")
+    header = b"int bad = \xe9;\n"
+    files = {"bad.h": base64.b64encode(header).decode()}
+    code = '#include "bad.h"\nint main() { return 0; }\n'
+    first = run(agent, "cpp", code, files=files)
+    second = run(agent, "cpp", code, files=files)
+    for body in (first, second):
+        stderr = body["compile_result"]["stderr"]
+        assert stderr.startswith("[DecodeError] 'utf-8' codec can't decode byte 0xe9"), body
+        assert (body["status"], body["run_result"]) == ("Failed", None), body
+    assert (first["compile_result"]["cached"], second["compile_result"]["cached"]) == (False, True)
+
+
 @pytest.mark.parametrize(
     ("language", "code"),
     [

@@ -11,6 +11,8 @@ raised or inherited, stdout that cannot be flushed at exit (Python's 120), what 
 (finalisers, generators' ``finally``, files left open) and a lone surrogate printed; exceptions that
 lie about their class or traceback, ``sys.excepthook``'s own end, output order at the end (Python
 flushes as the main module ends), the standard streams reopened by name, and a preload's exit function.
+Output is compared as SandboxFusion's runner decodes it: output that is not UTF-8 is
+``[DecodeError]`` and the decoder's message (the agent returned it with U+FFFD in place).
 """
 
 from __future__ import annotations
@@ -99,6 +101,38 @@ PROGRAMS = {
         "sys.stdout = Out()\n"
     ),
     "a lone surrogate printed": "print('\\udcff')\n",
+    # Fake successes by other shapes: each keeps the status it has under ``python main.py``.
+    "sys.exit replaced, then a failed assert": "import sys\nsys.exit = lambda *a: None\nassert 1 == 2\n",
+    "builtins.AssertionError replaced, then a failed assert": (
+        "import builtins\nbuiltins.AssertionError = type('X', (Exception,), {})\nassert 1 == 2\n"
+    ),
+    "sys.excepthook that calls os._exit(0)": (
+        "import os, sys\nsys.excepthook = lambda *a: os._exit(0)\nprint('x')\nassert False\n"
+    ),
+    "an exit function that calls os._exit(0) after a failed assert": (
+        "import atexit, os\natexit.register(lambda: os._exit(0))\nassert False\n"
+    ),
+    "an exit function that calls sys.exit(0) after a failed assert": (
+        "import atexit, sys\natexit.register(lambda: sys.exit(0))\nassert False\n"
+    ),
+    "a thread outliving main that calls os._exit(0)": (
+        "import os, threading, time\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), os._exit(0))).start()\nassert False\n"
+    ),
+    "a daemon thread that would call os._exit(0) later": (
+        "import os, threading, time\n"
+        "threading.Thread(target=lambda: (time.sleep(0.2), os._exit(0)), daemon=True).start()\n"
+        "assert False\n"
+    ),
+    "stdout and stderr closed, then a print and SystemExit(1)": (
+        "import os\nos.close(1)\nos.close(2)\nprint('x')\nraise SystemExit(1)\n"
+    ),
+    "printed, then os._exit(0)": "import os\nprint('lost in the buffer')\nos._exit(0)\n",
+    "invalid UTF-8 on stdout": "import sys\nsys.stdout.buffer.write(b'ab\\xff\\xfecd\\n')\n",
+    "invalid UTF-8 on stderr, then a failure": (
+        "import sys\nsys.stderr.buffer.write(b'\\xc3\\x28')\nsys.exit(1)\n"
+    ),
+    "a carriage return, a NUL and no trailing newline": "import sys\nsys.stdout.write('a\\rb\\x00c')\n",
     "the deepest recursion at the default limit": (
         "import sys\ndef f(n):\n    try:\n        return f(n + 1)\n"
         "    except RecursionError:\n        return n\nprint(f(0), sys.getrecursionlimit())\n"
@@ -359,10 +393,19 @@ def _outside(code: str, tmp_path: Path, stdin: str | None = None, stderr: bool =
         timeout=30,
         preexec_fn=_default_signals,  # not this test run's (a background job ignores SIGINT)
     )
-    seen = {"return_code": done.returncode, "stdout": done.stdout.decode("utf-8", "replace")}
+    seen = {"return_code": done.returncode, "stdout": sandboxfusion_decode(done.stdout)}
     if stderr:
-        seen["stderr"] = _main_named(done.stderr.decode("utf-8", "replace"))
+        seen["stderr"] = _main_named(sandboxfusion_decode(done.stderr))
     return seen
+
+
+def sandboxfusion_decode(data: bytes) -> str:
+    """Output as SandboxFusion's runner returns it (``try_decode``): UTF-8, or, where it is not,
+    ``[DecodeError]`` and the decoder's message instead of any of it."""
+    try:
+        return data.decode()
+    except UnicodeDecodeError as err:
+        return f"[DecodeError] {err}"
 
 
 def _main_named(text: str) -> str:
@@ -394,6 +437,10 @@ STDERR_TOO = {
     "SystemExit's message with sys.stderr deleted",
     "a SystemExit whose code raises",
     "a plain failure",
+    "invalid UTF-8 on stderr, then a failure",
+    "sys.excepthook that calls os._exit(0)",
+    "an exit function that calls os._exit(0) after a failed assert",
+    "a thread outliving main that calls os._exit(0)",
 }
 
 C_MODULE_ONLY = {

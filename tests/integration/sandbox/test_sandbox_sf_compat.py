@@ -181,3 +181,26 @@ def test_a_python_program_may_allocate_what_it_may_outside(agent: Agent) -> None
     assert outside == {40: True, 50: True, 70: False}, outside
     inside = {n: _run(_ok(agent, code=f"b = bytearray({n} << 20)", memory_limit_MB=64)) for n in sizes}
     assert {n: run["return_code"] == 0 for n, run in inside.items()} == outside, inside
+
+
+def test_output_that_is_not_utf8_is_answered_as_sandboxfusion_answers_it(agent: Agent) -> None:
+    """SandboxFusion decodes a stream strictly (``try_decode``): bytes that are not UTF-8 give
+    ``[DecodeError]`` and the decoder's message instead of the output. The agent returned the
+    output with U+FFFD in place of them, a verdict SandboxFusion never gives. The native API keeps
+    the text."""
+    raw = b"ab\xff\xfecd\n"
+    try:
+        raw.decode()
+    except UnicodeDecodeError as err:
+        want = f"[DecodeError] {err}"
+    code = f"import sys\nsys.stdout.buffer.write({raw!r})\nsys.stderr.buffer.write({raw!r})\n"
+    run = _run(_ok(agent, code=code))
+    assert (run["return_code"], run["stdout"], run["stderr"]) == (0, want, want), run
+    # Another language, the same: the bytes are the stream's, whoever wrote them.
+    shell = _run(_ok(agent, code="printf 'ab\\377\\376cd\\n'", language="bash"))
+    assert shell["stdout"] == want, shell
+    native = agent.execute(code)
+    assert native["stdout"] == native["stderr"] == raw.decode("utf-8", "replace"), native
+    # UTF-8, however odd, comes back as written.
+    odd = _run(_ok(agent, code="import sys\nsys.stdout.write('a\\rb\\x00c\\u00e9')"))
+    assert odd["stdout"] == "a\rb\x00c\u00e9", odd
