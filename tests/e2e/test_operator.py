@@ -34,7 +34,7 @@ from operator_harness import (
     service_manifest,
     trainer_token,
 )
-from testbed import REPO, Cluster, condition, http_get_json, wait_for
+from testbed import REPO, Cluster, condition, http_get_json, wait_for, wait_for_gone
 
 from arl_tangram.domain.actions import ActionRequest
 from arl_tangram.errors import NotFound
@@ -1061,3 +1061,112 @@ def test_the_operators_rbac_is_exactly_what_it_uses(cluster: Cluster, operator: 
                             granted.add((g, r, v))
     unused = granted - used - set(UNEXERCISED)
     assert not unused, f"granted but never used by the operator: {sorted(unused)}"
+
+
+def test_a_pool_deleted_under_its_batch_fails_each_action_by_name_and_a_namespace_deleted_whole_goes(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    """Deleting in the wrong order: the pool goes while its batch's actions run and wait. Each
+    action ends Failed ``PoolNotFound`` saying its pool was deleted (at once, not held), none
+    is left Pending or Running, and the batch completes. Then the namespace is deleted with a pool
+    and a batch in it: nothing (no finalizer of the operator's) keeps it."""
+    _pool(cluster, namespace, scaling={"minHosts": 1, "maxHosts": 1})
+    _create(cluster, namespace, "actionbatches", batch_manifest("orphan", _sleepers(3, 120.0)))
+    _wait_for(
+        cluster,
+        namespace,
+        "actionbatches",
+        lambda o: (o.get("status", {}).get("counts") or {}).get("running", 0) >= 1,
+        description="actions running",
+        timeout=90,
+    )
+    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "actionpools", "py")
+    done = _wait_batch(cluster, namespace, "orphan", timeout=120)
+    results = done["status"]["results"]
+    assert [r["state"] for r in results] == ["Failed"] * 3, results
+    assert {r["reason"] for r in results} == {"PoolNotFound"}, results
+    assert all(r["output"] == f"ActionPool {namespace}/py was deleted" for r in results), results
+    assert condition(done, "Failed") == "True"
+
+    # A namespace of this test's own (the fixture's deletes its namespace itself).
+    whole = f"{namespace[:50]}-whole"
+    cluster.core.create_namespace({"metadata": {"name": whole, "labels": {"tangram.arl.dev/e2e": "true"}}})
+    try:
+        wait_for(
+            cluster.core.list_namespaced_service_account,
+            lambda _sa: True,
+            namespace=whole,
+            field_selector="metadata.name=default",
+            description=f"default ServiceAccount in {whole}",
+        )
+        _pool(cluster, whole, name="other", scaling={"minHosts": 1})
+        waiting = [{**a, "target": "other"} for a in _sleepers(2, 120.0)]
+        _create(cluster, whole, "actionbatches", batch_manifest("left", waiting))
+        _wait_for(
+            cluster,
+            whole,
+            "actionbatches",
+            lambda o: (o.get("status", {}).get("counts") or {}).get("running", 0) >= 1,
+            description="actions running in the namespace to delete",
+            timeout=90,
+        )
+    finally:
+        cluster.core.delete_namespace(whole)
+    wait_for_gone(cluster.core.list_namespace, whole, description=f"namespace {whole}", timeout=120)
+
+
+def test_a_pool_edited_under_running_actions_observes_the_edit_and_kills_none(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    """``kubectl edit`` of a pool while its actions run: maxHosts shrunk, the hosts' memory and the
+    sessions' TTL changed (a new template: a rollout). Its status observes the new generation
+    (``observedGeneration`` and every condition's), the running actions finish where they run
+    (one attempt each), and ``kubectl get`` shows it Ready."""
+    _pool(cluster, namespace, scaling={"minHosts": 1, "maxHosts": 2})
+    _create(cluster, namespace, "actionbatches", batch_manifest("busy", _sleepers(2, 8.0)))
+    _wait_for(
+        cluster,
+        namespace,
+        "actionbatches",
+        lambda o: (o.get("status", {}).get("counts") or {}).get("running", 0) == 2,
+        description="both actions running",
+        timeout=120,
+    )
+    cluster.custom.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        "actionpools",
+        "py",
+        {
+            "spec": {
+                "scaling": {"maxHosts": 1},
+                "sessions": {"ttlSeconds": 60},
+                "template": {"resources": {"memory": "3Gi"}},
+            }
+        },
+    )
+
+    def observed(o: dict[str, Any]) -> bool:
+        gen = o["metadata"]["generation"]
+        status = o.get("status", {})
+        return (
+            gen == 2
+            and status.get("observedGeneration") == gen
+            and all(c.get("observedGeneration") == gen for c in status.get("conditions", []))
+        )
+
+    _wait_for(cluster, namespace, "actionpools", observed, description="generation 2 observed", timeout=60)
+    batch = _wait_batch(cluster, namespace, "busy")
+    results = batch["status"]["results"]
+    assert [(r["state"], r["attempts"]) for r in results] == [("Succeeded", 1)] * 2, results
+    _wait_for(
+        cluster,
+        namespace,
+        "actionpools",
+        lambda o: condition(o, "Ready") == "True" and o["status"]["observedGeneration"] == 2,
+        description="the pool Ready at generation 2",
+        timeout=120,
+    )
+    row = cluster.kubectl("get", "actionpool", "py", "-n", namespace, "--no-headers").stdout.split()
+    assert row[:3] == ["py", "True", "HostsReady"], row

@@ -79,6 +79,11 @@ WRITE_BACKOFF_MAX_S = 30.0
 # finished actions' whole outputs go first; their rows are then served from the status, as after
 # a restart (``outputWhole: false``).
 WHOLE_OUTPUTS_BYTES = 512 * 2**20
+# The longest time a status records (as milliseconds, ``durationMillis`` and ``queuedMillis``): the
+# CRD's integers are int64, and a reward server answering a finite but absurd time (1e300 s) made
+# the API server refuse (422) every write of its batch's status, for good: the batch never showed
+# its results nor completed. 2**62 ms leaves room for a float's rounding below 2**63.
+MAX_RECORDED_S = 2**62 / 1000
 
 
 # ---- pure -------------------------------------------------------------------------------------------
@@ -98,6 +103,9 @@ class BatchObservation:
     # The ACT summary its status held when this operator started (a restart, a failover): the
     # seconds behind it are gone, and until an action finishes here it is what there is.
     prior_act: Mapping[str, Any] | None = None
+    # Why the spec's latest generation is not the one that runs (an edit of what cannot change,
+    # which only a CRD older than its rule lets in); ``generation`` is then that refused one.
+    edit_refused: str | None = None
 
 
 @dataclass(frozen=True)
@@ -119,8 +127,8 @@ def reconcile_actionbatch(
         observed.conditions,
         ConditionType.ACCEPTED,
         True,
-        ConditionReason.QUEUED,
-        f"{counts.total} action(s) accepted",
+        ConditionReason.EDIT_REFUSED if observed.edit_refused else ConditionReason.QUEUED,
+        observed.edit_refused or f"{counts.total} action(s) accepted",
         gen,
         now,
     )
@@ -200,11 +208,44 @@ def refused_status(
     generation: int | None, conditions: Sequence[Mapping[str, Any]], message: str, now: datetime
 ) -> dict[str, Any]:
     """The status of a batch whose spec the operator cannot run (what the schema cannot check, such
-    as the spec's size): Accepted=False with the reason, and nothing runs."""
+    as the spec's size): Accepted=False with the reason, and nothing runs. ``Complete=False`` says
+    the same, since ``kubectl get actionbatches`` shows that condition: with Accepted alone, its
+    Complete and Reason columns stayed empty, as for a batch the operator had not seen."""
+    for kind in (ConditionType.ACCEPTED, ConditionType.COMPLETE):
+        conditions = set_condition(
+            conditions, kind, False, ConditionReason.INVALID_SPEC, message, generation, now
+        )
+    return {"observedGeneration": generation, "conditions": conditions}
+
+
+def unrecorded_status(
+    status: Mapping[str, Any],
+    written: Mapping[str, Any] | None,
+    answer: str,
+    results_at: str,
+    now: datetime,
+) -> dict[str, Any]:
+    """The status to write when the API server refuses ``status`` for what it holds (an admission
+    policy, a field it finds invalid, an object grown past etcd's limit): the same conditions and
+    counts, the results as last ``written`` (accepted then; a restarted operator keeps them rather
+    than finding none), and ``ResultsRecorded=False`` quoting its answer and saying where the
+    results are served. Before, the batch kept its last status for good (or none: no condition,
+    no counts), its end never said, while the full status was refused again and again."""
     conds = set_condition(
-        conditions, ConditionType.ACCEPTED, False, ConditionReason.INVALID_SPEC, message, generation, now
+        status.get("conditions") or (),
+        ConditionType.RESULTS_RECORDED,
+        False,
+        ConditionReason.STATUS_REFUSED,
+        f"the API server refused the status with the results ({answer}); they are served at "
+        f"GET {results_at}, and the full status is written again later",
+        status.get("observedGeneration"),
+        now,
     )
-    return {"observedGeneration": generation, "conditions": conds}
+    kept = ("observedGeneration", "counts", "act", "startTime", "completionTime")
+    out = {**{k: status.get(k) for k in kept}, "conditions": conds}
+    if written and written.get("results"):
+        out.update(results=written["results"], resultBytes=written.get("resultBytes"))
+    return out
 
 
 def deletion_due(spec: ActionBatchSpec, completion: datetime | None, now: datetime) -> DeleteBatch | None:
@@ -228,12 +269,13 @@ def recordable(outcome: ActionOutcome) -> ActionOutcome:
     the user's own image may say anything): a time that is not a finite number of seconds, 0 or
     more, made the result fail to record (its action stayed Running, its batch never completed),
     and a score of NaN or infinity is no JSON (the API server refused every write of the batch's
-    status, which stayed stale for good). A time is only a measurement: it is taken as 0. A score
-    is the result: one that is no number fails the action, naming it."""
+    status, which stayed stale for good), as was a time past ``MAX_RECORDED_S``. A time is only a
+    measurement: it is taken as 0. A score is the result: one that is no number fails the action,
+    naming it."""
     fixes: dict[str, Any] = {}
     for name in ("duration_s", "queued_s"):
         value = getattr(outcome, name)
-        if not math.isfinite(value) or value < 0:
+        if not math.isfinite(value) or not 0 <= value <= MAX_RECORDED_S:
             fixes[name] = 0.0
     if outcome.reward is not None and not math.isfinite(outcome.reward):
         fixes.update(
@@ -281,8 +323,10 @@ class _Batch:
     # The tasks of its actions waiting out a target's outage (``forget`` wakes them at once).
     held: set[asyncio.Task[None]] = field(default_factory=set)
     prior_act: Mapping[str, Any] | None = None  # BatchObservation.prior_act
+    edit_refused: str | None = None  # BatchObservation.edit_refused
     write_failures: int = 0  # status writes failed in a row
     write_after: float = 0.0  # (the manager's clock) no write before, after failed ones
+    refusal_said: bool = False  # the Warning Event of a refused status is posted (once per batch)
     # (kind, target) -> when (the manager's clock) one of its actions first found it missing, until
     # found (a pool and a service may share a name).
     missing_since: dict[tuple[str, str], float] = field(default_factory=dict)
@@ -297,6 +341,12 @@ Deleter = Callable[[str, str, str], Awaitable[None]]
 """(namespace, name, uid): that object only."""
 BatchEventSink = Callable[[str, str, str, Event], None]
 """(namespace, name, uid, event): posted on that object."""
+
+
+class StatusRefused(Exception):
+    """A :data:`StatusPatch` the API server refused for what the status holds (not for being away):
+    sending it again cannot help until something changes, so a status without the new results is
+    written meanwhile (:func:`unrecorded_status`)."""
 
 
 def completion_event(status: Mapping[str, Any]) -> Event:
@@ -413,32 +463,45 @@ class BatchManager:
             )
         batch.dirty = True
 
-    @staticmethod
-    def _refresh(batch: _Batch, meta: Mapping[str, Any], raw: Mapping[str, Any]) -> None:
+    def _refresh(self, batch: _Batch, meta: Mapping[str, Any], raw: Mapping[str, Any]) -> None:
         """A change to a running batch's spec: only ``ttlSecondsAfterFinished`` may change (the
-        CRD refuses the rest); its generation is then the one observed."""
+        CRD refuses the rest); its generation is then the one observed. An edit of the rest, which
+        a CRD older than that rule lets in (Helm never upgrades a chart's CRDs), is refused in the
+        status: ``Accepted`` names the fields, its generation observed, a Warning Event once. It was
+        only logged: the batch said nothing, its observedGeneration lagging for good."""
         generation = meta.get("generation")
         if generation == batch.generation:
             return
         try:
             spec = ActionBatchSpec.model_validate(raw)
-        except ValidationError:
-            return  # the CRD's own rules refuse such an edit: an older CRD's, kept as accepted
-        if spec.model_dump(exclude={"ttl_seconds_after_finished"}) != batch.spec.model_dump(
-            exclude={"ttl_seconds_after_finished"}
-        ):
-            # Only a CRD older than the rule that refuses this lets it in: the accepted actions run.
-            log.warning(
-                "batch %s/%s: its actions changed after it was accepted; running those accepted",
-                batch.namespace,
-                batch.name,
-            )
-            return
-        batch.spec = batch.spec.model_copy(
-            update={"ttl_seconds_after_finished": spec.ttl_seconds_after_finished}
-        )
+        except ValidationError as exc:
+            changed: list[str] | str = str(invalid_spec(exc, "spec"))
+        else:
+            changed = [
+                f"spec.{alias}"
+                for name, alias in _IMMUTABLE
+                if spec.model_dump(include={name}) != batch.spec.model_dump(include={name})
+            ]
         batch.generation = generation
         batch.dirty = True
+        if not changed:
+            batch.edit_refused = None
+            batch.spec = batch.spec.model_copy(
+                update={"ttl_seconds_after_finished": spec.ttl_seconds_after_finished}
+            )
+            return
+        what = changed if isinstance(changed, str) else f"{', '.join(sorted(changed))} changed"
+        batch.edit_refused = (
+            f"generation {generation} refused ({what}): only ttlSecondsAfterFinished may change once the "
+            "ActionBatch exists, and the actions accepted first run; create another ActionBatch"
+        )
+        log.warning("batch %s/%s: %s", batch.namespace, batch.name, batch.edit_refused)
+        self._emit(
+            batch.namespace,
+            batch.name,
+            batch.uid,
+            Event("Warning", ConditionReason.EDIT_REFUSED.value, batch.edit_refused),
+        )
 
     def started(self, key: str, attempt: int) -> None:
         """The dispatcher started an attempt: the action is Running with that many attempts."""
@@ -641,6 +704,7 @@ class BatchManager:
             act_seconds=batch.acts,
             held_by=tuple(batch.held_by[t] for t in sorted(batch.held_by)),
             prior_act=batch.prior_act,
+            edit_refused=batch.edit_refused,
         )
         status, ops = reconcile_actionbatch(batch.spec, observed, now)
         if status["completionTime"] and batch.completion_time is None:
@@ -707,12 +771,59 @@ class BatchManager:
                     exc,
                 )
                 batch.dirty = True
+                if isinstance(exc, StatusRefused):
+                    await self._write_unrecorded(batch, status, str(exc), completes, now)
                 continue
             batch.write_failures, batch.write_after = 0, 0.0
             if completes:  # once: a restarted operator reads the completed status back
                 self._emit(batch.namespace, batch.name, batch.uid, completion_event(status))
             if ops:
                 await self._delete_due(batch, ops[0])
+
+    async def _write_unrecorded(
+        self, batch: _Batch, status: Mapping[str, Any], answer: str, completes: bool, now: datetime
+    ) -> None:
+        """Write the status without its new results (``unrecorded_status``), so that the batch
+        still says how far it is, that it completed, and why its results are not there."""
+        results_at = f"/v1/batches/{batch.namespace}/{batch.name}/results"
+        # The condition as last written, so that its transition time holds while refusals repeat
+        # (each would otherwise be a new status to write).
+        said = [
+            c
+            for c in (batch.written or {}).get("conditions") or ()
+            if c.get("type") == ConditionType.RESULTS_RECORDED.value
+        ]
+        base = {**status, "conditions": [*status["conditions"], *said]}
+        fallback = _present(unrecorded_status(base, batch.written, answer, results_at, now))
+        if fallback == batch.written:
+            return
+        try:
+            await self._patch(batch.namespace, batch.name, batch.uid, fallback)
+        except Exception as exc:  # nothing more to fall back on: the full status is tried again
+            log.warning(
+                "status of batch %s/%s without results not written either: %s",
+                batch.namespace,
+                batch.name,
+                exc,
+            )
+            return
+        self.writes += 1
+        batch.written = fallback
+        if not batch.refusal_said:
+            batch.refusal_said = True
+            message = next(
+                c["message"]
+                for c in fallback["conditions"]
+                if c["type"] == ConditionType.RESULTS_RECORDED.value
+            )
+            self._emit(
+                batch.namespace,
+                batch.name,
+                batch.uid,
+                Event("Warning", ConditionReason.STATUS_REFUSED.value, message),
+            )
+        if completes:
+            self._emit(batch.namespace, batch.name, batch.uid, completion_event(fallback))
 
     async def _delete_due(self, batch: _Batch, due: DeleteBatch) -> None:
         batch.deleting = True
@@ -807,6 +918,10 @@ class BatchManager:
 
     def pending_count(self) -> int:
         return sum(len(b.tasks) for b in self._batches.values())
+
+
+# What cannot change once a batch exists (the CRD's transition rule): (field, its name in the spec).
+_IMMUTABLE = (("actions", "actions"), ("retry_policy", "retryPolicy"), ("results", "results"))
 
 
 def _present(status: Mapping[str, Any]) -> dict[str, Any]:

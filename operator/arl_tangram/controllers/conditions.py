@@ -27,6 +27,8 @@ class ConditionType(StrEnum):
     RUNNING = "Running"
     COMPLETE = "Complete"
     FAILED = "Failed"
+    # ActionBatch: whether its status holds its results (False only while the API server refuses them)
+    RESULTS_RECORDED = "ResultsRecorded"
 
 
 class ConditionReason(StrEnum):
@@ -65,6 +67,10 @@ class ConditionReason(StrEnum):
     NONE_FAILED = "NoneFailed"
     IN_PROGRESS = "InProgress"
     DELETING = "Deleting"
+    # An edit of what cannot change once the batch exists (only an older CRD lets it in)
+    EDIT_REFUSED = "EditRefused"
+    # The API server refused a status with the batch's results (its answer is the message)
+    STATUS_REFUSED = "StatusRefused"
 
 
 @dataclass(frozen=True)

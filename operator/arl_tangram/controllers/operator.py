@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 import logging
 import os
 import re
@@ -31,7 +32,7 @@ from kubernetes.client.exceptions import ApiException
 
 from arl_tangram.api.meta import DNS_LABEL_PATTERN, GROUP, VERSION
 from arl_tangram.api.rewardmodelservice import RewardModelService
-from arl_tangram.controllers.actionbatch import WHOLE_OUTPUTS_BYTES, BatchManager
+from arl_tangram.controllers.actionbatch import WHOLE_OUTPUTS_BYTES, BatchManager, StatusRefused
 from arl_tangram.controllers.actionpool import PoolController, config_of, node_snapshot
 from arl_tangram.controllers.conditions import Event
 from arl_tangram.controllers.failures import UNSCHEDULABLE_AFTER_S
@@ -181,6 +182,21 @@ def _replaced(exc: ApiException) -> bool:
     """Whether the API server refused a deletion for its uid precondition (409, the only conflict a
     deletion with no resourceVersion has): the name is another object's now."""
     return bool(exc.status == 409)
+
+
+def _api_message(exc: ApiException) -> str:
+    """The API server's own words of a refusal (its Status's message), not the client's dump of
+    the response's headers."""
+    try:
+        said = json.loads(exc.body or "").get("message")
+    except (ValueError, AttributeError):
+        said = None
+    return str(said or exc.reason or exc.body)
+
+
+def _too_large(exc: ApiException) -> bool:
+    """Whether etcd refused the object for its size (the API server passes it on as a 500)."""
+    return "request is too large" in _api_message(exc)
 
 
 def _targets(name: str) -> tuple[tuple[str, str], ...]:
@@ -523,6 +539,9 @@ class OperatorState:
             # needs no verb the operator does not have already).
             if exc.status == 422 and not await self._is_uid("actionbatches", namespace, name, uid):
                 return
+            if exc.status in (400, 413, 422) or _too_large(exc):
+                # Refused for what it holds: sending it again cannot help (``StatusRefused``).
+                raise StatusRefused(f"{exc.status}: {_api_message(exc)}") from exc
             raise
 
     def keep_event_context(self) -> None:

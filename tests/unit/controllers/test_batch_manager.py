@@ -682,6 +682,7 @@ async def test_an_action_that_ends_after_its_deleted_batch_was_dropped_keeps_no_
         ({"reward": float("inf")}, "Failed"),
         ({"reward": 0.5, "duration_s": float("nan")}, "Succeeded"),
         ({"reward": 0.5, "duration_s": float("inf"), "queued_s": -3.0}, "Succeeded"),
+        ({"reward": 0.5, "duration_s": 1e300, "queued_s": 1e17}, "Succeeded"),
     ],
 )
 async def test_a_score_or_time_that_is_no_number_still_completes_the_batch_in_valid_json(
@@ -691,7 +692,9 @@ async def test_a_score_or_time_that_is_no_number_still_completes_the_batch_in_va
     time: the time made recording the result raise (its action stayed Running, the batch never
     completed), and the score made every status write JSON that the API server refuses (here:
     ``json.dumps(allow_nan=False)``, strict JSON as the API server reads it), for good. The
-    score is the result, so its action fails naming it; a time is a measurement, taken as 0."""
+    score is the result, so its action fails naming it; a time is a measurement, taken as 0.
+    A finite time too long for the CRD's int64 milliseconds (1e300 s) was refused the same way
+    (422 on the test bed's API server): the written status is checked to hold int64s only."""
     rec = Recorder()
 
     async def run(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
@@ -701,6 +704,9 @@ async def test_a_score_or_time_that_is_no_number_still_completes_the_batch_in_va
 
     async def patch(namespace: str, name: str, uid: str, status: dict[str, Any]) -> None:
         rec.writes.append(json.loads(json.dumps(status, allow_nan=False)))
+        for result in status["results"]:
+            for value in result.values():
+                assert not isinstance(value, int) or -(2**63) <= value < 2**63, result
 
     mgr = BatchManager(run, rec.cancel, _python_pool, patch, rec.delete)
     mgr.ensure(_body(3))
@@ -808,3 +814,105 @@ async def test_a_status_write_refused_again_and_again_is_tried_less_often_and_st
     assert len(rec.writes) == 1 and _complete(rec.writes[0]) and rec.writes[0]["counts"]["succeeded"] == 3
     await mgr.flush()
     assert len(rec.writes) == 1
+
+
+async def test_a_status_refused_for_what_it_holds_still_says_the_batch_completed_and_why() -> None:
+    """A status the API server refuses for what it holds (422: an admission policy, a value its
+    schema refuses; etcd's size limit) was only sent again, with back-off, for good: the batch
+    kept its last status, never Complete, and nothing said why. Now a status is written meanwhile
+    with the counts and conditions (Complete), the results as last accepted (a restarted operator
+    still finds them), and ``ResultsRecorded=False`` quoting the answer and naming where the
+    results are served; a Warning Event once; not written again while refusals repeat; once the
+    full status is accepted, it replaces it."""
+    rec = Recorder()
+    posted: list[tuple[str, str]] = []
+    refusing = False
+    release = asyncio.Event()
+
+    async def run(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        if request.key.endswith("a2"):
+            await release.wait()
+        return await rec.run(request, attempts_so_far)
+
+    async def patch(namespace: str, name: str, uid: str, status: dict[str, Any]) -> None:
+        if refusing and any(r["state"] == "Succeeded" for r in status.get("results", ())[2:]):
+            raise actionbatch.StatusRefused("422: status.results[2]: Invalid value: denied by policy")
+        rec.writes.append(status)
+
+    def emit(namespace: str, name: str, uid: str, event: Event) -> None:
+        posted.append((event.type, event.reason))
+
+    mgr = BatchManager(run, rec.cancel, _python_pool, patch, rec.delete, emit=emit)
+    now = [1000.0]
+    mgr.clock = lambda: now[0]
+    mgr.ensure(_body(3))
+    await _until(lambda: mgr.pending_count() == 1)
+    mgr.started(next(k for k in mgr._by_key if k.endswith("a2")), 1)
+    await mgr.flush()
+    accepted = rec.writes[-1]["results"]
+    assert [r["state"] for r in accepted] == ["Succeeded", "Succeeded", "Running"]
+    refusing = True
+    release.set()
+    await _until(lambda: mgr.pending_count() == 0)
+    await mgr.flush()
+    said = rec.writes[-1]
+    assert len(rec.writes) == 2 and _complete(said) and said["counts"]["succeeded"] == 3
+    assert said["results"] == accepted
+    (recorded,) = [c for c in said["conditions"] if c["type"] == "ResultsRecorded"]
+    assert recorded["status"] == "False" and recorded["reason"] == "StatusRefused"
+    assert "denied by policy" in recorded["message"] and "/v1/batches/ns/b/results" in recorded["message"]
+    assert posted == [("Warning", "StatusRefused"), ("Normal", "AllFinished")]
+    for _ in range(4):  # refused again after each back-off: nothing new to say
+        now[0] += actionbatch.WRITE_BACKOFF_MAX_S
+        await mgr.flush()
+    assert len(rec.writes) == 2 and len(posted) == 2
+    rows = await mgr.results("ns", "b")
+    assert rows is not None and [r["state"] async for r in rows] == ["Succeeded"] * 3
+    refusing = False
+    now[0] += actionbatch.WRITE_BACKOFF_MAX_S
+    await mgr.flush()
+    full = rec.writes[-1]
+    assert [r["state"] for r in full["results"]] == ["Succeeded"] * 3 and _complete(full)
+    assert not [c for c in full["conditions"] if c["type"] == "ResultsRecorded"]
+    assert len(posted) == 2
+
+
+async def test_an_edit_of_what_cannot_change_is_refused_in_the_status_naming_the_fields() -> None:
+    """The CRD refuses an edit of a batch's actions, retryPolicy or results; a CRD older than that
+    rule (Helm never upgrades a chart's CRDs) lets it in, and the operator only logged it: the
+    batch said nothing and its observedGeneration lagged for good. It is now refused in the status:
+    ``Accepted`` names the fields and the generation (observed), a Warning Event once; the actions
+    accepted first are those that run, and an edit back clears it."""
+    rec = Recorder()
+    posted: list[tuple[str, str, str]] = []
+
+    def emit(namespace: str, name: str, uid: str, event: Event) -> None:
+        posted.append((event.type, event.reason, event.message))
+
+    mgr = BatchManager(rec.run, rec.cancel, _python_pool, rec.patch, rec.delete, emit=emit)
+    mgr.ensure(_body(1))
+    await _until(lambda: mgr.pending_count() == 0)
+    await mgr.flush()
+    edited = _body(2, retryPolicy={"maxRetries": 5})
+    edited["metadata"]["generation"] = 2
+    mgr.ensure(edited)
+    mgr.ensure(edited)  # heard again (a resync): said once
+    await mgr.flush()
+    status = rec.writes[-1]
+    (accepted,) = [c for c in status["conditions"] if c["type"] == "Accepted"]
+    assert status["observedGeneration"] == 2 and accepted["reason"] == "EditRefused"
+    assert (
+        "generation 2" in accepted["message"]
+        and "spec.actions, spec.retryPolicy changed" in accepted["message"]
+    )
+    assert [r["id"] for r in status["results"]] == ["a0"] and _complete(status)
+    assert [(t, r) for t, r, _ in posted] == [("Normal", "AllFinished"), ("Warning", "EditRefused")]
+    assert posted[1][2] == accepted["message"]
+    back = _body(1, ttlSecondsAfterFinished=3600)
+    back["metadata"]["generation"] = 3
+    mgr.ensure(back)
+    await mgr.flush()
+    status = rec.writes[-1]
+    (accepted,) = [c for c in status["conditions"] if c["type"] == "Accepted"]
+    assert status["observedGeneration"] == 3 and accepted["reason"] == "Queued"
+    assert mgr._batches[("ns", "b")].spec.ttl_seconds_after_finished == 3600

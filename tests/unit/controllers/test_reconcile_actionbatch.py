@@ -9,7 +9,12 @@ from typing import Any
 import pytest
 
 from arl_tangram.api.actionbatch import ActionBatchSpec, ActionBatchStatus, ActionResult
-from arl_tangram.controllers.actionbatch import BatchObservation, reconcile_actionbatch, recovered_results
+from arl_tangram.controllers.actionbatch import (
+    BatchObservation,
+    reconcile_actionbatch,
+    recovered_results,
+    refused_status,
+)
 from arl_tangram.domain.actions import ActionOutcome, Outcome, Reason
 from arl_tangram.domain.batches import (
     Runner,
@@ -293,3 +298,17 @@ def test_bad_payloads_fail_naming_the_field(payload: dict[str, Any], field: str)
     with pytest.raises(InvalidSpec) as err:
         batch_request("ns", "u", s, s.actions[0], ("python", "bash"))
     assert err.value.field == field
+
+
+def test_a_refused_spec_shows_in_the_complete_condition_that_kubectl_get_prints() -> None:
+    """``kubectl get actionbatches`` prints the Complete condition's status and reason: a batch
+    refused with Accepted=False alone showed empty columns, as one the operator never saw."""
+    status = refused_status(
+        3, [], "spec.actions: the spec takes 700000 bytes", datetime(2026, 1, 1, tzinfo=UTC)
+    )
+    conds = {c["type"]: c for c in status["conditions"]}
+    for kind in ("Accepted", "Complete"):
+        assert conds[kind]["status"] == "False" and conds[kind]["reason"] == "InvalidSpec"
+        assert conds[kind]["message"] == "spec.actions: the spec takes 700000 bytes"
+        assert conds[kind]["observedGeneration"] == 3
+    assert status["observedGeneration"] == 3
