@@ -701,6 +701,11 @@ class OperatorState:
         )
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.settings.listen_host, self.settings.listen_port)
+        # The kernel's largest backlog, as `tangram up`'s gateway: aiohttp's default of 128 made a
+        # trainer opening hundreds of connections at once (one per rollout worker's request) wait
+        # a SYN retransmit, a second or more, for each connection past it.
+        site = web.TCPSite(
+            self._runner, self.settings.listen_host, self.settings.listen_port, backlog=socket.SOMAXCONN
+        )
         await site.start()
         log.info("gateway on %s:%d", self.settings.listen_host, self.settings.listen_port)
