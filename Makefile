@@ -11,7 +11,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: help
 help: ## list the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 18
 
 # ---- set-up ---------------------------------------------------------------------------------------
 .PHONY: install system-deps
@@ -69,7 +69,7 @@ verify: install ## CRDs have no drift; ruff, mypy and the import layering are cl
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-lint: install
+lint: install ## fix what ruff can and format the code
 	$(BIN)/ruff check --fix operator tests
 	$(BIN)/ruff format operator tests
 
@@ -77,13 +77,13 @@ lint: install
 .PHONY: bench bench-exec bench-sim bench-sched
 bench: bench-exec bench-sim bench-sched ## every benchmark, numbers side by side
 
-bench-exec: install
+bench-exec: install ## the sandbox agent: calls per second against a fresh process per call
 	$(BIN)/tangram bench exec
 
-bench-sim: install
+bench-sim: install ## the simulator on the built-in workloads, every policy
 	for w in ai-coding reward-gpu deepsearch mixed; do $(BIN)/tangram bench sim --workload $$w; done
 
-bench-sched: install
+bench-sched: install ## the scheduler's decision latency
 	$(BIN)/tangram bench sched
 
 # ---- GPUs -------------------------------------------------------------------------------------------

@@ -165,7 +165,7 @@ def main(argv: list[str]) -> int:
         return 0
     print(
         f"{'nodes':>5} {'pools':>5} {'solver':>7} {'method':>15} {'sol_status':>12} {'ms':>9} "
-        f"{'cost':>12} {'greedy cost':>12} {'cost/greedy':>11} {'adds':>5}"
+        f"{'cost':>12} {'greedy cost':>12} {'cost/greedy':>11} {'adds':>5} {'unplaced':>8} {'opened':>6}"
     )
     for row in rows:
         ratio = row.objective / row.greedy_objective if row.greedy_objective else 1.0

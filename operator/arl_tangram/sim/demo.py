@@ -1,9 +1,10 @@
 """``tangram demo``: the win of action-level scheduling, shown on simulated workloads.
 
-Until the embedded mode runs real sandboxes, the demo runs the built-in ``ai-coding`` and
-``reward-gpu`` workloads (optionally shortened with ``--scale``) under the ``static`` baseline and
-under ``tangram`` in the simulator, and prints ACT, its split, makespan and resource use side by
-side. ``--plot FILE`` also writes a PNG of the ACT distributions (needs matplotlib).
+``tangram demo --simulate`` (plain ``tangram demo`` runs real sandboxes through the embedded mode)
+runs the built-in ``ai-coding`` and ``reward-gpu`` workloads (optionally shortened with ``--scale``)
+under the ``static`` baseline and under ``tangram`` in the simulator, and prints ACT, its split,
+makespan and resource use side by side. ``--plot FILE`` also writes a PNG of the ACT distributions
+(needs matplotlib).
 """
 
 from __future__ import annotations
