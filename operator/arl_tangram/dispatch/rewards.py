@@ -320,10 +320,12 @@ class RewardRouter:
                     svc.waiting += 1
                     waiting = True
                 scores = body.get("scores")
-                if not isinstance(scores, list) or not scores or not _is_number(scores[0]):
+                # One input went, so exactly one score comes back: of two, the first was taken,
+                # which may be another input's (a custom server's batch mixed up).
+                if not isinstance(scores, list) or len(scores) != 1 or not _is_number(scores[0]):
                     # NaN, infinity and booleans included: a custom server's NaN became the action's
                     # reward (and invalid JSON in every answer and status that carried it).
-                    last_error = f"replica {replica} answered without a score: {body!r}"[:300]
+                    last_error = f"replica {replica} answered without one score for one input: {body!r}"[:300]
                     continue
                 svc.suspect.pop(replica, None)  # it answered
                 now = self.clock()

@@ -8,11 +8,13 @@
 - ``SglangBackend``: an SGLang server started with ``--enable-memory-saver``: evict is
   ``POST /release_memory_occupation``, restore ``POST /resume_memory_occupation`` (both take an
   optional ``{"tags": [...]}``; without tags, weights and KV cache together); scores come from
-  ``POST /classify`` (``{"model", "text": [...]}`` -> ``[{"embedding": [score, ...]}, ...]``).
+  ``POST /classify`` (``{"model", "text": [...]}`` -> ``[{"embedding": [label values]}, ...]``).
+
+Where a server answers more than one value per input, both take the last (``_last_value``).
 
 Each blocking step of the built-in backend runs in a worker thread; the HTTP backends share one
 aiohttp session made at start-up. A failed call raises ``BackendError`` (an infrastructure failure:
-the dispatcher may retry elsewhere).
+the dispatcher may retry elsewhere), or ``BackendRefused`` where the server refused the inputs.
 """
 
 from __future__ import annotations
@@ -30,6 +32,17 @@ from arl_tangram.rewards.builtin import BuiltinScorer
 
 class BackendError(RuntimeError):
     """A backend call failed (server down, bad answer)."""
+
+
+class BackendRefused(BackendError):
+    """The server refused the inputs themselves (400, 413 or 422: an input past the model's
+    maximum length, one it cannot tokenize): another replica would refuse them too, and in a batch
+    one such input fails the others with it (``RewardRuntime`` then scores each request alone)."""
+
+
+# The answers that blame the request's content, not the server: vLLM's BadRequestError is a 400
+# (past ``max_model_len``), a validation error a 422, a body over its limit a 413.
+REFUSED_STATUSES = frozenset({400, 413, 422})
 
 
 class ServiceBackend(Protocol):
@@ -94,7 +107,8 @@ class _HttpBackend:
             async with self.session.request(method, self.url + path, json=body) as resp:
                 text = await resp.text()
                 if resp.status >= 400:
-                    raise BackendError(f"{self.name}: {method} {path} answered {resp.status}: {text[:200]}")
+                    cls = BackendRefused if resp.status in REFUSED_STATUSES else BackendError
+                    raise cls(f"{self.name}: {method} {path} answered {resp.status}: {text[:200]}")
                 if not text:
                     if answer:
                         raise BackendError(f"{self.name}: {method} {path} answered an empty body")
@@ -107,6 +121,9 @@ class _HttpBackend:
                             f"{self.name}: {method} {path} answered malformed JSON: {text[:200]!r}"
                         ) from None
                     return text
+        except aiohttp.ClientConnectorError as exc:
+            # Nothing listens there: the services file's url is wrong or the server is down.
+            raise BackendError(f"{self.name}: {method} {self.url}{path} failed: {exc}") from None
         except aiohttp.ClientError as exc:
             raise BackendError(f"{self.name}: {method} {path} failed: {exc}") from None
         except TimeoutError:
@@ -137,25 +154,36 @@ class VllmBackend(_HttpBackend):
     async def score(self, inputs: Sequence[str]) -> list[float]:
         out = await self._call("POST", "/pooling", {"model": self.model, "input": list(inputs)}, answer=True)
         try:
-            rows = out["data"]
+            rows = _field(out, "data", "the answer")
             if not isinstance(rows, list):
                 raise ValueError(f"data is {type(rows).__name__}, not a list")
             # Each row says which input it scores: a missing or repeated index would hand one
             # input's score to another, so the indices must be exactly 0..n-1.
-            by_index = {r["index"]: r["data"] for r in rows}
+            by_index = {
+                _field(r, "index", f"row {j}"): _field(r, "data", f"row {j}") for j, r in enumerate(rows)
+            }
             if len(rows) != len(inputs) or set(by_index) != set(range(len(inputs))):
                 raise ValueError(
                     f"{len(rows)} rows with indices {sorted(by_index, key=str)[:10]} for {len(inputs)} inputs"
                 )
-            return [_score(_last_value(by_index[i]), i) for i in range(len(inputs))]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise BackendError(f"{self.name}: /pooling answered an unexpected shape: {exc}") from None
+            return [_score(_last_value(by_index[i], i), i) for i in range(len(inputs))]
+        except (TypeError, ValueError) as exc:
+            raise BackendError(f"{self.name}: POST /pooling answered an unexpected shape: {exc}") from None
 
 
 class SglangBackend(_HttpBackend):
     """An SGLang server with the memory saver (release / resume memory occupation)."""
 
     async def start(self) -> bool:
+        # A wrong url fails the start, as vLLM's ``/is_sleeping`` does, not the first request; any
+        # answer will do (a server without ``/health`` still listens there).
+        try:
+            async with self.session.get(self.url + "/health") as resp:
+                await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise BackendError(
+                f"{self.name}: GET {self.url}/health failed: {exc or type(exc).__name__}"
+            ) from None
         # SGLang has no query for the state; a freshly started server holds its memory.
         return True
 
@@ -172,17 +200,30 @@ class SglangBackend(_HttpBackend):
             if not isinstance(out, list) or len(out) != len(inputs):
                 n = len(out) if isinstance(out, list) else type(out).__name__
                 raise ValueError(f"{n} results for {len(inputs)} inputs")
-            return [_score(r["embedding"][0], i) for i, r in enumerate(out)]
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            raise BackendError(f"{self.name}: /classify answered an unexpected shape: {exc!r}") from None
+            # Every label's value, as vLLM's rows: the same rule picks the score (``_last_value``).
+            return [_score(_last_value(_field(r, "embedding", f"row {i}"), i), i) for i, r in enumerate(out)]
+        except (TypeError, ValueError) as exc:
+            raise BackendError(f"{self.name}: POST /classify answered an unexpected shape: {exc}") from None
 
 
-def _last_value(value: Any) -> Any:
-    """The score in a pooling output: a number, or the last number of a (nested) list, which is the
-    last token's value for token-level reward models."""
+def _field(obj: Any, key: str, where: str) -> Any:
+    """``obj[key]`` of a JSON object in a server's answer; ``ValueError`` names what is missing and
+    what is there instead (another server version's shape, such as vLLM's ``probs`` or ``score``)."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where} is {type(obj).__name__}, not an object with {key!r}")
+    if key not in obj:
+        raise ValueError(f"{where} has no {key!r} (it has {sorted(obj)[:10]})")
+    return obj[key]
+
+
+def _last_value(value: Any, i: int) -> Any:
+    """The score in input ``i``'s output: a number, or the last number of a (nested) list. One rule
+    for every server and model shape: a model with ``num_labels`` > 1 gives its last label's value
+    (label 1 of a binary classifier, its positive class), a process reward model (``[p(wrong),
+    p(right)]`` per step) its last step's ``p(right)``, a token-level reward model its last token's."""
     while isinstance(value, list):
         if not value:
-            raise ValueError("empty pooling output")
+            raise ValueError(f"row {i}: empty output")
         value = value[-1]
     return value
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arl_tangram.api.rewardmodelservice import Batching, RewardModelService, ServiceScaling
-from arl_tangram.rewards.backends import BackendError, ServiceBackend
+from arl_tangram.rewards.backends import BackendError, BackendRefused, ServiceBackend
 from arl_tangram.rewards.cache import DeviceCache, pick_next
 
 log = logging.getLogger("tangram.reward-runtime")
@@ -383,11 +383,21 @@ class RewardRuntime:
                 start = self.clock()
                 victims, restore_s = await self._make_resident(name)
                 t0 = self.clock()
-                scores: list[float] = []
-                size = svc.spec.max_batch_size
-                for i in range(0, len(inputs), size):  # a request bigger than a batch: in parts
-                    part = inputs[i : i + size]
-                    scores += _checked(name, part, await svc.backend.score(part))
+                answers: list[list[float] | BadInput]
+                try:
+                    scores = await self._score_all(svc, inputs)
+                    answers, i = [], 0
+                    for r in batch:
+                        answers.append(scores[i : i + len(r.inputs)])
+                        i += len(r.inputs)
+                except BackendRefused as exc:
+                    # The server refused an input (past the model's length): each request alone
+                    # then, so that only the one holding it fails, and as its own fault (400, not
+                    # retried elsewhere, where it would be refused again).
+                    if len(batch) == 1:
+                        answers = [BadInput(str(exc))]
+                    else:
+                        answers = [await self._score_alone(svc, r.inputs) for r in batch]
                 exec_s = self.clock() - t0
                 self.cache.touch(name)
         except BaseException as exc:
@@ -405,14 +415,32 @@ class RewardRuntime:
             raise
         svc.batches += 1
         svc.last_used = self.clock()
-        i = 0
-        for r in batch:
-            res = ScoreResult(
-                scores[i : i + len(r.inputs)], restore_s, start - r.arrival, exec_s, len(inputs), victims
-            )
-            i += len(r.inputs)
-            if not r.future.done():
-                r.future.set_result(res)
+        for r, answer in zip(batch, answers, strict=True):
+            if r.future.done():
+                continue
+            if isinstance(answer, BadInput):
+                r.future.set_exception(answer)
+            else:
+                r.future.set_result(
+                    ScoreResult(answer, restore_s, start - r.arrival, exec_s, len(inputs), victims)
+                )
+
+    async def _score_alone(self, svc: _Service, inputs: list[str]) -> list[float] | BadInput:
+        """One request's scores, or the BadInput of the server's refusal of its inputs."""
+        try:
+            return await self._score_all(svc, inputs)
+        except BackendRefused as exc:
+            return BadInput(str(exc))
+
+    async def _score_all(self, svc: _Service, inputs: list[str]) -> list[float]:
+        """The backend's scores of ``inputs``, in parts of at most a batch (a request bigger than a
+        batch), each checked."""
+        scores: list[float] = []
+        size = svc.spec.max_batch_size
+        for i in range(0, len(inputs), size):
+            part = inputs[i : i + size]
+            scores += _checked(svc.spec.name, part, await svc.backend.score(part))
+        return scores
 
 
 def _checked(name: str, inputs: Sequence[str], scores: Sequence[float]) -> list[float]:

@@ -33,10 +33,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import yaml
@@ -110,21 +113,33 @@ def parse_services(doc: Any) -> list[dict[str, Any]]:
         for key in need:
             if not entry.get(key):
                 raise ConfigError(f"{where}.{key} is required for backend {backend}")
+        if backend != "builtin":
+            url = urlsplit(str(entry["url"]))
+            if url.scheme not in ("http", "https") or not url.hostname:
+                raise ConfigError(f"{where}.url must be http://HOST[:PORT], got {entry['url']!r}")
+        for key in ("maxBatchSize", "maxQueueLength"):
+            v = entry.get(key, 1)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{where}.{key} must be an integer >= 1, got {v!r}")
+        wait = entry.get("maxWaitMillis", 0)
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < math.inf:
+            raise ConfigError(f"{where}.maxWaitMillis must be a number >= 0, got {wait!r}")
+        # A YAML string such as "false" would be true to bool().
+        if not isinstance(entry.get("keepResident", False), bool):
+            raise ConfigError(f"{where}.keepResident must be true or false, got {entry['keepResident']!r}")
         out.append({**entry, "backend": backend})
     return out
 
 
 def _spec(entry: dict[str, Any]) -> ServiceSpec:
-    try:
-        return ServiceSpec(
-            entry["name"],
-            int(entry.get("maxBatchSize", DEFAULT_MAX_BATCH)),
-            float(entry.get("maxWaitMillis", DEFAULT_MAX_WAIT_MS)) / 1000,
-            int(entry.get("maxQueueLength", DEFAULT_MAX_QUEUE)),
-            bool(entry.get("keepResident", False)),
-        )
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"service {entry['name']}: {exc}") from None
+    """The batching of a checked entry (``parse_services``)."""
+    return ServiceSpec(
+        entry["name"],
+        entry.get("maxBatchSize", DEFAULT_MAX_BATCH),
+        entry.get("maxWaitMillis", DEFAULT_MAX_WAIT_MS) / 1000,
+        entry.get("maxQueueLength", DEFAULT_MAX_QUEUE),
+        entry.get("keepResident", False),
+    )
 
 
 def build_backend(entry: dict[str, Any], device: str, session: aiohttp.ClientSession) -> ServiceBackend:
@@ -213,9 +228,17 @@ def make_app(runtime: RewardRuntime, device: str) -> web.Application:
     return app
 
 
+DEVICE_FORMAT = re.compile(r"cpu|cuda(:\d+)?")
+
+
 def _device_capacity(device: str, flag: str | None) -> int:
+    if not DEVICE_FORMAT.fullmatch(device):
+        raise ConfigError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
     if flag is not None:
-        return quantity_bytes(flag)
+        try:
+            return quantity_bytes(flag)
+        except ValueError as exc:
+            raise ConfigError(f"--device-memory: {exc}") from None
     if device == "cpu":
         raise ConfigError("--device-memory is required with --device cpu (the budget the cache keeps to)")
     try:
@@ -224,6 +247,12 @@ def _device_capacity(device: str, flag: str | None) -> int:
         raise ConfigError(
             f"--device {device} without PyTorch: give the budget with --device-memory"
         ) from None
+    # No GPU (or a CUDA-less PyTorch) raises AssertionError or RuntimeError deep in torch, and an
+    # index past the GPUs "invalid device ordinal": one line naming the flag instead.
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(device.partition(":")[2] or 0)
+    if index >= count:
+        raise ConfigError(f"--device {device}: PyTorch sees {count} CUDA device(s) on this machine")
     free, _total = torch.cuda.mem_get_info(torch.device(device))
     # What is free now, less a margin for the CUDA context and activations of the running batch.
     return int(free * 0.9)
@@ -241,10 +270,10 @@ async def serve(args: argparse.Namespace, entries: list[dict[str, Any]]) -> int:
     # Backends may block on start (is_sleeping); one long timeout covers a vLLM wake-up of big weights.
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600))
     try:
+        # The device first: a bad --device is named as such, not as each model's load failing on it.
+        capacity = _device_capacity(args.device, args.device_memory)
         pairs = [(_spec(e), build_backend(e, args.device, session)) for e in entries]
-        runtime = RewardRuntime(
-            pairs, _device_capacity(args.device, args.device_memory), prewarm=not args.no_prewarm
-        )
+        runtime = RewardRuntime(pairs, capacity, prewarm=not args.no_prewarm)
         await runtime.start()
         host, _, port = args.listen.rpartition(":")
         runner = web.AppRunner(make_app(runtime, args.device), access_log=None)

@@ -374,3 +374,14 @@ async def test_times_a_replica_reports_that_are_no_seconds_are_not_taken(seconds
     outcome = await asyncio.wait_for(router.run(_request()), 10)
     assert outcome.state is Outcome.SUCCEEDED and outcome.reward == 0.5, outcome
     assert outcome.duration_s >= 0 and outcome.queued_s >= 0 and outcome.message is None, outcome
+
+
+@pytest.mark.parametrize("scores", [[0.1, 0.9], [0.1, 0.1], []])
+async def test_more_or_fewer_scores_than_the_one_input_are_no_reward(scores: list[float]) -> None:
+    """One input goes to the replica; an answer with two scores used to give the first as the
+    reward, though it may be another input's (a custom server's batch mixed up)."""
+    client = AnswersOf([{"scores": scores}, {"scores": [0.25]}])
+    router = _router(client)
+    router.sync("ns/rm", [("a", "a:8000")])
+    outcome = await asyncio.wait_for(router.run(_request()), 10)
+    assert outcome.state is Outcome.SUCCEEDED and outcome.reward == 0.25 and outcome.attempts == 2, outcome
