@@ -192,11 +192,18 @@ def test_a_token_for_one_namespace_reaches_nothing_in_another(
     own = alice("GET", f"/v1/batches/{a}/secret/results")
     assert own.status_code == 200 and f"{a}'s data" in own.text, own.text
 
-    # B's session: not read, not run in, not closed (its id is no capability); named from A's
+    # B's session: not read, not run in, not closed (its id is no capability), and answered as an
+    # id that is open nowhere (a 403 told A that it is open, and in which namespace); named from A's
     # namespace, it is no session at all.
-    refused(alice("GET", f"/v1/sessions/{sid}"))
-    refused(alice("POST", f"/v1/sessions/{sid}/actions", json={"type": "code", "payload": {"code": "1"}}))
-    refused(alice("DELETE", f"/v1/sessions/{sid}"))
+    for method, path, body in (
+        ("GET", "", None),
+        ("POST", "/actions", {"type": "code", "payload": {"code": "1"}}),
+        ("DELETE", "", None),
+    ):
+        for session in (sid, "s-0123456789abcdef"):
+            resp = alice(method, f"/v1/sessions/{session}{path}", json=body)
+            refused(resp, 404)
+            assert b not in resp.text and "no open session" in resp.json()["error"], resp.text
     refused(alice("POST", "/v1/actions", json=_code(a, "1", sessionId=sid)), 404)
     assert bob("GET", f"/v1/sessions/{sid}").status_code == 200, "B's session was closed by A"
 

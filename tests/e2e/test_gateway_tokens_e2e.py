@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import socket
 import sys
 import threading
 import time
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import requests
 from kubernetes import client
@@ -28,10 +30,11 @@ sys.path.insert(0, str(TESTS / "integration" / "sandbox"))
 sys.path.insert(0, str(TESTS / "integration" / "gateway"))
 sys.path.insert(0, str(TESTS / "integration" / "dispatch"))  # gateway_harness's dispatch_harness
 
-from gateway_harness import Gateway, serve_gateway  # noqa: E402
+from gateway_harness import Gateway, read_until_closed, serve_gateway  # noqa: E402
 from sandbox_agent_harness import Agent, start_agent, stop_agent  # noqa: E402
 
 from arl_tangram.gateway import GatewayConfig, KubernetesAuthenticator  # noqa: E402
+from arl_tangram.gateway.auth import ReviewThrottle  # noqa: E402
 from arl_tangram.gateway.state import STATE  # noqa: E402
 
 AUDIENCE = "tangram-gateway"
@@ -168,6 +171,54 @@ def test_a_warm_token_makes_no_api_call(cluster: Cluster, namespace: str, gatewa
     for _ in range(5):
         assert _run(gateway, namespace, token).status_code == 200
     assert authenticator.api_calls == calls
+
+
+def test_a_flood_of_made_up_tokens_spares_the_api_server_and_others_get_in(
+    cluster: Cluster, namespace: str, agent: Agent
+) -> None:
+    """Each distinct token cost one TokenReview on the real API server, as many at once as the
+    client sent. Now one client's made-up tokens (well-formed JWTs, which only a review can refuse)
+    spend at most its own share, and another client's new, real token is still reviewed and let in.
+    The throttle's clock stands still, so its per-second budgets do not refill during the test."""
+    _service_account(cluster, namespace, "trainer")
+    _grant(cluster, namespace, namespace, "trainer")
+    _wait_rbac(cluster, f"system:serviceaccount:{namespace}:trainer", namespace, True)
+    token = _token(cluster, namespace, "trainer", [AUDIENCE])
+    throttle = ReviewThrottle(client_in_flight=2, client_per_second=5, clock=lambda: 0.0)
+    auth = KubernetesAuthenticator(cluster.api, AUDIENCE, throttle=throttle)
+    config = GatewayConfig(default_namespace=namespace, default_pools={namespace: POOL})
+    header, payload, _ = token.split(".")
+
+    async def flood(url: str) -> list[int]:
+        async with aiohttp.ClientSession() as http:
+
+            async def one() -> int:
+                made_up = f"{header}.{payload}.{secrets.token_urlsafe(256)}"  # a forged signature
+                headers = {"Authorization": f"Bearer {made_up}"}
+                async with http.post(f"{url}/v1/actions", json={}, headers=headers) as resp:
+                    return resp.status
+
+            return await asyncio.gather(*(one() for _ in range(100)))
+
+    with serve_gateway([agent], auth=auth, config=config, pools=((namespace, POOL),)) as gw:
+        statuses = asyncio.run(flood(gw.url))
+        assert set(statuses) <= {401, 503} and 503 in statuses, statuses
+        assert auth.api_calls <= 10, f"{auth.api_calls} reviews for one client's flood"
+        # Another client: its connection's own address (loopback's 127.0.0.2).
+        host, port = gw.url.removeprefix("http://").split(":")
+        action = b'{"type": "code", "target": "py", "payload": {"code": "print(7)"}}'
+        with socket.socket() as conn:
+            conn.settimeout(60)
+            conn.bind(("127.0.0.2", 0))
+            conn.connect((host, int(port)))
+            conn.sendall(
+                b"POST /v1/actions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                + b"Content-Type: application/json\r\n"
+                + f"Authorization: Bearer {token}\r\nContent-Length: {len(action)}\r\n\r\n".encode()
+                + action
+            )
+            answer = read_until_closed(conn)
+        assert answer.startswith(b"HTTP/1.1 200") and b'"stdout": "7\\n"' in answer, answer
 
 
 def test_the_client_batch_helper_creates_waits_by_watch_and_reads_results(

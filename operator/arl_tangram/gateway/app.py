@@ -330,14 +330,19 @@ def _path(request: web.Request) -> str:
     return _unslashed(request.path)
 
 
+# Query parameters that clients (and OAuth's RFC 6750) use for a bearer token. A token in a URL ends
+# up in proxies' and access logs: such a request is refused, never authenticated.
+TOKEN_QUERY = ("access_token", "token", "bearer")
+
+
 def bearer_token(header: str | None) -> str | None:
     """The token of ``Authorization: Bearer T``, or the password of ``Basic`` (so a trainer whose
     HTTP client sends no headers of its own can carry it in the URL: ``http://tangram:T@host/``),
     or its user where the password is empty (``http://T@host/``: the token was sent, as the user,
-    and was answered "missing bearer token")."""
+    and was answered "missing bearer token"). A refusal never quotes the credentials."""
     if not header:
         return None
-    scheme, _, value = header.partition(" ")
+    scheme, _, value = header.strip().partition(" ")
     value = value.strip()
     if scheme.lower() == "bearer" and value:
         return value
@@ -348,7 +353,26 @@ def bearer_token(header: str | None) -> str | None:
             raise Unauthenticated("the Basic credentials are not base64 of user:token") from None
         user, _, token = decoded.partition(":")
         return token or user or None
-    raise Unauthenticated(f"unsupported Authorization scheme {scheme[:20]!r}: use Bearer <token>")
+    if scheme.lower() in ("bearer", "basic"):
+        raise Unauthenticated(f"the Authorization header's {scheme} scheme carries no credentials")
+    # A header of the token alone (no scheme) must not be echoed: only a short word is named.
+    named = repr(scheme) if scheme.isalpha() and len(scheme) <= 20 else "(none)"
+    raise Unauthenticated(f"unsupported Authorization scheme {named}: use Bearer <token>")
+
+
+def _credentials(request: web.Request) -> str | None:
+    """The request's token (see ``bearer_token``); refuses a token in the query string and a request
+    with more than one Authorization header (which one is the caller?)."""
+    for name in TOKEN_QUERY:
+        if name in request.query:
+            raise Unauthenticated(
+                f"a token in the query string (?{name}=) is not accepted, as URLs are logged:"
+                " send Authorization: Bearer <token>"
+            )
+    headers = request.headers.getall(hdrs.AUTHORIZATION, [])
+    if len(headers) > 1:
+        raise Unauthenticated(f"{len(headers)} Authorization headers: send one")
+    return bearer_token(headers[0] if headers else None)
 
 
 def _route_name(request: web.Request) -> str:
@@ -488,7 +512,7 @@ async def _admit(request: web.Request, state: GatewayState) -> web.StreamRespons
             **({LEADER_HEADER: lead.leader_address} if lead.leader_address else {}),
         }
         return _error_response(request, 503, body, headers)
-    token = bearer_token(request.headers.get("Authorization"))
+    token = _credentials(request)
     if state.auth is None:
         # Only reachable with allow_anonymous (the factory refuses otherwise).
         if not is_loopback(request.remote):
@@ -499,7 +523,7 @@ async def _admit(request: web.Request, state: GatewayState) -> web.StreamRespons
     elif token is None:
         raise Unauthenticated("missing bearer token: send Authorization: Bearer <ServiceAccount token>")
     else:
-        request[PRINCIPAL_KEY] = await state.auth.authenticate(token)
+        request[PRINCIPAL_KEY] = await state.auth.authenticate(token, request.remote or "")
     return None
 
 

@@ -7,8 +7,12 @@ target's namespace, so that the RBAC which lets someone create ActionBatches in 
 RBAC that lets them use that namespace's pools through the gateway.
 
 Both answers are cached with a TTL and a bound on entries, so a warm request makes no API call; a
-burst of requests with one new token makes one call, not one per request. The blocking kubernetes
-client is only ever called through :func:`asyncio.to_thread`.
+burst of requests with one new token makes one call, not one per request. What cannot be a bearer
+token at all (outside RFC 6750's syntax, over :data:`MAX_TOKEN_CHARS`) is refused without a review, and
+the reviews of new tokens are bounded (:class:`ReviewThrottle`), in all and per client address, so a
+client sending made-up tokens can neither load the API server nor use up the reviews that other
+clients' new tokens need. The blocking kubernetes client is only ever called through
+:func:`asyncio.to_thread`.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import base64
 import binascii
 import hashlib
 import json
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -55,8 +60,9 @@ ANONYMOUS = Principal("system:anonymous", groups=("system:unauthenticated",))
 class Authenticator(Protocol):
     """Checks tokens and permissions; :class:`KubernetesAuthenticator` is the real one."""
 
-    async def authenticate(self, token: str) -> Principal:
-        """The caller the token names; raises :class:`Unauthenticated`."""
+    async def authenticate(self, token: str, client: str = "") -> Principal:
+        """The caller the token names; raises :class:`Unauthenticated`. ``client`` (its address)
+        is whose share of the reviews a new token spends."""
         ...
 
     async def authorize(self, principal: Principal, namespace: str, verb: str) -> None:
@@ -73,7 +79,8 @@ class TtlCache(Generic[K, V]):
     """A bounded cache whose entries expire; concurrent misses of one key share one lookup.
 
     Failures are cached too (for ``negative_ttl_s``), so that a client hammering with a bad token
-    costs the API server one review per TTL, not one per request.
+    costs the API server one review per TTL, not one per request. They are kept apart, under a
+    bound of their own: a flood of made-up tokens must not push the callers' accepted ones out.
     """
 
     def __init__(
@@ -88,12 +95,13 @@ class TtlCache(Generic[K, V]):
         self.max_entries = max_entries
         self.clock = clock
         self._entries: OrderedDict[K, tuple[float, V | None, Exception | None]] = OrderedDict()
+        self._refusals: OrderedDict[K, tuple[float, V | None, Exception | None]] = OrderedDict()
         self._pending: dict[K, asyncio.Future[V]] = {}
         self.hits = 0
         self.misses = 0
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._entries) + len(self._refusals)
 
     async def get(
         self,
@@ -105,13 +113,14 @@ class TtlCache(Generic[K, V]):
         the cache's TTL; None: the cache's). ``ttl_s`` is asked only on a miss, after the lookup:
         what it reads (a token's own expiry) costs nothing on the hits that most calls are."""
         now = self.clock()
-        entry = self._entries.get(key)
-        if entry is not None and entry[0] > now:
-            self.hits += 1
-            self._entries.move_to_end(key)
-            if entry[2] is not None:
-                raise entry[2]
-            return entry[1]  # type: ignore[return-value]
+        for entries in (self._entries, self._refusals):
+            entry = entries.get(key)
+            if entry is not None and entry[0] > now:
+                self.hits += 1
+                entries.move_to_end(key)
+                if entry[2] is not None:
+                    raise entry[2]
+                return entry[1]  # type: ignore[return-value]
         pending = self._pending.get(key)
         if pending is not None:
             self.hits += 1
@@ -144,10 +153,12 @@ class TtlCache(Generic[K, V]):
         return value
 
     def _store(self, key: K, expires: float, value: V | None, error: Exception | None) -> None:
-        self._entries[key] = (expires, value, error)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+        entries, other = (self._entries, self._refusals) if error is None else (self._refusals, self._entries)
+        other.pop(key, None)
+        entries[key] = (expires, value, error)
+        entries.move_to_end(key)
+        while len(entries) > self.max_entries:
+            entries.popitem(last=False)
 
 
 def token_expiry(token: str) -> float | None:
@@ -173,6 +184,129 @@ class AuthUnavailable(TangramError):
     """The API server could not answer a review (503: try again)."""
 
 
+class ReviewsThrottled(AuthUnavailable):
+    """Too many new tokens to review at once (503 with Retry-After: try again)."""
+
+
+# A ServiceAccount token is a JWT of one to two kilobytes, and the other tokens an API server may
+# accept (an OIDC ID token, EKS's ``k8s-aws-v1.`` token, GKE's access token, a static or webhook
+# token) are of that order too; the bound leaves room for large claims while sparing the API server
+# reviews of megabyte-sized garbage.
+MAX_TOKEN_CHARS = 4096
+# RFC 6750's b64token: the characters a bearer token may hold. Not JWT's shape: a TokenReview asks
+# every authenticator the API server has, and a cluster's users may hold tokens of any of them.
+_B64TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
+
+
+def token_refusal(token: str) -> str | None:
+    """Why ``token`` cannot be a bearer token the API server accepts, judged without asking it (so
+    such a token costs it nothing); None where it may be one. Never quotes the token."""
+    if len(token) > MAX_TOKEN_CHARS:
+        return f"the bearer token is {len(token)} characters long, over the limit of {MAX_TOKEN_CHARS}"
+    if any(c.isspace() for c in token):
+        return "the bearer token contains whitespace (a line break or space copied with it?)"
+    if not _B64TOKEN.fullmatch(token):
+        return (
+            "the bearer token holds characters no bearer token has (RFC 6750: letters, digits and"
+            " -._~+/, then = padding)"
+        )
+    return None
+
+
+class _Bucket:
+    """A token bucket: ``rate`` per second on average, at most ``burst`` at once."""
+
+    __slots__ = ("at", "level")
+
+    def __init__(self, burst: float, now: float) -> None:
+        self.level = burst
+        self.at = now
+
+    def take(self, rate: float, burst: float, now: float) -> bool:
+        self.level = min(burst, self.level + (now - self.at) * rate)
+        self.at = now
+        if self.level < 1:
+            return False
+        self.level -= 1
+        return True
+
+
+class ReviewThrottle:
+    """How many TokenReviews may be sent: at most ``max_in_flight`` at once and ``per_second`` on
+    average (bursts of as many) in all, and of those at most ``client_in_flight`` at once and
+    ``client_per_second`` on average (bursts of twice as many) for one client address. A review
+    over a bound is not sent (the caller hears 503 and retries): one client flooding with new tokens
+    spends its own share, and the others' new tokens are still reviewed. Warm tokens are never
+    reviewed, so they pass whatever the flood. Client addresses are forgotten oldest first past
+    ``max_clients``."""
+
+    def __init__(
+        self,
+        *,
+        max_in_flight: int = 32,
+        per_second: float = 100.0,
+        client_in_flight: int = 4,
+        client_per_second: float = 10.0,
+        max_clients: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        for name, value in (
+            ("max_in_flight", max_in_flight),
+            ("per_second", per_second),
+            ("client_in_flight", client_in_flight),
+            ("client_per_second", client_per_second),
+            ("max_clients", max_clients),
+        ):
+            if not value > 0:
+                raise ValueError(f"ReviewThrottle: {name} must be positive, not {value!r}")
+        self.max_in_flight = max_in_flight
+        self.per_second = per_second
+        self.client_in_flight = client_in_flight
+        self.client_per_second = client_per_second
+        self.max_clients = max_clients
+        self.clock = clock
+        self.in_flight = 0
+        self._all = _Bucket(per_second, clock())
+        self._clients: OrderedDict[str, _Bucket] = OrderedDict()
+        self._client_in_flight: dict[str, int] = {}
+        self.refused = 0
+
+    def acquire(self, client: str) -> None:
+        """Takes a review's place for ``client``, or raises :class:`ReviewsThrottled`; each
+        successful call must be matched by :meth:`release`."""
+        now = self.clock()
+        why = None
+        if self._client_in_flight.get(client, 0) >= self.client_in_flight:
+            why = f"this client already has {self.client_in_flight} new tokens under review"
+        elif self.in_flight >= self.max_in_flight:
+            why = f"{self.max_in_flight} new tokens are under review"
+        else:
+            bucket = self._clients.get(client)
+            if bucket is None:
+                bucket = self._clients[client] = _Bucket(2 * self.client_per_second, now)
+                while len(self._clients) > self.max_clients:
+                    self._clients.popitem(last=False)
+            self._clients.move_to_end(client)
+            # The client's share first: a flooding client must not spend the shared budget.
+            if not bucket.take(self.client_per_second, 2 * self.client_per_second, now):
+                why = f"this client sent more than {self.client_per_second:g} new tokens a second"
+            elif not self._all.take(self.per_second, self.per_second, now):
+                why = f"more than {self.per_second:g} new tokens a second are being reviewed"
+        if why is not None:
+            self.refused += 1
+            raise ReviewsThrottled(f"too many new tokens to review: {why}; retry shortly")
+        self.in_flight += 1
+        self._client_in_flight[client] = self._client_in_flight.get(client, 0) + 1
+
+    def release(self, client: str) -> None:
+        self.in_flight -= 1
+        left = self._client_in_flight[client] - 1
+        if left:
+            self._client_in_flight[client] = left
+        else:
+            del self._client_in_flight[client]
+
+
 class KubernetesAuthenticator:
     """TokenReview and SubjectAccessReview against the API server, cached.
 
@@ -188,6 +322,7 @@ class KubernetesAuthenticator:
         ttl_s: float = 60.0,
         negative_ttl_s: float = 5.0,
         max_entries: int = 10_000,
+        throttle: ReviewThrottle | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         from kubernetes import client
@@ -199,9 +334,14 @@ class KubernetesAuthenticator:
         self.reviews: TtlCache[tuple[Principal, str, str], bool] = TtlCache(
             ttl_s, negative_ttl_s, max_entries, clock
         )
+        self.throttle = throttle or ReviewThrottle(clock=clock)
         self.api_calls = 0
 
-    async def authenticate(self, token: str) -> Principal:
+    async def authenticate(self, token: str, client: str = "") -> Principal:
+        refusal = token_refusal(token)
+        if refusal is not None:
+            # Not cached: judging it again costs less than an entry that pushes out a real one.
+            raise Unauthenticated(refusal)
         # The cache is keyed by a digest: the tokens themselves are not kept in memory.
         digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
 
@@ -210,7 +350,7 @@ class KubernetesAuthenticator:
             expires = token_expiry(token)
             return None if expires is None else expires - time.time()
 
-        return await self.tokens.get(digest, lambda: self._review_token(token), left)
+        return await self.tokens.get(digest, lambda: self._throttled_review(token, client), left)
 
     async def authorize(self, principal: Principal, namespace: str, verb: str) -> None:
         await self.reviews.get(
@@ -227,6 +367,13 @@ class KubernetesAuthenticator:
             raise AuthUnavailable(f"the API server refused the review ({exc.status} {exc.reason})") from exc
         except Exception as exc:  # urllib3's connection errors and timeouts
             raise AuthUnavailable(f"the API server could not be asked: {exc}") from exc
+
+    async def _throttled_review(self, token: str, client: str) -> Principal:
+        self.throttle.acquire(client)
+        try:
+            return await self._review_token(token)
+        finally:
+            self.throttle.release(client)
 
     async def _review_token(self, token: str) -> Principal:
         body = {

@@ -29,10 +29,12 @@ from typing import Any
 
 from arl_tangram import loop
 from arl_tangram.core.stats import percentile
+from arl_tangram.gateway.review_server import stand_in_jwt
 from arl_tangram.sandbox.bench import Case, CpuProbe, HttpClient, _tree_cpu_s, measure, start_agent
 
-NAMESPACE, POOL, AUDIENCE, TOKEN = "bench", "py", "tangram-gateway", "bench-token"
+NAMESPACE, POOL, AUDIENCE = "bench", "py", "tangram-gateway"
 USER = "system:serviceaccount:bench:trainer"
+TOKEN = stand_in_jwt(USER)  # JWT-shaped, as ServiceAccount tokens are
 CONCURRENCY = (1, 16)
 METHODS = ("direct", "forwarder", "gateway", "gateway+auth")
 

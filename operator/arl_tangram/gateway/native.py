@@ -16,6 +16,7 @@ from arl_tangram.api.actionpool import LANGUAGES as POOL_LANGUAGES
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
 from arl_tangram.domain.batches import action_payload
 from arl_tangram.errors import InvalidSpec, NotFound
+from arl_tangram.gateway.auth import Forbidden
 from arl_tangram.gateway.config import ACTION_KEY_HEADER
 from arl_tangram.gateway.errors import HttpError, as_http
 from arl_tangram.gateway.keys import scoped_key, unscoped_key
@@ -398,8 +399,13 @@ async def _session(request: web.Request, verb: str) -> GatewaySession:
     sid = request.match_info["sid"]
     session = state.sessions.sessions.get(sid)
     if session is None:
-        raise _no_session(sid)  # as for one the caller may not see: nothing about others' leaks
-    await authorize(request, session.namespace, verb)
+        raise _no_session(sid)
+    try:
+        await authorize(request, session.namespace, verb)
+    except Forbidden:
+        # Answered as a session that does not exist: a 403 told another tenant that the id is
+        # open, and in which namespace.
+        raise _no_session(sid) from None
     if state.sessions.sessions.get(sid) is not session:
         raise _no_session(sid)  # closed (its TTL, or another call) while the caller was authorised
     return session

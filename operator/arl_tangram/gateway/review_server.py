@@ -7,10 +7,24 @@ e2e tests use the real API server instead.
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from aiohttp import web
+
+
+def stand_in_jwt(subject: str, **claims: object) -> str:
+    """A token shaped as a ServiceAccount token (a JWT: header, claims, signature), unsigned: only
+    the stand-in reviews it, by its whole text. The gateway refuses a token of any other shape
+    without a review."""
+
+    def part(value: object) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip("=")
+
+    return f"{part({'alg': 'RS256'})}.{part({'sub': subject, **claims})}.c3RhbmQtaW4"
 
 
 @dataclass(frozen=True)
@@ -23,11 +37,17 @@ class StandInToken:
 
 @dataclass
 class ReviewServer:
-    """``tokens``: token -> identity; ``grants``: (username, namespace, verb) allowed on actionbatches."""
+    """``tokens``: token -> identity; ``grants``: (username, namespace, verb) allowed on actionbatches.
+    ``review_delay_s`` holds each TokenReview that long (an API server under load), and
+    ``most_in_flight`` records how many were ever answered at once."""
 
     tokens: dict[str, StandInToken] = field(default_factory=dict)
     grants: set[tuple[str, str, str]] = field(default_factory=set)
     calls: int = 0
+    token_reviews: int = 0
+    review_delay_s: float = 0.0
+    in_flight: int = 0
+    most_in_flight: int = 0
 
     def grant(
         self, username: str, namespaces: Iterable[str], verbs: Iterable[str] = ("create", "get")
@@ -36,6 +56,17 @@ class ReviewServer:
 
     async def token_review(self, request: web.Request) -> web.Response:
         self.calls += 1
+        self.token_reviews += 1
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            if self.review_delay_s:
+                await asyncio.sleep(self.review_delay_s)
+            return await self._token_review(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _token_review(self, request: web.Request) -> web.Response:
         body = await request.json()
         spec = body["spec"]
         wanted = spec.get("audiences") or []

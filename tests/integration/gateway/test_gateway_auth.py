@@ -21,9 +21,13 @@ from arl_tangram.errors import InvalidSpec
 from arl_tangram.gateway import GatewayConfig, KubernetesAuthenticator, build_gateway_app
 from arl_tangram.gateway.auth import Forbidden, TtlCache, token_expiry
 from arl_tangram.gateway.config import parse_defaults
-from arl_tangram.gateway.review_server import ReviewServer, StandInToken, api_client_for
+from arl_tangram.gateway.review_server import ReviewServer, StandInToken, api_client_for, stand_in_jwt
 
 AUD = "tangram-gateway"
+# JWT-shaped, as ServiceAccount tokens are.
+ALICE, BOB, CAROL, APISERVER, NOBODY = (
+    stand_in_jwt(name) for name in ("alice", "bob", "carol", "alice-for-the-apiserver", "nobody")
+)
 ACTION = {"type": "code", "target": POOL, "payload": {"code": "print('authorised')"}}
 
 
@@ -39,12 +43,10 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
 def reviews() -> Iterator[tuple[ReviewServer, str]]:
     server = ReviewServer()
     server.tokens = {
-        "tok-alice": StandInToken("system:serviceaccount:team-a:alice", (AUD,)),
-        "tok-bob": StandInToken("system:serviceaccount:team-a:bob", (AUD,)),
-        "tok-carol": StandInToken("system:serviceaccount:team-b:carol", (AUD,)),
-        "tok-apiserver": StandInToken(
-            "system:serviceaccount:team-a:alice", ("https://kubernetes.default.svc",)
-        ),
+        ALICE: StandInToken("system:serviceaccount:team-a:alice", (AUD,)),
+        BOB: StandInToken("system:serviceaccount:team-a:bob", (AUD,)),
+        CAROL: StandInToken("system:serviceaccount:team-b:carol", (AUD,)),
+        APISERVER: StandInToken("system:serviceaccount:team-a:alice", ("https://kubernetes.default.svc",)),
     }
     server.grant("system:serviceaccount:team-a:alice", [NS])
     server.grant("system:serviceaccount:team-b:carol", ["team-b"])
@@ -74,15 +76,15 @@ def test_a_token_with_rbac_runs_and_a_warm_request_makes_no_api_call(
     gateway: tuple[Gateway, KubernetesAuthenticator], reviews: tuple[ReviewServer, str]
 ) -> None:
     gw, _ = gateway
-    resp = _post(gw, "tok-alice")
+    resp = _post(gw, ALICE)
     assert resp.status_code == 200 and resp.json()["stdout"] == "authorised\n", resp.text
     calls = reviews[0].calls
     for _ in range(5):
-        assert _post(gw, "tok-alice").status_code == 200
+        assert _post(gw, ALICE).status_code == 200
     rc = requests.post(
         gw.url + "/run_code",
         json={"code": "print(1)", "language": "python"},
-        auth=("tangram", "tok-alice"),
+        auth=("tangram", ALICE),
         timeout=60,
     )
     assert rc.status_code == 200 and rc.json()["status"] == "Success"  # Basic auth carries it too
@@ -90,7 +92,7 @@ def test_a_token_with_rbac_runs_and_a_warm_request_makes_no_api_call(
     as_user = requests.post(
         gw.url + "/run_code",
         json={"code": "print(1)", "language": "python"},
-        auth=("tok-alice", ""),
+        auth=(ALICE, ""),
         timeout=60,
     )
     assert as_user.status_code == 200 and as_user.json()["status"] == "Success", as_user.text
@@ -102,19 +104,19 @@ def test_refusals_name_what_is_missing(gateway: tuple[Gateway, KubernetesAuthent
     none = _post(gw, None)
     assert none.status_code == 401 and "missing bearer token" in none.json()["error"]
     assert none.headers["WWW-Authenticate"].startswith("Bearer")
-    bad = _post(gw, "tok-nobody")
+    bad = _post(gw, NOBODY)
     assert bad.status_code == 401 and "not accepted" in bad.json()["error"]
-    wrong_audience = _post(gw, "tok-apiserver")
+    wrong_audience = _post(gw, APISERVER)
     assert wrong_audience.status_code == 401 and AUD in wrong_audience.json()["error"]
-    no_rbac = _post(gw, "tok-bob")
+    no_rbac = _post(gw, BOB)
     assert no_rbac.status_code == 403
     assert "may not create actionbatches.tangram.arl.dev in namespace 'team-a'" in no_rbac.json()["error"]
-    elsewhere = _post(gw, "tok-carol")
+    elsewhere = _post(gw, CAROL)
     assert elsewhere.status_code == 403 and "team-b:carol" in elsewhere.json()["error"]
     run_code = requests.post(
         gw.url + "/run_code",
         json={"code": "1", "language": "python"},
-        headers={"Authorization": "Bearer tok-bob"},
+        headers={"Authorization": f"Bearer {BOB}"},
         timeout=60,
     )
     assert run_code.status_code == 403 and run_code.json()["status"] == "SandboxError"
@@ -126,7 +128,7 @@ def test_a_name_with_a_trailing_newline_is_no_name(gateway: tuple[Gateway, Kuber
     the parameter, like any other name that is none."""
     gw, _ = gateway
     code = {"code": "print(1)", "language": "python"}
-    headers = {"Authorization": "Bearer tok-alice"}
+    headers = {"Authorization": f"Bearer {ALICE}"}
     for query, field in ((f"namespace={NS}%0A&pool={POOL}", "namespace"), (f"pool={POOL}%0A", "pool")):
         resp = requests.post(f"{gw.url}/run_code?{query}", json=code, headers=headers, timeout=60)
         assert resp.status_code == 400 and "not a valid Kubernetes name" in resp.json()["error"], resp.text
@@ -159,13 +161,13 @@ def test_a_body_waiting_for_100_continue_is_refused_before_it_is_sent(
     100 that has it upload the body only to be refused; one with a valid token gets the 100."""
     gw, _ = gateway
     body = json.dumps(ACTION).encode()
-    for token, why in ((None, "missing bearer token"), ("tok-nobody", "not accepted")):
+    for token, why in ((None, "missing bearer token"), (NOBODY, "not accepted")):
         with _expecting(gw, token, body) as conn:
             answer = read_until_closed(conn)  # the body never sent: the answer came before it
         head, _, text = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 401"), answer
         assert why in json.loads(text)["error"], answer
-    with _expecting(gw, "tok-alice", body) as conn:
+    with _expecting(gw, ALICE, body) as conn:
         assert conn.recv(64).startswith(b"HTTP/1.1 100 Continue"), "no 100 for a valid token"
         conn.sendall(body)
         answer = read_until_closed(conn)
@@ -186,16 +188,36 @@ def test_a_session_is_authorised_in_its_own_namespace(
     gateway: tuple[Gateway, KubernetesAuthenticator],
 ) -> None:
     gw, _ = gateway
-    opened = _post(gw, "tok-alice", {"pool": POOL}, "/v1/sessions")
+    opened = _post(gw, ALICE, {"pool": POOL}, "/v1/sessions")
     assert opened.status_code == 201
     sid = opened.json()["id"]
+    carol = {"Authorization": f"Bearer {CAROL}"}
     foreign = requests.post(
         f"{gw.url}/v1/sessions/{sid}/actions",
         json={"type": "code", "payload": {"code": "1"}},
-        headers={"Authorization": "Bearer tok-carol"},
+        headers=carol,
         timeout=60,
     )
-    assert foreign.status_code == 403 and "team-a" in foreign.json()["error"]
+    # Another tenant's session is answered as one that does not exist: a 403 told carol that the id
+    # is open, and in which namespace.
+    made_up = "s-0123456789abcdef"
+    for method, path in (("POST", "/actions"), ("GET", ""), ("DELETE", "")):
+        for session in (sid, made_up):
+            resp = requests.request(
+                method,
+                f"{gw.url}/v1/sessions/{session}{path}",
+                json={"type": "code", "payload": {"code": "1"}} if path else None,
+                headers=carol,
+                timeout=60,
+            )
+            assert resp.status_code == 404, (method, path, resp.text)
+            assert resp.json()["error"] == f"no open session {session!r} (closed, expired, or never opened)"
+            assert NS not in resp.text, resp.text
+    assert foreign.status_code == 404
+    mine = requests.get(
+        f"{gw.url}/v1/sessions/{sid}", headers={"Authorization": f"Bearer {ALICE}"}, timeout=60
+    )
+    assert mine.status_code == 200, "carol's calls closed alice's session"
 
 
 async def test_cache_expires_bounds_its_size_and_shares_one_lookup() -> None:

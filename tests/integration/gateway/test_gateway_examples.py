@@ -15,11 +15,11 @@ from gateway_harness import NS, POOL, SERVICE, Gateway, serve_gateway, serve_rev
 from sandbox_agent_harness import Agent, start_agent, stop_agent
 
 from arl_tangram.gateway import GatewayConfig, KubernetesAuthenticator
-from arl_tangram.gateway.review_server import ReviewServer, StandInToken, api_client_for
+from arl_tangram.gateway.review_server import ReviewServer, StandInToken, api_client_for, stand_in_jwt
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
-TOKEN = "trainer-token-1"
 USER = "system:serviceaccount:team-a:trainer"
+TOKEN = stand_in_jwt(USER)
 
 
 @pytest.fixture(scope="module")
