@@ -436,15 +436,49 @@ def test_a_service_no_node_has_devices_for_says_what_is_missing(
         "rewardmodelservices",
         lambda o: (
             condition(o, "Ready") == "False"
-            and any(c.get("reason") == "InsufficientGPUs" for c in o["status"]["conditions"])
+            and any(c.get("reason") == "Unschedulable" for c in o["status"]["conditions"])
         ),
-        description="the service not Ready for want of GPUs",
+        description="the service not Ready: no node has the devices it asks for",
         timeout=60,
     )
-    (ready,) = [c for c in svc["status"]["conditions"] if c["type"] == "Ready"]
-    assert "found no free MIG 2g.10gb" in ready["message"], ready
+    # Not InsufficientGPUs (GPUs other replicas hold now): no node has such an instance at all, and
+    # the condition names the field to change.
+    conds = {c["type"]: c for c in svc["status"]["conditions"]}
+    ready, degraded = conds["Ready"], conds["Degraded"]
+    assert ready["reason"] == "Unschedulable" and (degraded["status"], degraded["reason"]) == (
+        "True",
+        "Unschedulable",
+    ), conds
+    assert ready["message"].startswith("spec.gpu.migProfile: no node has a MIG instance of profile 2g.10gb")
+    assert "1g.5gb" in ready["message"] and "3g.20gb" in ready["message"], ready
     assert svc["status"]["replicas"] == 0 and not svc["status"].get("placements")
     assert _replica_pods(cluster, namespace, "rm-none") == []
+
+
+def test_a_service_too_big_for_any_gpu_names_the_field(
+    cluster: Cluster, namespace: str, operator: Operator, gpu_nodes: dict[str, NodeInventory]
+) -> None:
+    """100 GiB on one GPU: the test bed's largest (tb-gpu-0's H100s) hold 80 GB. It was
+    InsufficientGPUs, "no free [1] GPUs", as if other replicas only held them for now."""
+    rms = service_manifest(
+        "rm-huge", _model(namespace), "tiny-scorer", gpu={"count": [1], "memory": "100Gi"}, minReplicas=1
+    )
+    create(cluster, namespace, "rewardmodelservices", rms)
+    svc = wait_object(
+        cluster,
+        namespace,
+        "rewardmodelservices",
+        lambda o: (
+            condition(o, "Degraded") == "True"
+            and any(c.get("reason") == "Unschedulable" for c in o["status"]["conditions"])
+        ),
+        description="the service Degraded: no GPU holds it",
+        timeout=60,
+    )
+    conds = {c["type"]: c for c in svc["status"]["conditions"]}
+    assert (conds["Ready"]["status"], conds["Ready"]["reason"]) == ("False", "Unschedulable"), conds
+    assert conds["Ready"]["message"].startswith("spec.gpu.memory: 100Gi per replica does not fit"), conds
+    assert svc["status"]["replicas"] == 0 and _replica_pods(cluster, namespace, "rm-huge") == []
 
 
 def test_an_edited_service_is_rolled_out_in_place_when_no_gpu_is_free_and_loses_no_request(

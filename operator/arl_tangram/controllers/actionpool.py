@@ -394,6 +394,10 @@ def _status(
             gen,
             now,
         )
+    elif over_max := _over_max(cfg, live, ops):
+        conds = set_condition(
+            conds, ConditionType.SCALING, True, ConditionReason.SCALING_DOWN, over_max, gen, now
+        )
     elif drains or any(h.phase == "draining" for h in live):
         conds = set_condition(
             conds,
@@ -504,6 +508,25 @@ def _status(
         "queueDepth": queue,
         "act": act.model_dump(by_alias=True) if act else None,
     }
+
+
+def _over_max(cfg: PoolConfig, live: Sequence[HostObservation], ops: Sequence[Operation]) -> str | None:
+    """What the pool does about more hosts than its maximum (maxHosts, or /scale's replicas, lowered
+    under the hosts it has), or None. The planner drains surplus hosts only after idleTimeoutSeconds
+    and removes none that runs an action or holds a session: meanwhile the status said Steady, "as
+    wanted", with more hosts than the spec allows."""
+    _, hi = cfg.desired_bounds
+    # (Failed hosts and those deleted this round are on their way out already.)
+    gone = {op.name for op in ops if isinstance(op, DeleteHost)}
+    kept = [h for h in live if h.phase != "failed" and h.name not in gone]
+    if cfg.mode == "dedicated" or len(kept) <= hi:
+        return None  # (a dedicated pool's pods go with their sessions: maxSessions bounds new ones)
+    bound = "maxHosts" if cfg.replicas is None or hi == cfg.max_hosts else "/scale replicas"
+    return (
+        f"{len(kept)} host(s), over the maximum of {hi} ({bound}): the {len(kept) - hi} over it are "
+        f"drained once the surplus has lasted idleTimeoutSeconds ({cfg.idle_timeout_s:g} s), and "
+        "removed when they run no action and hold no session"
+    )
 
 
 def _unplaceable(cfg: PoolConfig, plan: ScalingPlan | None) -> str | None:

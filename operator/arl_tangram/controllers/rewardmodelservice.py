@@ -14,7 +14,11 @@ only in the sense that the next replica restores them: a scaled-to-zero service 
 comes back on the first request, and grows by a replica while more requests wait than its ready
 replicas batch at once. An edit of what a replica is built from (its template hash) is rolled out:
 new replicas beside the old ones where GPUs are free, else one old replica at a time drained and
-replaced in its place (``_rollout``); a drained replica finishes its calls before it goes.
+replaced in its place (``_rollout``); a drained replica finishes its calls before it goes, and one
+whose spec an edit brings back serves again (``UndrainReplica``). A spec no node could hold even
+with every GPU free (``never_fits``: a tensor-parallel size over any node's GPUs, more memory than
+they hold, a MIG profile no node has, more minReplicas than fit) is ``Unschedulable`` (Ready and
+Degraded), naming the field; ``InsufficientGPUs`` is for GPUs other replicas hold now.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from arl_tangram.gpu.nodeinfo import ANNOTATION_INVENTORY, schedulable_inventory
 from arl_tangram.gpu.placement import (
     DeviceStrategy,
     ReplicaPlacement,
+    ServicePlacement,
     device_request,
     place_service,
     to_status,
@@ -94,7 +99,16 @@ class DrainReplica:
     reason: str
 
 
-ServiceOperation = CreateReplica | DeleteReplica | DrainReplica
+@dataclass(frozen=True)
+class UndrainReplica:
+    """Route requests to a drained replica again: the spec it was drained for was edited back to the
+    one it runs (its GPUs and warm weights serve at once; a new replica would pay a cold start)."""
+
+    name: str
+    reason: str
+
+
+ServiceOperation = CreateReplica | DeleteReplica | DrainReplica | UndrainReplica
 EventSink = Callable[[Mapping[str, Any], Event], None]
 """(the service's object, the Event) -> posted on that object (kopf's event queue, in the operator)."""
 
@@ -151,6 +165,84 @@ def gpu_view(
     return GpuView(tuple(inventories), held, frozenset(taken), tuple(problems), published)
 
 
+def place_replicas(
+    rms: RewardModelService, inventories: Sequence[NodeInventory], replicas: int, taken: Iterable[str]
+) -> ServicePlacement:
+    """``place_service``, less any placement of fewer whole GPUs than ``spec.gpu.count`` allows: a
+    tensor-parallel size larger than a node's GPUs was handed the whole node (a TP-8 replica on four
+    GPUs, which its runtime cannot shard onto). Those count as unplaced."""
+    placed = place_service(rms, inventories, replicas, frozenset(taken))
+    if rms.spec.gpu.mig_profile is not None:
+        return placed
+    sizes = set(rms.spec.gpu.count)
+    good = [p for p in placed.placements if len(p.uuids) in sizes]
+    if len(good) == len(placed.placements):
+        return placed
+    short = replicas - len(good)
+    return ServicePlacement(
+        good, short, placed.reason or f"{short} of {replicas} replicas found no free {sorted(sizes)} GPUs"
+    )
+
+
+def never_fits(rms: RewardModelService, inventories: Sequence[NodeInventory]) -> str | None:
+    """Why the service's spec cannot be served on these nodes even with every GPU free, naming the
+    field to change; None when it can (then a shortage is only GPUs other replicas hold now, which
+    may be given back). Pure: placement over the empty nodes, and again with one need relaxed."""
+    if not inventories:
+        return None
+    gpu = rms.spec.gpu
+    one = place_replicas(rms, inventories, 1, ())
+    # (Node by node too: the GPU manager checks a replica's memory against every node's GPUs at
+    # once, so beside smaller GPUs it places none where one node alone holds it. Not the spec's fault.)
+    if not one.placements and not any(place_replicas(rms, [inv], 1, ()).placements for inv in inventories):
+        whole = {inv.node: sum(not g.mig_enabled for g in inv.gpus) for inv in inventories}
+        node, most = max(sorted(whole.items()), key=lambda kv: kv[1])
+        need = gpu.memory
+        if gpu.mig_profile is not None:
+            offered = sorted({m.profile for inv in inventories for g in inv.gpus for m in g.mig_instances})
+            if gpu.mig_profile not in offered:
+                return (
+                    f"spec.gpu.migProfile: no node has a MIG instance of profile {gpu.mig_profile} "
+                    f"(profiles the nodes have: {', '.join(offered) or 'none'})"
+                )
+        elif min(gpu.count) > most:
+            return (
+                f"spec.gpu.count: a replica needs {min(gpu.count)} GPUs on one node (tensor parallel), "
+                f"and the largest GPU node, {node}, has {most} whole GPUs"
+            )
+        relaxed = rms.model_copy(deep=True)
+        relaxed.spec.gpu.memory = None
+        if need is not None and place_replicas(relaxed, inventories, 1, ()).placements:
+            if gpu.mig_profile is not None:
+                mib = [m.memory_mib for i in inventories for g in i.gpus for m in g.mig_instances]
+                holds = f"one {gpu.mig_profile} instance of any node (the largest holds"
+                fix = "a larger spec.gpu.migProfile holds more"
+            else:
+                mib = [g.memory_mib for i in inventories for g in i.gpus]
+                holds = f"{sorted(gpu.count)} GPUs of any node (the largest GPU holds"
+                fix = "a larger spec.gpu.count spreads it over more GPUs"
+            return (
+                f"spec.gpu.memory: {need} per replica does not fit in {holds} {max(mib) / 1024:.0f} GiB); "
+                + fix
+            )
+        relaxed.spec.gpu.nvlink = "Preferred"
+        if gpu.nvlink == "Required" and place_replicas(relaxed, inventories, 1, ()).placements:
+            return (
+                f"spec.gpu.nvlink: Required, and no node has {sorted(gpu.count)} GPUs joined by NVLink "
+                "(Preferred takes GPUs across PCIe)"
+            )
+        return f"spec.gpu: no node can hold one replica even with all its GPUs free ({one.reason})"
+    least = rms.spec.scaling.min_replicas
+    if least > 1:
+        fits = place_replicas(rms, inventories, least, ())
+        if fits.unplaced:
+            return (
+                f"spec.scaling.minReplicas: {least} replicas do not fit on the GPU nodes even with "
+                f"every GPU free (they hold {len(fits.placements)})"
+            )
+    return None
+
+
 @dataclass(frozen=True)
 class ServiceObservation:
     replicas: Sequence[HostObservation]
@@ -173,6 +265,9 @@ class ServiceObservation:
     draining: Mapping[str, float] = field(default_factory=dict)
     # Replicas the controller created that the pod watch does not show yet.
     coming: int = 0
+    # Replicas the controller deleted that the pod watch still shows (it may show one ready until
+    # its pod is marked terminating): never undrained (``UndrainReplica``), their runtime stopping.
+    deleted: frozenset[str] = frozenset()
 
 
 def reconcile_rewardmodelservice(
@@ -187,6 +282,20 @@ def reconcile_rewardmodelservice(
     stead; where no GPU is free, one old replica at a time is drained and deleted to make room."""
     live = [r for r in observed.replicas if r.phase != "terminating"]
     ops: list[ServiceOperation] = []
+    # An edit back to the spec a drained replica runs (A -> B -> A within a rollout): it serves again,
+    # and the rollout goes on from there (the replica of B is now the old one). Left drained, it was
+    # deleted and a new replica of A started from cold, while B's served.
+    back = [
+        r.name
+        for r in live
+        if r.name in observed.draining
+        and r.name not in observed.deleted
+        and r.phase == "ready"
+        and r.template_hash == cfg.template_hash
+    ]
+    if back:
+        ops += [UndrainReplica(name, "it runs the current spec again") for name in back]
+        observed = replace(observed, draining={n: s for n, s in observed.draining.items() if n not in back})
     failed = [r for r in live if r.phase == "failed"]
     for r in failed:
         ops.append(DeleteReplica(r.name, f"replica failed: {r.failure}"))
@@ -231,7 +340,7 @@ def reconcile_rewardmodelservice(
     if by_plugin:
         ops.extend(CreateReplica(why) for _ in range(wanted))
     elif wanted:
-        placed = place_service(rms, gpu.inventories, wanted, gpu.taken | own)
+        placed = place_replicas(rms, gpu.inventories, wanted, gpu.taken | own)
         ops.extend(CreateReplica(why, p) for p in placed.placements)
         unplaced = placed.unplaced
         if placed.unplaced and not freeing:
@@ -243,6 +352,11 @@ def reconcile_rewardmodelservice(
                 )
             if gpu.problems:
                 short += "; unreadable inventories: " + "; ".join(gpu.problems)
+    # A replica no node could hold even with every GPU free is no shortage that ends when other
+    # replicas go: it says which field asks for the impossible (as a pool's Unschedulable does).
+    impossible = never_fits(rms, gpu.inventories) if unplaced else None
+    if impossible:
+        short = impossible
     coming = observed.coming + sum(isinstance(o, CreateReplica) for o in ops)
     roll = _rollout(rms, cfg, observed, active, desired, unplaced, coming, own, by_plugin)
     ops += roll.ops
@@ -281,6 +395,10 @@ def reconcile_rewardmodelservice(
             f"(cold-start budget {cfg.cold_start_budget_s:g} s)",
             gen,
             now,
+        )
+    elif impossible and not creating:
+        conds = set_condition(
+            conds, ConditionType.READY, False, ConditionReason.UNSCHEDULABLE, impossible, gen, now
         )
     elif (
         freeing
@@ -365,7 +483,11 @@ def reconcile_rewardmodelservice(
             gen,
             now,
         )
-    if failed or holding:
+    if impossible:
+        conds = set_condition(
+            conds, ConditionType.DEGRADED, True, ConditionReason.UNSCHEDULABLE, impossible, gen, now
+        )
+    elif failed or holding:
         cause = failed[0].failure if failed else observed.last_failure
         conds = set_condition(
             conds,
@@ -451,6 +573,8 @@ def service_events(
     for op in ops:
         if isinstance(op, DrainReplica):
             out.append(Event("Normal", "ReplicaDraining", f"draining replica {op.name}: {op.reason}"))
+        elif isinstance(op, UndrainReplica):
+            out.append(Event("Normal", "ReplicaUndrained", f"replica {op.name} serves again: {op.reason}"))
         elif isinstance(op, DeleteReplica):
             kind = "Warning" if op.reason.startswith("replica failed") else "Normal"
             out.append(Event(kind, "ReplicaRemoved", f"removing replica {op.name}: {op.reason}"))
@@ -552,7 +676,7 @@ def _rollout(
             continue
         held = gpu.held.get(r.name)
         if not by_plugin and held is not None:
-            room = place_service(rms, gpu.inventories, 1, (gpu.taken | own) - set(held.uuids))
+            room = place_replicas(rms, gpu.inventories, 1, (gpu.taken | own) - set(held.uuids))
             if not room.placements:
                 continue  # its GPUs would not hold a replica of the new spec
         ops.append(
@@ -567,6 +691,18 @@ def _rollout(
         "no GPU free for a replica of the new spec, even in place of one old replica; the old ones "
         "keep serving (free GPUs, or scale the service down, to let it go on)",
     )
+
+
+def unplaceable(conditions: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why the service's status says no GPU takes a replica (none free now: Ready ``InsufficientGPUs``;
+    none ever on these nodes: Degraded ``Unschedulable``, naming the field), or None."""
+    found = {c.get("type"): c for c in conditions}
+    ready, degraded = found.get(ConditionType.READY.value, {}), found.get(ConditionType.DEGRADED.value, {})
+    if degraded.get("status") == "True" and degraded.get("reason") == ConditionReason.UNSCHEDULABLE.value:
+        return str(degraded.get("message"))
+    if ready.get("reason") == ConditionReason.INSUFFICIENT_GPUS.value:
+        return str(ready.get("message"))
+    return None
 
 
 def service_outage(
@@ -584,7 +720,7 @@ def service_outage(
         # An old replica makes room for its replacement: its requests wait for it (the new pod
         # waiting for a node meanwhile, for the old one's GPUs, is no sign that none can start).
         return None
-    short = ready.get("message") if ready.get("reason") == ConditionReason.INSUFFICIENT_GPUS.value else None
+    short = unplaceable(conditions)
     return outage(
         f"RewardModelService {cfg.key} has no replica",
         "replica",
@@ -639,6 +775,8 @@ class ServiceController:
         # Service -> replicas created and not yet in the pod watch (pod name -> when): on their way,
         # so that a rollout does not drain an old replica for room a new one already has.
         self._created: dict[str, dict[str, float]] = {}
+        # Service -> replicas deleted whose pods the watch still lists: never undrained.
+        self._deleted: dict[str, set[str]] = {}
         self.clock: Callable[[], float] = time.monotonic
 
     async def reconcile(
@@ -682,6 +820,8 @@ class ServiceController:
         draining = self._draining.setdefault(cfg.key, {})
         for name in [n for n in draining if n not in listed]:
             del draining[name]  # its pod is gone
+        deleted = self._deleted.setdefault(cfg.key, set())
+        deleted &= listed
         created = self._created.setdefault(cfg.key, {})
         for name, since in list(created.items()):
             if name in listed or clock - since > PLACING_TTL_S:
@@ -707,11 +847,10 @@ class ServiceController:
             unschedulable_for_s=self._unplaced.observe(cfg.key, any(r.pending for r in replicas)),
             draining={name: clock - since for name, since in draining.items()},
             coming=len(created),
+            deleted=frozenset(deleted),
         )
         new_status, ops = reconcile_rewardmodelservice(model, cfg, observed, now)
-        short = any(
-            c.get("reason") == ConditionReason.INSUFFICIENT_GPUS.value for c in new_status["conditions"]
-        )
+        short = unplaceable(new_status["conditions"]) is not None
         observed = replace(observed, short_for_s=self._short.observe(cfg.key, short))
         self.router.set_outage(cfg.key, service_outage(cfg, observed, new_status["conditions"], ops))
         for op in ops:
@@ -727,11 +866,15 @@ class ServiceController:
             elif isinstance(op, DrainReplica):
                 log.info("service %s: draining replica %s: %s", cfg.key, op.name, op.reason)
                 draining[op.name] = self.clock()
+            elif isinstance(op, UndrainReplica):
+                log.info("service %s: replica %s serves again: %s", cfg.key, op.name, op.reason)
+                draining.pop(op.name, None)
             else:
                 if op.name in draining:
                     log.info("service %s: deleting replica %s: %s", cfg.key, op.name, op.reason)
                 # (A drained one stays drained until its pod is gone from the watch: until the
                 # watch shows it terminating, it may still look ready there.)
+                deleted.add(op.name)
                 await self.runtime.delete_replica(cfg, op.name)
         # At once, not next round: a drained replica gets no new call from now on, and a deleted one
         # none while its pod stops.
@@ -775,6 +918,7 @@ class ServiceController:
         self._refused.pop(key, None)
         self._draining.pop(key, None)
         self._created.pop(key, None)
+        self._deleted.pop(key, None)
         self._failures.forget(key)
         for waits in (self._unplaced, self._stalled, self._short):
             waits.forget(key)

@@ -79,7 +79,8 @@ class PoolConfig:
     """One ActionPool as the operator works with it.
 
     ``template_hash`` changes exactly when what a host pod is built from changes (image, resources,
-    env, languages, limits, isolation, pod spec overlay): hosts carrying another hash are rolled.
+    env, languages, limits, isolation, pod spec overlay, sessions but their TTL, which applies live):
+    hosts carrying another hash are rolled.
     """
 
     namespace: str
@@ -178,7 +179,12 @@ def _template_hash(pool: ActionPool) -> str:
         "languages": list(spec.languages),
         "limits": spec.limits.model_dump(mode="json", by_alias=True),
         "isolation": spec.isolation.model_dump(mode="json", by_alias=True, exclude_none=True),
-        "sessions": spec.sessions.model_dump(mode="json", by_alias=True),
+        # Not ttlSeconds: the dispatcher applies it live (it closes idle sessions on the pool's
+        # current TTL and gives each agent session its own TTL when it opens it), so an edit of it
+        # replaced every host for nothing: a surge of new hosts, and the old ones kept, drained,
+        # until their open sessions ended. The hosts' ``--session-ttl`` is a default that no session
+        # the operator opens uses.
+        "sessions": spec.sessions.model_dump(mode="json", by_alias=True, exclude={"ttl_seconds"}),
     }
     digest = hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()
     return digest[:16]

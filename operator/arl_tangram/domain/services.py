@@ -7,7 +7,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from arl_tangram.api.meta import DNS_SUBDOMAIN_PATTERN
@@ -110,16 +110,13 @@ def service_config(rms: RewardModelService, uid: str = "") -> ServiceConfig:
             f"{scheme}:// weights are never downloaded at run time: put them on a PersistentVolumeClaim "
             "(pvc://CLAIM/PATH) or in the image (file:///PATH)",
         )
-    relevant = json.dumps(
-        {
-            "server": spec.server.model_dump(mode="json"),
-            "gpu": spec.gpu.model_dump(mode="json"),
-            "model": spec.model.model_dump(mode="json"),
-            "batching": spec.batching.model_dump(mode="json"),
-        },
-        sort_keys=True,
-    )
-    return ServiceConfig(
+    relevant: dict[str, Any] = {
+        "server": spec.server.model_dump(mode="json"),
+        "gpu": spec.gpu.model_dump(mode="json"),
+        "model": spec.model.model_dump(mode="json"),
+        "batching": spec.batching.model_dump(mode="json"),
+    }
+    config = ServiceConfig(
         namespace=meta.namespace,
         name=meta.name,
         uid=uid,
@@ -140,12 +137,23 @@ def service_config(rms: RewardModelService, uid: str = "") -> ServiceConfig:
         claim=claim,
         env=tuple((e.name, e.value) for e in spec.server.env),
         pod_spec=spec.server.pod_spec,
-        template_hash=hashlib.sha256(relevant.encode()).hexdigest()[:16],
+        template_hash="",
         gpu_memory=str(spec.gpu.memory) if spec.gpu.memory else None,
         args=args,
         model=spec.model.name,
         ignored_args=ignored,
     )
+    # The services file is part of what a replica is built from: the runtime reads it only at start,
+    # and the ConfigMap holding it is rewritten only when the hash changes. Without it, an edit of
+    # maxQueueLength reached neither the running replicas nor the ones started after it. Not
+    # keepResident (minReplicas > 0): a replica runs this one service, which nothing else evicts
+    # (scaling to zero deletes replicas), so it changes nothing worth replacing every replica for.
+    relevant["servicesFile"] = [
+        {k: v for k, v in entry.items() if k != "keepResident"}
+        for entry in config.services_file()["services"]
+    ]
+    digest = hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+    return replace(config, template_hash=digest)
 
 
 _OBJECT_NAME = re.compile(DNS_SUBDOMAIN_PATTERN)

@@ -454,3 +454,67 @@ def test_a_pool_pinned_to_zero_by_scale_is_not_ready_for_the_actions_that_wait()
     status, _ = reconcile_actionpool(CFG, dataclasses.replace(observed, stats=stats()), NOW)
     assert _conditions(status)["Ready"]["reason"] == "ScaledToZero"
     assert pool_outage(CFG, observed, ()) is None
+
+
+def test_an_edit_of_the_session_ttl_replaces_no_host() -> None:
+    """sessions.ttlSeconds applies live (the dispatcher closes idle sessions on the pool's current
+    TTL and gives each agent session its own when it opens it); it was in the template hash, so an
+    edit of it surged a new host for every host and kept the old ones, drained, until their
+    sessions ended."""
+
+    def with_ttl(ttl: int, **sessions: Any) -> PoolConfig:
+        model = ActionPool.model_validate(
+            {
+                "metadata": {"name": "py", "namespace": "ns", "generation": 4},
+                "spec": {
+                    "template": {"image": "img:1", "resources": {"cpu": "4"}},
+                    "scaling": {"minHosts": 0, "maxHosts": 4, "maxStarting": 2},
+                    "sessions": {"ttlSeconds": ttl, **sessions},
+                },
+            }
+        )
+        return pool_config(model, uid="u")
+
+    before, after = with_ttl(600), with_ttl(7200)
+    assert after.session_ttl_s == 7200 and before.template_hash == after.template_hash
+    hosts = [host("a", template=before.template_hash), host("b", template=before.template_hash)]
+    status, ops = reconcile_actionpool(
+        after, PoolObservation(hosts, stats({"a": (0, 2), "b": (0, 0)}), plan()), NOW
+    )
+    assert _kinds(ops) == []
+    scaling = {c["type"]: c for c in status["conditions"]}["Scaling"]
+    assert scaling["reason"] == "Steady", scaling
+    # What a host pod runs with does roll them: sessions per host (the agent's --max-sessions).
+    assert with_ttl(600, maxPerHost=8).template_hash != before.template_hash
+
+
+@pytest.mark.parametrize(
+    ("scale", "bound"), [({"maxHosts": 2}, "maxHosts"), ({"replicas": 1}, "/scale replicas")]
+)
+def test_hosts_over_a_lowered_maximum_are_said_to_be_drained_after_the_idle_timeout(
+    scale: dict[str, Any], bound: str
+) -> None:
+    """maxHosts lowered under the hosts a pool has: the planner drains the ones over it only after
+    idleTimeoutSeconds, and removes none that is busy; the status said Steady, "4 host(s), as
+    wanted", meanwhile."""
+    scaling = {"minHosts": 0, "maxHosts": scale.get("maxHosts", 4)}
+    replicas = {"replicas": scale["replicas"]} if "replicas" in scale else {}
+    spec = {"template": {"image": "img:1", "resources": {"cpu": "4"}}, "scaling": scaling, **replicas}
+    model = ActionPool.model_validate(
+        {"metadata": {"name": "py", "namespace": "ns", "generation": 3}, "spec": spec}
+    )
+    lowered = pool_config(model, uid="u")
+    hosts = [host(n) for n in "abcd"]
+    status, ops = reconcile_actionpool(lowered, PoolObservation(hosts, stats({"a": (1, 1)}), plan()), NOW)
+    assert _kinds(ops) == []
+    scaling = {c["type"]: c for c in status["conditions"]}["Scaling"]
+    hi = lowered.desired_bounds[1]
+    assert (scaling["status"], scaling["reason"]) == ("True", "ScalingDown"), scaling
+    assert (
+        f"over the maximum of {hi} ({bound})" in scaling["message"]
+        and "idleTimeoutSeconds" in scaling["message"]
+    )
+    # Back within the maximum: Steady again; a failed host (being replaced) is not one over it.
+    failed = host("x", "failed", failure="exit 1")
+    status, _ = reconcile_actionpool(lowered, PoolObservation([*hosts[:hi], failed], stats(), plan()), NOW)
+    assert {c["type"]: c for c in status["conditions"]}["Scaling"]["reason"] == "Steady"

@@ -1206,3 +1206,170 @@ def test_a_rollout_and_a_refused_edit_are_posted_as_events_once_each() -> None:
         assert any("generation 2" in m for m in messages if m.startswith("every replica"))
 
     asyncio.run(run())
+
+
+# ---- edits: what a replica is built from rolls it; specs no node can hold name their field -------
+def _hash(**scaling: Any) -> str:
+    return service_config(rms_of(**scaling), uid="u").template_hash
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ({"maxQueueLength": 16}, {"maxQueueLength": 64}),
+        ({"maxQueueLength": 64}, {"maxQueueLength": 16}),
+    ],
+)
+def test_an_edit_of_the_services_file_rolls_the_replicas(
+    before: dict[str, Any], after: dict[str, Any]
+) -> None:
+    """The runtime reads its services file only at start, and the ConfigMap with it is rewritten only
+    when the template hash changes: an edit of maxQueueLength (or minReplicas across 0) was in no
+    replica, running or started after it (they kept refusing with 429 at the old queue length)."""
+    old = service_config(rms_of(minReplicas=1, **before), uid="u")
+    new = service_config(rms_of(minReplicas=1, **after), uid="u")
+    assert old.services_file() != new.services_file()
+    assert old.template_hash != new.template_hash
+    rms = rms_of(minReplicas=1, **after)
+    obs = ServiceObservation([rep("a", template=old.template_hash)], stats(), 1000.0)
+    status, ops = reconcile_rewardmodelservice(rms, new, obs, NOW)
+    assert _cond(status, "Scaling")["reason"] == "RollingOut" and status["updatedReplicas"] == 0
+    assert any(isinstance(o, CreateReplica) for o in ops)  # a replica of the edited spec beside a
+
+
+def test_scaling_knobs_outside_the_services_file_roll_nothing() -> None:
+    """Only what a replica is built from rolls it: minReplicas, maxReplicas and the idle timeout are
+    the controller's alone (keepResident, which follows minReplicas, changes nothing in a replica
+    that runs one service)."""
+    base = _hash(minReplicas=1)
+    assert _hash(minReplicas=2) == base == _hash(minReplicas=0)
+    assert _hash(minReplicas=1, maxReplicas=5) == base
+    assert _hash(minReplicas=1, idleTimeoutSeconds=600) == base
+
+
+@pytest.mark.parametrize(
+    ("gpu", "topology", "scaling", "field", "why"),
+    [
+        # Tensor parallel 8 on a board of 4: it was placed on the four (a replica its runtime cannot
+        # shard), reported as starting.
+        ({"count": [8]}, "ring4", {}, "spec.gpu.count", "has 4 whole GPUs"),
+        # 100 GiB on one 80 GB GPU: it was "no free [1] GPUs", as if other replicas held them.
+        ({"count": [1], "memory": "100Gi"}, H100, {}, "spec.gpu.memory", "largest GPU holds 80 GiB"),
+        ({"count": [1], "migProfile": "3g.40gb"}, H100, {}, "spec.gpu.migProfile", "no node has"),
+        ({"count": [4]}, H100, {"minReplicas": 3}, "spec.scaling.minReplicas", "they hold 2"),
+    ],
+)
+def test_a_spec_no_node_can_hold_says_which_field_and_why(
+    gpu: dict[str, Any], topology: str, scaling: dict[str, Any], field: str, why: str
+) -> None:
+    """A spec that no node could hold even with every GPU free is Unschedulable (Ready, or Degraded
+    where some replicas run), naming the field, as a pool's is; and its requests are refused with that
+    message once it has lasted UNSCHEDULABLE_AFTER_S, not held as if GPUs were only busy."""
+    view = _view(_node("g", topology))
+    obs = ServiceObservation([], stats(queued=1, last=999.0), 1000.0, gpu=view)
+    rms = rms_of(gpu=gpu, **scaling)
+    status, ops = reconcile_rewardmodelservice(rms, service_config(rms, uid="u"), obs, NOW)
+    placements = [o.placement for o in ops if isinstance(o, CreateReplica)]
+    assert all(p is not None and len(p.uuids) in gpu["count"] for p in placements), placements
+    degraded = _cond(status, "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "Unschedulable"), degraded
+    assert degraded["message"].startswith(f"{field}:") and why in degraded["message"], degraded
+    assert field in _cond(status, "Scaling")["message"]
+    if not placements:
+        ready = _cond(status, "Ready")
+        assert (ready["status"], ready["reason"], ready["message"]) == (
+            "False",
+            "Unschedulable",
+            degraded["message"],
+        )
+        late = replace(obs, short_for_s=UNSCHEDULABLE_AFTER_S)
+        refused = service_outage(service_config(rms, uid="u"), late, status["conditions"], ops)
+        assert refused is not None and field in refused.message
+
+
+def test_a_shortage_of_busy_gpus_is_no_spec_fault() -> None:
+    """GPUs other services hold now are InsufficientGPUs (they may be given back), not Unschedulable."""
+    from arl_tangram.controllers.rewardmodelservice import GpuView
+
+    view = _view(_node("g", H100))
+    busy = GpuView(view.inventories, {}, frozenset(_uuids(H100, "g")), (), 1)
+    status, ops = reconcile(
+        ServiceObservation([], stats(queued=1, last=999.0), 1000.0, gpu=busy), gpu={"count": [2]}
+    )
+    assert not ops and _cond(status, "Ready")["reason"] == "InsufficientGPUs"
+    assert _cond(status, "Degraded")["status"] == "False"
+
+
+def test_an_edit_back_during_a_rollout_serves_on_the_drained_replica_of_that_spec() -> None:
+    """A -> B -> A: the replica of A drained for B's serves again at once, and B's (the middle spec)
+    is the one drained; before, A's was deleted when its calls were done and a new replica of A
+    started from cold while B's served."""
+    from arl_tangram.controllers.rewardmodelservice import UndrainReplica
+
+    gpu_spec = {"count": [1]}
+    middle = service_config(rms_of(OLD_URI, gpu=gpu_spec), uid="u")
+    a, b = rep("a"), rep("b", template=middle.template_hash)
+    # Surge: b (B) ready, a (A, the current spec again) drained with a call in flight.
+    status, ops = _roll([a, b], gpu_spec, inflight={"a": 1}, draining={"a": 5.0})
+    assert [o.name for o in ops if isinstance(o, UndrainReplica)] == ["a"]
+    assert _kinds(ops) == [("DrainReplica", "b")], ops
+    assert status["readyReplicas"] == 2 and status["updatedReplicas"] == 1  # (b drained from now)
+    # In place: a drained to make room for B, whose replica waits for its GPUs: b goes, a serves.
+    waiting = rep(
+        "b", "starting", template=middle.template_hash, pending="0/1 nodes: Insufficient nvidia.com/gpu"
+    )
+    status, ops = _roll([a, waiting], gpu_spec, draining={"a": 5.0})
+    assert [type(o).__name__ for o in ops] == ["UndrainReplica", "DeleteReplica"], ops
+    assert _cond(status, "Ready")["reason"] == "HostsReady"
+    # One the controller deleted already (the watch still shows it ready) is not brought back.
+    obs = ServiceObservation([a, b], stats(), 1000.0, draining={"a": 5.0}, deleted=frozenset({"a"}))
+    _, ops = reconcile(obs, gpu=gpu_spec, minReplicas=1)
+    assert not [o for o in ops if isinstance(o, UndrainReplica)] and "create" in _kinds(ops)
+
+
+def test_the_controller_never_undrains_a_replica_it_deleted() -> None:
+    """A deleted replica's pod may still be listed ready by the watch for a while: an edit back to
+    its spec must not bring it back (its runtime is stopping). (The runtime is the test's own list;
+    the replicas' health is asked over real HTTP of a port nobody listens on: no residency, as for a
+    replica not answering.)"""
+    from arl_tangram.controllers.rewardmodelservice import ServiceController
+    from arl_tangram.dispatch.agent import AgentClient
+    from arl_tangram.dispatch.rewards import RewardRouter
+
+    def body(uri: str, generation: int) -> dict[str, Any]:
+        return {
+            "metadata": {"name": "rm", "namespace": "ns", "generation": generation, "uid": "u"},
+            "spec": {"model": {"name": "m", "uri": uri}, "scaling": {"minReplicas": 1}},
+        }
+
+    class Stale(_Replicas):
+        async def delete_replica(self, svc: Any, name: str) -> None:
+            self.deleted.append(name)  # the watch keeps listing it, ready, for now
+
+    def ready(name: str, uri: str, generation: int) -> HostObservation:
+        svc = service_config(RewardModelService.model_validate(body(uri, generation)), uid="u")
+        return HostObservation(name, "ns/rm", "ready", "n", "127.0.0.1:1", svc.template_hash, 1.0, 0, 0)
+
+    async def run() -> None:
+        runtime = Stale()
+        router = RewardRouter(client=None)
+        ctl = ServiceController(router, runtime, AgentClient(), "cpu")
+        runtime.listed = [ready("a", "file:///w/a.npz", 1), ready("b", "file:///w/b.npz", 2)]
+        await ctl.reconcile(body("file:///w/b.npz", 2))  # a (older spec) drained: b serves
+        await ctl.reconcile(body("file:///w/b.npz", 2))  # a has no call: deleted
+        assert runtime.deleted == ["a"]
+        await ctl.reconcile(body("file:///w/a.npz", 3))  # back to a's spec; the watch still lists a
+        assert set(router._services["ns/rm"].endpoints) == {"b"}
+        assert len(runtime.created) == 1  # a new replica of the spec, not the deleted one
+
+    asyncio.run(run())
+
+
+def test_a_replica_one_node_alone_could_hold_is_no_spec_fault() -> None:
+    """60 GiB fits an H100 (80 GB), not an A100-40GB beside it: the GPU manager places it on neither
+    while both are in the view (it checks the memory against every node), but the spec is not what
+    is wrong, so the service does not say Unschedulable naming spec.gpu.memory."""
+    view = _view(_node("g", H100), _node("r", "ring4"))
+    obs = ServiceObservation([], stats(queued=1, last=999.0), 1000.0, gpu=view)
+    status, _ = reconcile(obs, gpu={"count": [1], "memory": "60Gi"})
+    assert _cond(status, "Degraded")["reason"] != "Unschedulable", status["conditions"]
