@@ -159,6 +159,10 @@ def action_digest(request: ActionRequest) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+class _SessionClosed(Exception):
+    """The session an action was granted cores for was closed meanwhile."""
+
+
 @dataclass(frozen=True)
 class HostEndpoint:
     """A ready sandbox host: its pod name, agent address (``ip:port``) and the core ids it grants."""
@@ -180,6 +184,9 @@ class _Session:
     busy: bool = False
     backlog: deque[_Job] = field(default_factory=deque)
     ttl_s: float | None = None  # None: the pool's sessions.ttlSeconds
+    # Its action waiting in the scheduler's queue, if any (at most one: the rest wait in
+    # ``backlog``), so that closing the session answers it too.
+    queued: _Job | None = None
 
 
 # Closed sessions remembered per pool, so that an action naming one is refused (SessionLost)
@@ -904,15 +911,22 @@ class Dispatcher:
         job.cancelled = True
         pool = self._pools.get(pool_key(job.request.namespace, job.request.target))
         if job.grant is None:
+            # Whether the job is its session's current action (queued, or waiting out the backoff
+            # before a retry): then the session's next one goes on when it is cancelled. Left busy,
+            # the session queued every later action behind the cancelled one for ever, and never
+            # expired.
+            current = True
             if pool is not None and not pool.synced.is_set() and job.task is not None:
                 job.task.cancel()  # it waits for the pool's first hosts (``_start_when_synced``)
                 self._wait_for_sync(pool, job, False)  # not waiting from now (its task ends later)
+                current = False  # not entered its session yet
             if job.action is not None and pool is not None and id(job.action) in self._by_action:
                 self._unqueue(pool, job)
             elif pool is not None and job.request.session in pool.sessions:
                 backlog = pool.sessions[job.request.session].backlog
                 if job in backlog:
                     backlog.remove(job)
+                    current = False  # the session's current action is another one
             self._resolve(
                 job,
                 ActionOutcome(
@@ -923,6 +937,8 @@ class Dispatcher:
                     attempts=job.attempts,
                 ),
             )
+            if pool is not None and current:
+                self._next_in_session(pool, job)
             return True
         endpoint = pool.endpoints.get(job.grant.host) if pool else None
         stopped = False
@@ -969,8 +985,11 @@ class Dispatcher:
             del pool.closed[next(iter(pool.closed))]
         if pool.config.mode == "dedicated" and sess.host in pool.cpu.hosts:
             self._retire(pool, sess.host)  # its pod served this trajectory only
-        for job in list(sess.backlog):
-            self._fail(job, Reason.SESSION_LOST, f"session {sess.name!r} was closed")
+        # Its action waiting for a core too: left queued, it was granted one, found no session to
+        # run in, and its task died with its caller left waiting for ever.
+        for job in [sess.queued, *sess.backlog]:
+            if job is not None:
+                self._fail(job, Reason.SESSION_LOST, f"session {sess.name!r} was {why}")
         pool.cpu.end_trajectory(self._trajectory(sess.name, ""))
         endpoint = pool.endpoints.get(sess.host or "")
         if endpoint is not None and sess.agent_id is not None:
@@ -1020,6 +1039,15 @@ class Dispatcher:
     def _beyond_limits(cfg: PoolConfig, req: ActionRequest) -> tuple[Reason, str] | None:
         """Why the pool can never run ``req`` (more cores, time or memory than its limits), or None."""
         lo = req.units_min
+        # Checked here, where the caller's words are at hand: left to the scheduler's ``Action``, a
+        # DoP of 0 raised from inside ``_queue`` (a session's next action is queued from the task
+        # that ran the one before it, which then died and left that caller waiting for ever).
+        if lo < 1:
+            return Reason.INVALID_PAYLOAD, f"units.min {lo}: an action needs at least 1 core"
+        if req.units_max < lo:
+            return Reason.INVALID_PAYLOAD, (
+                f"units.min {lo} is more than its most, units.max {req.units_max}"
+            )
         if lo > cfg.limits.max_cores or lo > cfg.host_cores:
             most = min(cfg.limits.max_cores, cfg.host_cores)
             return Reason.CAPACITY_EXCEEDED, f"asks for {lo} cores; pool {cfg.key} grants at most {most}"
@@ -1100,6 +1128,9 @@ class Dispatcher:
         job.action = action
         job.queued_since = self.clock()
         self._by_action[id(action)] = job
+        sess = pool.sessions.get(req.session or "")
+        if sess is not None:
+            sess.queued = job
         # No host may hold it *now* (the pool may have none yet): the planner adds hosts for what
         # waits, so it waits like any other action (what can never fit was refused above).
         self.scheduler.submit(action, job.queued_since, growing=True)
@@ -1116,6 +1147,9 @@ class Dispatcher:
     def _left_queue(self, pool: _Pool, job: _Job) -> None:
         assert job.action is not None
         self._by_action.pop(id(job.action), None)
+        sess = pool.sessions.get(job.request.session or "")
+        if sess is not None and sess.queued is job:
+            sess.queued = None
         pool.waiting -= 1
         self._count_waiting(job.request.tenant_name, -1)
 
@@ -1241,6 +1275,8 @@ class Dispatcher:
             )
             if req.session and exc.body.get("field") == "session_id":
                 outcome.reason = Reason.SESSION_LOST
+        except _SessionClosed as exc:
+            outcome = ActionOutcome(req.key, Outcome.FAILED, Reason.SESSION_LOST, str(exc))
         except InfrastructureError as exc:
             failure = str(exc)
             self._count_failure(pool, grant.host)
@@ -1279,7 +1315,12 @@ class Dispatcher:
         task.add_done_callback(self._background.discard)
 
     async def _session_on(self, pool: _Pool, session: str, endpoint: HostEndpoint) -> str:
-        sess = pool.sessions[session]
+        sess = pool.sessions.get(session)
+        if sess is None:
+            # Closed while this action waited out a retry's backoff: nothing of it is left to run in.
+            raise _SessionClosed(
+                f"session {session!r} was {pool.closed.get(session, 'closed')}: its state is gone"
+            )
         if sess.agent_id is None or sess.host != endpoint.name:
             sess.agent_id = await self.agent.create_session(
                 endpoint.address,

@@ -27,7 +27,8 @@ What differs from ``paper`` and why it is no worse:
 - Order: FCFS within each (priority class, tenant) lane; lanes are merged by effective class (an
   action waiting longer than ``aging_s`` counts as class 0, so no class starves) and then by the
   tenant's virtual time (weighted fair share: a tenant's virtual time grows by units/weight on
-  each admission, and a tenant that comes back from idle starts at the backlogged minimum). On a
+  each admission, and a tenant that comes back from idle starts at the backlogged minimum, or with
+  none backlogged at the furthest any tenant reached). On a
   sandbox pool, short actions go first (``_order``): a tool call is not kept waiting behind a test
   that arrived before it, until that test has waited ``aging_s``.
 """
@@ -154,7 +155,15 @@ class TangramPolicy(Scheduler):
         backlogged = {t for (_, t) in lanes}
         if action.tenant not in backlogged:
             # Coming back from idle: no credit for the time away (else it would starve the others).
-            floor = min((pool_vt.get(t, 0.0) for t in backlogged), default=pool_vt.get(action.tenant, 0.0))
+            # With nothing waiting, the pool's virtual time is the furthest any tenant got (start-time
+            # fair queueing's end of a busy period): a floor of its own kept a tenant served least
+            # long ago ahead of everyone arriving just after it until it caught up with them (one
+            # never served took 40 admissions in a row from one that had run 40 before the pool
+            # went idle).
+            if backlogged:
+                floor = min(pool_vt.get(t, 0.0) for t in backlogged)
+            else:
+                floor = max(pool_vt.values(), default=0.0)
             pool_vt[action.tenant] = max(pool_vt.get(action.tenant, 0.0), floor)
         super().submit(action, now, growing=growing)
         mgr = self.pools[action.pool]
