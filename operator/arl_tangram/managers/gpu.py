@@ -275,13 +275,15 @@ def _pick_block(
     return None if best is None else (best[1], best[2])
 
 
-def _pick_any_block(nodes: Sequence[GpuNode], k: int) -> tuple[GpuNode, int] | None:
+def _pick_any_block(nodes: Sequence[GpuNode], k: int, need_gb: float = 0.0) -> tuple[GpuNode, int] | None:
     """The first aligned block of size k whose GPUs are all free whole GPUs of the pool, whether or
-    not they form an NVLink clique."""
+    not they form an NVLink clique, on a node whose GPUs hold ``need_gb`` each. Only whole blocks:
+    a block past the node's last GPU is short (``members`` slices), and a TP size over a node's
+    GPUs was granted the node's few as if they were k."""
     for node in nodes:
-        if node.draining:
+        if node.draining or need_gb > node.memory_gb:
             continue
-        for start in range(0, node.gpus, k):
+        for start in range(0, node.gpus - k + 1, k):
             if node.block_free(start, k, node.busy):
                 return node, start
     return None
@@ -307,7 +309,7 @@ class _GpuScratch:
             return True
         if units not in LEVELS or not self._mgr.fits_memory(action, units):
             return False
-        picked = _pick_block(self._mgr.nodes, self.busy, units, None)
+        picked = _pick_block(self._mgr.holding(action, units), self.busy, units, None)
         if picked is None:
             return False
         node, start = picked
@@ -421,6 +423,8 @@ class GpuPlan(_GpuScratch):
             restore = 0.0 if svc is None else action.service_gb / mgr.restore_gbps
             best: tuple[tuple[float, int, int, int, int], PlacementOption] | None = None
             for n_idx, node in enumerate(mgr.nodes):
+                if need > node.memory_gb:
+                    continue  # its GPUs cannot hold the service at this size (``fits_memory``)
                 for start, size in node.free_blocks(self.busy[node.name]):
                     if size < k:
                         continue
@@ -512,7 +516,15 @@ class GpuManager:
         return action.service_gb * self.memory_headroom / k
 
     def fits_memory(self, action: Action, k: int) -> bool:
-        return all(self.per_gpu_gb(action, k) <= n.memory_gb for n in self.nodes)
+        """Whether some node's GPUs hold ``action``'s service at size ``k`` (each placement then
+        takes only such nodes: ``holding``). It asked every node: in a cluster of 80 GB and 40 GB
+        GPUs, a service needing 60 GB a GPU was placed on neither, and waited for good."""
+        return any(self.per_gpu_gb(action, k) <= n.memory_gb for n in self.nodes)
+
+    def holding(self, action: Action, k: int) -> list[GpuNode]:
+        """The nodes whose GPUs hold ``action``'s service at size ``k``, in node order."""
+        need = self.per_gpu_gb(action, k)
+        return [n for n in self.nodes if need <= n.memory_gb]
 
     def scratch(self) -> _GpuScratch:
         return _GpuScratch(self)
@@ -522,9 +534,7 @@ class GpuManager:
             return any(s.profile == action.mig_profile for n in self.nodes for s in n.slices)
         empty = {n.name: set[int]() for n in self.nodes}
         return any(
-            k in LEVELS
-            and self.fits_memory(action, k)
-            and _pick_block(self.nodes, empty, k, None) is not None
+            k in LEVELS and _pick_block(self.holding(action, k), empty, k, None) is not None
             for k in action.feasible
         )
 
@@ -556,9 +566,7 @@ class GpuManager:
             gb, feasible = services[name]
             for k in sorted((k for k in feasible if k in LEVELS), reverse=True):
                 need = gb * self.memory_headroom / k
-                if any(need > n.memory_gb for n in self.nodes):
-                    continue  # a size the scheduler never offers (``fits_memory``)
-                spot = self._prewarm_block(nodes, k, need)
+                spot = self._prewarm_block([n for n in nodes if need <= n.memory_gb], k, need)
                 if spot is not None:
                     node, start = spot
                     ck: CacheKey = (name, k, node.name, start)
@@ -617,9 +625,11 @@ class GpuManager:
                 if node.block_free(chosen[1], units, node.busy) and not node.draining:
                     picked = (node, chosen[1])
         if picked is None:
-            picked = _pick_block(self.nodes, busy, units, key, self.per_gpu_gb(action, units))
+            picked = _pick_block(
+                self.holding(action, units), busy, units, key, self.per_gpu_gb(action, units)
+            )
         if picked is None and across_pcie:
-            picked = _pick_any_block(self.nodes, units)
+            picked = _pick_any_block(self.nodes, units, self.per_gpu_gb(action, units))
         if picked is None:
             return None
         node, start = picked

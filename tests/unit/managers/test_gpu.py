@@ -401,3 +401,26 @@ def test_prewarm_only_a_new_node() -> None:
     mgr.add_node(new)
     assert mgr.prewarm({"a": (40.0, (8,))}, only=new) == [("a", 8, "new", 0)]
     assert len({ck for c in old.cache.values() for ck in c}) == 1  # the old node is left as it was
+
+
+def test_a_service_only_some_nodes_hold_is_placed_on_those() -> None:
+    """60 GB a GPU fits an 80 GB GPU, not a 40 GB one: the manager asked every node, so in a
+    cluster of both the service was placed on neither, offered no size and waited for good."""
+    mgr = GpuManager([GpuNode("a100", 4, 40.0), GpuNode("h100", 4, 80.0)], memory_headroom=1.0)
+    big = req(1, gb=60.0)
+    assert mgr.can_ever_fit(big)
+    assert [o.units for o in mgr.residency_plan(0.0, {}, {}).options(big)] == [1, 2, 4]
+    assert mgr.scratch().try_take(big, 1)
+    g = mgr.place(big, 1, 0.0)
+    assert g is not None and g.host == "h100"
+    # TP 2 (30 GB a GPU) fits both: the A100 node may hold it.
+    assert {n.name for n in mgr.holding(big, 2)} == {"a100", "h100"}
+    assert mgr.prewarm({"rm-60": (60.0, (1,))}) == [("rm-60", 1, "h100", 1)]
+
+
+def test_a_tp_size_over_a_nodes_gpus_is_never_granted_its_few() -> None:
+    """Across PCIe, a TP-8 replica on 4-GPU nodes was granted the node's four GPUs as if eight."""
+    mgr = GpuManager([GpuNode("n0", 4, 80.0)])
+    assert mgr.place(req(1), 8, 0.0, across_pcie=True) is None
+    g = mgr.place(req(2), 4, 0.0, across_pcie=True)
+    assert g is not None and len(g.unit_ids) == 4
