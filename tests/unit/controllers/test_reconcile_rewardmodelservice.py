@@ -1366,10 +1366,11 @@ def test_the_controller_never_undrains_a_replica_it_deleted() -> None:
 
 
 def test_a_replica_one_node_alone_could_hold_is_no_spec_fault() -> None:
-    """60 GiB fits an H100 (80 GB), not an A100-40GB beside it: the GPU manager places it on neither
-    while both are in the view (it checks the memory against every node), but the spec is not what
-    is wrong, so the service does not say Unschedulable naming spec.gpu.memory."""
+    """60 GiB fits an H100 (80 GB), not an A100-40GB beside it: the replica goes to the H100 (the
+    GPU manager once checked the memory against every node and placed it on neither), and the spec
+    is not what is wrong, so the service never says Unschedulable naming spec.gpu.memory."""
     view = _view(_node("g", H100), _node("r", "ring4"))
     obs = ServiceObservation([], stats(queued=1, last=999.0), 1000.0, gpu=view)
-    status, _ = reconcile(obs, gpu={"count": [1], "memory": "60Gi"})
+    status, ops = reconcile(obs, gpu={"count": [1], "memory": "60Gi"})
     assert _cond(status, "Degraded")["reason"] != "Unschedulable", status["conditions"]
+    assert [op.placement.node for op in ops if isinstance(op, CreateReplica)] == ["g"]
