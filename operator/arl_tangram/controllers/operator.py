@@ -15,6 +15,7 @@ import asyncio
 import contextvars
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -101,6 +102,11 @@ ENVIRONMENT: dict[str, tuple[str | None, str]] = {
         "NAMESPACE/SERVICE,...: the RewardModelService of a namespace's reward requests that name "
         "none (default none)",
     ),
+    "TANGRAM_TENANT_WEIGHTS": (
+        None,
+        "TENANT=WEIGHT,...: the tenants' weights in the scheduler's fair share (a tenant is its "
+        "actions' namespace unless they name one; default 1 each)",
+    ),
 }
 
 
@@ -128,6 +134,9 @@ class OperatorSettings:
     gateway_namespace: str = GatewayConfig.default_namespace
     gateway_pools: tuple[tuple[str, str], ...] = ()
     gateway_services: tuple[tuple[str, str], ...] = ()
+    # The scheduler's fair share: a tenant with weight 2 gets twice the starts of one with weight 1
+    # while both wait (core/policies/tangram.py); every tenant left out weighs 1.
+    tenant_weights: tuple[tuple[str, float], ...] = ()
 
     @classmethod
     def from_env(cls) -> OperatorSettings:
@@ -144,12 +153,18 @@ class OperatorSettings:
         memory = os.environ.get("TANGRAM_RESULTS_MEMORY_MIB", str(cls.results_memory_mib))
         if not (memory.isascii() and memory.isdigit()):
             raise InvalidSpec("TANGRAM_RESULTS_MEMORY_MIB", f"must be a whole number of MiB, got {memory!r}")
+        policy = os.environ.get("TANGRAM_POLICY", cls.policy)
+        weights = _weights("TANGRAM_TENANT_WEIGHTS")
+        if weights and policy != "tangram":
+            raise InvalidSpec(
+                "TANGRAM_TENANT_WEIGHTS", f"only the tangram policy weighs tenants, not {policy!r}"
+            )
         return cls(
             namespace=os.environ.get("POD_NAMESPACE", "tangram-system"),
             identity=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
             listen_host=os.environ.get("TANGRAM_LISTEN_HOST", cls.listen_host),
             listen_port=int(port),
-            policy=os.environ.get("TANGRAM_POLICY", cls.policy),
+            policy=policy,
             leader_election=os.environ.get("TANGRAM_LEADER_ELECTION", "true").lower() not in ("0", "false"),
             anonymous=os.environ.get("TANGRAM_GATEWAY_ANONYMOUS", "").lower() in ("1", "true"),
             reward_device=os.environ.get("TANGRAM_REWARD_DEVICE", cls.reward_device),
@@ -158,6 +173,7 @@ class OperatorSettings:
             gateway_namespace=_namespace("TANGRAM_GATEWAY_NAMESPACE", cls.gateway_namespace),
             gateway_pools=_targets("TANGRAM_GATEWAY_POOLS"),
             gateway_services=_targets("TANGRAM_GATEWAY_SERVICES"),
+            tenant_weights=weights,
         )
 
     def gateway_config(self) -> GatewayConfig:
@@ -201,6 +217,26 @@ def _too_large(exc: ApiException) -> bool:
 
 def _targets(name: str) -> tuple[tuple[str, str], ...]:
     return tuple(parse_defaults(name, os.environ.get(name, "")).items())
+
+
+def _weights(name: str) -> tuple[tuple[str, float], ...]:
+    """``TENANT=WEIGHT,...`` from the environment variable ``name``: each weight a positive, finite
+    number, each tenant once."""
+    text = os.environ.get(name, "").strip()
+    out: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        tenant, sep, value = item.partition("=")
+        tenant = tenant.strip()
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = math.nan
+        if not sep or not tenant or not (math.isfinite(weight) and weight > 0):
+            raise InvalidSpec(name, f"{item[:80]!r} is not TENANT=WEIGHT with a positive number")
+        if tenant in out:
+            raise InvalidSpec(name, f"tenant {tenant[:80]!r} is given twice")
+        out[tenant] = weight
+    return tuple(out.items())
 
 
 def _namespace(name: str, default: str) -> str:
@@ -269,6 +305,7 @@ class OperatorState:
             self.agent,
             policy=settings.policy,
             on_started=self.batches.started,
+            tenant_weights=dict(settings.tenant_weights),
         )
         self.runtime = KubernetesRuntime(self.api, count_write=self.metrics.api_write)
         self.dispatcher.resizer = self.runtime

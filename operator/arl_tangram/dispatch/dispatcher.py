@@ -24,7 +24,7 @@ import logging
 import secrets
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,7 @@ from arl_tangram.domain.batches import Runner, runner_of
 from arl_tangram.domain.pools import PoolConfig, agent_ttl_s, pool_key
 from arl_tangram.errors import (
     InfrastructureError,
+    InvalidSpec,
     KeyConflict,
     NotFound,
     QueueFull,
@@ -306,9 +307,14 @@ class Dispatcher:
         on_host_unhealthy: Callable[[str, str], None] | None = None,
         on_started: Callable[[str, int], None] | None = None,
         resizer: Resizer | None = None,
+        tenant_weights: Mapping[str, float] | None = None,
     ) -> None:
         self.agent = agent
-        self.scheduler: Scheduler = POLICIES[policy]({})
+        if tenant_weights and policy != "tangram":
+            # Only tangram orders tenants by weighted fair share; the others would drop them silently.
+            raise InvalidSpec("tenant weights", f"only the tangram policy weighs tenants, not {policy!r}")
+        options: dict[str, Any] = {"tenant_weights": dict(tenant_weights)} if tenant_weights else {}
+        self.scheduler: Scheduler = POLICIES[policy]({}, **options)
         self.scheduler.stats = DecisionStats(keep=DECISIONS_KEPT)
         self.clock = clock
         self.max_waiting_per_pool = max_waiting_per_pool

@@ -23,6 +23,10 @@ SET = {
     "TANGRAM_GATEWAY_NAMESPACE": ("rl", ("gateway_namespace", "rl")),
     "TANGRAM_GATEWAY_POOLS": ("rl/py, team-b/swe", ("gateway_pools", (("rl", "py"), ("team-b", "swe")))),
     "TANGRAM_GATEWAY_SERVICES": ("rl/rm", ("gateway_services", (("rl", "rm"),))),
+    "TANGRAM_TENANT_WEIGHTS": (
+        "team-a=3, team-b=0.5",
+        ("tenant_weights", (("team-a", 3.0), ("team-b", 0.5))),
+    ),
 }
 
 
@@ -94,3 +98,42 @@ def test_bad_gateway_defaults_name_the_variable(
     with pytest.raises(InvalidSpec, match=says) as err:
         OperatorSettings.from_env()
     assert err.value.field == variable
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("team-a", "not TENANT=WEIGHT"),
+        ("team-a=0", "not TENANT=WEIGHT"),
+        ("team-a=-1", "not TENANT=WEIGHT"),
+        ("team-a=nan", "not TENANT=WEIGHT"),
+        ("team-a=inf", "not TENANT=WEIGHT"),
+        ("=2", "not TENANT=WEIGHT"),
+        ("team-a=heavy", "not TENANT=WEIGHT"),
+        ("team-a=1,team-a=2", "given twice"),
+        ("team-a=2", "only the tangram policy"),
+    ],
+)
+def test_bad_tenant_weights_name_the_variable(monkeypatch: pytest.MonkeyPatch, value: str, says: str) -> None:
+    from arl_tangram.errors import InvalidSpec
+
+    if "policy" in says:
+        monkeypatch.setenv("TANGRAM_POLICY", "paper")
+    monkeypatch.setenv("TANGRAM_TENANT_WEIGHTS", value)
+    with pytest.raises(InvalidSpec, match=says) as err:
+        OperatorSettings.from_env()
+    assert err.value.field == "TANGRAM_TENANT_WEIGHTS"
+
+
+def test_tenant_weights_reach_the_scheduler_and_only_a_policy_that_weighs() -> None:
+    """The scheduler's fair share had weights, but the dispatcher made it with none: every tenant
+    weighed 1 whatever the cluster wanted, and nothing said so."""
+    from arl_tangram.dispatch.agent import AgentClient
+    from arl_tangram.dispatch.dispatcher import Dispatcher
+    from arl_tangram.errors import InvalidSpec
+
+    d = Dispatcher(AgentClient(), tenant_weights={"team-a": 3.0})
+    assert getattr(d.scheduler, "weights", None) == {"team-a": 3.0}
+    with pytest.raises(InvalidSpec, match="only the tangram policy"):
+        Dispatcher(AgentClient(), policy="paper", tenant_weights={"team-a": 3.0})
+    assert not getattr(Dispatcher(AgentClient(), policy="paper").scheduler, "weights", {})
