@@ -25,14 +25,16 @@ from arl_tangram.dispatch.agent import AgentClient, AgentRefused, ConnectFailed
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outage, Outcome, Reason
 from arl_tangram.domain.services import ServiceConfig, reward_text, service_named
 from arl_tangram.errors import InfrastructureError, NotFound, QueueFull
+from arl_tangram.rewards import SCORE_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
 # A request waits this long for a replica beyond the service's cold-start budget before it fails.
 WAIT_MARGIN_S = 60.0
 ACT_WINDOW_S = 300.0
-# How long a replica whose call failed (timeout, 5xx, connection cut) gets no request, unless the
-# controller's view drops it first; one where nothing listens any more waits for that view.
+# How long a replica whose call failed (timeout, 5xx, connection cut, an answer without a valid
+# score) gets no request, unless the controller's view drops it first; one where nothing listens
+# any more waits for that view.
 SUSPECT_S = 5.0
 
 
@@ -179,8 +181,9 @@ class RewardRouter:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(svc.changed.wait(), min(deadline, lapse) - now)
 
-    def _suspect(self, svc: _Service, replica: str, exc: Exception) -> None:
-        gone = isinstance(exc, ConnectFailed) and exc.refused  # nothing listens there any more
+    def _suspect(self, svc: _Service, replica: str, gone: bool = False) -> None:
+        """No request for ``replica`` for ``suspect_s``; ``gone`` (nothing listens there any more):
+        until the controller's view drops it."""
         until = math.inf if gone else asyncio.get_running_loop().time() + self.suspect_s
         svc.suspect[replica] = max(svc.suspect.get(replica, -math.inf), until)
 
@@ -295,10 +298,12 @@ class RewardRouter:
                 svc.inflight[replica] = svc.inflight.get(replica, 0) + 1
                 started = self.clock()
                 try:
-                    body = await self.client.score(address, cfg.name, [text], request.timeout_s or 300.0)
+                    body = await self.client.score(
+                        address, cfg.name, [text], request.timeout_s or SCORE_TIMEOUT_S
+                    )
                 except InfrastructureError as exc:
                     last_error = str(exc)
-                    self._suspect(svc, replica, exc)
+                    self._suspect(svc, replica, gone=isinstance(exc, ConnectFailed) and exc.refused)
                     await asyncio.sleep(request.backoff_s * 2 ** (attempts - 1))
                     continue
                 except AgentRefused as exc:
@@ -326,6 +331,10 @@ class RewardRouter:
                     # NaN, infinity and booleans included: a custom server's NaN became the action's
                     # reward (and invalid JSON in every answer and status that carried it).
                     last_error = f"replica {replica} answered without one score for one input: {body!r}"[:300]
+                    # A replica that misbehaves as a 5xx does: the retry goes to another one, after
+                    # the backoff (tried at once, the least busy was the same replica, every time).
+                    self._suspect(svc, replica)
+                    await asyncio.sleep(request.backoff_s * 2 ** (attempts - 1))
                     continue
                 svc.suspect.pop(replica, None)  # it answered
                 now = self.clock()

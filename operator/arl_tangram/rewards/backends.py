@@ -10,7 +10,9 @@
   optional ``{"tags": [...]}``; without tags, weights and KV cache together); scores come from
   ``POST /classify`` (``{"model", "text": [...]}`` -> ``[{"embedding": [label values]}, ...]``).
 
-Where a server answers more than one value per input, both take the last (``_last_value``).
+Where a server answers more than one value per input, both take the last (``_last_value``); an
+input whose output holds no value at all (a process reward model's empty step list: no step mark in
+that input) fails alone (``RowsRefused``), the other inputs of the answer keep their scores.
 
 Each blocking step of the built-in backend runs in a worker thread; the HTTP backends share one
 aiohttp session made at start-up. A failed call raises ``BackendError`` (an infrastructure failure:
@@ -27,6 +29,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from arl_tangram.rewards import SCORE_TIMEOUT_S
 from arl_tangram.rewards.builtin import BuiltinScorer
 
 
@@ -43,6 +46,20 @@ class BackendRefused(BackendError):
 # The answers that blame the request's content, not the server: vLLM's BadRequestError is a 400
 # (past ``max_model_len``), a validation error a 422, a body over its limit a 413.
 REFUSED_STATUSES = frozenset({400, 413, 422})
+
+
+class RowsRefused(BackendRefused):
+    """The server answered for every input, but some outputs hold no score (a process reward
+    model's empty step list for an input without a step mark): those inputs' fault, not the
+    server's. ``rows`` is the answer, a score or, for such an input, what is wrong with it."""
+
+    def __init__(self, message: str, rows: list[float | str]) -> None:
+        super().__init__(message)
+        self.rows = rows
+
+
+class EmptyOutput(ValueError):
+    """An input's output with no value in it."""
 
 
 class ServiceBackend(Protocol):
@@ -92,19 +109,36 @@ class _HttpBackend:
     """Common HTTP plumbing of the external servers."""
 
     def __init__(
-        self, name: str, url: str, model: str, device_bytes: int, session: aiohttp.ClientSession
+        self,
+        name: str,
+        url: str,
+        model: str,
+        device_bytes: int,
+        session: aiohttp.ClientSession,
+        score_timeout_s: float = SCORE_TIMEOUT_S,
     ) -> None:
+        if not 0 < score_timeout_s < math.inf:
+            raise ValueError(f"service {name}: the scoring timeout must be > 0 s, got {score_timeout_s}")
         self.name = name
         self.url = url.rstrip("/")
         self.model = model
         self.device_bytes = device_bytes
         self.session = session
+        self.score_timeout = aiohttp.ClientTimeout(total=score_timeout_s)
 
-    async def _call(self, method: str, path: str, body: Any = None, answer: bool = False) -> Any:
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        answer: bool = False,
+        limit: aiohttp.ClientTimeout | None = None,
+    ) -> Any:
         """One call to the server; ``answer`` when its JSON answer is needed (a body that is not JSON
-        is then an error, not text handed on to be misread)."""
+        is then an error, not text handed on to be misread); ``limit`` in place of the session's timeout."""
+        timeout = limit or self.session.timeout
         try:
-            async with self.session.request(method, self.url + path, json=body) as resp:
+            async with self.session.request(method, self.url + path, json=body, timeout=timeout) as resp:
                 text = await resp.text()
                 if resp.status >= 400:
                     cls = BackendRefused if resp.status in REFUSED_STATUSES else BackendError
@@ -127,8 +161,8 @@ class _HttpBackend:
         except aiohttp.ClientError as exc:
             raise BackendError(f"{self.name}: {method} {path} failed: {exc}") from None
         except TimeoutError:
-            # The session's timeout: a bare TimeoutError says nothing of which server or call.
-            total = self.session.timeout.total
+            # A bare TimeoutError says nothing of which server or call.
+            total = timeout.total
             after = f" after {total} s" if total else ""
             raise BackendError(f"{self.name}: {method} {path} timed out{after}") from None
 
@@ -152,7 +186,8 @@ class VllmBackend(_HttpBackend):
         await self._call("POST", "/sleep?level=1")
 
     async def score(self, inputs: Sequence[str]) -> list[float]:
-        out = await self._call("POST", "/pooling", {"model": self.model, "input": list(inputs)}, answer=True)
+        body = {"model": self.model, "input": list(inputs)}
+        out = await self._call("POST", "/pooling", body, answer=True, limit=self.score_timeout)
         try:
             rows = _field(out, "data", "the answer")
             if not isinstance(rows, list):
@@ -166,7 +201,7 @@ class VllmBackend(_HttpBackend):
                 raise ValueError(
                     f"{len(rows)} rows with indices {sorted(by_index, key=str)[:10]} for {len(inputs)} inputs"
                 )
-            return [_score(_last_value(by_index[i], i), i) for i in range(len(inputs))]
+            return _scores(self.name, "POST /pooling", [by_index[i] for i in range(len(inputs))])
         except (TypeError, ValueError) as exc:
             raise BackendError(f"{self.name}: POST /pooling answered an unexpected shape: {exc}") from None
 
@@ -194,14 +229,17 @@ class SglangBackend(_HttpBackend):
         await self._call("POST", "/release_memory_occupation", {})
 
     async def score(self, inputs: Sequence[str]) -> list[float]:
-        out = await self._call("POST", "/classify", {"model": self.model, "text": list(inputs)}, answer=True)
+        body = {"model": self.model, "text": list(inputs)}
+        out = await self._call("POST", "/classify", body, answer=True, limit=self.score_timeout)
         try:
             # The answer has no index: its order is the inputs', so only its length can be checked.
             if not isinstance(out, list) or len(out) != len(inputs):
                 n = len(out) if isinstance(out, list) else type(out).__name__
                 raise ValueError(f"{n} results for {len(inputs)} inputs")
             # Every label's value, as vLLM's rows: the same rule picks the score (``_last_value``).
-            return [_score(_last_value(_field(r, "embedding", f"row {i}"), i), i) for i, r in enumerate(out)]
+            return _scores(
+                self.name, "POST /classify", [_field(r, "embedding", f"row {i}") for i, r in enumerate(out)]
+            )
         except (TypeError, ValueError) as exc:
             raise BackendError(f"{self.name}: POST /classify answered an unexpected shape: {exc}") from None
 
@@ -223,9 +261,33 @@ def _last_value(value: Any, i: int) -> Any:
     p(right)]`` per step) its last step's ``p(right)``, a token-level reward model its last token's."""
     while isinstance(value, list):
         if not value:
-            raise ValueError(f"row {i}: empty output")
+            raise EmptyOutput(f"row {i}: empty output")
         value = value[-1]
     return value
+
+
+def _scores(name: str, route: str, outputs: list[Any]) -> list[float]:
+    """The score of each input's output. An output with no value fails its input only
+    (``RowsRefused``, with the others' scores); any other bad value, the whole answer
+    (``ValueError``: a server that answers NaN or a string for one input is not to be trusted for
+    the others)."""
+    rows: list[float | str] = []
+    for i, value in enumerate(outputs):
+        try:
+            rows.append(_score(_last_value(value, i), i))
+        except EmptyOutput:
+            rows.append(
+                f"{route} answered an empty output for it (a process reward model finds no step in "
+                "an input without its step mark)"
+            )
+    empty = [i for i, r in enumerate(rows) if isinstance(r, str)]
+    if empty:
+        raise RowsRefused(
+            f"{name}: {route} answered an empty output for {len(empty)} of {len(rows)} inputs "
+            f"(row {empty[0]} first)",
+            rows,
+        )
+    return [r for r in rows if not isinstance(r, str)]
 
 
 def _score(value: Any, i: int) -> float:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arl_tangram.api.rewardmodelservice import Batching, RewardModelService, ServiceScaling
-from arl_tangram.rewards.backends import BackendError, BackendRefused, ServiceBackend
+from arl_tangram.rewards.backends import BackendError, BackendRefused, RowsRefused, ServiceBackend
 from arl_tangram.rewards.cache import DeviceCache, pick_next
 
 log = logging.getLogger("tangram.reward-runtime")
@@ -369,6 +369,8 @@ class RewardRuntime:
         n = 0
         while svc.queue and (not batch or n + len(svc.queue[0].inputs) <= svc.spec.max_batch_size):
             req = svc.queue.popleft()
+            if req.future.done():  # its caller went away (cancelled): nobody to score it for
+                continue
             batch.append(req)
             n += len(req.inputs)
         return batch
@@ -377,6 +379,8 @@ class RewardRuntime:
         svc = self.services[name]
         self._cold.discard(name)
         batch = self._take_batch(svc)
+        if not batch:  # every caller went away: no restore, no scoring
+            return
         inputs = [x for r in batch for x in r.inputs]
         try:
             async with self._device:
@@ -388,7 +392,7 @@ class RewardRuntime:
                     scores = await self._score_all(svc, inputs)
                     answers, i = [], 0
                     for r in batch:
-                        answers.append(scores[i : i + len(r.inputs)])
+                        answers.append(_answer(name, scores[i : i + len(r.inputs)]))
                         i += len(r.inputs)
                 except BackendRefused as exc:
                     # The server refused an input (past the model's length): each request alone
@@ -428,27 +432,42 @@ class RewardRuntime:
     async def _score_alone(self, svc: _Service, inputs: list[str]) -> list[float] | BadInput:
         """One request's scores, or the BadInput of the server's refusal of its inputs."""
         try:
-            return await self._score_all(svc, inputs)
+            return _answer(svc.spec.name, await self._score_all(svc, inputs))
         except BackendRefused as exc:
             return BadInput(str(exc))
 
-    async def _score_all(self, svc: _Service, inputs: list[str]) -> list[float]:
+    async def _score_all(self, svc: _Service, inputs: list[str]) -> list[float | str]:
         """The backend's scores of ``inputs``, in parts of at most a batch (a request bigger than a
-        batch), each checked."""
-        scores: list[float] = []
+        batch), each checked; in place of a score, what is wrong with an input the backend answered
+        no score for (``RowsRefused``: that input's request fails, the others are answered)."""
+        scores: list[float | str] = []
         size = svc.spec.max_batch_size
         for i in range(0, len(inputs), size):
             part = inputs[i : i + size]
-            scores += _checked(svc.spec.name, part, await svc.backend.score(part))
+            got: Sequence[float | str]
+            try:
+                got = await svc.backend.score(part)
+            except RowsRefused as exc:
+                got = exc.rows
+            scores += _checked(svc.spec.name, part, got)
         return scores
 
 
-def _checked(name: str, inputs: Sequence[str], scores: Sequence[float]) -> list[float]:
-    """A backend's scores for ``inputs``, one finite number each: a count that differs would shift
-    every later request's scores onto another's inputs, and NaN or inf is no reward (nor JSON)."""
+def _checked(name: str, inputs: Sequence[str], scores: Sequence[float | str]) -> list[float | str]:
+    """A backend's scores for ``inputs``, one finite number each (or what is wrong with that
+    input): a count that differs would shift every later request's scores onto another's inputs,
+    and NaN or inf is no reward (nor JSON)."""
     if len(scores) != len(inputs):
         raise BackendError(f"{name}: {len(scores)} scores for {len(inputs)} inputs")
     for i, x in enumerate(scores):
-        if not math.isfinite(x):
+        if not isinstance(x, str) and not math.isfinite(x):
             raise BackendError(f"{name}: score {x} for input {i} of {len(inputs)} (not a finite number)")
     return list(scores)
+
+
+def _answer(name: str, scores: list[float | str]) -> list[float] | BadInput:
+    """One request's scores, or the BadInput naming the first of its inputs that got none."""
+    for j, x in enumerate(scores):
+        if isinstance(x, str):
+            return BadInput(f"{name}: inputs[{j}]: {x}")
+    return [x for x in scores if not isinstance(x, str)]

@@ -47,6 +47,7 @@ from aiohttp import web
 
 from arl_tangram.api.quantity import quantity_bytes
 from arl_tangram.loop import stop_on_signals
+from arl_tangram.rewards import SCORE_TIMEOUT_S
 from arl_tangram.rewards.backends import (
     BackendError,
     BuiltinBackend,
@@ -71,6 +72,9 @@ log = logging.getLogger("tangram.reward-runtime")
 
 MAX_INPUTS_PER_REQUEST = 4096
 MAX_BODY_BYTES = 64 * 2**20
+# The HTTP backends' calls other than scoring (start, restore, evict): a vLLM wake-up of big weights
+# may block this long. Scoring calls have their own, shorter ``--score-timeout``.
+CONTROL_TIMEOUT_S = 600.0
 SERVICE_KEYS = {
     "name",
     "backend",
@@ -142,7 +146,12 @@ def _spec(entry: dict[str, Any]) -> ServiceSpec:
     )
 
 
-def build_backend(entry: dict[str, Any], device: str, session: aiohttp.ClientSession) -> ServiceBackend:
+def build_backend(
+    entry: dict[str, Any],
+    device: str,
+    session: aiohttp.ClientSession,
+    score_timeout_s: float = SCORE_TIMEOUT_S,
+) -> ServiceBackend:
     name = entry["name"]
     if entry["backend"] == "builtin":
         try:
@@ -154,7 +163,7 @@ def build_backend(entry: dict[str, Any], device: str, session: aiohttp.ClientSes
     except ValueError as exc:
         raise ConfigError(f"service {name}.deviceMemory: {exc}") from None
     cls = VllmBackend if entry["backend"] == "vllm" else SglangBackend
-    return cls(name, str(entry["url"]), str(entry["model"]), nbytes, session)
+    return cls(name, str(entry["url"]), str(entry["model"]), nbytes, session, score_timeout_s)
 
 
 def _error(status: int, message: str, **headers: str) -> web.Response:
@@ -210,9 +219,15 @@ def make_app(runtime: RewardRuntime, device: str) -> web.Application:
     async def control(request: web.Request) -> web.Response:
         name, verb = request.match_info["name"], request.match_info["verb"]
         try:
+            # Shielded from the caller going away (``handler_cancellation``): a restore or eviction
+            # cut short leaves the server's memory and the cache's count of it apart.
             if verb == "evict":
-                return web.json_response({"service": name, "evicted": await runtime.evict(name)})
-            return web.json_response({"service": name, "restore_s": await runtime.restore(name)})
+                return web.json_response(
+                    {"service": name, "evicted": await asyncio.shield(runtime.evict(name))}
+                )
+            return web.json_response(
+                {"service": name, "restore_s": await asyncio.shield(runtime.restore(name))}
+            )
         except UnknownService:
             return _error(404, f"no service {name!r} here")
         except DoesNotFit as exc:
@@ -267,16 +282,17 @@ def read_services(path: str) -> list[dict[str, Any]]:
 
 
 async def serve(args: argparse.Namespace, entries: list[dict[str, Any]]) -> int:
-    # Backends may block on start (is_sleeping); one long timeout covers a vLLM wake-up of big weights.
-    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600))
+    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=CONTROL_TIMEOUT_S))
     try:
         # The device first: a bad --device is named as such, not as each model's load failing on it.
         capacity = _device_capacity(args.device, args.device_memory)
-        pairs = [(_spec(e), build_backend(e, args.device, session)) for e in entries]
+        pairs = [(_spec(e), build_backend(e, args.device, session, args.score_timeout)) for e in entries]
         runtime = RewardRuntime(pairs, capacity, prewarm=not args.no_prewarm)
         await runtime.start()
         host, _, port = args.listen.rpartition(":")
-        runner = web.AppRunner(make_app(runtime, args.device), access_log=None)
+        # A score request whose caller went away (the dispatcher gave up on it) is cancelled, and
+        # is then dropped from its queue instead of being scored for nobody on the device.
+        runner = web.AppRunner(make_app(runtime, args.device), access_log=None, handler_cancellation=True)
         await runner.setup()
         await web.TCPSite(runner, host or "0.0.0.0", int(port)).start()
         bound = runner.addresses[0]  # the real port when --listen asked for port 0
@@ -304,6 +320,14 @@ def main(argv: Sequence[str]) -> int:
         help="restore a service only when a request asks for it, not into free device memory ahead of it",
     )
     p.add_argument(
+        "--score-timeout",
+        type=float,
+        default=SCORE_TIMEOUT_S,
+        metavar="SECONDS",
+        help="how long one scoring call to a vLLM or SGLang server may hold the device "
+        f"(default {SCORE_TIMEOUT_S:g}, the dispatcher's default wait for an answer)",
+    )
+    p.add_argument(
         "--write-model",
         metavar="PATH",
         help="write a built-in scorer model of --model-mib and exit (demos, tests)",
@@ -321,6 +345,8 @@ def main(argv: Sequence[str]) -> int:
         return 0
     if not args.config:
         p.error("--config is required")
+    if not 0 < args.score_timeout < math.inf:
+        p.error(f"--score-timeout must be a number of seconds > 0, got {args.score_timeout}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         return asyncio.run(serve(args, read_services(args.config)))

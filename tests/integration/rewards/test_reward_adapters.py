@@ -306,12 +306,11 @@ async def test_a_misbehaving_server_fails_the_batch_never_a_wrong_score(kind: st
         pytest.skip("SGLang's /classify answers carry no index")
     app = faulty_upstream(fault)
     runner, url = await _serve(app)
-    # A short total timeout stands for the runtime's own, which the "slow" server never answers in.
-    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1 if fault == "slow" else 60))
+    # A short scoring timeout stands for the runtime's own, which the "slow" server never answers in.
+    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
     cls = VllmBackend if kind == "vllm" else SglangBackend
-    rt = RewardRuntime(
-        [(ServiceSpec("rm", max_batch_size=3, max_wait_s=1), cls("rm", url, "m", GIB, session))], GIB
-    )
+    backend = cls("rm", url, "m", GIB, session, score_timeout_s=1 if fault == "slow" else 60)
+    rt = RewardRuntime([(ServiceSpec("rm", max_batch_size=3, max_wait_s=1), backend)], GIB)
     try:
         await rt.start()  # both stand-ins are awake: scoring is what this test asks
         assert rt.cache.resident == ["rm"]

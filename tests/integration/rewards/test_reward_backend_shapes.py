@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import pytest
@@ -212,4 +212,56 @@ async def test_a_500_with_an_html_body_is_a_backend_error_naming_the_status(
         assert str(err.value).startswith("rm: POST /pooling answered 500"), err.value
         assert json.dumps(str(err.value))  # one line of text for the caller
     finally:
+        await runner.cleanup()
+
+
+NO_STEP = "no step mark"  # an input the stand-in process reward model finds no step in
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+async def test_an_input_with_an_empty_output_fails_alone_naming_it(
+    session: aiohttp.ClientSession, kind: str
+) -> None:
+    """A process reward model answers an empty step list (``data: []``) for an input without its
+    step mark. That request gets a BadInput naming its input (400 over HTTP: not retried elsewhere,
+    where the model would find no step either); the requests batched with it get their scores from
+    the same answer. The whole batch used to fail as a backend fault (503)."""
+    app = standin(
+        lambda texts: [
+            {"index": i, "object": "pooling", "data": [] if t == NO_STEP else steps_of(t)}
+            for i, t in enumerate(texts)
+        ],
+        lambda texts: [{"embedding": [] if t == NO_STEP else labels_of(t)} for t in texts],
+    )
+    calls: list[int] = []
+
+    @web.middleware
+    async def count(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        calls.append(1)
+        return await handler(request)
+
+    app.middlewares.append(count)
+    runner, url = await _serve(app)
+    rt = RewardRuntime(
+        [(ServiceSpec("rm", max_batch_size=8, max_wait_s=1), _backend(kind, url, session))], GIB
+    )
+    try:
+        await rt.start()
+        calls.clear()
+        good, bad, also_good = await asyncio.gather(
+            rt.score("rm", ["a\nb", "c"]),
+            rt.score("rm", ["fine", NO_STEP]),
+            rt.score("rm", ["d"]),
+            return_exceptions=True,
+        )
+        assert isinstance(bad, BadInput), bad
+        assert str(bad).startswith("rm: inputs[1]: POST /") and "empty output" in str(bad), bad
+        expect = (lambda t: steps_of(t)[-1][1]) if kind == "vllm" else (lambda t: labels_of(t)[1])
+        assert not isinstance(good, BaseException) and good.scores == [expect("a\nb"), expect("c")]
+        assert not isinstance(also_good, BaseException) and also_good.scores == [expect("d")]
+        assert len(calls) == 1  # one answer scored all three: none asked again
+    finally:
+        await rt.stop()
         await runner.cleanup()

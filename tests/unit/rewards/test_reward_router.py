@@ -359,7 +359,7 @@ async def test_a_score_that_is_no_number_is_no_reward(score: object) -> None:
     every answer and batch status that carried it: it is a replica that answered without a score
     (tried again; the next answer is the reward)."""
     client = AnswersOf([{"scores": [score]}, {"scores": [0.25]}])
-    router = _router(client)
+    router = _router(client, suspect_s=0.01)  # the only replica: tried again once its suspicion lapses
     router.sync("ns/rm", [("a", "a:8000")])
     outcome = await asyncio.wait_for(router.run(_request()), 10)
     assert outcome.state is Outcome.SUCCEEDED and outcome.reward == 0.25 and outcome.attempts == 2, outcome
@@ -381,7 +381,33 @@ async def test_more_or_fewer_scores_than_the_one_input_are_no_reward(scores: lis
     """One input goes to the replica; an answer with two scores used to give the first as the
     reward, though it may be another input's (a custom server's batch mixed up)."""
     client = AnswersOf([{"scores": scores}, {"scores": [0.25]}])
-    router = _router(client)
+    router = _router(client, suspect_s=0.01)  # the only replica: tried again once its suspicion lapses
     router.sync("ns/rm", [("a", "a:8000")])
     outcome = await asyncio.wait_for(router.run(_request()), 10)
     assert outcome.state is Outcome.SUCCEEDED and outcome.reward == 0.25 and outcome.attempts == 2, outcome
+
+
+class BadAt(FakeReplicas):
+    """Replica ``bad`` answers 200 with NaN for a score, every time; the others score."""
+
+    def __init__(self, bad: str) -> None:
+        super().__init__({})
+        self.bad = bad
+
+    async def score(self, address: str, service: str, inputs: list[str], timeout_s: float) -> dict[str, Any]:
+        self.calls.append(address)
+        return {"scores": [float("nan") if address == self.bad else 0.5]}
+
+
+async def test_a_replica_that_answers_without_a_score_is_suspect_as_one_that_fails() -> None:
+    """A replica answering 200 without a valid score is treated as one answering 503: its request
+    is retried on another replica, and the next requests go elsewhere while it is suspect. It was
+    retried at once, with no backoff, on the same (least busy) replica, until the attempts ran out."""
+    client = BadAt("a:8000")
+    router = _router(client)
+    router.sync("ns/rm", [("a", "a:8000"), ("b", "b:8000")])
+    first = await asyncio.wait_for(router.run(_request()), 10)
+    assert first.state is Outcome.SUCCEEDED and first.host == "b" and first.attempts == 2, first
+    second = await asyncio.wait_for(router.run(_request()), 10)
+    assert second.host == "b" and second.attempts == 1, second
+    assert client.calls == ["a:8000", "b:8000", "b:8000"]
