@@ -9,7 +9,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -43,15 +43,6 @@ def _req(key: str, code: str, *, runtime: str = "python", **kw: object) -> Actio
         backoff_s=0.05,
         **kw,  # type: ignore[arg-type]
     )
-
-
-@pytest.fixture(scope="module")
-def agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
-    running = [start_agent(tmp_path_factory.mktemp(f"host{i}") / "work") for i in range(2)]
-    yield running
-    for a in running:
-        if a.proc.poll() is None:
-            stop_agent(a)
 
 
 @pytest.fixture

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 from dispatch_harness import NS
 from dispatch_harness import endpoint as _endpoint
 from dispatch_harness import pool_for_tests as _pool
-from sandbox_agent_harness import Agent, start_agent, stop_agent
+from sandbox_agent_harness import Agent
 
 from arl_tangram.core.policies.tangram import TangramPolicy
 from arl_tangram.dispatch.agent import AgentClient
@@ -46,15 +46,6 @@ def assert_accounting_whole(d: Dispatcher, key: str = KEY) -> None:
     assert d.scheduler.queued() == 0 and not d.scheduler.running
     assert all(n == 0 for n in d._tenant_waiting.values()), d._tenant_waiting
     assert not d._jobs, list(d._jobs)
-
-
-@pytest.fixture(scope="module")
-def agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
-    running = [start_agent(tmp_path_factory.mktemp(f"shape{i}") / "work") for i in range(2)]
-    yield running
-    for a in running:
-        if a.proc.poll() is None:
-            stop_agent(a)
 
 
 @pytest.fixture
