@@ -55,7 +55,6 @@ from arl_tangram.gpu.nodeinfo import ANNOTATION_INVENTORY, schedulable_inventory
 from arl_tangram.gpu.placement import (
     DeviceStrategy,
     ReplicaPlacement,
-    ServicePlacement,
     device_request,
     place_service,
     to_status,
@@ -165,25 +164,6 @@ def gpu_view(
     return GpuView(tuple(inventories), held, frozenset(taken), tuple(problems), published)
 
 
-def place_replicas(
-    rms: RewardModelService, inventories: Sequence[NodeInventory], replicas: int, taken: Iterable[str]
-) -> ServicePlacement:
-    """``place_service``, less any placement of fewer whole GPUs than ``spec.gpu.count`` allows: a
-    tensor-parallel size larger than a node's GPUs was handed the whole node (a TP-8 replica on four
-    GPUs, which its runtime cannot shard onto). Those count as unplaced."""
-    placed = place_service(rms, inventories, replicas, frozenset(taken))
-    if rms.spec.gpu.mig_profile is not None:
-        return placed
-    sizes = set(rms.spec.gpu.count)
-    good = [p for p in placed.placements if len(p.uuids) in sizes]
-    if len(good) == len(placed.placements):
-        return placed
-    short = replicas - len(good)
-    return ServicePlacement(
-        good, short, placed.reason or f"{short} of {replicas} replicas found no free {sorted(sizes)} GPUs"
-    )
-
-
 def never_fits(rms: RewardModelService, inventories: Sequence[NodeInventory]) -> str | None:
     """Why the service's spec cannot be served on these nodes even with every GPU free, naming the
     field to change; None when it can (then a shortage is only GPUs other replicas hold now, which
@@ -191,10 +171,10 @@ def never_fits(rms: RewardModelService, inventories: Sequence[NodeInventory]) ->
     if not inventories:
         return None
     gpu = rms.spec.gpu
-    one = place_replicas(rms, inventories, 1, ())
+    one = place_service(rms, inventories, 1, ())
     # (Node by node too: the GPU manager checks a replica's memory against every node's GPUs at
     # once, so beside smaller GPUs it places none where one node alone holds it. Not the spec's fault.)
-    if not one.placements and not any(place_replicas(rms, [inv], 1, ()).placements for inv in inventories):
+    if not one.placements and not any(place_service(rms, [inv], 1, ()).placements for inv in inventories):
         whole = {inv.node: sum(not g.mig_enabled for g in inv.gpus) for inv in inventories}
         node, most = max(sorted(whole.items()), key=lambda kv: kv[1])
         need = gpu.memory
@@ -212,7 +192,7 @@ def never_fits(rms: RewardModelService, inventories: Sequence[NodeInventory]) ->
             )
         relaxed = rms.model_copy(deep=True)
         relaxed.spec.gpu.memory = None
-        if need is not None and place_replicas(relaxed, inventories, 1, ()).placements:
+        if need is not None and place_service(relaxed, inventories, 1, ()).placements:
             if gpu.mig_profile is not None:
                 mib = [m.memory_mib for i in inventories for g in i.gpus for m in g.mig_instances]
                 holds = f"one {gpu.mig_profile} instance of any node (the largest holds"
@@ -226,7 +206,7 @@ def never_fits(rms: RewardModelService, inventories: Sequence[NodeInventory]) ->
                 + fix
             )
         relaxed.spec.gpu.nvlink = "Preferred"
-        if gpu.nvlink == "Required" and place_replicas(relaxed, inventories, 1, ()).placements:
+        if gpu.nvlink == "Required" and place_service(relaxed, inventories, 1, ()).placements:
             return (
                 f"spec.gpu.nvlink: Required, and no node has {sorted(gpu.count)} GPUs joined by NVLink "
                 "(Preferred takes GPUs across PCIe)"
@@ -234,7 +214,7 @@ def never_fits(rms: RewardModelService, inventories: Sequence[NodeInventory]) ->
         return f"spec.gpu: no node can hold one replica even with all its GPUs free ({one.reason})"
     least = rms.spec.scaling.min_replicas
     if least > 1:
-        fits = place_replicas(rms, inventories, least, ())
+        fits = place_service(rms, inventories, least, ())
         if fits.unplaced:
             return (
                 f"spec.scaling.minReplicas: {least} replicas do not fit on the GPU nodes even with "
@@ -340,7 +320,7 @@ def reconcile_rewardmodelservice(
     if by_plugin:
         ops.extend(CreateReplica(why) for _ in range(wanted))
     elif wanted:
-        placed = place_replicas(rms, gpu.inventories, wanted, gpu.taken | own)
+        placed = place_service(rms, gpu.inventories, wanted, gpu.taken | own)
         ops.extend(CreateReplica(why, p) for p in placed.placements)
         unplaced = placed.unplaced
         if placed.unplaced and not freeing:
@@ -676,7 +656,7 @@ def _rollout(
             continue
         held = gpu.held.get(r.name)
         if not by_plugin and held is not None:
-            room = place_replicas(rms, gpu.inventories, 1, (gpu.taken | own) - set(held.uuids))
+            room = place_service(rms, gpu.inventories, 1, (gpu.taken | own) - set(held.uuids))
             if not room.placements:
                 continue  # its GPUs would not hold a replica of the new spec
         ops.append(
