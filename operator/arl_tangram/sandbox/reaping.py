@@ -67,39 +67,38 @@ def reap_orphans(keep: set[int]) -> int:
 
 
 # ---- the fork server's side: an action's leftovers, and a session interpreter's company ----------
+def _threads_and_children(pid: int) -> tuple[int, list[int]]:
+    """How many threads ``pid`` has, and its children (each thread keeps its own list). ``OSError``
+    when ``pid`` is gone; a thread that ends while it is read has no children left to give."""
+    tasks = os.listdir(f"/proc/{pid}/task")
+    children: list[int] = []
+    for tid in tasks:
+        with suppress(OSError), open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+            children += [int(child) for child in fh.read().split()]
+    return len(tasks), children
+
+
 def company_of(pid: int) -> str | None:
     """What the interpreter ``pid`` runs beside its main thread once a call has answered:
     ``"processes"`` (children that are more than unreaped zombies), ``"threads"``, or ``None``.
     (A thread the call joined may still be leaving the kernel's list: it is frozen with the rest,
     which costs nothing.)"""
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-        children: list[bytes] = []
-        for tid in tasks:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
-                children += fh.read().split()
+        threads, children = _threads_and_children(pid)
     except OSError:
         return None  # it is gone already: its exit is reported through the pidfd
-    for child in children:
-        if is_live(int(child)):
-            return "processes"
-    return "threads" if len(tasks) > 1 else None
+    if any(is_live(child) for child in children):
+        return "processes"
+    return "threads" if threads > 1 else None
 
 
 def unreaped_children(pid: int) -> int:
     """How many children of ``pid`` have exited and wait to be reaped (zombies)."""
-    count = 0
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
+        _, children = _threads_and_children(pid)
     except OSError:
         return 0
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
-                count += sum(1 for child in fh.read().split() if not is_live(int(child)))
-        except OSError:
-            continue
-    return count
+    return sum(1 for child in children if not is_live(child))
 
 
 def descendants(pid: int) -> list[int]:
@@ -107,21 +106,14 @@ def descendants(pid: int) -> list[int]:
     found: list[int] = []
     todo = [pid]
     while todo:
-        parent = todo.pop()
         try:
-            tasks = os.listdir(f"/proc/{parent}/task")
+            _, kids = _threads_and_children(todo.pop())
         except OSError:
             continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children", "rb") as fh:
-                    kids = [int(k) for k in fh.read().split()]
-            except OSError:
-                continue
-            for kid in kids:
-                if is_live(kid):
-                    found.append(kid)
-                    todo.append(kid)
+        for kid in kids:
+            if is_live(kid):
+                found.append(kid)
+                todo.append(kid)
     return found
 
 
