@@ -157,6 +157,11 @@ class ResultBudget(TangramModel):
     )
 
 
+# The spec's fields (as the API names them) that cannot change once the ActionBatch exists: the
+# CRD's transition rule below, and the operator's check for an edit an older CRD let in.
+IMMUTABLE_FIELDS = ("actions", "retryPolicy", "results")
+
+
 class ActionBatchSpec(TangramModel):
     """Desired state of an ActionBatch: the actions to run."""
 
@@ -165,8 +170,7 @@ class ActionBatchSpec(TangramModel):
     # time to keep it may change (both policies are defaulted, so present on either side).
     transition_rules: ClassVar[tuple[TransitionRule, ...]] = (
         TransitionRule(
-            rule="self.actions == oldSelf.actions && self.retryPolicy == oldSelf.retryPolicy "
-            "&& self.results == oldSelf.results",
+            rule=" && ".join(f"self.{f} == oldSelf.{f}" for f in IMMUTABLE_FIELDS),
             message="actions, retryPolicy and results cannot change once the ActionBatch exists "
             "(the operator runs the actions it accepted): create another ActionBatch",
         ),

@@ -23,8 +23,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from arl_tangram.api.actionbatch import IMMUTABLE_FIELDS, ActionBatchSpec, ActionResult
 from arl_tangram.api.actionbatch import Action as BatchAction
-from arl_tangram.api.actionbatch import ActionBatchSpec, ActionResult
 from arl_tangram.api.validation import invalid_spec
 from arl_tangram.controllers.conditions import ConditionReason, ConditionType, Event, set_condition
 from arl_tangram.domain.actions import ActionOutcome, Outcome, Reason
@@ -921,7 +921,11 @@ class BatchManager:
 
 
 # What cannot change once a batch exists (the CRD's transition rule): (field, its name in the spec).
-_IMMUTABLE = (("actions", "actions"), ("retry_policy", "retryPolicy"), ("results", "results"))
+_IMMUTABLE = tuple(
+    (name, field.alias or name)
+    for name, field in ActionBatchSpec.model_fields.items()
+    if (field.alias or name) in IMMUTABLE_FIELDS
+)
 
 
 def _present(status: Mapping[str, Any]) -> dict[str, Any]:
