@@ -18,6 +18,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import yaml
+from pydantic import ValidationError
 from tqdm import tqdm
 
 from arl_tangram.core.action import Action, Amdahl, Fixed, feasible_range
@@ -42,7 +44,7 @@ from arl_tangram.sim.workload import (
     load,
     with_overrides,
 )
-from arl_tangram.sim.workload_file import SCALING_KEYS
+from arl_tangram.sim.workload_file import SCALING_KEYS, Planner, _invalid
 
 DEFAULT_POLICIES = "static,fcfs-min,paper,tangram"
 
@@ -123,36 +125,33 @@ def gpus_needed(curve: Sequence[GpuPoint], target: float, p99: bool) -> int | No
 
 def with_planner(wl: Workload, settings: list[str]) -> Workload:
     """The workload with ``KEY=VALUE`` overrides of its planner section: a field of the file's
-    planner section (docs/workloads.md), numbers or the solver."""
+    planner section (docs/workloads.md), its VALUE read and checked as the file's would be."""
     if not settings:
         return wl
     if wl.planner is None:
         raise InvalidSpec("--planner-set", f"workload {wl.name} has no planner section")
     spec = wl.planner
-    scalars = {f.name for f in dataclasses.fields(spec) if f.name not in ("cpu_scaling", "gpu_scaling")}
-    known = sorted(scalars | set(SCALING_KEYS))
+    known = sorted(Planner.model_fields)
     for item in settings:
-        key, sep, value = item.partition("=")
+        key, sep, text = item.partition("=")
         if not sep or key not in known:
             expected = f"{item!r}: expected KEY=VALUE with KEY one of {', '.join(known)}"
             raise InvalidSpec("--planner-set", expected)
-        if key in scalars:
-            kind = type(getattr(spec, key))
-            try:
-                spec = dataclasses.replace(spec, **{key: kind(value)})
-            except ValueError as exc:
-                raise InvalidSpec(f"--planner-set {key}", f"{value!r} is not a {kind.__name__}") from exc
+        try:
+            value = getattr(Planner.model_validate({key: yaml.safe_load(text)}), key)
+        except (ValidationError, yaml.YAMLError) as exc:
+            problem = _invalid(exc).message if isinstance(exc, ValidationError) else "not a YAML value"
+            raise InvalidSpec(f"--planner-set {key}", f"{text!r}: {problem}") from None
+        if value is None:  # the file's "left out" (a scaling default) is not a value to set
+            raise InvalidSpec(f"--planner-set {key}", f"{text!r}: needs a value")
+        if key not in SCALING_KEYS:
+            spec = dataclasses.replace(spec, **{key: value})
             continue
         pools, field = SCALING_KEYS[key]
         for pool in pools:
             attr = f"{pool}_scaling"
-            policy = getattr(spec, attr)
-            kind = type(getattr(policy, field))
-            try:
-                changed = dataclasses.replace(policy, **{field: kind(value)})
-                spec = dataclasses.replace(spec, **{attr: changed})
-            except ValueError as exc:
-                raise InvalidSpec(f"--planner-set {key}", f"{value!r} is not a {kind.__name__}") from exc
+            changed = dataclasses.replace(getattr(spec, attr), **{field: value})
+            spec = dataclasses.replace(spec, **{attr: changed})
     return dataclasses.replace(wl, planner=spec)
 
 
@@ -230,6 +229,24 @@ def _opt(x: float | int | None, fmt: str = "{:.3f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
+# Figures averaged over the run's completed actions, in the table's order: none without any (a
+# run that completed no action has no ACT, not one of 0 s).
+PER_ACTION_KEYS = (
+    "act_mean_s",
+    "act_p50_s",
+    "act_p99_s",
+    "pod_mean_s",
+    "queue_mean_s",
+    "exec_mean_s",
+    "overhead_mean_s",
+)
+
+
+def _per_action(s: Summary, key: str) -> float | int | None:
+    value: float | int | None = getattr(s, key)
+    return None if key in PER_ACTION_KEYS and s.actions == 0 else value
+
+
 def _table_sim(workload: str, res: dict[str, Summary]) -> str:
     """The main table: one row per policy. ``ACT x tangram`` compares means over the actions
     every policy completed, and only between complete runs."""
@@ -248,13 +265,7 @@ def _table_sim(workload: str, res: dict[str, Summary]) -> str:
             [
                 name,
                 _state(s),
-                f"{s.act_mean_s:.3f}",
-                f"{s.act_p50_s:.3f}",
-                f"{s.act_p99_s:.3f}",
-                f"{s.pod_mean_s:.3f}",
-                f"{s.queue_mean_s:.3f}",
-                f"{s.exec_mean_s:.3f}",
-                f"{s.overhead_mean_s:.3f}",
+                *[_opt(_per_action(s, key)) for key in PER_ACTION_KEYS],
                 _opt(s.common_act_mean_s),
                 _opt(s.common_act_p99_s),
                 f"{s.makespan_s:.1f}",
@@ -448,7 +459,7 @@ def main_sim(argv: list[str]) -> int:
             json.dumps(
                 {
                     "workload": wl.name,
-                    "policies": {n: {k: getattr(s, k) for k in keys} for n, s in res.items()},
+                    "policies": {n: {k: _per_action(s, k) for k in keys} for n, s in res.items()},
                     "steps": {n: dataclasses.asdict(st) for n, st in steps.items()},
                 }
             )

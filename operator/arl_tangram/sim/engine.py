@@ -494,7 +494,12 @@ class Simulation:
         node.version += 1
         nxt = node.next_done()
         if math.isfinite(nxt):
-            self._push(now + nxt, "shared", (host, node.version))
+            at = now + nxt
+            if nxt > 0 and at <= now:
+                # Work left that is shorter than the clock's resolution at ``now``: armed at ``now``
+                # it would be re-armed there for ever, with no time passing to finish it.
+                at = math.nextafter(now, math.inf)
+            self._push(at, "shared", (host, node.version))
 
     def _shared_tick(self, payload: tuple[str, int], now: float) -> None:
         host, version = payload

@@ -132,12 +132,15 @@ def summarise(result: SimResult) -> Summary:
 
 def common_acts(results: Mapping[str, SimResult]) -> dict[str, tuple[float, float]]:
     """Per policy, mean and p99 ACT over the actions that every run in ``results`` completed (a
-    policy that loses trajectories must not look fast by leaving their later actions out)."""
+    policy that loses trajectories must not look fast by leaving their later actions out); empty
+    when they have none in common."""
     keys: set[tuple[str, int]] | None = None
     for res in results.values():
         done = {r.key for r in res.records}
         keys = done if keys is None else keys & done
     out: dict[str, tuple[float, float]] = {}
+    if not keys:
+        return out  # no action in common: nothing to compare (a mean of none is not 0 s)
     for name, res in results.items():
         acts = [r.act for r in res.records if keys is not None and r.key in keys]
         out[name] = (mean(acts), percentile(acts, 99))

@@ -34,6 +34,12 @@ from arl_tangram.sim.workload import PlannerSpec
 
 GIB = 1024**3
 
+# The most planning rounds one run may take. A round costs well under a millisecond of CPU on the
+# built-ins (about 0.4 ms with ai-coding's 1280 live sessions), so this is seconds of planning;
+# it is 50 times the rounds of the longest built-in at its own period (3600 s / 10 s). A slip of
+# units (``period_s: 0.001``) otherwise spent minutes planning a run that lasts minutes.
+MAX_PLANNER_ROUNDS = 20_000
+
 
 @dataclass
 class _Instance:
@@ -103,6 +109,7 @@ class SimPlanner:
                 RewardServiceSpec("gpu", (c.gpus_per_node,), int(c.gpu_memory_gb * 1e9), policy)
             )
             sim.gpu.nodes.clear()
+        _check_rounds(sim, s.period_s)
         sim.arrival_log = {}
         # Start at the floor, ready at once (a warm cluster before the rollout begins).
         plan = self.planner.plan(self._snapshot(sim, 0.0))
@@ -114,6 +121,14 @@ class SimPlanner:
 
     # ---- rounds --------------------------------------------------------------------------------------
     def tick(self, sim: Simulation, now: float) -> None:
+        if len(self.rounds) >= MAX_PLANNER_ROUNDS:
+            # The run outlasted the length ``attach`` could foresee (queueing): stop, not plan on.
+            raise InvalidSpec(
+                "planner.period_s",
+                f"period_s {self.period_s:g} took {MAX_PLANNER_ROUNDS:,} planning rounds, the most a "
+                f"run may take, by {now:.4g} s of simulated time and the run goes on: use a longer "
+                "period_s (a run of T s takes T / period_s rounds)",
+            )
         self._account(now)
         plan = self.planner.plan(self._snapshot(sim, now))
         self.rounds.append(plan)
@@ -330,4 +345,25 @@ def _check_hosts_fit(sim: Simulation, host_cores: int, host_gib: float) -> None:
             "planner.host_cores",
             f"a host of {host_cores} cores gets {host_gib:g} GiB (its node's memory pro rata), "
             f"a trajectory holds {need:g}",
+        )
+
+
+def _check_rounds(sim: Simulation, period_s: float) -> None:
+    """Refuse, before the run, a period that makes more than ``MAX_PLANNER_ROUNDS`` rounds: the
+    planner plans while work is left, and no run is shorter than its longest trajectory with every
+    action at its fastest DoP and no wait (``tick`` stops a run that outlasts this)."""
+    least = max(
+        (
+            t.start + sum(st.think_s + min(st.true.duration(k) for k in st.feasible) for st in t.steps)
+            for t in sim.trajectories
+        ),
+        default=0.0,
+    )
+    rounds = least / period_s
+    if rounds > MAX_PLANNER_ROUNDS:
+        raise InvalidSpec(
+            "planner.period_s",
+            f"period_s {period_s:g} makes {rounds:.3g} planning rounds or more (the run lasts "
+            f"{least:.4g} s at least); at most {MAX_PLANNER_ROUNDS:,}: period_s >= "
+            f"{least / MAX_PLANNER_ROUNDS:.3g}",
         )

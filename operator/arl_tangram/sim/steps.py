@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from arl_tangram.errors import InvalidSpec
 from arl_tangram.sim.engine import ActionRecord, Simulation
-from arl_tangram.sim.workload import Workload, generate
+from arl_tangram.sim.workload import MAX_ACTIONS, Workload, check_size, generate
 
 RESERVE_SEED_OFFSET = 1_000_003  # replacement prompts come from a stream no step's batch uses
 RESERVE_BATCHES = 4
@@ -49,6 +49,14 @@ def run_steps(wl: Workload, policy: str) -> StepStats:
     tr = wl.training
     if tr is None:
         raise InvalidSpec("training", f"workload {wl.name} has no training section")
+    # Each step simulates the whole workload again: bounded in all as one source is.
+    per_step = check_size(wl)
+    if tr.steps * per_step > MAX_ACTIONS:
+        raise InvalidSpec(
+            "training.steps",
+            f"{tr.steps} steps of about {per_step:.3g} actions each; the simulator takes at most "
+            f"{MAX_ACTIONS:,} over the steps (use fewer steps, or --scale)",
+        )
     rollouts: list[float] = []
     shares: list[float] = []
     done = lost = resampled = cut = 0

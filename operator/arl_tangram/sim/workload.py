@@ -204,12 +204,14 @@ def load(path: str | Path) -> Workload:
     """Read and validate a workload file."""
     p = Path(path)
     try:
-        doc = yaml.safe_load(p.read_text())
+        raw = p.read_bytes()
     except OSError as exc:
         raise InvalidSpec("--workload-file", f"cannot read {p}: {exc}") from exc
-    except yaml.YAMLError as exc:
-        raise InvalidSpec("--workload-file", f"{p} is not valid YAML: {exc}") from exc
-    return parse(doc, str(p))
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidSpec("--workload-file", f"{p} is not UTF-8 text: {exc}") from None
+    return parse(read_yaml(text, str(p)), str(p))
 
 
 def builtin(name: str) -> Workload:
@@ -217,7 +219,84 @@ def builtin(name: str) -> Workload:
     if name not in BUILTIN:
         raise InvalidSpec("--workload", f"unknown workload {name!r}; built-in: {', '.join(BUILTIN)}")
     text = resources.files("arl_tangram.sim").joinpath("workloads", f"{name}.yaml").read_text()
-    return parse(yaml.safe_load(text), f"{name}.yaml")
+    return parse(read_yaml(text, f"{name}.yaml"), f"{name}.yaml")
+
+
+def read_yaml(text: str, origin: str) -> Any:
+    """The YAML document of a workload file, refusing what a safe load lets through silently: a
+    key given twice in a mapping (the last would win) and aliases (``*name``), which a few lines
+    turn into billions of values to validate (an anchor alone is harmless). Either is named by
+    its path in the file, before anything is built from it."""
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _no_duplicate_keys(node)
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise InvalidSpec("--workload-file", f"{origin} is not valid YAML: {exc}") from None
+    except RecursionError:
+        raise InvalidSpec("--workload-file", f"{origin}: nested too deeply") from None
+    finally:
+        loader.dispose()
+
+
+def _path(parts: list[str | int]) -> str:
+    """``sources[0].think``: a path in the file as the validation errors name one."""
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out or "workload"
+
+
+class _Loader(yaml.SafeLoader):
+    """A safe loader that refuses an alias where it meets one, before the composer shares the
+    anchored node (which is cheap to load and exponential to walk)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._at: list[str | int] = []
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        # ``index`` is a value's key node in a mapping, an item's position in a sequence, None
+        # for a key itself and the document.
+        part = index.value if isinstance(index, yaml.ScalarNode) else index
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            at = _path([*self._at, part] if part is not None else self._at)
+            raise InvalidSpec(
+                at,
+                f"a YAML alias (*{event.anchor}, line {event.start_mark.line + 1}) is not accepted in "
+                "a workload file: write the value out",
+            )
+        if part is not None:
+            self._at.append(part)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            if part is not None:
+                self._at.pop()
+
+
+def _no_duplicate_keys(root: yaml.Node) -> None:
+    todo: list[tuple[yaml.Node, list[str | int]]] = [(root, [])]
+    while todo:
+        node, at = todo.pop()
+        if isinstance(node, yaml.MappingNode):
+            lines: dict[str, int] = {}
+            for key, value in node.value:
+                if not isinstance(key, yaml.ScalarNode):
+                    continue  # a key that is a list or a mapping: the constructor refuses it
+                line = key.start_mark.line + 1
+                if key.value in lines:
+                    raise InvalidSpec(
+                        _path([*at, key.value]), f"given twice (lines {lines[key.value]} and {line})"
+                    )
+                lines[key.value] = line
+                todo.append((value, [*at, key.value]))
+        elif isinstance(node, yaml.SequenceNode):
+            todo += [(item, [*at, i]) for i, item in enumerate(node.value)]
 
 
 # ---- generation --------------------------------------------------------------------------------------
@@ -301,6 +380,17 @@ def declared_services(wl: Workload) -> dict[str, tuple[float, tuple[int, ...]]]:
     return out
 
 
+# The longest time a workload file may give (a duration, a period, a release time, a lognormal's
+# mean): 1e7 s, about 116 days, far past any rollout. The clock is a float: a run that reaches
+# many times this (lognormal tails, queueing) still resolves microseconds (ulp(1e9 s) = 1.2e-7 s);
+# a 1e300 s think time left every later action 0 s long and the ACT inf or nan.
+MAX_SECONDS = 1e7
+
+# The most CPU hosts, and the most GPU nodes, a workload may declare: each is built before the
+# first event (10^5 hosts took 7 s and 0.4 GB; 10^7 did not finish), and no pool the operator
+# schedules comes near it.
+MAX_NODES = 100_000
+
 # The most actions (and, for a reward source, on/off cycles per service) one workload may ask of
 # the generator: about ten times the largest built-in at full scale, and minutes of simulation. A
 # slip of units (``period_s: 0.0006`` for 600, ``on_utilization: 50000``) otherwise made the
@@ -315,9 +405,11 @@ def _reward_static_duration(src: RewardSource, wl: Workload) -> float:
     return src.t1.mean / (src.efficiency.get(tp, 1.0) * tp)
 
 
-def check_size(wl: Workload) -> None:
+def check_size(wl: Workload) -> float:
     """Refuse a workload whose sources would generate more than ``MAX_ACTIONS`` actions (expected),
-    naming the source's fields and the figure, before any is generated."""
+    naming the source's fields and the figure, before any is generated; the actions of all its
+    sources (at most, for trajectories; expected, for reward sources) when it passes."""
+    total = 0.0
     for si, src in enumerate(wl.sources):
         at = f"sources[{si}]"
         n: float
@@ -343,6 +435,8 @@ def check_size(wl: Workload) -> None:
                 f"{fields} gives about {n:.3g} actions; the simulator takes at most "
                 f"{MAX_ACTIONS:,} per source (use --scale for a fraction of it)",
             )
+        total += n
+    return total
 
 
 def generate(wl: Workload) -> list[Trajectory]:
@@ -353,6 +447,11 @@ def generate(wl: Workload) -> list[Trajectory]:
         rng = random.Random(f"{wl.seed}:{si}")
         if isinstance(src, CodingSource):
             tool_est = Fixed(src.tool.mean)
+            # One DoP range for every test of the source, up to a host's cores: a test runs on one
+            # host, so no policy grants more, and a range to cores_max 1e9 took minutes to build
+            # (and the scheduler walks it at every decision).
+            top = min(src.test_cores_max, wl.cluster.cores_per_host)
+            test_feasible = feasible_range(src.test_cores_min, top)
             for t in range(src.trajectories):
                 n = rng.randint(src.actions_min, src.actions_max)
                 steps = []
@@ -361,8 +460,7 @@ def generate(wl: Workload) -> list[Trajectory]:
                     is_test = (i + 1) % src.test_every == 0 or (src.test_last and i == n - 1)
                     if is_test:
                         model = Amdahl(src.test_t1.sample(rng), rng.uniform(src.test_p_min, src.test_p_max))
-                        feas = feasible_range(src.test_cores_min, src.test_cores_max)
-                        steps.append(Step(think, "test", "cpu", feas, model, model))
+                        steps.append(Step(think, "test", "cpu", test_feasible, model, model))
                     else:
                         steps.append(
                             Step(
@@ -435,6 +533,13 @@ def generate(wl: Workload) -> list[Trajectory]:
                     )
                 )
                 out.append(Trajectory(f"s{si}-t{t}", 0.0, steps, 0.0, src.tenant, src.priority))
+    if not out:
+        # Nothing to run: every policy would read "complete" with an ACT of 0.
+        raise InvalidSpec(
+            "sources",
+            "the workload generates no actions (a reward source's horizon_s, on_fraction and "
+            "on_utilization, or --scale, leave it none)",
+        )
     out.sort(key=lambda tr: (tr.start, tr.id))
     return out
 

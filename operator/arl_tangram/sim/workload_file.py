@@ -8,6 +8,7 @@ static baseline's pod start-up and exec figures left out take the measured ``cal
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -16,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -26,6 +28,8 @@ from arl_tangram.managers.gpu import LEVELS
 from arl_tangram.planner.snapshot import ScalingPolicy
 from arl_tangram.sim.calibration import calibration
 from arl_tangram.sim.workload import (
+    MAX_NODES,
+    MAX_SECONDS,
     ApiSpec,
     ClusterSpec,
     CodingSource,
@@ -44,6 +48,39 @@ from arl_tangram.sim.workload import (
 # YAML numbers: an int is a fine float, a bool is not a number (pydantic's lax mode would take it).
 Num = Annotated[float, Field(strict=False, allow_inf_nan=False)]
 Int = _StrictInt
+
+
+def _seconds(s: float) -> float:
+    if s > MAX_SECONDS:
+        raise ValueError(f"{s:g} s is over the simulator's limit of {MAX_SECONDS:g} s for a time")
+    return s
+
+
+# A time of the file (a duration, a period, a release time): bounded, see ``MAX_SECONDS``.
+Seconds = Annotated[Num, AfterValidator(_seconds)]
+
+
+def _rate(r: float) -> float:
+    if 0 < r < 1 / MAX_SECONDS:
+        raise ValueError(
+            f"{r:g} per second is one every {1 / r:g} s, over the simulator's limit of "
+            f"{MAX_SECONDS:g} s for a time"
+        )
+    return r
+
+
+# A rate of the file: its interval is a time, bounded as one.
+PerSecond = Annotated[Num, AfterValidator(_rate)]
+
+
+def _lognormal(median_s: float, sigma: float) -> None:
+    """Refuse a lognormal whose mean (median * e^(sigma^2/2)) is past ``MAX_SECONDS``: the
+    generator takes the mean as the scheduler's estimate, and it overflowed from sigma 38 on."""
+    if math.log(median_s) + sigma**2 / 2 > math.log(MAX_SECONDS):
+        raise ValueError(
+            f"median {median_s:g} s with sigma {sigma:g}: the mean, median * e^(sigma^2/2), is over "
+            f"the simulator's limit of {MAX_SECONDS:g} s for a time"
+        )
 
 
 def _level(gpus: int) -> int:
@@ -72,8 +109,13 @@ class _Model(BaseModel):
 
 
 class LogNormalModel(_Model):
-    median_s: Num = Field(gt=0)
+    median_s: Seconds = Field(gt=0)
     sigma: Num = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _mean(self) -> LogNormalModel:
+        _lognormal(self.median_s, self.sigma)
+        return self
 
     def spec(self) -> LogNormal:
         return LogNormal(self.median_s, self.sigma)
@@ -92,14 +134,14 @@ class Range(_Model):
 
 # ---- cluster -----------------------------------------------------------------------------------------
 class CpuHosts(_Model):
-    count: Int = Field(0, ge=0)
+    count: Int = Field(0, ge=0, le=MAX_NODES)
     cores: Int = Field(1, ge=1)
     numa_nodes: Int = Field(1, ge=1)
     memory_gib: Num = Field(0.0, ge=0)
 
 
 class GpuNodes(_Model):
-    count: Int = Field(0, ge=0)
+    count: Int = Field(0, ge=0, le=MAX_NODES)
     gpus: GpuLevel = 8  # a node is cut into the GPU manager's chunks
     last_node_gpus: Int = Field(0, ge=0)
     memory_gb: Num = Field(80.0, ge=1)
@@ -118,7 +160,7 @@ class GpuNodes(_Model):
 class Api(_Model):
     name: str
     concurrency: Int = Field(ge=1)
-    rate_per_s: Num = Field(gt=0)
+    rate_per_s: PerSecond = Field(gt=0)
     burst: Num = Field(ge=1)
 
 
@@ -126,7 +168,7 @@ class Cluster(_Model):
     cpu_hosts: CpuHosts = CpuHosts()
     gpu_nodes: GpuNodes = GpuNodes()
     apis: list[Api] = Field(default_factory=list)
-    dispatch_overhead_s: Num = Field(0.0, ge=0)
+    dispatch_overhead_s: Seconds = Field(0.0, ge=0)
 
     def spec(self) -> ClusterSpec:
         c, g = self.cpu_hosts, self.gpu_nodes
@@ -154,13 +196,26 @@ class Static(_Model):
     dop: Int = Field(4, ge=1)
     pod_request_cores: Num = Field(0.5, ge=0)
     pod_limit_cores: Num = Field(4.0, gt=0)
-    pod_admission_per_s: Num | None = Field(None, gt=0)
+    pod_admission_per_s: PerSecond | None = Field(None, gt=0)
     pod_start: LogNormalModel | None = None
-    exec_s: Num | None = Field(None, ge=0)
+    exec_s: Seconds | None = Field(None, ge=0)
     gpus_per_replica: GpuLevel = 4  # the TP size its model runs at
-    api_fail_s: Num = Field(0.05, ge=0)
-    api_backoff_s: Num = Field(1.0, ge=0)
+    api_fail_s: Seconds = Field(0.05, ge=0)
+    api_backoff_s: Seconds = Field(1.0, ge=0)
     max_failures: Int = Field(3, ge=1)
+
+    @field_validator("max_failures")
+    @classmethod
+    def _longest_backoff(cls, n: int, info: ValidationInfo) -> int:
+        # The wait before the last try is api_backoff_s * 2^(n-2): a time, bounded as one (30
+        # tries of 1 s took the run's clock to 1e14 s, where it no longer resolves 0.01 s).
+        backoff = info.data.get("api_backoff_s")
+        if backoff and n >= 2 and math.log2(backoff) + n - 2 > math.log2(MAX_SECONDS):
+            raise ValueError(
+                f"the wait before try {n} is api_backoff_s * 2^{n - 2} s, over the simulator's "
+                f"limit of {MAX_SECONDS:g} s for a time"
+            )
+        return n
 
     def spec(self) -> StaticSpec:
         cal = calibration()
@@ -190,8 +245,13 @@ class _Source(_Model):
 
 class Tool(_Model):
     cores: Int = Field(ge=1)
-    median_s: Num = Field(gt=0)
+    median_s: Seconds = Field(gt=0)
     sigma: Num = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _mean(self) -> Tool:
+        _lognormal(self.median_s, self.sigma)
+        return self
 
 
 class Test(_Model):
@@ -201,7 +261,7 @@ class Test(_Model):
     cores_max: Int = Field(ge=1)
     p_min: Num = Field(ge=0, le=1)
     p_max: Num = Field(ge=0, le=1)
-    t1_median_s: Num = Field(gt=0)
+    t1_median_s: Seconds = Field(gt=0)
     t1_sigma: Num = Field(ge=0)
 
     @model_validator(mode="after")
@@ -210,13 +270,14 @@ class Test(_Model):
             raise ValueError("cores_max must be >= cores_min")
         if self.p_max < self.p_min:
             raise ValueError("need p_min <= p_max")
+        _lognormal(self.t1_median_s, self.t1_sigma)
         return self
 
 
 class Coding(_Source):
     kind: Literal["coding"]
     trajectories: Int = Field(ge=1)
-    release_at_s: Num = Field(0.0, ge=0)
+    release_at_s: Seconds = Field(0.0, ge=0)
     actions: Range
     think: LogNormalModel
     tool: Tool
@@ -267,10 +328,10 @@ class Reward(_Source):
     bytes_per_param: Num = Field(2.0, gt=0)
     efficiency: dict[int, Num]
     t1: LogNormalModel
-    period_s: Num = Field(gt=0)
+    period_s: Seconds = Field(gt=0)
     on_fraction: Num = Field(gt=0, le=1)
     on_utilization: Num = Field(gt=0)
-    horizon_s: Num = Field(gt=0)
+    horizon_s: Seconds = Field(gt=0)
 
     # A field validator (not a model one) so that an error's path names ``efficiency``.
     @field_validator("efficiency")
@@ -365,9 +426,10 @@ def scaling_policy(max_instances: int, settings: dict[str, Any], pool: str) -> S
 
 
 class Planner(_Model):
-    period_s: Num = Field(10.0, ge=1e-3)
+    # No floor of its own: what bounds it is the rounds it makes over the run (sim.planning).
+    period_s: Seconds = Field(10.0, gt=0)
     host_cores: Int = Field(64, ge=1)
-    time_limit_s: Num = Field(1.0, ge=0)
+    time_limit_s: Seconds = Field(1.0, ge=0)
     solver: Literal["auto", "highs", "cbc", "greedy"] = "greedy"
     target_efficiency: Num = Field(0.5, gt=0, le=1)
     sessions_per_core: Num = Field(0.0, ge=0)
@@ -377,9 +439,9 @@ class Planner(_Model):
     min_gpu_nodes: Int | None = Field(None, ge=0)
     warm_gpu_nodes: Int | None = Field(None, ge=0)
     max_starting: Int | None = Field(None, ge=1)
-    idle_timeout_s: Num | None = Field(None, ge=0)
-    host_cold_start_s: Num | None = Field(None, ge=0)
-    gpu_cold_start_s: Num | None = Field(None, ge=0)
+    idle_timeout_s: Seconds | None = Field(None, ge=0)
+    host_cold_start_s: Seconds | None = Field(None, ge=0)
+    gpu_cold_start_s: Seconds | None = Field(None, ge=0)
     target_utilisation: Num | None = Field(None, gt=0, le=1)
 
     def spec(self, cluster: ClusterSpec) -> PlannerSpec:
@@ -399,8 +461,8 @@ class Planner(_Model):
 
 class Training(_Model):
     steps: Int = Field(ge=1)
-    train_s: Num = Field(ge=0)
-    staleness_s: Num | None = Field(None, gt=0)
+    train_s: Seconds = Field(ge=0)
+    staleness_s: Seconds | None = Field(None, gt=0)
     resample: bool = True
 
     def spec(self) -> TrainingSpec:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,61 @@ def test_a_static_run_with_pending_replicas_is_incomplete_and_sets_no_gpu_target
     # Its ACT over the requests it served would flatter it: no GPU target, no GPU count.
     assert out["static"]["gpus_for_static_act"] is None and out["tangram"]["gpus_for_static_act"] is None
     assert out["tangram"]["gpus_for_static_p99"] is None
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        # Each was taken as given: 0 or -5 divided by zero, nan too, host_cores=0 as well.
+        ("period_s=0", "greater than 0"),
+        ("period_s=-5", "greater than 0"),
+        ("period_s=nan", "finite number"),
+        ("host_cores=0", "greater than or equal to 1"),
+        ("target_efficiency=2", "less than or equal to 1"),
+        ("solver=fastest", "'greedy'"),
+        ("period_s=1e300", "limit of 1e+07 s"),
+        ("min_hosts=", "needs a value"),
+    ],
+)
+def test_planner_settings_are_checked_as_the_files_are(setting: str, message: str) -> None:
+    wl = bench.builtin("memory-tight")
+    with pytest.raises(bench.InvalidSpec, match=re.escape(message)) as err:
+        bench.with_planner(wl, [setting])
+    assert err.value.field == f"--planner-set {setting.partition('=')[0]}"
+
+
+def test_a_bad_planner_setting_is_an_error_of_the_command_not_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--workload", "memory-tight", "--policies", "tangram", "--planner", "--planner-set", "period_s=0"]
+    assert bench.main_sim(argv) == 2
+    assert "--planner-set period_s: '0': " in capsys.readouterr().err
+
+
+def test_a_run_that_completed_no_action_shows_no_act(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """static's pods request more cores than the host has: none binds, no action completes. Its
+    ACT, p50, p99 and components were printed as 0.000 (a mean over nothing)."""
+    import yaml
+
+    doc = yaml.safe_load((Path(bench.__file__).parent / "workloads" / "memory-tight.yaml").read_text())
+    doc["static"]["pod_request_cores"] = 1000
+    f = tmp_path / "no-pod-binds.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    argv = ["--workload-file", str(f), "--json", "--policies", "static,tangram"]
+    assert bench.main_sim(argv) == 0
+    out = json.loads(capsys.readouterr().out)["policies"]
+    assert not out["static"]["complete"] and out["static"]["completed_trajectories"] == 0
+    assert all(out["static"][k] is None for k in bench.PER_ACTION_KEYS)
+    assert out["tangram"]["complete"] and out["tangram"]["act_mean_s"] > 0
+    assert bench.main_sim([*argv[:-3], "--policies", "static"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("static"))
+    assert row.split("unfinished)")[1].split()[:7] == ["-"] * 7  # ACT, p50, p99, pod .. ovh
+
+
+def test_a_workload_that_generates_no_action_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every policy read "complete" with an ACT of 0 s on a workload with nothing to run."""
+    argv = ["--workload", "reward-gpu", "--scale", "0.0001", "--policies", "tangram", "--no-gpu-search"]
+    assert bench.main_sim(argv) == 2
+    assert "sources: the workload generates no actions" in capsys.readouterr().err

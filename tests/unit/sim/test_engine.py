@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from arl_tangram.errors import InvalidSpec
-from arl_tangram.sim.engine import ActionRecord, Simulation
-from arl_tangram.sim.metrics import summarise
+from arl_tangram.sim import planning
+from arl_tangram.sim.engine import ActionRecord, SimResult, Simulation
+from arl_tangram.sim.metrics import common_acts, summarise
 from arl_tangram.sim.planning import SimPlanner
 from arl_tangram.sim.steps import critical_share, run_steps
 from arl_tangram.sim.workload import Workload, builtin, generate, parse, with_overrides
@@ -266,3 +267,72 @@ def test_planner_hosts_that_can_never_hold_the_work_are_refused_naming_the_field
     with pytest.raises(InvalidSpec) as err:
         Simulation(wl, "tangram", planner=SimPlanner(wl.planner)).run()
     assert err.value.field == "planner.host_cores" and message in err.value.message
+
+
+def test_a_planner_period_that_makes_too_many_rounds_is_refused_before_the_run() -> None:
+    """``period_s: 0.001`` on ai-coding spent minutes planning; refused at once, with the bound."""
+    wl = with_overrides(builtin("ai-coding"), scale=0.03)
+    assert wl.planner is not None
+    hook = SimPlanner(dataclasses.replace(wl.planner, period_s=0.001))
+    with pytest.raises(InvalidSpec, match=r"planning rounds or more .* at most 20,000: period_s >= ") as err:
+        Simulation(wl, "tangram", planner=hook).run()
+    assert err.value.field == "planner.period_s"
+    assert len(hook.rounds) == 0
+
+
+def test_a_run_that_outlasts_its_planning_rounds_stops_naming_the_period(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The check before the run takes the run's least length; queueing makes one far longer (40
+    sessions on 2 cores: about 500 s where no trajectory needs 50). The bound is lowered here only
+    to keep the test short: at the real one the same run stops after 20,000 rounds."""
+    monkeypatch.setattr(planning, "MAX_PLANNER_ROUNDS", 500)
+    doc = yaml.safe_load(
+        resources.files("arl_tangram.sim").joinpath("workloads", "memory-tight.yaml").read_text()
+    )
+    doc["cluster"]["cpu_hosts"] = {"count": 1, "cores": 2, "numa_nodes": 1, "memory_gib": 256}
+    doc["sources"][0]["test"].update(cores_max=2)
+    doc["planner"] = {"host_cores": 2, "period_s": 0.2}
+    wl = parse(doc)
+    assert wl.planner is not None
+    hook = SimPlanner(wl.planner)
+    with pytest.raises(InvalidSpec, match="took 500 planning rounds") as err:
+        Simulation(wl, "tangram", planner=hook).run()
+    assert err.value.field == "planner.period_s"
+    assert len(hook.rounds) == 500
+
+
+@pytest.mark.timeout(60)
+def test_static_shares_finish_where_the_clock_no_longer_resolves_their_remainder() -> None:
+    """At 1e12 s a step of the clock is 1.2e-4 s: a shared node's remainder shorter than that was
+    re-armed at the same instant for ever (the run hung). Built past the file's time bound on
+    purpose: lognormal tails and queueing can take a run's clock far beyond its figures."""
+    wl = builtin("memory-tight")
+    late = dataclasses.replace(
+        wl, sources=tuple(dataclasses.replace(s, release_at_s=1e12) for s in wl.sources)
+    )
+    res = Simulation(late, "static").run()
+    assert res.complete
+    assert len(res.records) == sum(len(t.steps) for t in generate(late))
+
+
+def test_runs_with_no_action_in_common_get_no_common_act() -> None:
+    """A run whose every trajectory was lost at its first call is complete with no action; over
+    the actions it shares with another (none) the common ACT of both read 0 s."""
+    done = ActionRecord("call", "api:search", 0.0, 0.5, 2.0, 1.5, 0.0, ("s0-t0", 0))
+    ran = SimResult("w", "tangram", [done], 2.0, 0.0, 0.0, 0, 0, 0, [], 0, trajectories=1)
+    lost = SimResult("w", "static", [], 0.0, 0.0, 0.0, 1, 0, 3, [], 0, trajectories=1)
+    assert ran.complete and lost.complete
+    assert common_acts({"tangram": ran, "static": lost}) == {}
+    assert common_acts({"tangram": ran, "again": ran}) == {"tangram": (2.0, 2.0), "again": (2.0, 2.0)}
+
+
+@pytest.mark.timeout(60)
+def test_more_rl_steps_than_the_simulator_takes_are_refused_before_the_first() -> None:
+    """Each step simulates the whole batch again: 1000 steps of ai-coding ran for hours."""
+    wl = builtin("ai-coding")
+    assert wl.training is not None
+    many = dataclasses.replace(wl, training=dataclasses.replace(wl.training, steps=1000))
+    with pytest.raises(InvalidSpec, match=r"1000 steps of about 5\.12e\+04 actions each") as err:
+        run_steps(many, "tangram")
+    assert err.value.field == "training.steps"

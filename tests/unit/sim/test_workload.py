@@ -11,7 +11,17 @@ import yaml
 from arl_tangram.errors import InvalidSpec
 from arl_tangram.planner.snapshot import ScalingPolicy
 from arl_tangram.sim.calibration import calibration
-from arl_tangram.sim.workload import BUILTIN, LogNormal, builtin, generate, load, parse, with_overrides
+from arl_tangram.sim.workload import (
+    BUILTIN,
+    MAX_SECONDS,
+    LogNormal,
+    Workload,
+    builtin,
+    generate,
+    load,
+    parse,
+    with_overrides,
+)
 
 
 @pytest.mark.parametrize("name", BUILTIN)
@@ -276,3 +286,107 @@ def test_a_coding_source_too_large_to_generate_is_refused_naming_its_fields() ->
     with pytest.raises(InvalidSpec, match=r"trajectories x actions\.max") as err:
         generate(dataclasses.replace(wl, sources=(huge,)))
     assert err.value.field == "sources[0]"
+
+
+def _coding(d: dict) -> dict:  # type: ignore[type-arg]
+    return d["sources"][0]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field", "message"),
+    [
+        # A 1e300 s think time or release left every later action 0 s long (ACT nan or 0).
+        (lambda d: _coding(d)["think"].update(median_s=1e300), "sources[0].think.median_s", "limit of"),
+        (lambda d: _coding(d).update(release_at_s=1e300), "sources[0].release_at_s", "limit of"),
+        (lambda d: _coding(d)["tool"].update(median_s=1e300), "sources[0].tool.median_s", "limit of"),
+        (lambda d: d["cluster"].update(dispatch_overhead_s=1e9), "cluster.dispatch_overhead_s", "limit of"),
+        (lambda d: d["static"].update(pod_admission_per_s=1e-300), "static.pod_admission_per_s", "one every"),
+        # sigma 1000: the generator's estimate (the lognormal's mean) overflowed, a traceback.
+        (lambda d: _coding(d)["tool"].update(sigma=1000), "sources[0].tool", "e^(sigma^2/2)"),
+        (lambda d: _coding(d)["think"].update(sigma=40), "sources[0].think", "e^(sigma^2/2)"),
+        (lambda d: _coding(d)["test"].update(t1_sigma=40), "sources[0].test", "e^(sigma^2/2)"),
+        # An uncapped exponential backoff: 30 tries of 1 s took static's clock to 1e14 s.
+        (lambda d: d["static"].update(max_failures=30), "static.max_failures", "api_backoff_s * 2^28"),
+        # 10^7 hosts did not finish setting up.
+        (lambda d: d["cluster"]["cpu_hosts"].update(count=10**7), "cluster.cpu_hosts.count", "100000"),
+    ],
+)
+def test_figures_the_simulator_cannot_run_are_refused_naming_the_field(
+    mutate: object, field: str, message: str
+) -> None:
+    doc = _doc("memory-tight")
+    mutate(doc)  # type: ignore[operator]
+    with pytest.raises(InvalidSpec) as err:
+        generate(parse(doc))
+    assert err.value.field == field and message in err.value.message
+
+
+def test_times_up_to_the_bound_are_taken() -> None:
+    doc = _doc("memory-tight")
+    _coding(doc).update(release_at_s=MAX_SECONDS)
+    _coding(doc)["think"].update(median_s=1.0, sigma=5.0)  # mean e^12.5 s, under the bound
+    assert parse(doc).sources[0].release_at_s == MAX_SECONDS  # type: ignore[union-attr]
+
+
+def _memory_tight_text() -> str:
+    return (Path(__file__).parents[3] / "operator/arl_tangram/sim/workloads/memory-tight.yaml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "message"),
+    [
+        # The last of two keys silently won.
+        (_memory_tight_text() + "seed: 4\n", "seed", "given twice (lines 8 and 27)"),
+        (
+            _memory_tight_text().replace("{median_s: 2.0, sigma: 0.5}", "{median_s: 2.0, median_s: 9}"),
+            "sources[0].think.median_s",
+            "given twice",
+        ),
+        # An alias was taken: a few lines of them are billions of values to validate.
+        (
+            _memory_tight_text().replace("name: memory-tight", "name: &n memory-tight")
+            + "training: {steps: 1, train_s: 1, staleness_s: *n}\n",
+            "training.staleness_s",
+            "a YAML alias (*n, line 27)",
+        ),
+        ("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n", "b[0]", "alias"),
+        ("a: " + "[" * 5000 + "]" * 5000 + "\n", "--workload-file", "nested too deeply"),
+        ("", "workload", "the top level must be a mapping"),
+        ("- a\n- b\n", "workload", "the top level must be a mapping"),
+    ],
+)
+@pytest.mark.timeout(30)
+def test_yaml_a_safe_load_takes_silently_is_refused_naming_where(
+    tmp_path: Path, text: str, field: str, message: str
+) -> None:
+    f = tmp_path / "w.yaml"
+    f.write_text(text)
+    with pytest.raises(InvalidSpec) as err:
+        load(f)
+    assert err.value.field == field and message in err.value.message
+
+
+def test_a_file_that_is_not_utf8_is_refused_not_a_traceback(tmp_path: Path) -> None:
+    f = tmp_path / "w.yaml"
+    f.write_bytes(_memory_tight_text().encode().replace(b"memory-tight", b"memory-\xff", 1))
+    with pytest.raises(InvalidSpec, match="not UTF-8") as err:
+        load(f)
+    assert err.value.field == "--workload-file"
+
+
+def test_a_test_dop_past_a_host_stops_at_the_hosts_cores_and_runs_the_same() -> None:
+    """``cores_max: 1000000000`` built a billion DoPs per test (it hung); no policy grants a test
+    more than a host's cores, so the range stops there and every policy runs exactly as at it."""
+    from arl_tangram.sim.engine import Simulation
+
+    def workload(cores_max: int) -> Workload:
+        doc = _doc("memory-tight")  # hosts of 64 cores
+        _coding(doc)["test"].update(cores_max=cores_max)
+        return parse(doc)
+
+    wide = workload(10**9)
+    tests = [st for t in generate(wide) for st in t.steps if st.kind == "test"]
+    assert tests and {max(st.feasible) for st in tests} == {64}
+    for policy in ("static", "fcfs-min", "paper", "tangram"):
+        runs = [Simulation(wl, policy).run() for wl in (wide, workload(64))]
+        assert [(r.start, r.end) for r in runs[0].records] == [(r.start, r.end) for r in runs[1].records]
