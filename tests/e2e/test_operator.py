@@ -1170,3 +1170,45 @@ def test_a_pool_edited_under_running_actions_observes_the_edit_and_kills_none(
     )
     row = cluster.kubectl("get", "actionpool", "py", "-n", namespace, "--no-headers").stdout.split()
     assert row[:3] == ["py", "True", "HostsReady"], row
+
+
+def test_results_past_a_small_budget_are_left_out_counted_and_not_run_again_after_a_restart(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    """A batch whose results do not fit its ``budgetBytes`` even without outputs (long ids): its
+    status stayed over the budget its user set. Now the API server holds a status within it that
+    counts what it left out; and every operator replica killed and started again runs none of the
+    actions whose results it left out (they read as never run before)."""
+    _pool(cluster, namespace, scaling={"minHosts": 1, "maxHosts": 1})
+    _wait_for(
+        cluster,
+        namespace,
+        "actionpools",
+        lambda o: o.get("status", {}).get("hostsReady", 0) >= 1,
+        description="a host ready",
+        timeout=120,
+    )
+    before = _agents_ran(cluster, namespace)
+    n = 30
+    actions = [{**a, "id": f"{'x' * 120}-{a['id']}"} for a in _sleepers(n, 0)]
+    budget = {"budgetBytes": 1024, "outputBytesPerAction": 16}
+    _create(cluster, namespace, "actionbatches", batch_manifest("small", actions, results=budget))
+    status = _wait_batch(cluster, namespace, "small")["status"]
+    kept = status["results"]
+    used = sum(len(json.dumps(r, separators=(",", ":"))) for r in kept)
+    assert status["resultBytes"] <= 1024 and used <= 1024, status
+    assert status["resultsOmitted"] == n - len(kept) > 0, status
+    assert status["counts"]["succeeded"] == n, status
+    assert any(c["type"] == "ResultsOmitted" and c["status"] == "True" for c in status["conditions"])
+    names = list(operator.replicas)
+    for name in names:
+        operator.kill(name)
+    for name in names:
+        operator.start(name)
+    # A batch created after the restart completes only once the new leader runs, and it reads every
+    # batch when it starts.
+    _create(cluster, namespace, "actionbatches", batch_manifest("after", _sleepers(1, 0)))
+    _wait_batch(cluster, namespace, "after")
+    again = cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "actionbatches", "small")
+    assert condition(again, "Complete") == "True" and again["status"]["counts"] == status["counts"]
+    assert _agents_ran(cluster, namespace) - before == n + 1, "an action left out of the status ran again"

@@ -146,7 +146,8 @@ class ResultBudget(TangramModel):
         default=256 * 1024,
         ge=1024,
         le=MAX_RESULT_BUDGET_BYTES,
-        description="Bytes of all results together in status; beyond it outputs are dropped (truncated).",
+        description="Bytes of all results together in status; beyond it outputs are dropped (truncated), "
+        "then whole results (status.resultsOmitted counts them).",
     )
     output_bytes_per_action: int = Field(
         default=1024,
@@ -271,6 +272,15 @@ class ActionBatchStatus(TangramModel):
     )
     result_bytes: int = Field(
         default=0, ge=0, description="Bytes of results used of spec.results.budgetBytes."
+    )
+    results_omitted: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_ACTIONS,
+        description="Results left out of results to keep them within spec.results.budgetBytes (running "
+        "actions' first, then the latest); counts still counts them, and the gateway serves them while the "
+        "operator that ran them runs. "
+        "Unset when none is.",
     )
     act: ActStats | None = Field(default=None, description="Action completion times of this batch.")
     start_time: datetime | None = Field(default=None, description="When the first action started.")

@@ -256,7 +256,9 @@ class Sessions(TangramModel):
         default=3600,
         ge=1,
         le=MAX_SESSION_TTL_S,
-        description="A session without actions for this long is closed and its state deleted.",
+        description="A session without actions for this long is closed and its state deleted. It is "
+        "the default and the most a caller may ask for when opening one; an open session keeps the TTL it "
+        "was opened with, so an edit applies to sessions opened after it (the hosts are not replaced).",
     )
     persistent_interpreter: bool = Field(
         default=False,

@@ -124,6 +124,8 @@ KINDS: tuple[Kind, ...] = (
             *_condition_columns(READY),
             Column("Runtime", ".spec.server.runtime", "string", "builtin, vllm or sglang."),
             Column("Replicas", ".status.readyReplicas", description="Replicas resident and serving."),
+            # A rollout showed only in the Scaling condition; as a Deployment's UP-TO-DATE column.
+            Column("Updated", ".status.updatedReplicas", description="Replicas built from the current spec."),
             Column("Queue", ".status.queueDepth", description="Requests waiting."),
             Column("Model", ".spec.model.name", "string", "Served model.", priority=1),
             AGE,

@@ -16,6 +16,7 @@ from typing import Any
 
 from arl_tangram.api.crdgen import KINDS, Kind, crd
 from arl_tangram.api.meta import API_VERSION
+from arl_tangram.api.quantity import POSITIVE_QUANTITY_PATTERN, QUANTITY_PATTERN
 
 DEFAULT_PATH = Path("docs/crd-reference.md")
 HEADER = (
@@ -34,7 +35,7 @@ _CONSTRAINTS: tuple[tuple[str, Callable[[Any], str]], ...] = (
     ("pattern", lambda v: f"matches `{v}`"),
     ("x-kubernetes-list-type", lambda v: f"list type {v}"),
 )
-_QUANTITY_PATTERN = "^(([0-9]+(\\.[0-9]*)?)|(\\.[0-9]+))"
+_QUANTITY_PATTERNS = {QUANTITY_PATTERN: "", POSITIVE_QUANTITY_PATTERN: "> 0"}
 
 
 def _cell(text: str) -> str:
@@ -50,7 +51,7 @@ def _type(node: Mapping[str, Any]) -> str:
         return f"[]{_type(node.get('items') or {})}"
     if kind == "object" and "additionalProperties" in node and "properties" not in node:
         return f"map[string]{_type(node['additionalProperties'])}"
-    if kind == "string" and str(node.get("pattern", "")).startswith(_QUANTITY_PATTERN):
+    if kind == "string" and node.get("pattern") in _QUANTITY_PATTERNS:
         return "quantity"
     return kind
 
@@ -60,8 +61,11 @@ def _constraints(node: Mapping[str, Any]) -> str:
     for key, render in _CONSTRAINTS:
         if key not in node:
             continue
-        if key == "pattern" and str(node[key]).startswith(_QUANTITY_PATTERN):
-            continue  # "quantity" in the type column says it
+        if key == "pattern" and node[key] in _QUANTITY_PATTERNS:
+            # "quantity" in the type column says the rest
+            if _QUANTITY_PATTERNS[node[key]]:
+                parts.append(_QUANTITY_PATTERNS[node[key]])
+            continue
         parts.append(render(node[key]))
     if node.get("x-kubernetes-preserve-unknown-fields"):
         parts.append("free-form")

@@ -13,10 +13,12 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
-QUANTITY_PATTERN = (
-    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-    r"(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]+))?$"
-)
+_SUFFIX = r"(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]+))?$"
+QUANTITY_PATTERN = r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))" + _SUFFIX
+# The same with a non-zero digit in the number, so that the API server itself refuses a zero
+# ("0", "0.0Gi") naming its field: a memory of "0" was refused only by the rule comparing
+# limits.memory to it, which named the other field.
+POSITIVE_QUANTITY_PATTERN = r"^(([0-9]*[1-9][0-9]*(\.[0-9]*)?)|([0-9]*\.[0-9]*[1-9][0-9]*))" + _SUFFIX
 _QUANTITY_RE = re.compile(QUANTITY_PATTERN)
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
@@ -36,6 +38,8 @@ _DECIMAL = {
 _SPLIT_RE = re.compile(r"^(?P<number>[0-9.]+)(?P<suffix>.*)$")
 
 EXAMPLES = "e.g. 4Gi, 512Mi, 2, 500m"
+MAX_QUANTITY = 2**63 - 1
+"""The largest value a Kubernetes quantity holds (its docs: larger ones are capped)."""
 
 
 def parse_quantity(text: str) -> Decimal:
@@ -48,12 +52,20 @@ def parse_quantity(text: str) -> Decimal:
         value = Decimal(parts["number"])
     except InvalidOperation as exc:  # unreachable after the pattern; kept so no input escapes as a crash
         raise ValueError(f"{text!r} is not a valid quantity ({EXAMPLES})") from exc
-    if suffix in _BINARY:
-        return value * _BINARY[suffix]
-    if suffix in _DECIMAL:
-        return value * _DECIMAL[suffix]
-    # Exponent form, e.g. 1e3 or 12E-2.
-    return value * (Decimal(10) ** int(suffix[1:]))
+    try:
+        if suffix in _BINARY:
+            value *= _BINARY[suffix]
+        elif suffix in _DECIMAL:
+            value *= _DECIMAL[suffix]
+        else:  # exponent form, e.g. 1e3 or 12E-2
+            value = value.scaleb(int(suffix[1:]))
+    except ArithmeticError:  # an exponent past Decimal's range: 1e9999999999, or 1e-9999999999
+        value = Decimal("Infinity") if value and not suffix.startswith(("e-", "E-")) else Decimal(0)
+    # A value no Kubernetes quantity holds: 1e9999999999 escaped as decimal.Overflow (no error
+    # naming the field, the object's handler failing instead), and 1e999999 bytes failed later.
+    if value > MAX_QUANTITY:
+        raise ValueError(f"{text!r} is larger than the largest quantity Kubernetes holds ({MAX_QUANTITY})")
+    return value
 
 
 def quantity_bytes(text: str) -> int:
@@ -74,14 +86,16 @@ def _check_positive_quantity(text: str) -> str:
     return text
 
 
-_SCHEMA = {"pattern": QUANTITY_PATTERN}
-
-Quantity = Annotated[str, Field(max_length=64, json_schema_extra=_SCHEMA), AfterValidator(_check_quantity)]
+Quantity = Annotated[
+    str,
+    Field(max_length=64, json_schema_extra={"pattern": QUANTITY_PATTERN}),
+    AfterValidator(_check_quantity),
+]
 """A non-negative Kubernetes quantity such as ``4Gi`` or ``500m``."""
 
 PositiveQuantity = Annotated[
     str,
-    Field(max_length=64, json_schema_extra=_SCHEMA),
+    Field(max_length=64, json_schema_extra={"pattern": POSITIVE_QUANTITY_PATTERN}),
     AfterValidator(_check_quantity),
     AfterValidator(_check_positive_quantity),
 ]

@@ -29,6 +29,7 @@ from arl_tangram.api.validation import invalid_spec
 from arl_tangram.controllers.conditions import ConditionReason, ConditionType, Event, set_condition
 from arl_tangram.domain.actions import ActionOutcome, Outcome, Reason
 from arl_tangram.domain.batches import (
+    FINAL_STATES,
     act_stats,
     batch_request,
     compact_result,
@@ -48,7 +49,6 @@ from arl_tangram.errors import (
 
 log = logging.getLogger(__name__)
 
-FINAL_STATES = frozenset({"Succeeded", "Failed", "Cancelled"})
 # A running batch's status is written at most once per period; the write that completes it goes out
 # at once (a trainer waits on it).
 STATUS_PERIOD_S = 1.0
@@ -106,6 +106,9 @@ class BatchObservation:
     # Why the spec's latest generation is not the one that runs (an edit of what cannot change,
     # which only a CRD older than its rule lets in); ``generation`` is then that refused one.
     edit_refused: str | None = None
+    # State -> how many finished actions have no result here: those a restarted operator found
+    # left out of a complete batch's status (``resultsOmitted``), counted by its ``counts``.
+    unrecorded: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -119,8 +122,10 @@ def reconcile_actionbatch(
     """The batch's status (results in spec order, within the byte budget) and whether it is due for
     deletion (``ttlSecondsAfterFinished``)."""
     ordered = [observed.results[a.id] for a in spec.actions if a.id in observed.results]
-    fitted, used = fit_results(ordered, spec.results.budget_bytes)
-    counts = counts_of(len(spec.actions), [r.state for r in ordered])
+    fitted, used, left_out = fit_results(ordered, spec.results.budget_bytes)
+    unrecorded = [state for state, n in observed.unrecorded.items() for _ in range(n)]
+    counts = counts_of(len(spec.actions), [r.state for r in ordered] + unrecorded)
+    omitted = left_out + len(unrecorded)
     done = counts.succeeded + counts.failed + counts.cancelled == counts.total
     gen = observed.generation
     conds = set_condition(
@@ -184,6 +189,18 @@ def reconcile_actionbatch(
             gen,
             now,
         )
+    if omitted:
+        conds = set_condition(
+            conds,
+            ConditionType.RESULTS_OMITTED,
+            True,
+            ConditionReason.OVER_BUDGET,
+            f"{omitted} of {len(ordered) + len(unrecorded)} result(s) left out of status.results to keep "
+            f"them within spec.results.budgetBytes ({spec.results.budget_bytes}); status.counts counts "
+            "them, and the gateway's results endpoint serves them while the operator that ran them does",
+            gen,
+            now,
+        )
     # A batch's summary covers its own actions, so its window is its own span: from its first
     # action's start to its last one's end (to now while it runs). A pool's is its recent past.
     began, ended = observed.start_time, completion or now
@@ -194,6 +211,8 @@ def reconcile_actionbatch(
         "counts": counts.model_dump(by_alias=True),
         "results": [r.model_dump(by_alias=True, exclude_none=True, exclude_defaults=False) for r in fitted],
         "resultBytes": used,
+        # None, not 0, while nothing is left out: a merge patch then writes no field
+        "resultsOmitted": omitted or None,
         "act": act.model_dump(by_alias=True)
         if act
         else (dict(observed.prior_act) if observed.prior_act else None),
@@ -244,7 +263,11 @@ def unrecorded_status(
     kept = ("observedGeneration", "counts", "act", "startTime", "completionTime")
     out = {**{k: status.get(k) for k in kept}, "conditions": conds}
     if written and written.get("results"):
-        out.update(results=written["results"], resultBytes=written.get("resultBytes"))
+        out.update(
+            results=written["results"],
+            resultBytes=written.get("resultBytes"),
+            resultsOmitted=written.get("resultsOmitted"),
+        )
     return out
 
 
@@ -299,6 +322,25 @@ def recovered_results(status: Mapping[str, Any] | None) -> dict[str, ActionResul
     return out
 
 
+def unrecorded_finished(
+    status: Mapping[str, Any] | None, results: Mapping[str, ActionResult]
+) -> dict[str, int]:
+    """State -> how many actions of a complete batch have no result in its ``status`` (left out for
+    the budget, ``resultsOmitted``): its counts less the ``results`` recovered. A restarted operator
+    ran those actions again, which turned a batch reported Complete back to running. Empty for a
+    batch not complete: its actions without a result run again, as any not yet recorded does."""
+    if not status or not status.get("completionTime") or not status.get("resultsOmitted"):
+        return {}
+    counts = status.get("counts") or {}
+    out: dict[str, int] = {}
+    for state in sorted(FINAL_STATES):
+        held = sum(1 for r in results.values() if r.state == state)
+        missing = int(counts.get(state.lower()) or 0) - held
+        if missing > 0:
+            out[state] = missing
+    return out
+
+
 # ---- the manager ------------------------------------------------------------------------------------
 @dataclass(eq=False)
 class _Batch:
@@ -323,6 +365,7 @@ class _Batch:
     # The tasks of its actions waiting out a target's outage (``forget`` wakes them at once).
     held: set[asyncio.Task[None]] = field(default_factory=set)
     prior_act: Mapping[str, Any] | None = None  # BatchObservation.prior_act
+    unrecorded: Mapping[str, int] = field(default_factory=dict)  # BatchObservation.unrecorded
     edit_refused: str | None = None  # BatchObservation.edit_refused
     write_failures: int = 0  # status writes failed in a row
     write_after: float = 0.0  # (the manager's clock) no write before, after failed ones
@@ -453,9 +496,14 @@ class BatchManager:
             written=_present(status) if status else None,
         )
         self._batches[ident] = batch
+        unrecorded = unrecorded_finished(status, results)
+        batch.unrecorded = unrecorded
         for action in spec.actions:
             prior = results.get(action.id)
             if prior is not None and prior.state in FINAL_STATES:
+                continue
+            if prior is None and unrecorded:
+                # Finished, its result left out of the complete batch's status: not run again.
                 continue
             attempts = prior.attempts if prior is not None else 0
             batch.tasks[action.id] = asyncio.get_running_loop().create_task(
@@ -705,6 +753,7 @@ class BatchManager:
             held_by=tuple(batch.held_by[t] for t in sorted(batch.held_by)),
             prior_act=batch.prior_act,
             edit_refused=batch.edit_refused,
+            unrecorded=batch.unrecorded,
         )
         status, ops = reconcile_actionbatch(batch.spec, observed, now)
         if status["completionTime"] and batch.completion_time is None:
@@ -887,6 +936,11 @@ class BatchManager:
                     yield row
                     continue
                 state = batch.results.get(action.id)
+                if state is None and batch.unrecorded:
+                    # Finished before this operator started, its result left out of the status
+                    # (``unrecorded_finished``): nothing of it is known here but that it ended.
+                    yield {"id": action.id, "state": "Unknown", "message": _UNRECORDED}
+                    continue
                 if state is None or state.state not in FINAL_STATES:
                     yield {"id": action.id, "state": state.state if state else "Pending"}
                     continue
@@ -919,6 +973,11 @@ class BatchManager:
     def pending_count(self) -> int:
         return sum(len(b.tasks) for b in self._batches.values())
 
+
+_UNRECORDED = (
+    "finished before this operator started; its result was left out of the status to keep it "
+    "within spec.results.budgetBytes, and its output was in the memory of the operator before"
+)
 
 # What cannot change once a batch exists (the CRD's transition rule): (field, its name in the spec).
 _IMMUTABLE = tuple(

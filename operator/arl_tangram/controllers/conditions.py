@@ -29,6 +29,8 @@ class ConditionType(StrEnum):
     FAILED = "Failed"
     # ActionBatch: whether its status holds its results (False only while the API server refuses them)
     RESULTS_RECORDED = "ResultsRecorded"
+    # ActionBatch: some results are left out of its status to keep it within spec.results.budgetBytes
+    RESULTS_OMITTED = "ResultsOmitted"
 
 
 class ConditionReason(StrEnum):
@@ -71,6 +73,8 @@ class ConditionReason(StrEnum):
     EDIT_REFUSED = "EditRefused"
     # The API server refused a status with the batch's results (its answer is the message)
     STATUS_REFUSED = "StatusRefused"
+    # Results left out of the status to keep it within spec.results.budgetBytes
+    OVER_BUDGET = "OverBudget"
 
 
 @dataclass(frozen=True)

@@ -239,6 +239,10 @@ def pass_fraction_reward(exit_code: int | None, stdout: str, *, runner: Runner =
     return 1.0 if exit_code == 0 and runner != "pytest" else 0.0
 
 
+FINAL_STATES = frozenset({"Succeeded", "Failed", "Cancelled"})
+"""The states an action ends in."""
+
+
 def output_tail(text: str, limit: int) -> tuple[str, bool]:
     """The last ``limit`` bytes of ``text`` (UTF-8, never half a character) and whether it was cut:
     the end of an output is what says how it ended."""
@@ -266,9 +270,12 @@ def compact_result(action_id: str, outcome: ActionOutcome, output_limit: int) ->
     )
 
 
-def fit_results(results: Sequence[ActionResult], budget_bytes: int) -> tuple[list[ActionResult], int]:
+def fit_results(results: Sequence[ActionResult], budget_bytes: int) -> tuple[list[ActionResult], int, int]:
     """Results within the byte budget: outputs are dropped (marked truncated), latest first, until the
-    results fit; returns them and the bytes they take."""
+    results fit; then, if even those do not fit (a thousand results with long ids and reasons take
+    more than a small budget), whole results are left out, those of running actions first (they
+    carry only an attempt count), then the latest. Returns the results kept, the bytes they take
+    and how many were left out: a budget the user set is one the status keeps."""
     sizes = [len(r.model_dump_json(by_alias=True, exclude_none=True)) for r in results]
     total = sum(sizes)
     out = list(results)
@@ -281,7 +288,17 @@ def fit_results(results: Sequence[ActionResult], budget_bytes: int) -> tuple[lis
             total += new - sizes[i]
             sizes[i] = new
             out[i] = slim
-    return out, total
+    if total <= budget_bytes:
+        return out, total, 0
+    # Indices in the order they go: running ones latest first, then the finished ones latest first.
+    order = sorted(range(len(out)), key=lambda i: (out[i].state in FINAL_STATES, -i))
+    left_out: set[int] = set()
+    for i in order:
+        if total <= budget_bytes:
+            break
+        left_out.add(i)
+        total -= sizes[i]
+    return [r for i, r in enumerate(out) if i not in left_out], total, len(left_out)
 
 
 def counts_of(total: int, states: Sequence[str]) -> ActionCounts:

@@ -223,6 +223,13 @@ def test_printer_columns_show_readiness_counters_and_age() -> None:
             assert _column_type(version["schema"]["openAPIV3Schema"], column["jsonPath"]) == column["type"]
 
 
+def test_a_reward_model_service_rollout_shows_in_kubectl_get() -> None:
+    """A rollout showed only in the Scaling condition: ``kubectl get`` said nothing of how far."""
+    version = _crds()["RewardModelService"]["spec"]["versions"][0]
+    paths = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"] if not c.get("priority")}
+    assert paths["Updated"] == ".status.updatedReplicas"
+
+
 def test_cel_rules_sit_on_objects_and_name_existing_fields() -> None:
     for kind, crd in _crds().items():
         for path, node in walk(_schema(crd)):

@@ -288,14 +288,31 @@ BAD: list[Bad] = [
         "not a valid quantity",
     ),
     Bad(
+        "cpu past the largest quantity",
+        POOL,
+        put("spec.template.resources.cpu", "1e9999999999"),
+        "spec.template.resources.cpu",
+        "larger than the largest quantity Kubernetes holds",
+        schema=False,
+        server=False,
+    ),
+    Bad(
         "zero cpu",
         POOL,
         put("spec.template.resources.cpu", "0"),
         "spec.template.resources.cpu",
         "must be greater than zero",
-        schema=False,
-        server=False,
     ),
+    # The API server refused a zero memory only by the rule comparing limits.memory to it, naming
+    # the other field.
+    Bad(
+        "zero memory",
+        POOL,
+        put("spec.template.resources.memory", "0.0Gi"),
+        "spec.template.resources.memory",
+        "must be greater than zero",
+    ),
+    Bad("zero GPU memory", RMS, put("spec.gpu.memory", "0"), "spec.gpu.memory", "must be greater than zero"),
     # Other malformed values.
     Bad(
         "malformed MIG profile",

@@ -233,6 +233,19 @@ def test_malformed_quantities_are_rejected(text: str) -> None:
         parse_quantity(text)
 
 
+@pytest.mark.parametrize("text", ["1e9999999999", "1e999999", "1e19", "10E", "8Ei", "99999999999999999999"])
+def test_quantities_past_what_kubernetes_holds_are_refused_as_values(text: str) -> None:
+    """1e9999999999 raised decimal.Overflow, not ValueError: validating the object failed with no
+    field named; 1e999999 passed and failed later, turned into bytes."""
+    with pytest.raises(ValueError, match="larger than the largest quantity Kubernetes holds"):
+        parse_quantity(text)
+
+
+def test_the_largest_quantity_kubernetes_holds_and_tiny_exponents_parse() -> None:
+    assert parse_quantity(str(2**63 - 1)) == 2**63 - 1
+    assert parse_quantity("1E-99999999") == parse_quantity("0e9999999999") == 0
+
+
 def test_memory_in_bytes_rounds_up() -> None:
     assert quantity_bytes("1Gi") == 2**30
     assert quantity_bytes("1500m") == 2

@@ -916,3 +916,34 @@ async def test_an_edit_of_what_cannot_change_is_refused_in_the_status_naming_the
     (accepted,) = [c for c in status["conditions"] if c["type"] == "Accepted"]
     assert status["observedGeneration"] == 3 and accepted["reason"] == "Queued"
     assert mgr._batches[("ns", "b")].spec.ttl_seconds_after_finished == 3600
+
+
+async def test_a_restart_runs_no_action_of_a_complete_batch_whose_result_was_left_out() -> None:
+    """Results left out of a complete batch's status (``resultsOmitted``, for its budget) would
+    read to a restarted operator as actions never run: it ran them again and the batch reported
+    Complete went back to running."""
+    rec = Recorder()
+    mgr = _manager(rec)
+    body = _body(40, results={"budgetBytes": 1024, "outputBytesPerAction": 0})
+    mgr.ensure(body)
+    await _until(lambda: mgr.pending_count() == 0)
+    await mgr.flush()
+    written = rec.writes[-1]
+    assert _complete(written) and written["resultsOmitted"] == 40 - len(written["results"]) > 0
+    again = Recorder()
+    ran: list[str] = []
+
+    async def run(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        ran.append(request.key)
+        return await again.run(request, attempts_so_far)
+
+    restarted = BatchManager(run, again.cancel, _python_pool, again.patch, again.delete)
+    restarted.ensure(_restarted(body, written))
+    assert restarted.pending_count() == 0
+    await restarted.flush()
+    assert ran == [] and again.writes == []
+    status, _ = restarted.status_of(restarted._batches[("ns", "b")], datetime.now(UTC))
+    assert _complete(status) and status["counts"] == written["counts"]
+    assert status["resultsOmitted"] == written["resultsOmitted"]
+    rows = await _rows(restarted, "b")
+    assert [r["state"] for r in rows[len(written["results"]) :]] == ["Unknown"] * written["resultsOmitted"]

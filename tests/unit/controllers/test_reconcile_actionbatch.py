@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -149,9 +150,44 @@ def test_ttl_after_finished_deletes_the_batch_when_due_and_not_before() -> None:
 
 def test_outputs_are_dropped_latest_first_to_fit_the_budget() -> None:
     big = [res(i, "Succeeded", output="x" * 600) for i in range(4)]
-    fitted, used = fit_results(big, 1500)
-    assert used <= 1500
+    fitted, used, left_out = fit_results(big, 1500)
+    assert used <= 1500 and left_out == 0
     assert fitted[0].output and not fitted[-1].output and fitted[-1].truncated
+
+
+def test_results_past_the_budget_even_without_outputs_are_left_out_and_counted() -> None:
+    """1024 results with long ids and reasons took about 400 KiB of a 1 KiB budget: only outputs
+    were dropped, so the status exceeded the budget its user set."""
+    n = 1024
+    long_id = "x" * 120
+    actions = [
+        {"id": f"{long_id}{i:04d}", "type": "code", "target": "py", "payload": {"code": "1"}}
+        for i in range(n)
+    ]
+    s = ActionBatchSpec.model_validate({"actions": actions, "results": {"budgetBytes": 1024}})
+    results = {
+        a.id: ActionResult(id=a.id, state="Failed" if i % 2 else "Running", reason="R" * 200, attempts=1)
+        for i, a in enumerate(s.actions)
+    }
+    status, _ = reconcile_actionbatch(s, BatchObservation(results, (), 1, NOW, None), NOW)
+    ActionBatchStatus.model_validate(status)
+    kept = status["results"]
+    assert status["resultBytes"] <= 1024
+    assert sum(len(json.dumps(r, separators=(",", ":"))) for r in kept) <= 1024
+    assert kept and status["resultsOmitted"] == n - len(kept)
+    # Running actions' results go first: what is kept is finished, in spec order.
+    assert all(r["state"] == "Failed" for r in kept) and kept[0]["id"] == s.actions[1].id
+    assert status["counts"]["failed"] == n // 2 and status["counts"]["running"] == n // 2
+    omitted = next(c for c in status["conditions"] if c["type"] == "ResultsOmitted")
+    assert omitted["status"] == "True" and omitted["reason"] == "OverBudget"
+    assert omitted["message"].startswith(f"{n - len(kept)} of {n} result(s) left out")
+    assert "budgetBytes (1024)" in omitted["message"]
+
+
+def test_results_within_the_budget_leave_nothing_out_and_say_nothing_of_it() -> None:
+    done = {f"a{i}": res(i, "Succeeded") for i in range(3)}
+    status, _ = reconcile_actionbatch(spec(), BatchObservation(done, (), 1, NOW, NOW), NOW)
+    assert status["resultsOmitted"] is None and "ResultsOmitted" not in conds(status)
 
 
 def test_a_restarted_operator_reads_results_back_from_status() -> None:
