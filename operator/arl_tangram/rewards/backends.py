@@ -67,6 +67,10 @@ class ServiceBackend(Protocol):
 
     name: str
     device_bytes: int
+    # Whether cancelling ``score`` stops the work on the device: the runtime then abandons a call
+    # every caller of has gone away. Not so for work in a thread, which runs on past its cancel
+    # (and would run beside the next batch if the device were handed on).
+    abortable: bool
 
     async def start(self) -> bool:
         """Prepare; returns whether the weights are already on the device."""
@@ -83,6 +87,8 @@ class ServiceBackend(Protocol):
 
 class BuiltinBackend:
     """The built-in scorer; ``device_bytes`` is its weights' size."""
+
+    abortable = False  # its scoring runs in a worker thread
 
     def __init__(self, name: str, scorer: BuiltinScorer) -> None:
         self.name = name
@@ -107,6 +113,9 @@ class BuiltinBackend:
 
 class _HttpBackend:
     """Common HTTP plumbing of the external servers."""
+
+    # A cancelled call closes its connection, which vLLM and SGLang take as an abort of the request.
+    abortable = True
 
     def __init__(
         self,
@@ -191,7 +200,7 @@ class VllmBackend(_HttpBackend):
         try:
             rows = _field(out, "data", "the answer")
             if not isinstance(rows, list):
-                raise ValueError(f"data is {type(rows).__name__}, not a list")
+                raise ValueError(f"data is {_json_kind(rows)}, not a list of rows")
             # Each row says which input it scores: a missing or repeated index would hand one
             # input's score to another, so the indices must be exactly 0..n-1.
             by_index = {
@@ -233,9 +242,14 @@ class SglangBackend(_HttpBackend):
         out = await self._call("POST", "/classify", body, answer=True, limit=self.score_timeout)
         try:
             # The answer has no index: its order is the inputs', so only its length can be checked.
-            if not isinstance(out, list) or len(out) != len(inputs):
-                n = len(out) if isinstance(out, list) else type(out).__name__
-                raise ValueError(f"{n} results for {len(inputs)} inputs")
+            if not isinstance(out, list):
+                # Another server's answer (vLLM's or SGLang's own ``/v1/classify``: ``{"data":
+                # [...]}``): said as such, with what it holds.
+                raise ValueError(
+                    f'the answer is {_json_kind(out)}, not a list of {{"embedding": [...]}} per input'
+                )
+            if len(out) != len(inputs):
+                raise ValueError(f"{len(out)} results for {len(inputs)} inputs")
             # Every label's value, as vLLM's rows: the same rule picks the score (``_last_value``).
             return _scores(
                 self.name, "POST /classify", [_field(r, "embedding", f"row {i}") for i, r in enumerate(out)]
@@ -248,10 +262,24 @@ def _field(obj: Any, key: str, where: str) -> Any:
     """``obj[key]`` of a JSON object in a server's answer; ``ValueError`` names what is missing and
     what is there instead (another server version's shape, such as vLLM's ``probs`` or ``score``)."""
     if not isinstance(obj, dict):
-        raise ValueError(f"{where} is {type(obj).__name__}, not an object with {key!r}")
+        raise ValueError(f"{where} is {_json_kind(obj)}, not an object with {key!r}")
     if key not in obj:
         raise ValueError(f"{where} has no {key!r} (it has {sorted(obj)[:10]})")
     return obj[key]
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, in JSON's words (a server's author knows no ``NoneType``); an object
+    with its first keys, which tell another API's answer from a broken one."""
+    if isinstance(value, dict):
+        return f"an object with keys {sorted(value)[:10]}"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return f"a {'list' if isinstance(value, list) else 'string'}"
 
 
 def _last_value(value: Any, i: int) -> Any:

@@ -14,6 +14,11 @@ load is the longest). Free memory appears at start, after a scale-to-zero, and w
 freed more than a restore needed; pre-warming never takes a resident service's place, and a
 pre-warmed service is the least recently used until a request asks for it. A service scaled to
 zero through ``evict`` is left in host memory until it is asked for again.
+
+A request whose caller goes away (its connection closed) leaves its queue; when every caller of a
+running batch has gone, its call to a vLLM or SGLang server is closed (the server aborts it, and
+frees the device for the next batch) rather than left to run until the scoring timeout for nobody.
+A restore is never cut short: the server's memory and the cache's count of it would part.
 """
 
 from __future__ import annotations
@@ -24,15 +29,17 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from arl_tangram.api.rewardmodelservice import Batching, RewardModelService, ServiceScaling
 from arl_tangram.rewards.backends import BackendError, BackendRefused, RowsRefused, ServiceBackend
 from arl_tangram.rewards.cache import DeviceCache, pick_next
 
 log = logging.getLogger("tangram.reward-runtime")
+
+_T = TypeVar("_T")
 
 # Batching and queue defaults are the RewardModelService API's (one source for both).
 DEFAULT_MAX_BATCH = int(Batching.model_fields["max_batch_size"].default)
@@ -55,6 +62,10 @@ class BadInput(ValueError):
 
 class QueueFull(Exception):
     """The service's wait queue is full; the caller should retry later or elsewhere."""
+
+
+class _Abandoned(Exception):
+    """Every caller of a batch went away while it was being scored; its scoring was stopped."""
 
 
 @dataclass(frozen=True)
@@ -387,21 +398,19 @@ class RewardRuntime:
                 start = self.clock()
                 victims, restore_s = await self._make_resident(name)
                 t0 = self.clock()
-                answers: list[list[float] | BadInput]
+                scoring = self._answers(svc, batch, inputs)
                 try:
-                    scores = await self._score_all(svc, inputs)
-                    answers, i = [], 0
-                    for r in batch:
-                        answers.append(_answer(name, scores[i : i + len(r.inputs)]))
-                        i += len(r.inputs)
-                except BackendRefused as exc:
-                    # The server refused an input (past the model's length): each request alone
-                    # then, so that only the one holding it fails, and as its own fault (400, not
-                    # retried elsewhere, where it would be refused again).
-                    if len(batch) == 1:
-                        answers = [BadInput(str(exc))]
+                    if svc.backend.abortable:
+                        answers = await _while_awaited(batch, scoring)
                     else:
-                        answers = [await self._score_alone(svc, r.inputs) for r in batch]
+                        answers = await scoring
+                except _Abandoned:
+                    log.info(
+                        "%s: every caller of a batch of %d inputs went away: its scoring call was closed",
+                        name,
+                        len(inputs),
+                    )
+                    return
                 exec_s = self.clock() - t0
                 self.cache.touch(name)
         except BaseException as exc:
@@ -429,6 +438,27 @@ class RewardRuntime:
                     ScoreResult(answer, restore_s, start - r.arrival, exec_s, len(inputs), victims)
                 )
 
+    async def _answers(
+        self, svc: _Service, batch: list[_Request], inputs: list[str]
+    ) -> list[list[float] | BadInput]:
+        """Each request's scores (or BadInput) of a batch of ``inputs``, on the device."""
+        name = svc.spec.name
+        try:
+            scores = await self._score_all(svc, inputs)
+            answers: list[list[float] | BadInput] = []
+            i = 0
+            for r in batch:
+                answers.append(_answer(name, scores[i : i + len(r.inputs)]))
+                i += len(r.inputs)
+            return answers
+        except BackendRefused as exc:
+            # The server refused an input (past the model's length): each request alone then, so
+            # that only the one holding it fails, and as its own fault (400, not retried
+            # elsewhere, where it would be refused again).
+            if len(batch) == 1:
+                return [BadInput(str(exc))]
+            return [await self._score_alone(svc, r.inputs) for r in batch]
+
     async def _score_alone(self, svc: _Service, inputs: list[str]) -> list[float] | BadInput:
         """One request's scores, or the BadInput of the server's refusal of its inputs."""
         try:
@@ -451,6 +481,29 @@ class RewardRuntime:
                 got = exc.rows
             scores += _checked(svc.spec.name, part, got)
         return scores
+
+
+async def _while_awaited(batch: list[_Request], scoring: Coroutine[Any, Any, _T]) -> _T:
+    """``scoring``'s result, or ``_Abandoned`` once every request of ``batch`` is done, which before
+    the batch is answered means that its caller went away (its future was cancelled with it)."""
+    task = asyncio.ensure_future(scoring)
+
+    def left(_: object) -> None:
+        if all(r.future.done() for r in batch):
+            task.cancel()
+
+    for r in batch:  # one already done is called back at once: all gone before the call began
+        r.future.add_done_callback(left)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise  # the runtime is stopping (``stop``), not the callers gone
+        raise _Abandoned from None
+    finally:
+        for r in batch:
+            r.future.remove_done_callback(left)
 
 
 def _checked(name: str, inputs: Sequence[str], scores: Sequence[float | str]) -> list[float | str]:

@@ -159,6 +159,109 @@ async def test_an_answer_of_another_shape_names_the_field_it_lacks(
         await runner.cleanup()
 
 
+# Other servers' and other endpoints' answers for two inputs, as they document them, which a
+# services file pointing a backend at the wrong server (or route) brings back.
+VLLM_CLASSIFY = {
+    "id": "classify-1",
+    "object": "list",
+    "created": 1,
+    "model": "m",
+    "data": [{"index": i, "label": "LABEL_1", "probs": [0.1, 0.9], "num_classes": 2} for i in range(2)],
+    "usage": {"prompt_tokens": 2, "total_tokens": 2},
+}
+VLLM_SCORE = {
+    "id": "score-1",
+    "object": "list",
+    "data": [{"index": i, "object": "score", "score": 0.9} for i in range(2)],
+}
+VLLM_RERANK = {  # /v1/rerank: results by relevance, not in input order
+    "id": "rerank-1",
+    "model": "m",
+    "usage": {"total_tokens": 2},
+    "results": [
+        {"index": 1, "relevance_score": 0.9, "document": {"text": "b"}},
+        {"index": 0, "relevance_score": 0.1},
+    ],
+}
+VLLM_IO_PROCESSOR = {"request_id": "pool-1", "created_at": 1, "data": {"mask": "..."}}  # a plugin's answer
+VLLM_BASE64 = {
+    "object": "list",
+    "data": [{"index": i, "object": "pooling", "data": "AACAPw=="} for i in range(2)],
+}
+OPENAI_EMBEDDINGS = {
+    "object": "list",
+    "data": [{"object": "embedding", "embedding": [0.3], "index": i} for i in range(2)],
+    "model": "m",
+    "usage": {},
+}
+TEI_RERANK = [{"index": 1, "score": 0.9}, {"index": 0, "score": 0.1}]  # by score, not input order
+TEI_PREDICT = [[{"score": 0.9, "label": "LABEL_1"}, {"score": 0.1, "label": "LABEL_0"}]] * 2  # by score
+
+
+@pytest.mark.parametrize(
+    ("kind", "answer", "says"),
+    [
+        (
+            "sglang",
+            VLLM_CLASSIFY,
+            "POST /classify answered an unexpected shape: the answer is an object with keys ['created', "
+            "'data', 'id', 'model', 'object', 'usage'], not a list of {\"embedding\": [...]} per input",
+        ),
+        (
+            "sglang",
+            OPENAI_EMBEDDINGS,
+            "POST /classify answered an unexpected shape: the answer is an object with keys ['data', "
+            "'model', 'object', 'usage'], not a list of {\"embedding\": [...]} per input",
+        ),
+        (
+            "sglang",
+            None,
+            'POST /classify answered an unexpected shape: the answer is null, not a list of {"embedding": '
+            "[...]} per input",
+        ),
+        ("sglang", TEI_PREDICT, "row 0 is a list, not an object with 'embedding'"),
+        ("sglang", TEI_RERANK, "row 0 has no 'embedding' (it has ['index', 'score'])"),
+        (
+            "vllm",
+            TEI_RERANK,
+            "POST /pooling answered an unexpected shape: the answer is a list, not an object with 'data'",
+        ),
+        ("vllm", VLLM_CLASSIFY, "row 0 has no 'data' (it has ['index', 'label', 'num_classes', 'probs'])"),
+        ("vllm", VLLM_SCORE, "row 0 has no 'data' (it has ['index', 'object', 'score'])"),
+        ("vllm", VLLM_RERANK, "the answer has no 'data' (it has ['id', 'model', 'results', 'usage'])"),
+        ("vllm", OPENAI_EMBEDDINGS, "row 0 has no 'data' (it has ['embedding', 'index', 'object'])"),
+        ("vllm", VLLM_IO_PROCESSOR, "data is an object with keys ['mask'], not a list of rows"),
+        ("vllm", VLLM_BASE64, "score of input 0 is 'AACAPw==', not a number"),
+    ],
+)
+async def test_another_servers_answer_fails_naming_what_was_expected(
+    session: aiohttp.ClientSession, kind: str, answer: object, says: str
+) -> None:
+    """Answers of other servers and endpoints (vLLM's ``/classify``, ``/score``, ``/v1/rerank``
+    and plugins' ``/pooling``, SGLang's ``/v1/classify``, TEI's ``/rerank`` and ``/predict``,
+    OpenAI's embeddings) are never read as scores: each fails as a BackendError naming the
+    service, the route, what it found and what was expected. An object where SGLang's list was
+    expected was said as ``dict results for 2 inputs``, and a JSON null as ``NoneType``."""
+
+    async def answers(_: web.Request) -> web.Response:
+        return web.json_response(answer)
+
+    app = web.Application()
+    app.router.add_post("/pooling", answers)
+    app.router.add_post("/classify", answers)
+    runner, url = await _serve(app)
+    try:
+        with pytest.raises(BackendError) as err:
+            await _backend(kind, url, session).score(["a", "b"])
+        msg = str(err.value)
+        assert (
+            msg.startswith(f"rm: POST /{'pooling' if kind == 'vllm' else 'classify'} answered")
+            and says in msg
+        ), msg
+    finally:
+        await runner.cleanup()
+
+
 @pytest.mark.parametrize("kind", ["vllm", "sglang"])
 async def test_an_input_past_the_models_length_fails_alone_as_a_bad_input(
     session: aiohttp.ClientSession, kind: str

@@ -1,6 +1,7 @@
 """A scoring call that hangs holds the reward runtime's device for ``--score-timeout`` at most, not
-for the long timeout of restores (a vLLM wake-up of big weights), over real HTTP: a real
-``tangram reward-runtime`` process in front of a vLLM stand-in served from a thread of the test."""
+for the long timeout of restores (a vLLM wake-up of big weights), and no longer than one of its
+callers waits for it; over real HTTP: a real ``tangram reward-runtime`` process in front of a vLLM
+stand-in served from a thread of the test."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -27,6 +29,9 @@ GIB = 2**30
 HANG = "hang"  # the stand-in answers no input holding this until the test is over
 RELEASE = web.AppKey("release", asyncio.Event)
 SCORED = web.AppKey("scored", list[list[str]])
+# The inputs of each ``/pooling`` call whose connection closed before it was answered: what a vLLM
+# server takes as an abort (its request leaves the GPU).
+ABORTED = web.AppKey("aborted", list[list[str]])
 
 
 def _vllm_standin(wake_s: float = 0.0) -> web.Application:
@@ -43,13 +48,18 @@ def _vllm_standin(wake_s: float = 0.0) -> web.Application:
         texts = (await request.json())["input"]
         request.app[SCORED].append(texts)
         if HANG in texts:
-            await request.app[RELEASE].wait()
+            try:
+                await request.app[RELEASE].wait()
+            except asyncio.CancelledError:  # the caller closed the connection (handler_cancellation)
+                request.app[ABORTED].append(texts)
+                raise
         rows = [{"index": i, "object": "pooling", "data": [len(t)]} for i, t in enumerate(texts)]
         return web.json_response({"object": "list", "data": rows})
 
     app = web.Application()
     app[RELEASE] = asyncio.Event()
     app[SCORED] = []
+    app[ABORTED] = []
     app.router.add_get("/is_sleeping", is_sleeping)
     app.router.add_post("/wake_up", wake_up)
     app.router.add_post("/pooling", pooling)
@@ -62,20 +72,38 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass
+class Standin:
+    url: str
+    app: web.Application
+    loop: asyncio.AbstractEventLoop
+
+    def release(self) -> None:
+        """Answer the calls held for ``HANG``."""
+        self.loop.call_soon_threadsafe(self.app[RELEASE].set)
+
+
 @pytest.fixture
 def standin() -> Iterator[tuple[str, list[list[str]]]]:
     """The stand-in served from a thread of this process (the runtime is another process): its
     url, and the inputs of each ``/pooling`` call it got."""
+    with _standin_served() as served:
+        yield served.url, served.app[SCORED]
+
+
+@contextlib.contextmanager
+def _standin_served() -> Iterator[Standin]:
     loop = asyncio.new_event_loop()
     app = _vllm_standin()
-    runner = web.AppRunner(app)
+    # As vLLM's server: a request whose connection closes is cancelled there (an abort).
+    runner = web.AppRunner(app, handler_cancellation=True)
     port = _free_port()
     loop.run_until_complete(runner.setup())
     loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{port}", app[SCORED]
+        yield Standin(f"http://127.0.0.1:{port}", app, loop)
     finally:
         loop.call_soon_threadsafe(app[RELEASE].set)
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
@@ -85,11 +113,11 @@ def standin() -> Iterator[tuple[str, list[list[str]]]]:
 
 
 @contextlib.contextmanager
-def _runtime(tmp_path: Path, url: str, score_timeout_s: float) -> Iterator[str]:
-    """A runtime process serving two services, ``slow`` and ``fast``, on the stand-in at ``url``;
-    yields its ``/v1/score`` url."""
+def _runtime(tmp_path: Path, url: str, score_timeout_s: float, **slow: object) -> Iterator[str]:
+    """A runtime process serving two services, ``slow`` (with the entry's keys ``slow``) and
+    ``fast``, on the stand-in at ``url``; yields its ``/v1/score`` url."""
     entry = {"backend": "vllm", "url": url, "deviceMemory": "1Gi", "maxWaitMillis": 0}
-    services = [{"name": "slow", "model": "a", **entry}, {"name": "fast", "model": "b", **entry}]
+    services = [{"name": "slow", "model": "a", **entry, **slow}, {"name": "fast", "model": "b", **entry}]
     cfg = tmp_path / "s.yaml"
     cfg.write_text(yaml.safe_dump({"services": services}))
     port = _free_port()
@@ -149,6 +177,51 @@ def test_a_request_whose_caller_went_away_is_not_scored(
         served = requests.post(score_url, json={"service": "fast", "inputs": ["abc"]}, timeout=60)
         assert served.status_code == 200, served.text
     assert scored == [[HANG], ["abc"]]
+
+
+def _until(what: Callable[[], bool], limit_s: float = 60.0) -> None:
+    """Wait for ``what`` to hold (a bound for a stuck run, not a measurement)."""
+    deadline = time.monotonic() + limit_s
+    while not what():
+        assert time.monotonic() < deadline, "it never happened"
+        time.sleep(0.05)
+
+
+def test_a_scoring_call_whose_every_caller_left_is_aborted_on_the_server(tmp_path: Path) -> None:
+    """The only caller of a batch gives up while the server scores it: the runtime closes its call
+    to the server (vLLM and SGLang abort the request, and free the GPU) and serves the next
+    service's request. The call ran on until ``--score-timeout`` (300 s by default), holding the
+    device, and every other service's requests behind it, for nobody."""
+    with _standin_served() as standin, _runtime(tmp_path, standin.url, 600) as url:
+        with pytest.raises(requests.Timeout):
+            requests.post(url, json={"service": "slow", "inputs": [HANG]}, timeout=1)
+        _until(lambda: standin.app[ABORTED] == [[HANG]])
+        served = requests.post(url, json={"service": "fast", "inputs": ["abc"]}, timeout=60)
+        assert served.status_code == 200 and served.json()["scores"] == [3], served.text
+
+
+def test_a_scoring_call_is_not_aborted_while_one_of_its_callers_waits(tmp_path: Path) -> None:
+    """Two requests share one call to the server (one batch); one caller gives up: the call goes
+    on, and the other caller gets its score."""
+    with (
+        _standin_served() as standin,
+        _runtime(tmp_path, standin.url, 600, maxBatchSize=2, maxWaitMillis=600_000) as url,
+        ThreadPoolExecutor(2) as pool,
+    ):
+        health = url.replace("/v1/score", "/v1/health")
+        stays = pool.submit(requests.post, url, json={"service": "slow", "inputs": ["stays"]}, timeout=60)
+        _until(lambda: requests.get(health, timeout=10).json()["requests"] == 1)
+        leaves = pool.submit(requests.post, url, json={"service": "slow", "inputs": [HANG]}, timeout=3)
+        _until(lambda: bool(standin.app[SCORED]))  # the batch of both: it is full
+        assert sorted(standin.app[SCORED][0]) == sorted(["stays", HANG])
+        with pytest.raises(requests.Timeout):
+            leaves.result()
+        # The runtime saw it go: one request left unanswered.
+        _until(lambda: requests.get(health, timeout=10).json()["requests"] == 1)
+        standin.release()
+        answer = stays.result()
+        assert answer.status_code == 200 and answer.json()["scores"] == [len("stays")], answer.text
+        assert standin.app[ABORTED] == []
 
 
 @pytest.mark.parametrize("value", ["0", "nan"])
