@@ -11,6 +11,8 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
+# The exit status of a command Ctrl-C ended, as a shell reports one (128 + SIGINT).
+INTERRUPTED = 130
 # name -> (target, one-line help). "bench" has subcommands of its own.
 COMMANDS: dict[str, tuple[str, str]] = {
     "crds": ("arl_tangram.api.crdgen:main", "write (or --check) the CRDs generated from the API models"),
@@ -81,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not rest or rest[0] not in BENCH:
             print(f"tangram bench: choose one of {', '.join(BENCH)}", file=sys.stderr)
             return 2
+        name = f"bench {rest[0]}"
         target = BENCH[rest[0]][0]
         rest = rest[1:]
     elif name in COMMANDS:
@@ -88,4 +91,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print(f"tangram: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    return int(_load(target)(rest) or 0)
+    try:
+        return int(_load(target)(rest) or 0)
+    except KeyboardInterrupt:
+        # Ctrl-C before the command stops by its own signal handlers (installed once it serves):
+        # in its imports or while it reads its input. What it had started, its own ``finally``
+        # clauses stopped on the way here; a traceback from deep in an import tells nothing more.
+        print(f"tangram {name}: interrupted", file=sys.stderr)
+        return INTERRUPTED

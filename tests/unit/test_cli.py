@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,3 +56,40 @@ def test_unknown_bench_names_the_choices(capsys: pytest.CaptureFixture[str]) -> 
 def test_no_command_prints_the_usage_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([]) == 2
     assert capsys.readouterr().out.startswith("usage: tangram COMMAND")
+
+
+def test_ctrl_c_before_a_command_serves_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """Ctrl-C while a command still reads its input or imports its modules (a second or two of
+    ``tangram up``'s start) ends it with one line and status 130, as a shell reports an interrupt:
+    it printed a page of KeyboardInterrupt traceback from deep in an import. The spec file is a
+    named pipe the test holds open without writing, so that the interrupt comes while ``tangram
+    up`` is reading it, before any event loop or signal handler of its own."""
+    spec = tmp_path / "pool.yaml"
+    os.mkfifo(spec)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "arl_tangram", "up", "-f", str(spec), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # Opening the write end without blocking succeeds once the reader has it open.
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                writer = os.open(spec, os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError as exc:
+                assert exc.errno == errno.ENXIO and time.monotonic() < deadline, exc
+                time.sleep(0.05)
+        try:
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            os.close(writer)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert err == "tangram up: interrupted\n", err

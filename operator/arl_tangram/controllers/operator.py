@@ -15,7 +15,6 @@ import asyncio
 import contextvars
 import json
 import logging
-import math
 import os
 import re
 import signal
@@ -41,7 +40,7 @@ from arl_tangram.controllers.leader import LeaseElector
 from arl_tangram.controllers.metrics import OperatorMetrics
 from arl_tangram.controllers.rewardmodelservice import ServiceController
 from arl_tangram.dispatch.agent import AgentClient
-from arl_tangram.dispatch.dispatcher import Dispatcher
+from arl_tangram.dispatch.dispatcher import Dispatcher, tenant_weights_from_env
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest
 from arl_tangram.domain.pools import pool_key
 from arl_tangram.domain.services import is_object_name, service_config
@@ -154,7 +153,7 @@ class OperatorSettings:
         if not (memory.isascii() and memory.isdigit()):
             raise InvalidSpec("TANGRAM_RESULTS_MEMORY_MIB", f"must be a whole number of MiB, got {memory!r}")
         policy = os.environ.get("TANGRAM_POLICY", cls.policy)
-        weights = _weights("TANGRAM_TENANT_WEIGHTS")
+        weights = tenant_weights_from_env("TANGRAM_TENANT_WEIGHTS")
         if weights and policy != "tangram":
             raise InvalidSpec(
                 "TANGRAM_TENANT_WEIGHTS", f"only the tangram policy weighs tenants, not {policy!r}"
@@ -217,26 +216,6 @@ def _too_large(exc: ApiException) -> bool:
 
 def _targets(name: str) -> tuple[tuple[str, str], ...]:
     return tuple(parse_defaults(name, os.environ.get(name, "")).items())
-
-
-def _weights(name: str) -> tuple[tuple[str, float], ...]:
-    """``TENANT=WEIGHT,...`` from the environment variable ``name``: each weight a positive, finite
-    number, each tenant once."""
-    text = os.environ.get(name, "").strip()
-    out: dict[str, float] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        tenant, sep, value = item.partition("=")
-        tenant = tenant.strip()
-        try:
-            weight = float(value)
-        except ValueError:
-            weight = math.nan
-        if not sep or not tenant or not (math.isfinite(weight) and weight > 0):
-            raise InvalidSpec(name, f"{item[:80]!r} is not TENANT=WEIGHT with a positive number")
-        if tenant in out:
-            raise InvalidSpec(name, f"tenant {tenant[:80]!r} is given twice")
-        out[tenant] = weight
-    return tuple(out.items())
 
 
 def _namespace(name: str, default: str) -> str:

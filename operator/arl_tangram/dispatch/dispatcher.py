@@ -21,6 +21,8 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
+import os
 import secrets
 import time
 from collections import OrderedDict, deque
@@ -291,6 +293,27 @@ class PoolStats:
     unhealthy: frozenset[str]
     waiting_trajectories: int = 0
     retired: frozenset[str] = frozenset()
+
+
+def tenant_weights_from_env(name: str) -> tuple[tuple[str, float], ...]:
+    """``TENANT=WEIGHT,...`` from the environment variable ``name`` (the operator's and ``tangram
+    up``'s ``TANGRAM_TENANT_WEIGHTS``, one parser for both): each weight a positive, finite number,
+    each tenant once."""
+    text = os.environ.get(name, "").strip()
+    out: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        tenant, sep, value = item.partition("=")
+        tenant = tenant.strip()
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = math.nan
+        if not sep or not tenant or not (math.isfinite(weight) and weight > 0):
+            raise InvalidSpec(name, f"{item[:80]!r} is not TENANT=WEIGHT with a positive number")
+        if tenant in out:
+            raise InvalidSpec(name, f"tenant {tenant[:80]!r} is given twice")
+        out[tenant] = weight
+    return tuple(out.items())
 
 
 class Dispatcher:

@@ -37,6 +37,11 @@ START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 10.0
 
 
+class RewardRuntimeFailed(RuntimeError):
+    """The reward runtime process did not start (a damaged model file, a budget too small); the
+    message is its own reason."""
+
+
 def key_of(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
 
@@ -146,13 +151,18 @@ class LocalRewards:
         while True:
             if self.proc.poll() is not None:
                 tail = (self.state_dir / "reward-runtime.log").read_text(errors="replace").strip()
-                raise RuntimeError(f"the reward runtime exited {self.proc.returncode}: {tail[-500:]}")
+                # Its own last line says why (``tangram reward-runtime: service ...: ...``).
+                last = tail.splitlines()[-1] if tail else "(no output)"
+                raise RewardRuntimeFailed(f"the reward runtime exited {self.proc.returncode}: {last[-500:]}")
             with contextlib.suppress(aiohttp.ClientError, OSError):
                 async with self.http.get(f"{self.url}/v1/health") as resp:
                     if resp.status == 200:
                         return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the reward runtime did not answer within {START_TIMEOUT_S:g}s")
+                raise RewardRuntimeFailed(
+                    f"the reward runtime did not answer within {START_TIMEOUT_S:g}s "
+                    f"(its log: {self.state_dir / 'reward-runtime.log'})"
+                )
             await asyncio.sleep(0.05)  # a poll interval while it starts
 
     async def score(self, request: ActionRequest) -> ActionOutcome:

@@ -69,7 +69,9 @@ def _files(paths: Sequence[str]) -> Iterator[Path]:
             found = sorted(p for p in path.iterdir() if p.suffix.lower() in SPEC_SUFFIXES and p.is_file())
             if not found:
                 raise InvalidSpec(raw, "the directory holds no .yaml, .yml or .json file")
-        elif path.is_file():
+        elif path.exists():
+            # A regular file, or a pipe or device, as ``-f <(generate-specs)`` or ``-f /dev/stdin``
+            # give: read as a file is (they were refused as "no such file").
             found = [path]
         else:
             raise InvalidSpec(raw, "no such file or directory")

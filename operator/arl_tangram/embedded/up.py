@@ -6,7 +6,9 @@ runtime applying its operations) against the :mod:`local runtime <arl_tangram.ru
 whose hosts are sandbox agent processes on loopback carved out of this machine's cores; the one
 :class:`~arl_tangram.dispatch.dispatcher.Dispatcher` queues and schedules every action; the gateway
 (native API, ``/run_code``, reward shapes) serves on loopback without authentication. Pool status,
-what ``kubectl get actionpool -o yaml`` would show, is at ``GET /v1/pools``.
+what ``kubectl get actionpool -o yaml`` would show, is at ``GET /v1/pools``. The scheduler's tenant
+weights come from the operator's own variable, ``TANGRAM_TENANT_WEIGHTS``, read by the operator's
+own parser.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ from arl_tangram import loop
 from arl_tangram.api.actionpool import ActionPool
 from arl_tangram.controllers.actionpool import PoolController
 from arl_tangram.controllers.conditions import Event
+from arl_tangram.controllers.operator import ENVIRONMENT
 from arl_tangram.dispatch.agent import AgentClient
-from arl_tangram.dispatch.dispatcher import Dispatcher
+from arl_tangram.dispatch.dispatcher import Dispatcher, tenant_weights_from_env
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest
 from arl_tangram.domain.pools import PoolConfig, pool_config
-from arl_tangram.embedded.rewards import LocalRewards
+from arl_tangram.embedded.rewards import LocalRewards, RewardRuntimeFailed
 from arl_tangram.embedded.specs import Loaded, load, pool_names
 from arl_tangram.errors import InvalidSpec
 from arl_tangram.gateway import GatewayConfig, build_gateway_app
@@ -63,6 +66,9 @@ SESSION_SWEEP_S = 10.0
 # At Ctrl-C, requests in flight get this long to be answered (aiohttp's own default is a minute, too
 # long to wait at a terminal); then the hosts stop, and the actions still running with them.
 ANSWER_AT_STOP_S = 3.0
+# The operator's variable for the scheduler's tenant weights (``ENVIRONMENT`` describes it), read
+# here as there: the same text means the same weights, and the same error when it is wrong.
+TENANT_WEIGHTS_ENV = "TANGRAM_TENANT_WEIGHTS"
 
 
 @dataclass
@@ -108,6 +114,8 @@ class Embedded:
     listener: socket.socket
     uids: range
     period_s: float = PERIOD_S
+    # The scheduler's weighted fair share: tenant -> weight, 1 for each left out.
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)
     url: str = ""
     runtime: LocalRuntime = field(init=False)
     dispatcher: Dispatcher = field(init=False)
@@ -133,7 +141,7 @@ class Embedded:
         self.runtime = LocalRuntime(
             self.state_dir / "hosts", self.cores, uid_base=self.uids.start, uid_stop=self.uids.stop
         )
-        self.dispatcher = Dispatcher(AgentClient())
+        self.dispatcher = Dispatcher(AgentClient(), tenant_weights=self.tenant_weights)
         planner = CapacityPlanner(PlannerConfig(time_limit_s=PLANNER_TIME_LIMIT_S))
         self.controller = PoolController(self.dispatcher, self.runtime, planner)
         self.rewards, notes = LocalRewards.plan(self.loaded.services, self.state_dir)
@@ -291,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"every process under the hosts' uids); default: the first free range from {DEFAULT_UID_BASE}",
     )
     p.add_argument("--log-level", default="INFO")
+    p.epilog = f"environment: {TENANT_WEIGHTS_ENV}: {ENVIRONMENT[TENANT_WEIGHTS_ENV][1]}"
     return p
 
 
@@ -364,6 +373,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         cores = resolve_cores(args.cores)
         loaded = load(args.filename, len(cores), machine_memory_bytes())
+        weights = dict(tenant_weights_from_env(TENANT_WEIGHTS_ENV))
     except InvalidSpec as exc:
         print(f"tangram up: {exc}", file=sys.stderr)
         return 2
@@ -386,7 +396,10 @@ def main(argv: Sequence[str]) -> int:
     own_dir = args.state_dir is None
     state_dir = Path(args.state_dir or tempfile.mkdtemp(prefix="tangram-up-"))
     state_dir.mkdir(parents=True, exist_ok=True)
-    embedded = Embedded(loaded, cores, state_dir, listener, reservation.uids)
+    embedded = Embedded(loaded, cores, state_dir, listener, reservation.uids, tenant_weights=weights)
+    if weights:
+        shares = ", ".join(f"{tenant}={weight:g}" for tenant, weight in weights.items())
+        embedded.notes.append(f"tenant weights ({TENANT_WEIGHTS_ENV}): {shares}; every other tenant 1")
     if reservation.uids:
         embedded.notes.append(
             f"hosts' actions run under uids {reservation.uids.start}..{reservation.uids.stop - 1} "
@@ -394,7 +407,7 @@ def main(argv: Sequence[str]) -> int:
         )
     try:
         return loop.run(serve(embedded))
-    except OSError as exc:
+    except (OSError, RewardRuntimeFailed) as exc:
         print(f"tangram up: {exc}", file=sys.stderr)
         return 1
     finally:

@@ -178,3 +178,38 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path: Path) -> None:
         assert "stopping" in running.output()
         # Each agent stopped by itself, its action killed first: it was not killed after the grace.
         assert "did not stop" not in running.output(), running.output()
+
+
+def test_tenant_weights_are_read_as_the_operator_reads_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``TANGRAM_TENANT_WEIGHTS``, the operator's variable, sets the scheduler's weights here too,
+    and a wrong one stops the start with the operator's own message. It was ignored: every tenant
+    weighed 1 with no word of it."""
+    monkeypatch.setenv("TANGRAM_TENANT_WEIGHTS", "team-a=3,team-b=zero")
+    refused = _up_refuses(tmp_path, pool_doc(minHosts=0))
+    assert "TANGRAM_TENANT_WEIGHTS: 'team-b=zero' is not TENANT=WEIGHT with a positive number" in refused
+    monkeypatch.setenv("TANGRAM_TENANT_WEIGHTS", "team-a=3, team-b=1.5")
+    with tangram_up(tmp_path / "bad.yaml") as running:
+        assert "tenant weights (TANGRAM_TENANT_WEIGHTS): team-a=3, team-b=1.5" in running.output()
+
+
+def test_a_damaged_model_stops_the_start_with_one_line(tmp_path: Path) -> None:
+    """A RewardModelService whose model file is no model: the reward runtime refuses it at its
+    start, and ``tangram up`` stops with that reason in one line, nothing left running. It ended
+    in a RuntimeError traceback."""
+    damaged = tmp_path / "rm.npz"
+    damaged.write_bytes(b"not a model")
+    (tmp_path / "rm.yaml").write_text(yaml.safe_dump(service_doc("rm", f"file://{damaged}")))
+    done = subprocess.run(
+        [sys.executable, "-m", "arl_tangram", "up", "-f", str(tmp_path / "rm.yaml"), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("tangram up: the reward runtime exited 2: "), done.stderr
+    assert f"{damaged} is not a built-in scorer model" in last, done.stderr

@@ -5,6 +5,7 @@ to it (with a note), everything else as written."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -208,3 +209,16 @@ def test_objects_of_other_api_groups_are_still_skipped(tmp_path: Path) -> None:
     other = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization"}
     loaded = load([str(write(tmp_path, pool("a"), other))], machine_cores=2, machine_memory_bytes=8 * GIB)
     assert "Kustomization skipped" in "\n".join(loaded.notes)
+
+
+def test_specs_from_a_pipe_load(tmp_path: Path) -> None:
+    """``tangram up -f <(generate-specs)`` names a pipe (``/dev/fd/N``): it loads as a file does.
+    It was refused as "no such file or directory", which it is not."""
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, yaml.safe_dump(pool("piped")).encode())
+        os.close(write_end)
+        loaded = load([f"/dev/fd/{read_end}"], 2, 8 * GIB)
+    finally:
+        os.close(read_end)
+    assert [p["metadata"]["name"] for p in loaded.pools] == ["piped"]
