@@ -21,6 +21,7 @@ from typing import Any
 
 from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
+from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from prometheus_client import generate_latest
 
 from arl_tangram.domain.actions import ActionService
@@ -54,7 +55,7 @@ from arl_tangram.gateway.models import (
     VllmScoreResponse,
 )
 from arl_tangram.gateway.openapi import RouteDoc, openapi
-from arl_tangram.gateway.parsing import ClientGone, too_large
+from arl_tangram.gateway.parsing import BODY_UNDECODABLE, BadRequest, ClientGone, body_coding, too_large
 from arl_tangram.gateway.routing import POOL_PREFIX, check_query
 from arl_tangram.gateway.sessions import SessionRegistry
 from arl_tangram.gateway.state import (
@@ -405,7 +406,7 @@ def _error_response(
     elif status == 429:
         status = BUSY_STATUS.get(_route_name(request), status)
     response = web.json_response(dict(body), status=status, headers=dict(headers))
-    if status in (408, 413, 417) or request.content.exception() is not None:
+    if status in (408, 413, 417) or request.content.exception() is not None or request.get(BODY_UNDECODABLE):
         # The rest of the body is not read, or its stream broke (a body that does not decode as
         # its Content-Encoding says): the connection is closed after this answer (aiohttp first
         # lingers a few seconds, reading and dropping what still comes, so that the client reads
@@ -447,6 +448,13 @@ async def _expect(request: web.Request) -> web.StreamResponse | None:
     if length is not None and length > limit and route not in STREAMED_PATHS:
         state.metrics.requests.labels(route, "413").inc()
         return _error_response(request, 413, {"error": too_large(state.config).message}, {})
+    try:
+        body_coding(request)  # a body the gateway cannot decode is refused before it is sent
+    except BadRequest as exc:
+        answer = as_http(exc)
+        assert answer is not None
+        state.metrics.requests.labels(route, str(answer.status)).inc()
+        return _error_response(request, answer.status, answer.body, answer.headers)
     await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     request.writer.output_size = 0  # the 100 is not part of the response's own size
     return None
@@ -536,7 +544,40 @@ async def _guarded(request: web.Request, handler: Handler, state: GatewayState) 
     route = _route_name(request)
     if route in QUERY_OF:  # an unknown path or method is answered 404 / 405 by its own handler
         check_query(request, QUERY_OF[route])
+        if request.body_exists:
+            body_coding(request)  # 415 for a coding the gateway does not decode, before any work
     return await handler(request)
+
+
+class _ParserRefusals(logging.Filter):
+    """Turns aiohttp's record of a request its HTTP parser refused (a header line over 8190 bytes,
+    over 128 headers, a malformed request line) into one INFO line naming the problem: it was logged
+    as an ERROR with a traceback, though the fault is the client's, and its message quoted the
+    start of the offending line (``Authorization: Bearer <token>`` put the token's head in the log).
+    Any other record (a handler's unhandled exception) passes as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        if isinstance(exc, LineTooLong):
+            why = f"a request line or header over {exc.args[1]} bytes"
+        else:
+            why = f"{type(exc).__name__}: {exc.message[:120]}"
+        remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+        record.msg, record.args, record.exc_info, record.exc_text = (
+            "gateway: refused an unparsable request from %s (%s)",
+            (remote, why),
+            None,
+            None,
+        )
+        record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        return True
+
+
+# aiohttp's server logs through this logger (``handler_args``), so that the filter sees its records.
+HTTP_LOG = logging.getLogger("arl_tangram.gateway.http")
+HTTP_LOG.addFilter(_ParserRefusals())
 
 
 def build_gateway_app(
@@ -561,7 +602,13 @@ def build_gateway_app(
     if auth is None and not allow_anonymous:
         raise ValueError("no authenticator given: pass one, or allow_anonymous=True for loopback-only use")
     config = config or GatewayConfig()
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[_guard])
+    app = web.Application(
+        client_max_size=config.max_body_bytes,
+        middlewares=[_guard],
+        # Bodies are decoded by the gateway (``parsing.body_coding``), so that a coding it cannot
+        # decode is answered 415 in JSON, not by aiohttp's parser (plain text and a traceback).
+        handler_args={"auto_decompress": False, "logger": HTTP_LOG},
+    )
     state = GatewayState(
         service=service,
         auth=auth,
@@ -579,6 +626,10 @@ def build_gateway_app(
     for route in ROUTES:
         for path in (route.doc.path, f"{route.doc.path}/"):  # the twin: see ``_unslashed``
             app.router.add_route(route.doc.method, path, route.handler, expect_handler=_expect)
+            if route.doc.method == "GET":
+                # HTTP asks every server to take HEAD wherever it takes GET (RFC 9110 9.1): a load
+                # balancer's HEAD /healthz was answered 405. aiohttp answers it without the body.
+                app.router.add_route("HEAD", path, route.handler, expect_handler=_expect)
     spec = json.dumps(openapi([r.doc for r in ROUTES])).encode()
 
     async def openapi_json(request: web.Request) -> web.Response:

@@ -11,8 +11,10 @@ burst of requests with one new token makes one call, not one per request. What c
 token at all (outside RFC 6750's syntax, over :data:`MAX_TOKEN_CHARS`) is refused without a review, and
 the reviews of new tokens are bounded (:class:`ReviewThrottle`), in all and per client address, so a
 client sending made-up tokens can neither load the API server nor use up the reviews that other
-clients' new tokens need. The blocking kubernetes client is only ever called through
-:func:`asyncio.to_thread`.
+clients' new tokens need. The access reviews are bounded by the same throttle (the same budget in
+all), each caller's share keyed by its name: the namespace is the caller's to choose, so a valid
+token naming a new namespace in each request cost one SubjectAccessReview per request. The
+blocking kubernetes client is only ever called through :func:`asyncio.to_thread`.
 """
 
 from __future__ import annotations
@@ -185,7 +187,8 @@ class AuthUnavailable(TangramError):
 
 
 class ReviewsThrottled(AuthUnavailable):
-    """Too many new tokens to review at once (503 with Retry-After: try again)."""
+    """Too many new tokens, or new permissions, to review at once (503 with Retry-After: try
+    again)."""
 
 
 # A ServiceAccount token is a JWT of one to two kilobytes, and the other tokens an API server may
@@ -231,10 +234,16 @@ class _Bucket:
         return True
 
 
+# What a throttled review was for, as its refusal names it.
+TOKENS = "new tokens"
+PERMISSIONS = "new permission checks"
+
+
 class ReviewThrottle:
-    """How many TokenReviews may be sent: at most ``max_in_flight`` at once and ``per_second`` on
-    average (bursts of as many) in all, and of those at most ``client_in_flight`` at once and
-    ``client_per_second`` on average (bursts of twice as many) for one client address. A review
+    """How many reviews (TokenReviews and SubjectAccessReviews) may be sent: at most
+    ``max_in_flight`` at once and ``per_second`` on average (bursts of as many) in all, and of those
+    at most ``client_in_flight`` at once and ``client_per_second`` on average (bursts of twice as
+    many) for one client (an address for tokens, a caller's name for access reviews). A review
     over a bound is not sent (the caller hears 503 and retries): one client flooding with new tokens
     spends its own share, and the others' new tokens are still reviewed. Warm tokens are never
     reviewed, so they pass whatever the flood. Client addresses are forgotten oldest first past
@@ -271,15 +280,16 @@ class ReviewThrottle:
         self._client_in_flight: dict[str, int] = {}
         self.refused = 0
 
-    def acquire(self, client: str) -> None:
+    def acquire(self, client: str, what: str = TOKENS) -> None:
         """Takes a review's place for ``client``, or raises :class:`ReviewsThrottled`; each
-        successful call must be matched by :meth:`release`."""
+        successful call must be matched by :meth:`release`. ``what`` names the reviews in the
+        refusal (:data:`TOKENS` or :data:`PERMISSIONS`); the budget in all is one for both."""
         now = self.clock()
         why = None
         if self._client_in_flight.get(client, 0) >= self.client_in_flight:
-            why = f"this client already has {self.client_in_flight} new tokens under review"
+            why = f"this client already has {self.client_in_flight} {what} under review"
         elif self.in_flight >= self.max_in_flight:
-            why = f"{self.max_in_flight} new tokens are under review"
+            why = f"{self.max_in_flight} {what} are under review"  # (the bound counts both kinds)
         else:
             bucket = self._clients.get(client)
             if bucket is None:
@@ -289,12 +299,12 @@ class ReviewThrottle:
             self._clients.move_to_end(client)
             # The client's share first: a flooding client must not spend the shared budget.
             if not bucket.take(self.client_per_second, 2 * self.client_per_second, now):
-                why = f"this client sent more than {self.client_per_second:g} new tokens a second"
+                why = f"this client sent more than {self.client_per_second:g} {what} a second"
             elif not self._all.take(self.per_second, self.per_second, now):
-                why = f"more than {self.per_second:g} new tokens a second are being reviewed"
+                why = f"more than {self.per_second:g} {what} a second are being reviewed"
         if why is not None:
             self.refused += 1
-            raise ReviewsThrottled(f"too many new tokens to review: {why}; retry shortly")
+            raise ReviewsThrottled(f"too many {what} to review: {why}; retry shortly")
         self.in_flight += 1
         self._client_in_flight[client] = self._client_in_flight.get(client, 0) + 1
 
@@ -354,7 +364,7 @@ class KubernetesAuthenticator:
 
     async def authorize(self, principal: Principal, namespace: str, verb: str) -> None:
         await self.reviews.get(
-            (principal, namespace, verb), lambda: self._review_access(principal, namespace, verb)
+            (principal, namespace, verb), lambda: self._throttled_access(principal, namespace, verb)
         )
 
     async def _call(self, fn: Callable[[Any], Any], body: dict[str, Any]) -> Any:
@@ -372,6 +382,17 @@ class KubernetesAuthenticator:
         self.throttle.acquire(client)
         try:
             return await self._review_token(token)
+        finally:
+            self.throttle.release(client)
+
+    async def _throttled_access(self, principal: Principal, namespace: str, verb: str) -> bool:
+        # The caller's share is its name's, not its address's: it is known by now, and one caller
+        # must not get more reviews by sending from more addresses. (``user:`` keeps the names
+        # apart from the addresses that key the TokenReviews' shares.)
+        client = f"user:{principal.username}"
+        self.throttle.acquire(client, PERMISSIONS)
+        try:
+            return await self._review_access(principal, namespace, verb)
         finally:
             self.throttle.release(client)
 

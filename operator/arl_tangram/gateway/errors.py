@@ -59,7 +59,7 @@ def as_http(exc: Exception) -> HttpError | None:
             body["field"] = exc.field
         if exc.detail is not None:
             body["detail"] = exc.detail
-        return HttpError(exc.status, body)
+        return HttpError(exc.status, body, dict(exc.headers))
     if isinstance(exc, KeyConflict):
         # Named as the caller sent it, not as the dispatcher scoped it (``gw/<namespace>/...``).
         return HttpError(409, {"error": f"key {unscoped_key(exc.key)!r} {exc.why}", "field": exc.field})

@@ -30,7 +30,15 @@ from arl_tangram.gateway.models import (
     SessionCreate,
     StreamError,
 )
-from arl_tangram.gateway.parsing import BadRequest, loads, parse, read_json, unreadable_body, validate
+from arl_tangram.gateway.parsing import (
+    BadRequest,
+    body_chunks,
+    loads,
+    parse,
+    read_json,
+    unreadable_body,
+    validate,
+)
 from arl_tangram.gateway.routing import valid_namespace
 from arl_tangram.gateway.sessions import GatewaySession
 from arl_tangram.gateway.state import GatewayState, authorize, state_of
@@ -217,7 +225,7 @@ async def cancel_actions(request: web.Request) -> web.Response:
 
 
 async def _read(request: web.Request, state: GatewayState) -> Any:
-    return await read_json(request, state.config)
+    return await read_json(request, state.config, unique_keys=True)
 
 
 async def _lines(request: web.Request, limit: int) -> AsyncIterator[tuple[int, bytes | None]]:
@@ -226,7 +234,7 @@ async def _lines(request: web.Request, limit: int) -> AsyncIterator[tuple[int, b
     buffer = bytearray()
     number = 0
     skipping = False
-    async for chunk in request.content.iter_any():
+    async for chunk in body_chunks(request):
         start = 0
         while True:
             end = chunk.find(b"\n", start)
@@ -299,7 +307,7 @@ async def post_stream(request: web.Request) -> web.StreamResponse:
         try:
             if raw is None:
                 raise BadRequest(413, f"line {number} exceeds the limit of {limit} bytes")
-            data = loads(raw)
+            data = loads(raw, unique_keys=True)
             action, req, session = await _prepare(request, data, where=f"line {number}")
             keyless = keyless_caller(request, action.key, session)
             with _in_use(state, session):
@@ -316,10 +324,12 @@ async def post_stream(request: web.Request) -> web.StreamResponse:
                 task = asyncio.create_task(one(number, raw))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
-        except RequestPayloadError as exc:
-            # The body itself cannot be decoded (a corrupt Content-Encoding): a line says so.
+        except (RequestPayloadError, BadRequest) as exc:
+            # The body itself cannot be decoded (a corrupt Content-Encoding): a line says so, and
+            # the connection is closed (the rest of the body is not read).
+            refusal = unreadable_body(request, exc) if isinstance(exc, RequestPayloadError) else exc
             await slots.acquire()
-            await done.put(_refusal(0, unreadable_body(request, exc), None))
+            await done.put(_refusal(0, refusal, None))
             response.force_close()
         except Exception as exc:
             # The request stream broke (the client died mid-upload): what arrived still runs.

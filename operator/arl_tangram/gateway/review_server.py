@@ -45,6 +45,7 @@ class ReviewServer:
     grants: set[tuple[str, str, str]] = field(default_factory=set)
     calls: int = 0
     token_reviews: int = 0
+    access_reviews: int = 0
     review_delay_s: float = 0.0
     in_flight: int = 0
     most_in_flight: int = 0
@@ -86,6 +87,7 @@ class ReviewServer:
 
     async def access_review(self, request: web.Request) -> web.Response:
         self.calls += 1
+        self.access_reviews += 1
         body = await request.json()
         spec = body["spec"]
         attrs = spec["resourceAttributes"]

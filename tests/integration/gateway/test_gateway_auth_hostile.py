@@ -280,3 +280,42 @@ async def test_refusals_do_not_push_accepted_tokens_out_of_the_cache() -> None:
     assert await cache.get("alice", lambda: accept("alice")) == "alice"
     assert looked_up == ["alice"], "alice's accepted token was pushed out by refusals"
     assert len(cache) == 4  # alice, and the last three refusals
+
+
+def test_a_valid_token_naming_new_namespaces_cannot_flood_access_reviews(
+    gateway: Gateway, reviews: tuple[ReviewServer, str]
+) -> None:
+    """The namespace is the caller's to choose, and each new (namespace, verb) of a caller cost one
+    SubjectAccessReview, unthrottled: a tenant with a valid token naming a made-up namespace in each
+    request put one review per request on the API server (120 here). Its access reviews now spend
+    a share of the same throttle as new tokens, keyed by its name (so more addresses do not buy
+    more): a burst, then 503 with Retry-After naming the permission checks; another caller's first
+    request is still reviewed and runs."""
+    server, _ = reviews
+    server.grant("system:serviceaccount:team-b:bob", [NS])
+    bob = stand_in_jwt("system:serviceaccount:team-b:bob")
+    server.tokens[bob] = StandInToken("system:serviceaccount:team-b:bob", (AUD,))
+
+    async def flood() -> list[tuple[int, str]]:
+        headers = {"Authorization": f"Bearer {ALICE}"}
+        async with aiohttp.ClientSession() as http:
+
+            async def one(i: int) -> tuple[int, str]:
+                body = {**ACTION, "namespace": f"made-up-{i}"}
+                async with http.post(f"{gateway.url}/v1/actions", json=body, headers=headers) as resp:
+                    return resp.status, await resp.text()
+
+            return await asyncio.gather(*(one(i) for i in range(120)))
+
+    answers = asyncio.run(flood())
+    statuses = [status for status, _ in answers]
+    assert set(statuses) <= {403, 503}, statuses
+    burst = int(2 * THROTTLE["client_per_second"])
+    assert server.access_reviews <= burst, f"{server.access_reviews} access reviews for one caller's flood"
+    assert statuses.count(503) >= 120 - burst, statuses
+    throttled = next(text for status, text in answers if status == 503)
+    assert "too many new permission checks" in throttled, throttled
+    ran = requests.post(
+        gateway.url + "/v1/actions", json=ACTION, headers={"Authorization": f"Bearer {bob}"}, timeout=60
+    )
+    assert ran.status_code == 200 and ran.json()["stdout"] == "authorised\n", ran.text
