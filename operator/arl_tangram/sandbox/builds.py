@@ -17,6 +17,7 @@ reply it ends with.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -42,6 +43,26 @@ DEFAULT_COMPILE_TIMEOUT_S = 10.0
 MAX_ARTIFACT_BYTES = 64 << 20
 
 Dispatch = Callable[[dict[str, Any]], Awaitable[tuple[list[int], dict[str, Any]]]]
+
+# What a failed compile says when it failed for the moment, not for its source (kept, that
+# failure was every later identical request's verdict, a compile error):
+# - a process it started died of a signal, which its driver outlives and turns into a failure of
+#   its own (the OOM killer kills the largest process: ``cc1plus``, not ``g++``): gcc's "Killed
+#   signal terminated program cc1plus" and collect2's "ld terminated with signal 9", Go's
+#   "compile: signal: killed", rustc's "linking with `cc` failed: signal: 9 (SIGKILL)", ldmd2's
+#   "Error executing /usr/bin/ldc2: Killed" (strsignal's word); a shell script's compiler (scalac)
+#   and iverilog's driver exit 128 + the signal instead (``SHELL_SIGNAL_BASE``);
+# - a process or thread it needed was refused (EAGAIN: the host's or the pod's processes, which
+#   every action shares, were full): gcc's "vfork: Resource temporarily unavailable", Go's
+#   "failed to create new OS thread", the JVM's "unable to create native thread".
+# A source's own words that match (a string in a line an error echoes) only cost a rebuild.
+_FAILED_FOR_THE_MOMENT = re.compile(
+    rb"signal terminated program|terminated with signal|\bsignal: (?:\d+|killed)\b|: Killed$"
+    rb"|[Rr]esource temporarily unavailable|failed to create new OS thread|unable to create native thread",
+    re.MULTILINE,
+)
+# A shell reports a child killed by signal n as the exit status 128 + n.
+SHELL_SIGNAL_BASE = 128
 
 
 class HasCompile(Protocol):
@@ -148,6 +169,15 @@ def _step_of(reply: Mapping[str, Any], wall_s: float) -> CompileStep:
         stdout_undecodable=out_undecodable,
         stderr_undecodable=err_undecodable,
     )
+
+
+def _failed_for_the_moment(reply: Mapping[str, Any]) -> bool:
+    """Whether a failed compile says it failed for the moment (``_FAILED_FOR_THE_MOMENT``)."""
+    code = reply.get("exit_code")
+    if isinstance(code, int) and code > SHELL_SIGNAL_BASE:
+        return True
+    stderr = reply.get("stderr", b"")
+    return isinstance(stderr, bytes) and _FAILED_FOR_THE_MOMENT.search(stderr) is not None
 
 
 def _no_entry(language: Language) -> Build:
@@ -336,8 +366,13 @@ class Builder:
         reported = step if toolchain.language.reports_compile else None
         # A compiler killed by a signal (the kernel's OOM killer, on a host another action filled)
         # failed for the moment, not for its source: kept, that failure was every later identical
-        # request's verdict.
-        moment = reply.get("memory_error") or reply.get("signal")
+        # request's verdict. So was one whose driver outlived the process killed, or could not start
+        # one (``_failed_for_the_moment``).
+        moment = (
+            reply.get("memory_error")
+            or reply.get("signal")
+            or (not step.ok and _failed_for_the_moment(reply))
+        )
         if key is not None and step.status == "Finished" and not moment:
             self._keep(toolchain, key, msg["workdir"], step)
         if step.ok:

@@ -451,7 +451,11 @@ def _run_action(req: dict[str, Any], ctrl_fd: int | None) -> NoReturn:
                 for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
                     signal.signal(sig, signal.SIG_DFL)
                 mark_setup(False, False)  # the page goes with the exec
-                os.execve(argv[0], argv, os.environ)
+                # A bare name (a toolchain's, ``languages.command_words``) is found on the
+                # action's PATH, as a shell finds it: the program's argv[0] is that name.
+                if "/" in argv[0]:
+                    os.execve(argv[0], argv, os.environ)
+                os.execvpe(argv[0], argv, os.environ)
             except BaseException as exc:
                 with suppress(Exception):
                     os.write(2, f"tangram: cannot execute {argv[0]}: {exc}\n".encode())

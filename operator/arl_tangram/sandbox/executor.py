@@ -39,7 +39,7 @@ from arl_tangram.sandbox.config import AgentConfig, cpu_limit, infra_cores
 from arl_tangram.sandbox.cores import CorePool
 from arl_tangram.sandbox.forkclient import ForkServerClient, next_id
 from arl_tangram.sandbox.jupyter_driver import RUNTIME_PREFIX
-from arl_tangram.sandbox.languages import ACTION_SYSTEM_PATH, Detection, detect
+from arl_tangram.sandbox.languages import Detection, action_path, detect
 from arl_tangram.sandbox.models import JUPYTER_MARGIN_S, JUPYTER_START_S, JUPYTER_STOP_S, Notebook
 from arl_tangram.sandbox.preload import zygote_modules
 from arl_tangram.sandbox.wire import UNREAPED_GRACE_S
@@ -529,10 +529,9 @@ class Executor:
         """An action's environment. ``TMPDIR`` is the workdir unless its /tmp is its own
         (``_own_tmp``): then unset, as outside, so temporary files go to /tmp (in the workdir they
         were in the program's listing of its directory, a ``glob('*.txt')``, pytest's ``tmp_path``)."""
-        bindir = os.path.dirname(sys.executable)
         tmp = {} if own_tmp else {"TMPDIR": workdir}
         return {
-            "PATH": f"{bindir}:{ACTION_SYSTEM_PATH}",
+            "PATH": action_path(),
             "HOME": workdir,
             **tmp,
             "LANG": "C.UTF-8",

@@ -6,7 +6,8 @@ scala and verilog; ``c`` is ours (SandboxFusion has no plain C), the others carr
 Each ``Language`` names the file its code is written to, the toolchain binaries it needs, the
 argv of its compile step (none for interpreted languages) and of its run, and which files the
 compile leaves behind (what the compile cache keeps). The argv are templates: ``{cc}``-style
-fields are the resolved toolchain binaries, ``{heap_mb}`` and ``{jars}`` are filled per action,
+fields are the resolved toolchain binaries (named as a shell names them, where an action's PATH
+finds them by name: ``command_words``), ``{heap_mb}`` and ``{jars}`` are filled per action,
 and a ``{link_flags}`` part stands for the link flags ``detect`` found (none or several arguments).
 
 What is learnt from SandboxFusion's runners (its behaviour, not its code): the compiled binary is
@@ -50,6 +51,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -488,6 +490,9 @@ class Toolchain:
     go_modcache: str = ""  # the Go module cache, complete, for Go's builds (gopackages.py)
     # What of the language's optional flags and jars this host lacks, and why.
     missing_libraries: Mapping[str, str] = field(default_factory=dict)
+    # Template field -> the word argv names it by: its name where an action's PATH finds that very
+    # binary by it, as a shell running ``lua main.lua`` does (``command_words``); else its path.
+    commands: Mapping[str, str] = field(default_factory=dict)
 
     def heap_mb(self, memory_mb: int) -> int:
         """The JVM heap of a program limited to ``memory_mb``: what fits the limit (see
@@ -502,7 +507,7 @@ class Toolchain:
         """``template`` with the binaries, the jars found (by name) and ``values`` filled in
         (``{link_flags}``: the link flags found, none or several arguments; ``{java_files}``:
         ``java_files``)."""
-        fields = {**values, **self.libraries, **self.binaries}
+        fields = {**values, **self.libraries, **self.binaries, **self.commands}
         argv: list[str] = []
         for part in template:
             if part == LINK_FLAGS:
@@ -602,8 +607,15 @@ def _probe(argv: list[str], env: Mapping[str, str] | None = None) -> str:
     return "unknown"
 
 
-# The system part of an action's PATH (the executor puts the agent's Python first).
+# The system part of an action's PATH (``action_path`` puts the agent's Python first).
 ACTION_SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def action_path() -> str:
+    """An action's ``PATH``: the agent's Python's directory, then the system's."""
+    return f"{os.path.dirname(sys.executable)}:{ACTION_SYSTEM_PATH}"
+
+
 # Compiling the whole standard library on a cold cache: about a minute on two busy cores.
 GO_STD_BUILD_TIMEOUT_S = 900
 
@@ -849,6 +861,7 @@ def _detect_one(language: Language, path: str) -> Toolchain | str:
     return Toolchain(
         language=language,
         binaries=binaries,
+        commands=command_words(language.tools, binaries, action_path()),
         version=version,
         fingerprint=_fingerprint(binaries, version, built_with),
         env=env,
@@ -862,6 +875,21 @@ def _detect_one(language: Language, path: str) -> Toolchain | str:
         node_modules=node_modules,
         go_modcache=go_modcache,
     )
+
+
+def command_words(tools: Mapping[str, str], binaries: Mapping[str, str], path: str) -> dict[str, str]:
+    """The word each binary is named by in an action's argv: its name (``tools``) where ``path``
+    finds that very binary by it, else its absolute path. A shell running ``lua main.lua`` gives
+    the program ``lua`` as its ``argv[0]``, which programs show: Lua's errors begin with it
+    (``lua: main.lua:1: boom``; with the path it was ``/usr/bin/lua5.2: ...``), gcc's own
+    messages (``g++: fatal error: ...``), Node's ``process.argv0``. The child execs a bare name
+    by that same ``PATH`` (``child._run_action``)."""
+    words: dict[str, str] = {}
+    for key, real in binaries.items():
+        name = tools.get(key, "")
+        found = shutil.which(name, path=path) if name and "/" not in name else None
+        words[key] = name if found is not None and os.path.realpath(found) == real else real
+    return words
 
 
 def _default_heap_mb(java: str, env: Mapping[str, str]) -> int:

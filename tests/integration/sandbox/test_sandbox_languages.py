@@ -12,6 +12,10 @@ Each language is skipped only when this host lacks its toolchain, and the skip n
 from __future__ import annotations
 
 import base64
+import contextlib
+import os
+import signal
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -411,6 +415,38 @@ def test_a_failed_build_is_kept_and_reported_again(agent: Agent, found: dict[str
     assert second["compile_result"]["stderr"] == first["compile_result"]["stderr"]
     assert "not_declared_here" in second["compile_result"]["stderr"]
     assert second["run_result"] is None
+
+
+def test_a_build_whose_compiler_was_killed_is_not_kept(agent: Agent, found: dict[str, Any]) -> None:
+    """The kernel's OOM killer, on a host another action filled, kills the largest process: in a
+    C++ build that is ``cc1plus``, not the ``g++`` driver, which outlives it and fails the build
+    (return code 1, "Killed signal terminated program cc1plus"), no signal of its own. That
+    failure was kept as the source's, every later identical request's verdict a compile error.
+    Here the test kills ``cc1plus`` as the OOM killer does (SIGKILL, from outside the action)."""
+    need(found, "cpp")
+    # Heavy headers, so the compiler proper runs long enough to be found.
+    code = (
+        "#include <regex>\n#include <iostream>\n"
+        'int main(){ std::cout << std::regex_match("ab", std::regex("a+b")) << "\\n"; }\n'
+    )
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(run, agent, "cpp", code)
+        killed = False
+        while not killed and not pending.done():
+            for pid in processes_of(agent.uids):
+                with contextlib.suppress(OSError):
+                    if Path(f"/proc/{pid}/comm").read_text().strip() == "cc1plus":
+                        os.kill(pid, signal.SIGKILL)
+                        killed = True
+            time.sleep(0.005)  # a poll interval while the compile runs, not synchronisation
+        first = pending.result()
+    if not killed:
+        pytest.skip("the compile ended before its compiler could be found")
+    assert first["status"] == "Failed" and first["run_result"] is None, first
+    assert "signal terminated program" in first["compile_result"]["stderr"], first
+    again = run(agent, "cpp", code)
+    assert again["compile_result"]["cached"] is False, again
+    assert again["status"] == "Success" and again["run_result"]["stdout"] == "1\n", again
 
 
 def test_a_compile_error_that_is_not_utf8_is_answered_as_sandboxfusion_answers_it(

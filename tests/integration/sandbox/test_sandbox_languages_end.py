@@ -235,14 +235,20 @@ def _plain_commands(language: str, bins: dict[str, str], code: str) -> tuple[lis
     return None, ["/bin/bash", BASH_FILE]
 
 
+def _plain_env(language: str) -> dict[str, str]:
+    """A plain user's environment, with the language's own variables."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": os.environ.get("HOME", "/")}
+    env.update(ENVS.get(language, {}))
+    return env
+
+
 def outside(case: Case, bins: dict[str, str], workdir: Path) -> dict[str, Any]:
     """The plain run: build (if the language builds), then run, in a fresh directory."""
     # The source as SandboxFusion writes it (PHP: with its opening tag).
     language = KNOWN.get(case.language)
     source = language.source_bytes(case.code) if language else case.code.encode()
     (workdir / SOURCES[case.language]).write_bytes(source)
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": os.environ.get("HOME", "/")}
-    env.update(ENVS.get(case.language, {}))
+    env = _plain_env(case.language)
     build, command = _plain_commands(case.language, bins, case.code)
     if build is not None:
         built = subprocess.run(build, cwd=workdir, env=env, capture_output=True, timeout=COMPILE_TIMEOUT_S)
@@ -333,6 +339,37 @@ def test_a_program_ends_as_outside(
     }
     assert run["status"] == "Finished", (name, body)
     assert got == want, (name, body, want)
+
+
+@pytest.mark.parametrize(
+    ("language", "tool", "code"),
+    [
+        ("lua", "lua", 'io.write("x")\nerror("boom")\n'),  # "lua: main.lua:2: boom"
+        ("lua", "lua", "print(arg[-1])\n"),
+        ("nodejs", "node", "console.log(process.argv0)\n"),
+    ],
+)
+def test_a_program_is_named_as_a_shell_names_it(
+    agent: Agent, toolchains: dict[str, Any], tmp_path: Path, language: str, tool: str, code: str
+) -> None:
+    """SandboxFusion runs ``lua main.lua`` through a shell, which gives the program the name it
+    was typed by as its ``argv[0]``; the agent gave the binary's real path, so every uncaught Lua
+    error began ``/usr/bin/lua5.2: main.lua:2: boom`` where there it begins ``lua: ...``, and
+    Node's ``process.argv0`` was the path. (The other cases here run the agent's binaries by
+    path on both sides, which hid it.)"""
+    bins = _binaries(toolchains, language)
+    env = _plain_env(language)
+    found = shutil.which(tool, path=env["PATH"])
+    if found is None or os.path.realpath(found) != bins[tool]:
+        pytest.skip(f"a shell's {tool!r} is not the agent's {bins[tool]}")
+    (tmp_path / SOURCES[language]).write_text(code)
+    command = f"{tool} {SOURCES[language]}"
+    done = subprocess.run(
+        ["/bin/sh", "-c", command], cwd=tmp_path, env=env, capture_output=True, timeout=RUN_TIMEOUT_S
+    )
+    run = inside(agent, Case(language, code))["run_result"]
+    got = (run["return_code"], run["stdout"], run["stderr"])
+    assert got == (done.returncode, done.stdout.decode(), done.stderr.decode()), (command, run)
 
 
 def test_a_bash_error_after_a_signal_death_says_it_as_bash_does(

@@ -10,7 +10,7 @@ import pytest
 
 from arl_tangram.sandbox import gopackages
 from arl_tangram.sandbox.compilecache import CompileCache, CompiledBuild, build_key
-from arl_tangram.sandbox.languages import LANGUAGES, detect, known_name, unavailable_language
+from arl_tangram.sandbox.languages import LANGUAGES, command_words, detect, known_name, unavailable_language
 from arl_tangram.sandbox.preload import zygote_modules
 
 
@@ -134,6 +134,27 @@ def test_detect_names_the_missing_binary_and_reads_the_version(tmp_path: Path) -
     assert "languages found: cpp (g++ (Fake) 99.1)" in found.summary()
 
 
+def test_a_binary_is_named_in_argv_as_a_shell_on_the_actions_path_names_it(tmp_path: Path) -> None:
+    """Its name where the action's PATH finds that very binary by it (a link's target included,
+    as ``/usr/bin/lua`` is ``lua5.2``'s); its path where that PATH finds another or none."""
+    real = tmp_path / "lib" / "lua5.2"
+    real.parent.mkdir()
+    real.write_text("#!/bin/sh\n")
+    real.chmod(0o755)
+    on_path = tmp_path / "bin"
+    on_path.mkdir()
+    (on_path / "lua").symlink_to(real)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "node").write_text("#!/bin/sh\n")
+    (other / "node").chmod(0o755)
+    node = str(tmp_path / "lib" / "node")
+    tools = {"lua": "lua", "node": "node", "go": "go"}
+    binaries = {"lua": str(real), "node": node, "go": str(tmp_path / "go" / "bin" / "go")}
+    words = command_words(tools, binaries, f"{on_path}:{other}")
+    assert words == {"lua": "lua", "node": node, "go": binaries["go"]}
+
+
 def _fake_go(tmp_path: Path, build_exit: int) -> tuple[Path, Path]:
     """A ``go`` that reports a cache, logs each call with its GOCACHE, and builds with ``build_exit``."""
     cache, log = tmp_path / "cache", tmp_path / "calls.log"
@@ -248,6 +269,11 @@ def test_the_jvm_heap_leaves_room_for_what_the_jvm_reserves_besides() -> None:
         assert heap <= 0.75 * memory or heap == 32
 
 
+def _failed(stderr: bytes, code: int = 1) -> dict[str, object]:
+    """A compile's reply: its driver exited ``code`` (no signal of its own), saying ``stderr``."""
+    return {"exit_code": code, "signal": None, "stderr": stderr}
+
+
 @pytest.mark.parametrize(
     ("reply", "kept"),
     [
@@ -255,6 +281,28 @@ def test_the_jvm_heap_leaves_room_for_what_the_jvm_reserves_besides() -> None:
         # Killed by the kernel's OOM killer on a host another action filled: the moment's doing.
         ({"exit_code": -9, "signal": 9, "stderr": b""}, False),
         ({"exit_code": 1, "signal": None, "stderr": b"", "memory_error": True}, False),
+        # The OOM killer kills the largest process, which the driver outlives: each toolchain's
+        # driver's own words for it (as they print them), or a shell's 128 + the signal.
+        (_failed(b"g++: fatal error: Killed signal terminated program cc1plus\n"), False),
+        (_failed(b"collect2: fatal error: ld terminated with signal 9 [Killed]\n"), False),
+        (
+            _failed(b"internal/unsafeheader: /usr/local/go/pkg/tool/linux_amd64/compile: signal: killed\n"),
+            False,
+        ),
+        (_failed(b"error: linking with `cc` failed: signal: 9 (SIGKILL)\n"), False),
+        (_failed(b"Error: Error executing /usr/bin/ldc2: Killed\n"), False),
+        (_failed(b'/usr/bin/scalac: line 21: 12687 Killed                  "$@"\n', 137), False),
+        # A process or thread refused (the host's or the pod's processes full): the moment's too.
+        (
+            _failed(b"gcc: fatal error: cannot execute 'cc1': vfork: Resource temporarily unavailable\n"),
+            False,
+        ),
+        (_failed(b"runtime: failed to create new OS thread (have 4 already; errno=11)\n", 2), False),
+        (
+            _failed(b"java.lang.OutOfMemoryError: unable to create native thread: possibly out of memory\n"),
+            False,
+        ),
+        (_failed(b"./main.go:3:2: undefined: killed\n"), True),
     ],
 )
 def test_a_compile_failed_by_the_moment_is_not_kept(reply: dict[str, object], kept: bool) -> None:
