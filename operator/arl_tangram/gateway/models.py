@@ -256,11 +256,17 @@ class VllmClassifyRequest(_VllmCommon):
     input: Text | list[Text]
 
 
+# How an embedding or pooled vector is answered: a list of numbers, or (OpenAI's and vLLM's
+# ``base64``) its float32 values, little-endian, base64-encoded. OpenAI's Python SDK asks for
+# ``base64`` whenever its caller names no format.
+EncodingFormat = Literal["float", "base64"]
+
+
 class VllmPoolingRequest(_VllmCommon):
     """vLLM's ``/pooling`` (how it serves reward models' scores)."""
 
     input: Text | list[Text]
-    encoding_format: Literal["float"] = "float"
+    encoding_format: EncodingFormat = "float"
 
 
 class SglangClassifyRequest(BaseModel):
@@ -311,7 +317,7 @@ class VllmClassifyResponse(BaseModel):
 class VllmPoolingData(BaseModel):
     index: int
     object: Literal["pooling"] = "pooling"
-    data: list[float]
+    data: list[float] | str
 
 
 class VllmPoolingResponse(BaseModel):
@@ -333,13 +339,13 @@ class EmbeddingsRequest(BaseModel):
 
     model: ModelName | None = None
     input: Text | list[Text]
-    encoding_format: Literal["float"] = "float"
+    encoding_format: EncodingFormat = "float"
 
 
 class EmbeddingData(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
-    embedding: list[float]
+    embedding: list[float] | str
 
 
 class EmbeddingsResponse(BaseModel):

@@ -14,7 +14,10 @@ vLLM's ``input``).
 
 from __future__ import annotations
 
+import array
 import asyncio
+import base64
+import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -33,6 +36,7 @@ from arl_tangram.gateway.models import (
     EmbeddingData,
     EmbeddingsRequest,
     EmbeddingsResponse,
+    EncodingFormat,
     OpenRLHFRewardRequest,
     OpenRLHFRewardResponse,
     RewardRequest,
@@ -255,13 +259,26 @@ async def classify(request: web.Request) -> web.Response:
     return web.json_response(answer.model_dump())
 
 
+def _vector(values: list[float], encoding: EncodingFormat) -> list[float] | str:
+    """A vector as the caller asked for it: the numbers, or their float32 bytes (little-endian, as
+    vLLM and OpenAI send them and OpenAI's SDK decodes them) in base64."""
+    if encoding == "base64":
+        # array rounds a finite value past float32's range to infinity, as vLLM's numpy does
+        # (struct would refuse it, failing the whole request).
+        packed = array.array("f", values)
+        if sys.byteorder == "big":
+            packed.byteswap()
+        return base64.b64encode(packed.tobytes()).decode("ascii")
+    return values
+
+
 async def vllm_pooling(request: web.Request) -> web.Response:
     """``POST /pooling`` (vLLM serves reward models' scores there)."""
     body = await parse(request, VllmPoolingRequest, _config(request))
     namespace = namespace_of(request)
     target = target_of(request, namespace, body.model)
     rewards = await score(request, target, texts(body.input, "input"), listed("input"))
-    rows = [VllmPoolingData(index=i, data=[r]) for i, r in enumerate(rewards)]
+    rows = [VllmPoolingData(index=i, data=_vector([r], body.encoding_format)) for i, r in enumerate(rewards)]
     answer = VllmPoolingResponse(**_openai_envelope(body.model, target), data=rows)
     return web.json_response(answer.model_dump())
 
@@ -273,5 +290,7 @@ async def embeddings(request: web.Request) -> web.Response:
     namespace = namespace_of(request)
     target = target_of(request, namespace, body.model)
     rewards = await score(request, target, texts(body.input, "input"), listed("input"))
-    rows = [EmbeddingData(index=i, embedding=[r]) for i, r in enumerate(rewards)]
+    rows = [
+        EmbeddingData(index=i, embedding=_vector([r], body.encoding_format)) for i, r in enumerate(rewards)
+    ]
     return web.json_response(EmbeddingsResponse(model=_served_as(body.model, target), data=rows).model_dump())
