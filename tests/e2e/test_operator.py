@@ -1212,3 +1212,37 @@ def test_results_past_a_small_budget_are_left_out_counted_and_not_run_again_afte
     again = cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "actionbatches", "small")
     assert condition(again, "Complete") == "True" and again["status"]["counts"] == status["counts"]
     assert _agents_ran(cluster, namespace) - before == n + 1, "an action left out of the status ran again"
+
+
+def test_results_of_outputs_the_api_server_escapes_stay_within_the_budget_as_it_stores_them(
+    cluster: Cluster, namespace: str, operator: Operator
+) -> None:
+    """Outputs of progress bars and compiler errors (``█``: 3 bytes in UTF-8; ``<`` and ``&``: 6, as
+    the API server escapes them) were counted as characters, so the status the API server held took
+    several times the ``budgetBytes`` its user set. Read back as the API server serves it, the
+    results take no more than their budget, and ``resultBytes`` says what they take."""
+    _pool(cluster, namespace, scaling={"minHosts": 1, "maxHosts": 1})
+    n, budget = 20, 8192
+    actions = [
+        {
+            "id": f"e{i}",
+            "type": "code",
+            "target": "py",
+            "payload": {"language": "python", "code": "print('\\u2588<&' * 400)"},
+        }
+        for i in range(n)
+    ]
+    results = {"budgetBytes": budget, "outputBytesPerAction": 1024}
+    _create(cluster, namespace, "actionbatches", batch_manifest("escaped", actions, results=results))
+    status = _wait_batch(cluster, namespace, "escaped")["status"]
+    assert status["counts"]["succeeded"] == n
+    assert status["results"][0]["output"].startswith(("\u2588", "<", "&"))  # the first output kept
+    raw: bytes = cluster.custom.get_namespaced_custom_object(
+        GROUP, VERSION, namespace, "actionbatches", "escaped", _preload_content=False
+    ).data
+    assert b"\\u003c" in raw  # the API server's own escaping, which the budget must count
+    # Go writes a map's keys in order: "results" is followed by "startTime".
+    start = raw.index(b'"results":[') + len(b'"results":')
+    stored = raw[start : raw.index(b',"startTime"', start)]
+    kept = len(status["results"])
+    assert len(stored) - (kept + 1) == status["resultBytes"] <= budget  # less brackets and commas

@@ -4,9 +4,14 @@ One object carries up to :data:`MAX_ACTIONS` actions and their compact results; 
 object per action, because the API server is not built for millions of short-lived objects.
 
 Size budget (etcd refuses objects over 1.5 MiB): the spec, payloads included, may take at most
-:data:`MAX_SPEC_BYTES` (640 KiB) as JSON, and the results at most ``spec.results.budgetBytes`` (256 KiB by
-default, :data:`MAX_RESULT_BUDGET_BYTES` = 384 KiB at most). Together with metadata and the per-action
-result fields the object stays near 1 MiB in the worst case, well under the limit.
+:data:`MAX_SPEC_BYTES` (640 KiB) as the API server stores it (:func:`~arl_tangram.api.meta.stored_size`),
+and the results at most ``spec.results.budgetBytes`` (256 KiB by default,
+:data:`MAX_RESULT_BUDGET_BYTES` = 384 KiB at most), counted the same way. Together with metadata and
+the per-action result fields the object stays near 1 MiB in the worst case, well under the limit.
+
+So the spec's bytes, not :data:`MAX_ACTIONS`, bound a batch of realistic actions: 1024 fit only at
+about 600 bytes each, while programs of a few KiB fit by the hundred (the CRD's description of
+``spec.actions`` and the operator's refusal both say how many).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from arl_tangram.api.meta import (
     defaulted,
     field_error,
     no_duplicates,
+    stored_size,
 )
 
 ActionType = Literal["code", "test", "reward", "http"]
@@ -41,7 +47,10 @@ ACTION_STATES: tuple[str, ...] = get_args(ActionState)
 MAX_ACTIONS = 1024
 """Most actions in one ActionBatch (see the module docstring for the size budget behind it)."""
 MAX_SPEC_BYTES = 640 * 1024
-"""Most bytes the spec may take as JSON, payloads included."""
+"""Most bytes the spec may take as the API server stores it (``stored_size``), payloads included."""
+# About what an action with 4 KiB of code takes as JSON (its id, type, target, options and keys add
+# 100 to 250 bytes): the example by which the CRD says how many realistic actions fit in MAX_SPEC_BYTES.
+TYPICAL_ACTION_BYTES = 4 * 1024 + 256
 MAX_RESULT_BUDGET_BYTES = 384 * 1024
 """Largest allowed ``spec.results.budgetBytes``."""
 MAX_OUTPUT_BYTES_PER_ACTION = 64 * 1024
@@ -146,8 +155,9 @@ class ResultBudget(TangramModel):
         default=256 * 1024,
         ge=1024,
         le=MAX_RESULT_BUDGET_BYTES,
-        description="Bytes of all results together in status; beyond it outputs are dropped (truncated), "
-        "then whole results (status.resultsOmitted counts them).",
+        description="Bytes of all results together in status, as the API server stores them (JSON in "
+        "UTF-8, where <, > and & take 6 bytes each); beyond it outputs are dropped (truncated), then whole "
+        "results (status.resultsOmitted counts them).",
     )
     output_bytes_per_action: int = Field(
         default=1024,
@@ -180,7 +190,15 @@ class ActionBatchSpec(TangramModel):
     actions: list[Action] = Field(
         min_length=1,
         max_length=MAX_ACTIONS,
-        description=f"The actions, at most {MAX_ACTIONS}; ids are unique.",
+        description=f"The actions, at most {MAX_ACTIONS}; ids are unique. The whole spec, payloads "
+        f"included, may take at most {MAX_SPEC_BYTES // 1024} KiB as the API server stores it (JSON in "
+        "UTF-8, where <, > and & take 6 bytes each), which bounds realistic batches "
+        f"first: about {MAX_SPEC_BYTES // TYPICAL_ACTION_BYTES} actions of 4 KiB of code each. Split a "
+        "larger step into several ActionBatches: a spec over that size is refused by the operator "
+        "(Accepted=False, naming how many of its actions fit), and an object over etcd's limit (about "
+        '1.5 MiB) by the API server itself ("etcdserver: request is too large"). Create large batches '
+        "with kubectl create or kubectl apply --server-side: client-side apply copies the object into "
+        "an annotation, which holds at most 256 KiB.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["id"]},
     )
     retry_policy: RetryPolicy = defaulted(RetryPolicy, "Retries after infrastructure failures.")
@@ -207,14 +225,37 @@ class ActionBatchSpec(TangramModel):
     @model_validator(mode="after")
     def _fits_size_budget(self) -> Self:
         # Only the models can check this: a schema cannot bound the size of free-form payloads.
-        size = len(self.model_dump_json(by_alias=True, exclude_none=True))
+        size = stored_size(self.model_dump_json(by_alias=True, exclude_none=True))
         if size > MAX_SPEC_BYTES:
-            raise field_error(
-                "actions",
-                f"the spec takes {size} bytes as JSON, over the {MAX_SPEC_BYTES} allowed; "
-                "split the actions into several ActionBatches",
-            )
+            raise field_error("actions", oversize_message(self.actions, size))
         return self
+
+
+def oversize_message(actions: list[Action], size: int) -> str:
+    """Why a spec of ``size`` bytes is refused, and what to do: how many of its actions one batch
+    holds at their size. "Split the actions" alone left a user of 1,000 small-enough-looking
+    actions (the CRD allows 1024) to guess how many to put in each batch."""
+    sizes = [stored_size(a.model_dump_json(by_alias=True, exclude_none=True)) for a in actions]
+    said = (
+        f"the spec takes {size} bytes as JSON, over the {MAX_SPEC_BYTES} allowed "
+        f"({MAX_SPEC_BYTES // 1024} KiB)"
+    )
+    room = MAX_SPEC_BYTES - (size - sum(sizes))  # what the actions may take besides the spec's other fields
+    largest = max(range(len(actions)), key=sizes.__getitem__)
+    if sizes[largest] > room:
+        # Splitting cannot help an action that does not fit a batch on its own.
+        return (
+            f"{said}; action {actions[largest].id!r} alone takes {sizes[largest]} bytes, more than any "
+            "ActionBatch holds: make its payload smaller"
+        )
+    average = sum(sizes) / len(sizes)
+    fit = max(1, int(room // average))
+    batches = -(-len(actions) // fit)
+    return (
+        f"{said}: its {len(actions)} actions average {average:.0f} bytes, of which one ActionBatch holds "
+        f"about {fit}; split the actions into several ActionBatches ({batches} or more, of at most "
+        f"about {fit} actions each)"
+    )
 
 
 class ActionCounts(TangramModel):

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -435,8 +436,8 @@ class BatchManager:
         self.writes = 0
         self._finished = asyncio.Event()  # a batch's last action ended: write without waiting
         self._ending: set[asyncio.Task[None]] = set()  # batches replaced under their name, ending
-        # Whole outputs kept, oldest finished first: (batch, action id) -> their size (characters,
-        # about their bytes: outputs are mostly ASCII), and the total, bounded by ``whole_budget``.
+        # Whole outputs kept, oldest finished first: (batch, action id) -> the memory they hold
+        # (``_memory``), and the total, bounded by ``whole_budget``.
         self.whole_budget = whole_outputs_bytes
         self._whole: OrderedDict[tuple[_Batch, str], int] = OrderedDict()
         self.whole_bytes = 0
@@ -707,7 +708,7 @@ class BatchManager:
             "outputWhole": True,
         }
         if not batch.ending:  # (an ended batch's go with it: accounted, they kept it in memory)
-            kept = len(outcome.stdout) + len(outcome.stderr) + len(outcome.message or "")
+            kept = _memory(outcome.stdout) + _memory(outcome.stderr) + _memory(outcome.message)
             self._keep_whole(batch, action_id, kept)
         batch.acts.append(act_s)
         batch.tasks.pop(action_id, None)
@@ -990,6 +991,13 @@ _IMMUTABLE = tuple(
 def _present(status: Mapping[str, Any]) -> dict[str, Any]:
     """A status as the API server keeps it: a merge patch's ``None`` removes a field."""
     return {k: v for k, v in status.items() if v is not None}
+
+
+def _memory(text: str | None) -> int:
+    """Bytes of memory ``text`` holds: CPython stores a string in 1, 2 or 4 bytes a character (its
+    widest), so counting characters took outputs of emoji or a progress bar's blocks for a quarter
+    or half of what they hold."""
+    return sys.getsizeof(text) if text else 0
 
 
 def _seconds(millis: int | None) -> float | None:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from arl_tangram.api.actionbatch import Action, ActionBatchSpec, ActionCounts, ActionResult
-from arl_tangram.api.meta import ActStats
+from arl_tangram.api.meta import ActStats, stored_size
 from arl_tangram.core.stats import percentile
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest
 from arl_tangram.errors import InvalidSpec, UnsupportedType
@@ -275,8 +275,9 @@ def fit_results(results: Sequence[ActionResult], budget_bytes: int) -> tuple[lis
     results fit; then, if even those do not fit (a thousand results with long ids and reasons take
     more than a small budget), whole results are left out, those of running actions first (they
     carry only an attempt count), then the latest. Returns the results kept, the bytes they take
-    and how many were left out: a budget the user set is one the status keeps."""
-    sizes = [len(r.model_dump_json(by_alias=True, exclude_none=True)) for r in results]
+    (as the API server stores them: ``stored_size``) and how many were left out: a budget the user
+    set is one the status keeps."""
+    sizes = [stored_size(r.model_dump_json(by_alias=True, exclude_none=True)) for r in results]
     total = sum(sizes)
     out = list(results)
     for i in range(len(out) - 1, -1, -1):
@@ -284,7 +285,7 @@ def fit_results(results: Sequence[ActionResult], budget_bytes: int) -> tuple[lis
             break
         if out[i].output:
             slim = out[i].model_copy(update={"output": None, "truncated": True})
-            new = len(slim.model_dump_json(by_alias=True, exclude_none=True))
+            new = stored_size(slim.model_dump_json(by_alias=True, exclude_none=True))
             total += new - sizes[i]
             sizes[i] = new
             out[i] = slim

@@ -748,3 +748,63 @@ def test_the_maximum_batch_fits_the_etcd_limit() -> None:
     # Results at their maximum budget plus the fixed fields of every result (~200 bytes each).
     total = spec_bytes + actionbatch_module.MAX_RESULT_BUDGET_BYTES + 200 * MAX_ACTIONS
     assert total < 1.25 * 2**20
+
+
+def _programs(n: int, code_bytes: int) -> dict[str, Any]:
+    obj = sample(BATCH)
+    actions(n)(obj)
+    for action in obj["spec"]["actions"]:
+        action["payload"] = {"language": "python", "code": "x" * code_bytes}
+    return obj
+
+
+def test_a_spec_over_its_size_says_how_many_of_its_actions_one_batch_holds() -> None:
+    """1,000 actions (the CRD allows 1024) of 4 KiB of code each: the refusal said only "split the
+    actions into several ActionBatches", leaving the user to guess into how many. It says their
+    size, how many one batch holds, and so how many batches it takes; and that many do load."""
+    with pytest.raises(InvalidSpec) as refused:
+        load(_programs(1000, 4096))
+    message = str(refused.value)
+    assert "spec.actions" in message and f"over the {actionbatch_module.MAX_SPEC_BYTES} allowed" in message
+    said = message.split("its 1000 actions average ")[1]
+    fit = int(said.split("one ActionBatch holds about ")[1].split(";")[0])
+    assert f"({-(-1000 // fit)} or more, of at most about {fit} actions each)" in message
+    assert 100 < fit < 1000
+    load(_programs(fit, 4096))  # the number said fits
+    with pytest.raises(InvalidSpec):
+        load(_programs(fit + 10, 4096))
+
+
+def test_one_action_too_big_for_any_batch_is_named() -> None:
+    """Splitting cannot help an action whose payload alone is over the limit: it is named."""
+    obj = _programs(3, 10)
+    obj["spec"]["actions"][1]["payload"]["code"] = "x" * actionbatch_module.MAX_SPEC_BYTES
+    said = r"action 'a1' alone takes \d+ bytes, more than any ActionBatch holds: make its payload smaller"
+    with pytest.raises(InvalidSpec, match=said):
+        load(obj)
+
+
+def test_the_crd_says_how_many_realistic_actions_fit() -> None:
+    """The CRD said "at most 1024" actions, which only ~600-byte actions reach: programs of a few
+    KiB hit the spec's byte limit (and etcd's) far sooner, said nowhere a user reads."""
+    items = crd_schema(BATCH)["properties"]["spec"]["properties"]["actions"]
+    description = items["description"]
+    assert f"{actionbatch_module.MAX_SPEC_BYTES // 1024} KiB" in description
+    fit = actionbatch_module.MAX_SPEC_BYTES // actionbatch_module.TYPICAL_ACTION_BYTES
+    assert f"about {fit} actions of 4 KiB of code each" in description
+    load(_programs(fit, 4096))
+    with pytest.raises(InvalidSpec):
+        load(_programs(fit + 5, 4096))
+    assert "etcdserver: request is too large" in description and "--server-side" in description
+
+
+def test_the_spec_size_counts_bytes_as_the_api_server_stores_them() -> None:
+    """600,000 characters of ``&&`` (shell lines, C++) passed the 640 KiB check as 600,000 bytes,
+    though the API server stores each ``&`` as 6 bytes (``\\u0026``): 3.6 MB, which etcd refuses
+    with only "request is too large". The models refuse it first, saying its size."""
+    obj = _programs(4, 150_000)
+    for action in obj["spec"]["actions"]:
+        action["payload"]["code"] = "&" * 150_000
+    with pytest.raises(InvalidSpec, match=r"the spec takes \d{7} bytes as JSON"):
+        load(obj)
+    load(_programs(4, 150_000))  # the same length of plain characters fits

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -565,12 +566,36 @@ async def test_whole_outputs_past_the_memory_budget_go_oldest_first_and_are_serv
     assert mgr.whole_bytes == 0
 
 
+async def test_the_memory_budget_of_whole_outputs_counts_the_memory_they_take() -> None:
+    """Whole outputs were counted in characters, which CPython stores in 1, 2 or 4 bytes each: a
+    progress bar's blocks (2) or emoji (4) held up to 4 times the results memory an operator was
+    given (``TANGRAM_RESULTS_MEMORY_MIB``) before any went. What the kept outputs take in memory
+    stays within it."""
+    out = "\U0001f600" * 1000  # 1,000 characters, 4,000 bytes of memory
+
+    async def run(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        await asyncio.sleep(0)
+        return ActionOutcome(request.key, Outcome.SUCCEEDED, stdout=out, exit_code=0, attempts=1)
+
+    rec = Recorder()
+    budget = 9000
+    mgr = BatchManager(run, rec.cancel, _python_pool, rec.patch, rec.delete, whole_outputs_bytes=budget)
+    mgr.ensure(_body(4))
+    await _until(lambda: mgr.pending_count() == 0)
+    rows = await _rows(mgr, "b")
+    whole = [r for r in rows if r["outputWhole"]]
+    assert whole and sum(sys.getsizeof(r["stdout"]) for r in whole) <= mgr.whole_bytes <= budget
+    assert [r["outputWhole"] for r in rows] == [False, False, True, True]  # the oldest went
+
+
 async def test_a_spec_the_models_refuse_is_said_in_the_batchs_status_and_nothing_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """What the schema cannot check (the spec's size) was raised into kopf, which logged it: the
     batch never had a status, and its author never learned why."""
-    monkeypatch.setattr(api_actionbatch, "MAX_SPEC_BYTES", 200)
+    # Room for one of the 5 actions beside the spec's defaulted fields (~130 bytes), not for all:
+    # under 200 not one fits a batch, which the refusal says instead of "split the actions".
+    monkeypatch.setattr(api_actionbatch, "MAX_SPEC_BYTES", 400)
     rec = Recorder()
     mgr = _manager(rec)
     mgr.ensure(_body(5))

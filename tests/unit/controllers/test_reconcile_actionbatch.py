@@ -184,6 +184,36 @@ def test_results_past_the_budget_even_without_outputs_are_left_out_and_counted()
     assert "budgetBytes (1024)" in omitted["message"]
 
 
+def _as_the_api_server_stores(value: Any) -> bytes:
+    """JSON as the API server writes a custom object (Go's encoding/json, as seen on the test bed):
+    UTF-8 unescaped, but ``<``, ``>``, ``&``, U+2028 and U+2029 escaped as six bytes each."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    for char in "<>&\u2028\u2029":
+        text = text.replace(char, f"\\u{ord(char):04x}")
+    return text.encode()
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        "\u2588" * 300,  # a progress bar (tqdm's blocks): 3 bytes each in UTF-8
+        "\U0001f600" * 250,  # emoji: 4 bytes each
+        "std::vector<std::pair<int,int>> && x;\n" * 25,  # a compiler's error: <, > and & take 6 bytes
+    ],
+)
+def test_the_results_budget_counts_bytes_as_the_api_server_stores_them(output: str) -> None:
+    """Results were measured in characters of Python's JSON: outputs of progress bars, emoji or
+    C++ errors took up to 6 times their budget in the object (a status of the largest budget,
+    384 KiB, then passed etcd's limit with the spec beside it, and the API server refused it)."""
+    results = {f"a{i}": res(i, "Failed", output=output) for i in range(40)}
+    budget = 16 * 1024
+    s = spec(40, results={"budgetBytes": budget, "outputBytesPerAction": 1024})
+    status, _ = reconcile_actionbatch(s, BatchObservation(results, (), 1, NOW, NOW), NOW)
+    stored = sum(len(_as_the_api_server_stores(r)) for r in status["results"])
+    assert status["resultBytes"] == stored <= budget
+    assert status["results"][0]["output"] == output  # outputs dropped from the latest first
+
+
 def test_results_within_the_budget_leave_nothing_out_and_say_nothing_of_it() -> None:
     done = {f"a{i}": res(i, "Succeeded") for i in range(3)}
     status, _ = reconcile_actionbatch(spec(), BatchObservation(done, (), 1, NOW, NOW), NOW)
