@@ -202,6 +202,19 @@ def reconcile_actionbatch(
             gen,
             now,
         )
+    elif any(c.get("type") == ConditionType.RESULTS_OMITTED.value for c in conds):
+        # Left out before (read back after a restart, whose re-run actions are Running and small
+        # again): the status holds every result now, and the condition must not say otherwise.
+        conds = set_condition(
+            conds,
+            ConditionType.RESULTS_OMITTED,
+            False,
+            ConditionReason.WITHIN_BUDGET,
+            "every result is in status.results, within spec.results.budgetBytes "
+            f"({spec.results.budget_bytes})",
+            gen,
+            now,
+        )
     # A batch's summary covers its own actions, so its window is its own span: from its first
     # action's start to its last one's end (to now while it runs). A pool's is its recent past.
     began, ended = observed.start_time, completion or now
@@ -326,11 +339,14 @@ def recovered_results(status: Mapping[str, Any] | None) -> dict[str, ActionResul
 def unrecorded_finished(
     status: Mapping[str, Any] | None, results: Mapping[str, ActionResult]
 ) -> dict[str, int]:
-    """State -> how many actions of a complete batch have no result in its ``status`` (left out for
-    the budget, ``resultsOmitted``): its counts less the ``results`` recovered. A restarted operator
-    ran those actions again, which turned a batch reported Complete back to running. Empty for a
-    batch not complete: its actions without a result run again, as any not yet recorded does."""
-    if not status or not status.get("completionTime") or not status.get("resultsOmitted"):
+    """State -> how many actions of a complete batch have no final result in its ``status``: its
+    counts less the final ``results`` recovered. Those were left out for the budget
+    (``resultsOmitted``), or the API server refused the status that held them (``StatusRefused``:
+    the results as last accepted, some still Running, beside the complete counts). A restarted
+    operator ran those actions again, which turned a batch reported Complete back to running.
+    Empty for a batch not complete: its actions without a result run again, as any not yet
+    recorded does."""
+    if not status or not status.get("completionTime"):
         return {}
     counts = status.get("counts") or {}
     out: dict[str, int] = {}
@@ -481,6 +497,11 @@ class BatchManager:
             return
         self._refused.pop(ident, None)
         results = recovered_results(status)
+        unrecorded = unrecorded_finished(status, results)
+        if unrecorded:
+            # A complete batch: a result not final is one written before its action finished (a
+            # later status was refused), and the counts say it did.
+            results = {k: r for k, r in results.items() if r.state in FINAL_STATES}
         batch = _Batch(
             namespace=ident[0],
             name=ident[1],
@@ -497,14 +518,13 @@ class BatchManager:
             written=_present(status) if status else None,
         )
         self._batches[ident] = batch
-        unrecorded = unrecorded_finished(status, results)
         batch.unrecorded = unrecorded
         for action in spec.actions:
             prior = results.get(action.id)
             if prior is not None and prior.state in FINAL_STATES:
                 continue
             if prior is None and unrecorded:
-                # Finished, its result left out of the complete batch's status: not run again.
+                # Finished, its result not in the complete batch's status: not run again.
                 continue
             attempts = prior.attempts if prior is not None else 0
             batch.tasks[action.id] = asyncio.get_running_loop().create_task(
@@ -938,7 +958,7 @@ class BatchManager:
                     continue
                 state = batch.results.get(action.id)
                 if state is None and batch.unrecorded:
-                    # Finished before this operator started, its result left out of the status
+                    # Finished before this operator started, its result not in the status
                     # (``unrecorded_finished``): nothing of it is known here but that it ended.
                     yield {"id": action.id, "state": "Unknown", "message": _UNRECORDED}
                     continue
@@ -976,8 +996,9 @@ class BatchManager:
 
 
 _UNRECORDED = (
-    "finished before this operator started; its result was left out of the status to keep it "
-    "within spec.results.budgetBytes, and its output was in the memory of the operator before"
+    "finished before this operator started; its result is not in the status (left out to keep it "
+    "within spec.results.budgetBytes, or in a status the API server refused), and its output was in "
+    "the memory of the operator before"
 )
 
 # What cannot change once a batch exists (the CRD's transition rule): (field, its name in the spec).

@@ -75,6 +75,8 @@ class ConditionReason(StrEnum):
     STATUS_REFUSED = "StatusRefused"
     # Results left out of the status to keep it within spec.results.budgetBytes
     OVER_BUDGET = "OverBudget"
+    # Every result known is in the status again (ResultsOmitted=False, once it was True)
+    WITHIN_BUDGET = "WithinBudget"
 
 
 @dataclass(frozen=True)

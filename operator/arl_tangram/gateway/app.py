@@ -563,7 +563,10 @@ class _ParserRefusals(logging.Filter):
         if isinstance(exc, LineTooLong):
             why = f"a request line or header over {exc.args[1]} bytes"
         else:
-            why = f"{type(exc).__name__}: {exc.message[:120]}"
+            # llhttp's message is its description, a blank line, then the offending line quoted
+            # whole (``Authorization: Bearer <token>`` with a bad character): the description only.
+            said = " ".join(exc.message.split("\n\n", 1)[0].split()).rstrip(":")
+            why = f"{type(exc).__name__}: {said[:120]}"
         remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
         record.msg, record.args, record.exc_info, record.exc_text = (
             "gateway: refused an unparsable request from %s (%s)",

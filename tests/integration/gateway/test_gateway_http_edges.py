@@ -165,8 +165,15 @@ def test_a_compressed_stream_bounds_its_lines_not_its_whole(gateway: Gateway) ->
             b"8190 bytes",
         ),
         ("over 128 headers", b"".join(b"X-H%d: 1\r\n" % i for i in range(200)), b"headers"),
+        (
+            # llhttp's message quotes the offending line itself (not only its first 100 bytes):
+            # the filter must keep its description and drop the quote.
+            "a header value with a control character",
+            b"Authorization: Bearer t0ken\x01t0ken\r\n",
+            b"invalid header value char",
+        ),
     ],
-    ids=["long line", "many headers"],
+    ids=["long line", "many headers", "control character"],
 )
 def test_headers_over_the_parsers_limits_are_400_without_a_traceback(
     gateway: Gateway, what: str, headers: bytes, named: bytes, caplog: pytest.LogCaptureFixture

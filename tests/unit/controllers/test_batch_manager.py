@@ -972,3 +972,50 @@ async def test_a_restart_runs_no_action_of_a_complete_batch_whose_result_was_lef
     assert status["resultsOmitted"] == written["resultsOmitted"]
     rows = await _rows(restarted, "b")
     assert [r["state"] for r in rows[len(written["results"]) :]] == ["Unknown"] * written["resultsOmitted"]
+
+
+async def test_a_restart_runs_no_action_of_a_complete_batch_whose_status_write_was_refused() -> None:
+    """A complete batch whose full status the API server refused (``StatusRefused``) holds its
+    counts and ``completionTime`` with the results as last accepted: one of them still Running.
+    A restarted operator took that action for one not finished and ran it again, and the batch
+    its status had called Complete (its completion Event posted) went back to running."""
+    rec = Recorder()
+    release = asyncio.Event()
+
+    async def run(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        if request.key.endswith("a2"):
+            await release.wait()
+        return await rec.run(request, attempts_so_far)
+
+    async def patch(namespace: str, name: str, uid: str, status: dict[str, Any]) -> None:
+        if any(r["state"] == "Succeeded" for r in status.get("results", ())[2:]):
+            raise actionbatch.StatusRefused("422: status.results[2]: Invalid value: denied by policy")
+        rec.writes.append(status)
+
+    mgr = BatchManager(run, rec.cancel, _python_pool, patch, rec.delete)
+    body = _body(3)
+    mgr.ensure(body)
+    await _until(lambda: mgr.pending_count() == 1)
+    mgr.started(next(k for k in mgr._by_key if k.endswith("a2")), 1)
+    await mgr.flush()
+    release.set()
+    await _until(lambda: mgr.pending_count() == 0)
+    await mgr.flush()
+    said = rec.writes[-1]
+    assert _complete(said) and [r["state"] for r in said["results"]] == ["Succeeded", "Succeeded", "Running"]
+    again = Recorder()
+    ran: list[str] = []
+
+    async def rerun(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        ran.append(request.key)
+        return await again.run(request, attempts_so_far)
+
+    restarted = BatchManager(rerun, again.cancel, _python_pool, again.patch, again.delete)
+    restarted.ensure(_restarted(body, said))
+    assert restarted.pending_count() == 0
+    await restarted.flush()
+    assert ran == []
+    status, _ = restarted.status_of(restarted._batches[("ns", "b")], datetime.now(UTC))
+    assert _complete(status) and status["counts"] == said["counts"]
+    rows = await _rows(restarted, "b")
+    assert [r["state"] for r in rows] == ["Succeeded", "Succeeded", "Unknown"], rows

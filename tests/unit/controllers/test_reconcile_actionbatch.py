@@ -220,6 +220,29 @@ def test_results_within_the_budget_leave_nothing_out_and_say_nothing_of_it() -> 
     assert status["resultsOmitted"] is None and "ResultsOmitted" not in conds(status)
 
 
+def test_results_that_fit_again_clear_the_results_omitted_condition() -> None:
+    """A restarted operator runs again the left-out actions of a batch not complete: as Running
+    their results are small, and the status may fit its budget again. ``resultsOmitted`` then went
+    (a merge patch's null), but the ``ResultsOmitted=True`` condition it read back stayed, still
+    saying how many results were left out of a status that now holds every one."""
+    before = [
+        {
+            "type": "ResultsOmitted",
+            "status": "True",
+            "reason": "OverBudget",
+            "message": "3 of 3 result(s) left out of status.results",
+            "observedGeneration": 1,
+            "lastTransitionTime": "2026-12-03T11:00:00Z",
+        }
+    ]
+    running = {f"a{i}": res(i, "Running") for i in range(3)}
+    status, _ = reconcile_actionbatch(spec(), BatchObservation(running, before, 1, NOW, None), NOW)
+    assert status["resultsOmitted"] is None and len(status["results"]) == 3
+    omitted = next(c for c in status["conditions"] if c["type"] == "ResultsOmitted")
+    assert omitted["status"] == "False" and omitted["reason"] == "WithinBudget", omitted
+    assert "left out" not in omitted["message"], omitted
+
+
 def test_a_restarted_operator_reads_results_back_from_status() -> None:
     status = {
         "results": [
