@@ -232,7 +232,7 @@ class SlimeRewardRequest(BaseModel):
 
 class _VllmCommon(BaseModel):
     # vLLM's own request models take fields they do not know and ignore them (its clients send
-    # ``use_activation``, ``softmax``, ``task`` and more, version by version): so do these.
+    # ``task``, ``normalize`` and more, version by version): so do these.
     model_config = ConfigDict(extra="ignore")
 
     model: ModelName | None = None
@@ -241,6 +241,12 @@ class _VllmCommon(BaseModel):
     priority: int = Field(0, ge=-1000, le=1000)
     add_special_tokens: bool | None = None
     additional_data: Any = None
+    # Whether the reward head's activation (sigmoid, for the one score) is applied: vLLM's
+    # ``use_activation``, and its older names ``softmax`` and ``activation`` (which vLLM reads
+    # first, in that order); unset: the route's default as vLLM's (see docs/gateway.md).
+    use_activation: bool | None = None
+    softmax: bool | None = None
+    activation: bool | None = None
 
 
 class VllmScoreRequest(_VllmCommon):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import array
 import asyncio
 import base64
+import math
 import sys
 import time
 import uuid
@@ -230,6 +231,8 @@ async def vllm_score(request: web.Request) -> web.Response:
     namespace = namespace_of(request)
     target = target_of(request, namespace, body.model)
     rewards = await score(request, target, score_pairs(body.text_1, body.text_2), listed("text_2"))
+    # vLLM's cross-encoder score is the activated logit unless the request says otherwise.
+    rewards = _activated(rewards, body, target, default=True)
     data = [VllmScoreData(index=i, score=r) for i, r in enumerate(rewards)]
     answer = VllmScoreResponse(**_openai_envelope(body.model, target), data=data)
     return web.json_response(answer.model_dump())
@@ -252,11 +255,43 @@ async def classify(request: web.Request) -> web.Response:
     vllm = validate(VllmClassifyRequest, data)
     target = target_of(request, namespace, vllm.model)
     rewards = await score(request, target, texts(vllm.input, "input"), listed("input"))
+    # vLLM's ``probs`` are the activated logits unless the request says otherwise.
+    rewards = _activated(rewards, vllm, target, default=True)
     rows = [
         VllmClassifyData(index=i, label="reward", probs=[r], num_classes=1) for i, r in enumerate(rewards)
     ]
     answer = VllmClassifyResponse(**_openai_envelope(vllm.model, target), data=rows)
     return web.json_response(answer.model_dump())
+
+
+def _sigmoid(x: float) -> float:
+    """``torch.sigmoid``, without overflow: ``exp(-x)`` of a large negative score is past float's
+    range (a score no reward head is barred from answering)."""
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)
+    return e / (1.0 + e)
+
+
+def _activated(
+    rewards: list[float],
+    body: VllmScoreRequest | VllmClassifyRequest | VllmPoolingRequest,
+    target: Target,
+    default: bool,
+) -> list[float]:
+    """The scores as vLLM answers them on a route whose activation is on by ``default``: with it
+    on, a one-label model's probability (vLLM's sigmoid of the logit), else the score itself.
+
+    The request turns it on or off by ``softmax``, ``activation`` or ``use_activation`` (vLLM's
+    names, version by version), the first one given winning, in that order, as in vLLM. The score
+    is the reward head's one (last) value; a model with several labels, whose activation vLLM takes
+    as a softmax over all of them, cannot be answered so from it (docs/gateway.md)."""
+    if target.pool is not None:
+        return rewards  # a pass fraction of tests, no model's logit: never squashed
+    asked = next((v for v in (body.softmax, body.activation, body.use_activation) if v is not None), None)
+    if asked if asked is not None else default:
+        return [_sigmoid(r) for r in rewards]
+    return rewards
 
 
 def _vector(values: list[float], encoding: EncodingFormat) -> list[float] | str:
@@ -278,6 +313,9 @@ async def vllm_pooling(request: web.Request) -> web.Response:
     namespace = namespace_of(request)
     target = target_of(request, namespace, body.model)
     rewards = await score(request, target, texts(body.input, "input"), listed("input"))
+    # The score as the runtime reads it from its server (no activation named), unless the request
+    # asks for one: vLLM's own default on /pooling differs by version (docs/gateway.md).
+    rewards = _activated(rewards, body, target, default=False)
     rows = [VllmPoolingData(index=i, data=_vector([r], body.encoding_format)) for i, r in enumerate(rewards)]
     answer = VllmPoolingResponse(**_openai_envelope(body.model, target), data=rows)
     return web.json_response(answer.model_dump())

@@ -4,6 +4,7 @@ sandbox (test-based), through the same gateway."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 
@@ -13,6 +14,7 @@ from gateway_harness import NS, POOL, SERVICE, Gateway, serve_gateway, start_rew
 from sandbox_agent_harness import Agent, start_agent, stop_agent
 
 from arl_tangram.gateway import GatewayConfig
+from arl_tangram.gateway.rewards import _sigmoid
 
 TESTS = (
     "from solution import add\n\n"
@@ -46,6 +48,11 @@ def expected(gw: Gateway, texts: list[str]) -> list[float]:
     return gw.rewards.expected(texts)
 
 
+def sigmoid(x: float) -> float:
+    """What vLLM's activation makes of a one-label model's logit (``torch.sigmoid``)."""
+    return 1.0 / (1.0 + math.exp(-x))
+
+
 def test_openrlhf_get_reward(gateway: Gateway) -> None:
     body = {
         "query": ["Q: 2+2? A: 4", "Q: 3+3? A: 7"],
@@ -75,13 +82,16 @@ def test_vllm_score_classify_pooling_and_sglang_classify(gateway: Gateway) -> No
         json={"model": SERVICE, "text_1": "q", "text_2": ["a" * 10, "b" * 20]},
         timeout=60,
     ).json()
-    assert [d["score"] for d in score["data"]] == expected(gateway, ["q" + "a" * 10, "q" + "b" * 20])
+    # vLLM's /score and /classify apply the head's activation unless told not to (a sigmoid for
+    # one label); /pooling, SGLang's /classify and /v1/embeddings answer the score itself.
+    want = [sigmoid(r) for r in expected(gateway, ["q" + "a" * 10, "q" + "b" * 20])]
+    assert [d["score"] for d in score["data"]] == pytest.approx(want, rel=1e-12)
     assert score["object"] == "list" and score["model"] == SERVICE
     classify = requests.post(
         gateway.url + "/classify", json={"model": SERVICE, "input": ["x" * 30]}, timeout=60
     ).json()
     assert (
-        classify["data"][0]["probs"] == expected(gateway, ["x" * 30])
+        classify["data"][0]["probs"] == pytest.approx([sigmoid(expected(gateway, ["x" * 30])[0])], rel=1e-12)
         and classify["data"][0]["num_classes"] == 1
     )
     pooling = requests.post(gateway.url + "/pooling", json={"input": "y" * 40}, timeout=60).json()
@@ -284,3 +294,89 @@ def test_vllm_shapes_take_fields_vllm_takes(gateway: Gateway) -> None:
     assert resp.status_code == 200 and len(resp.json()["data"]) == 1, resp.text
     resp = requests.post(gateway.url + "/pooling", json={"input": "y" * 40, "task": "reward"}, timeout=60)
     assert resp.status_code == 200 and len(resp.json()["data"]) == 1, resp.text
+
+
+ACTIVATED_TEXTS = ["q: colour? a: blue", "q: colour? a: red", "x" * 30]
+
+
+@pytest.mark.parametrize(
+    ("fields", "activated"),
+    [
+        ({}, True),  # vLLM's default on /classify: the activation applies
+        ({"use_activation": True}, True),
+        ({"use_activation": None}, True),  # null is unset, as in vLLM
+        ({"use_activation": False}, False),  # verl's reward loop
+        ({"activation": False}, False),  # vLLM 0.10's name
+        ({"softmax": False}, False),  # vLLM 0.9's name
+        # vLLM reads the older names first (softmax, then activation, then use_activation).
+        ({"activation": False, "use_activation": True}, False),
+        ({"softmax": True, "activation": False}, True),
+    ],
+)
+def test_vllm_classify_applies_the_activation_as_vllm_does(
+    gateway: Gateway, fields: dict[str, bool | None], activated: bool
+) -> None:
+    """vLLM's ``/classify`` answers probabilities unless the request turns the activation off: for a
+    one-label reward model, the sigmoid of its logit. The gateway answered the raw logit whatever was
+    asked, so a trainer leaving ``use_activation`` out got logits where vLLM gives probabilities."""
+    raw = expected(gateway, ACTIVATED_TEXTS)
+    want = [sigmoid(r) for r in raw] if activated else raw
+    resp = requests.post(
+        gateway.url + "/classify", json={"model": SERVICE, "input": ACTIVATED_TEXTS, **fields}, timeout=60
+    )
+    assert resp.status_code == 200, resp.text
+    rows = resp.json()["data"]
+    assert [r["probs"] for r in rows] == [[pytest.approx(w, rel=1e-12)] for w in want]
+    assert all(r["num_classes"] == 1 for r in rows)
+
+
+@pytest.mark.parametrize(("fields", "activated"), [({}, True), ({"use_activation": False}, False)])
+def test_vllm_score_applies_the_activation_as_vllm_does(
+    gateway: Gateway, fields: dict[str, bool], activated: bool
+) -> None:
+    """vLLM's ``/score`` (and ``/v1/score``) with a cross-encoder applies the activation by default
+    (a sigmoid for one label), as ``/classify`` does."""
+    raw = expected(gateway, ["q: colour?" + t for t in ("a: blue", "a: red")])
+    want = [sigmoid(r) for r in raw] if activated else raw
+    for route in ("/score", "/v1/score"):
+        body = {"model": SERVICE, "text_1": "q: colour?", "text_2": ["a: blue", "a: red"], **fields}
+        resp = requests.post(gateway.url + route, json=body, timeout=60)
+        assert resp.status_code == 200, resp.text
+        assert [d["score"] for d in resp.json()["data"]] == pytest.approx(want, rel=1e-12), route
+
+
+def test_vllm_pooling_answers_the_raw_score_unless_asked_for_the_activation(gateway: Gateway) -> None:
+    """``/pooling`` answers the score as the reward runtime reads it from its server's ``/pooling``
+    (raw), and the sigmoid when the request asks for the activation; SGLang's shapes answer the raw
+    score whatever is sent (SGLang has no such field)."""
+    raw = expected(gateway, ACTIVATED_TEXTS)
+    for fields, want in (({}, raw), ({"use_activation": False}, raw)):
+        resp = requests.post(gateway.url + "/pooling", json={"input": ACTIVATED_TEXTS, **fields}, timeout=60)
+        assert resp.status_code == 200 and [r["data"] for r in resp.json()["data"]] == [[w] for w in want]
+    resp = requests.post(
+        gateway.url + "/pooling", json={"input": ACTIVATED_TEXTS, "use_activation": True}, timeout=60
+    )
+    assert resp.status_code == 200, resp.text
+    assert [r["data"] for r in resp.json()["data"]] == [[pytest.approx(sigmoid(r), rel=1e-12)] for r in raw]
+    sglang = requests.post(gateway.url + "/classify", json={"text": ACTIVATED_TEXTS}, timeout=60)
+    assert [item["embedding"] for item in sglang.json()] == [[r] for r in raw]
+    emb = requests.post(gateway.url + "/v1/embeddings", json={"input": ACTIVATED_TEXTS}, timeout=60)
+    assert [d["embedding"] for d in emb.json()["data"]] == [[r] for r in raw]
+
+
+@pytest.mark.parametrize("field", ["use_activation", "activation", "softmax"])
+def test_a_non_boolean_activation_is_refused_by_name(gateway: Gateway, field: str) -> None:
+    """A value that is no boolean is refused naming the field (vLLM refuses it too), not ignored."""
+    resp = requests.post(
+        gateway.url + "/classify", json={"model": SERVICE, "input": ["x"], field: "sometimes"}, timeout=60
+    )
+    assert resp.status_code in (400, 422), resp.text
+    assert field in resp.text
+
+
+def test_the_activation_of_an_extreme_score_is_a_probability() -> None:
+    """A reward head may answer any finite number: the naive ``1 / (1 + exp(-x))`` raises
+    OverflowError for a large negative one, failing the whole request. (Called directly: the test
+    model's scores stay small, so no request through the gateway reaches such a score.)"""
+    assert _sigmoid(-1000.0) == 0.0 and _sigmoid(1000.0) == 1.0
+    assert _sigmoid(0.0) == 0.5 and _sigmoid(-2.0) == pytest.approx(sigmoid(-2.0), rel=1e-15)
