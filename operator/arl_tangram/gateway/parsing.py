@@ -109,8 +109,12 @@ class BodyDecoder:
             if self._inflate is None or self._inflate.eof:
                 if self._inflate is not None and self.coding != "gzip":
                     raise self._error("data after the end of the deflate stream")
-                if self._inflate is not None and not data.strip(b"\0"):
-                    return  # zero padding after the last gzip member, as gzip(1) allows
+                if self._inflate is not None:
+                    # Zero padding after a gzip member, which Python's gzip skips (between members
+                    # too): skipped wherever the chunks of the body happen to end.
+                    data = data.lstrip(b"\0")
+                    if not data:
+                        return
                 # deflate is zlib's format (RFC 9110), yet some clients send raw deflate: told
                 # apart by the first byte, as browsers and aiohttp do. gzip may hold several members.
                 wbits = 16 + zlib.MAX_WBITS if self.coding == "gzip" else zlib.MAX_WBITS

@@ -96,6 +96,13 @@ ACCEPTED: list[tuple[str, str, bytes]] = [
     ("GZIP (case)", "GZIP", gzip.compress(RAW)),
     ("x-gzip (RFC 9110's alias)", "x-gzip", gzip.compress(RAW)),
     ("gzip of two members", "gzip", _multi_member_gzip(RAW)),
+    # Zero padding between members (Python's gzip skips it): read whether or not a chunk ends there.
+    (
+        "gzip of two members, zeros between",
+        "gzip",
+        gzip.compress(RAW[:10]) + bytes(9) + gzip.compress(RAW[10:]),
+    ),
+    ("gzip, zeros after", "gzip", gzip.compress(RAW) + bytes(9)),
     ("deflate (zlib)", "deflate", zlib.compress(RAW)),
     ("identity then gzip", "identity, gzip", gzip.compress(RAW)),
 ]
