@@ -258,12 +258,13 @@ class _Pool:
     before_sync: set[_Job] = field(default_factory=set)
     # No host and none coming (the controller's ``pool_outage``): what cannot run elsewhere is refused.
     outage: Outage | None = None
-    # Refused callers are demand still (they send again after Retry-After): until when the pool's
-    # statistics count one waiting action of ``refused_units`` for them, so that the planner keeps
-    # looking for room for a host (its "no room" is what the outage may rest on), and keeps a host
-    # that waits for a node, instead of forgetting both once the refusals empty the queue.
-    refused_until: float = 0.0
-    refused_units: int = 1
+    # Refused callers are demand still (a batch's held actions and the gateway's callers send again
+    # after Retry-After): action key -> (until when it counts, the units it needs), each key once
+    # however often it is sent again. The pool's statistics count them as waiting while the outage
+    # lasts: its queueDepth says how much work waits for a host, and the planner keeps looking for
+    # room for one (its "no room" is what the outage may rest on) and keeps a host that waits for a
+    # node, instead of forgetting both once the refusals empty the queue.
+    refused: dict[str, tuple[float, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -673,9 +674,13 @@ class Dispatcher:
             self._fail(refused, Reason.TARGET_UNAVAILABLE, outage.message)
 
     def _count_refused(self, pool: _Pool, req: ActionRequest, outage: Outage) -> None:
-        """Count a refused action as demand for two of its Retry-After (``refused_until``)."""
-        pool.refused_until = self.clock() + 2 * outage.retry_after_s
-        pool.refused_units = max(1, req.units_min)
+        """Count a refused action as demand for two of its Retry-After (``_Pool.refused``): sent
+        again within one, it stays counted, once. At most the pool's wait limit are counted, as at
+        most that many may wait in its queue: keyless callers sending again under new keys would
+        otherwise grow the count, and its memory, with every retry."""
+        if req.key not in pool.refused and len(pool.refused) >= self.max_waiting_per_pool:
+            return
+        pool.refused[req.key] = (self.clock() + 2 * outage.retry_after_s, max(1, req.units_min))
 
     def stats(self, key: str) -> PoolStats | None:
         """The pool's queue, load per host and recent ACTs."""
@@ -704,13 +709,15 @@ class Dispatcher:
         runs = [run for _, run in pool.runs]
         # Trajectories with a queued action and no host yet (dedicated pools start one pod for each).
         waiting_trajectories = len({a.trajectory for a in queued if a.trajectory not in pool.cpu.pins})
-        refused = 1 if pool.outage is not None and now < pool.refused_until else 0
+        pool.refused = {k: held for k, held in pool.refused.items() if now < held[0]}
+        # (Once the outage ends, those still held are sent again and queued: counted from then.)
+        refused = list(pool.refused.values()) if pool.outage is not None else []
         return PoolStats(
             queued_actions=len(queued)
             + sum(len(s.backlog) for s in pool.sessions.values())
             + len(pool.before_sync)
-            + refused,
-            queued_units=sum(a.min_units for a in queued) + refused * pool.refused_units,
+            + len(refused),
+            queued_units=sum(a.min_units for a in queued) + sum(units for _, units in refused),
             running_actions=len(running),
             running_units=sum(j.grant.units for j in running if j.grant is not None),
             cores_total=pool.cpu.total_units(),
@@ -723,7 +730,9 @@ class Dispatcher:
             # A host whose calls are being settled stays (drained): replacing it would kill what it
             # may still run, and lose the results it keeps.
             unhealthy=frozenset(h for h in pool.unhealthy if not pool.in_doubt.get(h)),
-            waiting_trajectories=waiting_trajectories + refused,
+            # One for all the refused: a dedicated pool keeps one pod looking for a node (one each
+            # would be as many pods pending where none fits); each gets its own once it is queued.
+            waiting_trajectories=waiting_trajectories + min(1, len(refused)),
             retired=frozenset(pool.retired),
         )
 
@@ -836,6 +845,7 @@ class Dispatcher:
         now = self.clock()
         job = _Job(request, asyncio.get_running_loop().create_future(), now, attempts_so_far)
         self._jobs[request.key] = job
+        pool.refused.pop(request.key, None)  # a job now, counted as one: no longer as refused
         self._remember(request.key, digest)
         pool.arrivals.append(now)
         if pool.synced.is_set():

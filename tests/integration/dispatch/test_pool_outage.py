@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 from dispatch_harness import NS, pool_for_tests
 from dispatch_harness import endpoint as _endpoint
 from sandbox_agent_harness import Agent, start_agent, stop_agent
 
+from arl_tangram.controllers.actionbatch import BatchManager
 from arl_tangram.dispatch.agent import AgentClient
 from arl_tangram.dispatch.dispatcher import Dispatcher
 from arl_tangram.domain.actions import ActionRequest, Outage, Outcome, Reason
@@ -66,7 +68,7 @@ async def test_waiting_actions_are_refused_with_the_reason_and_sent_again_later(
         with pytest.raises(TargetUnavailable) as refused:
             await asyncio.wait_for(task, 10)
         assert str(refused.value) == OUTAGE.message and refused.value.delay == 7.0
-    assert not dispatcher.scheduler.queued()  # none left queued (the refused count as one demand)
+    assert not dispatcher.scheduler.queued()  # none left queued (the refused count as demand)
     # One sent meanwhile is refused at once.
     with pytest.raises(TargetUnavailable, match="ImagePullBackOff"):
         await asyncio.wait_for(dispatcher.run(_req("w-0", "print(0)")), 10)
@@ -110,7 +112,7 @@ async def test_a_long_session_backlog_is_refused_whole(dispatcher: Dispatcher) -
     dispatcher.set_outage(KEY, OUTAGE)
     results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 30)
     assert all(isinstance(r, TargetUnavailable) for r in results), {type(r).__name__ for r in results}
-    assert not dispatcher.scheduler.queued()  # none left queued (the refused count as one demand)
+    assert not dispatcher.scheduler.queued()  # none left queued (the refused count as demand)
 
 
 async def test_bad_input_is_refused_as_such_and_nothing_is_counted_as_arriving(
@@ -145,7 +147,7 @@ async def test_a_lost_or_closed_session_is_answered_as_such_during_an_outage(
 
 async def test_refused_callers_stay_demand_while_the_outage_lasts(dispatcher: Dispatcher) -> None:
     """The planner's "no room" (what the outage may rest on) needs something waiting: refused
-    callers, who send again after Retry-After, count as one waiting action meanwhile."""
+    callers, who send again after Retry-After, count as waiting actions meanwhile."""
     dispatcher.set_outage(KEY, OUTAGE)
     with pytest.raises(TargetUnavailable):
         await dispatcher.run(dataclasses.replace(_req("d-1", "print(1)"), units_min=2, units_max=2))
@@ -158,3 +160,93 @@ async def test_refused_callers_stay_demand_while_the_outage_lasts(dispatcher: Di
     dispatcher.set_outage(KEY, None)
     stats = dispatcher.stats(KEY)
     assert stats is not None and (stats.queued_actions, stats.queued_units) == (0, 0)
+
+
+async def test_every_refused_action_counts_in_the_queue_once_while_the_outage_lasts() -> None:
+    """A pool's queueDepth during an outage says how much work waits for it: each action refused
+    (a batch's held action, a gateway caller) counts once, however often it is sent again, until
+    two of its Retry-After pass without it being sent again (its caller gave up)."""
+    now = [1000.0]  # the dispatcher's clock, moved by hand: what lapses is the refusals' window
+    client = AgentClient()
+    dispatcher = Dispatcher(client, clock=lambda: now[0])
+    dispatcher.upsert_pool(pool_for_tests())
+    await dispatcher.sync_hosts(KEY, [])
+    try:
+        waiting = [asyncio.create_task(dispatcher.run(_req(f"q-{i}", f"print({i})"))) for i in range(2)]
+        for _ in range(100):  # each is queued on the loop's next turns
+            await asyncio.sleep(0.01)
+        dispatcher.set_outage(KEY, OUTAGE)  # the two queued are refused
+        for task in waiting:
+            with pytest.raises(TargetUnavailable):
+                await asyncio.wait_for(task, 10)
+        for key in ("f-1", "f-2", "q-0", "f-1"):  # two fresh ones; two sent again
+            with pytest.raises(TargetUnavailable):
+                await dispatcher.run(dataclasses.replace(_req(key, "print(1)"), units_min=2, units_max=2))
+        stats = dispatcher.stats(KEY)
+        assert stats is not None
+        # q-1 needs 1 unit; q-0 (sent again asking 2), f-1 and f-2 need 2 each.
+        assert (stats.queued_actions, stats.queued_units, stats.waiting_trajectories) == (4, 7, 1)
+        # Sent again within two Retry-After, an action stays counted; one not sent again is not.
+        now[0] += OUTAGE.retry_after_s * 1.5
+        with pytest.raises(TargetUnavailable):
+            await dispatcher.run(_req("f-2", "print(1)"))
+        now[0] += OUTAGE.retry_after_s * 1.5
+        stats = dispatcher.stats(KEY)
+        assert stats is not None and (stats.queued_actions, stats.queued_units) == (1, 1)
+    finally:
+        await dispatcher.shutdown()
+        await client.close()
+
+
+async def test_the_refused_counted_are_bounded_by_the_pools_wait_limit() -> None:
+    """Keyless callers sending again get a new key each time: the refused counted (and the memory
+    that counts them) stop at the pool's wait limit, as its queue does."""
+    client = AgentClient()
+    dispatcher = Dispatcher(client, max_waiting_per_pool=3)
+    dispatcher.upsert_pool(pool_for_tests())
+    await dispatcher.sync_hosts(KEY, [])
+    dispatcher.set_outage(KEY, OUTAGE)
+    try:
+        for i in range(5):
+            with pytest.raises(TargetUnavailable):
+                await dispatcher.run(_req(f"new-{i}", "print(1)"))
+        stats = dispatcher.stats(KEY)
+        assert stats is not None and stats.queued_actions == 3
+    finally:
+        await dispatcher.shutdown()
+        await client.close()
+
+
+async def test_a_batch_waiting_out_the_outage_shows_in_its_pool_queue(dispatcher: Dispatcher) -> None:
+    """The operator's batch manager holds a refused action and sends it again after Retry-After:
+    each of a batch's actions it holds counts in the pool's queue (its status's queueDepth), not
+    one for them all."""
+
+    async def languages(namespace: str, pool: str) -> tuple[str, ...] | None:
+        return ("python", "bash")
+
+    async def patch(namespace: str, name: str, uid: str, status: dict[str, Any]) -> None:
+        pass
+
+    async def delete(namespace: str, name: str, uid: str) -> None:
+        pass
+
+    dispatcher.set_outage(KEY, OUTAGE)
+    batches = BatchManager(dispatcher.run, dispatcher.cancel, languages, patch, delete)
+    actions = [{"id": f"a{i}", "type": "code", "target": "py", "payload": {"code": "1"}} for i in range(5)]
+    batches.ensure(
+        {
+            "metadata": {"namespace": NS, "name": "b", "uid": "u-1", "generation": 1},
+            "spec": {"actions": actions},
+        }
+    )
+    try:
+        for _ in range(1000):  # each is sent, refused and held on the loop's next turns
+            stats = dispatcher.stats(KEY)
+            assert stats is not None
+            if stats.queued_actions == 5:
+                break
+            await asyncio.sleep(0.01)
+        assert stats.queued_actions == 5
+    finally:
+        await batches.forget(NS, "b", "u-1")
