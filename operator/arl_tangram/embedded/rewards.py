@@ -85,6 +85,9 @@ class LocalRewards:
     proc: subprocess.Popen[bytes] | None = None
     url: str | None = None
     http: aiohttp.ClientSession | None = None
+    # Action key -> the requests scoring under it, so that ``cancel`` can stop them (as the
+    # operator's reward router does: a trainer's cancel works the same in both).
+    _serving: dict[str, set[asyncio.Task[ActionOutcome]]] = field(default_factory=dict)
 
     @classmethod
     def plan(cls, services: Sequence[RewardModelService], state_dir: Path) -> tuple[LocalRewards, list[str]]:
@@ -166,6 +169,32 @@ class LocalRewards:
             await asyncio.sleep(0.05)  # a poll interval while it starts
 
     async def score(self, request: ActionRequest) -> ActionOutcome:
+        """Score one reward action; CANCELLED when ``cancel`` stopped it."""
+        # Served in a task of its own, so that ``cancel`` can stop it (its call to the runtime:
+        # the connection is closed) while its caller still gets an outcome.
+        task = asyncio.create_task(self._score(request))
+        serving = self._serving.setdefault(request.key, set())
+        serving.add(task)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # its caller was cancelled (which cancelled the request too), not the request
+            return ActionOutcome(request.key, Outcome.CANCELLED, Reason.CANCELLED, "cancelled")
+        finally:
+            serving.discard(task)
+            if not serving:
+                self._serving.pop(request.key, None)
+
+    def cancel(self, key: str) -> bool:
+        """Stop the reward actions under ``key``; False when none is being scored."""
+        tasks = [t for t in self._serving.get(key, ()) if not t.done()]
+        for task in tasks:
+            task.cancel()
+        return bool(tasks)
+
+    async def _score(self, request: ActionRequest) -> ActionOutcome:
         served = (
             (svc.metadata.namespace or "default", svc.metadata.name or "", svc.spec.model.name)
             for svc in self.services.values()

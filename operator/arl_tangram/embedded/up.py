@@ -85,7 +85,9 @@ class EmbeddedService:
         return await self.dispatcher.run(request)
 
     async def cancel(self, key: str) -> bool:
-        return await self.dispatcher.cancel(key)
+        # As the operator's: its dispatcher asks its reward router for a key it runs no job under;
+        # here reward actions are the local runtime's, which is asked the same way.
+        return await self.dispatcher.cancel(key) or self.rewards.cancel(key)
 
     async def open_session(self, namespace: str, pool: str, ttl_s: float | None = None) -> str:
         return await self.dispatcher.open_session(namespace, pool, ttl_s)
