@@ -297,9 +297,8 @@ static void mark_setup(int running, int unmap) {
 static kid kids[MAX_PIDFD];
 
 /* A private, writable /tmp and /dev/shm for this action: fresh tmpfs mounts in a mount namespace of
- * its own (gone with its last process), each at most its memory limit, /var/tmp and the lock
- * directories sharing /tmp's (share_tmp). Where the workdir root lies under one of them (by default
- * it is on /dev/shm), it is bound back at its own path. */
+ * its own (gone with its last process), each at most its memory limit. Where the workdir root lies
+ * under one of them (by default it is on /dev/shm), it is bound back at its own path. */
 #define IDENTITY_MAX 4
 #define IDENTITY_NAME_MAX 64
 static char identity[IDENTITY_MAX][2][IDENTITY_NAME_MAX];
@@ -383,48 +382,6 @@ static void bound_ipc(long long size) {
     put("/proc/sys/kernel/sem", text);
 }
 
-/* isolation.TMP_SHARERS (whose comment says why): the places that get a directory of the private
- * /tmp's tmpfs of their own, where they are directories. */
-#define N_SHARERS 3
-static const char *const tmp_sharers[N_SHARERS] = {"/var/tmp", "/run/lock", "/var/lock"};
-
-/* isolation.shared_tmp_points's test: a directory, not a symlink. */
-static int is_sharer(size_t i) {
-    struct stat st;
-    return lstat(tmp_sharers[i], &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-/* Whether this action's /tmp is its own (made in the child or ahead): only then are the sharers its
- * own, and writable under Landlock (restrict_writes). */
-static int own_tmp = 0;
-
-/* child._share_tmp's twin, just after the private /tmp is mounted: a directory of it for /tmp and
- * for each sharer, each bound over its place. Puts the sharers bound in `bound`; returns how many. */
-static size_t share_tmp(const char **bound) {
-    const char *places[1 + N_SHARERS] = {"/tmp"};
-    size_t n = 1;
-    for (size_t i = 0; i < N_SHARERS; i++)
-        if (is_sharer(i)) places[n++] = tmp_sharers[i];
-    if (n == 1) return 0;
-    int fds[1 + N_SHARERS];
-    for (size_t i = 0; i < n; i++) {
-        char dir[32];
-        snprintf(dir, sizeof dir, "/tmp/%zu", i);
-        if (mkdir(dir, 0) < 0) child_fail("mkdir(/tmp's share)");
-        if (chmod(dir, 01777) < 0) child_fail("chmod(/tmp's share)"); /* as the places are outside */
-        fds[i] = open(dir, O_PATH | O_CLOEXEC);
-        if (fds[i] < 0) child_fail("open(/tmp's share)");
-    }
-    for (size_t i = 0; i < n; i++) {
-        char src[64];
-        snprintf(src, sizeof src, "/proc/self/fd/%d", fds[i]);
-        if (mount(src, places[i], NULL, MS_BIND, NULL) < 0) child_fail("bind(/tmp's share)");
-        close(fds[i]);
-    }
-    for (size_t i = 1; i < n; i++) bound[i - 1] = places[i];
-    return n - 1;
-}
-
 static void private_tmp(const char *workdir, long long size) {
     char root[4096];
     size_t wlen = strlen(workdir);
@@ -445,15 +402,9 @@ static void private_tmp(const char *workdir, long long size) {
     if (rootfd < 0) child_fail("open(workdir root)");
     char opts[128];
     tmp_options(opts, sizeof opts, size);
-    const char *points[2 + N_SHARERS];
-    size_t npoints = 0;
-    static const char *const own[] = {"/tmp", "/dev/shm"}; /* isolation.PRIVATE_TMP_POINTS */
+    static const char *const points[] = {"/tmp", "/dev/shm"};
     for (size_t i = 0; i < 2; i++) {
-        if (mount("tangram", own[i], "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) child_fail("mount tmpfs");
-        points[npoints++] = own[i];
-        if (i == 0) npoints += share_tmp(points + npoints);
-    }
-    for (size_t i = 0; i < npoints; i++) {
+        if (mount("tangram", points[i], "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) child_fail("mount tmpfs");
         size_t plen = strlen(points[i]);
         if (strncmp(root, points[i], plen) == 0 && root[plen] == '/') {
             /* Recreate the root's path inside the fresh tmpfs, then bind the real root there. */
@@ -536,8 +487,6 @@ static void restrict_writes(const char *workdir) {
                                           "/dev/tty",  "/dev/ptmx", "/dev/pts",  "/proc"};
     ll_allow(ruleset, workdir, handled);
     for (size_t i = 0; i < sizeof trees / sizeof *trees; i++) ll_allow(ruleset, trees[i], handled);
-    for (size_t i = 0; i < N_SHARERS && own_tmp; i++)
-        if (is_sharer(i)) ll_allow(ruleset, tmp_sharers[i], handled);
     for (size_t i = 0; i < sizeof written / sizeof *written; i++)
         ll_allow(ruleset, written[i], handled & (LL_WRITE_FILE | LL_TRUNCATE));
     if (syscall(SYS_landlock_restrict_self, ruleset, 0u) < 0) child_fail("landlock_restrict_self");
@@ -621,10 +570,9 @@ static void child_setup(int interp, int *fds, int nfds, int devnull, int32_t uid
         if (value <= 0 || res == LIMIT_WRITTEN) continue;
         struct rlimit rl = {(rlim_t)value, (rlim_t)value};
         if (res == RLIMIT_CPU) rl.rlim_max = (rlim_t)value + 1; /* SIGXCPU first, then SIGKILL */
-        if (res == RLIMIT_AS || res == RLIMIT_DATA || res == RLIMIT_STACK || (under_init && res == RLIMIT_CPU)) {
-            /* zygote_wire.SOFT_ONLY (and SOFT_ONLY_UNDER_INIT, which says why the CPU time's may be
-             * under an init): the hard limit stays the agent's (SandboxFusion sets the soft one), so
-             * that a harness may raise the soft one as it may outside. */
+        if (res == RLIMIT_AS || res == RLIMIT_DATA || res == RLIMIT_STACK) {
+            /* zygote_wire.SOFT_ONLY: the hard limit stays the agent's (SandboxFusion sets the soft
+             * one), so that a harness may raise the soft one as it may outside. */
             struct rlimit now;
             if (getrlimit(res, &now) < 0) child_fail("getrlimit");
             rl.rlim_max = now.rlim_max;
@@ -1722,7 +1670,6 @@ static int on_request(int sock, int ep, int pid_namespace, int own_pidns, int de
         if (netns_fd >= 0 && setns(netns_fd, CLONE_NEWNET) < 0) child_fail("setns(network)");
         /* Its own /tmp and /dev/shm: a mount namespace the manager made ahead (see forkserver). */
         if (mntns_fd >= 0 && setns(mntns_fd, CLONE_NEWNS) < 0) child_fail("setns(mount)");
-        own_tmp = mntns_fd >= 0 || (flags & 2u) != 0;
         child_setup(interp, fds, nfds, devnull, uid, cores, ncores, limits, nlimits, (const char *)workdir,
                     (const char *)env, elen, (flags & 2u) != 0, (flags & 32u) != 0, (flags & 64u) != 0,
                     (flags & 128u) != 0, init_pid > 0);
@@ -2098,17 +2045,6 @@ static PyObject *zygote_tmp_options(PyObject *self, PyObject *args) {
     return PyUnicode_FromString(opts);
 }
 
-/* private_tmp in the calling process, as an action's child makes it: the tests hold it to
- * child.private_tmp, its twin. It unshares this process's mount namespace and mounts over its /tmp,
- * and a failure ends the process (child_fail): call it in a child of the tests' own. */
-static PyObject *zygote_private_tmp(PyObject *self, PyObject *args) {
-    const char *workdir;
-    long long size;
-    if (!PyArg_ParseTuple(args, "sL", &workdir, &size)) return NULL;
-    private_tmp(workdir, size);
-    Py_RETURN_NONE;
-}
-
 /* See isolation.few_malloc_arenas (the Python loop's twin), which says why. */
 static PyObject *zygote_few_malloc_arenas(PyObject *self, PyObject *unused) {
 #ifdef __GLIBC__
@@ -2133,7 +2069,6 @@ static PyMethodDef methods[] = {
     {"set_identity", zygote_set_identity, METH_O, "The identity files to bind (zygote_wire.IDENTITY_FILES)."},
     {"set_tmp_files", zygote_set_tmp_files, METH_VARARGS, "Files per byte of a private /tmp (child.tmp_options)."},
     {"tmp_options", zygote_tmp_options, METH_VARARGS, "A private /tmp's mount options (child.tmp_options)."},
-    {"private_tmp", zygote_private_tmp, METH_VARARGS, "Make this process's private /tmp (tests: child.private_tmp)."},
     {"ipc_bounds", zygote_ipc_bounds, METH_VARARGS, "An action's System V bounds (child.ipc_bounds)."},
     {NULL, NULL, 0, NULL},
 };

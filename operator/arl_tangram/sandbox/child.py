@@ -22,7 +22,7 @@ import types
 
 from arl_tangram.sandbox import wire
 from arl_tangram.sandbox.lean import suppress
-from arl_tangram.sandbox.zygote_wire import SOFT_ONLY, SOFT_ONLY_UNDER_INIT, WRITTEN, status_record
+from arl_tangram.sandbox.zygote_wire import SOFT_ONLY, WRITTEN, status_record
 
 # The builtins this module's functions see (a function takes them when it is defined): a copy made
 # at import, before any action's code runs. The action's code shares the builtins module with the
@@ -196,8 +196,7 @@ def child_main(
                 isolation.prctl(isolation.PR_SET_DUMPABLE, 1)
         # The PID namespace's init must not outlive the fork server (say, if the agent is killed -9).
         # Set after the uid change, which would clear it. (Should the fork server die in the few
-        # microseconds before, the action still ends: with its namespace's init, which set its own
-        # first thing, where it is under one; else at its CPU-time limit, hard there.)
+        # microseconds before, the action still ends at its CPU-time limit.)
         with suppress(OSError):
             _die_with_parent()
         # No new privileges: inherited from the fork server, which set it once at start-up (it is
@@ -205,8 +204,7 @@ def child_main(
         for res, value in req.get("limits", ()):
             if res == WRITTEN:  # no rlimit: the size of what it may write, above
                 continue
-            # The hard limit stays the agent's (zygote_wire.SOFT_ONLY and SOFT_ONLY_UNDER_INIT say why).
-            if res in SOFT_ONLY or (under_init and res in SOFT_ONLY_UNDER_INIT):
+            if res in SOFT_ONLY:  # the hard limit stays the agent's (zygote_wire.SOFT_ONLY says why)
                 hard = resource.getrlimit(res)[1]
                 resource.setrlimit(res, (value if hard == resource.RLIM_INFINITY else min(value, hard), hard))
                 continue
@@ -214,7 +212,7 @@ def child_main(
             resource.setrlimit(res, (value, value + 1 if res == resource.RLIMIT_CPU else value))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if req.get("landlock"):  # after the mounts, which it would refuse
-            isolation.restrict_writes(workdir, bool(req.get("private_tmp") or req.get("mntns")))
+            isolation.restrict_writes(workdir)
         # Last, once nothing of the set-up needs a call it refuses (mounts above all).
         if _INSTALL_SECCOMP is not None:
             _INSTALL_SECCOMP()
@@ -333,11 +331,8 @@ def private_tmp(workdir: str, size: int) -> None:
     rootfd = os.open(root, os.O_PATH | os.O_CLOEXEC)  # in the new namespace: a bind source must be
     copies = _make_private_copies()
     opts = tmp_options(size)
-    points: list[str] = []
     for point in isolation.PRIVATE_TMP_POINTS:
         isolation.mount("tangram", point, "tmpfs", isolation.MS_NOSUID | isolation.MS_NODEV, opts)
-        points += [point, *(_share_tmp() if point == "/tmp" else ())]
-    for point in points:
         if root.startswith(point + "/"):
             os.makedirs(root, mode=0o711, exist_ok=True)
             isolation.mount(f"/proc/self/fd/{rootfd}", root, None, isolation.MS_BIND | isolation.MS_REC)
@@ -350,28 +345,6 @@ def private_tmp(workdir: str, size: int) -> None:
             flags = isolation.MS_REMOUNT | isolation.MS_BIND | isolation.MS_RDONLY
             isolation.mount("none", target, None, flags | isolation.MS_NOSUID | isolation.MS_NODEV)
         os.close(fd)
-
-
-def _share_tmp() -> list[str]:
-    """Just after the private /tmp is mounted: a directory of it of its own for /tmp and for each of
-    isolation.TMP_SHARERS that is a directory here, each bound over its place (the tmpfs's root, no
-    path's any more, is out of sight): one room, and one count of it, for all of them. The places
-    bound, beyond /tmp. _zygote.c's share_tmp is its twin."""
-    from arl_tangram.sandbox import isolation
-
-    sharers = isolation.shared_tmp_points()
-    if not sharers:
-        return []
-    handles = []
-    for n, point in enumerate(("/tmp", *sharers)):
-        own = f"/tmp/{n}"
-        os.mkdir(own)
-        os.chmod(own, 0o1777)  # as the places are outside (mkdir's mode is cut by the umask)
-        handles.append((point, os.open(own, os.O_PATH | os.O_CLOEXEC)))
-    for point, fd in handles:
-        isolation.mount(f"/proc/self/fd/{fd}", point, None, isolation.MS_BIND)
-        os.close(fd)
-    return sharers
 
 
 def _make_private_copies() -> list[tuple[str, int]]:

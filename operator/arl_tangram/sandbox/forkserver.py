@@ -305,17 +305,14 @@ class Call:
 
 class PrivateTmp:
     """A mount namespace whose /tmp and /dev/shm are private tmpfs mounts (see _take_mntns), with
-    handles on both directories and on those of /tmp's tmpfs bound over /var/tmp and the lock
-    directories (``shared``: child._share_tmp), through which the manager sees whether an action
-    left anything. /tmp's handle counts what all of those hold (one tmpfs)."""
+    handles on both directories, through which the manager sees whether an action left anything."""
 
-    __slots__ = ("expected", "ns", "shared", "shm", "sizes", "tmp", "uses")
+    __slots__ = ("expected", "ns", "shm", "sizes", "tmp", "uses")
 
-    def __init__(self, ns: int, tmp: int, shm: int, shared: tuple[int, ...] = ()) -> None:
+    def __init__(self, ns: int, tmp: int, shm: int) -> None:
         self.ns = ns
         self.tmp = tmp
         self.shm = shm
-        self.shared = shared
         self.uses = 0  # actions it has served (see MNTNS_USES)
         # What they hold when fresh: the path to the workdir root's mount point, where that lies
         # under one of them (by default under /dev/shm).
@@ -331,14 +328,11 @@ class PrivateTmp:
         counts = tuple(BOGO_DIRENT_SIZE * (2 + len(names)) for names in self.expected)
         self.sizes = sizes if sizes == counts else None
 
-    def _dirs(self) -> tuple[int, ...]:
-        return (self.tmp, self.shm, *self.shared)
+    def _listing(self) -> tuple[set[str], set[str]]:
+        return set(os.listdir(self.tmp)), set(os.listdir(self.shm))
 
-    def _listing(self) -> tuple[set[str], ...]:
-        return tuple(set(os.listdir(fd)) for fd in self._dirs())
-
-    def _sizes(self) -> tuple[int, ...]:
-        return tuple(os.fstat(fd).st_size for fd in self._dirs())
+    def _sizes(self) -> tuple[int, int]:
+        return os.fstat(self.tmp).st_size, os.fstat(self.shm).st_size
 
     @classmethod
     def make(cls, root: str, size: int) -> PrivateTmp:
@@ -365,19 +359,16 @@ class PrivateTmp:
             if os.read(ready_r, 1) != b"1":
                 raise OSError(1, "the mount namespace could not be set up")
             ns = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-            tmp, shm, *shared = (
-                os.open(f"/proc/{pid}/root{d}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                for d in (*isolation.PRIVATE_TMP_POINTS, *isolation.shared_tmp_points())
-            )
+            tmp = os.open(f"/proc/{pid}/root/tmp", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            shm = os.open(f"/proc/{pid}/root/dev/shm", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         finally:
             os.close(ready_r)
             os.close(done_w)
             os.waitpid(pid, 0)
-        return cls(ns, tmp, shm, tuple(shared))
+        return cls(ns, tmp, shm)
 
     def clean(self) -> bool:
-        """Whether the action left /tmp, /dev/shm, /var/tmp and the lock directories as it found them
-        (empty)."""
+        """Whether the action left /tmp and /dev/shm as it found them (empty)."""
         try:
             if self.sizes is not None:
                 return self._sizes() == self.sizes
@@ -386,7 +377,7 @@ class PrivateTmp:
             return False
 
     def close(self) -> None:
-        for fd in (self.ns, *self._dirs()):
+        for fd in (self.ns, self.tmp, self.shm):
             os.close(fd)
 
 

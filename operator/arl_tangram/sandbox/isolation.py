@@ -96,25 +96,11 @@ def bind_identity(root: str) -> None:
                 mount(src, host, None, MS_BIND)
 
 
+# World-writable places a non-root action could otherwise leave files in (or read others' from).
+SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock")
 # Where each action gets a tmpfs of its own, empty (child.private_tmp; _zygote.c's private_tmp
 # has the same two): what lies there outside is out of its sight.
 PRIVATE_TMP_POINTS = ("/tmp", "/dev/shm")
-# The other places a program writes scratch files in outside (a container's /var/tmp is writable,
-# as are the lock directories): each action gets an empty directory of its /tmp's tmpfs bound over
-# each that is a directory (not a symlink: /var/lock usually leads to /run/lock), so that they hold
-# no room beyond /tmp's (the limit on what an action may write) and the memory guard's count of its
-# /tmp counts them. They were read-only covers (EROFS) where SandboxFusion's container writes them.
-# _zygote.c's private_tmp has the same three.
-TMP_SHARERS = ("/var/tmp", "/run/lock", "/var/lock")
-# World-writable places a non-root action could otherwise leave files in (or read others' from).
-SHARED_WRITABLE_DIRS = PRIVATE_TMP_POINTS + TMP_SHARERS
-
-
-def shared_tmp_points() -> list[str]:
-    """The TMP_SHARERS that are directories here, each to get a directory of /tmp's tmpfs."""
-    return [d for d in TMP_SHARERS if os.path.isdir(d) and not os.path.islink(d)]
-
-
 # A container's mqueue filesystem (its runtime mounts it, mode 1777) belongs to the IPC namespace it
 # was mounted in, the agent's: a queue made through it by path was every action's, whatever
 # namespace the action's own mq_open sees. Covered read-only and empty.
@@ -434,12 +420,10 @@ class _PathBeneath(ctypes.Structure):
     _fields_ = (("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32))
 
 
-def restrict_writes(workdir: str, own_tmp: bool = False) -> None:
+def restrict_writes(workdir: str) -> None:
     """Leave this process (and what it starts) able to change files only in ``workdir``,
-    ``WRITABLE_TREES``, the directories of its own /tmp's tmpfs over /var/tmp and the lock
-    directories where its /tmp is its own (``own_tmp``: ``shared_tmp_points``; elsewhere they are
-    the host's) and, by writing, ``WRITTEN_FILES_IN`` (_zygote.c's restrict_writes is its twin).
-    Why: an image's world-writable places beyond the ones covered by name (php's
+    ``WRITABLE_TREES`` and, by writing, ``WRITTEN_FILES_IN`` (_zygote.c's restrict_writes is
+    its twin). Why: an image's world-writable places beyond the ones covered by name (php's
     /var/lib/php/sessions, mode 1733; Kubernetes' /dev/termination-log, 0666) held what one action
     left for another to read, after both had ended, and let any of them fill the disk. A write
     there is refused, EACCES, as a directory the program may not write is outside; a missing
@@ -452,8 +436,7 @@ def restrict_writes(workdir: str, own_tmp: bool = False) -> None:
     )
     _check(0 if ruleset >= 0 else -1, "landlock_create_ruleset")
     try:
-        trees = [*WRITABLE_TREES, *(shared_tmp_points() if own_tmp else ())]
-        rules = [(workdir, handled), *((p, handled) for p in trees)]
+        rules = [(workdir, handled), *((p, handled) for p in WRITABLE_TREES)]
         rules += [(p, handled & (_FS_WRITE_FILE | _FS_TRUNCATE)) for p in WRITTEN_FILES_IN]
         for path, access in rules:
             try:

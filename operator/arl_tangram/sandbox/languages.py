@@ -59,7 +59,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from arl_tangram.sandbox import gopackages, nodepackages
-from arl_tangram.sandbox.isolation import PRIVATE_TMP_POINTS, TMP_SHARERS
+from arl_tangram.sandbox.isolation import PRIVATE_TMP_POINTS
 
 # Every language name SandboxFusion's /run_code accepts (its request model's literal). A name
 # outside this list is refused there by request validation (422 with ``detail``); a name in it that
@@ -848,7 +848,7 @@ def _detect_one(language: Language, path: str) -> Toolchain | str:
     thread_stack = ""
     if language.thread_stack:
         real = os.path.realpath(THREAD_STACK_SOURCE)
-        hidden = [d for d in (*PRIVATE_TMP_POINTS, *TMP_SHARERS) if real.startswith(d + "/")]
+        hidden = [d for d in PRIVATE_TMP_POINTS if real.startswith(d + "/")]
         if hidden:
             # Installed where each action has a tmpfs of its own, empty: every build would fail.
             missing["thread_stack.c"] = (

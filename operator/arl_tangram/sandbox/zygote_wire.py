@@ -216,13 +216,3 @@ RLIMITS = {
 # memory guard's to bound (memguard), as it bounds an action's many processes. _zygote.c's
 # child_setup sets these three the same way.
 SOFT_ONLY = frozenset({resource.RLIMIT_AS, resource.RLIMIT_DATA, resource.RLIMIT_STACK})
-# And the CPU time limit where the action runs under its PID namespace's init (both loops' child
-# set-up says ``under_init``): a harness's own ``setrlimit(RLIMIT_CPU, (60, 60))`` raised ValueError
-# above the agent's timeout-derived hard limit, and passes outside (SandboxFusion sets no CPU
-# limit). Nothing is lost: the limit (config.cpu_limit) is a backstop the wall-clock timeout always
-# comes before, and there the timeout's kill takes every process of the action (the action's exit
-# kills the init, and the kernel the namespace with it; the init dies with the zygote too). Without
-# a namespace a process that leaves the action's group may outlive that kill, and the hard CPU
-# limit is what still ends it: it stays hard there. The process, open file and file size limits and
-# the core size stay hard everywhere (docs/sandbox-agent-api.md says what each alone bounds).
-SOFT_ONLY_UNDER_INIT = frozenset({resource.RLIMIT_CPU})

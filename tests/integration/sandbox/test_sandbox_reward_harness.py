@@ -23,9 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
-from sandbox_agent_harness import Agent, processes_of, wait_until
-from test_sandbox_hostile import FORK_BOMB
+from sandbox_agent_harness import Agent
 from test_sandbox_python_end import _default_signals, sandboxfusion_decode
 
 GB = 1 << 30
@@ -289,69 +287,3 @@ def test_the_native_api_leaves_the_hard_memory_limits_as_a_process_has_them(loop
         pytest.skip("this test process's own hard limit is below 4 GB")
     body = loop_agent.execute(code, memory_mb=256)
     assert (body["exit_code"], body["stdout"]) == (0, f"({4 << 30}, {4 << 30})\n"), body
-
-
-# A harness's own CPU time limit (as APPS' and LiveCodeBench's runners, and verl's, may set one for
-# each test): above the agent's timeout-derived hard limit it raised ValueError, every sample a
-# failure, where outside (and under SandboxFusion, which sets no CPU limit) it is set.
-OWN_CPU_LIMIT = (
-    "import resource\n"
-    "resource.setrlimit(resource.RLIMIT_CPU, (600, 600))\n"
-    "print(resource.getrlimit(resource.RLIMIT_CPU))\n"
-)
-# Raises its CPU limit to the most it may, then spins, and so does a child that left its group and
-# session: the timeout's kill must still end both (the limit is no longer what ends it).
-SPIN_PAST_THE_LIMIT = (
-    "import os, resource\n"
-    "hard = resource.getrlimit(resource.RLIMIT_CPU)[1]\n"
-    "resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))\n"
-    "if os.fork() == 0:\n"
-    "    os.setsid()\n"
-    "print('spinning', flush=True)\n"
-    "while True:\n"
-    "    pass\n"
-)
-# Each limit the agent keeps hard (docs/sandbox-agent-api.md says why): raising it past the hard
-# one is refused, as the agent's bound on a run.
-KEPT_HARD = (
-    "import resource\n"
-    "for name in ('RLIMIT_NPROC', 'RLIMIT_NOFILE', 'RLIMIT_FSIZE', 'RLIMIT_CORE'):\n"
-    "    r = getattr(resource, name)\n"
-    "    soft, hard = resource.getrlimit(r)\n"
-    "    try:\n"
-    "        resource.setrlimit(r, (hard + 1, hard + 1))\n"
-    "        print(name, 'raised')\n"
-    "    except ValueError:\n"
-    "        print(name, 'kept', hard != resource.RLIM_INFINITY)\n"
-)
-
-
-def test_a_harness_sets_its_own_cpu_limit_as_outside(loop_agent: Agent, tmp_path: Path) -> None:
-    """Under a PID namespace (this agent's) only the CPU limit's soft value is set."""
-    health = requests.get(loop_agent.url + "/v1/health", timeout=10).json()
-    assert health["isolation"]["pid_namespace"] is True, health
-    want = _outside(OWN_CPU_LIMIT, tmp_path, 1024)
-    body = _inside(loop_agent, OWN_CPU_LIMIT, 1024)
-    run = body["run_result"]
-    assert {"return_code": run["return_code"], "stdout": run["stdout"]} == want, body
-    assert body["status"] == "Success", body
-
-
-def test_a_program_that_raises_its_cpu_limit_still_ends_at_its_timeout(loop_agent: Agent) -> None:
-    body = loop_agent.execute(SPIN_PAST_THE_LIMIT, timeout_s=1)
-    assert (body["status"], body["stdout"]) == ("timeout", "spinning\nspinning\n"), body
-    wait_until(lambda: processes_of(loop_agent.uids) == [], what="the spinning processes gone")
-
-
-def test_the_limits_kept_hard_stay_hard(loop_agent: Agent) -> None:
-    """The process, open file and file size limits and the core size: a program may not raise them
-    (nothing else bounds what each bounds), nor a fork bomb its process limit to go on."""
-    body = loop_agent.execute(KEPT_HARD)
-    names = ("RLIMIT_NPROC", "RLIMIT_NOFILE", "RLIMIT_FSIZE", "RLIMIT_CORE")
-    assert (body["exit_code"], body["stdout"]) == (0, "".join(f"{n} kept True\n" for n in names)), body
-    # A fork bomb that first raises its process limit as far as it may: still stopped at the agent's.
-    bomb = (
-        "import resource\nn = resource.RLIMIT_NPROC\nresource.setrlimit(n, (resource.getrlimit(n)[1],) * 2)\n"
-    )
-    assert loop_agent.execute(bomb + FORK_BOMB, timeout_s=1)["status"] == "timeout"
-    wait_until(lambda: processes_of(loop_agent.uids) == [], what="the fork bomb gone")

@@ -15,7 +15,7 @@ import requests
 from sandbox_agent_harness import C_BUILT, Agent, start_agent, stop_agent
 
 from arl_tangram.api.actionpool import WORKDIR_BYTES_PER_FILE
-from arl_tangram.sandbox import child, isolation
+from arl_tangram.sandbox import child
 from arl_tangram.sandbox.workfiles import WORKDIR_MIN_FILES, workdir_files
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="private /tmp mounts need root")
@@ -113,88 +113,3 @@ def test_the_c_loop_mounts_what_the_python_loop_mounts() -> None:
             _zygote.set_tmp_files(0, 0)
     with pytest.raises(ValueError, match="negative"):
         _zygote.set_tmp_files(-1, 0)
-
-
-# The image's other world-writable scratch places (isolation.SHARED_WRITABLE_DIRS beyond the two
-# above) that are real directories on this machine: a program writes there outside (a container's
-# /var/tmp is writable), and they were read-only covers here (EROFS).
-SCRATCH = [
-    d
-    for d in isolation.SHARED_WRITABLE_DIRS
-    if d not in isolation.PRIVATE_TMP_POINTS and os.path.isdir(d) and not os.path.islink(d)
-]
-# Writes a file in each, then says what each holds and whether a symlinked lock dir reaches it.
-SCRATCH_WRITE = f"""
-import json, os
-seen = {{}}
-for d in {SCRATCH!r}:
-    before = sorted(os.listdir(d))
-    with open(d + "/mine", "w") as f:
-        f.write("x")
-    seen[d] = [before, sorted(os.listdir(d)), oct(os.stat(d).st_mode & 0o7777)]
-print(json.dumps(seen))
-"""
-# Fills /var/tmp (the first of SCRATCH) until a write fails (files of 16 MB: each file is bounded
-# by --fsize-mb), then tries a megabyte more in /tmp.
-SCRATCH_FILL = f"""
-import errno, os
-chunk = b"x" * (1 << 20)
-why = "never stopped"
-try:
-    for n in range({2 * MEMORY_MB // 16}):
-        with open({(SCRATCH or ["/var/tmp"])[0]!r} + f"/fill{{n}}", "wb") as f:
-            for _ in range(16):
-                f.write(chunk)
-                f.flush()
-except OSError as exc:
-    why = errno.errorcode[exc.errno]
-try:
-    with open("/tmp/more", "wb") as f:
-        f.write(chunk)
-        f.flush()
-    more = "written"
-except OSError as exc:
-    more = errno.errorcode[exc.errno]
-print(why, more)
-"""
-
-
-def _wrote_in_each(body: dict[str, object]) -> None:
-    """``SCRATCH_WRITE`` found each place empty and writable by all, as outside, and wrote there."""
-    assert body["exit_code"] == 0, body
-    seen = json.loads(str(body["stdout"]))
-    assert seen == {d: [[], ["mine"], "0o1777"] for d in SCRATCH}, seen
-
-
-@pytest.mark.skipif(not SCRATCH, reason="no /var/tmp or lock directory on this machine")
-def test_var_tmp_and_the_lock_dirs_are_writable_private_and_gone_with_the_action(agent: Agent) -> None:
-    """A program writes to ``/var/tmp`` and ``/run/lock`` as outside (they were read-only: EROFS),
-    each empty as the action starts: the next action finds nothing the last one left."""
-    _wrote_in_each(agent.execute(SCRATCH_WRITE))
-    _wrote_in_each(agent.execute(SCRATCH_WRITE))
-    # The host's own stay as they were: nothing an action wrote reached them.
-    assert all(not os.path.exists(d + "/mine") for d in SCRATCH)
-
-
-@pytest.mark.skipif(not SCRATCH, reason="no /var/tmp or lock directory on this machine")
-def test_var_tmp_shares_the_room_of_tmp(agent: Agent) -> None:
-    """``/var/tmp`` is no new room beyond what an action may write: it holds what ``/tmp`` holds
-    (``--memory-mb``), together with it (a write past that fails with ENOSPC in either)."""
-    body = agent.execute(SCRATCH_FILL, timeout_s=60)
-    assert (body["exit_code"], body["stdout"]) == (0, "ENOSPC ENOSPC\n"), body
-
-
-@pytest.mark.skipif(not SCRATCH, reason="no /var/tmp or lock directory on this machine")
-def test_a_sessions_var_tmp_lasts_as_its_tmp_does(agent: Agent) -> None:
-    """A persistent session's interpreter keeps its ``/var/tmp`` between calls, as its ``/tmp``."""
-    made = agent.post("/v1/sessions", {"persistent": True})
-    assert made.status_code in (200, 201), made.text
-    sid = made.json()["session_id"]
-    try:
-        _wrote_in_each(agent.execute(SCRATCH_WRITE, session_id=sid))
-        again = agent.execute(f"import os\nprint([os.listdir(d) for d in {SCRATCH!r}])", session_id=sid)
-        assert (again["exit_code"], again["stdout"]) == (0, f"{[['mine'] for _ in SCRATCH]}\n"), again
-    finally:
-        requests.delete(f"{agent.url}/v1/sessions/{sid}", timeout=30)
-    # Another action sees none of it.
-    _wrote_in_each(agent.execute(SCRATCH_WRITE))
