@@ -63,7 +63,11 @@ def test_ctrl_c_before_a_command_serves_is_one_line_not_a_traceback(tmp_path: Pa
     ``tangram up``'s start) ends it with one line and status 130, as a shell reports an interrupt:
     it printed a page of KeyboardInterrupt traceback from deep in an import. The spec file is a
     named pipe the test holds open without writing, so that the interrupt comes while ``tangram
-    up`` is reading it, before any event loop or signal handler of its own."""
+    up`` is reading it, before any event loop or signal handler of its own.
+
+    Ctrl-C is what a terminal sends; a test run started in the background (``make test &``, as CI
+    may be) ignores SIGINT, and its children inherit that: Python then installs no handler and the
+    interrupt would never come. The child is given the default, as a terminal's would have."""
     spec = tmp_path / "pool.yaml"
     os.mkfifo(spec)
     proc = subprocess.Popen(
@@ -71,6 +75,7 @@ def test_ctrl_c_before_a_command_serves_is_one_line_not_a_traceback(tmp_path: Pa
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         # Opening the write end without blocking succeeds once the reader has it open.
