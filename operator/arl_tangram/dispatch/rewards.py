@@ -75,6 +75,32 @@ class ServiceStats:
     inflight: dict[str, int]
 
 
+class KeyedTasks:
+    """The reward requests being served, by action key (a retry may come while the first still
+    runs): what ``cancel`` stops. The operator's router and ``tangram up``'s local rewards keep
+    theirs alike, so that a trainer's cancel works the same in both."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, set[asyncio.Task[ActionOutcome]]] = {}
+
+    def add(self, key: str, task: asyncio.Task[ActionOutcome]) -> None:
+        self._by_key.setdefault(key, set()).add(task)
+
+    def discard(self, key: str, task: asyncio.Task[ActionOutcome]) -> None:
+        serving = self._by_key.get(key)
+        if serving is not None:
+            serving.discard(task)
+            if not serving:
+                del self._by_key[key]
+
+    def cancel(self, key: str) -> bool:
+        """Cancel the requests under ``key``; False when none runs."""
+        tasks = [t for t in self._by_key.get(key, ()) if not t.done()]
+        for task in tasks:
+            task.cancel()
+        return bool(tasks)
+
+
 class RewardRouter:
     """The reward half of the dispatcher."""
 
@@ -85,9 +111,7 @@ class RewardRouter:
         self.clock = clock
         self.suspect_s = suspect_s
         self._services: dict[str, _Service] = {}
-        # Key -> the requests under it being served (a retry may come while the first still runs):
-        # what ``cancel`` stops.
-        self._serving: dict[str, set[asyncio.Task[ActionOutcome]]] = {}
+        self._serving = KeyedTasks()
 
     def upsert(self, config: ServiceConfig) -> None:
         svc = self._services.get(config.key)
@@ -219,8 +243,7 @@ class RewardRouter:
         # call to one: the connection is closed, which a vLLM or SGLang server takes as an abort)
         # and its caller still gets an outcome. A caller cancelled itself cancels it too.
         task = asyncio.create_task(self._serve(svc, request, text, progress))
-        serving = self._serving.setdefault(request.key, set())
-        serving.add(task)
+        self._serving.add(request.key, task)
         svc.serving.add(task)
         try:
             return await task
@@ -242,17 +265,12 @@ class RewardRouter:
         finally:
             if not progress.started:  # cancelled before its task ran: its place is given back here
                 svc.waiting -= 1
-            serving.discard(task)
+            self._serving.discard(request.key, task)
             svc.serving.discard(task)
-            if not serving:
-                self._serving.pop(request.key, None)
 
     def cancel(self, key: str) -> bool:
         """Stop the requests under ``key`` (waiting for a replica or scoring); False when none runs."""
-        tasks = [t for t in self._serving.get(key, ()) if not t.done()]
-        for task in tasks:
-            task.cancel()
-        return bool(tasks)
+        return self._serving.cancel(key)
 
     async def _serve(
         self, svc: _Service, request: ActionRequest, text: str, progress: _Progress

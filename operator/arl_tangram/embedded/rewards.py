@@ -26,6 +26,7 @@ import aiohttp
 import yaml
 
 from arl_tangram.api.rewardmodelservice import RewardModelService
+from arl_tangram.dispatch.rewards import KeyedTasks
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest, Outcome, Reason
 from arl_tangram.domain.services import service_named
 from arl_tangram.errors import InvalidSpec, NotFound
@@ -85,9 +86,8 @@ class LocalRewards:
     proc: subprocess.Popen[bytes] | None = None
     url: str | None = None
     http: aiohttp.ClientSession | None = None
-    # Action key -> the requests scoring under it, so that ``cancel`` can stop them (as the
-    # operator's reward router does: a trainer's cancel works the same in both).
-    _serving: dict[str, set[asyncio.Task[ActionOutcome]]] = field(default_factory=dict)
+    # The requests scoring, by key: what ``cancel`` stops, as the operator's reward router does.
+    _serving: KeyedTasks = field(default_factory=KeyedTasks)
 
     @classmethod
     def plan(cls, services: Sequence[RewardModelService], state_dir: Path) -> tuple[LocalRewards, list[str]]:
@@ -173,8 +173,7 @@ class LocalRewards:
         # Served in a task of its own, so that ``cancel`` can stop it (its call to the runtime:
         # the connection is closed) while its caller still gets an outcome.
         task = asyncio.create_task(self._score(request))
-        serving = self._serving.setdefault(request.key, set())
-        serving.add(task)
+        self._serving.add(request.key, task)
         try:
             return await task
         except asyncio.CancelledError:
@@ -183,16 +182,11 @@ class LocalRewards:
                 raise  # its caller was cancelled (which cancelled the request too), not the request
             return ActionOutcome(request.key, Outcome.CANCELLED, Reason.CANCELLED, "cancelled")
         finally:
-            serving.discard(task)
-            if not serving:
-                self._serving.pop(request.key, None)
+            self._serving.discard(request.key, task)
 
     def cancel(self, key: str) -> bool:
         """Stop the reward actions under ``key``; False when none is being scored."""
-        tasks = [t for t in self._serving.get(key, ()) if not t.done()]
-        for task in tasks:
-            task.cancel()
-        return bool(tasks)
+        return self._serving.cancel(key)
 
     async def _score(self, request: ActionRequest) -> ActionOutcome:
         served = (
