@@ -30,8 +30,10 @@ class Recorder:
     def __init__(self) -> None:
         self.writes: list[dict[str, Any]] = []
         self.deleted: list[tuple[str, str]] = []
+        self.ran: list[str] = []  # the keys of the actions run
 
     async def run(self, request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
+        self.ran.append(request.key)
         await asyncio.sleep(0)
         return ActionOutcome(request.key, Outcome.SUCCEEDED, stdout="ok\n", exit_code=0, attempts=1)
 
@@ -956,17 +958,11 @@ async def test_a_restart_runs_no_action_of_a_complete_batch_whose_result_was_lef
     written = rec.writes[-1]
     assert _complete(written) and written["resultsOmitted"] == 40 - len(written["results"]) > 0
     again = Recorder()
-    ran: list[str] = []
-
-    async def run(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
-        ran.append(request.key)
-        return await again.run(request, attempts_so_far)
-
-    restarted = BatchManager(run, again.cancel, _python_pool, again.patch, again.delete)
+    restarted = _manager(again)
     restarted.ensure(_restarted(body, written))
     assert restarted.pending_count() == 0
     await restarted.flush()
-    assert ran == [] and again.writes == []
+    assert again.ran == [] and again.writes == []
     status, _ = restarted.status_of(restarted._batches[("ns", "b")], datetime.now(UTC))
     assert _complete(status) and status["counts"] == written["counts"]
     assert status["resultsOmitted"] == written["resultsOmitted"]
@@ -1004,17 +1000,11 @@ async def test_a_restart_runs_no_action_of_a_complete_batch_whose_status_write_w
     said = rec.writes[-1]
     assert _complete(said) and [r["state"] for r in said["results"]] == ["Succeeded", "Succeeded", "Running"]
     again = Recorder()
-    ran: list[str] = []
-
-    async def rerun(request: ActionRequest, attempts_so_far: int = 0) -> ActionOutcome:
-        ran.append(request.key)
-        return await again.run(request, attempts_so_far)
-
-    restarted = BatchManager(rerun, again.cancel, _python_pool, again.patch, again.delete)
+    restarted = _manager(again)
     restarted.ensure(_restarted(body, said))
     assert restarted.pending_count() == 0
     await restarted.flush()
-    assert ran == []
+    assert again.ran == []
     status, _ = restarted.status_of(restarted._batches[("ns", "b")], datetime.now(UTC))
     assert _complete(status) and status["counts"] == said["counts"]
     rows = await _rows(restarted, "b")
