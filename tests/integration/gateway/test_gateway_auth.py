@@ -15,7 +15,7 @@ import pytest
 import requests
 from aiohttp import web
 from gateway_harness import NS, POOL, Gateway, free_port, read_until_closed, serve_gateway, serve_reviews
-from sandbox_agent_harness import Agent, start_agent, stop_agent
+from sandbox_agent_harness import Agent
 
 from arl_tangram.errors import InvalidSpec
 from arl_tangram.gateway import GatewayConfig, KubernetesAuthenticator, build_gateway_app
@@ -29,14 +29,6 @@ ALICE, BOB, CAROL, APISERVER, NOBODY = (
     stand_in_jwt(name) for name in ("alice", "bob", "carol", "alice-for-the-apiserver", "nobody")
 )
 ACTION = {"type": "code", "target": POOL, "payload": {"code": "print('authorised')"}}
-
-
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
-    running = [start_agent(tmp_path_factory.mktemp("authhost") / "work")]
-    yield running
-    for a in running:
-        stop_agent(a)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 import requests
 from gateway_harness import NS, POOL, Gateway, read_until_closed, serve_gateway, serve_reviews
-from sandbox_agent_harness import Agent, start_agent, stop_agent
+from sandbox_agent_harness import Agent
 
 from arl_tangram.gateway import GatewayConfig, KubernetesAuthenticator
 from arl_tangram.gateway.auth import (
@@ -37,14 +37,6 @@ CLIENT_SIDE_LOGS = ("aiohttp.access", "urllib3")
 # The throttle's clock stands still, so that its per-second budgets never refill during a test: what
 # is reviewed is then exactly what the bursts allow, whatever the machine's speed.
 THROTTLE = {"max_in_flight": 8, "per_second": 30.0, "client_in_flight": 2, "client_per_second": 5.0}
-
-
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
-    running = [start_agent(tmp_path_factory.mktemp("hostilehost") / "work")]
-    yield running
-    for a in running:
-        stop_agent(a)
 
 
 @pytest.fixture

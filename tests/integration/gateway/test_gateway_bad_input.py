@@ -13,20 +13,12 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 from gateway_harness import NS, POOL, Gateway, read_until_closed, serve_gateway
-from sandbox_agent_harness import Agent, start_agent, stop_agent
+from sandbox_agent_harness import Agent
 
 from arl_tangram.gateway import GatewayConfig
 
 LIMIT = 1 << 20
 BODY_TIMEOUT_S = 2.0
-
-
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
-    running = [start_agent(tmp_path_factory.mktemp("badhost") / "work")]
-    yield running
-    for a in running:
-        stop_agent(a)
 
 
 @pytest.fixture(scope="module")

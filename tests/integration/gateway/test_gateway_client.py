@@ -41,14 +41,6 @@ from arl_tangram.gateway.bench import start_gateway, stop_process
 
 
 @pytest.fixture(scope="module")
-def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
-    running = [start_agent(tmp_path_factory.mktemp("clienthost") / "work")]
-    yield running
-    for a in running:
-        stop_agent(a)
-
-
-@pytest.fixture(scope="module")
 def gateway(hosts: list[Agent], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     config = GatewayConfig(default_namespace=NS, default_pools={NS: POOL}, default_services={NS: SERVICE})
     with (

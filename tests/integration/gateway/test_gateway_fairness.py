@@ -4,27 +4,17 @@ is answered 429 with Retry-After, and another tenant's requests are still admitt
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
-import pytest
 import requests
 from gateway_harness import NS, POOL, serve_gateway
-from sandbox_agent_harness import Agent, start_agent, stop_agent, wait_until
+from sandbox_agent_harness import Agent, wait_until
 
 from arl_tangram.dispatch.dispatcher import Dispatcher
 from arl_tangram.gateway import GatewayConfig
 
 SLOW = {"type": "code", "target": POOL, "payload": {"command": "sleep 3"}}
 FAST = {"type": "code", "target": POOL, "payload": {"code": "print('in')"}}
-
-
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
-    running = [start_agent(tmp_path_factory.mktemp("fairhost") / "work")]
-    yield running
-    for a in running:
-        stop_agent(a)
 
 
 def test_a_tenant_past_its_bound_gets_429_and_others_still_run(hosts: list[Agent]) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 from gateway_harness import NS, POOL, Gateway, read_until_closed, serve_gateway
-from sandbox_agent_harness import Agent, start_agent, stop_agent
+from sandbox_agent_harness import Agent
 
 from arl_tangram.gateway import GatewayConfig
 from arl_tangram.gateway.parsing import BODY_CODINGS
@@ -21,14 +21,6 @@ ACTION = {"type": "code", "target": POOL, "payload": {"code": "print(1)"}}
 RAW = json.dumps(ACTION).encode()
 RUN_CODE = json.dumps({"code": "print(1)", "language": "python"}).encode()
 LIMIT = 1 << 16
-
-
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
-    running = [start_agent(tmp_path_factory.mktemp("edgehost") / "work")]
-    yield running
-    for a in running:
-        stop_agent(a)
 
 
 @pytest.fixture(scope="module")

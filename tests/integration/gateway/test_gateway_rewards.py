@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 from gateway_harness import NS, POOL, SERVICE, Gateway, serve_gateway, start_reward_runtime
-from sandbox_agent_harness import Agent, start_agent, stop_agent
+from sandbox_agent_harness import Agent
 
 from arl_tangram.gateway import GatewayConfig
 from arl_tangram.gateway.rewards import _sigmoid
@@ -23,14 +23,6 @@ TESTS = (
 )
 RIGHT = "Here you go:\n```python\ndef add(a, b):\n    return a + b\n```\n"
 HALF = "```python\ndef add(a, b):\n    return abs(a) + abs(b)\n```"
-
-
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
-    running = [start_agent(tmp_path_factory.mktemp("rmhost") / "work")]
-    yield running
-    for a in running:
-        stop_agent(a)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import requests
 import sandbox_fusion
 import test_sandbox_api as agent_contract
 from gateway_harness import NS, POOL, Gateway, serve_gateway
-from sandbox_agent_harness import Agent, start_agent, stop_agent, wait_until
+from sandbox_agent_harness import Agent, wait_until
 
 from arl_tangram.dispatch.dispatcher import agent_key
 from arl_tangram.domain.actions import ActionOutcome, Outcome, Reason
@@ -37,14 +37,6 @@ class GatewayAsAgent:
 
     def post(self, path: str, body: object, timeout: float = 60) -> requests.Response:
         return requests.post(self.url + path, json=body, timeout=timeout)
-
-
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
-    running = [start_agent(tmp_path_factory.mktemp("sfhost") / "work")]
-    yield running
-    for a in running:
-        stop_agent(a)
 
 
 @pytest.fixture(scope="module")

@@ -3,22 +3,11 @@ with the leader's address; it flips to serving when it becomes the leader."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 import requests
 from gateway_harness import POOL, serve_gateway
-from sandbox_agent_harness import Agent, start_agent, stop_agent
+from sandbox_agent_harness import Agent
 
 from arl_tangram.gateway import Leadership
-
-
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
-    running = [start_agent(tmp_path_factory.mktemp("standbyhost") / "work")]
-    yield running
-    for a in running:
-        stop_agent(a)
 
 
 def test_standby_points_at_the_leader_until_it_leads(hosts: list[Agent]) -> None:

@@ -19,20 +19,12 @@ import aiohttp
 import pytest
 import requests
 from gateway_harness import NS, POOL, SERVICE, Gateway, serve_gateway, start_reward_runtime
-from sandbox_agent_harness import Agent, start_agent, stop_agent, wait_until
+from sandbox_agent_harness import Agent, wait_until
 
 from arl_tangram.gateway import GatewayConfig
 
 LABEL = "from solution import add\n\ndef test_add():\n    assert add(1, 2) == 3\n"
 ANSWER = "```python\ndef add(a, b):\n    return a + b\n```"
-
-
-@pytest.fixture(scope="module")
-def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Agent]]:
-    running = [start_agent(tmp_path_factory.mktemp("tchost") / "work")]
-    yield running
-    for a in running:
-        stop_agent(a)
 
 
 @pytest.fixture(scope="module")
