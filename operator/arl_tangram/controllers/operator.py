@@ -40,7 +40,7 @@ from arl_tangram.controllers.leader import LeaseElector
 from arl_tangram.controllers.metrics import OperatorMetrics
 from arl_tangram.controllers.rewardmodelservice import ServiceController
 from arl_tangram.dispatch.agent import AgentClient
-from arl_tangram.dispatch.dispatcher import Dispatcher, tenant_weights_from_env
+from arl_tangram.dispatch.dispatcher import TENANT_WEIGHTS_ENV, Dispatcher, tenant_weights_from_env
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest
 from arl_tangram.domain.pools import pool_key
 from arl_tangram.domain.services import is_object_name, service_config
@@ -101,7 +101,7 @@ ENVIRONMENT: dict[str, tuple[str | None, str]] = {
         "NAMESPACE/SERVICE,...: the RewardModelService of a namespace's reward requests that name "
         "none (default none)",
     ),
-    "TANGRAM_TENANT_WEIGHTS": (
+    TENANT_WEIGHTS_ENV: (
         None,
         "TENANT=WEIGHT,...: the tenants' weights in the scheduler's fair share (a tenant is its "
         "actions' namespace unless they name one; default 1 each)",
@@ -153,11 +153,9 @@ class OperatorSettings:
         if not (memory.isascii() and memory.isdigit()):
             raise InvalidSpec("TANGRAM_RESULTS_MEMORY_MIB", f"must be a whole number of MiB, got {memory!r}")
         policy = os.environ.get("TANGRAM_POLICY", cls.policy)
-        weights = tenant_weights_from_env("TANGRAM_TENANT_WEIGHTS")
+        weights = tenant_weights_from_env(TENANT_WEIGHTS_ENV)
         if weights and policy != "tangram":
-            raise InvalidSpec(
-                "TANGRAM_TENANT_WEIGHTS", f"only the tangram policy weighs tenants, not {policy!r}"
-            )
+            raise InvalidSpec(TENANT_WEIGHTS_ENV, f"only the tangram policy weighs tenants, not {policy!r}")
         return cls(
             namespace=os.environ.get("POD_NAMESPACE", "tangram-system"),
             identity=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",

@@ -296,6 +296,10 @@ class PoolStats:
     retired: frozenset[str] = frozenset()
 
 
+# The variable the operator and ``tangram up`` read the scheduler's tenant weights from.
+TENANT_WEIGHTS_ENV = "TANGRAM_TENANT_WEIGHTS"
+
+
 def tenant_weights_from_env(name: str) -> tuple[tuple[str, float], ...]:
     """``TENANT=WEIGHT,...`` from the environment variable ``name`` (the operator's and ``tangram
     up``'s ``TANGRAM_TENANT_WEIGHTS``, one parser for both): each weight a positive, finite number,

@@ -33,7 +33,7 @@ from arl_tangram.controllers.actionpool import PoolController
 from arl_tangram.controllers.conditions import Event
 from arl_tangram.controllers.operator import ENVIRONMENT
 from arl_tangram.dispatch.agent import AgentClient
-from arl_tangram.dispatch.dispatcher import Dispatcher, tenant_weights_from_env
+from arl_tangram.dispatch.dispatcher import TENANT_WEIGHTS_ENV, Dispatcher, tenant_weights_from_env
 from arl_tangram.domain.actions import ActionOutcome, ActionRequest
 from arl_tangram.domain.pools import PoolConfig, pool_config
 from arl_tangram.embedded.rewards import LocalRewards, RewardRuntimeFailed
@@ -66,9 +66,6 @@ SESSION_SWEEP_S = 10.0
 # At Ctrl-C, requests in flight get this long to be answered (aiohttp's own default is a minute, too
 # long to wait at a terminal); then the hosts stop, and the actions still running with them.
 ANSWER_AT_STOP_S = 3.0
-# The operator's variable for the scheduler's tenant weights (``ENVIRONMENT`` describes it), read
-# here as there: the same text means the same weights, and the same error when it is wrong.
-TENANT_WEIGHTS_ENV = "TANGRAM_TENANT_WEIGHTS"
 
 
 @dataclass

@@ -7,8 +7,9 @@ from pathlib import Path
 import yaml
 
 from arl_tangram.controllers.operator import ENVIRONMENT
+from arl_tangram.dispatch.dispatcher import TENANT_WEIGHTS_ENV
 from arl_tangram.embedded.specs import load
-from arl_tangram.embedded.up import TENANT_WEIGHTS_ENV, Embedded, listen
+from arl_tangram.embedded.up import Embedded, listen
 
 
 def test_the_variable_is_the_operators() -> None:
