@@ -44,7 +44,7 @@ from arl_tangram.sim.workload import (
     load,
     with_overrides,
 )
-from arl_tangram.sim.workload_file import SCALING_KEYS, Planner, _invalid
+from arl_tangram.sim.workload_file import SCALING_KEYS, Planner, invalid_spec
 
 DEFAULT_POLICIES = "static,fcfs-min,paper,tangram"
 
@@ -140,7 +140,7 @@ def with_planner(wl: Workload, settings: list[str]) -> Workload:
         try:
             value = getattr(Planner.model_validate({key: yaml.safe_load(text)}), key)
         except (ValidationError, yaml.YAMLError) as exc:
-            problem = _invalid(exc).message if isinstance(exc, ValidationError) else "not a YAML value"
+            problem = invalid_spec(exc).message if isinstance(exc, ValidationError) else "not a YAML value"
             raise InvalidSpec(f"--planner-set {key}", f"{text!r}: {problem}") from None
         if value is None:  # the file's "left out" (a scaling default) is not a value to set
             raise InvalidSpec(f"--planner-set {key}", f"{text!r}: needs a value")

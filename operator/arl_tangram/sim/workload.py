@@ -242,7 +242,7 @@ def read_yaml(text: str, origin: str) -> Any:
         loader.dispose()
 
 
-def _path(parts: list[str | int]) -> str:
+def field_path(parts: list[str | int]) -> str:
     """``sources[0].think``: a path in the file as the validation errors name one."""
     out = ""
     for part in parts:
@@ -264,7 +264,7 @@ class _Loader(yaml.SafeLoader):
         part = index.value if isinstance(index, yaml.ScalarNode) else index
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()  # type: ignore[no-untyped-call]
-            at = _path([*self._at, part] if part is not None else self._at)
+            at = field_path([*self._at, part] if part is not None else self._at)
             raise InvalidSpec(
                 at,
                 f"a YAML alias (*{event.anchor}, line {event.start_mark.line + 1}) is not accepted in "
@@ -291,7 +291,7 @@ def _no_duplicate_keys(root: yaml.Node) -> None:
                 line = key.start_mark.line + 1
                 if key.value in lines:
                     raise InvalidSpec(
-                        _path([*at, key.value]), f"given twice (lines {lines[key.value]} and {line})"
+                        field_path([*at, key.value]), f"given twice (lines {lines[key.value]} and {line})"
                     )
                 lines[key.value] = line
                 todo.append((value, [*at, key.value]))

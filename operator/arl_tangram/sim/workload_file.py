@@ -42,6 +42,7 @@ from arl_tangram.sim.workload import (
     StaticSpec,
     TrainingSpec,
     Workload,
+    field_path,
     min_gpus,
 )
 
@@ -488,7 +489,7 @@ class WorkloadFile(_Model):
         try:
             model = cls.model_validate(doc)
         except ValidationError as exc:
-            raise _invalid(exc) from None
+            raise invalid_spec(exc) from None
         return model.workload(origin)
 
     def workload(self, origin: str) -> Workload:
@@ -596,7 +597,7 @@ class WorkloadFile(_Model):
                     )
 
 
-def _invalid(exc: ValidationError) -> InvalidSpec:
+def invalid_spec(exc: ValidationError) -> InvalidSpec:
     """The first error as an InvalidSpec naming the field's path (``sources[0].think.median_s``)."""
     err = exc.errors()[0]
     loc = list(err["loc"])
@@ -604,7 +605,7 @@ def _invalid(exc: ValidationError) -> InvalidSpec:
         loc.append("kind")
     elif len(loc) > 2 and loc[0] == "sources" and loc[2] in ("coding", "reward", "search"):
         del loc[2]  # the union's tag, not a field of the file
-    path = ""
+    parts: list[str | int] = []
     key = ""
     for i, part in enumerate(loc):
         if i + 1 < len(loc) and loc[i + 1] == "[key]":
@@ -612,10 +613,10 @@ def _invalid(exc: ValidationError) -> InvalidSpec:
             continue
         if part == "[key]":
             continue
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        parts.append(part if isinstance(part, int) else str(part))
     message = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
     # A ValueError of a validator reads "Value error, <ours>": the path already says where.
     message = message.removeprefix("Value error, ")
     if key:
         message = f"key {key!r}: {message}"
-    return InvalidSpec(path or "workload", message)
+    return InvalidSpec(field_path(parts), message)
